@@ -1,0 +1,258 @@
+/**
+ * The agent's HTTP+JSON API: request and response schemas shared by the agent,
+ * the CNI plugin and the operator commands.
+ *
+ * Paths (all under the unix socket):
+ * - `POST /v1/add` {@linkcode AddRequestSchema} → {@linkcode AddResponseSchema}
+ * - `POST /v1/del` {@linkcode DelRequestSchema} → `{}`
+ * - `POST /v1/check` {@linkcode CheckRequestSchema} → `{}`
+ * - `POST /v1/gc` {@linkcode GcRequestSchema} → {@linkcode GcReportSchema}
+ * - `GET /v1/status` → {@linkcode StatusSchema}
+ * - `GET /v1/attachments` → `{attachments: Attachment[]}`
+ * - `GET /v1/enis` → `{enis: Eni[]}`
+ * - `GET /metrics` → Prometheus text
+ *
+ * Errors are `{error: {code, message, details?}}` with an HTTP status from
+ * {@linkcode HTTP_STATUS}.
+ *
+ * @module
+ */
+import { z } from "zod";
+import { EniSchema, IpRangeSchema, IpSchema } from "../providers/contract.ts";
+
+/** A Kubernetes namespace (DNS label). */
+const K8sNamespace = z.string().regex(
+  /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/,
+  "Expected a DNS label (lower-case letters, digits and '-', at most 63)",
+);
+/** A Kubernetes object name (DNS subdomain), relaxed to what runtimes pass. */
+const K8sName = z.string().regex(
+  /^[A-Za-z0-9]([-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?$/,
+  "Expected a name of letters, digits, '-', '_' and '.', at most 253",
+);
+
+/** The pod that owns an attachment. */
+export const PodSchema = z.object({
+  namespace: K8sNamespace,
+  name: K8sName,
+  uid: z.string().max(128).optional(),
+});
+/** The pod that owns an attachment. */
+export type Pod = z.infer<typeof PodSchema>;
+
+/** A CNI container id (the spec's charset). */
+export const ContainerIdSchema = z.string().regex(
+  /^[A-Za-z0-9][A-Za-z0-9_.\-]{0,255}$/,
+  "Expected alphanumerics followed by alphanumerics, '_', '.' or '-'",
+);
+/** A Linux interface name. */
+export const IfNameSchema = z.string().min(1).max(15).refine(
+  (s) => s !== "." && s !== ".." && !/[\/:\s]/.test(s) && new TextEncoder().encode(s).length <= 15,
+  "Expected a Linux interface name: at most 15 bytes, no '/', ':' or whitespace",
+);
+/** A network namespace path: absolute, normalized, no traversal. */
+export const NetnsPathSchema = z.string().max(4096).refine(
+  (s) => s.startsWith("/") && !s.split("/").some((p) => p === ".." || p === "."),
+  "Expected an absolute path without '.' or '..' components",
+);
+
+/** A route from the network config. */
+export const RouteSchema = z.object({ dst: z.string().min(1), gw: IpSchema.optional() });
+
+/** Fields that identify one CNI attachment. */
+const AttachmentKey = {
+  containerId: ContainerIdSchema,
+  ifName: IfNameSchema,
+};
+
+/** POST /v1/add. */
+export const AddRequestSchema = z.object({
+  ...AttachmentKey,
+  netns: NetnsPathSchema,
+  /** The network config's `name`. */
+  network: z.string().min(1).max(256),
+  pod: PodSchema,
+  /** `interface`: enim moves the device into the pod; `ipam`: the device stays on the node. */
+  mode: z.enum(["interface", "ipam"]),
+  ips: z.array(IpSchema).default([]),
+  ranges: z.array(z.array(IpRangeSchema)).default([]),
+  routes: z.array(RouteSchema).default([]),
+  mtu: z.number().int().min(68).max(65535).optional(),
+});
+/** POST /v1/add. */
+export type AddRequest = z.input<typeof AddRequestSchema>;
+
+/** An address in an ADD result: CIDR address and the subnet gateway. */
+export const ResultIpSchema = z.object({ address: z.string(), gateway: IpSchema });
+
+/** The agent's answer to an ADD; the CNI side turns it into a versioned CNI result. */
+export const AddResponseSchema = z.object({
+  eniId: z.string(),
+  mac: z.string(),
+  /** The device's ifindex: in the pod (interface mode) or on the node (IPAM mode). */
+  ifindex: z.number().int(),
+  /** The device's node-side name. */
+  nodeName: z.string(),
+  ips: z.array(ResultIpSchema),
+  routes: z.array(z.object({ dst: z.string(), gw: z.string().optional() })),
+});
+/** The agent's answer to an ADD. */
+export type AddResponse = z.infer<typeof AddResponseSchema>;
+
+/** POST /v1/del. `netns` may be empty: the runtime may not know it any more. */
+export const DelRequestSchema = z.object({
+  ...AttachmentKey,
+  netns: z.union([NetnsPathSchema, z.literal("")]).default(""),
+  network: z.string().max(256).default(""),
+});
+/** POST /v1/del. */
+export type DelRequest = z.input<typeof DelRequestSchema>;
+
+/** POST /v1/check: the agent compares the live pod with its record and `expected`. */
+export const CheckRequestSchema = z.object({
+  ...AttachmentKey,
+  netns: NetnsPathSchema,
+  network: z.string().min(1).max(256),
+  mode: z.enum(["interface", "ipam"]),
+  /** What the prevResult says: addresses (CIDR), MAC, routes. */
+  expected: z.object({
+    mac: z.string().optional(),
+    addresses: z.array(z.string()).default([]),
+    routes: z.array(z.object({ dst: z.string(), gw: z.string().optional() })).default([]),
+  }),
+});
+/** POST /v1/check. */
+export type CheckRequest = z.input<typeof CheckRequestSchema>;
+
+/** POST /v1/gc. */
+export const GcRequestSchema = z.object({
+  dryRun: z.boolean().default(false),
+  /** For the CNI GC verb: the network whose attachments are checked against `validAttachments`. */
+  network: z.string().min(1).max(256).optional(),
+  validAttachments: z.array(z.object({ containerId: z.string(), ifName: z.string() })).optional(),
+});
+/** POST /v1/gc. */
+export type GcRequest = z.input<typeof GcRequestSchema>;
+
+/** One ENI that GC reclaims (or would). */
+export const GcItemSchema = z.object({
+  eniId: z.string(),
+  mac: z.string(),
+  device: z.string(),
+  pod: z.string(),
+  containerId: z.string(),
+  ifName: z.string(),
+  netns: z.string(),
+  reason: z.string(),
+  action: z.string(),
+  outcome: z.enum(["planned", "reclaimed", "failed"]),
+  error: z.string().optional(),
+});
+/** The GC report. */
+export const GcReportSchema = z.object({
+  dryRun: z.boolean(),
+  items: z.array(GcItemSchema),
+});
+/** The GC report. */
+export type GcReport = z.infer<typeof GcReportSchema>;
+
+/** A recorded attachment, as `GET /v1/attachments` and `enim status` show it. */
+export const AttachmentSchema = z.object({
+  containerId: z.string(),
+  ifName: z.string(),
+  pod: z.string(),
+  podUid: z.string().nullable(),
+  network: z.string(),
+  netns: z.string(),
+  mode: z.enum(["interface", "ipam"]),
+  state: z.enum(["adding", "ready", "recycling", "deleting"]),
+  eniId: z.string().nullable(),
+  mac: z.string().nullable(),
+  nodeName: z.string().nullable(),
+  createdAt: z.string(),
+  updatedAt: z.string(),
+});
+/** A recorded attachment. */
+export type Attachment = z.infer<typeof AttachmentSchema>;
+
+/** GET /v1/status. */
+export const StatusSchema = z.object({
+  version: z.string(),
+  provider: z.string(),
+  ready: z.boolean(),
+  /** Whether an ADD can be served now: a free ENI or room to attach one. */
+  canAllocate: z.boolean(),
+  pool: z.object({
+    free: z.number().int(),
+    owned: z.number().int(),
+    recycling: z.number().int(),
+    attachable: z.number().int(),
+  }),
+  enis: z.array(EniSchema.extend({
+    device: z.string().nullable(),
+    attachment: AttachmentSchema.nullable(),
+  })),
+});
+/** GET /v1/status. */
+export type Status = z.infer<typeof StatusSchema>;
+
+/** Stable API error codes; the CNI side maps them to CNI codes in `cni/errors.ts`. */
+export const API_ERROR_CODES = [
+  "bad_request",
+  "not_found",
+  "no_eni_available",
+  "requested_ip_unavailable",
+  "ifname_exists",
+  "netns_invalid",
+  "check_failed",
+  "provider_error",
+  "device_error",
+  "busy",
+  "internal",
+] as const;
+/** A stable API error code. */
+export type ApiErrorCode = typeof API_ERROR_CODES[number];
+
+/** The HTTP status each API error code is sent with. */
+export const HTTP_STATUS: Record<ApiErrorCode, number> = {
+  bad_request: 400,
+  not_found: 404,
+  no_eni_available: 409,
+  requested_ip_unavailable: 409,
+  ifname_exists: 409,
+  netns_invalid: 400,
+  check_failed: 412,
+  provider_error: 502,
+  device_error: 500,
+  busy: 503,
+  internal: 500,
+};
+
+/** An API error body. */
+export const ApiErrorBodySchema = z.object({
+  error: z.object({
+    code: z.enum(API_ERROR_CODES),
+    message: z.string(),
+    details: z.string().optional(),
+  }),
+});
+
+/** An error the agent answered with. */
+export class ApiError extends Error {
+  readonly code: ApiErrorCode;
+  readonly details?: string;
+  constructor(
+    code: ApiErrorCode,
+    message: string,
+    details?: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+    this.name = "ApiError";
+    this.code = code;
+    this.details = details;
+  }
+}
+
+/** The default socket path. */
+export const DEFAULT_SOCKET = "/run/enim/enim.sock";

@@ -1,0 +1,114 @@
+/**
+ * The device layer's contract: everything the agent asks of Linux networking.
+ *
+ * The real implementation (`netns/ip.ts`) drives `ip -j`/`ip -batch` through
+ * Deno.Command; `netns/fake.ts` records calls for unit tests that need no root.
+ *
+ * @module
+ */
+import { z } from "zod";
+
+/** A link as `ip -j link show` reports it (the fields enim uses). */
+export const LinkSchema = z.looseObject({
+  ifindex: z.number().int(),
+  ifname: z.string(),
+  address: z.string().optional(),
+  ifalias: z.string().optional(),
+  operstate: z.string().optional(),
+  flags: z.array(z.string()).default([]),
+  link_type: z.string().optional(),
+});
+/** A link as `ip -j link show` reports it. */
+export type Link = z.infer<typeof LinkSchema>;
+
+/** An address to configure, in CIDR form (`10.0.1.5/24`, `fd00::5/64`). */
+export interface AddressSpec {
+  cidr: string;
+}
+
+/** A route to configure; `gw` absent means on-link. */
+export interface RouteSpec {
+  dst: string;
+  gw?: string;
+}
+
+/** The identity of a network namespace file: device and inode of its nsfs inode. */
+export const NetnsIdentitySchema = z.object({ dev: z.number().int(), ino: z.number().int() });
+/** The identity of a network namespace file. */
+export type NetnsIdentity = z.infer<typeof NetnsIdentitySchema>;
+
+/** What `plug` did, for the attachment record and the CNI result. */
+export interface PlugResult {
+  /** The device's name on the node before the move (kept in the link's alias). */
+  nodeName: string;
+  /** The device's ifindex inside the pod namespace. */
+  podIfindex: number;
+}
+
+/** Where `unplug` found the device. */
+export type UnplugOutcome = "pod" | "node" | "missing";
+
+/** What CHECK reads back from the pod's namespace. */
+export interface PodInterfaceState {
+  link: Link | null;
+  /** Addresses on the interface, CIDR form, global scope only. */
+  addresses: string[];
+  /** Routes via the interface (dst in CIDR or "default", gw when set). */
+  routes: RouteSpec[];
+}
+
+/** A device error with the step that failed. */
+export class DeviceError extends Error {
+  readonly step: string;
+  /** `ifname_exists` when the pod already has an interface by that name. */
+  readonly reason: "ifname_exists" | "not_found" | "netns_invalid" | "failed";
+  constructor(
+    step: string,
+    reason: DeviceError["reason"],
+    message: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+    this.name = "DeviceError";
+    this.step = step;
+    this.reason = reason;
+  }
+}
+
+/**
+ * Everything the agent does to devices. The agent runs in the node's namespace;
+ * "node" below means the agent's own network namespace.
+ */
+export interface DeviceLayer {
+  /** Finds a link by MAC in the node namespace, or in `netns` when given. */
+  findByMac(mac: string, netns?: string): Promise<Link | null>;
+  /**
+   * Moves the node device with `mac` into `netns` renamed to `ifName` (the node-side
+   * name kept in its alias), brings it up and configures addresses and routes.
+   * Rolls its own steps back before throwing. Throws {@linkcode DeviceError} with
+   * reason `ifname_exists` when `ifName` is taken in the pod.
+   */
+  plug(p: {
+    mac: string;
+    netns: string;
+    ifName: string;
+    addresses: AddressSpec[];
+    routes: RouteSpec[];
+    mtu?: number;
+  }): Promise<PlugResult>;
+  /**
+   * Brings the device with `mac` back to the node from `netns` (when given and still
+   * there) or finds it on the node under any name (the kernel returns devices of a
+   * destroyed namespace), renames it `nodeName`, sets it down and removes its
+   * addresses and routes. Idempotent.
+   */
+  unplug(p: { mac: string; nodeName: string; netns?: string | null }): Promise<UnplugOutcome>;
+  /** Reads the interface `ifName` in `netns` for CHECK. */
+  inspect(p: { netns: string; ifName: string }): Promise<PodInterfaceState>;
+  /**
+   * Validates a netns reference (absolute path to an nsfs file: a bind mount such
+   * as /run/netns/x or /proc/<pid>/ns/net) and returns its identity; null when it
+   * does not exist or is not a network namespace.
+   */
+  netnsIdentity(path: string): Promise<NetnsIdentity | null>;
+}

@@ -1,0 +1,32 @@
+/**
+ * `deno task test`: runs every test with `deno test` and ends with the plain
+ * line `N passed, M failed` that CI reads.
+ *
+ * Extra arguments are passed to `deno test` (e.g. a file or `--filter`).
+ *
+ * @module
+ */
+import { dirname, fromFileUrl } from "./_paths.ts";
+
+const root = dirname(dirname(fromFileUrl(import.meta.url)));
+
+const cmd = new Deno.Command(Deno.execPath(), {
+  args: ["test", "-A", "--no-prompt", ...Deno.args],
+  cwd: root,
+  env: { NO_COLOR: "1" },
+  stdout: "piped",
+  stderr: "inherit",
+});
+const child = cmd.spawn();
+let tail = "";
+const decoder = new TextDecoder();
+for await (const chunk of child.stdout) {
+  await Deno.stdout.write(chunk);
+  tail = (tail + decoder.decode(chunk, { stream: true })).slice(-4096);
+}
+const { code } = await child.status;
+const summary = tail.split("\n").reverse().find((l) => /\d+ passed.*\d+ failed/.test(l));
+const passed = Number(summary?.match(/(\d+) passed/)?.[1] ?? 0);
+const failed = Number(summary?.match(/(\d+) failed/)?.[1] ?? (code === 0 ? 0 : 1));
+console.log(`${passed} passed, ${failed} failed`);
+Deno.exit(code);

@@ -1,0 +1,69 @@
+/**
+ * How tests, the demo and the bench run enim: the same entry point (main.ts)
+ * through `deno run` with the same permission set the compiled binary gets
+ * (`-P=enim` from deno.json), so nothing tested depends on `deno compile`.
+ *
+ * @module
+ */
+import { fileURLToPath } from "node:url";
+
+/** The repository root. */
+export const ROOT: string = fileURLToPath(new URL("..", import.meta.url)).replace(/\/$/, "");
+
+/** The argv prefix that runs enim exactly as the compiled binary would (permissions included). */
+export function enimArgv(): string[] {
+  return [
+    Deno.execPath(),
+    "run",
+    "--quiet",
+    "--no-prompt",
+    "--permission-set=enim",
+    "--config",
+    `${ROOT}/deno.json`,
+    `${ROOT}/main.ts`,
+  ];
+}
+
+/** Options for {@linkcode runEnim}. */
+export interface RunEnimOptions {
+  /** Environment for the child (only these variables are set, plus PATH). */
+  env?: Record<string, string>;
+  /** Text for stdin. */
+  stdin?: string;
+  /** Run inside this named network namespace (`ip netns exec`). */
+  netns?: string;
+}
+
+/** The result of one enim run. */
+export interface RunEnimResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+/** Builds the command line, wrapped in `ip netns exec` when asked. */
+export function enimCommandLine(args: string[], netns?: string): string[] {
+  const argv = [...enimArgv(), ...args];
+  return netns ? ["/usr/sbin/ip", "netns", "exec", netns, ...argv] : argv;
+}
+
+/** Runs enim once (plugin or command) and collects its output. */
+export async function runEnim(args: string[], opts: RunEnimOptions = {}): Promise<RunEnimResult> {
+  const [cmd, ...rest] = enimCommandLine(args, opts.netns);
+  const child = new Deno.Command(cmd, {
+    args: rest,
+    clearEnv: true,
+    env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", NO_COLOR: "1", ...opts.env },
+    stdin: opts.stdin === undefined ? "null" : "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  if (opts.stdin !== undefined) {
+    const w = child.stdin.getWriter();
+    await w.write(new TextEncoder().encode(opts.stdin));
+    await w.close();
+  }
+  const out = await child.output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
