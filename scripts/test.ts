@@ -7,8 +7,14 @@
  * @module
  */
 import { dirname, fromFileUrl } from "./_paths.ts";
+import { BASE_NEEDS, ensureApt } from "./_deps.ts";
 
 const root = dirname(dirname(fromFileUrl(import.meta.url)));
+
+const unmet = await ensureApt(BASE_NEEDS);
+if (unmet.length > 0) {
+  console.error(`not installed (tests that need them skip): ${unmet.join(", ")}`);
+}
 
 const cmd = new Deno.Command(Deno.execPath(), {
   args: ["test", "-A", "--no-prompt", ...Deno.args],

@@ -1,0 +1,61 @@
+/**
+ * Installs what the tests, the demo and the bench need from Debian's packages,
+ * so a fresh machine (CI) needs nothing set up by hand. Only as root; only what
+ * is missing; `apt-get update` at most once per run.
+ *
+ * @module
+ */
+
+/** A package and the file that shows it is installed. */
+export interface AptNeed {
+  pkg: string;
+  file: string;
+}
+
+/** What every real-kernel test needs. */
+export const BASE_NEEDS: AptNeed[] = [
+  { pkg: "iproute2", file: "/usr/sbin/ip" },
+  { pkg: "iputils-ping", file: "/usr/bin/ping" },
+  { pkg: "util-linux", file: "/usr/bin/nsenter" },
+];
+
+function exists(path: string): boolean {
+  try {
+    Deno.statSync(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Whether this process runs as root. */
+export function isRoot(): boolean {
+  return Deno.uid() === 0;
+}
+
+/**
+ * Installs the missing packages through apt. Returns the packages it could not
+ * provide (not root, or apt failed) so callers can skip with a clear message.
+ */
+export async function ensureApt(
+  needs: AptNeed[],
+  log = (m: string) => console.error(m),
+): Promise<string[]> {
+  const missing = needs.filter((n) => !exists(n.file));
+  if (missing.length === 0) return [];
+  if (!isRoot()) return missing.map((m) => m.pkg);
+  const pkgs = [...new Set(missing.map((m) => m.pkg))];
+  const t0 = performance.now();
+  log(`installing through apt: ${pkgs.join(" ")}`);
+  const env = { DEBIAN_FRONTEND: "noninteractive" };
+  const run = (args: string[]) =>
+    new Deno.Command("apt-get", { args, env, stdout: "null", stderr: "piped" }).output();
+  let res = await run(["install", "-y", "-qq", "--no-install-recommends", ...pkgs]);
+  if (!res.success) {
+    await run(["update", "-qq"]);
+    res = await run(["install", "-y", "-qq", "--no-install-recommends", ...pkgs]);
+  }
+  log(`apt install took ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+  if (!res.success) log(new TextDecoder().decode(res.stderr).slice(-2000));
+  return missing.filter((n) => !exists(n.file)).map((m) => m.pkg);
+}
