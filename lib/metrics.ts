@@ -1,0 +1,153 @@
+/**
+ * The agent's Prometheus metrics (served at `GET /metrics`), on prom-client.
+ *
+ * prom-client is the standard Prometheus client for JavaScript; it runs under
+ * Deno's permission set unchanged, and only the agent loads it (never the plugin).
+ *
+ * Per-phase timing: every ADD/DEL/GC records the time it spent in each phase
+ * (queue wait, provider, device lookup, move, configure, state write) in
+ * `enim_phase_duration_seconds`, so operators and the next optimisation can see
+ * where the time goes.
+ *
+ * @module
+ */
+import client from "prom-client";
+
+/** Phases of an operation. */
+export type Phase =
+  | "queue_wait"
+  | "provider"
+  | "device_lookup"
+  | "move"
+  | "configure"
+  | "unplug"
+  | "inspect"
+  | "state_write";
+
+/** Pool counts for the gauges, read at scrape time. */
+export interface PoolCounts {
+  free: number;
+  owned: number;
+  recycling: number;
+  attachable: number;
+}
+
+const LATENCY_BUCKETS = [
+  0.0005,
+  0.001,
+  0.0025,
+  0.005,
+  0.01,
+  0.025,
+  0.05,
+  0.1,
+  0.25,
+  0.5,
+  1,
+  2.5,
+  5,
+  10,
+  30,
+];
+
+/** The agent's metric set; one per agent (tests make their own). */
+export class Metrics {
+  readonly registry: client.Registry;
+  readonly operationDuration: client.Histogram<"op" | "result">;
+  readonly operations: client.Counter<"op" | "result">;
+  readonly phaseDuration: client.Histogram<"op" | "phase">;
+  readonly gcReclaims: client.Counter<"result">;
+  readonly providerLatency: client.Histogram<"provider" | "call" | "result">;
+  #pool: () => Promise<PoolCounts> | PoolCounts = () => ({
+    free: 0,
+    owned: 0,
+    recycling: 0,
+    attachable: 0,
+  });
+
+  constructor() {
+    this.registry = new client.Registry();
+    const registers = [this.registry];
+    this.operationDuration = new client.Histogram({
+      name: "enim_operation_duration_seconds",
+      help: "Time the agent spent on an API operation, by operation and result",
+      labelNames: ["op", "result"],
+      buckets: LATENCY_BUCKETS,
+      registers,
+    });
+    this.operations = new client.Counter({
+      name: "enim_operations_total",
+      help: "API operations, by operation and result",
+      labelNames: ["op", "result"],
+      registers,
+    });
+    this.phaseDuration = new client.Histogram({
+      name: "enim_phase_duration_seconds",
+      help:
+        "Time spent in each phase of an operation (queue_wait, provider, device_lookup, move, configure, unplug, inspect, state_write)",
+      labelNames: ["op", "phase"],
+      buckets: LATENCY_BUCKETS,
+      registers,
+    });
+    this.gcReclaims = new client.Counter({
+      name: "enim_gc_reclaims_total",
+      help: "ENIs reclaimed by garbage collection, by result",
+      labelNames: ["result"],
+      registers,
+    });
+    this.providerLatency = new client.Histogram({
+      name: "enim_provider_call_duration_seconds",
+      help: "Latency of provider calls (the cloud API for bce), by call and result",
+      labelNames: ["provider", "call", "result"],
+      buckets: LATENCY_BUCKETS,
+      registers,
+    });
+    const pool = () => this.#pool();
+    new client.Gauge({
+      name: "enim_pool_enis",
+      help: "ENIs on this node by pool state (free, owned, recycling, attachable)",
+      labelNames: ["state"],
+      registers,
+      async collect() {
+        const p = await pool();
+        for (const [state, n] of Object.entries(p)) this.set({ state }, n);
+      },
+    });
+  }
+
+  /** Sets where the pool gauges read their counts from. */
+  setPoolSource(fn: () => Promise<PoolCounts> | PoolCounts): void {
+    this.#pool = fn;
+  }
+
+  /** Records one phase's duration. */
+  phase(op: string, phase: Phase, ms: number): void {
+    this.phaseDuration.observe({ op, phase }, ms / 1000);
+  }
+
+  /** Times `fn` as `phase` of `op`. */
+  async time<T>(op: string, phase: Phase, fn: () => Promise<T>): Promise<T> {
+    const t0 = performance.now();
+    try {
+      return await fn();
+    } finally {
+      this.phase(op, phase, performance.now() - t0);
+    }
+  }
+
+  /** Records a finished operation. */
+  operation(op: string, result: string, ms: number): void {
+    this.operations.inc({ op, result });
+    this.operationDuration.observe({ op, result }, ms / 1000);
+  }
+
+  /** The text exposition. */
+  text(): Promise<string> {
+    return this.registry.metrics();
+  }
+
+  /** The exposition's content type. */
+  get contentType(): string {
+    return this.registry.contentType;
+  }
+}

@@ -1,0 +1,18 @@
+import { assertMatch } from "./assert.ts";
+import { Metrics } from "./metrics.ts";
+
+Deno.test("metrics exposes phase histograms, operation counters and pool gauges", async () => {
+  const m = new Metrics();
+  m.setPoolSource(() => ({ free: 3, owned: 2, recycling: 1, attachable: 4 }));
+  await m.time("add", "provider", () => Promise.resolve(1));
+  m.phase("add", "move", 2.5);
+  m.operation("add", "ok", 7);
+  m.gcReclaims.inc({ result: "reclaimed" });
+  const text = await m.text();
+  assertMatch(text, /enim_phase_duration_seconds_count\{op="add",phase="provider"\} 1/);
+  assertMatch(text, /enim_phase_duration_seconds_bucket\{le="0.0025",op="add",phase="move"\} 1/);
+  assertMatch(text, /enim_operations_total\{op="add",result="ok"\} 1/);
+  assertMatch(text, /enim_pool_enis\{state="free"\} 3/);
+  assertMatch(text, /enim_pool_enis\{state="attachable"\} 4/);
+  assertMatch(text, /enim_gc_reclaims_total\{result="reclaimed"\} 1/);
+});
