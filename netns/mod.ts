@@ -4,7 +4,7 @@
  *
  * Spawns per operation (named namespaces such as /run/netns/x; a /proc/<pid>/ns/net
  * path costs one extra exec of nsenter for each command run inside it):
- * - plug: 3 (find by MAC on the node, one atomic move+rename+alias, one configure batch in the pod);
+ * - plug: 3 (find by MAC on the node, one move+rename+alias, one configure batch in the pod);
  * - unplug from the pod: 2 (find by MAC in the pod, one batch: down, flush, move back renamed);
  * - unplug when the device is already on the node: 1 (plus 1 only when it needs scrubbing);
  * - inspect: 1 batch.
@@ -132,11 +132,14 @@ export class IpDeviceLayer implements DeviceLayer {
       });
     } catch (err) {
       const exists = err instanceof IpError && /File exists/i.test(err.stderr);
+      // Some kernels (6.18 here) move the device first and then fail the rename
+      // with EEXIST, leaving it in the pod under its node name: bring it back.
+      if (exists) await this.#recoverFailedMove(p.mac, p.netns, nodeName);
       throw new DeviceError(
         "move",
         exists ? "ifname_exists" : "failed",
         exists
-          ? `Cannot move link "${nodeName}" into netns "${p.netns}": an interface named "${p.ifName}" already exists there`
+          ? `Cannot move link "${nodeName}" into netns "${p.netns}" as "${p.ifName}": the name exists there`
           : `Cannot move link "${nodeName}" into netns "${p.netns}" as "${p.ifName}": ${
             errText(err)
           }`,
@@ -224,6 +227,7 @@ export class IpDeviceLayer implements DeviceLayer {
       out = await ipBatch([
         ["addr", "show", "dev", p.ifName],
         ["route", "show", "dev", p.ifName, "table", "all"],
+        ["link", "show", "dev", p.ifName],
       ], { netns: p.netns, json: true });
     } catch (err) {
       if (err instanceof IpError && /does not exist|Cannot find device/.test(err.stderr)) {
@@ -236,16 +240,13 @@ export class IpDeviceLayer implements DeviceLayer {
         { cause: err },
       );
     }
-    const links = z.array(LinkAddrSchema).parse(out[0]);
+    const addrs = z.array(LinkAddrSchema).parse(out[0])[0]?.addr_info ?? [];
     const routes = z.array(RouteEntrySchema).parse(out[1] ?? []);
-    const link = links[0] ?? null;
+    const link = z.array(LinkSchema).parse(out[2] ?? [])[0] ?? null;
     if (!link) return { link: null, addresses: [], routes: [] };
-    const { addr_info, ...rest } = link;
     return {
-      link: LinkSchema.parse(rest),
-      addresses: addr_info.filter((a) => a.scope === "global").map((a) =>
-        `${a.local}/${a.prefixlen}`
-      ),
+      link,
+      addresses: addrs.filter((a) => a.scope === "global").map((a) => `${a.local}/${a.prefixlen}`),
       routes: routes
         .filter((r) => (r.table === undefined || r.table === "main") && r.protocol !== "kernel")
         .filter((r) => r.type === undefined || r.type === "unicast")
@@ -283,6 +284,16 @@ export class IpDeviceLayer implements DeviceLayer {
     const want = normalizeMac(mac);
     const links = await ipJson(z.array(LinkAddrSchema), ["addr", "show"], { netns });
     return links.find((l) => l.address?.toLowerCase() === want) ?? null;
+  }
+
+  /** After a failed move: if the device went into the pod anyway, move it back. */
+  async #recoverFailedMove(mac: string, netns: string, nodeName: string): Promise<void> {
+    try {
+      const stray = await this.#findWithAddrs(mac, netns);
+      if (stray) await this.#bringBack(netns, stray.ifname, nodeName);
+    } catch (err) {
+      this.#log.error("Cannot bring back a device after a failed move", { mac, netns, err });
+    }
   }
 
   /** Down, flushed, moved home and renamed in one batch inside the pod. */

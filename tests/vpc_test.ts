@@ -7,7 +7,9 @@ import { z } from "zod";
 
 const root = Deno.uid() === 0;
 const Addrs = z.array(
-  LinkSchema.extend({ addr_info: z.array(z.looseObject({ local: z.string(), prefixlen: z.number() })) }),
+  LinkSchema.extend({
+    addr_info: z.array(z.looseObject({ local: z.string(), prefixlen: z.number() })),
+  }),
 );
 
 Deno.test({
@@ -20,7 +22,9 @@ Deno.test({
       names = vpc.namespaces;
       const live = await listNetns();
       for (const n of names) assert(live.includes(n), `namespace "${n}" exists`);
-      const [br] = await ipJson(Addrs, ["addr", "show", "dev", vpc.bridge], { netns: vpc.vpc.name });
+      const [br] = await ipJson(Addrs, ["addr", "show", "dev", vpc.bridge], {
+        netns: vpc.vpc.name,
+      });
       const local = br.addr_info.map((a) => `${a.local}/${a.prefixlen}`);
       assert(local.includes("10.99.0.1/24"), `bridge holds 10.99.0.1/24: ${local}`);
       assert(local.includes("fd00:99::1/64"), `bridge holds fd00:99::1/64: ${local}`);
@@ -32,7 +36,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "plugEni() makes an ENI a veth with its MAC in the node, idempotently, and unplugEni() removes it",
+  name:
+    "plugEni() makes an ENI a veth with its MAC in the node, idempotently, and unplugEni() removes it",
   ignore: !root,
   async fn() {
     await using vpc = await SimulatedVpc.create();
