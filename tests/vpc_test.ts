@@ -92,3 +92,32 @@ Deno.test({
     for (const n of vpc.namespaces) assert(!live.includes(n));
   },
 });
+
+Deno.test({
+  name:
+    "inside the node namespace, the default simulator and device layer plug and unplug (home = Deno.pid)",
+  ignore: !root,
+  async fn() {
+    await using vpc = await SimulatedVpc.create();
+    const pod = await vpc.pod("a");
+    const eni = vpc.newEni();
+    const probe = new URL("./_device_probe.ts", import.meta.url).pathname;
+    const arg = JSON.stringify({
+      vpcNetns: vpc.vpc.name,
+      bridge: vpc.bridge,
+      podPath: pod.path,
+      eni,
+    });
+    const out = await vpc.exec(vpc.node, [Deno.execPath(), "run", "-A", "--quiet", probe, arg]);
+    assertEquals(out.code, 0, out.stderr);
+    const r = JSON.parse(out.stdout);
+    const nodeName = vethNames(eni.mac).node;
+    assertEquals(r.before.ifname, nodeName);
+    assertEquals(r.plugged.nodeName, nodeName);
+    assertEquals(r.inPod.link.address, eni.mac);
+    assertEquals(r.inPod.addresses.length, 2);
+    assertEquals(r.outcome, "pod");
+    assertEquals(r.after.ifname, nodeName);
+    assertEquals(r.gone, null);
+  },
+});
