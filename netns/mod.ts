@@ -9,6 +9,17 @@
  * - unplug when the device is already on the node: 1 (plus 1 only when it needs scrubbing);
  * - inspect: 1 batch.
  *
+ * Kernel behaviour this relies on (measured on 6.18 with iproute2 6.1):
+ * - `ip link set dev X netns P name N alias A` is one netlink call, but when `N`
+ *   exists in `P` the kernel may move the device first and fail the rename with
+ *   EEXIST, leaving it in the pod under its node name; `plug` then looks for it in
+ *   the pod by MAC and brings it back before throwing `ifname_exists`.
+ * - Moving a device out of a namespace takes it down and drops its addresses and
+ *   routes; `unplug` still sets it down and flushes it, in the same batch.
+ * - A veth (the simulated ENI) is destroyed with its pair when the pod namespace
+ *   is deleted, a few ms after `ip netns del` returns; a physical device would
+ *   return to the initial namespace instead (see `./sim.ts`).
+ *
  * @example
  * ```ts ignore
  * const devices = new IpDeviceLayer();
@@ -330,7 +341,9 @@ export async function netnsIdentity(path: string): Promise<NetnsIdentity | null>
     const [st, ref] = await Promise.all([Deno.stat(path), Deno.stat("/proc/self/ns/net")]);
     if (!st.isFile || st.dev !== ref.dev || st.ino === null) return null;
     return { dev: st.dev, ino: st.ino };
-  } catch {
+  } catch (err) {
+    // A path outside Deno's read permissions is a misconfiguration, not "no namespace".
+    if (err instanceof Deno.errors.NotCapable) throw err;
     return null;
   }
 }
