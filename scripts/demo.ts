@@ -1,0 +1,118 @@
+/**
+ * `deno task demo`: enim's main job, end to end, on the embedded default (the mock
+ * provider) in network namespaces.
+ *
+ * Builds a simulated node and VPC, starts the agent in the node namespace, runs the
+ * plugin for three pods exactly as a container runtime would, shows each pod's
+ * ENI, interface, addresses and pings, shows `enim status`, DELs the pods and
+ * tears everything down. Exits 0 only if every step worked.
+ *
+ * @module
+ */
+import { BASE_NEEDS, ensureApt, isRoot } from "./_deps.ts";
+import { SimulatedNode } from "../tests/_node.ts";
+import type { NetnsHandle } from "../tests/vpc.ts";
+
+const bold = (s: string) => Deno.noColor ? s : `\x1b[1m${s}\x1b[0m`;
+const ok = (s: string) => (Deno.noColor ? "ok " : "\x1b[32mok\x1b[0m ") + s;
+const bad = (s: string) => (Deno.noColor ? "FAIL " : "\x1b[31mFAIL\x1b[0m ") + s;
+
+let failures = 0;
+function step(pass: boolean, text: string): void {
+  if (!pass) failures++;
+  console.log("  " + (pass ? ok(text) : bad(text)));
+}
+
+if (!isRoot()) {
+  console.error("The demo builds network namespaces and needs root: run it as root.");
+  Deno.exit(2);
+}
+const unmet = await ensureApt(BASE_NEEDS);
+if (unmet.length > 0) {
+  console.error(`The demo needs ${unmet.join(", ")}, which could not be installed.`);
+  Deno.exit(2);
+}
+
+const t0 = performance.now();
+console.log(bold("enim demo: whole ENIs for pods, on the mock provider in network namespaces\n"));
+const node = await SimulatedNode.start({ mock: { enis: 4 } });
+try {
+  console.log(`node namespace   ${node.vpc.node.name}`);
+  console.log(
+    `VPC namespace    ${node.vpc.vpc.name} (bridge ${node.vpc.bridge}, gateways ${node.vpc.gateways.ipv4} ${node.vpc.gateways.ipv6})`,
+  );
+  console.log(`agent            pid ${node.agentPid}, socket ${node.socket}\n`);
+
+  const pods: { name: string; ns: NetnsHandle; containerId: string; ips: string[] }[] = [];
+  for (const name of ["web", "api", "db"]) {
+    const ns = await node.vpc.pod(name);
+    const containerId = `demo-${name}-${crypto.randomUUID().slice(0, 8)}`;
+    console.log(bold(`ADD pod default/${name}`) + `  (CNI_NETNS=${ns.path})`);
+    const res = await node.cni("ADD", {
+      containerId,
+      ifName: "eth0",
+      netns: ns.path,
+      args: `K8S_POD_NAMESPACE=default;K8S_POD_NAME=${name};IgnoreUnknown=1`,
+      config: node.netconf("1.1.0"),
+    });
+    if (res.code !== 0 || !res.json) {
+      step(false, `ADD failed (exit ${res.code}): ${res.stdout.trim()} ${res.stderr.trim()}`);
+      continue;
+    }
+    const iface = (res.json.interfaces as { name: string; mac: string }[])[0];
+    const ips = res.json.ips as { address: string; gateway: string }[];
+    step(true, `interface ${iface.name}, MAC ${iface.mac}`);
+    for (const ip of ips) console.log(`     address ${ip.address} via ${ip.gateway}`);
+    const shown = await node.vpc.exec(ns, ["/usr/sbin/ip", "-br", "addr", "show", "dev", "eth0"]);
+    console.log(`     in the pod: ${shown.stdout.trim()}`);
+    pods.push({ name, ns, containerId, ips: ips.map((i) => i.address.split("/")[0]) });
+  }
+
+  console.log(bold("\nPings from inside the pods"));
+  for (const [i, pod] of pods.entries()) {
+    for (const gw of [node.vpc.gateways.ipv4, node.vpc.gateways.ipv6]) {
+      if (gw) step(await node.vpc.ping(pod.ns, gw), `${pod.name} → gateway ${gw}`);
+    }
+    const other = pods[(i + 1) % pods.length];
+    if (other !== pod) {
+      for (const ip of other.ips) {
+        step(await node.vpc.ping(pod.ns, ip), `${pod.name} → ${other.name} ${ip}`);
+      }
+    }
+  }
+
+  console.log(bold("\nenim status"));
+  const status = await node.enim(["status"]);
+  console.log(status.stdout.trimEnd().split("\n").map((l) => "  " + l).join("\n"));
+  step(status.code === 0, "enim status");
+
+  console.log(bold("\nDEL the pods"));
+  for (const pod of pods) {
+    const res = await node.cni("DEL", {
+      containerId: pod.containerId,
+      ifName: "eth0",
+      netns: pod.ns.path,
+      args: `K8S_POD_NAMESPACE=default;K8S_POD_NAME=${pod.name};IgnoreUnknown=1`,
+      config: node.netconf("1.1.0"),
+    });
+    step(res.code === 0, `DEL ${pod.name}${res.code === 0 ? "" : `: ${res.stdout.trim()}`}`);
+  }
+  const after = await node.client.status();
+  step(
+    after.pool.owned === 0,
+    `every ENI back in the pool (free ${after.pool.free}, owned ${after.pool.owned})`,
+  );
+} catch (err) {
+  step(false, `demo aborted: ${err instanceof Error ? err.message : String(err)}`);
+  console.error(await node.agentLog());
+} finally {
+  await node.close();
+  console.log(`\nteardown: namespaces removed, agent stopped`);
+}
+const secs = ((performance.now() - t0) / 1000).toFixed(1);
+console.log(
+  failures === 0
+    ? bold(`\ndemo passed in ${secs} s`)
+    : bold(`\ndemo FAILED: ${failures} step(s) in ${secs} s`),
+);
+Deno.exit(failures === 0 ? 0 : 1);
