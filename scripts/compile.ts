@@ -103,7 +103,7 @@ async function denoDir(): Promise<string> {
   if (typeof info === "object" && info !== null && "denoDir" in info) {
     return String(info.denoDir);
   }
-  throw new Error("Cannot read denoDir from \"deno info --json\"");
+  throw new Error('Cannot read denoDir from "deno info --json"');
 }
 
 /**
@@ -138,7 +138,9 @@ export async function checkDenort(
     if (!res.ok) return `${loc.url} answered HTTP ${res.status}`;
     return undefined;
   } catch (err) {
-    const cause = err instanceof Error && err.cause instanceof Error ? `: ${err.cause.message}` : "";
+    const cause = err instanceof Error && err.cause instanceof Error
+      ? `: ${err.cause.message}`
+      : "";
     const why = (err instanceof Error ? err.message : String(err)) + cause;
     return `DENORT_BIN is not set, ${loc.zipName} is not in deno's cache, ` +
       `and ${loc.url} cannot be reached (${why})`;
