@@ -25,7 +25,8 @@ function jsonc(text: string, what: string): Obj {
 
 const [ds] = await load("deploy/kubernetes/daemonset.yaml");
 const configMaps = await load("deploy/kubernetes/configmap.yaml");
-const cm = (name: string) => configMaps.find((d) => d.kind === "ConfigMap" && d.metadata.name === name);
+const cm = (name: string) =>
+  configMaps.find((d) => d.kind === "ConfigMap" && d.metadata.name === name);
 const pod = ds.spec.template.spec;
 const agent = pod.containers.find((c: Obj) => c.name === "agent");
 const init = pod.initContainers.find((c: Obj) => c.name === "install-cni");
