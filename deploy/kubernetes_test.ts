@@ -1,0 +1,131 @@
+import { parseAllDocuments } from "yaml";
+import { parse as parseJsonc, type ParseError } from "jsonc-parser";
+import { assert, assertEquals } from "../lib/assert.ts";
+import { ROOT } from "../scripts/_paths.ts";
+
+// deno-lint-ignore no-explicit-any
+type Obj = any;
+
+/** Parses every document of a YAML file (failing on any YAML error or warning). */
+async function load(rel: string): Promise<Obj[]> {
+  const docs = parseAllDocuments(await Deno.readTextFile(`${ROOT}/${rel}`));
+  if (!Array.isArray(docs)) throw new Error(`Expected YAML documents in "${rel}"`);
+  for (const d of docs) {
+    assertEquals([...d.errors, ...d.warnings].map((e) => e.message), [], rel);
+  }
+  return docs.map((d) => d.toJS());
+}
+
+function jsonc(text: string, what: string): Obj {
+  const errors: ParseError[] = [];
+  const value = parseJsonc(text, errors, { allowTrailingComma: true });
+  assertEquals(errors, [], `${what} is valid JSONC`);
+  return value;
+}
+
+const [ds] = await load("deploy/kubernetes/daemonset.yaml");
+const configMaps = await load("deploy/kubernetes/configmap.yaml");
+const cm = (name: string) =>
+  configMaps.find((d) => d.kind === "ConfigMap" && d.metadata.name === name);
+const pod = ds.spec.template.spec;
+const agent = pod.containers.find((c: Obj) => c.name === "agent");
+const init = pod.initContainers.find((c: Obj) => c.name === "install-cni");
+const volume = (name: string) => pod.volumes.find((v: Obj) => v.name === name);
+/** The host path behind a container's mount at `mountPath`, with the mount itself. */
+function hostMount(c: Obj, mountPath: string): { mount: Obj; hostPath?: string } {
+  const mount = c.volumeMounts.find((m: Obj) => m.mountPath === mountPath);
+  assert(mount, `${c.name} mounts ${mountPath}`);
+  return { mount, hostPath: volume(mount.name)?.hostPath?.path };
+}
+
+Deno.test("the DaemonSet runs the agent in the node's network namespace on every node", () => {
+  assertEquals(ds.apiVersion, "apps/v1");
+  assertEquals(ds.kind, "DaemonSet");
+  assertEquals(ds.spec.selector.matchLabels, ds.spec.template.metadata.labels);
+  assertEquals(pod.hostNetwork, true);
+  assertEquals(pod.priorityClassName, "system-node-critical");
+  assert(pod.tolerations.some((t: Obj) => t.operator === "Exists" && t.key === undefined));
+  assertEquals(agent.command.slice(1), ["agent", "--config", "/etc/enim/agent.jsonc"]);
+});
+
+Deno.test("the agent can manage devices and namespaces: privileged or NET_ADMIN and SYS_ADMIN", () => {
+  const sc = agent.securityContext;
+  const caps: string[] = sc.capabilities?.add ?? [];
+  assert(sc.privileged === true || (caps.includes("NET_ADMIN") && caps.includes("SYS_ADMIN")));
+  assert(caps.includes("NET_ADMIN") && caps.includes("SYS_ADMIN"), "documented capabilities");
+});
+
+Deno.test("the agent mounts the host's netns directories with bidirectional propagation", async (t) => {
+  for (const path of ["/run/netns", "/var/run/netns"]) {
+    await t.step(path, () => {
+      const { mount, hostPath } = hostMount(agent, path);
+      assertEquals(hostPath, path);
+      assertEquals(mount.mountPropagation, "Bidirectional");
+    });
+  }
+  // Kubernetes allows Bidirectional only in privileged containers.
+  assertEquals(agent.securityContext.privileged, true);
+});
+
+Deno.test("the agent keeps state, socket and logs on the host", async (t) => {
+  for (const path of ["/var/lib/enim", "/run/enim", "/var/log/enim"]) {
+    await t.step(path, () => assertEquals(hostMount(agent, path).hostPath, path));
+  }
+  const { mount } = hostMount(agent, "/etc/enim");
+  assertEquals(volume(mount.name).configMap.name, "enim-agent-config");
+});
+
+Deno.test("the init container installs the plugin and the conflist onto the host", () => {
+  assertEquals(init.image, agent.image);
+  const bin = hostMount(init, "/host/opt/cni/bin");
+  const netd = hostMount(init, "/host/etc/cni/net.d");
+  assertEquals(bin.hostPath, "/opt/cni/bin");
+  assertEquals(netd.hostPath, "/etc/cni/net.d");
+  const cfg = init.volumeMounts.find((m: Obj) => m.mountPath === "/config/cni");
+  assertEquals(volume(cfg.name).configMap.name, "enim-cni-config");
+  const script = init.command.join(" ");
+  for (
+    const s of [
+      "/host/opt/cni/bin/enim",
+      "/config/cni/10-enim.conflist",
+      "/host/etc/cni/net.d/10-enim.conflist",
+    ]
+  ) {
+    assert(script.includes(s), `the init script mentions ${s}`);
+  }
+});
+
+Deno.test("readiness is the agent's status", () => {
+  assertEquals(agent.readinessProbe.exec.command.slice(1), ["status", "--json"]);
+  assertEquals(agent.readinessProbe.exec.command[0], agent.command[0]);
+});
+
+Deno.test("the images are the documented placeholder", () => {
+  for (const c of [...pod.initContainers, ...pod.containers]) {
+    assertEquals(c.image, "ghcr.io/example/enim:0.1.0");
+  }
+});
+
+Deno.test("the CNI ConfigMap holds a valid conflist of type enim, the same as deploy/'s", async () => {
+  const data = cm("enim-cni-config").data;
+  const conflist = JSON.parse(data["10-enim.conflist"]);
+  assertEquals(conflist.plugins[0].type, "enim");
+  assertEquals(conflist.cniVersion, "1.1.0");
+  assertEquals(
+    conflist,
+    JSON.parse(await Deno.readTextFile(`${ROOT}/deploy/10-enim.conflist`)),
+  );
+});
+
+Deno.test("the agent ConfigMap and deploy/agent.jsonc are valid agent configs", async () => {
+  const inCm = jsonc(cm("enim-agent-config").data["agent.jsonc"], "the agent ConfigMap");
+  const file = jsonc(await Deno.readTextFile(`${ROOT}/deploy/agent.jsonc`), "deploy/agent.jsonc");
+  for (const c of [inCm, file]) {
+    assertEquals(c.socket, "/run/enim/enim.sock");
+    assertEquals(c.statePath, "/var/lib/enim/enim.db");
+    assert(["mock", "bce"].includes(c.provider.name));
+  }
+  const volumeMode = pod.volumes.find((v: Obj) => v.configMap?.name === "enim-agent-config")
+    .configMap.defaultMode;
+  assertEquals(volumeMode, 0o600);
+});
