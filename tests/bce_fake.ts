@@ -70,6 +70,8 @@ export interface FakeBceOptions {
   maxKeysCap?: number;
   region?: string;
   azone?: string;
+  /** How long a "lose" fault holds the response back (the client should time out first). */
+  loseHoldMs?: number;
   /** Which instance the metadata service describes. */
   metadataInstanceId?: string;
   onAttach?(eni: FakeEni): void | Promise<void>;
@@ -81,6 +83,10 @@ export interface FakeRequestRecord {
   method: string;
   path: string;
   query: Record<string, string>;
+  /** The query string exactly as sent. */
+  rawQuery: string;
+  /** The request headers (lower-case names). */
+  headers: Record<string, string>;
   status: number;
   code?: string;
 }
@@ -119,6 +125,7 @@ export class FakeBce {
       region: "bj",
       azone: "cn-bj-a",
       metadataInstanceId: "i-fake0001",
+      loseHoldMs: 3000,
       ...opts,
     };
     this.#server = Deno.serve(
@@ -180,7 +187,14 @@ export class FakeBce {
     const query = parseQuery(url.search);
     const queryObj = Object.fromEntries(query.map(([k, v]) => [k, v ?? ""]));
     const bodyText = await req.text();
-    const record: FakeRequestRecord = { method: req.method, path, query: queryObj, status: 0 };
+    const record: FakeRequestRecord = {
+      method: req.method,
+      path,
+      query: queryObj,
+      rawQuery: url.search.replace(/^\?/, ""),
+      headers: Object.fromEntries(req.headers),
+      status: 0,
+    };
     this.requests.push(record);
     const reply = (status: number, body: unknown, code?: string) => {
       record.status = status;
@@ -206,7 +220,7 @@ export class FakeBce {
     if (fault?.kind === "skew") {
       return fail(400, "RequestExpired", "Injected: the request has expired");
     }
-    if (fault?.kind === "slow") await this.#wait(fault.delayMs, req.signal);
+    if (fault?.kind === "slow") await this.#wait(fault.delayMs);
 
     let body: Record<string, unknown> = {};
     if (bodyText.trim() !== "") {
@@ -224,7 +238,7 @@ export class FakeBce {
     }
     if (fault?.kind === "lose") {
       // The work is done; the answer never reaches the client.
-      await this.#wait(10_000, req.signal);
+      await this.#wait(this.opts.loseHoldMs);
       return fail(500, "InternalError", "Lost response");
     }
     return res;
@@ -573,16 +587,14 @@ export class FakeBce {
     p.finally(() => this.#hooks.delete(p));
   }
 
-  #wait(ms: number, signal: AbortSignal): Promise<void> {
+  #wait(ms: number): Promise<void> {
     return new Promise((resolve) => {
       const done = () => {
         clearTimeout(t);
-        signal.removeEventListener("abort", done);
         this.#closing.signal.removeEventListener("abort", done);
         resolve();
       };
       const t = setTimeout(done, ms);
-      signal.addEventListener("abort", done, { once: true });
       this.#closing.signal.addEventListener("abort", done, { once: true });
     });
   }
