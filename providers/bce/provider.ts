@@ -159,8 +159,8 @@ export class BceProvider implements Provider {
 
   // ---- Provider ----------------------------------------------------------------
 
-  async list(): Promise<Eni[]> {
-    return this.#rows().map((r) => this.#toEni(r));
+  list(): Promise<Eni[]> {
+    return Promise.resolve(this.#rows().map((r) => this.#toEni(r)));
   }
 
   async allocateNextENI(owner: Owner, request: AllocationRequest): Promise<Eni> {
@@ -188,11 +188,11 @@ export class BceProvider implements Provider {
     if (Number(r.changes) > 0) this.#log.info("ENI returned to the free pool", { owner: o });
   }
 
-  async status(): Promise<ProviderStatus> {
+  status(): Promise<ProviderStatus> {
     const rows = this.#rows();
     const owned = rows.filter((r) => r.pod !== null).length;
     const intents = this.#intents();
-    return {
+    return Promise.resolve({
       name: this.name,
       free: rows.length - owned,
       owned,
@@ -206,7 +206,7 @@ export class BceProvider implements Provider {
         otherAttached: this.#foreign,
         warmPool: this.#o.warmPool,
       },
-    };
+    });
   }
 
   /** Starts the warm pool loop (first pass at once). */
