@@ -16,6 +16,7 @@
  * @module
  */
 import ipaddr from "ipaddr.js";
+import type { Eni } from "../providers/contract.ts";
 import {
   type Credentials,
   parseAuthorization,
@@ -598,6 +599,32 @@ export class FakeBce {
       this.#closing.signal.addEventListener("abort", done, { once: true });
     });
   }
+}
+
+/**
+ * A fake ENI in the provider contract's shape (free, no owner), for wiring the
+ * fake's `onAttach`/`onDetach` hooks to a `DeviceSimulator`:
+ * `onAttach: (e) => sim.plug(toContractEni(fake, e))`.
+ */
+export function toContractEni(fake: FakeBce, eni: FakeEni): Eni {
+  const subnet = fake.opts.subnets.find((s) => s.subnetId === eni.subnetId);
+  const ip = eni.privateIpSet.find((p) => p.primary) ?? eni.privateIpSet[0];
+  let ipv4: Eni["ipv4"] = null;
+  if (subnet && ip) {
+    const [net, len] = ipaddr.IPv4.parseCIDR(subnet.cidr);
+    const b = net.toByteArray();
+    b[3] += 1;
+    ipv4 = { address: ip.privateIpAddress, prefixLength: len, gateway: b.join(".") };
+  }
+  return {
+    id: eni.eniId,
+    mac: eni.macAddress,
+    ipv4,
+    ipv6: null,
+    subnetId: eni.subnetId,
+    state: "free",
+    owner: null,
+  };
 }
 
 function json(status: number, body: unknown): Response {

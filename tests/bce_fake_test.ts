@@ -1,8 +1,9 @@
 import { assert, assertEquals } from "../lib/assert.ts";
 import { bceTimestamp, sign, wireQuery } from "../providers/bce/signer.ts";
-import type { FakeEni } from "./bce_fake.ts";
+import { type FakeEni, toContractEni } from "./bce_fake.ts";
 import {
   AK,
+  assertNoSecretsLogged,
   INSTANCE,
   SECRET,
   SESSION_TOKEN,
@@ -97,6 +98,11 @@ Deno.test("the fake runs the ENI state machine with async attach/detach and hook
     assert(/^fa:f6(:[0-9a-f]{2}){4}$/.test(eni.macAddress));
     assertEquals(eni.privateIpSet[0].privateIpAddress, "10.0.1.2");
     assertEquals(eni.status, "available");
+    assertEquals(toContractEni(fake, eni).ipv4, {
+      address: "10.0.1.2",
+      prefixLength: 24,
+      gateway: "10.0.1.1",
+    });
     await c.attachEni(id, INSTANCE, "t1-a");
     assertEquals(eni.status, "attaching");
     const delErr = await c.deleteEni(id, "t1-d").then(() => null, (e) => e);
@@ -148,4 +154,8 @@ Deno.test("the fake enforces the instance quota and honours clientToken", async 
     c.close();
     await fake.close();
   }
+});
+
+Deno.test("the fake tests logged no secret", () => {
+  assertNoSecretsLogged();
 });

@@ -175,7 +175,7 @@ export async function setup(opts: SetupOptions = {}): Promise<TestEnv> {
 /** Asserts that no collected line contains the secret key or the session token. */
 export function assertNoSecretsLogged(): void {
   for (const line of LOG_LINES) {
-    if (line.includes(SECRET) || line.includes(SESSION_TOKEN)) {
+    if (line.includes(SECRET) || line.includes(SESSION_TOKEN) || line.includes("bce-auth-v1/")) {
       throw new Error(
         `A secret leaked into a log line: ${
           line.replaceAll(SECRET, "<SECRET>").replaceAll(SESSION_TOKEN, "<TOKEN>")

@@ -372,8 +372,18 @@ export class BceProvider implements Provider {
     if (again) return again;
 
     const wantIp = req.ips.find((ip) => ipaddr.IPv4.isValid(ip)) ?? null;
+    // Known before reserving, so nothing after the create can fail on it.
+    const cidr = await this.#cidr(this.#o.subnetId);
+    const unreachable = req.ranges.find((set) => !set.some((r) => overlaps(r.subnet, cidr)));
+    if (unreachable) {
+      throw new ProviderError(
+        "requested_ip_unavailable",
+        `No free ENI matches the requested range ${
+          JSON.stringify(unreachable.map((r) => r.subnet))
+        } and it does not overlap subnet "${this.#o.subnetId}" (${cidr})`,
+      );
+    }
     if (req.ips.length > 0) {
-      const cidr = await this.#cidr(this.#o.subnetId);
       if (!wantIp || !inCidr(wantIp, cidr)) {
         throw new ProviderError(
           "requested_ip_unavailable",
@@ -770,6 +780,18 @@ function inCidr(ip: string, cidr: string): boolean {
     const [net, len] = ipaddr.parseCIDR(cidr);
     const a = ipaddr.parse(ip);
     return a.kind() === net.kind() && a.match(net, len);
+  } catch {
+    return false;
+  }
+}
+
+/** Whether two CIDRs share an address (one contains the other's network address). */
+function overlaps(a: string, b: string): boolean {
+  try {
+    const [na, la] = ipaddr.parseCIDR(a);
+    const [nb, lb] = ipaddr.parseCIDR(b);
+    if (na.kind() !== nb.kind()) return false;
+    return na.match(nb, lb) || nb.match(na, la);
   } catch {
     return false;
   }

@@ -137,6 +137,44 @@ Deno.test("a create whose response is lost is retried with the same clientToken 
   }
 });
 
+Deno.test("a create whose every response is lost is cleaned up by its name", async () => {
+  const env = await setup({ maxEnisPerNode: 2, timeouts: { requestMs: 100, maxAttempts: 3 } });
+  try {
+    env.fake.faultFilter = (m, p) => m === "POST" && p === "/v1/eni";
+    env.fake.inject({ kind: "lose" }, 3);
+    const err = await env.provider.allocateNextENI(owner(1), any).then(() => null, (e) => e);
+    assert(err instanceof ProviderError);
+    assertEquals(err.reason, "unavailable");
+    recordError(err);
+    const creates = env.fake.requests.filter((r) => r.method === "POST" && r.path === "/v1/eni");
+    assertEquals(creates.length, 3);
+    assertEquals(new Set(creates.map((r) => r.query.clientToken)).size, 1);
+    await eventually(() => env.fake.enis.size === 0, 5000, "the orphan to be deleted");
+    assertEquals((await env.provider.status()).attachable, 2);
+  } finally {
+    await env.close();
+  }
+});
+
+Deno.test("a requested range outside the subnet fails fast without creating an ENI", async () => {
+  const env = await setup({ maxEnisPerNode: 2 });
+  try {
+    const err = await env.provider.allocateNextENI(owner(1), {
+      ips: [],
+      ranges: [[{ subnet: "192.168.0.0/16" }]],
+    }).then(() => null, (e) => e);
+    assertEquals(err?.reason, "requested_ip_unavailable");
+    assertEquals(env.fake.enis.size, 0);
+    const ok = await env.provider.allocateNextENI(owner(2), {
+      ips: [],
+      ranges: [[{ subnet: "10.0.0.0/16" }]],
+    });
+    assertEquals(ok.ipv4?.prefixLength, 24);
+  } finally {
+    await env.close();
+  }
+});
+
 Deno.test("20 parallel allocations on a node limited to 8 ENIs never exceed 8", async () => {
   const env = await setup({ maxEnisPerNode: 8, fake: { attachDelayMs: 40 } });
   try {
