@@ -246,6 +246,8 @@ export class BceProvider implements Provider {
   async maintainPool(): Promise<void> {
     await this.reconcile();
     if (this.#closed.signal.aborted) return;
+    await this.#collectOrphans();
+    if (this.#closed.signal.aborted) return;
     const { minIdle, maxIdle } = this.#o.warmPool;
     const free = this.#rows().filter((r) => r.pod === null);
     const creating =
@@ -340,6 +342,33 @@ export class BceProvider implements Provider {
       this.#track(task.catch((e) => {
         this.#log.warn("Resuming a BCE intent failed", { intent: intent.id, error: e });
       }));
+    }
+  }
+
+  /**
+   * Deletes ENIs this node created (name `<prefix>/<instanceId>/…`) that are
+   * `available` and known to no row and no intent: leftovers of a crash or of
+   * a detach by someone else. ENIs of other nodes or without the marker are
+   * never touched.
+   */
+  async #collectOrphans(): Promise<void> {
+    const mine = `${this.#o.namePrefix}/${this.#o.instanceId}/`;
+    const listed = await this.#o.client.listEnis({ vpcId: this.#o.vpcId, namePrefix: mine });
+    const intents = this.#intents();
+    const known = new Set([
+      ...this.#rows().map((r) => r.eni_id),
+      ...intents.map((i) => i.eni_id).filter((x) => x !== null),
+    ]);
+    const names = new Set(intents.map((i) => i.name));
+    for (const e of listed) {
+      if (e.status !== "available" || known.has(e.eniId) || names.has(e.name)) continue;
+      if (!e.name.startsWith(mine)) continue;
+      try {
+        await this.#o.client.deleteEni(e.eniId, crypto.randomUUID());
+        this.#log.info("Deleted an orphaned ENI of this node", { eniId: e.eniId, name: e.name });
+      } catch (err) {
+        this.#log.warn("Cannot delete an orphaned ENI", { eniId: e.eniId, error: err });
+      }
     }
   }
 

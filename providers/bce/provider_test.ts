@@ -295,6 +295,27 @@ Deno.test("a restart re-uses a persisted clientToken and adopts the ENI", async 
   }
 });
 
+Deno.test("the pool loop deletes orphaned available ENIs of this node and nothing else", async () => {
+  const fake = startFake();
+  const orphan = fake.seedEni({ name: `enim/${INSTANCE}/dead01` });
+  const otherNode = fake.seedEni({ name: "enim/i-other/dead02" });
+  const foreign = fake.seedEni({ name: "someone/else" });
+  const env = await setup({
+    withFake: fake,
+    maxEnisPerNode: 2,
+    warmPool: { minIdle: 0, maxIdle: 1 },
+  });
+  try {
+    await env.provider.maintainPool();
+    assert(!fake.enis.has(orphan.eniId));
+    assert(fake.enis.has(otherNode.eniId));
+    assert(fake.enis.has(foreign.eniId));
+  } finally {
+    await env.close();
+    await fake.close();
+  }
+});
+
 Deno.test("a failed attach is rolled back: the ENI is deleted and the slot freed", async () => {
   const env = await setup({ maxEnisPerNode: 2 });
   try {
