@@ -1,0 +1,190 @@
+import { assert, assertEquals, assertStringIncludes } from "../../lib/assert.ts";
+import { ProviderError } from "../contract.ts";
+import { BceClient, reasonFor } from "./client.ts";
+import {
+  AK,
+  assertNoSecretsLogged,
+  INSTANCE,
+  recordError,
+  SECRET,
+  SESSION_TOKEN,
+  startFake,
+  testClient,
+  testLogger,
+} from "./_harness.ts";
+
+const VPC = "vpc-fake0001";
+const SUBNET = "sbn-fake0001";
+const args = (name: string) => ({
+  name,
+  subnetId: SUBNET,
+  securityGroupIds: ["g-1"],
+  enterpriseSecurityGroupIds: [],
+});
+
+Deno.test("listEnis() reads every page, filters names client-side and drops ERIs", async () => {
+  const fake = startFake({ maxKeysCap: 2 });
+  const client = testClient(fake);
+  try {
+    for (let i = 0; i < 5; i++) fake.seedEni({ name: `enim/${INSTANCE}/a${i}` });
+    fake.seedEni({ name: `xenim/${INSTANCE}/fuzzy` }); // matched by the fuzzy server filter
+    fake.seedEni({ name: `enim/${INSTANCE}/eri`, networkInterfaceTrafficMode: "highPerformance" });
+    const all = await client.listEnis({ vpcId: VPC, namePrefix: "enim/" });
+    assertEquals(all.length, 5);
+    assert(all.every((e) => e.name.startsWith("enim/")));
+    const lists = fake.requests.filter((r) => r.path === "/v1/eni" && r.method === "GET");
+    assert(lists.length >= 4, `expected several pages, got ${lists.length}`);
+    assertEquals(lists[1].query.marker !== undefined, true);
+    assert(lists.every((r) => r.query.vpcId === VPC));
+  } finally {
+    client.close();
+    await fake.close();
+  }
+});
+
+Deno.test("createEni() sends [] for empty lists and attach uses the bare ?attach flag", async () => {
+  const fake = startFake();
+  const client = testClient(fake);
+  try {
+    const id = await client.createEni(args("enim/x/1"), "tok-1");
+    assertEquals(fake.enis.get(id)?.enterpriseSecurityGroupIds, []);
+    assertEquals(await client.createEni(args("enim/x/1"), "tok-1"), id);
+    assertEquals(fake.enis.size, 1);
+    await client.attachEni(id, INSTANCE, "tok-1-attach");
+    const put = fake.requests.find((r) => r.method === "PUT")!;
+    assertEquals(put.rawQuery, "attach&clientToken=tok-1-attach");
+    assertStringIncludes(put.headers.authorization, "host;x-bce-date;x-bce-security-token");
+    assertEquals(put.headers["x-bce-security-token"], SESSION_TOKEN);
+    assertEquals(await client.eniStatus(id), "attaching");
+    await new Promise((r) => setTimeout(r, 40));
+    const d = await client.getEni(id);
+    assertEquals([d.status, d.instanceId], ["inuse", INSTANCE]);
+    assertEquals((await client.eniQuota(INSTANCE)).availableQuantity, 15);
+    assertEquals((await client.getSubnet(SUBNET)).cidr, "10.0.1.0/24");
+  } finally {
+    client.close();
+    await fake.close();
+  }
+});
+
+Deno.test("errors map to provider reasons with the request id", async (t) => {
+  const fake = startFake({ subnets: [{ subnetId: SUBNET, cidr: "10.0.9.0/30" }] });
+  const client = testClient(fake);
+  try {
+    await t.step("missing ENI → not_found", async () => {
+      const e = await client.getEni("eni-000000000000").then(() => null, (e) => e);
+      assert(e instanceof ProviderError);
+      assertEquals(e.reason, "not_found");
+      assert(e.requestId);
+      assertStringIncludes(e.message, e.requestId!);
+    });
+    const id = await client.createEni(args("enim/x/1"), "t1");
+    await client.attachEni(id, INSTANCE, "t1-a");
+    await t.step("delete of an attaching ENI → wrong_state", async () => {
+      const e = await client.deleteEni(id, "t1-d").then(() => null, (e) => e);
+      assertEquals(e?.reason, "wrong_state");
+    });
+    await t.step("a /30 subnet with one host free → subnet_full on the second create", async () => {
+      const e = await client.createEni(args("enim/x/2"), "t2").then(() => null, (e) => e);
+      assertEquals(e?.reason, "subnet_full");
+      recordError(e);
+    });
+    await t.step("reason table", () => {
+      assertEquals(reasonFor(400, "EniIdException"), "not_found");
+      assertEquals(reasonFor(404, "NoSuchObject"), "not_found");
+      assertEquals(reasonFor(400, "QuotaLimitExceeded"), "quota_exceeded");
+      assertEquals(reasonFor(400, "Throttling.RateLimitExceeded"), "throttled");
+      assertEquals(reasonFor(429, ""), "throttled");
+      assertEquals(reasonFor(403, "AccessDenied"), "auth_failed");
+      assertEquals(reasonFor(400, "SignatureDoesNotMatch"), "auth_failed");
+      assertEquals(reasonFor(500, "InternalError"), "unavailable");
+      assertEquals(reasonFor(400, "InvalidParameter"), "other");
+    });
+  } finally {
+    client.close();
+    await fake.close();
+  }
+});
+
+Deno.test("RequestExpired is retried with a fresh signature", async () => {
+  const fake = startFake();
+  const client = testClient(fake);
+  try {
+    fake.inject({ kind: "skew" }, 1);
+    const id = await client.createEni(args("enim/x/1"), "t1");
+    const creates = fake.requests.filter((r) => r.method === "POST");
+    assertEquals(creates.length, 2);
+    assertEquals(creates[0].code, "RequestExpired");
+    assert(fake.enis.has(id));
+  } finally {
+    client.close();
+    await fake.close();
+  }
+});
+
+Deno.test("a signature with a skewed clock fails as RequestExpired, clearly", async () => {
+  const fake = startFake();
+  const client = new BceClient({
+    endpoint: fake.url,
+    credentials: { accessKeyId: AK, secretAccessKey: SECRET, sessionToken: SESSION_TOKEN },
+    log: testLogger(),
+    now: () => new Date(Date.now() - 3 * 3600_000),
+    retry: { maxAttempts: 2, baseDelayMs: 1, maxDelayMs: 2 },
+  });
+  try {
+    const e = await client.getEni("eni-000000000000").then(() => null, (e) => e);
+    assertEquals(e?.reason, "auth_failed");
+    assertStringIncludes(e.message, "RequestExpired");
+    assertStringIncludes(e.message, AK);
+    assertEquals(fake.requests.length, 2);
+    recordError(e);
+  } finally {
+    client.close();
+    await fake.close();
+  }
+});
+
+Deno.test("a slow response times out per request and is retried within the total budget", async () => {
+  const fake = startFake();
+  const client = testClient(fake, { requestTimeoutMs: 100, totalTimeoutMs: 5000 });
+  try {
+    fake.inject({ kind: "slow", delayMs: 400 }, 1);
+    const id = await client.createEni(args("enim/x/1"), "t1");
+    assertEquals(fake.enis.size, 1);
+    assert(fake.enis.has(id));
+    const slow = testClient(fake, { requestTimeoutMs: 50, totalTimeoutMs: 200, maxAttempts: 10 });
+    fake.inject({ kind: "slow", delayMs: 300 }, 10);
+    const started = Date.now();
+    const e = await slow.getEni(id).then(() => null, (e) => e);
+    assertEquals(e?.reason, "unavailable");
+    assertStringIncludes(e.message, "Timed out");
+    assert(Date.now() - started < 1000);
+    slow.close();
+  } finally {
+    client.close();
+    await fake.close();
+  }
+});
+
+Deno.test("a network failure is retried and then reported as unavailable", async () => {
+  const fake = startFake();
+  const url = fake.url;
+  await fake.close();
+  const client = new BceClient({
+    endpoint: url,
+    credentials: { accessKeyId: AK, secretAccessKey: SECRET },
+    log: testLogger(),
+    retry: { maxAttempts: 3, baseDelayMs: 1, maxDelayMs: 2 },
+  });
+  try {
+    const e = await client.getEni("eni-000000000000").then(() => null, (e) => e);
+    assertEquals(e?.reason, "unavailable");
+    recordError(e);
+  } finally {
+    client.close();
+  }
+});
+
+Deno.test("client tests logged no secret", () => {
+  assertNoSecretsLogged();
+});

@@ -1,0 +1,98 @@
+/**
+ * The `bce` provider module: Baidu Cloud ENIs in exclusive mode.
+ *
+ * @example
+ * ```ts ignore
+ * import { bceModule } from "./providers/bce/mod.ts";
+ * const provider = await bceModule.create(bceModule.configSchema.parse(raw), ctx);
+ * ```
+ *
+ * @module
+ */
+import type { ProviderContext, ProviderModule } from "../contract.ts";
+import { type BceConfig, configSchema, endpointFor, loadCredentials } from "./config.ts";
+import { BceClient } from "./client.ts";
+import { MetadataClient } from "./metadata.ts";
+import { BceProvider } from "./provider.ts";
+
+export { configSchema };
+export type { BceConfig };
+export { BceProvider } from "./provider.ts";
+
+/** Test seams for {@linkcode createBce}. */
+export interface CreateOptions {
+  /** Reads an environment variable (credentials); `Deno.env.get` by default. */
+  env?: (name: string) => string | undefined;
+  /** The clock used for signatures. */
+  now?: () => Date;
+}
+
+/** Creates the provider: resolves metadata, credentials and the node limit, syncs once. */
+export async function createBce(
+  config: BceConfig,
+  ctx: ProviderContext,
+  opts: CreateOptions = {},
+): Promise<BceProvider> {
+  const cfg = configSchema.parse(config);
+  const credentials = loadCredentials(cfg.credentialsFile, opts.env);
+  const meta = new MetadataClient({ baseUrl: cfg.metadataUrl });
+  const instanceId = cfg.instanceId ?? await meta.instanceId();
+  const vpcId = cfg.vpcId ?? await meta.vpcId();
+  const subnetId = cfg.subnetId ?? await meta.subnetId();
+  const region = cfg.endpoint ? cfg.region : cfg.region ?? await meta.region();
+  const t = cfg.timeouts;
+  const client = new BceClient({
+    endpoint: endpointFor(cfg.endpoint, region),
+    credentials,
+    log: ctx.log.child({ component: "bce-client" }),
+    now: opts.now,
+    retry: {
+      maxAttempts: t.maxAttempts,
+      baseDelayMs: t.baseDelayMs,
+      maxDelayMs: t.maxDelayMs,
+      totalTimeoutMs: t.totalMs,
+      requestTimeoutMs: t.requestMs,
+    },
+  });
+  ctx.log.info("BCE provider configured", {
+    endpoint: client.endpoint.origin,
+    accessKeyId: credentials.accessKeyId,
+    instanceId,
+    vpcId,
+    subnetId,
+  });
+  const provider = new BceProvider({
+    client,
+    instanceId,
+    vpcId,
+    subnetId,
+    subnetCidrs: cfg.subnetCidr ? { [subnetId]: cfg.subnetCidr } : undefined,
+    securityGroupIds: cfg.securityGroupIds,
+    enterpriseSecurityGroupIds: cfg.enterpriseSecurityGroupIds,
+    namePrefix: cfg.namePrefix,
+    description: cfg.description,
+    maxEnisPerNode: cfg.maxEnisPerNode,
+    warmPool: cfg.warmPool,
+    attachTimeoutMs: t.attachMs,
+    deviceTimeoutMs: t.deviceMs,
+    pollMs: t.pollMs,
+    poolIntervalMs: t.poolIntervalMs,
+  }, ctx);
+  try {
+    await provider.init();
+  } catch (e) {
+    await provider.close();
+    throw e;
+  }
+  return provider;
+}
+
+/** The registry's entry point: creates the provider from its parsed config. */
+export function create(config: BceConfig, ctx: ProviderContext): Promise<BceProvider> {
+  return createBce(config, ctx);
+}
+
+/** The `bce` provider module. */
+export const bceModule: ProviderModule<BceConfig> = { configSchema, create };
+
+export default bceModule;

@@ -1,0 +1,338 @@
+import { assert, assertEquals, assertStringIncludes } from "../../lib/assert.ts";
+import { type Owner, ProviderError } from "../contract.ts";
+import { providerContractChecks } from "./_contract_checks.ts";
+import {
+  AK,
+  assertNoSecretsLogged,
+  INSTANCE,
+  LOG_LINES,
+  recordError,
+  SECRET,
+  SESSION_TOKEN,
+  setup,
+  startFake,
+  testClient,
+} from "./_harness.ts";
+
+const owner = (i: number): Owner => ({
+  pod: `default/p-${i}`,
+  containerId: `c${i}`,
+  ifName: "eth0",
+});
+const any = { ips: [], ranges: [] };
+
+async function eventually(fn: () => Promise<boolean> | boolean, ms = 5000, what = "condition") {
+  const deadline = Date.now() + ms;
+  while (!(await fn())) {
+    if (Date.now() > deadline) throw new Error(`Timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+Deno.test("bce passes the provider contract checks against the fake BCE server", async (t) => {
+  await providerContractChecks(t, async () => {
+    const env = await setup({ maxEnisPerNode: 4 });
+    return { provider: env.provider, capacity: 4, close: env.close };
+  });
+});
+
+Deno.test("allocateNextENI() creates, attaches and waits for the device, then reuses it without detach", async () => {
+  const env = await setup({ maxEnisPerNode: 4 });
+  try {
+    const a = await env.provider.allocateNextENI(owner(1), any);
+    const cloud = env.fake.enis.get(a.id)!;
+    assertEquals(cloud.status, "inuse");
+    assertEquals(cloud.instanceId, INSTANCE);
+    assert(cloud.name.startsWith(`enim/${INSTANCE}/`));
+    assertEquals(cloud.securityGroupIds, ["g-test0001"]);
+    assertEquals(cloud.enterpriseSecurityGroupIds, []);
+    assert(env.devices.has(a.mac));
+    assertEquals(a.mac, cloud.macAddress);
+    assertEquals(a.ipv4, {
+      address: cloud.privateIpSet[0].privateIpAddress,
+      prefixLength: 24,
+      gateway: "10.0.1.1",
+    });
+    const detachesBefore = env.fake.requests.filter((r) => "detach" in r.query).length;
+    await env.provider.deallocateENI(owner(1));
+    assertEquals(env.fake.enis.get(a.id)!.status, "inuse");
+    assertEquals(env.fake.requests.filter((r) => "detach" in r.query).length, detachesBefore);
+    const st = await env.provider.status();
+    assertEquals([st.free, st.owned, st.attachable], [1, 0, 3]);
+  } finally {
+    await env.close();
+  }
+});
+
+Deno.test("allocateNextENI() creates an ENI with the requested IP", async () => {
+  const env = await setup({ maxEnisPerNode: 4 });
+  try {
+    const a = await env.provider.allocateNextENI(owner(1), { ips: ["10.0.1.77"], ranges: [] });
+    assertEquals(a.ipv4?.address, "10.0.1.77");
+    const err = await env.provider.allocateNextENI(owner(2), { ips: ["10.0.1.77"], ranges: [] })
+      .then(() => null, (e) => e);
+    assert(err instanceof ProviderError);
+    assertEquals(err.reason, "requested_ip_unavailable");
+    recordError(err);
+    assertEquals(env.fake.enis.size, 1);
+    assertEquals((await env.provider.status()).attachable, 3);
+  } finally {
+    await env.close();
+  }
+});
+
+Deno.test("the warm pool converges to its bounds and never touches foreign ENIs", async () => {
+  const fake = startFake({ instances: { [INSTANCE]: { eniQuota: 16 } } });
+  const foreign = fake.seedEni({ name: "someone-else/eni", instanceId: INSTANCE, status: "inuse" });
+  const ours = (n: number) =>
+    [...fake.enis.values()].filter((e) => e.name.startsWith("enim/") && e.status === "inuse")
+      .length === n;
+  const env = await setup({
+    withFake: fake,
+    maxEnisPerNode: 8,
+    warmPool: { minIdle: 2, maxIdle: 3 },
+  });
+  try {
+    await env.provider.start!();
+    await eventually(async () => (await env.provider.status()).free === 2, 5000, "2 free");
+    assert(ours(2));
+    // Take both: the loop tops the pool up again.
+    await env.provider.allocateNextENI(owner(1), any);
+    await env.provider.allocateNextENI(owner(2), any);
+    await env.provider.allocateNextENI(owner(3), any);
+    await eventually(async () => (await env.provider.status()).free === 2, 5000, "refill");
+    // Free all three: 5 free > maxIdle 3, the loop releases 2 (detach + delete).
+    for (const i of [1, 2, 3]) await env.provider.deallocateENI(owner(i));
+    await eventually(
+      async () => {
+        const st = await env.provider.status();
+        return st.free === 3 && (st.details.releasing as number) === 0 && ours(3);
+      },
+      5000,
+      "shrink to 3",
+    );
+    assertEquals([...fake.enis.values()].filter((e) => e.name.startsWith("enim/")).length, 3);
+    assertEquals(fake.enis.get(foreign.eniId)?.status, "inuse");
+    assertEquals((await env.provider.status()).details.otherAttached, 1);
+    assert((fake.maxAttached.get(INSTANCE) ?? 0) <= 8);
+  } finally {
+    await env.close();
+    await fake.close();
+  }
+});
+
+Deno.test("a create whose response is lost is retried with the same clientToken and yields one ENI", async () => {
+  const env = await setup({ maxEnisPerNode: 4, timeouts: { requestMs: 200 } });
+  try {
+    env.fake.faultFilter = (m, p) => m === "POST" && p === "/v1/eni";
+    env.fake.inject({ kind: "lose" }, 2);
+    const a = await env.provider.allocateNextENI(owner(1), any);
+    const creates = env.fake.requests.filter((r) => r.method === "POST" && r.path === "/v1/eni");
+    assertEquals(creates.length, 3);
+    assertEquals(new Set(creates.map((r) => r.query.clientToken)).size, 1);
+    assertEquals(env.fake.enis.size, 1);
+    assertEquals([...env.fake.enis.keys()], [a.id]);
+  } finally {
+    await env.close();
+  }
+});
+
+Deno.test("a create whose every response is lost is cleaned up by its name", async () => {
+  const env = await setup({ maxEnisPerNode: 2, timeouts: { requestMs: 100, maxAttempts: 3 } });
+  try {
+    env.fake.faultFilter = (m, p) => m === "POST" && p === "/v1/eni";
+    env.fake.inject({ kind: "lose" }, 3);
+    const err = await env.provider.allocateNextENI(owner(1), any).then(() => null, (e) => e);
+    assert(err instanceof ProviderError);
+    assertEquals(err.reason, "unavailable");
+    recordError(err);
+    const creates = env.fake.requests.filter((r) => r.method === "POST" && r.path === "/v1/eni");
+    assertEquals(creates.length, 3);
+    assertEquals(new Set(creates.map((r) => r.query.clientToken)).size, 1);
+    await eventually(() => env.fake.enis.size === 0, 5000, "the orphan to be deleted");
+    assertEquals((await env.provider.status()).attachable, 2);
+  } finally {
+    await env.close();
+  }
+});
+
+Deno.test("a requested range outside the subnet fails fast without creating an ENI", async () => {
+  const env = await setup({ maxEnisPerNode: 2 });
+  try {
+    const err = await env.provider.allocateNextENI(owner(1), {
+      ips: [],
+      ranges: [[{ subnet: "192.168.0.0/16" }]],
+    }).then(() => null, (e) => e);
+    assertEquals(err?.reason, "requested_ip_unavailable");
+    assertEquals(env.fake.enis.size, 0);
+    const ok = await env.provider.allocateNextENI(owner(2), {
+      ips: [],
+      ranges: [[{ subnet: "10.0.0.0/16" }]],
+    });
+    assertEquals(ok.ipv4?.prefixLength, 24);
+  } finally {
+    await env.close();
+  }
+});
+
+Deno.test("20 parallel allocations on a node limited to 8 ENIs never exceed 8", async () => {
+  const env = await setup({ maxEnisPerNode: 8, fake: { attachDelayMs: 40 } });
+  try {
+    const results = await Promise.allSettled(
+      Array.from({ length: 20 }, (_, i) => env.provider.allocateNextENI(owner(i), any)),
+    );
+    const ok = results.filter((r) => r.status === "fulfilled");
+    const failed = results.filter((r) => r.status === "rejected") as PromiseRejectedResult[];
+    assertEquals(ok.length, 8);
+    for (const f of failed) {
+      assert(f.reason instanceof ProviderError);
+      assertEquals(f.reason.reason, "no_eni_available");
+    }
+    assertEquals(env.fake.maxAttached.get(INSTANCE), 8);
+    assertEquals(env.fake.enis.size, 8);
+    assertEquals(env.fake.attachedTo(INSTANCE).length, 8);
+  } finally {
+    await env.close();
+  }
+});
+
+Deno.test("a foreign ENI attached to the node counts against the node limit", async () => {
+  const fake = startFake();
+  fake.seedEni({ name: "other/x", instanceId: INSTANCE, status: "inuse" });
+  const env = await setup({ withFake: fake, maxEnisPerNode: 2 });
+  try {
+    await env.provider.allocateNextENI(owner(1), any);
+    const err = await env.provider.allocateNextENI(owner(2), any).then(() => null, (e) => e);
+    assertEquals(err?.reason, "no_eni_available");
+    assertEquals(fake.attachedTo(INSTANCE).length, 2);
+  } finally {
+    await env.close();
+    await fake.close();
+  }
+});
+
+Deno.test("throttling and 5xx are retried and succeed", async () => {
+  const env = await setup({ maxEnisPerNode: 4, timeouts: { maxAttempts: 8 } });
+  try {
+    env.fake.inject({ kind: "throttle" }, 2);
+    env.fake.inject({ kind: "status", status: 503, code: "ServiceUnavailable" }, 1);
+    env.fake.inject({ kind: "status", status: 500 }, 1);
+    env.fake.inject({ kind: "status", status: 504, code: "GatewayTimeout" }, 1);
+    const a = await env.provider.allocateNextENI(owner(1), any);
+    assertEquals(env.fake.pendingFaults, 0);
+    assertEquals(env.fake.enis.size, 1);
+    assertEquals(env.fake.enis.get(a.id)?.status, "inuse");
+    assert(env.fake.requests.some((r) => r.code === "RequestRateLimitExceeded"));
+  } finally {
+    await env.close();
+  }
+});
+
+Deno.test("an auth failure names the access key id and never the secret", async () => {
+  const fake = startFake();
+  try {
+    const bad = testClient(fake);
+    // A client whose secret does not match the server's.
+    const { BceClient } = await import("./client.ts");
+    const wrong = new BceClient({
+      endpoint: fake.url,
+      credentials: { accessKeyId: AK, secretAccessKey: SECRET + "x", sessionToken: SESSION_TOKEN },
+      log: (await import("./_harness.ts")).testLogger(),
+    });
+    const err = await wrong.getEni("eni-abcdefabcdef").then(() => null, (e) => e);
+    assert(err instanceof ProviderError);
+    assertEquals(err.reason, "auth_failed");
+    assertStringIncludes(err.message, AK);
+    assertStringIncludes(err.message, "SignatureDoesNotMatch");
+    assert(!err.message.includes(SECRET) && !err.message.includes(SESSION_TOKEN));
+    assert(err.requestId);
+    recordError(err);
+    const unknown = new BceClient({
+      endpoint: fake.url,
+      credentials: { accessKeyId: "AKIDunknown", secretAccessKey: SECRET },
+      log: (await import("./_harness.ts")).testLogger(),
+    });
+    const err2 = await unknown.getEni("eni-abcdefabcdef").then(() => null, (e) => e);
+    assertEquals(err2?.reason, "auth_failed");
+    assertStringIncludes(err2.message, "AKIDunknown");
+    recordError(err2);
+    bad.close();
+    wrong.close();
+    unknown.close();
+  } finally {
+    await fake.close();
+  }
+});
+
+Deno.test("a restart re-uses a persisted clientToken and adopts the ENI", async () => {
+  const env = await setup({ maxEnisPerNode: 4 });
+  try {
+    // A crash after the create was sent: the intent is persisted, the ENI exists.
+    const client = testClient(env.fake);
+    const token = crypto.randomUUID();
+    const name = `enim/${INSTANCE}/abc123`;
+    const eniId = await client.createEni({
+      name,
+      subnetId: "sbn-fake0001",
+      securityGroupIds: [],
+      enterpriseSecurityGroupIds: [],
+    }, token);
+    client.close();
+    env.db.prepare(
+      "INSERT INTO bce_intents (id, kind, client_token, name, eni_id, requested_ip, purpose, phase, created_ms) VALUES (?, 'create', ?, ?, NULL, NULL, 'owner', 'active', ?)",
+    ).run(token, token, name, Date.now());
+    await env.provider.close();
+    const p2 = await env.restart();
+    await eventually(async () => (await p2.status()).free === 1, 5000, "adoption");
+    assertEquals(env.fake.enis.size, 1);
+    assertEquals(env.fake.enis.get(eniId)?.status, "inuse");
+    const creates = env.fake.requests.filter((r) => r.method === "POST");
+    assertEquals(creates.map((r) => r.query.clientToken), [token, token]);
+    const a = await p2.allocateNextENI(owner(1), any);
+    assertEquals(a.id, eniId);
+  } finally {
+    await env.close();
+  }
+});
+
+Deno.test("the pool loop deletes orphaned available ENIs of this node and nothing else", async () => {
+  const fake = startFake();
+  const orphan = fake.seedEni({ name: `enim/${INSTANCE}/dead01` });
+  const otherNode = fake.seedEni({ name: "enim/i-other/dead02" });
+  const foreign = fake.seedEni({ name: "someone/else" });
+  const env = await setup({
+    withFake: fake,
+    maxEnisPerNode: 2,
+    warmPool: { minIdle: 0, maxIdle: 1 },
+  });
+  try {
+    await env.provider.maintainPool();
+    assert(!fake.enis.has(orphan.eniId));
+    assert(fake.enis.has(otherNode.eniId));
+    assert(fake.enis.has(foreign.eniId));
+  } finally {
+    await env.close();
+    await fake.close();
+  }
+});
+
+Deno.test("a failed attach is rolled back: the ENI is deleted and the slot freed", async () => {
+  const env = await setup({ maxEnisPerNode: 2 });
+  try {
+    env.fake.faultFilter = (m, p) => m === "PUT" && p.startsWith("/v1/eni/");
+    env.fake.inject({ kind: "status", status: 400, code: "InvalidParameter" }, 1);
+    const err = await env.provider.allocateNextENI(owner(1), any).then(() => null, (e) => e);
+    assert(err instanceof ProviderError);
+    recordError(err);
+    assertEquals(env.fake.enis.size, 0);
+    assertEquals((await env.provider.status()).attachable, 2);
+  } finally {
+    await env.close();
+  }
+});
+
+Deno.test("no log line or error message holds the secret key or session token", () => {
+  assert(LOG_LINES.length > 20, `expected many collected log lines, got ${LOG_LINES.length}`);
+  assert(LOG_LINES.some((l) => l.includes(AK)));
+  assertNoSecretsLogged();
+});
