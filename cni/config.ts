@@ -1,0 +1,178 @@
+/**
+ * The network config on stdin, parsed with zod (loose: unknown fields kept).
+ *
+ * Mode:
+ * - top-level `"type": "enim"` → interface mode (enim moves the ENI into the pod);
+ * - otherwise `"ipam": {"type": "enim"}` → IPAM mode (under another plugin's
+ *   `type`, or with no top-level `type` at all, as in the seed's example
+ *   `{"cniVersion": "1.0.10", "name": "examplenet", "ipam": {"type": "enim"}}`);
+ * - neither → code 7.
+ *
+ * enim's own fields live in *enim's section*, the object whose `type` is
+ * "enim": the top level in interface mode, `ipam` in IPAM mode. They are
+ * `agentSocket`, `logFile`, `timeoutSeconds`, `mtu` and `routes`. In IPAM mode
+ * the top level belongs to the other plugin (its `mtu` or `routes` mean
+ * something else), so it is not read. The runtime's fields (`cniVersion`,
+ * `name`, `args`, `runtimeConfig`, `prevResult`, `cni.dev/valid-attachments`)
+ * are always top-level.
+ *
+ * In interface mode an `ipam` section of another type is refused with code 2:
+ * enim takes the addresses from the ENI and delegates to no IPAM plugin.
+ *
+ * @module
+ */
+import { z } from "zod";
+import { DEFAULT_SOCKET } from "../manager/api_schema.ts";
+import { IpRangeSchema, IpSchema } from "../providers/contract.ts";
+import { CNI_CODES, CniError, formatZodIssues } from "./errors.ts";
+
+/** Where the plugin logs by default. */
+export const DEFAULT_LOG_FILE = "/var/log/enim/cni.log";
+/** How long the plugin waits for the agent by default. */
+export const DEFAULT_TIMEOUT_SECONDS = 30;
+
+/** The spec's network name charset. */
+const NETWORK_NAME_RE = /^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$/;
+
+/** Whether a string is an IP prefix (`10.0.0.0/8`, `::/0`). */
+export function isCidr(s: string): boolean {
+  return s.includes("/") && isIpMaybePrefix(s);
+}
+
+/** Whether a string is a plain IPv4 or IPv6 address (no prefix). */
+export function isIp(s: string): boolean {
+  return IpSchema.safeParse(s).success;
+}
+
+/** Whether a string is `ip` or `ip/prefix` with a prefix valid for its family. */
+export function isIpMaybePrefix(s: string): boolean {
+  const [ip, prefix, ...rest] = s.split("/");
+  if (rest.length > 0 || !isIp(ip)) return false;
+  if (prefix === undefined) return true;
+  return /^\d{1,3}$/.test(prefix) && Number(prefix) <= (ip.includes(":") ? 128 : 32);
+}
+
+/** An IP address without prefix. */
+export const IpAddressSchema = z.string().refine(isIp, "Expected an IPv4 or IPv6 address");
+
+/** A route in enim's section: `dst` is a CIDR, `gw` (default: the ENI's gateway) an address. */
+export const ConfigRouteSchema = z.looseObject({
+  dst: z.string().refine(isCidr, "Expected a CIDR such as 0.0.0.0/0"),
+  gw: IpAddressSchema.optional(),
+});
+
+/** enim's own section (top level in interface mode, `ipam` in IPAM mode). */
+export const EnimSectionSchema = z.looseObject({
+  type: z.literal("enim"),
+  agentSocket: z.string().startsWith("/", "Expected an absolute path").max(107).default(
+    DEFAULT_SOCKET,
+  ),
+  logFile: z.string().startsWith("/", "Expected an absolute path").max(4096).default(
+    DEFAULT_LOG_FILE,
+  ),
+  timeoutSeconds: z.number().positive().max(600).default(DEFAULT_TIMEOUT_SECONDS),
+  mtu: z.number().int().min(68).max(65535).optional(),
+  routes: z.array(ConfigRouteSchema).default([]),
+});
+/** enim's own section. */
+export type EnimSection = z.infer<typeof EnimSectionSchema>;
+
+/** An `ip[/prefix]` string as in `args.cni.ips` and the `ips` capability. */
+const IpMaybePrefix = z.string().refine(
+  isIpMaybePrefix,
+  "Expected an IP address, optionally with a prefix length",
+);
+
+/** The top-level network config; loose, unknown fields kept. */
+export const NetworkConfigSchema = z.looseObject({
+  cniVersion: z.string().min(1),
+  name: z.string().max(256).regex(
+    NETWORK_NAME_RE,
+    "Expected an alphanumeric followed by alphanumerics, '_', '.' or '-'",
+  ),
+  type: z.string().optional(),
+  ipam: z.looseObject({ type: z.string().optional() }).optional(),
+  args: z.looseObject({
+    cni: z.looseObject({ ips: z.array(IpMaybePrefix).optional() }).optional(),
+  }).optional(),
+  runtimeConfig: z.looseObject({
+    ipRanges: z.array(z.array(IpRangeSchema)).optional(),
+    ips: z.array(IpMaybePrefix).optional(),
+  }).optional(),
+  prevResult: z.unknown().optional(),
+  /** GC's list of still-valid attachments; `null` (a Go nil slice) means none. */
+  "cni.dev/valid-attachments": z.array(
+    z.looseObject({ containerID: z.string(), ifname: z.string() }),
+  ).nullable().optional(),
+});
+/** The top-level network config. */
+export type NetworkConfig = z.infer<typeof NetworkConfigSchema>;
+
+/** How enim was configured. */
+export type Mode = "interface" | "ipam";
+
+/** A parsed config: the whole object, the mode, and enim's section. */
+export interface ParsedConfig {
+  config: NetworkConfig;
+  mode: Mode;
+  enim: EnimSection;
+}
+
+/**
+ * Decides interface vs IPAM mode from a decoded config object.
+ *
+ * @throws {CniError} code 7 when neither `type` nor `ipam.type` is "enim"
+ */
+export function detectMode(config: { type?: unknown; ipam?: unknown }): Mode {
+  if (config.type === "enim") return "interface";
+  const ipam = config.ipam;
+  if (ipam && typeof ipam === "object" && (ipam as { type?: unknown }).type === "enim") {
+    return "ipam";
+  }
+  throw new CniError(
+    CNI_CODES.INVALID_CONFIG,
+    `Invalid network config: neither "type" nor "ipam.type" is "enim" (type ${
+      JSON.stringify(config.type ?? null)
+    }, ipam.type ${
+      JSON.stringify(
+        ipam && typeof ipam === "object" ? (ipam as { type?: unknown }).type ?? null : null,
+      )
+    })`,
+  );
+}
+
+/**
+ * Parses a decoded config object (the JSON from stdin).
+ *
+ * @throws {CniError} code 7 (invalid) or 2 (an `ipam` of another type in interface mode)
+ */
+export function parseNetworkConfig(value: unknown): ParsedConfig {
+  const parsed = NetworkConfigSchema.safeParse(value);
+  if (!parsed.success) {
+    throw new CniError(
+      CNI_CODES.INVALID_CONFIG,
+      `Invalid network config: ${formatZodIssues(parsed.error)}`,
+    );
+  }
+  const config = parsed.data;
+  const mode = detectMode(config);
+  if (mode === "interface" && config.ipam?.type !== undefined && config.ipam.type !== "enim") {
+    throw new CniError(
+      CNI_CODES.UNSUPPORTED_FIELD,
+      `Unsupported field "ipam.type": ${
+        JSON.stringify(config.ipam.type)
+      }: as the interface plugin enim takes the addresses from the ENI and delegates no IPAM`,
+    );
+  }
+  const raw = mode === "interface" ? config : config.ipam;
+  const section = EnimSectionSchema.safeParse(raw);
+  if (!section.success) {
+    throw new CniError(
+      CNI_CODES.INVALID_CONFIG,
+      `Invalid network config: ${
+        formatZodIssues(section.error, mode === "interface" ? [] : ["ipam"])
+      }`,
+    );
+  }
+  return { config, mode, enim: section.data };
+}

@@ -1,0 +1,220 @@
+/**
+ * Every CNI error code the plugin can return, and the one function that maps
+ * any thrown value to a CNI error object.
+ *
+ * Codes 1–99 are the spec's (SPEC.md, "Error"); enim's own start at 100.
+ * Anything that is neither a {@linkcode CniError}, a zod error, an agent error
+ * nor a Deno I/O error is a bug or an unforeseen failure and gets
+ * {@linkcode CNI_CODES.INTERNAL} (110), never the Go libraries' 999.
+ *
+ * @module
+ */
+import { z } from "zod";
+import { ApiError, type ApiErrorCode, DEFAULT_SOCKET } from "../manager/api_schema.ts";
+import { AgentUnreachableError } from "../manager/client.ts";
+
+/** The CNI error codes enim uses (spec codes 1–51, enim's own from 100). */
+export const CNI_CODES = {
+  /** Spec 1: incompatible CNI version. */
+  INCOMPATIBLE_VERSION: 1,
+  /** Spec 2: unsupported field in the network config (message names key and value). */
+  UNSUPPORTED_FIELD: 2,
+  /** Spec 3: container unknown or does not exist. */
+  UNKNOWN_CONTAINER: 3,
+  /** Spec 4: invalid necessary environment variables (message names them). */
+  INVALID_ENV: 4,
+  /** Spec 5: I/O failure. */
+  IO_FAILURE: 5,
+  /** Spec 6: failed to decode content (stdin is not JSON, or not a JSON object). */
+  DECODE_FAILED: 6,
+  /** Spec 7: invalid network config. */
+  INVALID_CONFIG: 7,
+  /** Spec 11: try again later (the agent is unreachable or busy). */
+  TRY_AGAIN_LATER: 11,
+  /** Spec 50: the plugin cannot service ADD requests (STATUS). */
+  NOT_AVAILABLE: 50,
+  /** Spec 51: not available, and existing containers may have limited connectivity (STATUS). */
+  NOT_AVAILABLE_LIMITED: 51,
+  /** enim: no ENI available — the pool is empty and nothing more can be attached. */
+  NO_ENI_AVAILABLE: 100,
+  /** enim: no ENI carries the requested IP. */
+  REQUESTED_IP_UNAVAILABLE: 101,
+  /** enim: the interface name already exists in the pod. */
+  IFNAME_EXISTS: 102,
+  /** enim: the network namespace is missing or not a network namespace. */
+  INVALID_NETNS: 103,
+  /** enim: the cloud provider failed. */
+  PROVIDER_ERROR: 104,
+  /** enim: moving or configuring the device failed. */
+  DEVICE_ERROR: 105,
+  /** enim: CHECK found the attachment different from what was set up. */
+  CHECK_FAILED: 106,
+  /** enim: GC ran but some reclaims failed (they are retried by the agent). */
+  GC_INCOMPLETE: 107,
+  /** enim: an unexpected failure (a bug, or an agent-side internal error). */
+  INTERNAL: 110,
+} as const;
+
+/** A CNI error code. */
+export type CniCode = typeof CNI_CODES[keyof typeof CNI_CODES];
+
+/** The CNI error result printed on stdout (SPEC.md "Error"). */
+export const CniErrorObjectSchema = z.strictObject({
+  cniVersion: z.string(),
+  code: z.number().int().min(1),
+  msg: z.string().min(1),
+  details: z.string().optional(),
+});
+/** The CNI error result printed on stdout. */
+export type CniErrorObject = z.infer<typeof CniErrorObjectSchema>;
+
+/**
+ * A failure with a known CNI code; thrown by the parsers and the dispatcher.
+ *
+ * @example
+ * ```ts
+ * throw new CniError(CNI_CODES.INVALID_ENV, 'CNI_IFNAME "a/b" contains \'/\'');
+ * ```
+ */
+export class CniError extends Error {
+  readonly code: number;
+  readonly details?: string;
+  constructor(code: number, msg: string, details?: string, options?: { cause?: unknown }) {
+    super(msg, options);
+    this.name = "CniError";
+    this.code = code;
+    this.details = details;
+  }
+}
+
+/** How each agent API error code becomes a CNI error: code and the message's lead. */
+const API_TO_CNI: Record<ApiErrorCode, { code: number; lead: string }> = {
+  no_eni_available: {
+    code: CNI_CODES.NO_ENI_AVAILABLE,
+    lead: "No ENI available: the node's ENI pool is empty and no more ENIs can be attached",
+  },
+  requested_ip_unavailable: {
+    code: CNI_CODES.REQUESTED_IP_UNAVAILABLE,
+    lead: "No ENI carries the requested IP",
+  },
+  ifname_exists: {
+    code: CNI_CODES.IFNAME_EXISTS,
+    lead: "The interface name already exists in the pod",
+  },
+  netns_invalid: { code: CNI_CODES.INVALID_NETNS, lead: "Invalid network namespace" },
+  check_failed: { code: CNI_CODES.CHECK_FAILED, lead: "CHECK failed" },
+  provider_error: { code: CNI_CODES.PROVIDER_ERROR, lead: "The cloud provider failed" },
+  device_error: { code: CNI_CODES.DEVICE_ERROR, lead: "Configuring the device failed" },
+  busy: { code: CNI_CODES.TRY_AGAIN_LATER, lead: "The enim agent is busy; try again later" },
+  not_found: { code: CNI_CODES.UNKNOWN_CONTAINER, lead: "Unknown container" },
+  bad_request: { code: CNI_CODES.INVALID_CONFIG, lead: "The enim agent rejected the request" },
+  internal: { code: CNI_CODES.INTERNAL, lead: "The enim agent failed" },
+};
+
+/** Formats zod issues as `path: message; path: message`. */
+export function formatZodIssues(error: z.ZodError, prefix: (string | number)[] = []): string {
+  return error.issues.map((i) => {
+    const path = [...prefix, ...i.path.map((p) => String(p))].join(".");
+    return path ? `${path}: ${i.message}` : i.message;
+  }).join("; ");
+}
+
+/** Context for {@linkcode toCniError}: the verb decides what an unreachable agent means. */
+export interface ErrorContext {
+  /** The CNI verb being served (`STATUS` turns an unreachable agent into 50, others into 11). */
+  verb?: string;
+}
+
+/** Deno's I/O error classes: a failure of one of them is a spec "I/O failure" (5). */
+function isIoError(err: unknown): boolean {
+  const e = Deno.errors;
+  return [
+    e.NotFound,
+    e.PermissionDenied,
+    e.NotCapable,
+    e.BrokenPipe,
+    e.UnexpectedEof,
+    e.Interrupted,
+    e.WriteZero,
+    e.TimedOut,
+    e.ConnectionReset,
+    e.ConnectionRefused,
+    e.Busy,
+  ].some((cls) => err instanceof cls);
+}
+
+/** `String(value)` that cannot throw (a thrown object may have a hostile `toString`). */
+function safeString(value: unknown): string {
+  try {
+    return String(value);
+  } catch {
+    return Object.prototype.toString.call(value);
+  }
+}
+
+/**
+ * Maps anything thrown while serving a CNI request to the CNI error object.
+ *
+ * @example
+ * ```ts
+ * const obj = toCniError(new AgentUnreachableError("/run/enim/enim.sock"), "1.1.0", { verb: "ADD" });
+ * // obj.code === 11, obj.msg names the socket
+ * ```
+ */
+export function toCniError(
+  err: unknown,
+  cniVersion: string,
+  ctx: ErrorContext = {},
+): CniErrorObject {
+  const make = (code: number, msg: string, details?: string): CniErrorObject => ({
+    cniVersion,
+    code,
+    msg: msg || "Unknown error",
+    ...(details ? { details } : {}),
+  });
+  if (err instanceof CniError) return make(err.code, err.message, err.details);
+  if (err instanceof AgentUnreachableError) {
+    if (ctx.verb === "STATUS") {
+      return make(
+        CNI_CODES.NOT_AVAILABLE,
+        `The enim agent is not reachable at "${err.socketPath}": the plugin cannot serve ADD`,
+        err.message,
+      );
+    }
+    if (err.cause instanceof Deno.errors.NotCapable) {
+      return make(
+        CNI_CODES.TRY_AGAIN_LATER,
+        `The enim agent is not reachable at "${err.socketPath}": the plugin's permissions do not allow that socket (only the default ${DEFAULT_SOCKET} is allowed)`,
+        err.message,
+      );
+    }
+    return make(
+      CNI_CODES.TRY_AGAIN_LATER,
+      `The enim agent is not reachable at "${err.socketPath}"; try again later`,
+      err.message,
+    );
+  }
+  if (err instanceof ApiError) {
+    if (ctx.verb === "STATUS") {
+      return make(
+        CNI_CODES.NOT_AVAILABLE,
+        `The enim agent cannot report its status: ${err.message}`,
+        err.details,
+      );
+    }
+    const m = API_TO_CNI[err.code] ?? API_TO_CNI.internal;
+    return make(m.code, `${m.lead}: ${err.message}`, err.details);
+  }
+  if (err instanceof z.ZodError) {
+    return make(CNI_CODES.INVALID_CONFIG, `Invalid network config: ${formatZodIssues(err)}`);
+  }
+  if (err instanceof SyntaxError) {
+    return make(CNI_CODES.DECODE_FAILED, `Cannot decode the network config: ${err.message}`);
+  }
+  if (isIoError(err)) {
+    return make(CNI_CODES.IO_FAILURE, `I/O failure: ${(err as Error).message}`);
+  }
+  const msg = err instanceof Error ? err.message : safeString(err);
+  const details = err instanceof Error && err.stack ? err.stack : undefined;
+  return make(CNI_CODES.INTERNAL, `Internal error in the enim plugin: ${msg}`, details);
+}

@@ -1,0 +1,444 @@
+/**
+ * The CNI dispatcher: environment, stdin and stdout are parameters, the agent
+ * is an injected {@linkcode AgentClient} factory, and the exit code is the
+ * return value. Only `cni/main.ts` hands it the real process.
+ *
+ * Whatever happens, stdout receives exactly one JSON document: the result
+ * (ADD, VERSION), nothing (DEL, CHECK, GC, STATUS on success), or one CNI
+ * error object (any failure, exit 1). One log line per invocation goes to the
+ * logger, never to stdout.
+ *
+ * DEL with the agent unreachable: when the pod's network namespace is gone
+ * (CNI_NETNS empty or the path no longer exists), there is nothing the plugin
+ * could undo in the pod; DEL succeeds and logs a warning, and the agent's GC
+ * reclaims the ENI (its namespace is dead) once the agent is back. When the
+ * namespace still exists, the ENI's device is still inside it: DEL fails with
+ * 11 so that the runtime retries (kubelet and containerd retry a failed
+ * sandbox teardown) and the retry, once the agent is back, returns the device
+ * cleanly before the runtime deletes the namespace. A namespace whose
+ * existence cannot be checked counts as existing.
+ *
+ * @module
+ */
+import { type AddRequest, ApiError, type CheckRequest } from "../manager/api_schema.ts";
+import { type AgentClient, AgentUnreachableError } from "../manager/client.ts";
+import { type Logger, nullLogger } from "../lib/log.ts";
+import { type CniArgs, ownerOf, ownerString, parseCniArgs, requestedIps } from "./args.ts";
+import { DEFAULT_LOG_FILE, type ParsedConfig, parseNetworkConfig } from "./config.ts";
+import { type CniEnv, type CniVerb, parseCniEnv } from "./env.ts";
+import { CNI_CODES, CniError, toCniError } from "./errors.ts";
+import { buildAddResult } from "./result.ts";
+import {
+  convertResult,
+  LATEST_VERSION,
+  type NegotiatedVersion,
+  negotiateVersion,
+  parsePrevResult,
+  type SupportedVersion,
+  versionAtLeast,
+  versionResult,
+} from "./version.ts";
+
+/** What {@linkcode runPlugin} needs from its caller. */
+export interface PluginIo {
+  /** The environment (only the CNI_* names are read). */
+  env: Record<string, string | undefined>;
+  /** Everything read from stdin. */
+  stdin: string;
+  /** Receives the one JSON document for stdout. */
+  stdout: (s: string) => void;
+  /** Makes the agent client for the configured socket and timeout. */
+  agent: (socketPath: string, timeoutMs: number) => AgentClient;
+  /** Where the invocation line goes; when absent, {@linkcode PluginIo.openLog} is used. */
+  log?: Logger;
+  /** Opens the logger for the config's `logFile` (main.ts); when absent too, nothing is logged. */
+  openLog?: (logFile: string) => Logger;
+  /** Whether a netns path exists: `undefined` when it cannot be told. Default: `Deno.statSync`. */
+  netnsExists?: (path: string) => boolean | undefined;
+}
+
+/** The one log line written per invocation. */
+export interface InvocationRecord {
+  verb: string | null;
+  cniVersion?: string;
+  network?: string;
+  mode?: string;
+  containerId?: string;
+  ifName?: string;
+  netns?: string;
+  owner?: string;
+  eniId?: string;
+  code: number;
+  msg?: string;
+  warnings?: string[];
+  durationMs: number;
+}
+
+/** The lowest spec version that defines each verb. */
+const MIN_VERSION: Partial<Record<CniVerb, SupportedVersion>> = {
+  CHECK: "0.4.0",
+  GC: "1.1.0",
+  STATUS: "1.1.0",
+};
+
+/** The stdin document, decoded once. */
+type Decoded = { ok: true; value: unknown } | { ok: false; empty: boolean; error: string };
+
+function decode(stdin: string): Decoded {
+  if (stdin.trim() === "") return { ok: false, empty: true, error: "stdin is empty" };
+  try {
+    return { ok: true, value: JSON.parse(stdin) };
+  } catch (err) {
+    return { ok: false, empty: false, error: err instanceof Error ? err.message : String(err) };
+  }
+}
+
+function isPlainObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+/** Default {@linkcode PluginIo.netnsExists}. */
+function statNetns(path: string): boolean | undefined {
+  try {
+    Deno.statSync(path);
+    return true;
+  } catch (err) {
+    return err instanceof Deno.errors.NotFound ? false : undefined;
+  }
+}
+
+/** The per-invocation state the verbs fill in for the log line. */
+interface Invocation {
+  io: PluginIo;
+  env: CniEnv;
+  record: InvocationRecord;
+  warnings: string[];
+}
+
+/**
+ * Serves one CNI invocation.
+ *
+ * @example
+ * ```ts
+ * let out = "";
+ * const code = await runPlugin({
+ *   env: { CNI_COMMAND: "VERSION" },
+ *   stdin: '{"cniVersion":"1.1.0"}',
+ *   stdout: (s) => (out += s),
+ *   agent: () => { throw new Error("unused"); },
+ * });
+ * // code === 0, out is the VERSION result
+ * ```
+ */
+export async function runPlugin(io: PluginIo): Promise<number> {
+  const started = performance.now();
+  const record: InvocationRecord = { verb: io.env.CNI_COMMAND ?? null, code: 0, durationMs: 0 };
+  const warnings: string[] = [];
+  const decoded = decode(io.stdin);
+  let cniVersion: string = LATEST_VERSION;
+  let logFile = DEFAULT_LOG_FILE;
+  if (decoded.ok && isPlainObject(decoded.value)) {
+    if (typeof decoded.value.cniVersion === "string") cniVersion = decoded.value.cniVersion;
+    logFile = peekLogFile(decoded.value) ?? logFile;
+  }
+  record.cniVersion = cniVersion;
+
+  let output: string | undefined;
+  let exit = 0;
+  try {
+    const env = parseCniEnv(io.env);
+    record.verb = env.command;
+    record.containerId = env.containerId;
+    record.ifName = env.ifName;
+    record.netns = env.netns;
+    const result = await dispatch({ io, env, record, warnings }, decoded);
+    output = result === undefined ? undefined : JSON.stringify(result);
+  } catch (err) {
+    const obj = toCniError(err, cniVersion, { verb: record.verb ?? undefined });
+    record.code = obj.code;
+    record.msg = obj.msg;
+    output = JSON.stringify(obj);
+    exit = 1;
+  }
+  if (output !== undefined) {
+    try {
+      io.stdout(output);
+    } catch (err) {
+      // stdout is gone (the runtime died or closed the pipe): nobody can read an error either.
+      record.code = CNI_CODES.IO_FAILURE;
+      record.msg = `Cannot write to stdout: ${err instanceof Error ? err.message : String(err)}`;
+      exit = 1;
+    }
+  }
+  record.durationMs = Math.round((performance.now() - started) * 100) / 100;
+  if (warnings.length > 0) record.warnings = warnings;
+  try {
+    const log = io.log ?? io.openLog?.(logFile) ?? nullLogger;
+    const level = exit !== 0 ? "error" : warnings.length > 0 ? "warn" : "info";
+    log[level]("cni invocation", { ...record });
+  } catch {
+    // Logging never affects the result.
+  }
+  return exit;
+}
+
+/** The configured `logFile`, read before validation so a bad config is still logged where asked. */
+function peekLogFile(raw: Record<string, unknown>): string | undefined {
+  const section = raw.type === "enim"
+    ? raw
+    : isPlainObject(raw.ipam) && raw.ipam.type === "enim"
+    ? raw.ipam
+    : undefined;
+  const f = section?.logFile;
+  return typeof f === "string" && f.startsWith("/") ? f : undefined;
+}
+
+/** Decodes, negotiates and validates, then runs the verb. Returns what goes to stdout. */
+async function dispatch(inv: Invocation, decoded: Decoded): Promise<unknown> {
+  const { env } = inv;
+  if (env.command === "VERSION") return versionVerb(decoded);
+  if (!decoded.ok) {
+    throw new CniError(
+      CNI_CODES.DECODE_FAILED,
+      decoded.empty
+        ? `Cannot decode the network config: stdin is empty (${env.command} needs the config)`
+        : `Cannot decode the network config on stdin: ${decoded.error}`,
+    );
+  }
+  if (!isPlainObject(decoded.value)) {
+    throw new CniError(
+      CNI_CODES.DECODE_FAILED,
+      `Cannot decode the network config on stdin: expected a JSON object, got ${
+        Array.isArray(decoded.value)
+          ? "an array"
+          : decoded.value === null
+          ? "null"
+          : typeof decoded.value
+      }`,
+    );
+  }
+  const rawVersion = decoded.value.cniVersion;
+  let version: NegotiatedVersion | undefined;
+  if (typeof rawVersion === "string") {
+    version = negotiateVersion(rawVersion);
+    const min = MIN_VERSION[env.command];
+    if (min && !versionAtLeast(version.format, min)) {
+      throw new CniError(
+        CNI_CODES.INCOMPATIBLE_VERSION,
+        `Incompatible CNI version "${rawVersion}" for ${env.command}: it needs ${min} or later`,
+      );
+    }
+  }
+  const parsed = parseNetworkConfig(decoded.value);
+  // parseNetworkConfig requires a string cniVersion, so `version` is set here.
+  version ??= negotiateVersion(parsed.config.cniVersion);
+  inv.record.network = parsed.config.name;
+  inv.record.mode = parsed.mode;
+  const agent = () => inv.io.agent(parsed.enim.agentSocket, parsed.enim.timeoutSeconds * 1000);
+  switch (env.command) {
+    case "ADD":
+      return await addVerb(inv, parsed, version, agent());
+    case "DEL":
+      return await delVerb(inv, parsed, agent());
+    case "CHECK":
+      return await checkVerb(inv, parsed, agent());
+    case "GC":
+      return await gcVerb(parsed, agent());
+    case "STATUS":
+      return await statusVerb(agent());
+  }
+}
+
+/** VERSION: lenient about stdin (empty is fine), strict about what it can read. */
+function versionVerb(decoded: Decoded): unknown {
+  if (!decoded.ok) {
+    if (decoded.empty) return versionResult(undefined);
+    throw new CniError(
+      CNI_CODES.DECODE_FAILED,
+      `Cannot decode the VERSION request on stdin: ${decoded.error}`,
+    );
+  }
+  const v = isPlainObject(decoded.value) ? decoded.value.cniVersion : undefined;
+  if (!isPlainObject(decoded.value) || (v !== undefined && typeof v !== "string")) {
+    throw new CniError(
+      CNI_CODES.DECODE_FAILED,
+      'Cannot decode the VERSION request on stdin: expected {"cniVersion": "<version>"}',
+    );
+  }
+  return versionResult(v as string | undefined);
+}
+
+/** Parses CNI_ARGS and the owner, recording the owner for the log line. */
+function ownerFor(inv: Invocation): { args: CniArgs; pod: ReturnType<typeof ownerOf> } {
+  const args = parseCniArgs(inv.env.args);
+  const pod = ownerOf(args, inv.env.containerId!);
+  inv.record.owner = ownerString(pod);
+  return { args, pod };
+}
+
+async function addVerb(
+  inv: Invocation,
+  { config, mode, enim }: ParsedConfig,
+  version: NegotiatedVersion,
+  client: AgentClient,
+): Promise<unknown> {
+  const { env } = inv;
+  const { args, pod } = ownerFor(inv);
+  const { ips } = requestedIps(config, args);
+  const prevResult = mode === "interface" && config.prevResult !== undefined
+    ? parsePrevResult(config.prevResult)
+    : undefined;
+  const req: AddRequest = {
+    containerId: env.containerId!,
+    ifName: env.ifName!,
+    netns: env.netns!,
+    network: config.name,
+    pod,
+    mode,
+    ips,
+    ranges: config.runtimeConfig?.ipRanges ?? [],
+    routes: enim.routes.map((
+      r,
+    ) => (r.gw === undefined ? { dst: r.dst } : { dst: r.dst, gw: r.gw })),
+    ...(enim.mtu !== undefined ? { mtu: enim.mtu } : {}),
+  };
+  const res = await client.add(req);
+  inv.record.eniId = res.eniId;
+  const result = buildAddResult(res, {
+    mode,
+    ifName: env.ifName!,
+    netns: env.netns!,
+    mtu: enim.mtu,
+    prevResult,
+  });
+  return convertResult(result, version);
+}
+
+async function delVerb(
+  inv: Invocation,
+  { config }: ParsedConfig,
+  client: AgentClient,
+): Promise<undefined> {
+  const { env } = inv;
+  try {
+    ownerFor(inv);
+  } catch (err) {
+    // DEL must not fail on what ADD would have refused: the owner is only for the log.
+    inv.warnings.push(`Ignoring CNI_ARGS on DEL: ${err instanceof Error ? err.message : err}`);
+  }
+  try {
+    await client.del({
+      containerId: env.containerId!,
+      ifName: env.ifName!,
+      netns: env.netns ?? "",
+      network: config.name,
+    });
+  } catch (err) {
+    if (err instanceof ApiError && err.code === "not_found") {
+      inv.warnings.push("The agent has no record of this attachment; nothing to delete");
+      return undefined;
+    }
+    if (err instanceof AgentUnreachableError) {
+      const exists = env.netns === undefined ? false : (inv.io.netnsExists ?? statNetns)(env.netns);
+      if (exists === false) {
+        inv.warnings.push(
+          `The enim agent is not reachable at "${err.socketPath}" and the network namespace is ` +
+            "gone: nothing to undo in the pod; the agent's GC reclaims the ENI",
+        );
+        return undefined;
+      }
+    }
+    throw err;
+  }
+  return undefined;
+}
+
+async function checkVerb(
+  inv: Invocation,
+  { config, mode }: ParsedConfig,
+  client: AgentClient,
+): Promise<undefined> {
+  const { env } = inv;
+  ownerFor(inv);
+  if (config.prevResult === undefined) {
+    throw new CniError(
+      CNI_CODES.INVALID_CONFIG,
+      "Invalid network config: CHECK requires prevResult",
+    );
+  }
+  const prev = parsePrevResult(config.prevResult);
+  let mac: string | undefined;
+  let addresses = prev.ips.map((ip) => ip.address);
+  if (mode === "interface") {
+    const index = prev.interfaces.findIndex((i) =>
+      i.name === env.ifName && (i.sandbox === undefined || i.sandbox === env.netns)
+    );
+    if (index < 0) {
+      throw new CniError(
+        CNI_CODES.CHECK_FAILED,
+        `CHECK failed: prevResult has no interface "${env.ifName}" in "${env.netns}"`,
+      );
+    }
+    mac = prev.interfaces[index].mac;
+    addresses = prev.ips.filter((ip) => ip.interface === index).map((ip) => ip.address);
+  }
+  const req: CheckRequest = {
+    containerId: env.containerId!,
+    ifName: env.ifName!,
+    netns: env.netns!,
+    network: config.name,
+    mode,
+    expected: {
+      ...(mac !== undefined ? { mac } : {}),
+      addresses,
+      routes: prev.routes.map((
+        r,
+      ) => (r.gw === undefined ? { dst: r.dst } : { dst: r.dst, gw: r.gw })),
+    },
+  };
+  await client.check(req);
+  return undefined;
+}
+
+async function gcVerb({ config }: ParsedConfig, client: AgentClient): Promise<undefined> {
+  const valid = config["cni.dev/valid-attachments"];
+  if (valid === undefined) {
+    throw new CniError(
+      CNI_CODES.INVALID_CONFIG,
+      'Invalid network config: GC requires "cni.dev/valid-attachments"',
+    );
+  }
+  const report = await client.gc({
+    network: config.name,
+    validAttachments: (valid ?? []).map((a) => ({ containerId: a.containerID, ifName: a.ifname })),
+  });
+  const failed = report.items.filter((i) => i.outcome === "failed");
+  if (failed.length > 0) {
+    throw new CniError(
+      CNI_CODES.GC_INCOMPLETE,
+      `GC could not reclaim ${failed.length} of ${report.items.length} ENIs of network "${config.name}" (the agent retries them)`,
+      failed.map((i) => `${i.eniId} (${i.containerId}/${i.ifName}): ${i.error ?? "failed"}`).join(
+        "; ",
+      ),
+    );
+  }
+  return undefined;
+}
+
+async function statusVerb(client: AgentClient): Promise<undefined> {
+  const status = await client.status();
+  if (!status.ready) {
+    throw new CniError(
+      CNI_CODES.NOT_AVAILABLE,
+      "The enim agent is not ready yet (it is still reconciling its ENIs)",
+    );
+  }
+  if (!status.canAllocate) {
+    const p = status.pool;
+    throw new CniError(
+      CNI_CODES.NOT_AVAILABLE,
+      `The ENI pool is exhausted: no free ENI and no room to attach another (free ${p.free}, owned ${p.owned}, recycling ${p.recycling}, attachable ${p.attachable})`,
+    );
+  }
+  return undefined;
+}

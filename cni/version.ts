@@ -1,0 +1,199 @@
+/**
+ * CNI spec versions: negotiation, the VERSION answer, the canonical (1.1.0)
+ * result shape, its conversion to each supported version, and `prevResult`.
+ *
+ * Unknown patch versions: the CNI spec follows semver and its result format
+ * has only ever changed with a minor or major release, so a version the plugin
+ * has never seen but whose major.minor it knows (the seed's `"1.0.10"`) is
+ * served with that minor's format (1.0.x → the 1.0.0 format), and every output
+ * echoes the requested string unchanged. A major.minor enim does not know
+ * (`"1.2.0"`, `"2.0.0"`, `"0.2.0"`) is refused with code 1.
+ *
+ * @module
+ */
+import { z } from "zod";
+import { CNI_CODES, CniError, formatZodIssues } from "./errors.ts";
+
+/** The spec versions enim speaks, oldest first. */
+export const SUPPORTED_VERSIONS = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] as const;
+/** A spec version enim speaks. */
+export type SupportedVersion = typeof SUPPORTED_VERSIONS[number];
+/** The newest version, used when the request carries none (VERSION) or none can be read. */
+export const LATEST_VERSION: SupportedVersion = "1.1.0";
+
+/** A negotiated version: what the runtime asked for and the format enim answers in. */
+export interface NegotiatedVersion {
+  /** The runtime's string, echoed in every output. */
+  requested: string;
+  /** The known version whose format is used. */
+  format: SupportedVersion;
+}
+
+const VERSION_RE = /^(\d{1,4})\.(\d{1,4})(?:\.(\d{1,6}))?$/;
+
+/** Splits a version string into numbers, or `undefined` when it is not `major.minor[.patch]`. */
+function parseVersion(v: string): [number, number, number] | undefined {
+  const m = VERSION_RE.exec(v);
+  return m ? [Number(m[1]), Number(m[2]), Number(m[3] ?? 0)] : undefined;
+}
+
+/**
+ * Picks the result format for a requested version (see the module doc for patch versions).
+ *
+ * @throws {CniError} code 1 naming the supported versions
+ */
+export function negotiateVersion(requested: string): NegotiatedVersion {
+  const v = parseVersion(requested);
+  if (v) {
+    const exact = SUPPORTED_VERSIONS.find((s) => s === requested);
+    if (exact) return { requested, format: exact };
+    // Same major.minor: the newest known patch of that minor (0.3.7 → 0.3.1, 1.0.10 → 1.0.0).
+    const sameMinor = SUPPORTED_VERSIONS.filter((s) => {
+      const k = parseVersion(s)!;
+      return k[0] === v[0] && k[1] === v[1];
+    });
+    if (sameMinor.length > 0) return { requested, format: sameMinor[sameMinor.length - 1] };
+  }
+  throw new CniError(
+    CNI_CODES.INCOMPATIBLE_VERSION,
+    `Incompatible CNI version ${JSON.stringify(requested)}: enim supports ${
+      SUPPORTED_VERSIONS.join(", ")
+    } (and later patch releases of those)`,
+  );
+}
+
+/** Whether `format` is at least `min` (both known versions). */
+export function versionAtLeast(format: SupportedVersion, min: SupportedVersion): boolean {
+  return SUPPORTED_VERSIONS.indexOf(format) >= SUPPORTED_VERSIONS.indexOf(min);
+}
+
+/** The VERSION answer. */
+export function versionResult(requested: string | undefined): {
+  cniVersion: string;
+  supportedVersions: string[];
+} {
+  return { cniVersion: requested ?? LATEST_VERSION, supportedVersions: [...SUPPORTED_VERSIONS] };
+}
+
+const Uint = z.number().int().min(0);
+
+/** An interface in a result (1.1.0 fields; older versions drop `mtu`, `socketPath`, `pciID`). */
+export const ResultInterfaceSchema = z.looseObject({
+  name: z.string().optional(),
+  mac: z.string().optional(),
+  mtu: Uint.optional(),
+  sandbox: z.string().optional(),
+  socketPath: z.string().optional(),
+  pciID: z.string().optional(),
+});
+/** An IP config in a result; `version` only exists before 1.0.0. */
+export const ResultIpConfigSchema = z.looseObject({
+  address: z.string().min(1),
+  gateway: z.string().optional(),
+  interface: Uint.optional(),
+  version: z.enum(["4", "6"]).optional(),
+});
+/** A route in a result (1.1.0 adds `mtu`, `advmss`, `priority`, `table`, `scope`). */
+export const ResultRouteSchema = z.looseObject({
+  dst: z.string().min(1),
+  gw: z.string().optional(),
+  mtu: Uint.optional(),
+  advmss: Uint.optional(),
+  priority: Uint.optional(),
+  table: Uint.optional(),
+  scope: Uint.optional(),
+});
+/** DNS settings in a result. */
+export const ResultDnsSchema = z.looseObject({
+  nameservers: z.array(z.string()).optional(),
+  domain: z.string().optional(),
+  search: z.array(z.string()).optional(),
+  options: z.array(z.string()).optional(),
+});
+/** A CNI success result of any supported version, parsed loosely (unknown fields kept). */
+export const CniResultSchema = z.looseObject({
+  cniVersion: z.string().optional(),
+  interfaces: z.array(ResultInterfaceSchema).optional(),
+  ips: z.array(ResultIpConfigSchema).optional(),
+  routes: z.array(ResultRouteSchema).optional(),
+  dns: ResultDnsSchema.optional(),
+});
+
+/** The canonical (1.1.0-shaped) result enim builds before converting it. */
+export interface CniResult {
+  interfaces: z.infer<typeof ResultInterfaceSchema>[];
+  ips: z.infer<typeof ResultIpConfigSchema>[];
+  routes: z.infer<typeof ResultRouteSchema>[];
+  dns: z.infer<typeof ResultDnsSchema>;
+}
+
+/** "4" or "6" for a CIDR or plain address. */
+export function ipFamily(address: string): "4" | "6" {
+  return address.includes(":") ? "6" : "4";
+}
+
+/**
+ * Parses `prevResult` of any supported version into the canonical shape
+ * (`ips[].version` dropped).
+ *
+ * @throws {CniError} code 7 naming the bad fields
+ */
+export function parsePrevResult(value: unknown): CniResult {
+  const parsed = CniResultSchema.safeParse(value);
+  if (!parsed.success) {
+    throw new CniError(
+      CNI_CODES.INVALID_CONFIG,
+      `Invalid prevResult: ${formatZodIssues(parsed.error, ["prevResult"])}`,
+    );
+  }
+  const r = parsed.data;
+  return {
+    interfaces: r.interfaces ?? [],
+    ips: (r.ips ?? []).map(({ version: _v, ...ip }) => ip),
+    routes: r.routes ?? [],
+    dns: r.dns ?? {},
+  };
+}
+
+/** Removes the keys whose value is `undefined`, so JSON output stays minimal. */
+function compact<T extends Record<string, unknown>>(o: T): T {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as T;
+}
+
+/**
+ * Converts a canonical result to the negotiated version's format.
+ *
+ * - 1.1.0: as built.
+ * - 1.0.0: interfaces lose `mtu`, `socketPath`, `pciID`; routes keep `dst` and `gw`.
+ * - 0.4.0, 0.3.x: as 1.0.0, plus `ips[].version` ("4"/"6").
+ *
+ * `ips[].interface` means the same in every version.
+ */
+export function convertResult(
+  result: CniResult,
+  version: NegotiatedVersion,
+): Record<string, unknown> {
+  const v11 = versionAtLeast(version.format, "1.1.0");
+  const v10 = versionAtLeast(version.format, "1.0.0");
+  const interfaces = result.interfaces.map((i) => {
+    if (v11) return compact({ ...i });
+    const { mtu: _m, socketPath: _s, pciID: _p, ...rest } = i;
+    return compact(rest);
+  });
+  const ips = result.ips.map((ip) => {
+    const { version: _v, ...rest } = ip;
+    return v10 ? compact(rest) : compact({ ...rest, version: ipFamily(ip.address) });
+  });
+  const routes = result.routes.map((r) => {
+    if (v11) return compact({ ...r });
+    const { mtu: _m, advmss: _a, priority: _p, table: _t, scope: _s, ...rest } = r;
+    return compact(rest);
+  });
+  return {
+    cniVersion: version.requested,
+    ...(interfaces.length > 0 ? { interfaces } : {}),
+    ips,
+    routes,
+    dns: result.dns,
+  };
+}
