@@ -10,7 +10,7 @@
  * @module
  */
 import { dirname } from "node:path";
-import { z } from "zod";
+import type { z } from "zod";
 import {
   AddRequestSchema,
   ApiError,
