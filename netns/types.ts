@@ -1,8 +1,8 @@
 /**
  * The device layer's contract: everything the agent asks of Linux networking.
  *
- * The real implementation (`netns/ip.ts`) drives `ip -j`/`ip -batch` through
- * Deno.Command; `netns/fake.ts` records calls for unit tests that need no root.
+ * The real implementation (`netns/mod.ts`, spawning through `netns/ip.ts`) drives
+ * `ip -j`/`ip -batch` through Deno.Command; `netns/fake.ts` records calls for unit tests that need no root.
  *
  * @module
  */
@@ -24,6 +24,11 @@ export type Link = z.infer<typeof LinkSchema>;
 /** An address to configure, in CIDR form (`10.0.1.5/24`, `fd00::5/64`). */
 export interface AddressSpec {
   cidr: string;
+  /**
+   * The subnet gateway of this address. When set, `plug` adds the default route of
+   * this family via it, and routes of this family without `gw` use it.
+   */
+  gateway?: string;
 }
 
 /** A route to configure; `gw` absent means on-link. */

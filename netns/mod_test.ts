@@ -1,0 +1,418 @@
+import { assert, assertEquals, assertNotEquals, assertRejects } from "../lib/assert.ts";
+import { ipBatch, ipJson, runIp, spawnCounter } from "./ip.ts";
+import { configureCommands, DeviceError, IpDeviceLayer, netnsIdentity } from "./mod.ts";
+import { vethNames } from "./sim.ts";
+import { AddrInfoSchema } from "./ip.ts";
+import { LinkSchema } from "./types.ts";
+import { SimulatedVpc } from "../tests/vpc.ts";
+import type { Eni } from "../providers/contract.ts";
+import { z } from "zod";
+
+const root = Deno.uid() === 0;
+const LinkAddrs = z.array(LinkSchema.extend({ addr_info: z.array(AddrInfoSchema).default([]) }));
+
+/** The device with `mac` in a namespace, with its addresses; null when absent. */
+async function linkByMac(netns: string, mac: string) {
+  const links = await ipJson(LinkAddrs, ["addr", "show"], { netns });
+  return links.find((l) => l.address === mac) ?? null;
+}
+
+/** Asserts the ENI's device sits scrubbed on the node under its simulator name. */
+async function assertHome(vpc: SimulatedVpc, eni: Eni) {
+  const link = await linkByMac(vpc.node.name, eni.mac);
+  assert(link, `device ${eni.mac} is on the node`);
+  assertEquals(link.ifname, vethNames(eni.mac).node);
+  assert(!link.flags.includes("UP"), `device is down: ${link.flags}`);
+  assertEquals(link.addr_info, []);
+}
+
+function plugArgs(eni: Eni, netns: string, ifName = "eth0") {
+  return { mac: eni.mac, netns, ifName, addresses: SimulatedVpc.addresses(eni), routes: [] };
+}
+
+Deno.test("configureCommands() adds up, addresses (IPv6 nodad), default routes and extra routes", () => {
+  const cmds = configureCommands({
+    ifName: "eth0",
+    mtu: 1400,
+    addresses: [
+      { cidr: "10.99.0.10/24", gateway: "10.99.0.1" },
+      { cidr: "fd00:99:0:0::a/64", gateway: "fd00:99::1" },
+    ],
+    routes: [{ dst: "192.168.0.0/16" }, { dst: "fd01::/64" }, {
+      dst: "172.16.0.0/12",
+      gw: "10.99.0.254",
+    }],
+  });
+  assertEquals(cmds.map((c) => c.join(" ")), [
+    "link set dev eth0 mtu 1400",
+    "link set dev eth0 up",
+    "addr add 10.99.0.10/24 dev eth0",
+    "addr add fd00:99::a/64 dev eth0 nodad",
+    "route add 0.0.0.0/0 via 10.99.0.1 dev eth0",
+    "route add ::/0 via fd00:99::1 dev eth0",
+    "route add 192.168.0.0/16 via 10.99.0.1 dev eth0",
+    "route add fd01::/64 via fd00:99::1 dev eth0",
+    "route add 172.16.0.0/12 via 10.99.0.254 dev eth0",
+  ]);
+});
+
+Deno.test("configureCommands() lets an explicit default route replace the gateway's and rejects bad input", async (t) => {
+  await t.step("explicit default", () => {
+    const cmds = configureCommands({
+      ifName: "eth0",
+      addresses: [{ cidr: "10.0.0.5/24", gateway: "10.0.0.1" }],
+      routes: [{ dst: "0.0.0.0/0", gw: "10.0.0.2" }],
+    });
+    assertEquals(cmds.filter((c) => c[0] === "route").map((c) => c.join(" ")), [
+      "route add 0.0.0.0/0 via 10.0.0.2 dev eth0",
+    ]);
+  });
+  for (
+    const [name, p] of [
+      ["a bad CIDR", { addresses: [{ cidr: "10.0.0.5" }], routes: [] }],
+      ["a gateway of the other family", {
+        addresses: [{ cidr: "10.0.0.5/24", gateway: "fd00::1" }],
+        routes: [],
+      }],
+      ["a route gw of the other family", {
+        addresses: [],
+        routes: [{ dst: "10.1.0.0/16", gw: "fd00::1" }],
+      }],
+      ["a bad MTU", { addresses: [], routes: [], mtu: 10 }],
+    ] as const
+  ) {
+    await t.step(name, () => {
+      let err: unknown;
+      try {
+        configureCommands({
+          ifName: "eth0",
+          ...p,
+          addresses: [...p.addresses],
+          routes: [...p.routes],
+        });
+      } catch (e) {
+        err = e;
+      }
+      assert(err instanceof DeviceError && err.step === "validate", String(err));
+    });
+  }
+});
+
+Deno.test({
+  name: "plug() moves the ENI into the pod configured: name, MAC, addresses, default routes, pings",
+  ignore: !root,
+  async fn() {
+    await using vpc = await SimulatedVpc.create();
+    const devices = new IpDeviceLayer({ node: vpc.node.name });
+    const [a, b] = [vpc.newEni(), vpc.newEni()];
+    await vpc.plugEni(a);
+    await vpc.plugEni(b);
+    const [pa, pb] = [await vpc.pod("a"), await vpc.pod("b")];
+    const ra = await devices.plug(plugArgs(a, pa.path));
+    const rb = await devices.plug({ ...plugArgs(b, pb.path, "net1"), mtu: 1400 });
+    assertEquals(ra.nodeName, vethNames(a.mac).node);
+    assertEquals(rb.nodeName, vethNames(b.mac).node);
+    assertEquals(await linkByMac(vpc.node.name, a.mac), null);
+
+    const sa = await devices.inspect({ netns: pa.path, ifName: "eth0" });
+    assert(sa.link);
+    assertEquals(sa.link.ifname, "eth0");
+    assertEquals(sa.link.address, a.mac);
+    assertEquals(sa.link.ifindex, ra.podIfindex);
+    assertEquals(sa.link.ifalias, ra.nodeName);
+    assert(sa.link.flags.includes("UP"));
+    assertEquals(sa.addresses.sort(), [`${a.ipv4!.address}/24`, `${a.ipv6!.address}/64`].sort());
+    assertEquals(sa.routes, [{ dst: "default", gw: "10.99.0.1" }, {
+      dst: "default",
+      gw: "fd00:99::1",
+    }]);
+    assertEquals((await devices.inspect({ netns: pb.path, ifName: "net1" })).link?.mtu, 1400);
+
+    const found = await devices.findByMac(a.mac, pa.path);
+    assertEquals(found?.ifname, "eth0");
+    for (
+      const [pod, dst] of [[pa, "10.99.0.1"], [pa, "fd00:99::1"], [pb, "10.99.0.1"], [
+        pb,
+        "fd00:99::1",
+      ]] as const
+    ) {
+      assert(await vpc.ping(pod, dst), `${pod.name} pings ${dst}`);
+    }
+    assert(await vpc.ping(pa, b.ipv4!.address), "pod a pings pod b over IPv4");
+    assert(await vpc.ping(pb, a.ipv6!.address), "pod b pings pod a over IPv6");
+  },
+});
+
+Deno.test({
+  name: "unplug() brings the device home scrubbed under its original name, and is idempotent",
+  ignore: !root,
+  async fn() {
+    await using vpc = await SimulatedVpc.create();
+    const devices = new IpDeviceLayer({ node: vpc.node.name });
+    const eni = vpc.newEni();
+    await vpc.plugEni(eni);
+    const pod = await vpc.pod("a");
+    const { nodeName } = await devices.plug({
+      ...plugArgs(eni, pod.path),
+      routes: [{ dst: "192.168.0.0/16" }],
+    });
+    assertEquals(await devices.unplug({ mac: eni.mac, nodeName, netns: pod.path }), "pod");
+    await assertHome(vpc, eni);
+    assertEquals((await devices.inspect({ netns: pod.path, ifName: "eth0" })).link, null);
+    assertEquals(await devices.unplug({ mac: eni.mac, nodeName, netns: pod.path }), "node");
+    assertEquals(await devices.unplug({ mac: eni.mac, nodeName, netns: null }), "node");
+    await assertHome(vpc, eni);
+    // The device is reusable: plug it again.
+    await devices.plug(plugArgs(eni, pod.path));
+    assert(await vpc.ping(pod, "10.99.0.1"));
+    assertEquals(await devices.unplug({ mac: eni.mac, nodeName, netns: pod.path }), "pod");
+    await vpc.unplugEni(eni);
+    assertEquals(await devices.unplug({ mac: eni.mac, nodeName, netns: pod.path }), "missing");
+  },
+});
+
+Deno.test({
+  name: "plug() fails with ifname_exists when the pod has the name, and leaves nothing behind",
+  ignore: !root,
+  async fn() {
+    await using vpc = await SimulatedVpc.create();
+    const devices = new IpDeviceLayer({ node: vpc.node.name });
+    const eni = vpc.newEni();
+    await vpc.plugEni(eni);
+    const pod = await vpc.pod("a");
+    await ipBatch([["link", "add", "eth0", "type", "veth", "peer", "name", "other"]], {
+      netns: pod.name,
+    });
+    const err = await assertRejects(() => devices.plug(plugArgs(eni, pod.path)));
+    assert(err instanceof DeviceError, String(err));
+    assertEquals(err.reason, "ifname_exists");
+    assert(err.message.includes(`"${pod.path}"`), err.message);
+    await assertHome(vpc, eni);
+    assertEquals(await linkByMac(pod.name, eni.mac), null);
+  },
+});
+
+Deno.test({
+  name: "plug() moves the device back when configuring it in the pod fails",
+  ignore: !root,
+  async fn() {
+    await using vpc = await SimulatedVpc.create();
+    const devices = new IpDeviceLayer({ node: vpc.node.name });
+    const eni = vpc.newEni();
+    await vpc.plugEni(eni);
+    const pod = await vpc.pod("a");
+    // A gateway outside every connected subnet: the kernel refuses the route.
+    const err = await assertRejects(() =>
+      devices.plug({
+        ...plugArgs(eni, pod.path),
+        routes: [{ dst: "192.168.0.0/16", gw: "172.31.0.1" }],
+      })
+    );
+    assert(err instanceof DeviceError, String(err));
+    assertEquals([err.step, err.reason], ["configure", "failed"]);
+    assert(
+      err.message.startsWith(`Cannot configure link "eth0" in netns "${pod.path}": `),
+      err.message,
+    );
+    await assertHome(vpc, eni);
+  },
+});
+
+Deno.test({
+  name: "plug() rejects a netns that is no namespace, and a MAC that is not on the node",
+  ignore: !root,
+  async fn() {
+    await using vpc = await SimulatedVpc.create();
+    const devices = new IpDeviceLayer({ node: vpc.node.name });
+    const eni = vpc.newEni();
+    const pod = await vpc.pod("a");
+    const e1 = await assertRejects(() => devices.plug(plugArgs(eni, "/tmp")));
+    assert(e1 instanceof DeviceError && e1.reason === "netns_invalid", String(e1));
+    const e2 = await assertRejects(() => devices.plug(plugArgs(eni, pod.path)));
+    assert(e2 instanceof DeviceError && e2.reason === "not_found", String(e2));
+  },
+});
+
+Deno.test({
+  name:
+    "a pod namespace deleted without unplug destroys the veth ENI; unplug() says missing and the simulator re-plugs it",
+  ignore: !root,
+  async fn() {
+    await using vpc = await SimulatedVpc.create();
+    const devices = new IpDeviceLayer({ node: vpc.node.name });
+    const eni = vpc.newEni();
+    await vpc.plugEni(eni);
+    const pod = await vpc.pod("a");
+    const { nodeName } = await devices.plug(plugArgs(eni, pod.path));
+    await vpc.deletePod(pod);
+    // The kernel destroys the whole veth pair with the namespace (asynchronously,
+    // a few ms after `ip netns del` returns): neither end survives.
+    const vpcEnd = async () =>
+      (await ipJson(LinkAddrs, ["addr", "show"], { netns: vpc.vpc.name }))
+        .some((l) => l.ifname === vethNames(eni.mac).vpc);
+    for (let i = 0; i < 100 && await vpcEnd(); i++) await new Promise((r) => setTimeout(r, 20));
+    assertEquals(await vpcEnd(), false);
+    assertEquals(await linkByMac(vpc.node.name, eni.mac), null);
+    assertEquals(await devices.netnsIdentity(pod.path), null);
+    assertEquals(await devices.unplug({ mac: eni.mac, nodeName, netns: pod.path }), "missing");
+    await vpc.plugEni(eni);
+    await assertHome(vpc, eni);
+    const pod2 = await vpc.pod("b");
+    await devices.plug(plugArgs(eni, pod2.path));
+    assert(await vpc.ping(pod2, "fd00:99::1"));
+  },
+});
+
+Deno.test({
+  name:
+    "unplug() finds a device the kernel returned to the node under another name and restores it",
+  ignore: !root,
+  async fn() {
+    await using vpc = await SimulatedVpc.create();
+    const devices = new IpDeviceLayer({ node: vpc.node.name });
+    const eni = vpc.newEni();
+    await vpc.plugEni(eni);
+    const nodeName = vethNames(eni.mac).node;
+    // What a physical ENI looks like after its pod namespace was destroyed.
+    await ipBatch([
+      ["link", "set", "dev", nodeName, "name", "dev7"],
+      ["link", "set", "dev", "dev7", "up"],
+      ["addr", "add", "10.99.0.200/24", "dev", "dev7"],
+    ], { netns: vpc.node.name });
+    const pod = await vpc.pod("gone");
+    await vpc.deletePod(pod);
+    assertEquals(await devices.unplug({ mac: eni.mac, nodeName, netns: pod.path }), "node");
+    await assertHome(vpc, eni);
+  },
+});
+
+Deno.test({
+  name: "inspect() reports an address removed inside the pod, and a missing interface",
+  ignore: !root,
+  async fn() {
+    await using vpc = await SimulatedVpc.create();
+    const devices = new IpDeviceLayer({ node: vpc.node.name });
+    const eni = vpc.newEni();
+    await vpc.plugEni(eni);
+    const pod = await vpc.pod("a");
+    await devices.plug(plugArgs(eni, pod.path));
+    await runIp(["addr", "del", `${eni.ipv4!.address}/24`, "dev", "eth0"], { netns: pod.name });
+    const s = await devices.inspect({ netns: pod.path, ifName: "eth0" });
+    assertEquals(s.addresses, [`${eni.ipv6!.address}/64`]);
+    assertEquals(s.routes, [{ dst: "default", gw: "fd00:99::1" }]);
+    assertEquals(await devices.inspect({ netns: pod.path, ifName: "eth9" }), {
+      link: null,
+      addresses: [],
+      routes: [],
+    });
+  },
+});
+
+Deno.test({
+  name: "plug(), inspect() and unplug() work on a /proc/<pid>/ns/net path",
+  ignore: !root,
+  async fn() {
+    await using vpc = await SimulatedVpc.create();
+    const devices = new IpDeviceLayer({ node: vpc.node.name });
+    const eni = vpc.newEni();
+    await vpc.plugEni(eni);
+    const pod = await vpc.pod("a");
+    // `ip netns exec` execs the program: the child's pid is the sleeper in the pod.
+    const sleeper = new Deno.Command("/usr/sbin/ip", {
+      args: ["netns", "exec", pod.name, "/usr/bin/sleep", "30"],
+      stdin: "null",
+      stdout: "null",
+      stderr: "null",
+    }).spawn();
+    try {
+      const path = `/proc/${sleeper.pid}/ns/net`;
+      let id = await netnsIdentity(path);
+      for (let i = 0; i < 50 && !(id && id.ino === (await netnsIdentity(pod.path))?.ino); i++) {
+        await new Promise((r) => setTimeout(r, 20));
+        id = await netnsIdentity(path);
+      }
+      assertEquals(id, await netnsIdentity(pod.path));
+      const { nodeName } = await devices.plug(plugArgs(eni, path));
+      assertEquals((await devices.inspect({ netns: path, ifName: "eth0" })).link?.address, eni.mac);
+      assertEquals(await devices.unplug({ mac: eni.mac, nodeName, netns: path }), "pod");
+      await assertHome(vpc, eni);
+    } finally {
+      sleeper.kill("SIGKILL");
+      await sleeper.status;
+    }
+  },
+});
+
+Deno.test({
+  name: "netnsIdentity() accepts nsfs files only, and tells a recreated namespace apart",
+  ignore: !root,
+  async fn(t) {
+    await using vpc = await SimulatedVpc.create();
+    const pod = await vpc.pod("a");
+    const tmp = await Deno.makeTempFile();
+    try {
+      await t.step("an nsfs bind mount", async () => {
+        const id = await netnsIdentity(pod.path);
+        assert(id, "identity of /run/netns/…");
+        assertEquals(id.dev, (await Deno.stat("/proc/self/ns/net")).dev);
+      });
+      await t.step("/proc/<pid>/ns/net", async () => {
+        assertEquals(
+          await netnsIdentity(`/proc/${Deno.pid}/ns/net`),
+          await netnsIdentity("/proc/self/ns/net"),
+        );
+      });
+      for (
+        const [name, path] of [
+          ["a regular file", tmp],
+          ["a directory", "/tmp"],
+          ["a missing path", `/run/netns/${pod.name}-missing`],
+          ["a relative path", `run/netns/${pod.name}`],
+          ["a path with ..", `/run/netns/../netns/${pod.name}`],
+        ]
+      ) {
+        await t.step(name, async () => assertEquals(await netnsIdentity(path), null));
+      }
+      await t.step("the same path after ip netns del + add", async () => {
+        const before = await netnsIdentity(pod.path);
+        await runIp(["netns", "del", pod.name]);
+        await runIp(["netns", "add", pod.name]);
+        const after = await netnsIdentity(pod.path);
+        assert(before && after);
+        assertNotEquals(after, before);
+      });
+    } finally {
+      await Deno.remove(tmp);
+    }
+  },
+});
+
+Deno.test({
+  name: "one plug + one unplug take 5 spawns (median time of 20 printed)",
+  ignore: !root,
+  async fn() {
+    await using vpc = await SimulatedVpc.create();
+    const devices = new IpDeviceLayer({ node: vpc.node.name });
+    const eni = vpc.newEni();
+    await vpc.plugEni(eni);
+    const pod = await vpc.pod("a");
+    const times: number[] = [];
+    const spawns: number[] = [];
+    for (let i = 0; i < 20; i++) {
+      const n0 = spawnCounter.count;
+      const t0 = performance.now();
+      const { nodeName } = await devices.plug(plugArgs(eni, pod.path));
+      await devices.unplug({ mac: eni.mac, nodeName, netns: pod.path });
+      times.push(performance.now() - t0);
+      spawns.push(spawnCounter.count - n0);
+    }
+    times.sort((x, y) => x - y);
+    assertEquals(new Set(spawns), new Set([5]));
+    console.log(
+      `plug+unplug: ${spawns[0]} spawns, median ${times[10].toFixed(1)} ms (min ${
+        times[0].toFixed(1)
+      }, max ${times[19].toFixed(1)})`,
+    );
+    await assertHome(vpc, eni);
+  },
+});
