@@ -152,6 +152,11 @@ export async function startParts(
     };
     const raw = await module.create(providerConfig, ctx);
     closers.push(() => raw.close());
+    if (simulator) {
+      // A simulated node loses its devices with the process (fake) or a reboot (veth):
+      // make every attached ENI's device exist again before reconcile looks for them.
+      for (const eni of await raw.list()) await simulator.plug(eni);
+    }
     const provider = withProviderTimeout(raw, cfg.timeouts.providerSeconds * 1000);
     const manager = await deps.createManager({
       db,
