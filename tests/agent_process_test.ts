@@ -1,6 +1,6 @@
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
 import { type AddRequest, ApiError } from "../manager/api_schema.ts";
-import { SocketAgentClient } from "../manager/client.ts";
+import { parseHttpResponse, SocketAgentClient } from "../manager/client.ts";
 import { agentCommandLine, startAgent } from "./_agent_proc.ts";
 import { withRunDir } from "./_run_dir.ts";
 import { runEnim } from "./_enim.ts";
@@ -156,3 +156,64 @@ Deno.test("enim agent --help documents every option", async () => {
     assertMatch(r.stdout, new RegExp(`${opt}\\b`));
   }
 });
+
+Deno.test("bad requests to the real agent get a 400 and leave its state unchanged", async () => {
+  await withRunDir(async (dir) => {
+    const agent = await startAgent(dir, agentConfig(dir, 3));
+    try {
+      const c = new SocketAgentClient(agent.socket);
+      await c.add(addReq(1));
+      const dump = async () => JSON.stringify([await c.attachments(), await c.enis()]);
+      const before = await dump();
+      const bad: [string, string, RegExp][] = [
+        ["/v1/add", "{not json", /^Malformed JSON/],
+        ["/v1/add", JSON.stringify({ ...addReq(2), ifName: 7 }), /ifName: /],
+        ["/v1/add", JSON.stringify({ ...addReq(2), pod: "default/pod-2" }), /pod: /],
+        [
+          "/v1/add",
+          JSON.stringify({ ...addReq(2), pod: { namespace: "Bad_NS", name: "x" } }),
+          /pod\.namespace: /,
+        ],
+        ["/v1/add", JSON.stringify({ ...addReq(2), netns: "/run/netns/../../etc" }), /netns: /],
+        [
+          "/v1/del",
+          JSON.stringify({ containerId: "ctr-1", ifName: "eth0", netns: "/a/../b" }),
+          /netns: /,
+        ],
+        ["/v1/gc", JSON.stringify({ dryRun: 1 }), /dryRun: /],
+      ];
+      for (const [path, body, re] of bad) {
+        const res = await unixRawPost(agent.socket, path, body);
+        assertEquals(res.status, 400, `${path} ${body}`);
+        const err = JSON.parse(res.body).error;
+        assertEquals(err.code, "bad_request");
+        assertMatch(err.message, re);
+      }
+      assertEquals(await dump(), before);
+    } finally {
+      await agent.stop("SIGTERM");
+    }
+  });
+});
+
+/** POSTs a raw body (not necessarily JSON) over the socket. */
+async function unixRawPost(socket: string, path: string, body: string) {
+  // unixRequest JSON-encodes bodies; the raw text goes by hand here.
+  const conn = await Deno.connect({ transport: "unix", path: socket });
+  try {
+    const bytes = new TextEncoder().encode(body);
+    const head = `POST ${path} HTTP/1.1\r\nHost: enim\r\nConnection: close\r\n` +
+      `Content-Type: application/json\r\nContent-Length: ${bytes.length}\r\n\r\n`;
+    await conn.write(new Uint8Array([...new TextEncoder().encode(head), ...bytes]));
+    const chunks: Uint8Array[] = [];
+    const buf = new Uint8Array(8192);
+    for (;;) {
+      const n = await conn.read(buf);
+      if (n === null) break;
+      chunks.push(buf.slice(0, n));
+    }
+    return parseHttpResponse(new Uint8Array(chunks.flatMap((c) => [...c])));
+  } finally {
+    conn.close();
+  }
+}
