@@ -155,18 +155,35 @@ async function parseBody<S extends z.ZodType>(
   return parsed.data;
 }
 
-/** A minimal Prometheus exposition until the manager supplies its own. */
-function builtinMetrics(started: number): MetricsSource {
-  return () =>
-    [
+/**
+ * The built-in Prometheus exposition (until the manager supplies per-phase
+ * histograms): agent up and start time, and the pool gauges from `status()`.
+ */
+function builtinMetrics(manager: EniManager, started: number): MetricsSource {
+  return async () => {
+    const lines = [
       "# HELP enim_agent_up Whether the enim agent is serving.",
       "# TYPE enim_agent_up gauge",
       "enim_agent_up 1",
       "# HELP enim_agent_start_time_seconds When the agent started, in Unix seconds.",
       "# TYPE enim_agent_start_time_seconds gauge",
       `enim_agent_start_time_seconds ${Math.floor(started / 1000)}`,
-      "",
-    ].join("\n");
+    ];
+    try {
+      const s = await manager.status();
+      lines.push(
+        "# HELP enim_pool_enis ENIs on this node by state; attachable: how many more may attach.",
+        "# TYPE enim_pool_enis gauge",
+        ...(["free", "owned", "recycling", "attachable"] as const).map((k) =>
+          `enim_pool_enis{state="${k}"} ${s.pool[k]}`
+        ),
+        "# HELP enim_ready Whether the agent is ready and can serve an ADD.",
+        "# TYPE enim_ready gauge",
+        `enim_ready ${s.ready && s.canAllocate ? 1 : 0}`,
+      );
+    } catch { /* the gauges are left out while status fails */ }
+    return lines.join("\n") + "\n";
+  };
 }
 
 /** Waits for `p`, answering `busy` after `ms` (the operation itself goes on). */
@@ -193,7 +210,7 @@ export function createHandler(opts: HandlerOptions): Handler {
   const m = opts.manager;
   const log = opts.log ?? nullLogger;
   const max = opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
-  const metrics = opts.metrics ?? builtinMetrics(Date.now());
+  const metrics = opts.metrics ?? builtinMetrics(m, Date.now());
 
   const routes: Record<string, Record<string, Route>> = {
     "/v1/add": {
