@@ -77,8 +77,8 @@ Deno.test("every endpoint answers with its schema's shape", async (t) => {
     assertMatch(res.headers.get("content-type")!, /^text\/plain; version=0\.0\.4/);
     const text = await res.text();
     assertMatch(text, /^enim_agent_up 1$/m);
-    assertMatch(text, /^enim_pool_enis\{state="owned"\} 1$/m);
-    assertMatch(text, /^enim_pool_enis\{state="free"\} 2$/m);
+    assertMatch(text, /^enim_pool_enis\{state="owned"\} 0$/m);
+    assertMatch(text, /^enim_pool_enis\{state="free"\} 3$/m);
   });
   await t.step("GET /metrics uses a pluggable source", async () => {
     const h2 = createHandler({ manager: m, metrics: () => "enim_custom 7\n" });
