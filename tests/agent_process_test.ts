@@ -30,7 +30,10 @@ function addReq(i: number): AddRequest {
 
 Deno.test("the real agent process serves ADD, DEL and status, and stops on SIGTERM", async () => {
   await withRunDir(async (dir) => {
-    const agent = await startAgent(dir, agentConfig(dir, 4));
+    const agent = await startAgent(dir, {
+      ...agentConfig(dir, 4),
+      log: { level: "debug", file: `${dir}/agent.log` },
+    });
     try {
       const c = new SocketAgentClient(agent.socket);
       assertEquals((await Deno.lstat(agent.socket)).mode! & 0o777, 0o600);
@@ -55,7 +58,11 @@ Deno.test("the real agent process serves ADD, DEL and status, and stops on SIGTE
       const s = await agent.stop("SIGTERM");
       assertEquals(s.code, 0, agent.stderr());
     }
-    assertMatch(agent.stderr(), /"msg":"stopped"/);
+    const log = await Deno.readTextFile(`${dir}/agent.log`);
+    assertMatch(log, /"msg":"serving the API"/);
+    assertMatch(log, /"msg":"api request".*"method":"POST","path":"\/v1\/add","status":200/);
+    assertMatch(log, /"msg":"stopped"/);
+    assertEquals(agent.stderr(), "");
     let gone = false;
     try {
       await Deno.lstat(`${dir}/enim.sock`);
