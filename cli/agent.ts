@@ -1,11 +1,111 @@
-/** `enim agent`. @module */
+/**
+ * `enim agent`: runs the agent (normally as a systemd service), or with
+ * `--check-config` validates the configuration and exits.
+ *
+ * @module
+ */
 import { Command } from "@commander-js/extra-typings";
 import type { CliIo } from "./mod.ts";
+import {
+  type AgentConfig,
+  ConfigError,
+  DEFAULT_CONFIG_PATH,
+  DEFAULT_STATE_PATH,
+  enimEnv,
+  loadConfig,
+} from "../manager/config.ts";
+import { DEFAULT_SOCKET } from "../manager/api_schema.ts";
+import { LEVELS, Logger, type Sink, stderrSink } from "../lib/log.ts";
 
-/** The `agent` subcommand (not implemented yet). */
+/** Opens the configured log sink: stderr, or a file opened for appending. */
+function openSink(cfg: AgentConfig): { sink: Sink; close(): void } {
+  if (!cfg.log.file) return { sink: stderrSink, close: () => {} };
+  const file = Deno.openSync(cfg.log.file, { append: true, create: true, mode: 0o600 });
+  const enc = new TextEncoder();
+  return {
+    sink: (line) => {
+      file.writeSync(enc.encode(line + "\n"));
+    },
+    close: () => file.close(),
+  };
+}
+
+/** Runs the agent until SIGTERM or SIGINT; returns the exit code. */
+export async function runAgentProcess(cfg: AgentConfig): Promise<number> {
+  const { runAgent } = await import("../manager/agent.ts");
+  const { defaultDeps } = await import("../manager/agent_deps.ts");
+  const out = openSink(cfg);
+  const log = new Logger(out.sink, cfg.log.level, { role: "agent" });
+  const stop = new AbortController();
+  const onSignal = () => stop.abort();
+  const signals: Deno.Signal[] = ["SIGTERM", "SIGINT"];
+  for (const s of signals) Deno.addSignalListener(s, onSignal);
+  try {
+    await runAgent(cfg, { deps: defaultDeps, log, signal: stop.signal });
+    return 0;
+  } catch (err) {
+    log.error("the agent failed", { error: err });
+    return 1;
+  } finally {
+    for (const s of signals) Deno.removeSignalListener(s, onSignal);
+    out.close();
+  }
+}
+
+/** The `agent` subcommand. */
 export function agentCommand(io: CliIo, exit: { code: number }) {
-  return new Command("agent").description("agent (not implemented yet)").action(() => {
-    io.err("enim agent: not implemented yet\n");
-    exit.code = 1;
-  });
+  return new Command("agent")
+    .description(
+      "Run the enim agent: owns the node's ENIs and serves the API on a root-only unix socket.\n" +
+        "Precedence: flags > ENIM_* environment variables > config file > defaults.\n" +
+        "Stops in order on SIGTERM or SIGINT.",
+    )
+    .option(
+      "-c, --config <path>",
+      `the JSONC config file (env ENIM_CONFIG; default ${DEFAULT_CONFIG_PATH}, optional)`,
+    )
+    .option("--socket <path>", `the API socket (env ENIM_SOCKET; default ${DEFAULT_SOCKET})`)
+    .option(
+      "--state <path>",
+      `the SQLite state database (env ENIM_STATE; default ${DEFAULT_STATE_PATH})`,
+    )
+    .option("--provider <name>", "the cloud provider: bce or mock (env ENIM_PROVIDER)")
+    .option(
+      "--log-level <level>",
+      `log level: ${LEVELS.join(", ")} (env ENIM_LOG_LEVEL; default info)`,
+    )
+    .option(
+      "--gc-interval <seconds>",
+      "seconds between periodic GC passes (env ENIM_GC_INTERVAL; default 30)",
+    )
+    .option(
+      "--gc-grace <seconds>",
+      "seconds before GC may reclaim a new or recycling attachment (env ENIM_GC_GRACE; default 30)",
+    )
+    .option(
+      "--check-config",
+      "validate the configuration (the provider's own section too) and exit 0 or 1",
+    )
+    .action(async (opts) => {
+      let cfg: AgentConfig;
+      try {
+        cfg = await loadConfig(opts, enimEnv());
+        if (opts.checkConfig) {
+          const { checkConfig } = await import("../manager/agent.ts");
+          const { loadProvider } = await import("../providers/registry.ts");
+          await checkConfig(cfg, { loadProvider });
+          io.out(
+            `configuration OK: provider ${cfg.provider.name}, socket ${cfg.socket}, ` +
+              `state ${cfg.statePath}\n`,
+          );
+          return;
+        }
+      } catch (err) {
+        if (!(err instanceof ConfigError)) throw err;
+        io.err(`enim agent: ${err.message}\n`);
+        exit.code = 1;
+        return;
+      }
+      exit.code = await runAgentProcess(cfg);
+    });
 }

@@ -1,11 +1,73 @@
-/** `enim gc`. @module */
+/**
+ * `enim gc [--dry-run] [--json]`: asks the agent to reclaim the ENIs of dead
+ * attachments (or, with `--dry-run`, to say which it would reclaim, changing nothing).
+ *
+ * Exits non-zero only when the agent is unreachable or, on a real run, when some
+ * reclaim failed.
+ *
+ * @module
+ */
 import { Command } from "@commander-js/extra-typings";
+import type { GcReport } from "../manager/api_schema.ts";
+import { SocketAgentClient } from "../manager/client.ts";
 import type { CliIo } from "./mod.ts";
+import { type Column, renderTable, shortId } from "./_table.ts";
+import { reportAgentError, SOCKET_HELP, socketPath } from "./_agent.ts";
 
-/** The `gc` subcommand (not implemented yet). */
+type Item = GcReport["items"][number];
+
+const BASE: Column<Item>[] = [
+  { header: "ENI", cell: (i) => i.eniId },
+  { header: "MAC", cell: (i) => i.mac },
+  { header: "DEVICE", cell: (i) => i.device },
+  { header: "OWNER", cell: (i) => i.pod },
+  { header: "CONTAINER", cell: (i) => shortId(i.containerId) },
+  { header: "NETNS", cell: (i) => i.netns },
+  { header: "REASON", cell: (i) => i.reason },
+  { header: "ACTION", cell: (i) => i.action },
+];
+const REAL: Column<Item>[] = [
+  ...BASE,
+  { header: "OUTCOME", cell: (i) => i.outcome },
+  { header: "ERROR", cell: (i) => i.error },
+];
+
+/** Renders a GC report as `enim gc` prints it. */
+export function renderGcReport(r: GcReport): string {
+  const n = r.items.length;
+  const enis = (k: number) => `${k} ENI${k === 1 ? "" : "s"}`;
+  if (r.dryRun) {
+    if (n === 0) return "dry run: nothing to reclaim\n";
+    return renderTable(BASE, r.items) +
+      `\ndry run: ${enis(n)} would be reclaimed; nothing was changed\n`;
+  }
+  if (n === 0) return "nothing to reclaim\n";
+  const failed = r.items.filter((i) => i.outcome === "failed").length;
+  return renderTable(REAL, r.items) +
+    `\nreclaimed ${n - failed} of ${enis(n)}` +
+    (failed ? `; ${failed} failed (retried on the next GC pass)\n` : "\n");
+}
+
+/** The `gc` subcommand. */
 export function gcCommand(io: CliIo, exit: { code: number }) {
-  return new Command("gc").description("gc (not implemented yet)").action(() => {
-    io.err("enim gc: not implemented yet\n");
-    exit.code = 1;
-  });
+  return new Command("gc")
+    .description(
+      "Reclaim the ENIs of dead attachments now (asks the running agent).\n" +
+        "Exits 1 if the agent is unreachable or, without --dry-run, if a reclaim failed.",
+    )
+    .option("--dry-run", "only list what would be reclaimed and why; change nothing")
+    .option("--json", "print the GC report as JSON")
+    .option("--socket <path>", SOCKET_HELP)
+    .action(async (opts) => {
+      const client = new SocketAgentClient(socketPath(opts.socket));
+      let report: GcReport;
+      try {
+        report = await client.gc({ dryRun: opts.dryRun ?? false });
+      } catch (err) {
+        exit.code = reportAgentError(io, "gc", err);
+        return;
+      }
+      io.out(opts.json ? JSON.stringify(report, null, 2) + "\n" : renderGcReport(report));
+      if (!report.dryRun && report.items.some((i) => i.outcome === "failed")) exit.code = 1;
+    });
 }

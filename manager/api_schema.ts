@@ -10,6 +10,7 @@
  * - `GET /v1/status` → {@linkcode StatusSchema}
  * - `GET /v1/attachments` → `{attachments: Attachment[]}`
  * - `GET /v1/enis` → `{enis: Eni[]}`
+ * - `GET /v1/healthz` → `{ok: true}` (the agent is serving)
  * - `GET /metrics` → Prometheus text
  *
  * Errors are `{error: {code, message, details?}}` with an HTTP status from

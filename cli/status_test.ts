@@ -1,0 +1,82 @@
+import { assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
+import { StatusSchema } from "../manager/api_schema.ts";
+import { runEnim } from "../tests/_enim.ts";
+import { withRunDir } from "../tests/_run_dir.ts";
+import { cli, withFakeAgent } from "./_serve_fake.ts";
+import { formatAge } from "./_table.ts";
+
+const POD = {
+  containerId: "0123456789abcdef0123",
+  ifName: "eth0",
+  netns: "/run/netns/pod-1",
+  network: "enim-net",
+  pod: { namespace: "default", name: "web-0" },
+  mode: "interface" as const,
+  ips: [],
+  ranges: [],
+  routes: [],
+};
+
+Deno.test("enim status prints the ENI table and pool counts", async () => {
+  await withFakeAgent(async (socket, m) => {
+    await m.add(POD);
+    const r = await cli(["status", "--socket", socket]);
+    assertEquals([r.code, r.err], [0, ""]);
+    const lines = r.out.split("\n");
+    assertEquals(lines[0], "provider mock, agent 0.1.0, ready, can allocate");
+    assertEquals(lines[1], "pool: 2 free, 1 owned, 0 recycling, 0 more attachable");
+    assertMatch(
+      lines[3],
+      /^ENI\s+MAC\s+DEVICE\s+IPV4\s+IPV6\s+STATE\s+OWNER\s+CONTAINER\s+NETNS\s+AGE$/,
+    );
+    assertMatch(
+      lines[4],
+      /^eni-mock-0001\s+02:00:00:00:00:01\s+eni0001\s+10\.0\.1\.10\/24\s+fd00::10\/64\s+ready\s+default\/web-0\s+0123456789ab\s+\/run\/netns\/pod-1\s+1m$/,
+    );
+    assertMatch(
+      lines[5],
+      /^eni-mock-0002\s+02:00:00:00:00:02\s+eni0002\s+10\.0\.1\.11\/24\s+-\s+free\s+-\s+-\s+-\s+-$/,
+    );
+  });
+});
+
+Deno.test("enim status --json prints the Status object", async () => {
+  await withFakeAgent(async (socket) => {
+    const r = await cli(["status", "--json", "--socket", socket]);
+    assertEquals(r.code, 0);
+    const s = StatusSchema.parse(JSON.parse(r.out));
+    assertEquals(s.pool.free, 3);
+  });
+});
+
+Deno.test("enim status says clearly when the agent is not running", async () => {
+  await withRunDir(async (dir) => {
+    const r = await cli(["status", "--socket", `${dir}/enim.sock`]);
+    assertEquals([r.code, r.out], [1, ""]);
+    assertMatch(
+      r.err,
+      new RegExp(`^the enim agent is not running: cannot connect to ${dir}/enim\\.sock`),
+    );
+  });
+});
+
+Deno.test("enim status through the real entry point explains a socket it may not use", async () => {
+  await withRunDir(async (dir) => {
+    const r = await runEnim(["status", "--socket", `${dir}/enim.sock`]);
+    assertEquals(r.code, 1);
+    assertStringIncludes(
+      r.stderr,
+      `not allowed to connect to ${dir}/enim.sock: the enim permission set allows only`,
+    );
+  });
+});
+
+Deno.test("ages are short", () => {
+  const now = Date.parse("2026-01-01T12:00:00Z");
+  const at = (s: number) => new Date(now - s * 1000).toISOString();
+  assertEquals(
+    [formatAge(at(5), now), formatAge(at(125), now), formatAge(at(3 * 3600 + 300), now)],
+    ["5s", "2m", "3h05m"],
+  );
+  assertEquals([formatAge(at(50 * 3600), now), formatAge(null, now)], ["2d02h", "-"]);
+});

@@ -1,0 +1,43 @@
+/**
+ * SQLite helpers shared by the state store and providers that keep tables in
+ * the agent's database: opening with the agent's pragmas, and transactions.
+ *
+ * @module
+ */
+import { DatabaseSync } from "node:sqlite";
+
+/**
+ * Opens (creating when missing) the agent's SQLite database with WAL, a busy
+ * timeout and foreign keys on. `":memory:"` works for tests.
+ */
+export function openDatabase(path: string, busyTimeoutMs = 5000): DatabaseSync {
+  const db = new DatabaseSync(path);
+  try {
+    if (path !== ":memory:") db.exec("PRAGMA journal_mode = WAL");
+    db.exec(`PRAGMA busy_timeout = ${Math.max(0, Math.floor(busyTimeoutMs))}`);
+    db.exec("PRAGMA foreign_keys = ON");
+    db.exec("PRAGMA synchronous = NORMAL");
+  } catch (err) {
+    db.close();
+    throw err;
+  }
+  return db;
+}
+
+/**
+ * Runs `fn` in one `BEGIN IMMEDIATE` transaction (committed when it returns,
+ * rolled back when it throws). Inside an open transaction it runs as part of it.
+ * `fn` must be synchronous: nothing else touches the connection meanwhile.
+ */
+export function transaction<T>(db: DatabaseSync, fn: () => T): T {
+  if (db.isTransaction) return fn();
+  db.exec("BEGIN IMMEDIATE");
+  try {
+    const out = fn();
+    db.exec("COMMIT");
+    return out;
+  } catch (err) {
+    if (db.isTransaction) db.exec("ROLLBACK");
+    throw err;
+  }
+}

@@ -1,0 +1,265 @@
+/**
+ * The agent process around the ENI manager: start-up (state DB, provider,
+ * device layer, manager, reconcile), the API server, the periodic GC, and an
+ * orderly shutdown. The concrete modules come in through {@linkcode AgentDeps}
+ * (`agent_deps.ts` has the real ones), so tests can run the whole life cycle
+ * with fakes.
+ *
+ * @module
+ */
+import { dirname } from "node:path";
+import type { DatabaseSync } from "node:sqlite";
+import { type AgentConfig, validateProviderConfig } from "./config.ts";
+import { createHandler, type MetricsSource, serveUnix, type UnixServer } from "./server.ts";
+import type { EniManager } from "./types.ts";
+import type { Logger } from "../lib/log.ts";
+import {
+  type DeviceSimulator,
+  type Provider,
+  type ProviderContext,
+  ProviderError,
+  type ProviderModule,
+} from "../providers/contract.ts";
+import type { DeviceLayer } from "../netns/types.ts";
+
+/** What `createManager` receives (the manager module's factory signature). */
+export interface ManagerFactoryOptions {
+  db: DatabaseSync;
+  provider: Provider;
+  devices: DeviceLayer;
+  log: Logger;
+  gcGraceMs: number;
+  now?: () => number;
+}
+
+/** A device layer and, for fakes, the simulator that makes attached ENIs appear in it. */
+export interface DeviceSetup {
+  devices: DeviceLayer;
+  /** A simulator the device layer itself provides (the fake's); the config's wins. */
+  simulator?: DeviceSimulator;
+}
+
+/** The modules the agent wires together. */
+export interface AgentDeps {
+  openDatabase(path: string): DatabaseSync;
+  loadProvider(name: AgentConfig["provider"]["name"]): Promise<ProviderModule>;
+  createDevices(kind: AgentConfig["devices"], log: Logger): Promise<DeviceSetup>;
+  /** Test and demo only: the veth device simulator of `cfg.deviceSimulator`. */
+  loadDeviceSimulator(cfg: AgentConfig): Promise<DeviceSimulator | undefined>;
+  createManager(opts: ManagerFactoryOptions): EniManager | Promise<EniManager>;
+  /** `GET /metrics`, when the manager offers one. */
+  metrics?(manager: EniManager): MetricsSource | undefined;
+}
+
+/**
+ * Checks a configuration the way the agent would use it, without starting
+ * anything: loads the provider module and validates its own section.
+ * Throws `ConfigError`.
+ */
+export async function checkConfig(cfg: AgentConfig, deps: Pick<AgentDeps, "loadProvider">) {
+  const module = await deps.loadProvider(cfg.provider.name);
+  return validateProviderConfig(cfg, module);
+}
+
+/** Wraps a provider so each call fails as `unavailable` after `ms`. */
+export function withProviderTimeout(p: Provider, ms: number): Provider {
+  const limit = <T>(what: string, run: () => Promise<T>): Promise<T> => {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const deadline = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () =>
+          reject(
+            new ProviderError(
+              "unavailable",
+              `The ${p.name} provider's ${what} did not answer within ${ms / 1000} s`,
+            ),
+          ),
+        ms,
+      );
+    });
+    return Promise.race([run(), deadline]).finally(() => clearTimeout(timer));
+  };
+  return {
+    name: p.name,
+    list: () => limit("list", () => p.list()),
+    allocateNextENI: (owner, req) => limit("allocate", () => p.allocateNextENI(owner, req)),
+    deallocateENI: (owner) => limit("deallocate", () => p.deallocateENI(owner)),
+    status: () => limit("status", () => p.status()),
+    ...(p.start ? { start: () => p.start!() } : {}),
+    close: () => p.close(),
+  };
+}
+
+/** Polls the device layer until a device with `mac` is on the node. */
+function deviceWaiter(devices: DeviceLayer): (mac: string, timeoutMs: number) => Promise<void> {
+  return async (mac, timeoutMs) => {
+    const until = Date.now() + timeoutMs;
+    for (let delay = 5;; delay = Math.min(delay * 2, 100)) {
+      if (await devices.findByMac(mac)) return;
+      if (Date.now() >= until) {
+        throw new ProviderError("unavailable", `No device with MAC "${mac}" after ${timeoutMs} ms`);
+      }
+      await new Promise((r) => setTimeout(r, delay));
+    }
+  };
+}
+
+/** Everything a started agent holds, closed in reverse order. */
+export interface AgentParts {
+  manager: EniManager;
+  provider: Provider;
+  db: DatabaseSync;
+  simulator?: DeviceSimulator;
+  close(): Promise<void>;
+}
+
+/** Opens the state, creates the provider, the device layer and the manager, then reconciles. */
+export async function startParts(
+  cfg: AgentConfig,
+  deps: AgentDeps,
+  log: Logger,
+): Promise<AgentParts> {
+  const module = await deps.loadProvider(cfg.provider.name);
+  const providerConfig = validateProviderConfig(cfg, module);
+  if (cfg.statePath !== ":memory:") {
+    await Deno.mkdir(dirname(cfg.statePath), { recursive: true, mode: 0o700 });
+  }
+  const db = deps.openDatabase(cfg.statePath);
+  const closers: (() => Promise<void> | void)[] = [() => {
+    if (db.isOpen) db.close();
+  }];
+  const closeAll = async () => {
+    for (const c of closers.splice(0).reverse()) {
+      try {
+        await c();
+      } catch (err) {
+        log.warn("error while shutting down", { error: err });
+      }
+    }
+  };
+  try {
+    if (cfg.devices === "fake") {
+      log.warn('devices is "fake": nothing on the node is touched (tests and dry demos only)');
+    }
+    const { devices, simulator: builtin } = await deps.createDevices(cfg.devices, log);
+    const simulator = (await deps.loadDeviceSimulator(cfg)) ?? builtin;
+    if (simulator?.close) closers.push(() => simulator.close!());
+    const ctx: ProviderContext = {
+      db,
+      log: log.child({ component: "provider", provider: cfg.provider.name }),
+      waitForDevice: deviceWaiter(devices),
+      ...(simulator ? { deviceSimulator: simulator } : {}),
+    };
+    const raw = await module.create(providerConfig, ctx);
+    closers.push(() => raw.close());
+    if (simulator) {
+      // A simulated node loses its devices with the process (fake) or a reboot (veth):
+      // make every attached ENI's device exist again before reconcile looks for them.
+      for (const eni of await raw.list()) await simulator.plug(eni);
+    }
+    const provider = withProviderTimeout(raw, cfg.timeouts.providerSeconds * 1000);
+    const manager = await deps.createManager({
+      db,
+      provider,
+      devices,
+      log: log.child({ component: "manager" }),
+      gcGraceMs: cfg.gc.graceSeconds * 1000,
+    });
+    closers.push(() => manager.close());
+    const report = await manager.reconcile();
+    log.info("reconciled the state with the provider and the devices", { ...report });
+    if (raw.start) await raw.start();
+    return { manager, provider, db, simulator, close: closeAll };
+  } catch (err) {
+    await closeAll();
+    throw err;
+  }
+}
+
+/** Runs `pass` now and then every `intervalMs` after the previous pass ends (never overlapping). */
+export function startPeriodic(
+  intervalMs: number,
+  pass: () => Promise<void>,
+): { stop(): Promise<void> } {
+  let stopped = false;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  let running: Promise<void> = Promise.resolve();
+  const tick = () => {
+    if (stopped) return;
+    running = pass().finally(() => {
+      if (!stopped) timer = setTimeout(tick, intervalMs);
+    });
+  };
+  tick();
+  return {
+    async stop() {
+      stopped = true;
+      clearTimeout(timer);
+      await running;
+    },
+  };
+}
+
+/** Options for {@linkcode runAgent}. */
+export interface RunAgentOptions {
+  deps: AgentDeps;
+  log: Logger;
+  /** Aborted on SIGTERM/SIGINT: the agent shuts down in order and `runAgent` returns. */
+  signal: AbortSignal;
+  /** Called once the API is served (tests). */
+  onReady?(server: UnixServer): void;
+}
+
+/**
+ * The agent's life: start the parts, reconcile, serve the API, GC once and then
+ * periodically; on `signal`, stop accepting, finish in-flight requests and the
+ * running GC pass, and close the manager, provider and DB.
+ */
+export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise<void> {
+  const { log } = opts;
+  log.info("starting the enim agent", {
+    provider: cfg.provider.name,
+    socket: cfg.socket,
+    state: cfg.statePath,
+    devices: cfg.devices,
+    pid: Deno.pid,
+  });
+  const parts = await startParts(cfg, opts.deps, log);
+  let server: UnixServer | undefined;
+  let gc: { stop(): Promise<void> } | undefined;
+  try {
+    const handler = createHandler({
+      manager: parts.manager,
+      log: log.child({ component: "api" }),
+      metrics: opts.deps.metrics?.(parts.manager),
+      addTimeoutMs: cfg.timeouts.addSeconds * 1000,
+    });
+    server = await serveUnix(cfg.socket, handler, { log });
+    opts.onReady?.(server);
+    const gcLog = log.child({ component: "gc" });
+    gc = startPeriodic(cfg.gc.intervalSeconds * 1000, async () => {
+      try {
+        const report = await parts.manager.gc({ dryRun: false });
+        const failed = report.items.filter((i) => i.outcome === "failed");
+        if (report.items.length) {
+          gcLog.info("gc pass", { reclaimed: report.items.length - failed.length });
+        }
+        for (const f of failed) gcLog.warn("gc could not reclaim an ENI", { ...f });
+      } catch (err) {
+        gcLog.error("gc pass failed", { error: err });
+      }
+    });
+    if (!opts.signal.aborted) {
+      await new Promise<void>((resolve) => {
+        opts.signal.addEventListener("abort", () => resolve(), { once: true });
+        server!.finished.then(resolve, resolve);
+      });
+    }
+    log.info("shutting down");
+  } finally {
+    await server?.shutdown();
+    await gc?.stop();
+    await parts.close();
+    log.info("stopped");
+  }
+}

@@ -1,0 +1,82 @@
+/**
+ * The agent's `devices: "fake"` mode: the in-memory {@linkcode FakeDeviceLayer}
+ * with every namespace path treated as existing (with a stable identity derived
+ * from the path), since no test harness creates namespaces inside the agent.
+ *
+ * For tests and dry demos only: nothing on the node is touched, and the devices
+ * live only as long as the agent process.
+ *
+ * @module
+ */
+import { FakeDeviceLayer } from "../netns/fake.ts";
+import type {
+  AddressSpec,
+  DeviceLayer,
+  Link,
+  NetnsIdentity,
+  PlugResult,
+  PodInterfaceState,
+  RouteSpec,
+  UnplugOutcome,
+} from "../netns/types.ts";
+import type { DeviceSimulator } from "../providers/contract.ts";
+
+/** A stable pseudo-inode for a path (FNV-1a), so identities survive an agent restart. */
+function pathInode(path: string): number {
+  let h = 0x811c9dc5;
+  for (const c of new TextEncoder().encode(path)) {
+    h ^= c;
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return 4026531840 + (h % 1_000_000);
+}
+
+/** An in-memory device layer in which every referenced namespace exists. */
+export class AgentFakeDevices implements DeviceLayer {
+  readonly fake: FakeDeviceLayer;
+  readonly #known = new Set<string>();
+
+  constructor(fake = new FakeDeviceLayer()) {
+    this.fake = fake;
+  }
+
+  /** The simulator that makes attached ENIs appear as node links. */
+  simulator(): DeviceSimulator {
+    return this.fake.simulator();
+  }
+
+  #ensure(path: string | null | undefined): void {
+    if (!path || this.#known.has(path)) return;
+    this.#known.add(path);
+    this.fake.addNetns(path);
+  }
+
+  findByMac(mac: string, netns?: string): Promise<Link | null> {
+    this.#ensure(netns);
+    return this.fake.findByMac(mac, netns);
+  }
+  plug(p: {
+    mac: string;
+    netns: string;
+    ifName: string;
+    addresses: AddressSpec[];
+    routes: RouteSpec[];
+    mtu?: number;
+  }): Promise<PlugResult> {
+    this.#ensure(p.netns);
+    return this.fake.plug(p);
+  }
+  unplug(p: { mac: string; nodeName: string; netns?: string | null }): Promise<UnplugOutcome> {
+    this.#ensure(p.netns);
+    return this.fake.unplug(p);
+  }
+  inspect(p: { netns: string; ifName: string }): Promise<PodInterfaceState> {
+    this.#ensure(p.netns);
+    return this.fake.inspect(p);
+  }
+  async netnsIdentity(path: string): Promise<NetnsIdentity | null> {
+    this.#ensure(path);
+    await this.fake.netnsIdentity(path);
+    return { dev: 4, ino: pathInode(path) };
+  }
+}

@@ -1,0 +1,294 @@
+/**
+ * Garbage collection: find attachments whose pod is gone and reclaim their ENIs.
+ *
+ * Liveness is pluggable: each {@linkcode LivenessSource} reports the attachments
+ * it knows to be dead, with a reason; the pass reclaims the union. Built in:
+ * the pod's netns is gone or replaced, a CNI GC call's valid-attachments list,
+ * the seed's recycling rule, and releases that did not finish. A Kubernetes
+ * source can be added without touching the rest.
+ *
+ * A grace period protects attachments younger than `graceMs` and every `adding`
+ * one. A dry run reads (state, provider list, netns identities) and changes
+ * nothing. A reclaim failure is recorded on its row and retried by the next
+ * pass; it never stops the pass.
+ *
+ * @module
+ */
+import type { DeviceLayer } from "../netns/types.ts";
+import type { Owner, Provider } from "../providers/contract.ts";
+import type { Logger } from "../lib/log.ts";
+import type { GcItemSchema, GcReport } from "./api_schema.ts";
+import { type AttachmentRow, keyOf, type StateStore } from "./state.ts";
+import type { GcInput } from "./types.ts";
+import type { KeyedMutex } from "./mutex.ts";
+import type { z } from "zod";
+
+type GcItem = z.infer<typeof GcItemSchema>;
+
+/** What a liveness source gets besides the attachments. */
+export interface LivenessContext {
+  /** Now, epoch milliseconds. */
+  now: number;
+  graceMs: number;
+  /** The GC request (carries the CNI GC verb's network and valid attachments). */
+  request: GcInput;
+  devices: DeviceLayer;
+}
+
+/** A death certificate: why the attachment is dead, and whether its netns can still be used. */
+export interface Verdict {
+  reason: string;
+  /** False when the recorded netns path is gone or now names another namespace. */
+  netnsUsable?: boolean;
+}
+
+/** A source of liveness facts: returns the dead ones among `attachments`, by {@linkcode keyOf}. */
+export interface LivenessSource {
+  name: string;
+  dead(attachments: AttachmentRow[], ctx: LivenessContext): Promise<Map<string, Verdict>>;
+}
+
+/** (a) The pod's network namespace no longer exists, or exists with another identity. */
+export const netnsLiveness: LivenessSource = {
+  name: "netns",
+  async dead(rows, ctx) {
+    const out = new Map<string, Verdict>();
+    const byPath = new Map<string, Promise<{ dev: number; ino: number } | null>>();
+    const identity = (p: string) => {
+      let v = byPath.get(p);
+      if (!v) {
+        v = ctx.devices.netnsIdentity(p).catch(() => null);
+        byPath.set(p, v);
+      }
+      return v;
+    };
+    await Promise.all(rows.map(async (r) => {
+      // IPAM attachments with a non-nsfs netns (e.g. /dev/null) have no identity to check.
+      if (r.netnsDev === null || r.netnsIno === null) {
+        if (r.mode === "ipam") return;
+      }
+      const id = await identity(r.netns);
+      if (!id) {
+        out.set(keyOf(r), { reason: `netns "${r.netns}" no longer exists`, netnsUsable: false });
+      } else if (
+        r.netnsDev !== null && r.netnsIno !== null &&
+        (id.dev !== r.netnsDev || id.ino !== r.netnsIno)
+      ) {
+        out.set(keyOf(r), {
+          reason: `netns "${r.netns}" was replaced (inode ${r.netnsIno} → ${id.ino})`,
+          netnsUsable: false,
+        });
+      }
+    }));
+    return out;
+  },
+};
+
+/** (b) A CNI GC call for the attachment's network does not list it in its valid attachments. */
+export const cniGcLiveness: LivenessSource = {
+  name: "cni-gc",
+  dead(rows, ctx) {
+    const out = new Map<string, Verdict>();
+    const { network, validAttachments } = ctx.request;
+    if (network === undefined || validAttachments === undefined) return Promise.resolve(out);
+    const valid = new Set(validAttachments.map(keyOf));
+    for (const r of rows) {
+      if (r.network === network && !valid.has(keyOf(r))) {
+        out.set(keyOf(r), {
+          reason: `not in cni.dev/valid-attachments of network "${network}"`,
+        });
+      }
+    }
+    return Promise.resolve(out);
+  },
+};
+
+/** (c) The seed's recycling rule: the pod has a newer container, and this DEL did not come in time. */
+export const recyclingLiveness: LivenessSource = {
+  name: "recycling",
+  dead(rows, ctx) {
+    const out = new Map<string, Verdict>();
+    for (const r of rows) {
+      if (r.state === "recycling" && r.recycleSince !== null) {
+        const age = ctx.now - r.recycleSince;
+        if (age >= ctx.graceMs) {
+          out.set(keyOf(r), {
+            reason: `pod "${r.pod}" has a newer container and this one's DEL did not come in ${
+              Math.round(age / 1000)
+            }s`,
+          });
+        }
+      }
+    }
+    return Promise.resolve(out);
+  },
+};
+
+/** Releases that failed half way (state `deleting`): finish them. */
+export const unfinishedLiveness: LivenessSource = {
+  name: "unfinished",
+  dead(rows) {
+    const out = new Map<string, Verdict>();
+    for (const r of rows) {
+      if (r.state === "deleting") {
+        out.set(keyOf(r), {
+          reason: `an earlier release did not finish${r.lastError ? `: ${r.lastError}` : ""}`,
+        });
+      }
+    }
+    return Promise.resolve(out);
+  },
+};
+
+/** The built-in liveness sources. */
+export function defaultLivenessSources(): LivenessSource[] {
+  return [unfinishedLiveness, netnsLiveness, cniGcLiveness, recyclingLiveness];
+}
+
+/** What the GC needs from the manager. */
+export interface GcDeps {
+  state: StateStore;
+  provider: Provider;
+  devices: DeviceLayer;
+  log: Logger;
+  locks: KeyedMutex;
+  now: () => number;
+  graceMs: number;
+  sources: LivenessSource[];
+  /** Releases one attachment (state deleting → device back → deallocate → row deleted). */
+  release(row: AttachmentRow, opts: { netnsUsable: boolean }): Promise<void>;
+  /** Frees an ENI the provider shows owned by an attachment the state does not know. */
+  freeOrphan(owner: Owner, eni: { id: string; mac: string }): Promise<boolean>;
+}
+
+interface PlanItem {
+  item: GcItem;
+  row: AttachmentRow | null;
+  owner: Owner;
+  netnsUsable: boolean;
+}
+
+/** Whether the grace period protects `r` from GC. */
+function protectedByGrace(r: AttachmentRow, now: number, graceMs: number): boolean {
+  if (r.state === "adding") return true;
+  if (r.state === "deleting") return false;
+  return now - r.createdAt < graceMs;
+}
+
+function describeAction(r: AttachmentRow, netnsUsable: boolean): string {
+  const free = r.eniId ? `free ${r.eniId}` : "forget the attachment";
+  if (!r.mac) return free;
+  const name = r.nodeName ? `"${r.nodeName}"` : "its node name";
+  const where = r.mode === "interface" && netnsUsable
+    ? `move "${r.ifName}" from ${r.netns} back to the node as ${name}`
+    : `find ${r.mac} on the node, rename it ${name}`;
+  return `${where}, scrub it, ${free}`;
+}
+
+/** Works out what a pass would reclaim (reads only). */
+export async function planGc(deps: GcDeps, req: GcInput): Promise<PlanItem[]> {
+  const now = deps.now();
+  // The provider first, then the state: an ENI owned in this snapshot by a key without
+  // a row is a real orphan (rows are written before allocating and deleted after freeing).
+  const enis = await deps.provider.list();
+  const rows = deps.state.all();
+  const candidates = rows.filter((r) => !protectedByGrace(r, now, deps.graceMs));
+  const ctx: LivenessContext = { now, graceMs: deps.graceMs, request: req, devices: deps.devices };
+  const verdicts = new Map<string, Verdict[]>();
+  for (const src of deps.sources) {
+    const dead = await src.dead(candidates, ctx);
+    for (const [k, v] of dead) verdicts.set(k, [...(verdicts.get(k) ?? []), v]);
+  }
+  const plan: PlanItem[] = [];
+  for (const r of candidates) {
+    const vs = verdicts.get(keyOf(r));
+    if (!vs) continue;
+    const netnsUsable = vs.every((v) => v.netnsUsable !== false);
+    plan.push({
+      row: r,
+      owner: { pod: r.pod, containerId: r.containerId, ifName: r.ifName },
+      netnsUsable,
+      item: {
+        eniId: r.eniId ?? "",
+        mac: r.mac ?? "",
+        device: r.nodeName ?? "",
+        pod: r.pod,
+        containerId: r.containerId,
+        ifName: r.ifName,
+        netns: r.netns,
+        reason: vs.map((v) => v.reason).join("; "),
+        action: describeAction(r, netnsUsable),
+        outcome: "planned",
+      },
+    });
+  }
+  const known = new Set(rows.map(keyOf));
+  for (const e of enis) {
+    if (!e.owner || known.has(keyOf(e.owner))) continue;
+    plan.push({
+      row: null,
+      owner: e.owner,
+      netnsUsable: false,
+      item: {
+        eniId: e.id,
+        mac: e.mac,
+        device: "",
+        pod: e.owner.pod,
+        containerId: e.owner.containerId,
+        ifName: e.owner.ifName,
+        netns: "",
+        reason: "the provider shows it owned by an attachment the agent does not know",
+        action: `find ${e.mac} on the node, scrub it, free ${e.id}`,
+        outcome: "planned",
+      },
+    });
+  }
+  return plan;
+}
+
+/** Runs one GC pass (or plans it, for a dry run). */
+export async function runGc(deps: GcDeps, req: GcInput): Promise<GcReport> {
+  const plan = await planGc(deps, req);
+  if (req.dryRun) return { dryRun: true, items: plan.map((p) => p.item) };
+  const items: GcItem[] = [];
+  const queue = [...plan];
+  const worker = async () => {
+    for (let p = queue.shift(); p; p = queue.shift()) {
+      const item = await reclaim(deps, p);
+      if (item) items.push(item);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(8, queue.length) }, worker));
+  const order = new Map(plan.map((p, i) => [keyOf(p.owner), i]));
+  items.sort((a, b) => (order.get(keyOf(a)) ?? 0) - (order.get(keyOf(b)) ?? 0));
+  const failed = items.filter((i) => i.outcome === "failed").length;
+  if (items.length > 0) {
+    deps.log.info("GC pass done", { reclaimed: items.length - failed, failed });
+  }
+  return { dryRun: false, items };
+}
+
+/** Reclaims one planned item under its attachment's lock; null when it went away meanwhile. */
+async function reclaim(deps: GcDeps, p: PlanItem): Promise<GcItem | null> {
+  const key = keyOf(p.owner);
+  return await deps.locks.run(`att:${key}`, async () => {
+    const row = deps.state.get(p.owner);
+    try {
+      if (p.row) {
+        // Released or replaced by a DEL/ADD while we planned: not ours any more.
+        if (!row || row.createdAt !== p.row.createdAt || row.state === "adding") return null;
+        await deps.release(row, { netnsUsable: p.netnsUsable });
+      } else {
+        if (row) return null;
+        if (!(await deps.freeOrphan(p.owner, { id: p.item.eniId, mac: p.item.mac }))) return null;
+      }
+      deps.log.info("GC reclaimed an ENI", { eniId: p.item.eniId, key, reason: p.item.reason });
+      return { ...p.item, outcome: "reclaimed" as const };
+    } catch (err) {
+      const msg = err instanceof Error ? err.message : String(err);
+      if (row) deps.state.recordFailure(p.owner, msg);
+      deps.log.warn("GC could not reclaim an ENI", { eniId: p.item.eniId, key, error: msg });
+      return { ...p.item, outcome: "failed" as const, error: msg };
+    }
+  });
+}

@@ -1,0 +1,577 @@
+/**
+ * The ENI manager: ADD, DEL, CHECK, GC, reconcile and status over the provider,
+ * the device layer and the SQLite state store.
+ *
+ * Crash safety: every operation records its intent in the state store before it
+ * calls the provider or touches a device, and its outcome after, each in its own
+ * committed transaction, so {@linkcode EniManager.reconcile} can roll back or
+ * finish whatever a kill -9 interrupted:
+ *
+ * - ADD: row `adding` → provider allocate → ENI id and MAC recorded → node name
+ *   recorded → device plugged (interface mode) → row `ready` with the result
+ *   (and the pod's older containers `recycling`) → answer. A crash before `ready`
+ *   is rolled back; after it, a retried ADD gets the stored result.
+ * - DEL / GC reclaim / rollback: row `deleting` → device back to the node →
+ *   provider deallocate → row deleted. A crash in between is finished.
+ *
+ * Concurrency: a keyed async mutex serializes operations on one attachment key
+ * (`att:<containerId>/<ifName>`) and one ENI (`eni:<id>`), always taken in that
+ * order; different pods run in parallel and a slow provider call holds only its
+ * own keys.
+ *
+ * @module
+ */
+import type { DatabaseSync } from "node:sqlite";
+import {
+  type Eni,
+  EniSchema,
+  normalizeIp,
+  type Owner,
+  type Provider,
+  ProviderError,
+} from "../providers/contract.ts";
+import { DeviceError, type DeviceLayer, type RouteSpec } from "../netns/types.ts";
+import type { Logger } from "../lib/log.ts";
+import { VERSION } from "../lib/version.ts";
+import {
+  type AddResponse,
+  AddResponseSchema,
+  ApiError,
+  type GcReport,
+  type Status,
+} from "./api_schema.ts";
+import type {
+  AddInput,
+  CheckInput,
+  DelInput,
+  EniManager,
+  GcInput,
+  ReconcileReport,
+} from "./types.ts";
+import {
+  type AttachmentKey,
+  type AttachmentRow,
+  keyOf,
+  StateStore,
+  toAttachment,
+} from "./state.ts";
+import { KeyedMutex } from "./mutex.ts";
+import { defaultLivenessSources, type LivenessSource, runGc } from "./gc.ts";
+
+/** What {@linkcode createManager} needs. */
+export interface ManagerOptions {
+  /** The agent's state database (opened by the caller; the manager does not close it). */
+  db: DatabaseSync;
+  provider: Provider;
+  devices: DeviceLayer;
+  log: Logger;
+  /** GC never reclaims attachments younger than this, nor recycling ones recycled more recently. */
+  gcGraceMs: number;
+  /** The clock, epoch milliseconds (tests move it). */
+  now?: () => number;
+  /** Liveness sources for GC (default: {@linkcode defaultLivenessSources}). */
+  livenessSources?: LivenessSource[];
+}
+
+/** The manager, with its state store exposed for the agent and tests. */
+export interface Manager extends EniManager {
+  readonly state: StateStore;
+}
+
+/** Creates the ENI manager over a migrated state store in `db`. */
+export function createManager(opts: ManagerOptions): Manager {
+  return new ManagerImpl(opts);
+}
+
+const ownerOf = (r: AttachmentRow): Owner => ({
+  pod: r.pod,
+  containerId: r.containerId,
+  ifName: r.ifName,
+});
+
+const message = (err: unknown) => err instanceof Error ? err.message : String(err);
+
+/** Maps anything thrown by a step to the API error a client sees. */
+export function toApiError(err: unknown): ApiError {
+  if (err instanceof ApiError) return err;
+  if (err instanceof ProviderError) {
+    if (err.reason === "no_eni_available" || err.reason === "requested_ip_unavailable") {
+      return new ApiError(err.reason, err.message, undefined, { cause: err });
+    }
+    return new ApiError(
+      "provider_error",
+      `The provider failed (${err.reason}): ${err.message}`,
+      err.requestId,
+      {
+        cause: err,
+      },
+    );
+  }
+  if (err instanceof DeviceError) {
+    const code = err.reason === "ifname_exists"
+      ? "ifname_exists"
+      : err.reason === "netns_invalid"
+      ? "netns_invalid"
+      : "device_error";
+    return new ApiError(code, err.message, `step: ${err.step}`, { cause: err });
+  }
+  return new ApiError("internal", message(err), undefined, { cause: err });
+}
+
+/** Whether a route's destination is IPv6. */
+const isV6 = (dst: string) => dst.includes(":");
+/** A route's comparable key ("default" for 0.0.0.0/0 and ::/0). */
+function routeKey(r: { dst: string; gw?: string }): string {
+  const dst = r.dst === "0.0.0.0/0" || r.dst === "::/0"
+    ? `default${isV6(r.dst) ? "6" : "4"}`
+    : r.dst;
+  return `${dst}${r.gw ? ` via ${normalizeIp(r.gw)}` : ""}`;
+}
+function cidrKey(c: string): string {
+  const [a, l] = c.split("/");
+  return `${normalizeIp(a)}/${l}`;
+}
+
+/** The ADD result for `eni`: addresses in CIDR form, default routes and the config's routes. */
+export function buildResult(
+  eni: Eni,
+  req: Pick<AddInput, "routes">,
+): Pick<AddResponse, "ips" | "routes"> {
+  const ips: AddResponse["ips"] = [];
+  const routes: RouteSpec[] = [];
+  const wanted = req.routes.map((r) => ({
+    dst: r.dst === "default" ? "0.0.0.0/0" : r.dst,
+    gw: r.gw ?? (isV6(r.dst) ? eni.ipv6?.gateway : eni.ipv4?.gateway),
+  }));
+  for (const [fam, a] of [["4", eni.ipv4], ["6", eni.ipv6]] as const) {
+    if (!a) continue;
+    ips.push({ address: `${a.address}/${a.prefixLength}`, gateway: a.gateway });
+    const dflt = fam === "4" ? "0.0.0.0/0" : "::/0";
+    if (!wanted.some((r) => r.dst === dflt)) routes.push({ dst: dflt, gw: a.gateway });
+  }
+  for (const r of wanted) routes.push(r.gw ? { dst: r.dst, gw: r.gw } : { dst: r.dst });
+  return { ips, routes };
+}
+
+class ManagerImpl implements Manager {
+  readonly state: StateStore;
+  readonly #provider: Provider;
+  readonly #devices: DeviceLayer;
+  readonly #log: Logger;
+  readonly #graceMs: number;
+  readonly #now: () => number;
+  readonly #sources: LivenessSource[];
+  readonly #locks = new KeyedMutex();
+  readonly #inflight = new Set<Promise<unknown>>();
+  #closed = false;
+  #reconciled = false;
+
+  constructor(o: ManagerOptions) {
+    this.#now = o.now ?? Date.now;
+    this.state = StateStore.open(o.db, this.#now);
+    this.#provider = o.provider;
+    this.#devices = o.devices;
+    this.#log = o.log;
+    this.#graceMs = o.gcGraceMs;
+    this.#sources = o.livenessSources ?? defaultLivenessSources();
+  }
+
+  /** Tracks an operation so close() can wait for it. */
+  #op<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.#closed) return Promise.reject(new ApiError("busy", "The agent is shutting down"));
+    const p = fn();
+    this.#inflight.add(p);
+    p.finally(() => this.#inflight.delete(p)).catch(() => {});
+    return p;
+  }
+
+  // ---------------------------------------------------------------- ADD
+
+  add(req: AddInput): Promise<AddResponse> {
+    return this.#op(() => this.#locks.run(`att:${keyOf(req)}`, () => this.#add(req)));
+  }
+
+  async #add(req: AddInput): Promise<AddResponse> {
+    const pod = `${req.pod.namespace}/${req.pod.name}`;
+    const key: AttachmentKey = { containerId: req.containerId, ifName: req.ifName };
+    const existing = this.state.get(key);
+    if (existing) {
+      if ((existing.state === "ready" || existing.state === "recycling") && existing.result) {
+        if (existing.pod !== pod) {
+          throw new ApiError(
+            "bad_request",
+            `Attachment "${keyOf(key)}" belongs to pod "${existing.pod}", not "${pod}"`,
+          );
+        }
+        this.#log.debug("ADD retried: returning the stored result", { key: keyOf(key) });
+        return AddResponseSchema.parse(JSON.parse(existing.result));
+      }
+      // Left half done by a crash (reconcile normally handles these): undo it first.
+      try {
+        await this.#release(existing, { netnsUsable: true });
+      } catch (err) {
+        throw toApiError(err);
+      }
+    }
+    const owner: Owner = { pod, containerId: req.containerId, ifName: req.ifName };
+    const log = this.#log.child({ op: "add", key: keyOf(key), pod });
+    this.state.insertAdding({
+      ...key,
+      pod,
+      podUid: req.pod.uid ?? null,
+      network: req.network,
+      netns: req.netns,
+      mode: req.mode,
+    });
+    let allocating = false;
+    try {
+      const identity = await this.#devices.netnsIdentity(req.netns).catch((err) => {
+        if (req.mode === "interface") throw err;
+        return null;
+      });
+      if (req.mode === "interface" && !identity) {
+        throw new ApiError(
+          "netns_invalid",
+          `Netns "${req.netns}" does not exist or is not a network namespace`,
+        );
+      }
+      if (identity) this.state.update(key, { netnsDev: identity.dev, netnsIno: identity.ino });
+      allocating = true;
+      const eni = EniSchema.parse(
+        await this.#provider.allocateNextENI(owner, { ips: req.ips, ranges: req.ranges }),
+      );
+      const holder = this.state.byEni(eni.id);
+      if (holder && keyOf(holder) !== keyOf(key)) {
+        throw new ApiError(
+          "internal",
+          `The provider handed out ENI "${eni.id}", which attachment "${keyOf(holder)}" holds`,
+        );
+      }
+      this.state.update(key, { eniId: eni.id, mac: eni.mac });
+      log.debug("ENI allocated", { eniId: eni.id });
+      return await this.#locks.run(`eni:${eni.id}`, async () => {
+        const link = await this.#devices.findByMac(eni.mac);
+        if (!link) {
+          throw new ApiError(
+            "device_error",
+            `No device with MAC "${eni.mac}" (ENI "${eni.id}") on the node`,
+          );
+        }
+        this.state.update(key, { nodeName: link.ifname, ifindex: link.ifindex });
+        const { ips, routes } = buildResult(eni, req);
+        let ifindex = link.ifindex;
+        let nodeName = link.ifname;
+        if (req.mode === "interface") {
+          const r = await this.#devices.plug({
+            mac: eni.mac,
+            netns: req.netns,
+            ifName: req.ifName,
+            addresses: ips.map((i) => ({ cidr: i.address })),
+            routes,
+            mtu: req.mtu,
+          });
+          ifindex = r.podIfindex;
+          nodeName = r.nodeName;
+        }
+        const result: AddResponse = { eniId: eni.id, mac: eni.mac, ifindex, nodeName, ips, routes };
+        const recycled = this.state.markReady(key, pod, {
+          result: JSON.stringify(result),
+          ifindex,
+          nodeName,
+        });
+        for (const r of recycled) {
+          log.info("Older container's ENI enters recycling", { recycled: keyOf(r) });
+        }
+        log.info("ADD done", { eniId: eni.id, mac: eni.mac, mode: req.mode });
+        return result;
+      });
+    } catch (err) {
+      const apiErr = toApiError(err);
+      log.warn("ADD failed; rolling back", { code: apiErr.code, error: apiErr.message });
+      const row = this.state.get(key);
+      if (row) {
+        try {
+          await this.#release(row, { netnsUsable: true, skipProvider: !allocating });
+        } catch (rbErr) {
+          log.error("Rollback failed; GC will finish it", { error: message(rbErr) });
+        }
+      }
+      throw apiErr;
+    }
+  }
+
+  // ---------------------------------------------------------------- release (DEL, rollback, GC)
+
+  /**
+   * Releases an attachment; the caller holds its `att:` key. Intent (`deleting`) first,
+   * then the device back to the node, then the provider, then the row is deleted. On
+   * failure the row stays `deleting` with the error recorded (GC finishes it).
+   */
+  async #release(
+    row: AttachmentRow,
+    o: { netnsUsable: boolean; skipProvider?: boolean },
+  ): Promise<void> {
+    const key: AttachmentKey = { containerId: row.containerId, ifName: row.ifName };
+    if (row.state !== "deleting") this.state.update(key, { state: "deleting" });
+    try {
+      if (row.mac) {
+        const mac = row.mac;
+        await this.#locks.run(`eni:${row.eniId}`, async () => {
+          let nodeName = row.nodeName;
+          if (!nodeName) nodeName = (await this.#devices.findByMac(mac))?.ifname ?? null;
+          if (!nodeName) {
+            this.#log.warn("No device for the ENI on the node; nothing to move back", {
+              eniId: row.eniId,
+              mac,
+            });
+            return;
+          }
+          const netns = o.netnsUsable ? row.netns : null;
+          try {
+            await this.#devices.unplug({ mac, nodeName, netns });
+          } catch (err) {
+            if (!(err instanceof DeviceError) || err.reason !== "netns_invalid" || !netns) {
+              throw err;
+            }
+            // The netns is gone: the kernel returned the device to the node.
+            await this.#devices.unplug({ mac, nodeName, netns: null });
+          }
+        });
+      }
+      if (!o.skipProvider) await this.#provider.deallocateENI(ownerOf(row));
+      this.state.delete(key);
+    } catch (err) {
+      this.state.recordFailure(key, message(err));
+      throw err;
+    }
+  }
+
+  // ---------------------------------------------------------------- DEL
+
+  del(req: DelInput): Promise<void> {
+    return this.#op(() =>
+      this.#locks.run(`att:${keyOf(req)}`, async () => {
+        const row = this.state.get(req);
+        if (!row) {
+          this.#log.debug("DEL of an unknown attachment: nothing to do", { key: keyOf(req) });
+          return;
+        }
+        try {
+          await this.#release(row, { netnsUsable: true });
+          this.#log.info("DEL done", { key: keyOf(req), eniId: row.eniId });
+        } catch (err) {
+          // Best effort: the row stays `deleting` and the next GC pass finishes it.
+          this.#log.warn("DEL could not finish; GC will retry", {
+            key: keyOf(req),
+            error: message(err),
+          });
+        }
+      })
+    );
+  }
+
+  // ---------------------------------------------------------------- CHECK
+
+  check(req: CheckInput): Promise<void> {
+    return this.#op(() => this.#locks.run(`att:${keyOf(req)}`, () => this.#check(req)));
+  }
+
+  async #check(req: CheckInput): Promise<void> {
+    const row = this.state.get(req);
+    const name = `"${keyOf(req)}"`;
+    const fail = (msg: string): never => {
+      throw new ApiError("check_failed", msg);
+    };
+    if (!row) fail(`Attachment ${name} is not known to the agent`);
+    if (row!.state !== "ready" && row!.state !== "recycling" || !row!.result) {
+      fail(`Attachment ${name} is ${row!.state}, not ready`);
+    }
+    const r = row!;
+    const result = AddResponseSchema.parse(JSON.parse(r.result!));
+    const mac = r.mac!;
+    if (req.expected.mac && req.expected.mac.toLowerCase() !== mac) {
+      fail(`Attachment ${name} has MAC ${mac}, the prevResult says ${req.expected.mac}`);
+    }
+    const recorded = new Set(result.ips.map((i) => cidrKey(i.address)));
+    for (const a of req.expected.addresses) {
+      if (!recorded.has(cidrKey(a))) fail(`Address ${a} of the prevResult is not the ENI's`);
+    }
+    if (r.mode === "ipam") {
+      const link = await this.#devices.findByMac(mac).catch(() => null) ??
+        await this.#devices.findByMac(mac, req.netns).catch(() => null);
+      if (!link) fail(`No device with MAC ${mac} (ENI "${r.eniId}") on the node or in the pod`);
+      return;
+    }
+    const id = await this.#devices.netnsIdentity(req.netns);
+    if (!id) fail(`Netns "${req.netns}" does not exist`);
+    if (r.netnsIno !== null && (id!.ino !== r.netnsIno || id!.dev !== r.netnsDev)) {
+      fail(`Netns "${req.netns}" is not the namespace the ENI was added to`);
+    }
+    const live = await this.#devices.inspect({ netns: req.netns, ifName: req.ifName });
+    if (!live.link) fail(`Interface "${req.ifName}" is missing in "${req.netns}"`);
+    if (live.link!.address?.toLowerCase() !== mac) {
+      fail(`Interface "${req.ifName}" has MAC ${live.link!.address}, expected ${mac}`);
+    }
+    const have = new Set(live.addresses.map(cidrKey));
+    for (const a of result.ips) {
+      if (!have.has(cidrKey(a.address))) {
+        fail(`Interface "${req.ifName}" lacks address ${a.address}`);
+      }
+    }
+    const extra = [...have].filter((a) => !recorded.has(a));
+    if (extra.length) {
+      fail(`Interface "${req.ifName}" has unexpected addresses ${extra.join(", ")}`);
+    }
+    const haveRoutes = new Set(live.routes.map(routeKey));
+    const haveDst = new Set(live.routes.map((x) => routeKey({ dst: x.dst })));
+    for (const rt of [...result.routes, ...req.expected.routes]) {
+      const ok = rt.gw ? haveRoutes.has(routeKey(rt)) : haveDst.has(routeKey({ dst: rt.dst }));
+      if (!ok) {
+        fail(`Interface "${req.ifName}" lacks route ${rt.dst}${rt.gw ? ` via ${rt.gw}` : ""}`);
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------- GC
+
+  gc(req: GcInput): Promise<GcReport> {
+    return this.#op(() =>
+      this.#locks.run("gc:pass", () =>
+        runGc({
+          state: this.state,
+          provider: this.#provider,
+          devices: this.#devices,
+          log: this.#log.child({ op: "gc" }),
+          locks: this.#locks,
+          now: this.#now,
+          graceMs: this.#graceMs,
+          sources: this.#sources,
+          release: (row, o) => this.#release(row, o),
+          freeOrphan: (owner, eni) => this.#freeOrphan(owner, eni),
+        }, req))
+    );
+  }
+
+  /** Frees an ENI held in the provider by an attachment without a row; caller holds its key. */
+  async #freeOrphan(owner: Owner, eni: { id: string; mac: string }): Promise<boolean> {
+    await this.#locks.run(`eni:${eni.id}`, async () => {
+      const link = await this.#devices.findByMac(eni.mac);
+      if (link) await this.#devices.unplug({ mac: eni.mac, nodeName: link.ifname, netns: null });
+    });
+    await this.#provider.deallocateENI(owner);
+    return true;
+  }
+
+  // ---------------------------------------------------------------- reconcile
+
+  reconcile(): Promise<ReconcileReport> {
+    return this.#op(() => this.#locks.run("gc:pass", () => this.#reconcile()));
+  }
+
+  async #reconcile(): Promise<ReconcileReport> {
+    const report: ReconcileReport = { rolledBack: 0, finished: 0, orphansFreed: 0, errors: [] };
+    const log = this.#log.child({ op: "reconcile" });
+    for (const row of this.state.inState("adding", "deleting")) {
+      await this.#locks.run(`att:${keyOf(row)}`, async () => {
+        const was = row.state;
+        try {
+          await this.#release(row, { netnsUsable: true });
+          if (was === "adding") report.rolledBack++;
+          else report.finished++;
+          log.info(was === "adding" ? "Rolled back a half-done ADD" : "Finished a half-done DEL", {
+            key: keyOf(row),
+            eniId: row.eniId,
+          });
+        } catch (err) {
+          report.errors.push(`${was} "${keyOf(row)}": ${message(err)}`);
+        }
+      });
+    }
+    let enis: Eni[];
+    try {
+      enis = (await this.#provider.list()).map((e) => EniSchema.parse(e));
+    } catch (err) {
+      report.errors.push(`Cannot list the provider's ENIs: ${message(err)}`);
+      return report;
+    }
+    const rows = new Map(this.state.all().map((r) => [keyOf(r), r]));
+    for (const e of enis) {
+      if (!e.owner) continue;
+      const k = keyOf(e.owner);
+      const r = rows.get(k);
+      if (!r) {
+        await this.#locks.run(`att:${k}`, async () => {
+          if (this.state.get(e.owner!)) return;
+          try {
+            await this.#freeOrphan(e.owner!, e);
+            report.orphansFreed++;
+            log.info("Freed an ENI owned by an unknown attachment", { eniId: e.id, owner: k });
+          } catch (err) {
+            report.errors.push(`orphan "${e.id}" of "${k}": ${message(err)}`);
+          }
+        });
+      } else if (r.eniId !== e.id) {
+        report.errors.push(
+          `Attachment "${k}" records ENI "${r.eniId}" but the provider shows it holding "${e.id}"`,
+        );
+      }
+    }
+    const byId = new Map(enis.map((e) => [e.id, e]));
+    for (const r of rows.values()) {
+      if (r.state !== "ready" && r.state !== "recycling") continue;
+      const e = r.eniId ? byId.get(r.eniId) : undefined;
+      if (!e?.owner || keyOf(e.owner) !== keyOf(r)) {
+        report.errors.push(
+          `Attachment "${keyOf(r)}" holds ENI "${r.eniId}" but the provider shows it ${
+            e?.owner ? `owned by "${keyOf(e.owner)}"` : e ? "free" : "missing"
+          }`,
+        );
+      }
+    }
+    for (const e of report.errors) log.error("Reconcile problem", { problem: e });
+    this.#reconciled = true;
+    log.info("Reconcile done", { ...report, errors: report.errors.length });
+    return report;
+  }
+
+  // ---------------------------------------------------------------- status
+
+  async status(): Promise<Status> {
+    const [ps, enis] = await Promise.all([this.#provider.status(), this.#provider.list()]);
+    const rows = this.state.all();
+    const byEni = new Map(rows.filter((r) => r.eniId).map((r) => [r.eniId!, r]));
+    const out: Status["enis"] = [];
+    for (const e of enis) {
+      const r = byEni.get(e.id);
+      let device = r?.nodeName ?? null;
+      if (!r) device = (await this.#devices.findByMac(e.mac).catch(() => null))?.ifname ?? null;
+      out.push({ ...e, device, attachment: r ? toAttachment(r) : null });
+    }
+    return {
+      version: VERSION,
+      provider: this.#provider.name,
+      ready: this.#reconciled && !this.#closed,
+      canAllocate: ps.free > 0 || ps.attachable > 0,
+      pool: {
+        free: ps.free,
+        owned: ps.owned,
+        recycling: rows.filter((r) => r.state === "recycling").length,
+        attachable: ps.attachable,
+      },
+      enis: out,
+    };
+  }
+
+  attachments() {
+    return this.state.all().map(toAttachment);
+  }
+
+  enis(): Promise<Eni[]> {
+    return this.#provider.list();
+  }
+
+  async close(): Promise<void> {
+    this.#closed = true;
+    await Promise.allSettled([...this.#inflight]);
+  }
+}

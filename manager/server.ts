@@ -1,0 +1,395 @@
+/**
+ * The agent's HTTP+JSON API: a `Request → Response` handler over an
+ * {@linkcode EniManager} (unit tests call it directly), and
+ * {@linkcode serveUnix}, which serves a handler on a root-only unix socket.
+ *
+ * Paths are listed in `api_schema.ts`. Request bodies are parsed with the zod
+ * schemas before the manager sees them; every error becomes an HTTP response in
+ * one place ({@linkcode errorResponse}).
+ *
+ * @module
+ */
+import { dirname } from "node:path";
+import type { z } from "zod";
+import {
+  AddRequestSchema,
+  ApiError,
+  type ApiErrorCode,
+  CheckRequestSchema,
+  DelRequestSchema,
+  GcRequestSchema,
+  HTTP_STATUS,
+} from "./api_schema.ts";
+import type { EniManager } from "./types.ts";
+import { formatIssues } from "./config.ts";
+import { type Logger, nullLogger } from "../lib/log.ts";
+
+/** The default request body limit. */
+export const DEFAULT_MAX_BODY_BYTES = 64 * 1024;
+
+/** Supplies `GET /metrics` in the Prometheus text exposition format. */
+export type MetricsSource = () => string | Promise<string>;
+
+/** Options for {@linkcode createHandler}. */
+export interface HandlerOptions {
+  manager: EniManager;
+  log?: Logger;
+  /** `GET /metrics`; a minimal built-in exposition when absent. */
+  metrics?: MetricsSource;
+  /** Request bodies larger than this are refused with 413. */
+  maxBodyBytes?: number;
+  /** How long the API waits for one ADD before answering `busy` (the ADD goes on). */
+  addTimeoutMs?: number;
+}
+
+/** An API handler. */
+export type Handler = (req: Request) => Promise<Response>;
+
+/** An {@linkcode ApiError} sent with an HTTP status other than its code's (404, 405, 413). */
+class HttpError extends ApiError {
+  readonly status: number;
+  readonly headers: Record<string, string>;
+  constructor(
+    status: number,
+    code: ApiErrorCode,
+    message: string,
+    headers: Record<string, string> = {},
+  ) {
+    super(code, message);
+    this.status = status;
+    this.headers = headers;
+  }
+}
+
+const JSON_HEADERS = { "content-type": "application/json" };
+
+function json(body: unknown, status = 200): Response {
+  return new Response(JSON.stringify(body), { status, headers: JSON_HEADERS });
+}
+
+/**
+ * The one place errors become HTTP: an {@linkcode ApiError} is sent with
+ * `HTTP_STATUS[code]` and `{error: {code, message, details}}`; anything else is
+ * a 500 `internal`, logged with its stack.
+ */
+export function errorResponse(err: unknown, log: Logger = nullLogger, what = "request"): Response {
+  if (err instanceof ApiError) {
+    const status = err instanceof HttpError ? err.status : HTTP_STATUS[err.code];
+    const body = {
+      error: {
+        code: err.code,
+        message: err.message,
+        ...(err.details !== undefined ? { details: err.details } : {}),
+      },
+    };
+    if (status >= 500) log.error(`${what} failed`, { code: err.code, error: err });
+    else log.debug(`${what} refused`, { code: err.code, message: err.message });
+    return new Response(JSON.stringify(body), {
+      status,
+      headers: { ...JSON_HEADERS, ...(err instanceof HttpError ? err.headers : {}) },
+    });
+  }
+  log.error(`${what} failed with an unexpected error`, {
+    error: err,
+    stack: err instanceof Error ? err.stack : undefined,
+  });
+  const message = err instanceof Error ? err.message : String(err);
+  return json({ error: { code: "internal", message: `Internal error: ${message}` } }, 500);
+}
+
+/** Reads a request body up to `max` bytes (413 beyond). */
+async function readBody(req: Request, max: number): Promise<string> {
+  const declared = Number(req.headers.get("content-length") ?? "NaN");
+  if (declared > max) {
+    await req.body?.cancel();
+    throw new HttpError(413, "bad_request", `Request body of ${declared} bytes exceeds ${max}`);
+  }
+  if (!req.body) return "";
+  const reader = req.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let total = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    total += value.length;
+    if (total > max) {
+      await reader.cancel();
+      throw new HttpError(413, "bad_request", `Request body exceeds ${max} bytes`);
+    }
+    chunks.push(value);
+  }
+  const all = new Uint8Array(total);
+  let at = 0;
+  for (const c of chunks) {
+    all.set(c, at);
+    at += c.length;
+  }
+  return new TextDecoder().decode(all);
+}
+
+/** Parses a JSON body through `schema`; 400 naming the fields on failure. */
+async function parseBody<S extends z.ZodType>(
+  req: Request,
+  schema: S,
+  max: number,
+): Promise<z.output<S>> {
+  const text = await readBody(req, max);
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (err) {
+    throw new ApiError(
+      "bad_request",
+      `Malformed JSON in the request body: ${err instanceof Error ? err.message : String(err)}`,
+    );
+  }
+  const parsed = schema.safeParse(value);
+  if (!parsed.success) {
+    const problems = formatIssues(parsed.error.issues);
+    throw new ApiError(
+      "bad_request",
+      `Invalid request body: ${problems.join("; ")}`,
+      JSON.stringify(parsed.error.issues),
+    );
+  }
+  return parsed.data;
+}
+
+/**
+ * The built-in Prometheus exposition (until the manager supplies per-phase
+ * histograms): agent up and start time, and the pool gauges from `status()`.
+ */
+function builtinMetrics(manager: EniManager, started: number): MetricsSource {
+  return async () => {
+    const lines = [
+      "# HELP enim_agent_up Whether the enim agent is serving.",
+      "# TYPE enim_agent_up gauge",
+      "enim_agent_up 1",
+      "# HELP enim_agent_start_time_seconds When the agent started, in Unix seconds.",
+      "# TYPE enim_agent_start_time_seconds gauge",
+      `enim_agent_start_time_seconds ${Math.floor(started / 1000)}`,
+    ];
+    try {
+      const s = await manager.status();
+      lines.push(
+        "# HELP enim_pool_enis ENIs on this node by state; attachable: how many more may attach.",
+        "# TYPE enim_pool_enis gauge",
+        ...(["free", "owned", "recycling", "attachable"] as const).map((k) =>
+          `enim_pool_enis{state="${k}"} ${s.pool[k]}`
+        ),
+        "# HELP enim_ready Whether the agent is ready and can serve an ADD.",
+        "# TYPE enim_ready gauge",
+        `enim_ready ${s.ready && s.canAllocate ? 1 : 0}`,
+      );
+    } catch { /* the gauges are left out while status fails */ }
+    return lines.join("\n") + "\n";
+  };
+}
+
+/** Waits for `p`, answering `busy` after `ms` (the operation itself goes on). */
+async function withDeadline<T>(p: Promise<T>, ms: number | undefined, what: string): Promise<T> {
+  if (!ms) return await p;
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(
+      () => reject(new ApiError("busy", `${what} did not finish within ${ms / 1000} s`)),
+      ms,
+    );
+  });
+  try {
+    return await Promise.race([p, deadline]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+type Route = (req: Request) => Promise<Response>;
+
+/** Builds the API handler over `manager`. */
+export function createHandler(opts: HandlerOptions): Handler {
+  const m = opts.manager;
+  const log = opts.log ?? nullLogger;
+  const max = opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
+  const metrics = opts.metrics ?? builtinMetrics(m, Date.now());
+
+  const routes: Record<string, Record<string, Route>> = {
+    "/v1/add": {
+      POST: async (req) => {
+        const body = await parseBody(req, AddRequestSchema, max);
+        return json(await withDeadline(m.add(body), opts.addTimeoutMs, "The ADD"));
+      },
+    },
+    "/v1/del": {
+      POST: async (req) => {
+        await m.del(await parseBody(req, DelRequestSchema, max));
+        return json({});
+      },
+    },
+    "/v1/check": {
+      POST: async (req) => {
+        await m.check(await parseBody(req, CheckRequestSchema, max));
+        return json({});
+      },
+    },
+    "/v1/gc": {
+      POST: async (req) => json(await m.gc(await parseBody(req, GcRequestSchema, max))),
+    },
+    "/v1/status": { GET: async () => json(await m.status()) },
+    "/v1/attachments": { GET: () => Promise.resolve(json({ attachments: m.attachments() })) },
+    "/v1/enis": { GET: async () => json({ enis: await m.enis() }) },
+    "/v1/healthz": { GET: () => Promise.resolve(json({ ok: true })) },
+    "/metrics": {
+      GET: async () =>
+        new Response(await metrics(), {
+          headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
+        }),
+    },
+  };
+
+  return async (req: Request): Promise<Response> => {
+    const url = new URL(req.url);
+    const what = `${req.method} ${url.pathname}`;
+    const started = performance.now();
+    let res: Response;
+    try {
+      const byMethod = routes[url.pathname];
+      if (!byMethod) throw new HttpError(404, "not_found", `No such API path "${url.pathname}"`);
+      const route = byMethod[req.method];
+      if (!route) {
+        const allow = Object.keys(byMethod).join(", ");
+        throw new HttpError(
+          405,
+          "bad_request",
+          `Method ${req.method} is not allowed on "${url.pathname}" (allowed: ${allow})`,
+          { allow },
+        );
+      }
+      res = await route(req);
+    } catch (err) {
+      res = errorResponse(err, log, what);
+    }
+    if (log.enabled("debug")) {
+      log.debug("api request", {
+        method: req.method,
+        path: url.pathname,
+        status: res.status,
+        ms: Math.round((performance.now() - started) * 100) / 100,
+      });
+    }
+    return res;
+  };
+}
+
+/** Another agent already answers on the socket. */
+export class SocketInUseError extends Error {
+  readonly socketPath: string;
+  constructor(socketPath: string) {
+    super(
+      `Another enim agent is already serving "${socketPath}": stop it first ` +
+        `(a stale socket from a dead agent would have been replaced)`,
+    );
+    this.name = "SocketInUseError";
+    this.socketPath = socketPath;
+  }
+}
+
+/** A running API server. */
+export interface UnixServer {
+  readonly path: string;
+  /** Stops accepting, waits for in-flight requests, removes the socket file. Idempotent. */
+  shutdown(): Promise<void>;
+  /** Settles when the server has stopped. */
+  readonly finished: Promise<void>;
+}
+
+/**
+ * Readies `socketPath` for listening: creates its directory 0700 when missing,
+ * replaces a stale socket (nobody answers a connect), refuses a live one with
+ * {@linkcode SocketInUseError} and refuses a path that is not a socket.
+ */
+export async function prepareSocketPath(socketPath: string, log: Logger = nullLogger) {
+  const dir = dirname(socketPath);
+  let created = false;
+  try {
+    const st = await Deno.stat(dir);
+    if (!st.isDirectory) throw new Error(`Socket directory "${dir}" is not a directory`);
+    if (st.mode !== null && (st.mode & 0o077) !== 0) {
+      log.warn("the socket directory is accessible to others; the socket itself is 0600", {
+        dir,
+        mode: (st.mode & 0o777).toString(8),
+      });
+    }
+  } catch (err) {
+    if (!(err instanceof Deno.errors.NotFound)) throw err;
+    await Deno.mkdir(dir, { recursive: true, mode: 0o700 });
+    created = true;
+  }
+  if (created) await Deno.chmod(dir, 0o700);
+
+  let st: Deno.FileInfo;
+  try {
+    st = await Deno.lstat(socketPath);
+  } catch (err) {
+    if (err instanceof Deno.errors.NotFound) return;
+    throw err;
+  }
+  if (!st.isSocket) {
+    throw new Error(`Cannot listen on "${socketPath}": it exists and is not a socket`);
+  }
+  try {
+    const conn = await Deno.connect({ transport: "unix", path: socketPath });
+    conn.close();
+  } catch (err) {
+    if (err instanceof Deno.errors.NotCapable || err instanceof Deno.errors.PermissionDenied) {
+      throw err;
+    }
+    log.info("replacing a stale socket left by a dead agent", { socket: socketPath });
+    await Deno.remove(socketPath);
+    return;
+  }
+  throw new SocketInUseError(socketPath);
+}
+
+/** Options for {@linkcode serveUnix}. */
+export interface ServeUnixOptions {
+  log?: Logger;
+}
+
+/**
+ * Serves `handler` on the unix socket `socketPath` (mode 0600, directory 0700).
+ * A stale socket is replaced; a live one is refused with {@linkcode SocketInUseError}.
+ */
+export async function serveUnix(
+  socketPath: string,
+  handler: Handler,
+  opts: ServeUnixOptions = {},
+): Promise<UnixServer> {
+  const log = opts.log ?? nullLogger;
+  await prepareSocketPath(socketPath, log);
+  const server = Deno.serve({
+    path: socketPath,
+    onListen: () => {},
+    onError: (err) => errorResponse(err, log, "request"),
+  }, handler);
+  let inode: number | null = null;
+  try {
+    await Deno.chmod(socketPath, 0o600);
+    inode = (await Deno.lstat(socketPath)).ino;
+  } catch (err) {
+    await server.shutdown();
+    throw err;
+  }
+  log.info("serving the API", { socket: socketPath });
+  let stopping: Promise<void> | undefined;
+  const shutdown = () => {
+    stopping ??= (async () => {
+      await server.shutdown();
+      try {
+        // Remove the socket only if it is still ours (not a successor's).
+        if ((await Deno.lstat(socketPath)).ino === inode) await Deno.remove(socketPath);
+      } catch { /* already gone */ }
+    })();
+    return stopping;
+  };
+  return { path: socketPath, shutdown, finished: server.finished };
+}

@@ -1,0 +1,314 @@
+/**
+ * An in-memory {@linkcode DeviceLayer} for unit tests that need no root.
+ *
+ * It models links per namespace (the node and pod namespaces by path) with
+ * MACs, names, aliases, addresses and routes; namespaces can be created,
+ * deleted (their physical links return to the node, as the kernel does) and
+ * replaced by a new one at the same path (new identity). It records every call,
+ * injects faults by step name, can hang a step forever (a crash in tests), and
+ * provides a {@linkcode DeviceSimulator} so attached ENIs appear on the node.
+ *
+ * @module
+ */
+import type { DeviceSimulator, Eni } from "../providers/contract.ts";
+import {
+  type AddressSpec,
+  DeviceError,
+  type DeviceLayer,
+  type Link,
+  type NetnsIdentity,
+  type PlugResult,
+  type PodInterfaceState,
+  type RouteSpec,
+  type UnplugOutcome,
+} from "./types.ts";
+
+/** A link in the fake. */
+export interface FakeLink {
+  ifindex: number;
+  ifname: string;
+  mac: string;
+  alias?: string;
+  up: boolean;
+  mtu: number;
+  addresses: string[];
+  routes: RouteSpec[];
+}
+
+interface FakeNs {
+  identity: NetnsIdentity;
+  links: FakeLink[];
+}
+
+/** The steps that faults and hangs can target. */
+export type FakeStep =
+  | "findByMac"
+  | "plug"
+  | "plug:after-move"
+  | "unplug"
+  | "inspect"
+  | "netnsIdentity";
+
+/** One recorded call. */
+export interface FakeCall {
+  op: string;
+  args: unknown;
+}
+
+/** The node namespace's key in {@linkcode FakeDeviceLayer.snapshot}. */
+export const NODE = "<node>";
+
+const clone = <T>(v: T): T => structuredClone(v);
+const byIndex = (links: FakeLink[]) => clone(links).sort((a, b) => a.ifindex - b.ifindex);
+
+/** An in-memory device layer (see the module doc). */
+export class FakeDeviceLayer implements DeviceLayer {
+  readonly calls: FakeCall[] = [];
+  #node: FakeLink[] = [];
+  #ns = new Map<string, FakeNs>();
+  #nextIndex = 2;
+  #nextIno = 4026532000;
+  #faults = new Map<FakeStep, { error: Error; times: number }>();
+  #hangs = new Set<FakeStep>();
+  #simCount = 0;
+
+  // ---- test controls ----
+
+  /** Adds a link on the node (what an attached ENI looks like). */
+  addNodeLink(mac: string, ifname?: string): FakeLink {
+    const link: FakeLink = {
+      ifindex: this.#nextIndex++,
+      ifname: ifname ?? `ens${this.#nextIndex}`,
+      mac,
+      up: false,
+      mtu: 1500,
+      addresses: [],
+      routes: [],
+    };
+    this.#node.push(link);
+    return link;
+  }
+
+  /** Removes the link with `mac` wherever it is (an ENI detached). */
+  removeLink(mac: string): void {
+    this.#node = this.#node.filter((l) => l.mac !== mac);
+    for (const ns of this.#ns.values()) ns.links = ns.links.filter((l) => l.mac !== mac);
+  }
+
+  /** Creates a network namespace at `path` (a new identity). */
+  addNetns(path: string): NetnsIdentity {
+    const identity = { dev: 4, ino: this.#nextIno++ };
+    this.#ns.set(path, { identity, links: [] });
+    return identity;
+  }
+
+  /** Deletes the namespace at `path`; its links return to the node as the kernel returns them. */
+  deleteNetns(path: string): void {
+    const ns = this.#ns.get(path);
+    if (!ns) return;
+    this.#ns.delete(path);
+    for (const l of ns.links) {
+      if (this.#node.some((n) => n.ifname === l.ifname)) l.ifname = `dev${l.ifindex}`;
+      l.up = false;
+      l.addresses = [];
+      l.routes = [];
+      this.#node.push(l);
+    }
+  }
+
+  /** Deletes and recreates the namespace at `path`: same path, new identity. */
+  replaceNetns(path: string): NetnsIdentity {
+    this.deleteNetns(path);
+    return this.addNetns(path);
+  }
+
+  /** Makes `step` throw `error` (a DeviceError "failed" by default) the next `times` calls. */
+  failOn(step: FakeStep, error?: Error, times = 1): void {
+    this.#faults.set(step, {
+      error: error ?? new DeviceError(step, "failed", `Injected failure at "${step}"`),
+      times,
+    });
+  }
+
+  /** Makes `step` never return (a crash at that point, for reconcile tests). */
+  hangOn(step: FakeStep): void {
+    this.#hangs.add(step);
+  }
+
+  /** Clears faults and hangs. */
+  clearFaults(): void {
+    this.#faults.clear();
+    this.#hangs.clear();
+  }
+
+  /** The link with `mac` and where it is (`NODE` or a netns path). */
+  where(mac: string): { ns: string; link: FakeLink } | null {
+    const n = this.#node.find((l) => l.mac === mac);
+    if (n) return { ns: NODE, link: clone(n) };
+    for (const [path, ns] of this.#ns) {
+      const l = ns.links.find((x) => x.mac === mac);
+      if (l) return { ns: path, link: clone(l) };
+    }
+    return null;
+  }
+
+  /** A deep copy of every namespace and link (for before/after comparisons). */
+  snapshot(): Record<string, { identity: NetnsIdentity | null; links: FakeLink[] }> {
+    const out: Record<string, { identity: NetnsIdentity | null; links: FakeLink[] }> = {
+      [NODE]: { identity: null, links: byIndex(this.#node) },
+    };
+    for (const [path, ns] of [...this.#ns].sort(([a], [b]) => a.localeCompare(b))) {
+      out[path] = { identity: clone(ns.identity), links: byIndex(ns.links) };
+    }
+    return out;
+  }
+
+  /** A {@linkcode DeviceSimulator}: attached ENIs appear as node links with their MAC. */
+  simulator(): DeviceSimulator {
+    return {
+      plug: (eni: Eni) => {
+        if (!this.where(eni.mac)) this.addNodeLink(eni.mac, `sim${++this.#simCount}`);
+        return Promise.resolve();
+      },
+      unplug: (eni: Eni) => {
+        this.removeLink(eni.mac);
+        return Promise.resolve();
+      },
+    };
+  }
+
+  async #step(step: FakeStep): Promise<void> {
+    if (this.#hangs.has(step)) await new Promise(() => {});
+    const f = this.#faults.get(step);
+    if (f && f.times > 0) {
+      f.times--;
+      if (f.times === 0) this.#faults.delete(step);
+      throw f.error;
+    }
+    await Promise.resolve();
+  }
+
+  #toLink(l: FakeLink): Link {
+    return {
+      ifindex: l.ifindex,
+      ifname: l.ifname,
+      address: l.mac,
+      ...(l.alias ? { ifalias: l.alias } : {}),
+      operstate: l.up ? "UP" : "DOWN",
+      flags: l.up ? ["BROADCAST", "MULTICAST", "UP", "LOWER_UP"] : ["BROADCAST", "MULTICAST"],
+      link_type: "ether",
+    };
+  }
+
+  // ---- DeviceLayer ----
+
+  async findByMac(mac: string, netns?: string): Promise<Link | null> {
+    this.calls.push({ op: "findByMac", args: { mac, netns } });
+    await this.#step("findByMac");
+    const links = netns === undefined ? this.#node : this.#ns.get(netns)?.links;
+    if (!links) throw new DeviceError("findByMac", "netns_invalid", `No netns "${netns}"`);
+    const l = links.find((x) => x.mac === mac.toLowerCase());
+    return l ? this.#toLink(l) : null;
+  }
+
+  async plug(p: {
+    mac: string;
+    netns: string;
+    ifName: string;
+    addresses: AddressSpec[];
+    routes: RouteSpec[];
+    mtu?: number;
+  }): Promise<PlugResult> {
+    this.calls.push({ op: "plug", args: clone(p) });
+    await this.#step("plug");
+    const ns = this.#ns.get(p.netns);
+    if (!ns) {
+      throw new DeviceError("plug", "netns_invalid", `Netns "${p.netns}" does not exist`);
+    }
+    const i = this.#node.findIndex((l) => l.mac === p.mac);
+    if (i < 0) {
+      throw new DeviceError("plug", "not_found", `No device with MAC "${p.mac}" on the node`);
+    }
+    if (ns.links.some((l) => l.ifname === p.ifName)) {
+      throw new DeviceError(
+        "plug",
+        "ifname_exists",
+        `Interface "${p.ifName}" already exists in "${p.netns}"`,
+      );
+    }
+    const [link] = this.#node.splice(i, 1);
+    const nodeName = link.ifname;
+    link.alias = nodeName;
+    link.ifname = p.ifName;
+    ns.links.push(link);
+    try {
+      await this.#step("plug:after-move");
+    } catch (err) {
+      // The real layer rolls its own steps back before throwing.
+      ns.links = ns.links.filter((l) => l !== link);
+      link.ifname = nodeName;
+      delete link.alias;
+      this.#node.push(link);
+      throw err;
+    }
+    link.up = true;
+    link.addresses = p.addresses.map((a) => a.cidr);
+    link.routes = clone(p.routes);
+    if (p.mtu) link.mtu = p.mtu;
+    return { nodeName, podIfindex: link.ifindex };
+  }
+
+  async unplug(
+    p: { mac: string; nodeName: string; netns?: string | null },
+  ): Promise<UnplugOutcome> {
+    this.calls.push({ op: "unplug", args: clone(p) });
+    await this.#step("unplug");
+    let outcome: UnplugOutcome = "missing";
+    let link: FakeLink | undefined;
+    const ns = p.netns ? this.#ns.get(p.netns) : undefined;
+    const inPod = ns?.links.find((l) => l.mac === p.mac);
+    if (ns && inPod) {
+      ns.links = ns.links.filter((l) => l !== inPod);
+      this.#node.push(inPod);
+      link = inPod;
+      outcome = "pod";
+    } else {
+      link = this.#node.find((l) => l.mac === p.mac);
+      if (link) outcome = "node";
+    }
+    if (link) {
+      link.ifname = p.nodeName;
+      delete link.alias;
+      link.up = false;
+      link.addresses = [];
+      link.routes = [];
+    }
+    return outcome;
+  }
+
+  async inspect(p: { netns: string; ifName: string }): Promise<PodInterfaceState> {
+    this.calls.push({ op: "inspect", args: clone(p) });
+    await this.#step("inspect");
+    const ns = this.#ns.get(p.netns);
+    if (!ns) throw new DeviceError("inspect", "netns_invalid", `Netns "${p.netns}" does not exist`);
+    const l = ns.links.find((x) => x.ifname === p.ifName);
+    if (!l) return { link: null, addresses: [], routes: [] };
+    return { link: this.#toLink(l), addresses: [...l.addresses], routes: clone(l.routes) };
+  }
+
+  async netnsIdentity(path: string): Promise<NetnsIdentity | null> {
+    this.calls.push({ op: "netnsIdentity", args: { path } });
+    await this.#step("netnsIdentity");
+    const ns = this.#ns.get(path);
+    return ns ? clone(ns.identity) : null;
+  }
+
+  // ---- direct edits for CHECK tests ----
+
+  /** Edits the pod link named `ifName` in `netns` (to make CHECK fail). */
+  editPodLink(netns: string, ifName: string, edit: (l: FakeLink) => void): void {
+    const l = this.#ns.get(netns)?.links.find((x) => x.ifname === ifName);
+    if (!l) throw new Error(`No link "${ifName}" in "${netns}"`);
+    edit(l);
+  }
+}

@@ -1,0 +1,109 @@
+/**
+ * Runs the real agent (`enim agent`, main.ts with the enim permission set) as a
+ * child process on a test socket, for integration and crash tests.
+ *
+ * The permission set allows unix sockets only at the production path, so the
+ * child gets `--allow-net` with the set's own net list plus the test socket.
+ *
+ * @module
+ */
+import { enimCommandLine, ROOT } from "./_enim.ts";
+import { unixRequest } from "../manager/client.ts";
+
+/** The enim permission set's `net` list, from deno.json. */
+async function permissionSetNet(): Promise<string[]> {
+  const cfg = JSON.parse(await Deno.readTextFile(`${ROOT}/deno.json`));
+  return cfg.permissions.enim.net as string[];
+}
+
+/** The agent command line with the test socket allowed. */
+export async function agentCommandLine(configPath: string, socket: string): Promise<string[]> {
+  const argv = enimCommandLine(["agent", "--config", configPath]);
+  const net = [...(await permissionSetNet()), `unix:${socket}`].join(",");
+  const at = argv.indexOf("--permission-set=enim");
+  return [...argv.slice(0, at + 1), `--allow-net=${net}`, ...argv.slice(at + 1)];
+}
+
+/** A running agent child. */
+export interface AgentProcess {
+  readonly pid: number;
+  readonly socket: string;
+  /** Everything the child wrote to stderr so far. */
+  stderr(): string;
+  /** Sends `signal` to the child (by its PID) and waits for it to exit. */
+  stop(signal?: Deno.Signal): Promise<Deno.CommandStatus>;
+}
+
+/** Writes `config` to `<dir>/agent.jsonc`, starts the agent and waits until it answers. */
+export async function startAgent(
+  dir: string,
+  config: Record<string, unknown>,
+  timeoutMs = 20_000,
+): Promise<AgentProcess> {
+  const socket = String(config.socket);
+  const configPath = `${dir}/agent.jsonc`;
+  await Deno.writeTextFile(configPath, JSON.stringify(config, null, 2));
+  const [cmd, ...args] = await agentCommandLine(configPath, socket);
+  const child = new Deno.Command(cmd, {
+    args,
+    clearEnv: true,
+    env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", NO_COLOR: "1" },
+    stdin: "null",
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  let err = "";
+  const dec = new TextDecoder();
+  const drained = (async () => {
+    for await (const chunk of child.stderr) err = (err + dec.decode(chunk)).slice(-65536);
+  })();
+  let exited: Deno.CommandStatus | undefined;
+  const status = child.status.then((s) => (exited = s));
+  let stopped: Promise<Deno.CommandStatus> | undefined;
+  const proc: AgentProcess = {
+    pid: child.pid,
+    socket,
+    stderr: () => err,
+    stop(signal: Deno.Signal = "SIGTERM") {
+      stopped ??= (async () => {
+        if (!exited) {
+          try {
+            Deno.kill(child.pid, signal);
+          } catch { /* already gone */ }
+        }
+        const s = await status;
+        await drained;
+        return s;
+      })();
+      return stopped;
+    },
+  };
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    if (exited) {
+      await drained;
+      throw new Error(`The agent exited with ${exited.code} before answering:\n${err}`);
+    }
+    try {
+      const res = await unixRequest(socket, "GET", "/v1/healthz", undefined, 2000);
+      if (res.status === 200) return proc;
+    } catch { /* not up yet */ }
+    if (Date.now() > until) {
+      await proc.stop("SIGKILL");
+      throw new Error(`The agent did not answer within ${timeoutMs} ms:\n${err}`);
+    }
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+/** A seeded PRNG (mulberry32): the same seed gives the same run. */
+export function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
