@@ -187,3 +187,16 @@ Deno.test("gc() takes further liveness sources (e.g. Kubernetes) without other c
     ]]);
   }, { livenessSources: [k8s] });
 });
+
+Deno.test("gc() leaves an ADD in flight alone, even past the grace period", () =>
+  withNode(async (n) => {
+    n.devices.addNetns("/run/netns/p1");
+    const pending = n.mgr.add(addReq(1));
+    await new Promise((r) => setTimeout(r, 5));
+    n.clock.advance(10 * GRACE);
+    assertEquals(n.mgr.state.all().map((r) => r.state), ["adding"]);
+    assertEquals((await n.mgr.gc({ dryRun: false })).items, []);
+    const res = await pending;
+    assertEquals(n.devices.where(res.mac)?.ns, "/run/netns/p1");
+    assertEquals(n.mgr.state.all().map((r) => r.state), ["ready"]);
+  }, { mock: { enis: 2, preattached: 0, attachLatencyMs: 40 } }));
