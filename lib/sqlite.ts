@@ -16,7 +16,8 @@ export function openDatabase(path: string, busyTimeoutMs = 5000): DatabaseSync {
     if (path !== ":memory:") db.exec("PRAGMA journal_mode = WAL");
     db.exec(`PRAGMA busy_timeout = ${Math.max(0, Math.floor(busyTimeoutMs))}`);
     db.exec("PRAGMA foreign_keys = ON");
-    db.exec("PRAGMA synchronous = NORMAL");
+    // FULL: a committed outcome survives a power loss too, not only kill -9.
+    db.exec("PRAGMA synchronous = FULL");
   } catch (err) {
     db.close();
     throw err;

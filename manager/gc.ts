@@ -286,7 +286,7 @@ async function reclaim(deps: GcDeps, p: PlanItem): Promise<GcItem | null> {
       return { ...p.item, outcome: "reclaimed" as const };
     } catch (err) {
       const msg = err instanceof Error ? err.message : String(err);
-      if (row) deps.state.recordFailure(p.owner, msg);
+      // release() has recorded the failure on the row (gc_failures, last_error).
       deps.log.warn("GC could not reclaim an ENI", { eniId: p.item.eniId, key, error: msg });
       return { ...p.item, outcome: "failed" as const, error: msg };
     }

@@ -326,7 +326,9 @@ class ManagerImpl implements Manager {
             });
             return;
           }
-          const netns = o.netnsUsable ? row.netns : null;
+          // An IPAM attachment with a non-nsfs netns (CNI_NETNS=/dev/null) has no pod side.
+          const podSide = row.mode === "interface" || row.netnsIno !== null;
+          const netns = o.netnsUsable && podSide ? row.netns : null;
           try {
             await this.#devices.unplug({ mac, nodeName, netns });
           } catch (err) {
@@ -452,14 +454,22 @@ class ManagerImpl implements Manager {
     );
   }
 
-  /** Frees an ENI held in the provider by an attachment without a row; caller holds its key. */
+  /**
+   * Frees an ENI held in the provider by an attachment without a row; the caller holds
+   * the attachment's key. Under the ENI's lock it first checks that the ENI is still that
+   * owner's and no attachment records it (a DEL and a new ADD may have raced the plan),
+   * so a device another attachment now uses is never touched. Returns whether it freed it.
+   */
   async #freeOrphan(owner: Owner, eni: { id: string; mac: string }): Promise<boolean> {
-    await this.#locks.run(`eni:${eni.id}`, async () => {
+    return await this.#locks.run(`eni:${eni.id}`, async () => {
+      if (this.state.byEni(eni.id)) return false;
+      const now = (await this.#provider.list()).find((e) => e.id === eni.id);
+      if (!now?.owner || keyOf(now.owner) !== keyOf(owner)) return false;
       const link = await this.#devices.findByMac(eni.mac);
       if (link) await this.#devices.unplug({ mac: eni.mac, nodeName: link.ifname, netns: null });
+      await this.#provider.deallocateENI(owner);
+      return true;
     });
-    await this.#provider.deallocateENI(owner);
-    return true;
   }
 
   // ---------------------------------------------------------------- reconcile
@@ -503,7 +513,7 @@ class ManagerImpl implements Manager {
         await this.#locks.run(`att:${k}`, async () => {
           if (this.state.get(e.owner!)) return;
           try {
-            await this.#freeOrphan(e.owner!, e);
+            if (!(await this.#freeOrphan(e.owner!, e))) return;
             report.orphansFreed++;
             log.info("Freed an ENI owned by an unknown attachment", { eniId: e.id, owner: k });
           } catch (err) {

@@ -1,0 +1,202 @@
+import { addReq, makeNode, type Node } from "./_testing.ts";
+import { NODE } from "../netns/fake.ts";
+import type { LivenessSource } from "./gc.ts";
+import { GcReportSchema } from "./api_schema.ts";
+import { keyOf } from "./state.ts";
+import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
+
+const GRACE = 60_000;
+
+async function withNode(
+  fn: (n: Node) => Promise<void>,
+  opts: Parameters<typeof makeNode>[0] = {},
+): Promise<void> {
+  const n = await makeNode({ graceMs: GRACE, mock: { enis: 8 }, ...opts });
+  try {
+    await fn(n);
+  } finally {
+    await n.close();
+  }
+}
+
+async function add(n: Node, i: number | string, over: Record<string, unknown> = {}) {
+  const req = addReq(i, over);
+  if (!n.devices.snapshot()[req.netns]) n.devices.addNetns(req.netns);
+  return await n.mgr.add(req);
+}
+
+/** State, devices and provider, for before/after comparisons. */
+async function snapshot(n: Node) {
+  return {
+    state: n.mgr.state.dump(),
+    devices: n.devices.snapshot(),
+    provider: await n.mock.list(),
+    mockTable: n.db.prepare("SELECT * FROM mock_enis ORDER BY id").all(),
+  };
+}
+
+/** Three dead attachments (netns gone, netns replaced, recycled past grace) and two live ones. */
+async function threeDeadTwoLive(n: Node) {
+  const gone = await add(n, "gone");
+  const replaced = await add(n, "replaced");
+  const old = await add(n, "web", { containerId: "web-old", netns: "/run/netns/web-old" });
+  await add(n, "live1");
+  n.clock.advance(1000);
+  await add(n, "web", { containerId: "web-new", netns: "/run/netns/web-new" });
+  n.devices.deleteNetns("/run/netns/pgone");
+  n.devices.replaceNetns("/run/netns/preplaced");
+  n.clock.advance(GRACE + 1);
+  return { gone, replaced, old };
+}
+
+Deno.test("gc() dry run lists exactly the dead attachments and changes nothing", () =>
+  withNode(async (n) => {
+    const { gone, replaced, old } = await threeDeadTwoLive(n);
+    const before = await snapshot(n);
+    const callsBefore = n.devices.calls.length;
+    const rep = GcReportSchema.parse(await n.mgr.gc({ dryRun: true }));
+    assertEquals(rep.dryRun, true);
+    const byC = new Map(rep.items.map((i) => [i.containerId, i]));
+    assertEquals([...byC.keys()].sort(), ["cgone", "creplaced", "web-old"]);
+    for (const i of rep.items) assertEquals(i.outcome, "planned");
+    assertStringIncludes(byC.get("cgone")!.reason, "no longer exists");
+    assertStringIncludes(byC.get("creplaced")!.reason, "was replaced");
+    assertStringIncludes(byC.get("web-old")!.reason, "newer container");
+    assertEquals(byC.get("cgone")!.eniId, gone.eniId);
+    assertEquals(byC.get("cgone")!.device, gone.nodeName);
+    assertEquals(byC.get("creplaced")!.mac, replaced.mac);
+    assertStringIncludes(byC.get("web-old")!.action, 'move "eth0" from /run/netns/web-old');
+    assertStringIncludes(byC.get("cgone")!.action, `find ${gone.mac} on the node`);
+    assertEquals(byC.get("web-old")!.pod, "default/pod-web");
+    assertEquals(byC.get("web-old")!.eniId, old.eniId);
+    assertEquals(await snapshot(n), before, "state, devices and provider untouched");
+    const ops = new Set(n.devices.calls.slice(callsBefore).map((c) => c.op));
+    assert([...ops].every((op) => op === "netnsIdentity"), `Only reads: ${[...ops]}`);
+  }));
+
+Deno.test("gc() reclaims the dead attachments and leaves the live ones", () =>
+  withNode(async (n) => {
+    const { gone, replaced, old } = await threeDeadTwoLive(n);
+    const rep = await n.mgr.gc({ dryRun: false });
+    assertEquals(rep.items.map((i) => [i.containerId, i.outcome]).sort(), [
+      ["cgone", "reclaimed"],
+      ["creplaced", "reclaimed"],
+      ["web-old", "reclaimed"],
+    ]);
+    assertEquals(n.mgr.attachments().map((a) => a.containerId).sort(), ["clive1", "web-new"]);
+    const owned = await n.owned();
+    assertEquals([...owned.values()].sort(), ["clive1/eth0", "web-new/eth0"]);
+    for (const r of [gone, replaced, old]) {
+      const w = n.devices.where(r.mac)!;
+      assertEquals([w.ns, w.link.ifname, w.link.up, w.link.addresses], [
+        NODE,
+        r.nodeName,
+        false,
+        [],
+      ]);
+    }
+    // A second pass finds nothing.
+    assertEquals((await n.mgr.gc({ dryRun: false })).items, []);
+  }));
+
+Deno.test("gc() never reclaims inside the grace period", () =>
+  withNode(async (n) => {
+    await add(n, 1);
+    await add(n, "web", { containerId: "web-old", netns: "/run/netns/web-old" });
+    await add(n, "web", { containerId: "web-new", netns: "/run/netns/web-new" });
+    n.devices.deleteNetns("/run/netns/p1");
+    n.clock.advance(GRACE - 1);
+    assertEquals((await n.mgr.gc({ dryRun: false })).items, []);
+    assertEquals(n.mgr.attachments().length, 3);
+    n.clock.advance(1);
+    const rep = await n.mgr.gc({ dryRun: false });
+    assertEquals(rep.items.map((i) => i.containerId).sort(), ["c1", "web-old"]);
+  }));
+
+Deno.test("gc() for a CNI GC call reclaims exactly the attachments not listed", () =>
+  withNode(async (n) => {
+    for (const i of [1, 2, 3]) await add(n, i);
+    await add(n, 4, { network: "other" });
+    n.clock.advance(GRACE);
+    const rep = await n.mgr.gc({
+      dryRun: false,
+      network: "enim",
+      validAttachments: [{ containerId: "c2", ifName: "eth0" }],
+    });
+    assertEquals(rep.items.map((i) => i.containerId).sort(), ["c1", "c3"]);
+    for (const i of rep.items) assertStringIncludes(i.reason, "valid-attachments");
+    assertEquals(n.mgr.attachments().map((a) => a.containerId).sort(), ["c2", "c4"]);
+  }));
+
+Deno.test("gc() records a failed reclaim, goes on with the pass and retries next time", () =>
+  withNode(async (n) => {
+    await add(n, 1);
+    await add(n, 2);
+    n.devices.deleteNetns("/run/netns/p1");
+    n.devices.deleteNetns("/run/netns/p2");
+    n.clock.advance(GRACE);
+    n.devices.failOn("unplug");
+    const rep = await n.mgr.gc({ dryRun: false });
+    assertEquals(rep.items.map((i) => i.outcome).sort(), ["failed", "reclaimed"]);
+    const failed = rep.items.find((i) => i.outcome === "failed")!;
+    assertStringIncludes(failed.error!, "Injected failure");
+    const [row] = n.mgr.state.all();
+    assertEquals([row.containerId, row.state, row.gcFailures], [failed.containerId, "deleting", 1]);
+    const again = await n.mgr.gc({ dryRun: false });
+    assertEquals(again.items.map((i) => [i.containerId, i.outcome]), [[
+      failed.containerId,
+      "reclaimed",
+    ]]);
+    assertEquals(n.mgr.state.all(), []);
+    assertEquals((await n.owned()).size, 0);
+  }));
+
+Deno.test("gc() frees ENIs the provider shows owned by attachments the agent does not know", () =>
+  withNode(async (n) => {
+    const ghost = { pod: "default/ghost", containerId: "ghost", ifName: "eth0" };
+    const e = await n.mock.allocateNextENI(ghost, { ips: [], ranges: [] });
+    const dry = await n.mgr.gc({ dryRun: true });
+    assertEquals(dry.items.map((i) => [i.eniId, i.containerId]), [[e.id, "ghost"]]);
+    assertEquals((await n.owned()).size, 1);
+    const rep = await n.mgr.gc({ dryRun: false });
+    assertEquals(rep.items.map((i) => i.outcome), ["reclaimed"]);
+    assertEquals((await n.owned()).size, 0);
+  }));
+
+Deno.test("gc() takes further liveness sources (e.g. Kubernetes) without other changes", async () => {
+  const k8s: LivenessSource = {
+    name: "kubernetes",
+    dead(rows) {
+      return Promise.resolve(
+        new Map(
+          rows.filter((r) => r.pod === "default/pod-2").map((r) => [keyOf(r), {
+            reason: "pod default/pod-2 no longer exists in the API server",
+          }]),
+        ),
+      );
+    },
+  };
+  await withNode(async (n) => {
+    await add(n, 1);
+    await add(n, 2);
+    n.clock.advance(GRACE);
+    const rep = await n.mgr.gc({ dryRun: false });
+    assertEquals(rep.items.map((i) => [i.containerId, i.reason]), [[
+      "c2",
+      "pod default/pod-2 no longer exists in the API server",
+    ]]);
+  }, { livenessSources: [k8s] });
+});
+
+Deno.test("gc() leaves an ADD in flight alone, even past the grace period", () =>
+  withNode(async (n) => {
+    n.devices.addNetns("/run/netns/p1");
+    const pending = n.mgr.add(addReq(1));
+    await new Promise((r) => setTimeout(r, 5));
+    n.clock.advance(10 * GRACE);
+    assertEquals(n.mgr.state.all().map((r) => r.state), ["adding"]);
+    assertEquals((await n.mgr.gc({ dryRun: false })).items, []);
+    const res = await pending;
+    assertEquals(n.devices.where(res.mac)?.ns, "/run/netns/p1");
+    assertEquals(n.mgr.state.all().map((r) => r.state), ["ready"]);
+  }, { mock: { enis: 2, preattached: 0, attachLatencyMs: 40 } }));

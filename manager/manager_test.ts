@@ -1,0 +1,461 @@
+import { addReq, delReq, makeNode, type Node, settle } from "./_testing.ts";
+import { ApiError, AttachmentSchema, CheckRequestSchema, StatusSchema } from "./api_schema.ts";
+import { NODE } from "../netns/fake.ts";
+import { DeviceError } from "../netns/types.ts";
+import { ProviderError } from "../providers/contract.ts";
+import { assert, assertEquals, assertRejects, assertStringIncludes } from "../lib/assert.ts";
+import type { AddInput } from "./types.ts";
+
+async function withNode(
+  fn: (n: Node) => Promise<void>,
+  opts: Parameters<typeof makeNode>[0] = {},
+): Promise<void> {
+  const n = await makeNode(opts);
+  try {
+    await fn(n);
+  } finally {
+    await n.close();
+  }
+}
+
+async function add(n: Node, i: number | string, over: Record<string, unknown> = {}) {
+  const req = addReq(i, over);
+  if (req.mode === "interface" && !n.devices.snapshot()[req.netns]) n.devices.addNetns(req.netns);
+  return await n.mgr.add(req);
+}
+
+async function rejectsWith(fn: () => Promise<unknown>, code: string): Promise<ApiError> {
+  const e = await assertRejects(fn);
+  assert(e instanceof ApiError, `Expected an ApiError, got ${e}`);
+  assertEquals(e.code, code, e.message);
+  return e;
+}
+
+/** The invariants after any operation: rows, provider ownership and devices agree. */
+async function assertConsistent(n: Node): Promise<void> {
+  const rows = n.mgr.state.all();
+  const owned = await n.owned();
+  for (const r of rows) {
+    assert(r.state === "ready" || r.state === "recycling", `Row ${r.containerId} is ${r.state}`);
+    assertEquals(owned.get(r.eniId!), `${r.containerId}/${r.ifName}`, `ENI of ${r.containerId}`);
+    const where = n.devices.where(r.mac!);
+    if (r.mode === "interface") assertEquals(where?.ns, r.netns);
+  }
+  assertEquals(owned.size, rows.length, "Every owned ENI has exactly one live attachment");
+  for (const e of await n.mock.list()) {
+    if (!e.owner) assertEquals(n.devices.where(e.mac)?.ns, NODE, `Free ${e.id} is on the node`);
+  }
+}
+
+Deno.test("add() plugs an ENI into the pod and returns the seed's result", () =>
+  withNode(async (n) => {
+    const res = await add(n, 1, { routes: [{ dst: "192.168.0.0/16" }], mtu: 9000 });
+    assertEquals(res.eniId, "eni-mock-0001");
+    assertEquals(res.mac, "02:e1:0a:00:00:01");
+    assertEquals(res.ips, [{ address: "10.99.0.2/24", gateway: "10.99.0.1" }]);
+    assertEquals(res.routes, [
+      { dst: "0.0.0.0/0", gw: "10.99.0.1" },
+      { dst: "192.168.0.0/16", gw: "10.99.0.1" },
+    ]);
+    const where = n.devices.where(res.mac)!;
+    assertEquals(where.ns, "/run/netns/p1");
+    assertEquals(where.link.ifname, "eth0");
+    assertEquals(where.link.alias, res.nodeName);
+    assertEquals(where.link.mtu, 9000);
+    assertEquals(res.ifindex, where.link.ifindex);
+    const [att] = n.mgr.attachments();
+    AttachmentSchema.parse(att);
+    assertEquals([att.state, att.pod, att.eniId], ["ready", "default/pod-1", res.eniId]);
+    await assertConsistent(n);
+  }));
+
+Deno.test("add() returns the same ENI for a retried ADD", () =>
+  withNode(async (n) => {
+    const a = await add(n, 1);
+    const b = await add(n, 1);
+    const [c, d] = await Promise.all([add(n, 1), add(n, 1)]);
+    for (const x of [b, c, d]) assertEquals(x, a);
+    assertEquals(n.provider.allocations, 1, "no second allocation");
+    assertEquals(n.devices.calls.filter((c) => c.op === "plug").length, 1);
+    await assertConsistent(n);
+  }));
+
+Deno.test("add() for a pod's new container gets a new ENI and recycles the old one", () =>
+  withNode(async (n) => {
+    const old = await add(n, 1);
+    n.clock.advance(1000);
+    const neu = await add(n, 1, { containerId: "c1-new", netns: "/run/netns/p1-new" });
+    assert(neu.eniId !== old.eniId);
+    const byC = new Map(n.mgr.attachments().map((a) => [a.containerId, a]));
+    assertEquals(byC.get("c1")?.state, "recycling");
+    assertEquals(byC.get("c1-new")?.state, "ready");
+    assertEquals((await n.mgr.status()).pool.recycling, 1);
+    // The old container's own DEL releases only its ENI.
+    await n.mgr.del(delReq(1));
+    assertEquals(n.mgr.attachments().map((a) => a.containerId), ["c1-new"]);
+    assertEquals([...(await n.owned()).keys()], [neu.eniId]);
+    assertEquals(n.devices.where(old.mac)?.ns, NODE);
+    assertEquals(n.devices.where(neu.mac)?.ns, "/run/netns/p1-new");
+    await assertConsistent(n);
+  }));
+
+Deno.test("del() releases the ENI, is idempotent and succeeds for an unknown key", () =>
+  withNode(async (n) => {
+    const before = n.devices.snapshot()[NODE];
+    const a = await add(n, 1);
+    await n.mgr.del(delReq(1));
+    await n.mgr.del(delReq(1));
+    await n.mgr.del(delReq("never", { netns: "" }));
+    assertEquals(n.mgr.attachments(), []);
+    assertEquals((await n.owned()).size, 0);
+    assertEquals(n.devices.snapshot()[NODE], before, "device back on the node, renamed, scrubbed");
+    assertEquals(n.devices.where(a.mac)?.link.addresses, []);
+    // The ENI is reusable.
+    assertEquals((await add(n, 2)).eniId, a.eniId);
+  }));
+
+Deno.test("del() brings the device back when the pod's netns is already gone", () =>
+  withNode(async (n) => {
+    const a = await add(n, 1);
+    n.devices.deleteNetns("/run/netns/p1");
+    await n.mgr.del(delReq(1));
+    const w = n.devices.where(a.mac)!;
+    assertEquals([w.ns, w.link.ifname], [NODE, a.nodeName]);
+    assertEquals((await n.owned()).size, 0);
+  }));
+
+Deno.test("del() that fails half way leaves the row deleting for GC", () =>
+  withNode(async (n) => {
+    await add(n, 1);
+    n.devices.failOn("unplug");
+    await n.mgr.del(delReq(1));
+    const [row] = n.mgr.state.all();
+    assertEquals([row.state, row.gcFailures], ["deleting", 1]);
+    assertStringIncludes(row.lastError!, "Injected failure");
+    const rep = await n.mgr.gc({ dryRun: false });
+    assertEquals(rep.items.map((i) => i.outcome), ["reclaimed"]);
+    assertEquals(n.mgr.state.all(), []);
+    await assertConsistent(n);
+  }));
+
+Deno.test("add() rolls back every step that fails", async (t) => {
+  const cases: [string, (n: Node, req: AddInput) => void, string][] = [
+    ["netns missing", (n, req) => n.devices.deleteNetns(req.netns), "netns_invalid"],
+    ["provider error", (n) => {
+      n.provider.failNext = new ProviderError("throttled", "Slow down");
+    }, "provider_error"],
+    ["device lookup fails", (n) => n.devices.failOn("findByMac"), "device_error"],
+    ["plug fails", (n) => n.devices.failOn("plug"), "device_error"],
+    ["plug fails after moving", (n) => n.devices.failOn("plug:after-move"), "device_error"],
+    ["ifname taken in the pod", (n, req) => {
+      n.devices.addNodeLink("02:00:00:00:00:99", "eth0");
+      n.devices.plug({
+        mac: "02:00:00:00:00:99",
+        netns: req.netns,
+        ifName: "eth0",
+        addresses: [],
+        routes: [],
+      });
+    }, "ifname_exists"],
+    ["netns lookup fails", (n) => {
+      n.devices.failOn("netnsIdentity", new DeviceError("netns", "netns_invalid", "Bad netns"));
+    }, "netns_invalid"],
+  ];
+  for (const [name, inject, code] of cases) {
+    await t.step(name, () =>
+      withNode(async (n) => {
+        const req = addReq(1);
+        n.devices.addNetns(req.netns);
+        const freeBefore = (await n.mock.status()).free;
+        const nodeBefore = n.devices.snapshot()[NODE].links.filter((l) =>
+          l.mac.startsWith("02:e1")
+        );
+        inject(n, req);
+        await settle();
+        const e = await rejectsWith(() => n.mgr.add(req), code);
+        assert(e.message.length > 5);
+        assertEquals(n.mgr.state.all(), [], "no row left");
+        assertEquals((await n.mock.status()).free, freeBefore, "ENI free again");
+        assertEquals(
+          n.devices.snapshot()[NODE].links.filter((l) => l.mac.startsWith("02:e1")),
+          nodeBefore,
+          "devices back on the node as they were",
+        );
+      }));
+  }
+  await t.step("no ENI available", () =>
+    withNode(async (n) => {
+      await add(n, 1);
+      await rejectsWith(() => add(n, 2), "no_eni_available");
+      assertEquals(n.mgr.attachments().length, 1);
+    }, { mock: { enis: 1 } }));
+  await t.step("requested IP unavailable", () =>
+    withNode(async (n) => {
+      await rejectsWith(() => add(n, 2, { ips: ["10.1.2.3"] }), "requested_ip_unavailable");
+      const ok = await add(n, 3, { ips: ["10.99.0.4"] });
+      assertEquals(ok.ips[0].address, "10.99.0.4/24");
+      assertEquals(n.mgr.attachments().length, 1);
+    }));
+});
+
+Deno.test("add() in IPAM mode leaves the device on the node and returns its node ifindex", () =>
+  withNode(async (n) => {
+    const res = await n.mgr.add(addReq(1, { mode: "ipam", netns: "/dev/null" }));
+    const w = n.devices.where(res.mac)!;
+    assertEquals(w.ns, NODE);
+    assertEquals(res.ifindex, w.link.ifindex);
+    assertEquals(res.nodeName, w.link.ifname);
+    assertEquals(n.devices.calls.filter((c) => c.op === "plug").length, 0);
+    const [row] = n.mgr.state.all();
+    assertEquals([row.netnsDev, row.netnsIno], [null, null]);
+    await n.mgr.check(CheckRequestSchema.parse({
+      containerId: "c1",
+      ifName: "eth0",
+      netns: "/dev/null",
+      network: "enim",
+      mode: "ipam",
+      expected: { mac: res.mac, addresses: [res.ips[0].address] },
+    }));
+    // GC does not treat /dev/null as a dead netns.
+    n.clock.advance(3_600_000);
+    assertEquals((await n.mgr.gc({ dryRun: true })).items, []);
+    await n.mgr.del(delReq(1, { netns: "" }));
+    assertEquals((await n.owned()).size, 0);
+  }));
+
+Deno.test("check() passes for a healthy attachment and names each difference", async (t) => {
+  const checkReq = (over: Record<string, unknown> = {}) =>
+    CheckRequestSchema.parse({
+      containerId: "c1",
+      ifName: "eth0",
+      netns: "/run/netns/p1",
+      network: "enim",
+      mode: "interface",
+      expected: { mac: "02:e1:0a:00:00:01", addresses: ["10.99.0.2/24"] },
+      ...over,
+    });
+  const cases: [string, (n: Node) => void, Record<string, unknown>, RegExp][] = [
+    ["unknown attachment", () => {}, { containerId: "zzz" }, /not known/],
+    ["wrong expected MAC", () => {}, {
+      expected: { mac: "02:00:00:00:00:01", addresses: [] },
+    }, /MAC/],
+    ["address not the ENI's", () => {}, {
+      expected: { addresses: ["10.99.0.77/24"] },
+    }, /10\.99\.0\.77/],
+    [
+      "interface missing",
+      (n) =>
+        n.devices.editPodLink("/run/netns/p1", "eth0", (l) => {
+          l.ifname = "eth9";
+        }),
+      {},
+      /missing/,
+    ],
+    [
+      "address removed",
+      (n) =>
+        n.devices.editPodLink("/run/netns/p1", "eth0", (l) => {
+          l.addresses = [];
+        }),
+      {},
+      /lacks address 10\.99\.0\.2\/24/,
+    ],
+    [
+      "extra address",
+      (n) =>
+        n.devices.editPodLink("/run/netns/p1", "eth0", (l) => {
+          l.addresses.push("10.99.0.200/24");
+        }),
+      {},
+      /unexpected addresses 10\.99\.0\.200/,
+    ],
+    [
+      "route removed",
+      (n) =>
+        n.devices.editPodLink("/run/netns/p1", "eth0", (l) => {
+          l.routes = [];
+        }),
+      {},
+      /lacks route 0\.0\.0\.0\/0 via 10\.99\.0\.1/,
+    ],
+    ["expected route missing", () => {}, {
+      expected: { addresses: [], routes: [{ dst: "172.16.0.0/12" }] },
+    }, /lacks route 172\.16/],
+    [
+      "netns replaced",
+      (n) => {
+        n.devices.replaceNetns("/run/netns/p1");
+      },
+      {},
+      /not the namespace/,
+    ],
+  ];
+  await t.step("healthy", () =>
+    withNode(async (n) => {
+      await add(n, 1);
+      await n.mgr.check(checkReq());
+    }));
+  for (const [name, edit, over, re] of cases) {
+    await t.step(name, () =>
+      withNode(async (n) => {
+        await add(n, 1);
+        edit(n);
+        const e = await rejectsWith(() => n.mgr.check(checkReq(over)), "check_failed");
+        assert(re.test(e.message), `"${e.message}" should match ${re}`);
+      }));
+  }
+});
+
+Deno.test("32 parallel ADDs against 24 ENIs: 24 distinct ENIs, 8 no_eni_available", () =>
+  withNode(async (n) => {
+    const results = await Promise.allSettled(
+      Array.from({ length: 32 }, (_, i) => add(n, i)),
+    );
+    const ok = results.filter((r) => r.status === "fulfilled").map((r) => r.value);
+    const failed = results.filter((r) => r.status === "rejected").map((r) => r.reason);
+    assertEquals(ok.length, 24);
+    assertEquals(new Set(ok.map((r) => r.eniId)).size, 24);
+    assertEquals(failed.length, 8);
+    for (const e of failed) assert(e instanceof ApiError && e.code === "no_eni_available", `${e}`);
+    assertEquals((await n.mgr.status()).canAllocate, false);
+    await assertConsistent(n);
+    await Promise.all(Array.from({ length: 32 }, (_, i) => n.mgr.del(delReq(i))));
+    assertEquals(n.mgr.attachments(), []);
+    const st = await n.mgr.status();
+    assertEquals([st.pool.free, st.pool.owned, st.canAllocate], [24, 0, true]);
+  }, { mock: { enis: 24, preattached: 12, attachLatencyMs: 1 } }));
+
+Deno.test("status() reports pool counts, readiness and ENIs with devices and attachments", () =>
+  withNode(async (n) => {
+    const a = await add(n, 1);
+    const st = StatusSchema.parse(await n.mgr.status());
+    assertEquals(st.ready, true);
+    assertEquals(st.provider, "mock");
+    assertEquals(st.pool, { free: 1, owned: 1, recycling: 0, attachable: 1 });
+    assertEquals(st.canAllocate, true);
+    const e = st.enis.find((x) => x.id === a.eniId)!;
+    assertEquals([e.device, e.attachment?.containerId], [a.nodeName, "c1"]);
+    assert(st.enis.find((x) => x.id !== a.eniId)?.device?.startsWith("sim"));
+    assertEquals((await n.mgr.enis()).length, 2);
+  }, { mock: { enis: 3, preattached: 2 } }));
+
+Deno.test("reconcile() fixes every half-done state a crash leaves", async (t) => {
+  type Crash = (n: Node) => Promise<void>;
+  const hangAdd = (setup: (n: Node) => void): Crash => async (n) => {
+    setup(n);
+    n.devices.addNetns("/run/netns/p2");
+    void n.mgr.add(addReq(2)).catch(() => {});
+    await settle();
+    await settle();
+  };
+  const hangDel = (setup: (n: Node) => void): Crash => async (n) => {
+    setup(n);
+    void n.mgr.del(delReq(1)).catch(() => {});
+    await settle();
+    await settle();
+  };
+  const cases: [string, Crash, { rolledBack: number; finished: number; kept: string[] }][] = [
+    [
+      "ADD: intent recorded, provider not called",
+      hangAdd((n) => {
+        n.provider.hang = "before-allocate";
+      }),
+      { rolledBack: 1, finished: 0, kept: ["c1"] },
+    ],
+    [
+      "ADD: allocated, ENI not recorded",
+      hangAdd((n) => {
+        n.provider.hang = "after-allocate";
+      }),
+      { rolledBack: 1, finished: 0, kept: ["c1"] },
+    ],
+    ["ADD: ENI recorded, device not found yet", hangAdd((n) => n.devices.hangOn("findByMac")), {
+      rolledBack: 1,
+      finished: 0,
+      kept: ["c1"],
+    }],
+    [
+      "ADD: device moved into the pod, not configured",
+      hangAdd((n) => {
+        n.devices.hangOn("plug:after-move");
+      }),
+      { rolledBack: 1, finished: 0, kept: ["c1"] },
+    ],
+    ["DEL: intent recorded, device still in the pod", hangDel((n) => n.devices.hangOn("unplug")), {
+      rolledBack: 0,
+      finished: 1,
+      kept: [],
+    }],
+    [
+      "DEL: device back, ENI freed, row not deleted",
+      hangDel((n) => {
+        n.provider.hang = "after-deallocate";
+      }),
+      { rolledBack: 0, finished: 1, kept: [] },
+    ],
+  ];
+  for (const [name, crash, want] of cases) {
+    await t.step(name, () =>
+      withNode(async (n) => {
+        const kept = await add(n, 1);
+        await crash(n);
+        assert(n.mgr.state.all().some((r) => r.state === "adding" || r.state === "deleting"));
+        await n.restart();
+        const rep = await n.mgr.reconcile();
+        assertEquals(
+          { rolledBack: rep.rolledBack, finished: rep.finished, errors: rep.errors },
+          { rolledBack: want.rolledBack, finished: want.finished, errors: [] },
+        );
+        assertEquals(n.mgr.state.all().map((r) => r.containerId), want.kept);
+        await assertConsistent(n);
+        if (want.kept.length) {
+          // The attachment the client was told succeeded is intact; a retried ADD returns it.
+          assertEquals(await n.mgr.add(addReq(1)), kept);
+        }
+        // Every ENI not kept is allocatable again.
+        const free = (await n.mock.status()).free;
+        assertEquals(free, 4 - want.kept.length);
+      }));
+  }
+  await t.step(
+    "an ENI owned by an attachment the state never recorded is freed",
+    () =>
+      withNode(async (n) => {
+        await n.mock.allocateNextENI(
+          { pod: "default/ghost", containerId: "ghost", ifName: "eth0" },
+          { ips: [], ranges: [] },
+        );
+        const rep = await n.mgr.reconcile();
+        assertEquals(rep.orphansFreed, 1);
+        assertEquals((await n.owned()).size, 0);
+      }),
+  );
+  await t.step(
+    "a ready attachment whose ENI the provider lost is reported",
+    () =>
+      withNode(async (n) => {
+        await add(n, 1);
+        await n.mock.deallocateENI({ pod: "default/pod-1", containerId: "c1", ifName: "eth0" });
+        const rep = await n.mgr.reconcile();
+        assertEquals(rep.errors.length, 1);
+        assertStringIncludes(rep.errors[0], "free");
+        assertEquals(n.mgr.attachments().length, 1, "reconcile never drops a ready attachment");
+      }),
+  );
+});
+
+Deno.test("operations on one attachment are serialized while other pods proceed", () =>
+  withNode(async (n) => {
+    n.devices.addNetns("/run/netns/p1");
+    n.devices.addNetns("/run/netns/p2");
+    // A slow attach for pod 1 (its requested IP is on a detached ENI) does not hold up pod 2.
+    let slowDone = false;
+    const slow = n.mgr.add(addReq(1, { ips: ["10.99.0.3"] })).then((r) => (slowDone = true, r));
+    const del1 = n.mgr.del(delReq(1));
+    const fast = await n.mgr.add(addReq(2));
+    assertEquals([fast.eniId, slowDone], ["eni-mock-0001", false]);
+    assertEquals((await slow).eniId, "eni-mock-0002");
+    await del1;
+    assertEquals(n.mgr.attachments().map((a) => a.containerId), ["c2"], "DEL ran after the ADD");
+    await assertConsistent(n);
+  }, { mock: { enis: 2, preattached: 1, attachLatencyMs: 50 } }));
