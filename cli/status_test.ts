@@ -1,7 +1,7 @@
 import { assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
 import { StatusSchema } from "../manager/api_schema.ts";
 import { runEnim } from "../tests/_enim.ts";
-import { withRunDir } from "../tests/_run_dir.ts";
+import { withRunDir, withSandbox } from "../tests/_run_dir.ts";
 import { cli, withFakeAgent } from "./_serve_fake.ts";
 import { formatAge } from "./_table.ts";
 
@@ -61,12 +61,12 @@ Deno.test("enim status says clearly when the agent is not running", async () => 
 });
 
 Deno.test("enim status through the real entry point explains a socket it may not use", async () => {
-  await withRunDir(async (dir) => {
-    const r = await runEnim(["status", "--socket", `${dir}/enim.sock`]);
+  await withSandbox(async (dir, sb) => {
+    const r = await runEnim(["status", "--socket", `${dir}/other.sock`], { sandbox: sb });
     assertEquals(r.code, 1);
     assertStringIncludes(
       r.stderr,
-      `not allowed to connect to ${dir}/enim.sock: the enim permission set allows only`,
+      `not allowed to connect to ${dir}/other.sock: the enim permission set allows only`,
     );
   });
 });

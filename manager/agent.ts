@@ -85,6 +85,9 @@ export function withProviderTimeout(p: Provider, ms: number): Provider {
     allocateNextENI: (owner, req) => limit("allocate", () => p.allocateNextENI(owner, req)),
     deallocateENI: (owner) => limit("deallocate", () => p.deallocateENI(owner)),
     status: () => limit("status", () => p.status()),
+    ...(p.repairDevice
+      ? { repairDevice: (id: string) => limit("repairDevice", () => p.repairDevice!(id)) }
+      : {}),
     ...(p.start ? { start: () => p.start!() } : {}),
     close: () => p.close(),
   };

@@ -329,15 +329,17 @@ class ManagerImpl implements Manager {
           // An IPAM attachment with a non-nsfs netns (CNI_NETNS=/dev/null) has no pod side.
           const podSide = row.mode === "interface" || row.netnsIno !== null;
           const netns = o.netnsUsable && podSide ? row.netns : null;
+          let outcome;
           try {
-            await this.#devices.unplug({ mac, nodeName, netns });
+            outcome = await this.#devices.unplug({ mac, nodeName, netns });
           } catch (err) {
             if (!(err instanceof DeviceError) || err.reason !== "netns_invalid" || !netns) {
               throw err;
             }
             // The netns is gone: the kernel returned the device to the node.
-            await this.#devices.unplug({ mac, nodeName, netns: null });
+            outcome = await this.#devices.unplug({ mac, nodeName, netns: null });
           }
+          if (outcome === "missing" && row.eniId) await this.#repairDevice(row.eniId, mac);
         });
       }
       if (!o.skipProvider) await this.#provider.deallocateENI(ownerOf(row));
@@ -346,6 +348,27 @@ class ManagerImpl implements Manager {
       this.state.recordFailure(key, message(err));
       throw err;
     }
+  }
+
+  /**
+   * A released device was found nowhere (a veth dies with its namespace; a physical
+   * ENI returns to the node asynchronously): ask the provider to bring it back and
+   * wait for it on the node, so the ENI is usable when it returns to the pool.
+   */
+  async #repairDevice(eniId: string, mac: string): Promise<void> {
+    const deadline = Date.now() + 3000;
+    for (;;) {
+      await this.#provider.repairDevice?.(eniId).catch((err) =>
+        this.#log.warn("Repairing a vanished device failed", { eniId, error: message(err) })
+      );
+      if (await this.#devices.findByMac(mac).catch(() => null)) {
+        this.#log.info("A vanished ENI device is back on the node", { eniId, mac });
+        return;
+      }
+      if (Date.now() > deadline) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    this.#log.warn("The ENI's device is missing from the node", { eniId, mac });
   }
 
   // ---------------------------------------------------------------- DEL

@@ -46,6 +46,7 @@ import {
   netnsPath,
   type NetnsRef,
   RouteEntrySchema,
+  spawn,
 } from "./ip.ts";
 import {
   type AddressSpec,
@@ -261,7 +262,15 @@ export class IpDeviceLayer implements DeviceLayer {
       routes: routes
         .filter((r) => (r.table === undefined || r.table === "main") && r.protocol !== "kernel")
         .filter((r) => r.type === undefined || r.type === "unicast")
-        .map((r) => (r.gateway ? { dst: r.dst, gw: r.gateway } : { dst: r.dst })),
+        .map((r) => {
+          // `ip -j` prints "default" for both families; name the family explicitly.
+          const dst = r.dst !== "default"
+            ? r.dst
+            : r.gateway?.includes(":") || r.dst.includes(":")
+            ? "::/0"
+            : "0.0.0.0/0";
+          return r.gateway ? { dst, gw: r.gateway } : { dst };
+        }),
     };
   }
 
@@ -338,12 +347,59 @@ export class IpDeviceLayer implements DeviceLayer {
 export async function netnsIdentity(path: string): Promise<NetnsIdentity | null> {
   if (!path.startsWith("/") || path.split("/").includes("..")) return null;
   try {
-    const [st, ref] = await Promise.all([Deno.stat(path), Deno.stat("/proc/self/ns/net")]);
-    if (!st.isFile || st.dev !== ref.dev || st.ino === null) return null;
+    const [st, dev] = await Promise.all([statFollow(path), nsfsDevice()]);
+    if (!st || !st.isFile || st.dev !== dev) return null;
     return { dev: st.dev, ino: st.ino };
   } catch (err) {
     // A path outside Deno's read permissions is a misconfiguration, not "no namespace".
     if (err instanceof Deno.errors.NotCapable) throw err;
+    return null;
+  }
+}
+
+/** `stat(1)` reads what Deno's permission model keeps out of reach (anything under /proc). */
+const STAT_BIN = "/usr/bin/stat";
+let nsfsDev: Promise<number> | undefined;
+
+/** The device number every nsfs inode shares (read once per process). */
+function nsfsDevice(): Promise<number> {
+  nsfsDev ??= statFollow("/proc/self/ns/net").then((st) => {
+    if (!st) throw new Error("Cannot stat /proc/self/ns/net");
+    return st.dev;
+  }).catch((err) => {
+    nsfsDev = undefined;
+    throw err;
+  });
+  return nsfsDev;
+}
+
+/**
+ * Stats a path following links. Deno refuses /proc/<pid>/… and /proc/self/… to
+ * anything short of --allow-all, so those go through one `stat -L` spawn (rare:
+ * runtimes that pass /proc paths, and the nsfs device once per process).
+ */
+async function statFollow(
+  path: string,
+): Promise<{ dev: number; ino: number; isFile: boolean } | null> {
+  if (!path.startsWith("/proc/")) {
+    try {
+      const st = await Deno.stat(path);
+      return st.ino === null ? null : { dev: st.dev, ino: st.ino, isFile: st.isFile };
+    } catch (err) {
+      if (err instanceof Deno.errors.NotCapable) throw err;
+      return null;
+    }
+  }
+  try {
+    const { stdout } = await spawn([STAT_BIN, "-L", "-c", "%d %i %F", "--", path]);
+    const m = stdout.trim().match(/^(\d+) (\d+) (.+)$/);
+    if (!m) return null;
+    return {
+      dev: Number(m[1]),
+      ino: Number(m[2]),
+      isFile: m[3] === "regular empty file" || m[3] === "regular file",
+    };
+  } catch {
     return null;
   }
 }

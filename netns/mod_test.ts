@@ -122,8 +122,8 @@ Deno.test({
     assertEquals(sa.link.ifalias, ra.nodeName);
     assert(sa.link.flags.includes("UP"));
     assertEquals(sa.addresses.sort(), [`${a.ipv4!.address}/24`, `${a.ipv6!.address}/64`].sort());
-    assertEquals(sa.routes, [{ dst: "default", gw: "10.99.0.1" }, {
-      dst: "default",
+    assertEquals(sa.routes, [{ dst: "0.0.0.0/0", gw: "10.99.0.1" }, {
+      dst: "::/0",
       gw: "fd00:99::1",
     }]);
     assertEquals((await devices.inspect({ netns: pb.path, ifName: "net1" })).link?.mtu, 1400);
@@ -299,7 +299,7 @@ Deno.test({
     await runIp(["addr", "del", `${eni.ipv4!.address}/24`, "dev", "eth0"], { netns: pod.name });
     const s = await devices.inspect({ netns: pod.path, ifName: "eth0" });
     assertEquals(s.addresses, [`${eni.ipv6!.address}/64`]);
-    assertEquals(s.routes, [{ dst: "default", gw: "fd00:99::1" }]);
+    assertEquals(s.routes, [{ dst: "::/0", gw: "fd00:99::1" }]);
     assertEquals(await devices.inspect({ netns: pod.path, ifName: "eth9" }), {
       link: null,
       addresses: [],

@@ -176,6 +176,12 @@ export interface Provider {
   deallocateENI(owner: Owner): Promise<void>;
   /** Pool counts for STATUS and `enim status`. */
   status(): Promise<ProviderStatus>;
+  /**
+   * Makes the device of an attached ENI reappear on the node after it vanished
+   * (the manager calls it when a released device is found nowhere). Optional: the
+   * mock re-plugs its simulated device; a cloud provider may detach and re-attach.
+   */
+  repairDevice?(eniId: string): Promise<void>;
   /** Starts background work (warm pool upkeep). Optional. */
   start?(): Promise<void>;
   /** Stops background work and releases resources. */

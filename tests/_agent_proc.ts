@@ -3,30 +3,23 @@
  * child process on a test socket, for integration and crash tests.
  *
  * The permission set allows unix sockets only at the production path, so the
- * child gets `--allow-net` with the set's own net list plus the test socket.
+ * child runs in an {@linkcode EnimSandbox} (a private /run/enim) with exactly the
+ * production permission set; config paths are as the agent sees them.
  *
  * @module
  */
-import { enimCommandLine, ROOT } from "./_enim.ts";
+import type { EnimSandbox } from "./_sandbox.ts";
 import { unixRequest } from "../manager/client.ts";
 
-/** The enim permission set's `net` list, from deno.json. */
-async function permissionSetNet(): Promise<string[]> {
-  const cfg = JSON.parse(await Deno.readTextFile(`${ROOT}/deno.json`));
-  return cfg.permissions.enim.net as string[];
-}
-
-/** The agent command line with the test socket allowed. */
-export async function agentCommandLine(configPath: string, socket: string): Promise<string[]> {
-  const argv = enimCommandLine(["agent", "--config", configPath]);
-  const net = [...(await permissionSetNet()), `unix:${socket}`].join(",");
-  const at = argv.indexOf("--permission-set=enim");
-  return [...argv.slice(0, at + 1), `--allow-net=${net}`, ...argv.slice(at + 1)];
+/** The agent command line inside the sandbox. */
+export function agentCommandLine(sb: EnimSandbox, configPath: string): string[] {
+  return sb.enim(["agent", "--config", configPath]);
 }
 
 /** A running agent child. */
 export interface AgentProcess {
   readonly pid: number;
+  /** The API socket, as the test process sees it. */
   readonly socket: string;
   /** Everything the child wrote to stderr so far. */
   stderr(): string;
@@ -34,16 +27,19 @@ export interface AgentProcess {
   stop(signal?: Deno.Signal): Promise<Deno.CommandStatus>;
 }
 
-/** Writes `config` to `<dir>/agent.jsonc`, starts the agent and waits until it answers. */
+/** Writes `config` to the sandbox's agent.jsonc, starts the agent and waits until it answers. */
 export async function startAgent(
-  dir: string,
+  sb: EnimSandbox,
   config: Record<string, unknown>,
   timeoutMs = 20_000,
 ): Promise<AgentProcess> {
-  const socket = String(config.socket);
-  const configPath = `${dir}/agent.jsonc`;
-  await Deno.writeTextFile(configPath, JSON.stringify(config, null, 2));
-  const [cmd, ...args] = await agentCommandLine(configPath, socket);
+  const inner = String(config.socket ?? sb.inner("enim.sock"));
+  if (!inner.startsWith(sb.inner() + "/")) {
+    throw new Error(`Socket "${inner}" is outside the sandbox`);
+  }
+  const socket = sb.host(inner.slice(sb.inner().length + 1));
+  await Deno.writeTextFile(sb.host("agent.jsonc"), JSON.stringify(config, null, 2));
+  const [cmd, ...args] = agentCommandLine(sb, sb.inner("agent.jsonc"));
   const child = new Deno.Command(cmd, {
     args,
     clearEnv: true,

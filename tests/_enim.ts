@@ -6,6 +6,7 @@
  * @module
  */
 import { fileURLToPath } from "node:url";
+import type { EnimSandbox } from "./_sandbox.ts";
 
 /** The repository root. */
 export const ROOT: string = fileURLToPath(new URL("..", import.meta.url)).replace(/\/$/, "");
@@ -32,6 +33,8 @@ export interface RunEnimOptions {
   stdin?: string;
   /** Run inside this named network namespace (`ip netns exec`). */
   netns?: string;
+  /** Run inside this sandbox (private /run/enim, and its network namespace). */
+  sandbox?: EnimSandbox;
 }
 
 /** The result of one enim run. */
@@ -49,7 +52,7 @@ export function enimCommandLine(args: string[], netns?: string): string[] {
 
 /** Runs enim once (plugin or command) and collects its output. */
 export async function runEnim(args: string[], opts: RunEnimOptions = {}): Promise<RunEnimResult> {
-  const [cmd, ...rest] = enimCommandLine(args, opts.netns);
+  const [cmd, ...rest] = opts.sandbox ? opts.sandbox.enim(args) : enimCommandLine(args, opts.netns);
   const child = new Deno.Command(cmd, {
     args: rest,
     clearEnv: true,

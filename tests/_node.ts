@@ -2,17 +2,18 @@
  * A simulated node with a running agent: the harness of the end-to-end tests,
  * the demo and the bench.
  *
- * It builds a {@linkcode SimulatedVpc}, writes an agent config under
- * /run/enim/<unique>/ (inside the permission set), starts `enim agent` inside the
- * node namespace exactly as the compiled binary would run (tests/_enim.ts), and
- * runs the plugin there as a container runtime does: CNI_* env, config on stdin.
+ * It builds a {@linkcode SimulatedVpc} and an {@linkcode EnimSandbox} joined to
+ * the node namespace (a private /run/enim, so enim runs with the production
+ * permission set and default paths: socket /run/enim/enim.sock), starts
+ * `enim agent` there exactly as the compiled binary would run (tests/_enim.ts),
+ * and runs the plugin there as a container runtime does: CNI_* env, config on stdin.
  *
  * @module
  */
-import { enimCommandLine, runEnim, type RunEnimResult } from "./_enim.ts";
+import { runEnim, type RunEnimResult } from "./_enim.ts";
+import { EnimSandbox } from "./_sandbox.ts";
 import { SimulatedVpc, type SimulatedVpcOptions } from "./vpc.ts";
 import { SocketAgentClient } from "../manager/client.ts";
-import { uniqueName } from "../netns/sim.ts";
 
 /** Options for {@linkcode SimulatedNode.start}. */
 export interface SimulatedNodeOptions {
@@ -49,32 +50,37 @@ export interface CniOutcome extends RunEnimResult {
 /** A simulated node (VPC + node namespace) with an agent on the mock provider. */
 export class SimulatedNode implements AsyncDisposable {
   readonly vpc: SimulatedVpc;
-  /** The node's private directory under /run/enim. */
-  readonly dir: string;
+  /** The node's private /run/enim. */
+  readonly sandbox: EnimSandbox;
+  /** The API socket as the test process sees it. */
   readonly socket: string;
-  readonly configPath: string;
+  /** The agent's log file as the test process sees it. */
   readonly logPath: string;
   readonly client: SocketAgentClient;
   #agent: Deno.ChildProcess | null = null;
   #logFile: Deno.FsFile | null = null;
   #closed = false;
 
-  private constructor(vpc: SimulatedVpc, dir: string) {
+  private constructor(vpc: SimulatedVpc, sandbox: EnimSandbox) {
     this.vpc = vpc;
-    this.dir = dir;
-    this.socket = `${dir}/enim.sock`;
-    this.configPath = `${dir}/agent.jsonc`;
-    this.logPath = `${dir}/agent.log`;
+    this.sandbox = sandbox;
+    this.socket = sandbox.host("enim.sock");
+    this.logPath = sandbox.host("agent.log");
     this.client = new SocketAgentClient(this.socket, 30_000);
   }
 
   /** Builds the VPC, writes the agent config and (by default) starts the agent. */
   static async start(opts: SimulatedNodeOptions = {}): Promise<SimulatedNode> {
     const vpc = await SimulatedVpc.create({ subnets: opts.subnets });
-    const dir = `/run/enim/${uniqueName("t")}`;
-    const node = new SimulatedNode(vpc, dir);
+    let sandbox: EnimSandbox;
     try {
-      await Deno.mkdir(dir, { recursive: true, mode: 0o700 });
+      sandbox = await EnimSandbox.create(vpc.node.path);
+    } catch (err) {
+      await vpc.close().catch(() => {});
+      throw err;
+    }
+    const node = new SimulatedNode(vpc, sandbox);
+    try {
       const subnets: Record<string, unknown> = {};
       const v4 = vpc.gateways.ipv4, v6 = vpc.gateways.ipv6;
       const want = opts.subnets ?? { ipv4: "10.99.0.0/24", ipv6: "fd00:99::/64" };
@@ -85,16 +91,15 @@ export class SimulatedNode implements AsyncDisposable {
         settings: { enis: 8, subnets, ...opts.mock },
       };
       const config = {
-        socket: node.socket,
-        statePath: `${dir}/enim.db`,
+        statePath: sandbox.inner("enim.db"),
         provider: { name: provider.name, [provider.name]: provider.settings },
         devices: "ip",
         deviceSimulator: { vpcNetns: vpc.vpc.name, bridge: vpc.bridge },
         gc: { intervalSeconds: 3600, graceSeconds: 30, ...opts.gc },
-        log: { level: opts.logLevel ?? "info" },
+        log: { level: opts.logLevel ?? "info", file: sandbox.inner("agent.log") },
         ...opts.extra,
       };
-      await Deno.writeTextFile(node.configPath, JSON.stringify(config, null, 2));
+      await Deno.writeTextFile(sandbox.host("agent.jsonc"), JSON.stringify(config, null, 2));
       if (opts.startAgent !== false) await node.startAgent();
     } catch (err) {
       await node.close().catch(() => {});
@@ -111,11 +116,18 @@ export class SimulatedNode implements AsyncDisposable {
   /** Starts the agent in the node namespace and waits until it answers. */
   async startAgent(extraArgs: string[] = []): Promise<void> {
     if (this.#agent) throw new Error("The agent is already running");
-    this.#logFile = await Deno.open(this.logPath, { append: true, create: true });
-    const [cmd, ...args] = enimCommandLine(
-      ["agent", "--config", this.configPath, ...extraArgs],
-      this.vpc.node.name,
-    );
+    // The agent logs to agent.log (config); anything else on its stderr goes beside it.
+    this.#logFile = await Deno.open(this.sandbox.host("agent.stderr"), {
+      write: true,
+      append: true,
+      create: true,
+    });
+    const [cmd, ...args] = this.sandbox.enim([
+      "agent",
+      "--config",
+      this.sandbox.inner("agent.jsonc"),
+      ...extraArgs,
+    ]);
     this.#agent = new Deno.Command(cmd, {
       args,
       clearEnv: true,
@@ -174,11 +186,8 @@ export class SimulatedNode implements AsyncDisposable {
 
   /** The agent's log so far. */
   async agentLog(): Promise<string> {
-    try {
-      return await Deno.readTextFile(this.logPath);
-    } catch {
-      return "";
-    }
+    const read = (p: string) => Deno.readTextFile(p).catch(() => "");
+    return (await read(this.logPath)) + (await read(this.sandbox.host("agent.stderr")));
   }
 
   /** Runs the plugin in the node namespace as a runtime would. */
@@ -186,7 +195,7 @@ export class SimulatedNode implements AsyncDisposable {
     const env: Record<string, string> = {
       CNI_COMMAND: command,
       CNI_PATH: "/opt/cni/bin",
-      ENIM_LOG_FILE: `${this.dir}/cni.log`,
+      ENIM_LOG_FILE: this.sandbox.inner("cni.log"),
       ...call.env,
     };
     if (call.containerId !== undefined) env.CNI_CONTAINERID = call.containerId;
@@ -194,7 +203,7 @@ export class SimulatedNode implements AsyncDisposable {
     if (call.netns !== undefined) env.CNI_NETNS = call.netns;
     if (call.args !== undefined) env.CNI_ARGS = call.args;
     const stdin = typeof call.config === "string" ? call.config : JSON.stringify(call.config);
-    const res = await runEnim([], { env, stdin, netns: this.vpc.node.name });
+    const res = await runEnim([], { env, stdin, sandbox: this.sandbox });
     let json: Record<string, unknown> | null = null;
     try {
       json = res.stdout.trim() ? JSON.parse(res.stdout) : null;
@@ -207,12 +216,12 @@ export class SimulatedNode implements AsyncDisposable {
     cniVersion = "1.1.0",
     extra: Record<string, unknown> = {},
   ): Record<string, unknown> {
-    return { cniVersion, name: "enim-test", type: "enim", agentSocket: this.socket, ...extra };
+    return { cniVersion, name: "enim-test", type: "enim", ...extra };
   }
 
   /** Runs an operator command (`status`, `gc`) in the node namespace. */
   enim(args: string[]): Promise<RunEnimResult> {
-    return runEnim([...args, "--socket", this.socket], { netns: this.vpc.node.name });
+    return runEnim(args, { sandbox: this.sandbox });
   }
 
   /** Stops the agent and removes every namespace and file; idempotent. */
@@ -231,9 +240,9 @@ export class SimulatedNode implements AsyncDisposable {
       errors.push(err);
     }
     try {
-      await Deno.remove(this.dir, { recursive: true });
+      await this.sandbox.close();
     } catch (err) {
-      if (!(err instanceof Deno.errors.NotFound)) errors.push(err);
+      errors.push(err);
     }
     if (errors.length > 0) throw new AggregateError(errors, "Cannot tear the simulated node down");
   }

@@ -17,7 +17,7 @@ import { assert, assertEquals } from "../lib/assert.ts";
 import { type AddRequest, ApiError } from "../manager/api_schema.ts";
 import { AgentUnreachableError, SocketAgentClient } from "../manager/client.ts";
 import { type AgentProcess, prng, startAgent } from "./_agent_proc.ts";
-import { withRunDir } from "./_run_dir.ts";
+import { withSandbox } from "./_run_dir.ts";
 
 const SEED = Number(Deno.env.get("ENIM_CRASH_SEED") ?? 20261122);
 const KILLS = Number(Deno.env.get("ENIM_CRASH_KILLS") ?? 60);
@@ -84,7 +84,7 @@ async function checkInvariants(c: SocketAgentClient, known: Map<string, Known>, 
 Deno.test({
   name: `the agent survives ${KILLS} SIGKILLs at random points (seed ${SEED})`,
   fn: async () => {
-    await withRunDir(async (dir) => {
+    await withSandbox(async (dir, sb) => {
       const rand = prng(SEED);
       const pick = (n: number) => Math.floor(rand() * n);
       const config = {
@@ -106,7 +106,7 @@ Deno.test({
       let agent: AgentProcess | undefined;
       try {
         for (let round = 0; round < KILLS; round++) {
-          agent = await startAgent(dir, config);
+          agent = await startAgent(sb, config);
           const c = new SocketAgentClient(agent.socket, 5000);
           if (round > 0) await checkInvariants(c, known, round);
           // Settle what the last kill left unknown: a DEL (idempotent) resolves both ways.
@@ -170,7 +170,7 @@ Deno.test({
           await Promise.all(pending);
         }
         // Last restart: the invariants hold, then everything can be DELeted cleanly.
-        agent = await startAgent(dir, config);
+        agent = await startAgent(sb, config);
         const c = new SocketAgentClient(agent.socket, 5000);
         await checkInvariants(c, known, KILLS);
         for (const key of known.keys()) await c.del({ containerId: key, ifName: "eth0" });

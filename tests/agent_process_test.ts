@@ -2,7 +2,7 @@ import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
 import { type AddRequest, ApiError } from "../manager/api_schema.ts";
 import { parseHttpResponse, SocketAgentClient } from "../manager/client.ts";
 import { agentCommandLine, startAgent } from "./_agent_proc.ts";
-import { withRunDir } from "./_run_dir.ts";
+import { withSandbox } from "./_run_dir.ts";
 import { runEnim } from "./_enim.ts";
 
 function agentConfig(dir: string, enis: number) {
@@ -29,8 +29,8 @@ function addReq(i: number): AddRequest {
 }
 
 Deno.test("the real agent process serves ADD, DEL and status, and stops on SIGTERM", async () => {
-  await withRunDir(async (dir) => {
-    const agent = await startAgent(dir, {
+  await withSandbox(async (dir, sb) => {
+    const agent = await startAgent(sb, {
       ...agentConfig(dir, 4),
       log: { level: "debug", file: `${dir}/agent.log` },
     });
@@ -58,14 +58,14 @@ Deno.test("the real agent process serves ADD, DEL and status, and stops on SIGTE
       const s = await agent.stop("SIGTERM");
       assertEquals(s.code, 0, agent.stderr());
     }
-    const log = await Deno.readTextFile(`${dir}/agent.log`);
+    const log = await Deno.readTextFile(sb.host("agent.log"));
     assertMatch(log, /"msg":"serving the API"/);
     assertMatch(log, /"msg":"api request".*"method":"POST","path":"\/v1\/add","status":200/);
     assertMatch(log, /"msg":"stopped"/);
     assertEquals(agent.stderr(), "");
     let gone = false;
     try {
-      await Deno.lstat(`${dir}/enim.sock`);
+      await Deno.lstat(sb.host("enim.sock"));
     } catch {
       gone = true;
     }
@@ -74,16 +74,16 @@ Deno.test("the real agent process serves ADD, DEL and status, and stops on SIGTE
 });
 
 Deno.test("a second agent on the same socket is refused while the first runs", async () => {
-  await withRunDir(async (dir) => {
-    const agent = await startAgent(dir, agentConfig(dir, 2));
+  await withSandbox(async (dir, sb) => {
+    const agent = await startAgent(sb, agentConfig(dir, 2));
     try {
       // A second agent with its own config and state, on the same socket.
       const second = `${dir}/second.jsonc`;
       await Deno.writeTextFile(
-        second,
+        sb.host("second.jsonc"),
         JSON.stringify({ ...agentConfig(dir, 2), statePath: `${dir}/second.db` }),
       );
-      const [cmd, ...args] = await agentCommandLine(second, agent.socket);
+      const [cmd, ...args] = agentCommandLine(sb, second);
       const out = await new Deno.Command(cmd, { args, stdout: "null", stderr: "piped" }).output();
       assertEquals(out.code, 1);
       assertMatch(new TextDecoder().decode(out.stderr), /Another enim agent is already serving/);
@@ -95,8 +95,8 @@ Deno.test("a second agent on the same socket is refused while the first runs", a
 });
 
 Deno.test("32 parallel ADDs against 24 ENIs: 24 distinct ENIs, 8 no_eni_available", async () => {
-  await withRunDir(async (dir) => {
-    const agent = await startAgent(dir, agentConfig(dir, 24));
+  await withSandbox(async (dir, sb) => {
+    const agent = await startAgent(sb, agentConfig(dir, 24));
     try {
       const c = new SocketAgentClient(agent.socket);
       const results = await Promise.allSettled(
@@ -126,20 +126,26 @@ Deno.test("32 parallel ADDs against 24 ENIs: 24 distinct ENIs, 8 no_eni_availabl
 });
 
 Deno.test("enim agent --check-config validates the provider's own section", async () => {
-  await withRunDir(async (dir) => {
+  await withSandbox(async (dir, sb) => {
     const good = `${dir}/good.jsonc`;
-    await Deno.writeTextFile(good, '// ok\n{"provider": {"name": "mock", "mock": {"enis": 3}}}');
-    const ok = await runEnim(["agent", "--check-config", "--config", good]);
+    await Deno.writeTextFile(
+      sb.host("good.jsonc"),
+      '// ok\n{"provider": {"name": "mock", "mock": {"enis": 3}}}',
+    );
+    const ok = await runEnim(["agent", "--check-config", "--config", good], { sandbox: sb });
     assertEquals(ok.code, 0, ok.stderr);
     assertMatch(ok.stdout, /^configuration OK: provider mock/);
     const bad = `${dir}/bad.jsonc`;
-    await Deno.writeTextFile(bad, '{"provider": {"name": "mock", "mock": {"enis": "x"}}}');
-    const ko = await runEnim(["agent", "--check-config", "--config", bad]);
+    await Deno.writeTextFile(
+      sb.host("bad.jsonc"),
+      '{"provider": {"name": "mock", "mock": {"enis": "x"}}}',
+    );
+    const ko = await runEnim(["agent", "--check-config", "--config", bad], { sandbox: sb });
     assertEquals(ko.code, 1);
     assertMatch(ko.stderr, /provider\.mock\.enis: Invalid input: expected number/);
     const syntax = `${dir}/syntax.jsonc`;
-    await Deno.writeTextFile(syntax, '{"provider": {"name": "mock"\n  "x": 1}');
-    const se = await runEnim(["agent", "--check-config", "--config", syntax]);
+    await Deno.writeTextFile(sb.host("syntax.jsonc"), '{"provider": {"name": "mock"\n  "x": 1}');
+    const se = await runEnim(["agent", "--check-config", "--config", syntax], { sandbox: sb });
     assertEquals(se.code, 1);
     assertMatch(se.stderr, /line 2, column 3: CommaExpected/);
   });
@@ -165,8 +171,8 @@ Deno.test("enim agent --help documents every option", async () => {
 });
 
 Deno.test("bad requests to the real agent get a 400 and leave its state unchanged", async () => {
-  await withRunDir(async (dir) => {
-    const agent = await startAgent(dir, agentConfig(dir, 3));
+  await withSandbox(async (dir, sb) => {
+    const agent = await startAgent(sb, agentConfig(dir, 3));
     try {
       const c = new SocketAgentClient(agent.socket);
       await c.add(addReq(1));

@@ -392,6 +392,17 @@ export class MockProvider implements Provider {
     await this.#ctx.deviceSimulator?.unplug(rowToEni(r));
   }
 
+  /**
+   * Makes an attached ENI's vanished device reappear on the node. A simulated
+   * ENI is a veth pair, which the kernel destroys with the pod namespace it was
+   * in (a physical device would return to the node); the simulator plugs it again.
+   */
+  async repairDevice(id: string): Promise<void> {
+    const r = this.#rows("WHERE id = ?", id)[0];
+    if (!r) throw new ProviderError("not_found", `No ENI "${id}" in the mock cloud`);
+    if (r.attach === "attached") await this.#ctx.deviceSimulator?.plug(rowToEni(r));
+  }
+
   async close(): Promise<void> {
     this.#closed = true;
     await Promise.allSettled([...this.#attaching.values()]);

@@ -1,0 +1,307 @@
+/**
+ * End to end on the real kernel: the plugin, exec'd as a runtime does, against the
+ * agent (mock provider) in a simulated node and VPC.
+ */
+import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
+import { SimulatedNode } from "./_node.ts";
+import type { NetnsHandle } from "./vpc.ts";
+import { ipJson } from "../netns/ip.ts";
+import { LinkSchema } from "../netns/types.ts";
+import { z } from "zod";
+
+const ROOT = Deno.uid() === 0;
+const VERSIONS = ["0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+const AddrList = z.array(z.looseObject({
+  ifname: z.string(),
+  address: z.string().optional(),
+  addr_info: z.array(z.looseObject({ local: z.string(), prefixlen: z.number(), scope: z.string() }))
+    .default([]),
+}));
+
+function podArgs(name: string): string {
+  return `K8S_POD_NAMESPACE=default;K8S_POD_NAME=${name};IgnoreUnknown=1`;
+}
+
+async function linksIn(_node: SimulatedNode, netns: string) {
+  return await ipJson(z.array(LinkSchema), ["link", "show"], { netns });
+}
+
+async function globalAddrs(netns: string, dev: string): Promise<string[]> {
+  const out = await ipJson(AddrList, ["addr", "show", "dev", dev], { netns });
+  return out.flatMap((l) => l.addr_info.filter((a) => a.scope === "global"))
+    .map((a) => `${a.local}/${a.prefixlen}`);
+}
+
+Deno.test({
+  name: "ADD puts the ENI in the pod, configured and reachable, for every spec version",
+  ignore: !ROOT,
+  sanitizeResources: false,
+  async fn(t) {
+    await using node = await SimulatedNode.start({ mock: { enis: 8 } });
+    for (const version of VERSIONS) {
+      await t.step(`cniVersion ${version}`, async () => {
+        const tag = version.replaceAll(".", "");
+        const a = await node.vpc.pod(`a${tag}`);
+        const b = await node.vpc.pod(`b${tag}`);
+        const addA = await node.cni("ADD", {
+          containerId: `ca${tag}`,
+          ifName: "eth0",
+          netns: a.path,
+          args: podArgs(`a${tag}`),
+          config: node.netconf(version),
+        });
+        assertEquals(addA.code, 0, addA.stdout + addA.stderr);
+        const res = addA.json!;
+        assertEquals(res.cniVersion, version);
+        const ifaces = res.interfaces as { name: string; mac: string; sandbox: string }[];
+        assertEquals(ifaces.length, 1);
+        assertEquals(ifaces[0].name, "eth0");
+        assertEquals(ifaces[0].sandbox, a.path);
+        const ips = res.ips as {
+          address: string;
+          gateway: string;
+          interface: number;
+          version?: string;
+        }[];
+        assertEquals(ips.length, 2);
+        for (const ip of ips) {
+          assertEquals(ip.interface, 0);
+          if (version.startsWith("0.")) assert(ip.version === "4" || ip.version === "6");
+          else assertEquals(ip.version, undefined);
+        }
+        // Inside the pod: the name, the MAC, both addresses, default routes.
+        const links = await linksIn(node, a.name);
+        const eth0 = links.find((l) => l.ifname === "eth0");
+        assert(eth0, "eth0 exists in the pod");
+        assertEquals(eth0.address, ifaces[0].mac);
+        const addrs = await globalAddrs(a.name, "eth0");
+        assertEquals(addrs.sort(), ips.map((i) => i.address).sort());
+        const r4 = await node.vpc.exec(a, ["/usr/sbin/ip", "-4", "route", "show", "default"]);
+        assertStringIncludes(r4.stdout, `via ${node.vpc.gateways.ipv4} dev eth0`);
+        const r6 = await node.vpc.exec(a, ["/usr/sbin/ip", "-6", "route", "show", "default"]);
+        assertStringIncludes(r6.stdout, `via ${node.vpc.gateways.ipv6} dev eth0`);
+        assert(await node.vpc.ping(a, node.vpc.gateways.ipv4!), "ping the IPv4 gateway");
+        assert(await node.vpc.ping(a, node.vpc.gateways.ipv6!), "ping the IPv6 gateway");
+
+        const addB = await node.cni("ADD", {
+          containerId: `cb${tag}`,
+          ifName: "eth0",
+          netns: b.path,
+          args: podArgs(`b${tag}`),
+          config: node.netconf(version),
+        });
+        assertEquals(addB.code, 0, addB.stdout + addB.stderr);
+        const bIps = (addB.json!.ips as { address: string }[]).map((i) => i.address.split("/")[0]);
+        for (const ip of bIps) assert(await node.vpc.ping(a, ip), `pod a pings pod b at ${ip}`);
+
+        // CHECK passes after ADD.
+        const check = await node.cni("CHECK", {
+          containerId: `ca${tag}`,
+          ifName: "eth0",
+          netns: a.path,
+          args: podArgs(`a${tag}`),
+          config: node.netconf(version, { prevResult: res }),
+        });
+        if (version.startsWith("0.3")) {
+          // CHECK does not exist before 0.4.0.
+          assert(check.code !== 0);
+        } else {
+          assertEquals(check.code, 0, check.stdout + check.stderr);
+        }
+
+        // DEL: the device is back on the node under its name, without addresses.
+        const nodeName = eth0.ifalias!;
+        assert(nodeName, "the pod interface keeps the node-side name in its alias");
+        for (const [pod, cid] of [[a, `ca${tag}`], [b, `cb${tag}`]] as [NetnsHandle, string][]) {
+          const del = await node.cni("DEL", {
+            containerId: cid,
+            ifName: "eth0",
+            netns: pod.path,
+            args: podArgs(pod.name),
+            config: node.netconf(version),
+          });
+          assertEquals(del.code, 0, del.stdout + del.stderr);
+        }
+        const back = (await linksIn(node, node.vpc.node.name)).find((l) =>
+          l.address === ifaces[0].mac
+        );
+        assert(back, "the device is back in the node namespace");
+        assertEquals(back.ifname, nodeName);
+        assertEquals(await globalAddrs(node.vpc.node.name, nodeName), []);
+        assert(!(await linksIn(node, a.name)).some((l) => l.ifname === "eth0"));
+        // A second DEL succeeds.
+        const again = await node.cni("DEL", {
+          containerId: `ca${tag}`,
+          ifName: "eth0",
+          netns: a.path,
+          config: node.netconf(version),
+        });
+        assertEquals(again.code, 0, again.stdout);
+        await node.vpc.deletePod(a);
+        await node.vpc.deletePod(b);
+      });
+    }
+    const status = await node.client.status();
+    assertEquals(status.pool.owned, 0);
+  },
+});
+
+Deno.test({
+  name: "DEL after the pod namespace was deleted succeeds and the ENI is usable again",
+  ignore: !ROOT,
+  sanitizeResources: false,
+  async fn() {
+    await using node = await SimulatedNode.start({ mock: { enis: 1 } });
+    const pod = await node.vpc.pod("gone");
+    const add = await node.cni("ADD", {
+      containerId: "c-gone",
+      ifName: "eth0",
+      netns: pod.path,
+      args: podArgs("gone"),
+      config: node.netconf(),
+    });
+    assertEquals(add.code, 0, add.stdout + add.stderr);
+    const mac = (add.json!.interfaces as { mac: string }[])[0].mac;
+    await node.vpc.deletePod(pod);
+    const del = await node.cni("DEL", {
+      containerId: "c-gone",
+      ifName: "eth0",
+      netns: pod.path,
+      config: node.netconf(),
+    });
+    assertEquals(del.code, 0, del.stdout + del.stderr);
+    // The only ENI is allocatable again, and its device is on the node.
+    const pod2 = await node.vpc.pod("next");
+    const add2 = await node.cni("ADD", {
+      containerId: "c-next",
+      ifName: "eth0",
+      netns: pod2.path,
+      args: podArgs("next"),
+      config: node.netconf(),
+    });
+    assertEquals(add2.code, 0, add2.stdout + add2.stderr);
+    assertEquals((add2.json!.interfaces as { mac: string }[])[0].mac, mac);
+    assert(await node.vpc.ping(pod2, node.vpc.gateways.ipv4!));
+  },
+});
+
+Deno.test({
+  name: "ADD with an interface name that exists in the pod fails and leaves nothing behind",
+  ignore: !ROOT,
+  sanitizeResources: false,
+  async fn() {
+    await using node = await SimulatedNode.start({ mock: { enis: 2 } });
+    const pod = await node.vpc.pod("clash");
+    await node.vpc.exec(pod, [
+      "/usr/sbin/ip",
+      "link",
+      "add",
+      "eth0",
+      "type",
+      "veth",
+      "peer",
+      "name",
+      "other0",
+    ]);
+    const before = await node.client.status();
+    const add = await node.cni("ADD", {
+      containerId: "c-clash",
+      ifName: "eth0",
+      netns: pod.path,
+      args: podArgs("clash"),
+      config: node.netconf(),
+    });
+    assertEquals(add.code, 1);
+    const err = JSON.parse(add.stdout);
+    assertMatch(err.msg, /eth0/);
+    const after = await node.client.status();
+    assertEquals(after.pool, before.pool);
+    assertEquals(await node.client.attachments(), []);
+    // Every ENI device is still on the node, with no addresses.
+    for (const eni of after.enis) {
+      const link = (await linksIn(node, node.vpc.node.name)).find((l) => l.address === eni.mac);
+      assert(link, `ENI ${eni.id} is on the node`);
+      assertEquals(await globalAddrs(node.vpc.node.name, link.ifname), []);
+    }
+  },
+});
+
+Deno.test({
+  name: "CHECK fails after someone removes an address inside the pod",
+  ignore: !ROOT,
+  sanitizeResources: false,
+  async fn() {
+    await using node = await SimulatedNode.start({ mock: { enis: 1 } });
+    const pod = await node.vpc.pod("chk");
+    const call = {
+      containerId: "c-chk",
+      ifName: "eth0",
+      netns: pod.path,
+      args: podArgs("chk"),
+    };
+    const add = await node.cni("ADD", { ...call, config: node.netconf() });
+    assertEquals(add.code, 0, add.stdout + add.stderr);
+    const prev = add.json!;
+    const ok = await node.cni("CHECK", {
+      ...call,
+      config: node.netconf("1.1.0", { prevResult: prev }),
+    });
+    assertEquals(ok.code, 0, ok.stdout + ok.stderr);
+    const v4 = (prev.ips as { address: string }[]).find((i) => i.address.includes("."))!;
+    await node.vpc.exec(pod, ["/usr/sbin/ip", "addr", "del", v4.address, "dev", "eth0"]);
+    const bad = await node.cni("CHECK", {
+      ...call,
+      config: node.netconf("1.1.0", { prevResult: prev }),
+    });
+    assertEquals(bad.code, 1);
+    assertStringIncludes(JSON.parse(bad.stdout).msg + JSON.parse(bad.stdout).details, v4.address);
+    // CHECK for an attachment the agent does not know fails.
+    const unknown = await node.cni("CHECK", {
+      ...call,
+      containerId: "c-unknown",
+      config: node.netconf("1.1.0", { prevResult: prev }),
+    });
+    assertEquals(unknown.code, 1);
+  },
+});
+
+Deno.test({
+  name: "the seed README's IPAM example (CNI_NETNS=/dev/null) prints the seed's IPAM result",
+  ignore: !ROOT,
+  sanitizeResources: false,
+  async fn() {
+    await using node = await SimulatedNode.start({ mock: { enis: 1 } });
+    const config = {
+      cniVersion: "1.0.10",
+      name: "examplenet",
+      ipam: { type: "enim" },
+    };
+    const add = await node.cni("ADD", {
+      containerId: "example",
+      ifName: "dummy0",
+      netns: "/dev/null",
+      config,
+    });
+    assertEquals(add.code, 0, add.stdout + add.stderr);
+    const res = add.json!;
+    const ips = res.ips as { address: string; gateway: string; interface: number }[];
+    assertEquals(ips.length, 2);
+    const eni = (await node.client.status()).enis.find((e) => e.owner !== null)!;
+    const link = (await linksIn(node, node.vpc.node.name)).find((l) => l.address === eni.mac)!;
+    for (const ip of ips) {
+      assertEquals(ip.interface, link.ifindex);
+      assertMatch(ip.address, /\/\d+$/);
+    }
+    assertEquals(res.interfaces, [{ mac: eni.mac }]);
+    // The device stays on the node in IPAM mode.
+    assert(link, "the device stays on the node");
+    const del = await node.cni("DEL", {
+      containerId: "example",
+      ifName: "dummy0",
+      netns: "/dev/null",
+      config,
+    });
+    assertEquals(del.code, 0, del.stdout);
+    assertEquals((await node.client.status()).pool.owned, 0);
+  },
+});
