@@ -7,7 +7,7 @@ import { addReq, delReq, makeNode, type Node, settle } from "./_testing.ts";
 import type { FakeStep } from "../netns/fake.ts";
 import { NODE } from "../netns/fake.ts";
 import type { ProviderHang } from "./_testing.ts";
-import { mulberry32 } from "../providers/mock/_rng.ts";
+import { mulberry32 } from "../lib/rng.ts";
 import { assert, assertEquals } from "../lib/assert.ts";
 
 const DEVICE_POINTS: FakeStep[] = [

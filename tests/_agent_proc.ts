@@ -92,14 +92,5 @@ export async function startAgent(
   }
 }
 
-/** A seeded PRNG (mulberry32): the same seed gives the same run. */
-export function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** A seeded PRNG: the same seed gives the same run. */
+export { mulberry32 as prng } from "../lib/rng.ts";

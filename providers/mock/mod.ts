@@ -28,7 +28,7 @@ import {
   type ProviderStatus,
 } from "../contract.ts";
 import { transaction } from "../../lib/sqlite.ts";
-import { mulberry32 } from "./_rng.ts";
+import { mulberry32 } from "../../lib/rng.ts";
 
 /** One simulated subnet: CIDR and gateway (default: the first host). */
 export const MockSubnetSchema = z.strictObject({
