@@ -26,6 +26,11 @@ export interface SimulatedNodeOptions {
   logLevel?: "debug" | "info" | "warn" | "error";
   /** Extra agent config fields. */
   extra?: Record<string, unknown>;
+  /**
+   * Give the agent the veth device simulator (default true). Turn it off when
+   * something else plugs the ENI devices, as the fake BCE server does.
+   */
+  deviceSimulator?: boolean;
   /** Start the agent right away (default true). */
   startAgent?: boolean;
 }
@@ -94,7 +99,9 @@ export class SimulatedNode implements AsyncDisposable {
         statePath: sandbox.inner("enim.db"),
         provider: { name: provider.name, [provider.name]: provider.settings },
         devices: "ip",
-        deviceSimulator: { vpcNetns: vpc.vpc.name, bridge: vpc.bridge },
+        ...(opts.deviceSimulator === false
+          ? {}
+          : { deviceSimulator: { vpcNetns: vpc.vpc.name, bridge: vpc.bridge } }),
         gc: { intervalSeconds: 3600, graceSeconds: 30, ...opts.gc },
         log: { level: opts.logLevel ?? "info", file: sandbox.inner("agent.log") },
         ...opts.extra,
@@ -106,6 +113,14 @@ export class SimulatedNode implements AsyncDisposable {
       throw err;
     }
     return node;
+  }
+
+  /** Edits the agent's config file (before {@linkcode startAgent}: settings known only later). */
+  async editConfig(edit: (config: Record<string, unknown>) => void): Promise<void> {
+    const path = this.sandbox.host("agent.jsonc");
+    const config = JSON.parse(await Deno.readTextFile(path));
+    edit(config);
+    await Deno.writeTextFile(path, JSON.stringify(config, null, 2));
   }
 
   /** The running agent's PID, or null. */

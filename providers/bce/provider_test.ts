@@ -1,6 +1,6 @@
 import { assert, assertEquals, assertStringIncludes } from "../../lib/assert.ts";
 import { type Owner, ProviderError } from "../contract.ts";
-import { providerContractChecks } from "./_contract_checks.ts";
+import { providerContractSuite } from "../contract_suite.ts";
 import {
   AK,
   assertNoSecretsLogged,
@@ -29,10 +29,10 @@ async function eventually(fn: () => Promise<boolean> | boolean, ms = 5000, what 
   }
 }
 
-Deno.test("bce passes the provider contract checks against the fake BCE server", async (t) => {
-  await providerContractChecks(t, async () => {
+Deno.test("bce meets the shared provider contract against the fake BCE server", async (t) => {
+  await providerContractSuite(t, async () => {
     const env = await setup({ maxEnisPerNode: 4 });
-    return { provider: env.provider, capacity: 4, close: env.close };
+    return { provider: env.provider, cleanup: env.close };
   });
 });
 

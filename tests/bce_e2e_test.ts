@@ -1,0 +1,267 @@
+/**
+ * End to end on the real kernel with the BCE provider: the agent (bce provider,
+ * production permission set) and the plugin in a simulated node, against the
+ * fake BCE server running inside the node namespace (tests/bce_fake_main.ts),
+ * which plugs a veth device with the ENI's MAC when an ENI is attached.
+ */
+import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
+import { SimulatedNode } from "./_node.ts";
+import { FakeBceProcess, type FakeBceState } from "./bce_fake_main.ts";
+import type { NetnsHandle } from "./vpc.ts";
+
+const ROOT = Deno.uid() === 0;
+const SUBNET = "10.99.0.0/24";
+const GATEWAY = "10.99.0.1";
+const INSTANCE = "i-e2enode01";
+const AK = "AKIDenimE2E00000001";
+/** Must never appear in any log line. */
+const SECRET = "SK-e2e-secret-DO-NOT-LOG-5b1e9c0a44f2";
+/** Must never appear in any log line. */
+const SESSION_TOKEN = "ST-e2e-token-DO-NOT-LOG+Sess/ion==";
+
+function podArgs(name: string): string {
+  return `K8S_POD_NAMESPACE=default;K8S_POD_NAME=${name};IgnoreUnknown=1`;
+}
+
+/** The requests of `state` matching a method, a path and (optionally) a bare query key. */
+function calls(state: FakeBceState, method: string, path: string | RegExp, action?: string) {
+  return state.requests.filter((r) =>
+    r.method === method &&
+    (typeof path === "string" ? r.path === path : path.test(r.path)) &&
+    (action === undefined || action in r.query)
+  );
+}
+
+async function readLines(path: string): Promise<string[]> {
+  const text = await Deno.readTextFile(path).catch((e) => {
+    if (e instanceof Deno.errors.NotFound) return "";
+    throw e;
+  });
+  return text.split("\n").filter((l) => l !== "");
+}
+
+Deno.test({
+  name:
+    "bce end to end: ADD gets a freshly created and attached ENI, DEL pools it, reuse, GC frees a dead pod's, no secret logged",
+  ignore: !ROOT,
+  sanitizeResources: false,
+  async fn(t) {
+    await using node = await SimulatedNode.start({
+      subnets: { ipv4: SUBNET },
+      startAgent: false,
+      // The fake BCE server plugs the devices; the agent gets no simulator.
+      deviceSimulator: false,
+      logLevel: "debug",
+      gc: { intervalSeconds: 3600, graceSeconds: 0 },
+      provider: {
+        name: "bce",
+        settings: {
+          credentialsFile: "/run/enim/bce-credentials.json",
+          // endpoint and metadataUrl: set once the fake listens.
+          securityGroupIds: ["g-e2e0001"],
+          warmPool: { minIdle: 0, maxIdle: 4 },
+          maxEnisPerNode: 4,
+          timeouts: {
+            requestMs: 5000,
+            totalMs: 20_000,
+            baseDelayMs: 50,
+            maxDelayMs: 500,
+            attachMs: 20_000,
+            deviceMs: 20_000,
+            pollMs: 20,
+            poolIntervalMs: 600_000,
+          },
+        },
+      },
+    });
+    // The credentials file, mode 0600, in the node's /run/enim (read-allowed for enim).
+    await Deno.writeTextFile(
+      node.sandbox.host("bce-credentials.json"),
+      JSON.stringify({ accessKeyId: AK, secretAccessKey: SECRET, sessionToken: SESSION_TOKEN }),
+      { mode: 0o600 },
+    );
+    await Deno.chmod(node.sandbox.host("bce-credentials.json"), 0o600);
+    await using fake = await FakeBceProcess.start({
+      nodeNetns: node.vpc.node.name,
+      vpcNetns: node.vpc.vpc.name,
+      bridge: node.vpc.bridge,
+      subnet: { subnetId: "sbn-e2e0001", cidr: SUBNET, zoneName: "cn-bj-a" },
+      instanceId: INSTANCE,
+      eniQuota: 8,
+      credentials: [{ accessKeyId: AK, secretAccessKey: SECRET, sessionToken: SESSION_TOKEN }],
+    });
+    assertStringIncludes(fake.url, "http://127.0.0.1:");
+    await node.editConfig((cfg) => {
+      const bce = (cfg.provider as { bce: Record<string, unknown> }).bce;
+      bce.endpoint = fake.url;
+      bce.metadataUrl = fake.metadataUrl;
+    });
+    try {
+      await node.startAgent();
+    } catch (err) {
+      throw new Error(`${(err as Error).message}\nfake BCE:\n${fake.output().join("\n")}`);
+    }
+
+    const initial = await node.client.status();
+    assertEquals(initial.provider, "bce");
+    assertEquals(initial.pool.free + initial.pool.owned, 0);
+    assertEquals((await fake.state()).enis, []);
+
+    let eniId = "";
+    let mac = "";
+    let podA: NetnsHandle | null = null;
+    let podB: NetnsHandle | null = null;
+    await t.step(
+      "ADD gets a freshly created and attached ENI, and the pod pings its gateway",
+      async () => {
+        const pod = podA = await node.vpc.pod("bce-a");
+        const add = await node.cni("ADD", {
+          containerId: "c-bce-a",
+          ifName: "eth0",
+          netns: pod.path,
+          args: podArgs("bce-a"),
+          config: node.netconf(),
+        });
+        assertEquals(add.code, 0, add.stdout + add.stderr + (await node.agentLog()));
+        mac = (add.json!.interfaces as { mac: string }[])[0].mac;
+        const ips = add.json!.ips as { address: string; gateway: string }[];
+        assertEquals(ips.length, 1);
+        assertEquals(ips[0].gateway, GATEWAY);
+
+        // The fake created it and attached it to this node for this ADD.
+        const state = await fake.state();
+        assertEquals(state.enis.length, 1);
+        const eni = state.enis[0];
+        eniId = eni.eniId;
+        assertEquals(eni.macAddress, mac);
+        assertEquals(eni.status, "inuse");
+        assertEquals(eni.instanceId, INSTANCE);
+        assert(eni.name.startsWith(`enim/${INSTANCE}/`), eni.name);
+        assertEquals(eni.securityGroupIds, ["g-e2e0001"]);
+        assertEquals(`${eni.privateIpSet[0].privateIpAddress}/24`, ips[0].address);
+        const creates = calls(state, "POST", "/v1/eni").filter((r) => r.status === 200);
+        assertEquals(creates.length, 1);
+        assert(creates[0].query.clientToken, "the create carries a clientToken");
+        const attaches = calls(state, "PUT", `/v1/eni/${eniId}`, "attach")
+          .filter((r) => r.status === 200);
+        assertEquals(attaches.length, 1);
+        assert(
+          state.requests.indexOf(creates[0]) < state.requests.indexOf(attaches[0]),
+          "create came before attach",
+        );
+
+        const st = await node.client.status();
+        assertEquals(st.pool.owned, 1);
+        assertEquals(st.enis.find((e) => e.id === eniId)?.owner?.containerId, "c-bce-a");
+        assert(await node.vpc.ping(pod, GATEWAY), "the pod pings its gateway");
+      },
+    );
+
+    await t.step("DEL returns it to the pool without a detach", async () => {
+      const del = await node.cni("DEL", {
+        containerId: "c-bce-a",
+        ifName: "eth0",
+        netns: podA!.path,
+        args: podArgs("bce-a"),
+        config: node.netconf(),
+      });
+      assertEquals(del.code, 0, del.stdout + del.stderr);
+      const after = await node.client.status();
+      assertEquals([after.pool.free, after.pool.owned], [1, 0]);
+      const s = await fake.state();
+      assertEquals(s.enis.map((e) => [e.eniId, e.status]), [[eniId, "inuse"]]);
+      assertEquals(calls(s, "PUT", /^\/v1\/eni\//, "detach"), []);
+      assertEquals(calls(s, "DELETE", /^\/v1\/eni\//), []);
+      await node.vpc.deletePod(podA!);
+    });
+
+    await t.step("a second pod reuses the pooled ENI (no new create)", async () => {
+      const pod = podB = await node.vpc.pod("bce-b");
+      const add = await node.cni("ADD", {
+        containerId: "c-bce-b",
+        ifName: "eth0",
+        netns: pod.path,
+        args: podArgs("bce-b"),
+        config: node.netconf(),
+      });
+      assertEquals(add.code, 0, add.stdout + add.stderr);
+      assertEquals((add.json!.interfaces as { mac: string }[])[0].mac, mac);
+      assert(await node.vpc.ping(pod, GATEWAY), "the second pod pings its gateway");
+      const s = await fake.state();
+      assertEquals(s.enis.length, 1);
+      assertEquals(calls(s, "POST", "/v1/eni").filter((r) => r.status === 200).length, 1);
+      assertEquals(calls(s, "PUT", /^\/v1\/eni\//, "attach").length, 1);
+    });
+
+    await t.step("GC of the dead pod (namespace deleted, no DEL) frees it", async () => {
+      await node.vpc.deletePod(podB!);
+      const report = await node.client.gc({ dryRun: false });
+      assertEquals(
+        report.items.map((i) => [i.eniId, i.containerId, i.outcome]),
+        [[eniId, "c-bce-b", "reclaimed"]],
+      );
+      const after = await node.client.status();
+      assertEquals([after.pool.free, after.pool.owned], [1, 0]);
+      assertEquals(await node.client.attachments(), []);
+      const s2 = await fake.state();
+      assertEquals(s2.enis.map((e) => [e.eniId, e.status]), [[eniId, "inuse"]]);
+      assertEquals(calls(s2, "PUT", /^\/v1\/eni\//, "detach"), []);
+    });
+
+    await t.step("the freed ENI serves a third pod", async () => {
+      const pod = await node.vpc.pod("bce-c");
+      const call = {
+        containerId: "c-bce-c",
+        ifName: "eth0",
+        netns: pod.path,
+        args: podArgs("bce-c"),
+        config: node.netconf(),
+      };
+      const add = await node.cni("ADD", call);
+      assertEquals(add.code, 0, add.stdout + add.stderr + (await node.agentLog()));
+      assertEquals((add.json!.interfaces as { mac: string }[])[0].mac, mac);
+      assert(await node.vpc.ping(pod, GATEWAY), "the third pod pings its gateway");
+      const del = await node.cni("DEL", call);
+      assertEquals(del.code, 0, del.stdout + del.stderr);
+      await node.vpc.deletePod(pod);
+      const s = await fake.state();
+      assertEquals(calls(s, "POST", "/v1/eni").filter((r) => r.status === 200).length, 1);
+    });
+
+    await t.step("no log line holds the secret key or the session token", async () => {
+      await node.stopAgent();
+      await fake.close();
+      const agent = await readLines(node.logPath);
+      const agentStderr = await readLines(node.sandbox.host("agent.stderr"));
+      const plugin = await readLines(node.sandbox.host("cni.log"));
+      const fakeOut = fake.output();
+      assert(agent.length > 0, "the agent logged");
+      assert(plugin.length > 0, "the plugin logged");
+      // The provider did log about BCE (so the grep covers its lines): it names the key id.
+      assert(
+        agent.some((l) => l.includes(AK) && l.includes("BCE provider configured")),
+        "the agent's log names the access key id",
+      );
+      assert(agent.some((l) => l.includes(eniId)), "the agent's log names the ENI");
+      for (
+        const [what, lines] of [
+          ["agent log", agent],
+          ["agent stderr", agentStderr],
+          ["plugin log", plugin],
+          ["fake BCE output", fakeOut],
+        ] as const
+      ) {
+        for (const line of lines) {
+          for (const secret of [SECRET, SESSION_TOKEN, "bce-auth-v1/"]) {
+            assert(
+              !line.includes(secret),
+              `${what} leaks a secret: ${
+                line.replaceAll(SECRET, "<SECRET>").replaceAll(SESSION_TOKEN, "<TOKEN>")
+              }`,
+            );
+          }
+        }
+      }
+    });
+  },
+});
