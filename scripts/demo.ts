@@ -41,7 +41,8 @@ try {
   console.log(
     `VPC namespace    ${node.vpc.vpc.name} (bridge ${node.vpc.bridge}, gateways ${node.vpc.gateways.ipv4} ${node.vpc.gateways.ipv6})`,
   );
-  console.log(`agent            pid ${node.agentPid}, socket ${node.socket}\n`);
+  console.log(`agent            pid ${node.agentPid}, socket ${node.socket}`);
+  console.log(`sandbox          ${node.sandbox.base} (the node's private /run/enim)\n`);
 
   const pods: { name: string; ns: NetnsHandle; containerId: string; ips: string[] }[] = [];
   for (const name of ["web", "api", "db"]) {
