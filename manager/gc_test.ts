@@ -71,7 +71,10 @@ Deno.test("gc() dry run lists exactly the dead attachments and changes nothing",
     assertEquals(byC.get("web-old")!.eniId, old.eniId);
     assertEquals(await snapshot(n), before, "state, devices and provider untouched");
     const ops = new Set(n.devices.calls.slice(callsBefore).map((c) => c.op));
-    assert([...ops].every((op) => op === "netnsIdentity"), `Only reads: ${[...ops]}`);
+    assert(
+      [...ops].every((op) => op === "netnsIdentity" || op === "findByMac"),
+      `Only reads: ${[...ops]}`,
+    );
   }));
 
 Deno.test("gc() reclaims the dead attachments and leaves the live ones", () =>
@@ -97,6 +100,28 @@ Deno.test("gc() reclaims the dead attachments and leaves the live ones", () =>
     }
     // A second pass finds nothing.
     assertEquals((await n.mgr.gc({ dryRun: false })).items, []);
+  }));
+
+Deno.test("gc() reclaims a netns recreated at the same path even when the kernel reused its inode", () =>
+  withNode(async (n) => {
+    const reused = await add(n, "reused");
+    const live = await add(n, "live");
+    const before = n.devices.snapshot()["/run/netns/preused"].identity;
+    const after = n.devices.replaceNetns("/run/netns/preused", { reuseInode: true });
+    assertEquals(after, before, "the recreated namespace shows the recorded identity");
+    n.clock.advance(GRACE);
+    const rep = await n.mgr.gc({ dryRun: false });
+    assertEquals(rep.items.map((i) => [i.containerId, i.outcome]), [["creused", "reclaimed"]]);
+    assertStringIncludes(rep.items[0].reason, "no longer holds the ENI's device");
+    const w = n.devices.where(reused.mac)!;
+    assertEquals([w.ns, w.link.ifname, w.link.up, w.link.addresses], [
+      NODE,
+      reused.nodeName,
+      false,
+      [],
+    ]);
+    assertEquals(n.devices.where(live.mac)?.ns, "/run/netns/plive");
+    assertEquals(n.mgr.attachments().map((a) => a.containerId), ["clive"]);
   }));
 
 Deno.test("gc() never reclaims inside the grace period", () =>
