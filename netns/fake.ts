@@ -123,7 +123,7 @@ export class FakeDeviceLayer implements DeviceLayer {
   replaceNetns(path: string, opts: { reuseInode?: boolean } = {}): NetnsIdentity {
     const old = this.#ns.get(path)?.identity;
     this.deleteNetns(path);
-    const identity = this.addNetns(path);
+    this.addNetns(path);
     if (opts.reuseInode && old) this.#ns.get(path)!.identity = clone(old);
     return clone(this.#ns.get(path)!.identity);
   }
