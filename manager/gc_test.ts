@@ -124,6 +124,25 @@ Deno.test("gc() reclaims a netns recreated at the same path even when the kernel
     assertEquals(n.mgr.attachments().map((a) => a.containerId), ["clive"]);
   }));
 
+Deno.test("gc() renames and scrubs a vanished device the provider brings back under another name", () =>
+  withNode(async (n) => {
+    const dead = await add(n, "dead");
+    // A veth dies with its namespace; the provider's repair plugs it back as sim<N>.
+    n.devices.removeLink(dead.mac);
+    n.devices.deleteNetns("/run/netns/pdead");
+    n.clock.advance(GRACE);
+    const rep = await n.mgr.gc({ dryRun: false });
+    assertEquals(rep.items.map((i) => [i.containerId, i.outcome]), [["cdead", "reclaimed"]]);
+    const w = n.devices.where(dead.mac)!;
+    assertEquals([w.ns, w.link.ifname, w.link.up, w.link.addresses], [
+      NODE,
+      dead.nodeName,
+      false,
+      [],
+    ]);
+    assertEquals((await n.owned()).size, 0);
+  }));
+
 Deno.test("gc() never reclaims inside the grace period", () =>
   withNode(async (n) => {
     await add(n, 1);
