@@ -88,8 +88,7 @@ export const netnsLiveness: LivenessSource = {
       ) {
         // The kernel reuses a freed namespace's inode at once, so a path deleted and
         // recreated can show the recorded identity: the ENI's device must still be there.
-        const link = await ctx.devices.findByMac(r.mac, r.netns).catch(() => undefined);
-        if (link === null) {
+        if (await deviceGone(r, ctx.devices)) {
           out.set(keyOf(r), {
             reason: `netns "${r.netns}" no longer holds the ENI's device ${r.mac} (replaced)`,
             netnsUsable: false,
@@ -100,6 +99,21 @@ export const netnsLiveness: LivenessSource = {
     return out;
   },
 };
+
+/**
+ * Whether the interface-mode attachment's netns surely no longer holds its device:
+ * neither a link with its MAC nor its interface with the node-side name as alias
+ * (a chained plugin such as tuning may have changed the MAC). Unknown counts as held.
+ */
+async function deviceGone(r: AttachmentRow, devices: DeviceLayer): Promise<boolean> {
+  try {
+    if (await devices.findByMac(r.mac!, r.netns)) return false;
+    const live = await devices.inspect({ netns: r.netns, ifName: r.ifName });
+    return !(live.link && r.nodeName && live.link.ifalias === r.nodeName);
+  } catch {
+    return false;
+  }
+}
 
 /** (b) A CNI GC call for the attachment's network does not list it in its valid attachments. */
 export const cniGcLiveness: LivenessSource = {

@@ -124,6 +124,18 @@ Deno.test("gc() reclaims a netns recreated at the same path even when the kernel
     assertEquals(n.mgr.attachments().map((a) => a.containerId), ["clive"]);
   }));
 
+Deno.test("gc() keeps a pod whose interface a chained plugin gave another MAC", () =>
+  withNode(async (n) => {
+    const tuned = await add(n, "tuned");
+    n.devices.editPodLink("/run/netns/ptuned", "eth0", (l) => l.mac = "02:00:00:00:00:99");
+    n.clock.advance(GRACE);
+    assertEquals((await n.mgr.gc({ dryRun: false })).items, []);
+    assertEquals(n.mgr.attachments().map((a) => [a.containerId, a.eniId]), [[
+      "ctuned",
+      tuned.eniId,
+    ]]);
+  }));
+
 Deno.test("gc() renames and scrubs a vanished device the provider brings back under another name", () =>
   withNode(async (n) => {
     const dead = await add(n, "dead");
