@@ -64,6 +64,9 @@ export class ControlledProvider implements Provider {
   status() {
     return this.inner.status();
   }
+  repairDevice(eniId: string): Promise<void> {
+    return this.inner.repairDevice?.(eniId) ?? Promise.resolve();
+  }
   close(): Promise<void> {
     return this.inner.close();
   }

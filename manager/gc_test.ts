@@ -71,7 +71,10 @@ Deno.test("gc() dry run lists exactly the dead attachments and changes nothing",
     assertEquals(byC.get("web-old")!.eniId, old.eniId);
     assertEquals(await snapshot(n), before, "state, devices and provider untouched");
     const ops = new Set(n.devices.calls.slice(callsBefore).map((c) => c.op));
-    assert([...ops].every((op) => op === "netnsIdentity"), `Only reads: ${[...ops]}`);
+    assert(
+      [...ops].every((op) => op === "netnsIdentity" || op === "findByMac"),
+      `Only reads: ${[...ops]}`,
+    );
   }));
 
 Deno.test("gc() reclaims the dead attachments and leaves the live ones", () =>
@@ -97,6 +100,59 @@ Deno.test("gc() reclaims the dead attachments and leaves the live ones", () =>
     }
     // A second pass finds nothing.
     assertEquals((await n.mgr.gc({ dryRun: false })).items, []);
+  }));
+
+Deno.test("gc() reclaims a netns recreated at the same path even when the kernel reused its inode", () =>
+  withNode(async (n) => {
+    const reused = await add(n, "reused");
+    const live = await add(n, "live");
+    const before = n.devices.snapshot()["/run/netns/preused"].identity;
+    const after = n.devices.replaceNetns("/run/netns/preused", { reuseInode: true });
+    assertEquals(after, before, "the recreated namespace shows the recorded identity");
+    n.clock.advance(GRACE);
+    const rep = await n.mgr.gc({ dryRun: false });
+    assertEquals(rep.items.map((i) => [i.containerId, i.outcome]), [["creused", "reclaimed"]]);
+    assertStringIncludes(rep.items[0].reason, "no longer holds the ENI's device");
+    const w = n.devices.where(reused.mac)!;
+    assertEquals([w.ns, w.link.ifname, w.link.up, w.link.addresses], [
+      NODE,
+      reused.nodeName,
+      false,
+      [],
+    ]);
+    assertEquals(n.devices.where(live.mac)?.ns, "/run/netns/plive");
+    assertEquals(n.mgr.attachments().map((a) => a.containerId), ["clive"]);
+  }));
+
+Deno.test("gc() keeps a pod whose interface a chained plugin gave another MAC", () =>
+  withNode(async (n) => {
+    const tuned = await add(n, "tuned");
+    n.devices.editPodLink("/run/netns/ptuned", "eth0", (l) => l.mac = "02:00:00:00:00:99");
+    n.clock.advance(GRACE);
+    assertEquals((await n.mgr.gc({ dryRun: false })).items, []);
+    assertEquals(n.mgr.attachments().map((a) => [a.containerId, a.eniId]), [[
+      "ctuned",
+      tuned.eniId,
+    ]]);
+  }));
+
+Deno.test("gc() renames and scrubs a vanished device the provider brings back under another name", () =>
+  withNode(async (n) => {
+    const dead = await add(n, "dead");
+    // A veth dies with its namespace; the provider's repair plugs it back as sim<N>.
+    n.devices.removeLink(dead.mac);
+    n.devices.deleteNetns("/run/netns/pdead");
+    n.clock.advance(GRACE);
+    const rep = await n.mgr.gc({ dryRun: false });
+    assertEquals(rep.items.map((i) => [i.containerId, i.outcome]), [["cdead", "reclaimed"]]);
+    const w = n.devices.where(dead.mac)!;
+    assertEquals([w.ns, w.link.ifname, w.link.up, w.link.addresses], [
+      NODE,
+      dead.nodeName,
+      false,
+      [],
+    ]);
+    assertEquals((await n.owned()).size, 0);
   }));
 
 Deno.test("gc() never reclaims inside the grace period", () =>

@@ -339,7 +339,10 @@ class ManagerImpl implements Manager {
             // The netns is gone: the kernel returned the device to the node.
             outcome = await this.#devices.unplug({ mac, nodeName, netns: null });
           }
-          if (outcome === "missing" && row.eniId) await this.#repairDevice(row.eniId, mac);
+          if (outcome === "missing" && row.eniId && await this.#repairDevice(row.eniId, mac)) {
+            // It may come back under another name (and, physical, up): rename and scrub it.
+            await this.#devices.unplug({ mac, nodeName, netns: null });
+          }
         });
       }
       if (!o.skipProvider) await this.#provider.deallocateENI(ownerOf(row));
@@ -354,8 +357,9 @@ class ManagerImpl implements Manager {
    * A released device was found nowhere (a veth dies with its namespace; a physical
    * ENI returns to the node asynchronously): ask the provider to bring it back and
    * wait for it on the node, so the ENI is usable when it returns to the pool.
+   * Returns whether the device is back.
    */
-  async #repairDevice(eniId: string, mac: string): Promise<void> {
+  async #repairDevice(eniId: string, mac: string): Promise<boolean> {
     const deadline = Date.now() + 3000;
     for (;;) {
       await this.#provider.repairDevice?.(eniId).catch((err) =>
@@ -363,12 +367,13 @@ class ManagerImpl implements Manager {
       );
       if (await this.#devices.findByMac(mac).catch(() => null)) {
         this.#log.info("A vanished ENI device is back on the node", { eniId, mac });
-        return;
+        return true;
       }
       if (Date.now() > deadline) break;
       await new Promise((r) => setTimeout(r, 100));
     }
     this.#log.warn("The ENI's device is missing from the node", { eniId, mac });
+    return false;
   }
 
   // ---------------------------------------------------------------- DEL

@@ -116,10 +116,16 @@ export class FakeDeviceLayer implements DeviceLayer {
     }
   }
 
-  /** Deletes and recreates the namespace at `path`: same path, new identity. */
-  replaceNetns(path: string): NetnsIdentity {
+  /**
+   * Deletes and recreates the namespace at `path`: same path, new identity, or with
+   * `reuseInode` the old one (the kernel hands a freed namespace's inode to the next).
+   */
+  replaceNetns(path: string, opts: { reuseInode?: boolean } = {}): NetnsIdentity {
+    const old = this.#ns.get(path)?.identity;
     this.deleteNetns(path);
-    return this.addNetns(path);
+    this.addNetns(path);
+    if (opts.reuseInode && old) this.#ns.get(path)!.identity = clone(old);
+    return clone(this.#ns.get(path)!.identity);
   }
 
   /** Makes `step` throw `error` (a DeviceError "failed" by default) the next `times` calls. */
