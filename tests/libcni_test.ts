@@ -255,3 +255,84 @@ Deno.test({
     }
   },
 });
+
+/**
+ * enim as IPAM under host-device, the reference plugin that hands a whole existing device
+ * to a pod. host-device finds the device by `hwaddr` and moves it into the pod (renamed
+ * CNI_IFNAME, its node name kept in the alias) *before* it calls IPAM, then configures the
+ * IPAM result on it; on DEL it calls IPAM DEL first and then moves the device back. So the
+ * config pins the ENI: `hwaddr` is its MAC and `IP=` (CNI_ARGS) asks enim for its address,
+ * making enim allocate the very ENI whose device host-device moved.
+ */
+Deno.test({
+  name: "libcni: enim as the IPAM plugin of host-device, add/check/del",
+  ignore: DEPS.skip !== null,
+  sanitizeResources: false,
+  async fn() {
+    await using node = await SimulatedNode.start({ mock: { enis: 2 } });
+    const lc = await Libcni.create(node);
+    try {
+      const eni = (await node.client.status()).enis[0];
+      const v4 = eni.ipv4!, v6 = eni.ipv6!;
+      const conflist = await lc.conflist("enim-hostdev", [{
+        type: "host-device",
+        hwaddr: eni.mac,
+        ipam: { type: "enim", logFile: node.sandbox.inner("cni.log") },
+      }]);
+      const nodeLinks = async () =>
+        (await node.vpc.exec(node.vpc.node, ["/usr/sbin/ip", "-o", "link", "show"])).stdout;
+      const nodeName = (await nodeLinks()).split("\n").find((l) => l.includes(eni.mac))!
+        .split(": ")[1].split("@")[0];
+      // Twice, in two pods: the ENI is reusable after host-device's DEL.
+      for (const name of ["hostdev-a", "hostdev-b"]) {
+        const pod = await node.vpc.pod(`lc-${name}`);
+        const call = {
+          containerId: `lc-${name}`,
+          netns: pod.path,
+          ifName: "eth0",
+          args: [...podArgs(name), ["IP", v4.address]] as [string, string][],
+        };
+        const add = await lc.ok(conflist, { op: "add", ...call });
+        const res = add.result!;
+        assertEquals(res.interfaces, [{ name: "eth0", mac: eni.mac, sandbox: pod.path }]);
+        assertEquals(res.ips, [
+          { interface: 0, address: `${v4.address}/${v4.prefixLength}`, gateway: v4.gateway },
+          { interface: 0, address: `${v6.address}/${v6.prefixLength}`, gateway: v6.gateway },
+        ]);
+        const status = await node.client.status();
+        assertEquals(status.enis.find((e) => e.id === eni.id)?.owner?.pod, `lc/${name}`);
+
+        // Inside the pod: host-device's eth0 is the ENI, configured with enim's result.
+        const link = await inPod(node, pod, ["/usr/sbin/ip", "-o", "link", "show", "eth0"]);
+        assertStringIncludes(link, `link/ether ${eni.mac}`);
+        assertStringIncludes(link, `alias ${nodeName}`);
+        const addr = await inPod(node, pod, ["/usr/sbin/ip", "-o", "addr", "show", "eth0"]);
+        assertStringIncludes(addr, `inet ${v4.address}/${v4.prefixLength}`);
+        assertStringIncludes(addr, `inet6 ${v6.address}/${v6.prefixLength}`);
+        const r4 = await inPod(node, pod, ["/usr/sbin/ip", "-4", "route", "show", "default"]);
+        assertStringIncludes(r4, `via ${v4.gateway} dev eth0`);
+        const r6 = await inPod(node, pod, ["/usr/sbin/ip", "-6", "route", "show", "default"]);
+        assertStringIncludes(r6, `via ${v6.gateway} dev eth0`);
+        assert(await node.vpc.ping(pod, v4.gateway), "the pod pings its gateway");
+        assert(!(await nodeLinks()).includes(eni.mac), "the device left the node");
+
+        await lc.ok(conflist, { op: "check", ...call });
+
+        // DEL: enim releases the ENI and leaves the device to host-device, which moves it
+        // back to the node under its node name.
+        await lc.ok(conflist, { op: "del", ...call });
+        assertEquals((await node.client.status()).pool.owned, 0);
+        const back = (await nodeLinks()).split("\n").find((l) => l.includes(eni.mac));
+        assert(back, "the device is back on the node");
+        assertStringIncludes(back, `: ${nodeName}`);
+        const gone = await node.vpc.exec(pod, ["/usr/sbin/ip", "link", "show", "eth0"]);
+        assert(gone.code !== 0, "eth0 left the pod");
+        // No second DEL here: host-device's own DEL is not idempotent (it fails with "failed
+        // to find eth0" once the device has left the pod; upstream's still does).
+        await node.vpc.deletePod(pod);
+      }
+    } finally {
+      await lc.close();
+    }
+  },
+});
