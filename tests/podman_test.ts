@@ -43,10 +43,14 @@ class Podman {
   readonly cgroupParent: string;
   readonly node: SimulatedNode;
 
+  /** /run/netns before the test: podman names its namespaces netns-<uuid>. */
+  readonly #netnsBefore: Set<string>;
+
   constructor(node: SimulatedNode, dir: string) {
     this.node = node;
     this.dir = dir;
     this.cgroupParent = `/${dir.split("/").pop()}`;
+    this.#netnsBefore = new Set(netnsEntries());
   }
 
   get env(): Record<string, string> {
@@ -149,6 +153,23 @@ class Podman {
       ),
     );
     await Deno.remove(this.dir, { recursive: true }).catch(() => {});
+    // podman creates each container namespace as a file in /run/netns with a mount on it;
+    // it mounts inside the node's sandbox, so from here the file is a plain empty file
+    // (same device as the directory). Only if podman died before removing it is one left.
+    const dirDev = Deno.statSync("/run/netns").dev;
+    for (const name of netnsEntries()) {
+      if (this.#netnsBefore.has(name) || !name.startsWith("netns-")) continue;
+      const path = `/run/netns/${name}`;
+      if (Deno.statSync(path).dev === dirDev) await Deno.remove(path).catch(() => {});
+    }
+  }
+}
+
+function netnsEntries(): string[] {
+  try {
+    return [...Deno.readDirSync("/run/netns")].map((e) => e.name);
+  } catch {
+    return [];
   }
 }
 
@@ -220,6 +241,9 @@ Deno.test({
       assertMatch(cniLog, /"verb":"ADD"/);
       assertMatch(cniLog, /"verb":"DEL"/);
       assert((await podman.ok(["ps", "--all", "--quiet"])).trim() === "", "no container left");
+      const sandbox = inspect.NetworkSettings.SandboxKey as string;
+      assertMatch(sandbox, /^\/run\/netns\/netns-/);
+      assert(!exists(sandbox), `podman removed the container's namespace ${sandbox}`);
     } finally {
       await podman.close();
       if (!cniCacheExisted) await removeEmptyDirs(["/var/lib/cni/results", "/var/lib/cni"]);
