@@ -81,7 +81,8 @@ class Podman {
       `${d}/containers.conf`,
       [
         "[containers]",
-        // The machine's default nofile ulimit makes runc fail to start the container.
+        // podman's default nofile ulimit (1048576) is above these machines' hard limit
+        // (20000): runc fails with "error setting rlimit type 7: operation not permitted".
         "default_ulimits = []",
         // conmon in no cgroup; the container's cgroup under a parent this test removes.
         'cgroups = "no-conmon"',
