@@ -30,7 +30,7 @@ import {
   type Provider,
   ProviderError,
 } from "../providers/contract.ts";
-import { DeviceError, type DeviceLayer, type RouteSpec } from "../netns/types.ts";
+import { DeviceError, type DeviceLayer, type Link, type RouteSpec } from "../netns/types.ts";
 import type { Logger } from "../lib/log.ts";
 import { VERSION } from "../lib/version.ts";
 import {
@@ -208,7 +208,7 @@ class ManagerImpl implements Manager {
       }
       // Left half done by a crash (reconcile normally handles these): undo it first.
       try {
-        await this.#release(existing, { netnsUsable: true });
+        await this.#release(existing, { netnsUsable: true, leaveCallerDevice: true });
       } catch (err) {
         throw toApiError(err);
       }
@@ -250,17 +250,30 @@ class ManagerImpl implements Manager {
       this.state.update(key, { eniId: eni.id, mac: eni.mac });
       log.debug("ENI allocated", { eniId: eni.id });
       return await this.#locks.run(`eni:${eni.id}`, async () => {
-        const link = await this.#devices.findByMac(eni.mac);
-        if (!link) {
+        const found = await this.#findDevice(eni.mac, req.mode === "ipam" && identity ? req : null);
+        if (!found) {
           throw new ApiError(
             "device_error",
-            `No device with MAC "${eni.mac}" (ENI "${eni.id}") on the node`,
+            `No device with MAC "${eni.mac}" (ENI "${eni.id}") on the node${
+              req.mode === "ipam" && identity ? " or in the pod" : ""
+            }`,
           );
         }
-        this.state.update(key, { nodeName: link.ifname, ifindex: link.ifindex });
+        const { link, inPod } = found;
+        // A device plugin that moves the device before calling IPAM (host-device) keeps
+        // the node-side name in the alias, as enim itself does.
+        const nodeNameOf = inPod ? (link.ifalias || link.ifname) : link.ifname;
+        if (inPod) {
+          log.info("The calling plugin has moved the device into the pod already", {
+            eniId: eni.id,
+            podName: link.ifname,
+            nodeName: nodeNameOf,
+          });
+        }
+        this.state.update(key, { nodeName: nodeNameOf, ifindex: link.ifindex });
         const { ips, routes } = buildResult(eni, req);
         let ifindex = link.ifindex;
-        let nodeName = link.ifname;
+        let nodeName = nodeNameOf;
         if (req.mode === "interface") {
           const r = await this.#devices.plug({
             mac: eni.mac,
@@ -291,7 +304,11 @@ class ManagerImpl implements Manager {
       const row = this.state.get(key);
       if (row) {
         try {
-          await this.#release(row, { netnsUsable: true, skipProvider: !allocating });
+          await this.#release(row, {
+            netnsUsable: true,
+            skipProvider: !allocating,
+            leaveCallerDevice: true,
+          });
         } catch (rbErr) {
           log.error("Rollback failed; GC will finish it", { error: message(rbErr) });
         }
@@ -303,13 +320,44 @@ class ManagerImpl implements Manager {
   // ---------------------------------------------------------------- release (DEL, rollback, GC)
 
   /**
+   * Finds an ENI's device on the node or, for an IPAM ADD with a usable pod namespace,
+   * in the pod (a device plugin such as host-device moves the device into the pod before
+   * it calls IPAM). A device released a moment ago may still be on its way back to the
+   * node (the calling plugin moves it out after IPAM DEL; a physical ENI returns
+   * asynchronously), so a missing device is looked for again for up to 2 s.
+   */
+  async #findDevice(
+    mac: string,
+    pod: { netns: string } | null,
+  ): Promise<{ link: Link; inPod: boolean } | null> {
+    const deadline = Date.now() + 2000;
+    for (;;) {
+      const onNode = await this.#devices.findByMac(mac);
+      if (onNode) return { link: onNode, inPod: false };
+      if (pod) {
+        const inPod = await this.#devices.findByMac(mac, pod.netns).catch(() => null);
+        if (inPod) return { link: inPod, inPod: true };
+      }
+      if (Date.now() >= deadline) return null;
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+
+  /**
    * Releases an attachment; the caller holds its `att:` key. Intent (`deleting`) first,
    * then the device back to the node, then the provider, then the row is deleted. On
    * failure the row stays `deleting` with the error recorded (GC finishes it).
+   *
+   * `leaveCallerDevice` (DEL and ADD rollback): in IPAM mode the device belongs to the
+   * calling plugin. When it sits in the pod under the attachment's interface name, that
+   * plugin put it there and moves it out itself after IPAM DEL (host-device does: IPAM
+   * DEL first, then it moves the device back under the name kept in its alias; if enim
+   * had moved it already, host-device's DEL would fail for good, "failed to find eth0").
+   * GC passes no such flag: a device left in a leftover namespace is moved back.
    */
   async #release(
     row: AttachmentRow,
-    o: { netnsUsable: boolean; skipProvider?: boolean },
+    o: { netnsUsable: boolean; skipProvider?: boolean; leaveCallerDevice?: boolean },
   ): Promise<void> {
     const key: AttachmentKey = { containerId: row.containerId, ifName: row.ifName };
     if (row.state !== "deleting") this.state.update(key, { state: "deleting" });
@@ -317,6 +365,20 @@ class ManagerImpl implements Manager {
       if (row.mac) {
         const mac = row.mac;
         await this.#locks.run(`eni:${row.eniId}`, async () => {
+          if (
+            o.leaveCallerDevice && o.netnsUsable && row.mode === "ipam" && row.netnsIno !== null
+          ) {
+            const inPod = await this.#devices.findByMac(mac, row.netns).catch(() => null);
+            if (inPod && inPod.ifname === row.ifName) {
+              this.#log.info("Leaving the device in the pod to the calling plugin", {
+                eniId: row.eniId,
+                mac,
+                netns: row.netns,
+                ifName: row.ifName,
+              });
+              return;
+            }
+          }
           let nodeName = row.nodeName;
           if (!nodeName) nodeName = (await this.#devices.findByMac(mac))?.ifname ?? null;
           if (!nodeName) {
@@ -387,7 +449,7 @@ class ManagerImpl implements Manager {
           return;
         }
         try {
-          await this.#release(row, { netnsUsable: true });
+          await this.#release(row, { netnsUsable: true, leaveCallerDevice: true });
           this.#log.info("DEL done", { key: keyOf(req), eniId: row.eniId });
         } catch (err) {
           // Best effort: the row stays `deleting` and the next GC pass finishes it.

@@ -223,6 +223,54 @@ Deno.test("add() in IPAM mode leaves the device on the node and returns its node
     assertEquals((await n.owned()).size, 0);
   }));
 
+Deno.test("IPAM mode under a plugin that moves the device first (host-device): ADD finds it in the pod, DEL leaves it to that plugin", () =>
+  withNode(async (n) => {
+    const netns = "/run/netns/p1";
+    n.devices.addNetns(netns);
+    // host-device: finds the ENI's device by hwaddr, moves it in as eth0, then calls IPAM.
+    const eni = (await n.mock.list())[0];
+    const nodeName = n.devices.where(eni.mac)!.link.ifname;
+    const moved = n.devices.moveIntoNetns(eni.mac, netns, "eth0");
+    const res = await n.mgr.add(addReq(1, { mode: "ipam", netns, ips: [eni.ipv4!.address] }));
+    assertEquals([res.eniId, res.mac], [eni.id, eni.mac]);
+    assertEquals(res.ifindex, moved.ifindex, "the pod-side ifindex");
+    assertEquals(res.nodeName, nodeName, "the node-side name, from the alias");
+    assertEquals(n.devices.calls.filter((c) => c.op === "plug").length, 0);
+    await n.mgr.check(CheckRequestSchema.parse({
+      containerId: "c1",
+      ifName: "eth0",
+      netns,
+      network: "enim",
+      mode: "ipam",
+      expected: { mac: res.mac, addresses: [res.ips[0].address] },
+    }));
+    // host-device's DEL: IPAM DEL first (the ENI is released, the device stays for it)...
+    await n.mgr.del(delReq(1));
+    assertEquals(n.devices.where(eni.mac)!.ns, netns, "enim left the device in the pod");
+    assertEquals((await n.owned()).size, 0);
+    assertEquals(n.mgr.state.all(), []);
+    // ...then it moves the device out under its node name, and the ENI is usable again.
+    n.devices.moveOutOfNetns(netns, "eth0");
+    assertEquals(n.devices.where(eni.mac)!.link.ifname, nodeName);
+    const again = await add(n, 2);
+    assertEquals(again.eniId, eni.id);
+    await assertConsistent(n);
+  }));
+
+Deno.test("IPAM mode: DEL still moves back a device left in the pod under another name", () =>
+  withNode(async (n) => {
+    const netns = "/run/netns/p1";
+    n.devices.addNetns(netns);
+    const res = await n.mgr.add(addReq(1, { mode: "ipam", netns }));
+    assertEquals(n.devices.where(res.mac)!.ns, NODE, "IPAM ADD leaves the device on the node");
+    // A device plugin moved it in under a name other than CNI_IFNAME, and does not move it out.
+    n.devices.moveIntoNetns(res.mac, netns, "net1");
+    await n.mgr.del(delReq(1));
+    const w = n.devices.where(res.mac)!;
+    assertEquals([w.ns, w.link.ifname], [NODE, res.nodeName]);
+    assertEquals((await n.owned()).size, 0);
+  }));
+
 Deno.test("check() passes for a healthy attachment and names each difference", async (t) => {
   const checkReq = (over: Record<string, unknown> = {}) =>
     CheckRequestSchema.parse({

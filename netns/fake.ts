@@ -117,6 +117,36 @@ export class FakeDeviceLayer implements DeviceLayer {
   }
 
   /**
+   * Moves the node's link with `mac` into `netns` renamed `ifName`, keeping its node name
+   * in the alias: what a device plugin such as host-device does before it calls IPAM.
+   */
+  moveIntoNetns(mac: string, netns: string, ifName: string): FakeLink {
+    const ns = this.#ns.get(netns);
+    const i = this.#node.findIndex((l) => l.mac === mac);
+    if (!ns || i < 0) throw new Error(`No netns "${netns}" or no node link with MAC ${mac}`);
+    const [link] = this.#node.splice(i, 1);
+    link.alias = link.ifname;
+    link.ifname = ifName;
+    ns.links.push(link);
+    return link;
+  }
+
+  /** Moves `ifName` out of `netns` back to the node under the name in its alias (host-device's DEL). */
+  moveOutOfNetns(netns: string, ifName: string): FakeLink {
+    const ns = this.#ns.get(netns);
+    const link = ns?.links.find((l) => l.ifname === ifName);
+    if (!ns || !link) throw new Error(`failed to find "${ifName}" in "${netns}"`);
+    ns.links = ns.links.filter((l) => l !== link);
+    link.ifname = link.alias ?? link.ifname;
+    delete link.alias;
+    link.up = false;
+    link.addresses = [];
+    link.routes = [];
+    this.#node.push(link);
+    return link;
+  }
+
+  /**
    * Deletes and recreates the namespace at `path`: same path, new identity, or with
    * `reuseInode` the old one (the kernel hands a freed namespace's inode to the next).
    */

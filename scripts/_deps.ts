@@ -28,6 +28,9 @@ function exists(path: string): boolean {
   }
 }
 
+/** apt-get options that wait up to 5 minutes for dpkg's lock. */
+const LOCK_WAIT = ["-o", "DPkg::Lock::Timeout=300"];
+
 /** Whether this process runs as root. */
 export function isRoot(): boolean {
   return Deno.uid() === 0;
@@ -50,10 +53,13 @@ export async function ensureApt(
   const env = { DEBIAN_FRONTEND: "noninteractive" };
   const run = (args: string[]) =>
     new Deno.Command("apt-get", { args, env, stdout: "null", stderr: "piped" }).output();
-  let res = await run(["install", "-y", "-qq", "--no-install-recommends", ...pkgs]);
+  // Wait for dpkg's lock rather than fail when another install (another test module, the
+  // machine's own apt) holds it.
+  const install = ["install", "-y", "-qq", "--no-install-recommends", ...LOCK_WAIT, ...pkgs];
+  let res = await run(install);
   if (!res.success) {
     await run(["update", "-qq"]);
-    res = await run(["install", "-y", "-qq", "--no-install-recommends", ...pkgs]);
+    res = await run(install);
   }
   log(`apt install took ${((performance.now() - t0) / 1000).toFixed(1)} s`);
   if (!res.success) log(new TextDecoder().decode(res.stderr).slice(-2000));
