@@ -125,6 +125,9 @@ export interface NewAttachment {
   network: string;
   netns: string;
   mode: "interface" | "ipam";
+  /** The netns file's identity, when known at intent time. */
+  netnsDev?: number | null;
+  netnsIno?: number | null;
 }
 
 type Patch = Partial<Omit<AttachmentRow, "containerId" | "ifName" | "createdAt" | "updatedAt">>;
@@ -189,9 +192,22 @@ export class StateStore {
     const now = this.#now();
     transaction(this.db, () => {
       this.db.prepare(
-        `INSERT INTO attachments (container_id, if_name, pod, pod_uid, network, netns, mode, state,
-           created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'adding', ?, ?)`,
-      ).run(a.containerId, a.ifName, a.pod, a.podUid, a.network, a.netns, a.mode, now, now);
+        `INSERT INTO attachments (container_id, if_name, pod, pod_uid, network, netns, netns_dev,
+           netns_ino, mode, state, created_at, updated_at)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'adding', ?, ?)`,
+      ).run(
+        a.containerId,
+        a.ifName,
+        a.pod,
+        a.podUid,
+        a.network,
+        a.netns,
+        a.netnsDev ?? null,
+        a.netnsIno ?? null,
+        a.mode,
+        now,
+        now,
+      );
     });
     return this.get(a)!;
   }
