@@ -116,6 +116,19 @@ export class Metrics implements PhaseRecorder {
       buckets: LATENCY_BUCKETS,
       registers,
     });
+    new client.Gauge({
+      name: "enim_agent_memory_bytes",
+      help: "The agent's memory: rss, heap_used, heap_total, external (Deno.memoryUsage)",
+      labelNames: ["kind"],
+      registers,
+      collect() {
+        const m = Deno.memoryUsage();
+        this.set({ kind: "rss" }, m.rss);
+        this.set({ kind: "heap_used" }, m.heapUsed);
+        this.set({ kind: "heap_total" }, m.heapTotal);
+        this.set({ kind: "external" }, m.external);
+      },
+    });
     const pool = () => this.#pool();
     new client.Gauge({
       name: "enim_pool_enis",

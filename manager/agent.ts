@@ -14,6 +14,7 @@ import { createHandler, type MetricsSource, serveUnix, type UnixServer } from ".
 import type { EniManager } from "./types.ts";
 import type { Logger } from "../lib/log.ts";
 import { Metrics, type PhaseRecorder } from "../lib/metrics.ts";
+import { IdleGc } from "../lib/idle_gc.ts";
 import {
   type DeviceSimulator,
   type Provider,
@@ -252,6 +253,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
   const parts = await startParts(cfg, opts.deps, log);
   let server: UnixServer | undefined;
   let gc: { stop(): Promise<void> } | undefined;
+  let idleGc: IdleGc | undefined;
   try {
     const handler = createHandler({
       manager: parts.manager,
@@ -259,7 +261,12 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
       metrics: opts.deps.metrics?.(parts.manager) ?? (() => parts.metrics.text()),
       addTimeoutMs: cfg.timeouts.addSeconds * 1000,
     });
-    server = await serveUnix(cfg.socket, handler, { log });
+    idleGc = new IdleGc({
+      onCollect: (ms) =>
+        log.debug("idle-time garbage collection", { ms: Math.round(ms * 100) / 100 }),
+    });
+    if (!idleGc.enabled) log.debug("no --expose-gc: idle-time garbage collection is off");
+    server = await serveUnix(cfg.socket, idleGc.wrap(handler), { log });
     opts.onReady?.(server);
     const gcLog = log.child({ component: "gc" });
     gc = startPeriodic(cfg.gc.intervalSeconds * 1000, async () => {
@@ -283,6 +290,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     log.info("shutting down");
   } finally {
     await server?.shutdown();
+    idleGc?.stop();
     await gc?.stop();
     await parts.close();
     log.info("stopped");

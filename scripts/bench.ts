@@ -254,6 +254,20 @@ async function fdCount(pid: number): Promise<number> {
 
 // ---------------------------------------------------------------- /metrics parsing
 
+/** `enim_operation_duration_seconds` sum and count per op (all results). */
+function parseOps(text: string): Map<string, { sum: number; count: number }> {
+  const out = new Map<string, { sum: number; count: number }>();
+  for (const line of text.split("\n")) {
+    const m = line.match(/^enim_operation_duration_seconds_(sum|count)\{op="(\w+)",[^}]*\} (\S+)$/);
+    if (!m) continue;
+    const e = out.get(m[2]) ?? { sum: 0, count: 0 };
+    if (m[1] === "sum") e.sum += Number(m[3]);
+    else e.count += Number(m[3]);
+    out.set(m[2], e);
+  }
+  return out;
+}
+
 type Hist = Map<string, { buckets: Map<number, number>; sum: number; count: number }>;
 
 /** Parses the `enim_phase_duration_seconds` histograms into `op/phase` → buckets, sum, count. */
@@ -364,7 +378,8 @@ try {
     enim: { ADD: [] as number[], DEL: [] as number[] },
     reference: { ADD: [] as number[], DEL: [] as number[] },
   };
-  const before = parsePhases(await node.client.metrics());
+  const beforeText = await node.client.metrics();
+  const before = parsePhases(beforeText);
   for (let i = 0; i < WARMUP + ITER; i++) {
     const order = i % 2 === 0
       ? [[enimContender, enimPod], [referenceContender, refPod]] as const
@@ -379,8 +394,40 @@ try {
       }
     }
   }
-  const after = parsePhases(await node.client.metrics());
+  const afterText = await node.client.metrics();
+  const after = parsePhases(afterText);
   const phases = phaseDelta(before, after);
+  const opsBefore = parseOps(beforeText), opsAfter = parseOps(afterText);
+  const agentOp: Record<string, number> = {};
+  for (const op of ["add", "del"]) {
+    const a = opsAfter.get(op), b = opsBefore.get(op);
+    if (a && b && a.count > b.count) {
+      agentOp[op] = Math.round(((a.sum - b.sum) / (a.count - b.count)) * 1e5) / 100;
+    }
+  }
+
+  // ---- the agent API alone: the same ADD/DEL sent over the socket from this process
+  const direct = { ADD: [] as number[], DEL: [] as number[] };
+  for (let i = 0; i < WARMUP + ITER; i++) {
+    const containerId = newCid("direct");
+    const key = { containerId, ifName: "eth0" };
+    let t = performance.now();
+    await node.client.add({
+      ...key,
+      netns: enimPod.ns.path,
+      network: "bench",
+      pod: { namespace: "bench", name: enimPod.ns.name },
+      mode: "interface",
+    });
+    const addMs = performance.now() - t;
+    t = performance.now();
+    await node.client.del({ ...key, netns: enimPod.ns.path, network: "bench" });
+    const delMs = performance.now() - t;
+    if (i >= WARMUP) {
+      direct.ADD.push(addMs);
+      direct.DEL.push(delMs);
+    }
+  }
 
   // ---- peak RSS of each plugin process (separate runs: the wrapper adds a fork)
   const rss = { enim: [] as number[], reference: [] as number[] };
@@ -511,7 +558,9 @@ try {
   const rssStats = { enim: stats(rss.enim), reference: stats(rss.reference) };
   const rssVals = samples.map((x) => x.rssKb);
   const soakBaseline = samples.length > 1 ? samples[1] : samples[0];
-  const rssSpreadMb = (Math.max(...rssVals.slice(1)) - Math.min(...rssVals.slice(1))) / 1024;
+  // Flatness: every sample after the first 100 cycles within ±5 MB of the cycle-100 sample.
+  const rssSpreadMb = Math.max(...rssVals.slice(1).map((v) => Math.abs(v - soakBaseline.rssKb))) /
+    1024;
   const fdGrowth = samples.at(-1)!.fds - soakBaseline.fds;
   const leftovers = {
     attachments: attachments.length,
@@ -536,6 +585,17 @@ try {
       }  (goal p50 ≤ 1.2: ${ratio[verb].p50 <= 1.2 ? "met" : "MISSED"})`,
     );
   }
+  console.log(`\nwhere enim's time goes (serial; ms)`);
+  console.log(
+    `  agent operation (enim_operation_duration_seconds mean): ADD ${
+      agentOp.add?.toFixed(1)
+    }, DEL ${agentOp.del?.toFixed(1)}`,
+  );
+  console.log(
+    `  agent API alone (same requests over the socket from the bench process, no plugin):`,
+  );
+  console.log(`    ADD ${fmt(stats(direct.ADD))}`);
+  console.log(`    DEL ${fmt(stats(direct.DEL))}`);
   console.log(`\nper-phase inside the agent during the serial run (from /metrics; ms)`);
   for (const [k, v] of Object.entries(phases).sort()) {
     console.log(
@@ -590,8 +650,8 @@ try {
     console.log(`  ${String(x.cycle).padStart(5)}  ${mb(x.rssKb).padStart(9)}  ${x.fds}`);
   }
   console.log(
-    `  RSS spread after the first 100 cycles ${rssSpreadMb.toFixed(1)} MB (goal ±5: ${
-      rssSpreadMb <= 10 ? "met" : "MISSED"
+    `  RSS deviation from the cycle-100 sample: max ${rssSpreadMb.toFixed(1)} MB (goal ±5: ${
+      rssSpreadMb <= 5 ? "met" : "MISSED"
     }), fd growth ${fdGrowth} (goal 0: ${fdGrowth <= 0 ? "met" : "MISSED"})`,
   );
   console.log(
@@ -610,6 +670,8 @@ try {
     serial: s,
     ratio,
     phases,
+    agentOperationMeanMs: agentOp,
+    agentApiAlone: { ADD: stats(direct.ADD), DEL: stats(direct.DEL) },
     rssKb: {
       enimPlugin: rssStats.enim,
       referencePlugin: rssStats.reference,
