@@ -400,8 +400,8 @@ try {
   const opsBefore = parseOps(beforeText), opsAfter = parseOps(afterText);
   const agentOp: Record<string, number> = {};
   for (const op of ["add", "del"]) {
-    const a = opsAfter.get(op), b = opsBefore.get(op);
-    if (a && b && a.count > b.count) {
+    const a = opsAfter.get(op), b = opsBefore.get(op) ?? { sum: 0, count: 0 };
+    if (a && a.count > b.count) {
       agentOp[op] = Math.round(((a.sum - b.sum) / (a.count - b.count)) * 1e5) / 100;
     }
   }
