@@ -464,7 +464,9 @@ try {
     await node.vpc.plugEni(eni);
     refPods.push({ ns: await podNetns(node, `cr${i}`), containerId: "", eni });
   }
+  let concBefore: Hist = new Map();
   for (let r = 0; r < ROUNDS + 1; r++) {
+    if (r === 1) concBefore = parsePhases(await node.client.metrics());
     for (const [c, pods] of [[enimContender, enimPods], [referenceContender, refPods]] as const) {
       const k = c.name as "enim" | "reference";
       for (const p of pods) p.containerId = newCid(`c${k}`);
@@ -481,6 +483,7 @@ try {
       conc[k].wallDel.push(wallDel);
     }
   }
+  const concPhases = phaseDelta(concBefore, parsePhases(await node.client.metrics()));
   const agentAfterConc = await procStatus(agentPid);
 
   // ---- soak
@@ -636,6 +639,14 @@ try {
       } ms`,
     );
   }
+  console.log(`  enim per-phase inside the agent under 16-way concurrency (from /metrics; ms)`);
+  for (const [k, v] of Object.entries(concPhases).sort()) {
+    console.log(
+      `    ${k.padEnd(22)} p50≈${v.p50ms.toFixed(2).padStart(7)}  mean ${
+        v.meanMs.toFixed(2).padStart(7)
+      }  (n=${v.count})`,
+    );
+  }
   const concGoal = { ADD: cs.enim.ADD.p99 / s.enim.ADD.p50, DEL: cs.enim.DEL.p99 / s.enim.DEL.p50 };
   console.log(
     `  enim 16-way p99 / serial p50: ADD ${concGoal.ADD.toFixed(2)}×, DEL ${
@@ -678,7 +689,7 @@ try {
       agentVmHWM: agentEnd.VmHWM,
       agentVmRSS: agentEnd.VmRSS,
     },
-    concurrency: { ...cs, p99OverSerialP50: concGoal },
+    concurrency: { ...cs, p99OverSerialP50: concGoal, phases: concPhases },
     soak: {
       cycles: SOAK,
       seconds: soakSecs,
