@@ -23,7 +23,7 @@
  */
 import { z } from "zod";
 import { DEFAULT_SOCKET } from "../manager/api_schema.ts";
-import { IpRangeSchema, IpSchema } from "../providers/contract.ts";
+import { IpRangeSchema, IpSchema } from "../providers/schema.ts";
 import { CNI_CODES, CniError, formatZodIssues } from "./errors.ts";
 
 /** Where the plugin logs by default. */

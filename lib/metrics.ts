@@ -16,6 +16,7 @@ import client from "prom-client";
 /** Phases of an operation. */
 export type Phase =
   | "queue_wait"
+  | "netns_check"
   | "provider"
   | "device_lookup"
   | "move"
@@ -23,6 +24,19 @@ export type Phase =
   | "unplug"
   | "inspect"
   | "state_write";
+
+/**
+ * What the manager records per operation; {@linkcode Metrics} implements it, and
+ * the manager needs only this (so it never loads prom-client itself).
+ */
+export interface PhaseRecorder {
+  /** Records one phase's duration of `op`. */
+  phase(op: string, phase: Phase, ms: number): void;
+  /** Records a finished operation. */
+  operation(op: string, result: string, ms: number): void;
+  /** Records one ENI a GC pass reclaimed (or failed to). */
+  gcReclaim(result: string): void;
+}
 
 /** Pool counts for the gauges, read at scrape time. */
 export interface PoolCounts {
@@ -51,7 +65,7 @@ const LATENCY_BUCKETS = [
 ];
 
 /** The agent's metric set; one per agent (tests make their own). */
-export class Metrics {
+export class Metrics implements PhaseRecorder {
   readonly registry: client.Registry;
   readonly operationDuration: client.Histogram<"op" | "result">;
   readonly operations: client.Counter<"op" | "result">;
@@ -84,7 +98,7 @@ export class Metrics {
     this.phaseDuration = new client.Histogram({
       name: "enim_phase_duration_seconds",
       help:
-        "Time spent in each phase of an operation (queue_wait, provider, device_lookup, move, configure, unplug, inspect, state_write)",
+        "Time spent in each phase of an operation (queue_wait, netns_check, provider, device_lookup, move, configure, unplug, inspect, state_write)",
       labelNames: ["op", "phase"],
       buckets: LATENCY_BUCKETS,
       registers,
@@ -102,6 +116,19 @@ export class Metrics {
       buckets: LATENCY_BUCKETS,
       registers,
     });
+    new client.Gauge({
+      name: "enim_agent_memory_bytes",
+      help: "The agent's memory: rss, heap_used, heap_total, external (Deno.memoryUsage)",
+      labelNames: ["kind"],
+      registers,
+      collect() {
+        const m = Deno.memoryUsage();
+        this.set({ kind: "rss" }, m.rss);
+        this.set({ kind: "heap_used" }, m.heapUsed);
+        this.set({ kind: "heap_total" }, m.heapTotal);
+        this.set({ kind: "external" }, m.external);
+      },
+    });
     const pool = () => this.#pool();
     new client.Gauge({
       name: "enim_pool_enis",
@@ -113,6 +140,16 @@ export class Metrics {
         for (const [state, n] of Object.entries(p)) this.set({ state }, n);
       },
     });
+  }
+
+  /** Records one ENI a GC pass reclaimed (or failed to). */
+  gcReclaim(result: string): void {
+    this.gcReclaims.inc({ result });
+  }
+
+  /** Records one provider call. */
+  providerCall(provider: string, call: string, result: string, ms: number): void {
+    this.providerLatency.observe({ provider, call, result }, ms / 1000);
   }
 
   /** Sets where the pool gauges read their counts from. */

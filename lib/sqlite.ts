@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { DatabaseSync } from "node:sqlite";
+import { DatabaseSync, type StatementSync } from "node:sqlite";
 
 /**
  * Opens (creating when missing) the agent's SQLite database with WAL, a busy
@@ -41,4 +41,20 @@ export function transaction<T>(db: DatabaseSync, fn: () => T): T {
     if (db.isTransaction) db.exec("ROLLBACK");
     throw err;
   }
+}
+
+const statements = new WeakMap<DatabaseSync, Map<string, StatementSync>>();
+
+/**
+ * The prepared statement for `sql` on `db`, prepared once and reused. A
+ * statement is native memory V8 does not see: preparing one per call (and
+ * leaving it to the garbage collector) makes a busy agent's RSS climb between
+ * major GCs, and costs a parse each time.
+ */
+export function prepared(db: DatabaseSync, sql: string): StatementSync {
+  let byDb = statements.get(db);
+  if (!byDb) statements.set(db, byDb = new Map());
+  let st = byDb.get(sql);
+  if (!st) byDb.set(sql, st = db.prepare(sql));
+  return st;
 }

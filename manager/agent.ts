@@ -13,6 +13,8 @@ import { type AgentConfig, validateProviderConfig } from "./config.ts";
 import { createHandler, type MetricsSource, serveUnix, type UnixServer } from "./server.ts";
 import type { EniManager } from "./types.ts";
 import type { Logger } from "../lib/log.ts";
+import { Metrics, type PhaseRecorder } from "../lib/metrics.ts";
+import { IdleGc } from "../lib/idle_gc.ts";
 import {
   type DeviceSimulator,
   type Provider,
@@ -30,6 +32,8 @@ export interface ManagerFactoryOptions {
   log: Logger;
   gcGraceMs: number;
   now?: () => number;
+  /** Per-phase timings and operation results (the agent's metrics). */
+  metrics?: PhaseRecorder;
 }
 
 /** A device layer and, for fakes, the simulator that makes attached ENIs appear in it. */
@@ -61,9 +65,13 @@ export async function checkConfig(cfg: AgentConfig, deps: Pick<AgentDeps, "loadP
   return validateProviderConfig(cfg, module);
 }
 
-/** Wraps a provider so each call fails as `unavailable` after `ms`. */
-export function withProviderTimeout(p: Provider, ms: number): Provider {
+/**
+ * Wraps a provider so each call fails as `unavailable` after `ms`, and records each
+ * call's latency and result in `metrics` when given.
+ */
+export function withProviderTimeout(p: Provider, ms: number, metrics?: Metrics): Provider {
   const limit = <T>(what: string, run: () => Promise<T>): Promise<T> => {
+    const started = performance.now();
     let timer: ReturnType<typeof setTimeout> | undefined;
     const deadline = new Promise<never>((_, reject) => {
       timer = setTimeout(
@@ -77,7 +85,17 @@ export function withProviderTimeout(p: Provider, ms: number): Provider {
         ms,
       );
     });
-    return Promise.race([run(), deadline]).finally(() => clearTimeout(timer));
+    const call = Promise.race([run(), deadline]).finally(() => clearTimeout(timer));
+    if (!metrics) return call;
+    const record = (result: string) =>
+      metrics.providerCall(p.name, what, result, performance.now() - started);
+    return call.then((v) => {
+      record("ok");
+      return v;
+    }, (err) => {
+      record(err instanceof ProviderError ? err.reason : "error");
+      throw err;
+    });
   };
   return {
     name: p.name,
@@ -113,6 +131,8 @@ export interface AgentParts {
   provider: Provider;
   db: DatabaseSync;
   simulator?: DeviceSimulator;
+  /** The agent's metrics (phases, operations, provider latency, GC reclaims, pool). */
+  metrics: Metrics;
   close(): Promise<void>;
 }
 
@@ -124,6 +144,7 @@ export async function startParts(
 ): Promise<AgentParts> {
   const module = await deps.loadProvider(cfg.provider.name);
   const providerConfig = validateProviderConfig(cfg, module);
+  const metrics = new Metrics();
   if (cfg.statePath !== ":memory:") {
     await Deno.mkdir(dirname(cfg.statePath), { recursive: true, mode: 0o700 });
   }
@@ -160,19 +181,21 @@ export async function startParts(
       // make every attached ENI's device exist again before reconcile looks for them.
       for (const eni of await raw.list()) await simulator.plug(eni);
     }
-    const provider = withProviderTimeout(raw, cfg.timeouts.providerSeconds * 1000);
+    const provider = withProviderTimeout(raw, cfg.timeouts.providerSeconds * 1000, metrics);
     const manager = await deps.createManager({
       db,
       provider,
       devices,
       log: log.child({ component: "manager" }),
       gcGraceMs: cfg.gc.graceSeconds * 1000,
+      metrics,
     });
     closers.push(() => manager.close());
+    metrics.setPoolSource(async () => (await manager.status()).pool);
     const report = await manager.reconcile();
     log.info("reconciled the state with the provider and the devices", { ...report });
     if (raw.start) await raw.start();
-    return { manager, provider, db, simulator, close: closeAll };
+    return { manager, provider, db, simulator, metrics, close: closeAll };
   } catch (err) {
     await closeAll();
     throw err;
@@ -230,14 +253,20 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
   const parts = await startParts(cfg, opts.deps, log);
   let server: UnixServer | undefined;
   let gc: { stop(): Promise<void> } | undefined;
+  let idleGc: IdleGc | undefined;
   try {
     const handler = createHandler({
       manager: parts.manager,
       log: log.child({ component: "api" }),
-      metrics: opts.deps.metrics?.(parts.manager),
+      metrics: opts.deps.metrics?.(parts.manager) ?? (() => parts.metrics.text()),
       addTimeoutMs: cfg.timeouts.addSeconds * 1000,
     });
-    server = await serveUnix(cfg.socket, handler, { log });
+    idleGc = new IdleGc({
+      onCollect: (ms) =>
+        log.debug("idle-time garbage collection", { ms: Math.round(ms * 100) / 100 }),
+    });
+    if (!idleGc.enabled) log.debug("no --expose-gc: idle-time garbage collection is off");
+    server = await serveUnix(cfg.socket, idleGc.wrap(handler), { log });
     opts.onReady?.(server);
     const gcLog = log.child({ component: "gc" });
     gc = startPeriodic(cfg.gc.intervalSeconds * 1000, async () => {
@@ -261,6 +290,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     log.info("shutting down");
   } finally {
     await server?.shutdown();
+    idleGc?.stop();
     await gc?.stop();
     await parts.close();
     log.info("stopped");

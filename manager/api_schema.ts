@@ -19,7 +19,7 @@
  * @module
  */
 import { z } from "zod";
-import { EniSchema, IpRangeSchema, IpSchema } from "../providers/contract.ts";
+import { EniSchema, IpRangeSchema, IpSchema } from "../providers/schema.ts";
 
 /** A Kubernetes namespace (DNS label). */
 const K8sNamespace = z.string().regex(

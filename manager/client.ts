@@ -25,8 +25,8 @@ import {
   type Status,
   StatusSchema,
 } from "./api_schema.ts";
-import { EniSchema } from "../providers/contract.ts";
-import type { Eni } from "../providers/contract.ts";
+import { EniSchema } from "../providers/schema.ts";
+import type { Eni } from "../providers/schema.ts";
 
 /** The agent did not answer: no socket, nobody listening, or the connection broke. */
 export class AgentUnreachableError extends Error {

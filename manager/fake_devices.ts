@@ -12,6 +12,7 @@ import { FakeDeviceLayer } from "../netns/fake.ts";
 import type {
   AddressSpec,
   DeviceLayer,
+  DeviceTiming,
   Link,
   NetnsIdentity,
   PlugResult,
@@ -62,11 +63,15 @@ export class AgentFakeDevices implements DeviceLayer {
     addresses: AddressSpec[];
     routes: RouteSpec[];
     mtu?: number;
+    nodeName?: string;
+    timing?: DeviceTiming;
   }): Promise<PlugResult> {
     this.#ensure(p.netns);
     return this.fake.plug(p);
   }
-  unplug(p: { mac: string; nodeName: string; netns?: string | null }): Promise<UnplugOutcome> {
+  unplug(
+    p: { mac: string; nodeName: string; netns?: string | null; timing?: DeviceTiming },
+  ): Promise<UnplugOutcome> {
     this.#ensure(p.netns);
     return this.fake.unplug(p);
   }

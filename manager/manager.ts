@@ -30,8 +30,15 @@ import {
   type Provider,
   ProviderError,
 } from "../providers/contract.ts";
-import { DeviceError, type DeviceLayer, type Link, type RouteSpec } from "../netns/types.ts";
+import {
+  DeviceError,
+  type DeviceLayer,
+  type Link,
+  type NetnsIdentity,
+  type RouteSpec,
+} from "../netns/types.ts";
 import type { Logger } from "../lib/log.ts";
+import type { Phase, PhaseRecorder } from "../lib/metrics.ts";
 import { VERSION } from "../lib/version.ts";
 import {
   type AddResponse,
@@ -71,6 +78,8 @@ export interface ManagerOptions {
   now?: () => number;
   /** Liveness sources for GC (default: {@linkcode defaultLivenessSources}). */
   livenessSources?: LivenessSource[];
+  /** Where per-phase timings and operation results go (the agent's metrics). */
+  metrics?: PhaseRecorder;
 }
 
 /** The manager, with its state store exposed for the agent and tests. */
@@ -153,6 +162,46 @@ export function buildResult(
   return { ips, routes };
 }
 
+/**
+ * The phases of one operation: durations summed per phase (a phase may run more
+ * than once, e.g. two state writes), reported to the metrics and the debug log.
+ */
+class OpTimer {
+  readonly started = performance.now();
+  readonly phases: Partial<Record<Phase, number>> = {};
+
+  add(phase: Phase, ms: number): void {
+    this.phases[phase] = (this.phases[phase] ?? 0) + ms;
+  }
+
+  /** Times an async step. */
+  async time<T>(phase: Phase, fn: () => Promise<T>): Promise<T> {
+    const t0 = performance.now();
+    try {
+      return await fn();
+    } finally {
+      this.add(phase, performance.now() - t0);
+    }
+  }
+
+  /** Times a synchronous step (the SQLite writes). */
+  sync<T>(phase: Phase, fn: () => T): T {
+    const t0 = performance.now();
+    try {
+      return fn();
+    } finally {
+      this.add(phase, performance.now() - t0);
+    }
+  }
+
+  /** Marks the end of a lock wait that began at `since`. */
+  waited(since: number): void {
+    this.add("queue_wait", performance.now() - since);
+  }
+}
+
+const round2 = (ms: number) => Math.round(ms * 100) / 100;
+
 class ManagerImpl implements Manager {
   readonly state: StateStore;
   readonly #provider: Provider;
@@ -161,6 +210,7 @@ class ManagerImpl implements Manager {
   readonly #graceMs: number;
   readonly #now: () => number;
   readonly #sources: LivenessSource[];
+  readonly #metrics: PhaseRecorder | undefined;
   readonly #locks = new KeyedMutex();
   readonly #inflight = new Set<Promise<unknown>>();
   #closed = false;
@@ -174,6 +224,35 @@ class ManagerImpl implements Manager {
     this.#log = o.log;
     this.#graceMs = o.gcGraceMs;
     this.#sources = o.livenessSources ?? defaultLivenessSources();
+    this.#metrics = o.metrics;
+  }
+
+  /** Runs one timed operation: reports its phases and result to the metrics and the debug log. */
+  async #timed<T>(op: string, key: string, fn: (t: OpTimer) => Promise<T>): Promise<T> {
+    const t = new OpTimer();
+    let result = "ok";
+    try {
+      return await fn(t);
+    } catch (err) {
+      result = err instanceof ApiError ? err.code : "internal";
+      throw err;
+    } finally {
+      const total = performance.now() - t.started;
+      if (this.#metrics) {
+        for (const [phase, ms] of Object.entries(t.phases)) {
+          this.#metrics.phase(op, phase as Phase, ms);
+        }
+        this.#metrics.operation(op, result, total);
+      }
+      const phases: Record<string, number> = {};
+      for (const [phase, ms] of Object.entries(t.phases)) phases[phase] = round2(ms);
+      this.#log.debug(`${op.toUpperCase()} phases (ms)`, {
+        key,
+        result,
+        totalMs: round2(total),
+        ...phases,
+      });
+    }
   }
 
   /** Tracks an operation so close() can wait for it. */
@@ -188,10 +267,18 @@ class ManagerImpl implements Manager {
   // ---------------------------------------------------------------- ADD
 
   add(req: AddInput): Promise<AddResponse> {
-    return this.#op(() => this.#locks.run(`att:${keyOf(req)}`, () => this.#add(req)));
+    return this.#op(() =>
+      this.#timed("add", keyOf(req), (t) => {
+        const since = performance.now();
+        return this.#locks.run(`att:${keyOf(req)}`, () => {
+          t.waited(since);
+          return this.#add(req, t);
+        });
+      })
+    );
   }
 
-  async #add(req: AddInput): Promise<AddResponse> {
+  async #add(req: AddInput, t: OpTimer): Promise<AddResponse> {
     const pod = `${req.pod.namespace}/${req.pod.name}`;
     const key: AttachmentKey = { containerId: req.containerId, ifName: req.ifName };
     const existing = this.state.get(key);
@@ -208,37 +295,53 @@ class ManagerImpl implements Manager {
       }
       // Left half done by a crash (reconcile normally handles these): undo it first.
       try {
-        await this.#release(existing, { netnsUsable: true, leaveCallerDevice: true });
+        await this.#release(existing, { netnsUsable: true, leaveCallerDevice: true }, t);
       } catch (err) {
         throw toApiError(err);
       }
     }
     const owner: Owner = { pod, containerId: req.containerId, ifName: req.ifName };
     const log = this.#log.child({ op: "add", key: keyOf(key), pod });
-    this.state.insertAdding({
-      ...key,
-      pod,
-      podUid: req.pod.uid ?? null,
-      network: req.network,
-      netns: req.netns,
-      mode: req.mode,
-    });
+    // The namespace is checked before the intent is recorded, so the row carries its
+    // identity from the start (one transaction fewer, nothing to roll back on a bad netns).
+    let identity: NetnsIdentity | null;
+    try {
+      identity = await t.time(
+        "netns_check",
+        () =>
+          this.#devices.netnsIdentity(req.netns).catch((err) => {
+            if (req.mode === "interface") throw err;
+            return null;
+          }),
+      );
+    } catch (err) {
+      throw toApiError(err);
+    }
+    if (req.mode === "interface" && !identity) {
+      throw new ApiError(
+        "netns_invalid",
+        `Netns "${req.netns}" does not exist or is not a network namespace`,
+      );
+    }
+    t.sync("state_write", () =>
+      this.state.insertAdding({
+        ...key,
+        pod,
+        podUid: req.pod.uid ?? null,
+        network: req.network,
+        netns: req.netns,
+        mode: req.mode,
+        netnsDev: identity?.dev ?? null,
+        netnsIno: identity?.ino ?? null,
+      }));
     let allocating = false;
     try {
-      const identity = await this.#devices.netnsIdentity(req.netns).catch((err) => {
-        if (req.mode === "interface") throw err;
-        return null;
-      });
-      if (req.mode === "interface" && !identity) {
-        throw new ApiError(
-          "netns_invalid",
-          `Netns "${req.netns}" does not exist or is not a network namespace`,
-        );
-      }
-      if (identity) this.state.update(key, { netnsDev: identity.dev, netnsIno: identity.ino });
       allocating = true;
       const eni = EniSchema.parse(
-        await this.#provider.allocateNextENI(owner, { ips: req.ips, ranges: req.ranges }),
+        await t.time(
+          "provider",
+          () => this.#provider.allocateNextENI(owner, { ips: req.ips, ranges: req.ranges }),
+        ),
       );
       const holder = this.state.byEni(eni.id);
       if (holder && keyOf(holder) !== keyOf(key)) {
@@ -247,10 +350,14 @@ class ManagerImpl implements Manager {
           `The provider handed out ENI "${eni.id}", which attachment "${keyOf(holder)}" holds`,
         );
       }
-      this.state.update(key, { eniId: eni.id, mac: eni.mac });
       log.debug("ENI allocated", { eniId: eni.id });
+      const since = performance.now();
       return await this.#locks.run(`eni:${eni.id}`, async () => {
-        const found = await this.#findDevice(eni.mac, req.mode === "ipam" && identity ? req : null);
+        t.waited(since);
+        const found = await t.time(
+          "device_lookup",
+          () => this.#findDevice(eni.mac, req.mode === "ipam" && identity ? req : null),
+        );
         if (!found) {
           throw new ApiError(
             "device_error",
@@ -270,7 +377,15 @@ class ManagerImpl implements Manager {
             nodeName: nodeNameOf,
           });
         }
-        this.state.update(key, { nodeName: nodeNameOf, ifindex: link.ifindex });
+        // One write records the ENI and its device before anything moves (a crash before
+        // it leaves an `adding` row without an ENI: reconcile frees what the owner holds).
+        t.sync("state_write", () =>
+          this.state.update(key, {
+            eniId: eni.id,
+            mac: eni.mac,
+            nodeName: nodeNameOf,
+            ifindex: link.ifindex,
+          }));
         const { ips, routes } = buildResult(eni, req);
         let ifindex = link.ifindex;
         let nodeName = nodeNameOf;
@@ -282,16 +397,19 @@ class ManagerImpl implements Manager {
             addresses: ips.map((i) => ({ cidr: i.address })),
             routes,
             mtu: req.mtu,
+            nodeName: link.ifname,
+            timing: (phase, ms) => t.add(phase, ms),
           });
           ifindex = r.podIfindex;
           nodeName = r.nodeName;
         }
         const result: AddResponse = { eniId: eni.id, mac: eni.mac, ifindex, nodeName, ips, routes };
-        const recycled = this.state.markReady(key, pod, {
-          result: JSON.stringify(result),
-          ifindex,
-          nodeName,
-        });
+        const recycled = t.sync("state_write", () =>
+          this.state.markReady(key, pod, {
+            result: JSON.stringify(result),
+            ifindex,
+            nodeName,
+          }));
         for (const r of recycled) {
           log.info("Older container's ENI enters recycling", { recycled: keyOf(r) });
         }
@@ -304,11 +422,11 @@ class ManagerImpl implements Manager {
       const row = this.state.get(key);
       if (row) {
         try {
-          await this.#release(row, {
-            netnsUsable: true,
-            skipProvider: !allocating,
-            leaveCallerDevice: true,
-          });
+          await this.#release(
+            row,
+            { netnsUsable: true, skipProvider: !allocating, leaveCallerDevice: true },
+            t,
+          );
         } catch (rbErr) {
           log.error("Rollback failed; GC will finish it", { error: message(rbErr) });
         }
@@ -358,13 +476,18 @@ class ManagerImpl implements Manager {
   async #release(
     row: AttachmentRow,
     o: { netnsUsable: boolean; skipProvider?: boolean; leaveCallerDevice?: boolean },
+    t: OpTimer = new OpTimer(),
   ): Promise<void> {
     const key: AttachmentKey = { containerId: row.containerId, ifName: row.ifName };
-    if (row.state !== "deleting") this.state.update(key, { state: "deleting" });
+    if (row.state !== "deleting") {
+      t.sync("state_write", () => this.state.update(key, { state: "deleting" }));
+    }
     try {
       if (row.mac) {
         const mac = row.mac;
+        const since = performance.now();
         await this.#locks.run(`eni:${row.eniId}`, async () => {
+          t.waited(since);
           if (
             o.leaveCallerDevice && o.netnsUsable && row.mode === "ipam" && row.netnsIno !== null
           ) {
@@ -380,7 +503,10 @@ class ManagerImpl implements Manager {
             }
           }
           let nodeName = row.nodeName;
-          if (!nodeName) nodeName = (await this.#devices.findByMac(mac))?.ifname ?? null;
+          if (!nodeName) {
+            nodeName = (await t.time("device_lookup", () => this.#devices.findByMac(mac)))
+              ?.ifname ?? null;
+          }
           if (!nodeName) {
             this.#log.warn("No device for the ENI on the node; nothing to move back", {
               eniId: row.eniId,
@@ -391,15 +517,16 @@ class ManagerImpl implements Manager {
           // An IPAM attachment with a non-nsfs netns (CNI_NETNS=/dev/null) has no pod side.
           const podSide = row.mode === "interface" || row.netnsIno !== null;
           const netns = o.netnsUsable && podSide ? row.netns : null;
+          const timing = (phase: Phase, ms: number) => t.add(phase, ms);
           let outcome;
           try {
-            outcome = await this.#devices.unplug({ mac, nodeName, netns });
+            outcome = await this.#devices.unplug({ mac, nodeName, netns, timing });
           } catch (err) {
             if (!(err instanceof DeviceError) || err.reason !== "netns_invalid" || !netns) {
               throw err;
             }
             // The netns is gone: the kernel returned the device to the node.
-            outcome = await this.#devices.unplug({ mac, nodeName, netns: null });
+            outcome = await this.#devices.unplug({ mac, nodeName, netns: null, timing });
           }
           if (outcome === "missing" && row.eniId && await this.#repairDevice(row.eniId, mac)) {
             // It may come back under another name (and, physical, up): rename and scrub it.
@@ -407,10 +534,12 @@ class ManagerImpl implements Manager {
           }
         });
       }
-      if (!o.skipProvider) await this.#provider.deallocateENI(ownerOf(row));
-      this.state.delete(key);
+      if (!o.skipProvider) {
+        await t.time("provider", () => this.#provider.deallocateENI(ownerOf(row)));
+      }
+      t.sync("state_write", () => this.state.delete(key));
     } catch (err) {
-      this.state.recordFailure(key, message(err));
+      t.sync("state_write", () => this.state.recordFailure(key, message(err)));
       throw err;
     }
   }
@@ -442,24 +571,32 @@ class ManagerImpl implements Manager {
 
   del(req: DelInput): Promise<void> {
     return this.#op(() =>
-      this.#locks.run(`att:${keyOf(req)}`, async () => {
-        const row = this.state.get(req);
-        if (!row) {
-          this.#log.debug("DEL of an unknown attachment: nothing to do", { key: keyOf(req) });
-          return;
-        }
-        try {
-          await this.#release(row, { netnsUsable: true, leaveCallerDevice: true });
-          this.#log.info("DEL done", { key: keyOf(req), eniId: row.eniId });
-        } catch (err) {
-          // Best effort: the row stays `deleting` and the next GC pass finishes it.
-          this.#log.warn("DEL could not finish; GC will retry", {
-            key: keyOf(req),
-            error: message(err),
-          });
-        }
+      this.#timed("del", keyOf(req), (t) => {
+        const since = performance.now();
+        return this.#locks.run(`att:${keyOf(req)}`, () => {
+          t.waited(since);
+          return this.#del(req, t);
+        });
       })
     );
+  }
+
+  async #del(req: DelInput, t: OpTimer): Promise<void> {
+    const row = this.state.get(req);
+    if (!row) {
+      this.#log.debug("DEL of an unknown attachment: nothing to do", { key: keyOf(req) });
+      return;
+    }
+    try {
+      await this.#release(row, { netnsUsable: true, leaveCallerDevice: true }, t);
+      this.#log.info("DEL done", { key: keyOf(req), eniId: row.eniId });
+    } catch (err) {
+      // Best effort: the row stays `deleting` and the next GC pass finishes it.
+      this.#log.warn("DEL could not finish; GC will retry", {
+        key: keyOf(req),
+        error: message(err),
+      });
+    }
   }
 
   // ---------------------------------------------------------------- CHECK
@@ -527,7 +664,17 @@ class ManagerImpl implements Manager {
   // ---------------------------------------------------------------- GC
 
   gc(req: GcInput): Promise<GcReport> {
-    return this.#op(() =>
+    return this.#op(async () => {
+      const report = await this.#gc(req);
+      for (const i of report.items) {
+        if (i.outcome !== "planned") this.#metrics?.gcReclaim(i.outcome);
+      }
+      return report;
+    });
+  }
+
+  #gc(req: GcInput): Promise<GcReport> {
+    return (
       this.#locks.run("gc:pass", () =>
         runGc({
           state: this.state,

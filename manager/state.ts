@@ -10,7 +10,7 @@
  */
 import { z } from "zod";
 import type { DatabaseSync } from "node:sqlite";
-import { transaction } from "../lib/sqlite.ts";
+import { prepared, transaction } from "../lib/sqlite.ts";
 import type { Attachment } from "./api_schema.ts";
 
 /** The attachment states: the intent (adding, deleting) or the outcome (ready, recycling). */
@@ -125,6 +125,9 @@ export interface NewAttachment {
   network: string;
   netns: string;
   mode: "interface" | "ipam";
+  /** The netns file's identity, when known at intent time. */
+  netnsDev?: number | null;
+  netnsIno?: number | null;
 }
 
 type Patch = Partial<Omit<AttachmentRow, "containerId" | "ifName" | "createdAt" | "updatedAt">>;
@@ -151,7 +154,7 @@ export class StateStore {
   }
 
   #rows(where: string, ...params: (string | number | null)[]): AttachmentRow[] {
-    return this.db.prepare(`${SELECT} ${where}`).all(...params).map((r) =>
+    return prepared(this.db, `${SELECT} ${where}`).all(...params).map((r) =>
       AttachmentRowSchema.parse(r)
     );
   }
@@ -188,10 +191,24 @@ export class StateStore {
   insertAdding(a: NewAttachment): AttachmentRow {
     const now = this.#now();
     transaction(this.db, () => {
-      this.db.prepare(
-        `INSERT INTO attachments (container_id, if_name, pod, pod_uid, network, netns, mode, state,
-           created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'adding', ?, ?)`,
-      ).run(a.containerId, a.ifName, a.pod, a.podUid, a.network, a.netns, a.mode, now, now);
+      prepared(
+        this.db,
+        `INSERT INTO attachments (container_id, if_name, pod, pod_uid, network, netns, netns_dev,
+           netns_ino, mode, state, created_at, updated_at)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'adding', ?, ?)`,
+      ).run(
+        a.containerId,
+        a.ifName,
+        a.pod,
+        a.podUid,
+        a.network,
+        a.netns,
+        a.netnsDev ?? null,
+        a.netnsIno ?? null,
+        a.mode,
+        now,
+        now,
+      );
     });
     return this.get(a)!;
   }
@@ -206,7 +223,8 @@ export class StateStore {
     const entries = Object.entries(patch).filter(([, v]) => v !== undefined);
     const sets = entries.map(([f]) => `${COLUMNS[f as keyof AttachmentRow]} = ?`);
     sets.push("updated_at = ?");
-    this.db.prepare(
+    prepared(
+      this.db,
       `UPDATE attachments SET ${sets.join(", ")} WHERE container_id = ? AND if_name = ?`,
     ).run(
       ...entries.map(([, v]) => v as string | number | null),
@@ -238,7 +256,8 @@ export class StateStore {
   /** Records a failure of a reclaim or release on the row. */
   recordFailure(k: AttachmentKey, error: string): void {
     transaction(this.db, () => {
-      this.db.prepare(
+      prepared(
+        this.db,
         `UPDATE attachments SET gc_failures = gc_failures + 1, last_error = ?, updated_at = ?
            WHERE container_id = ? AND if_name = ?`,
       ).run(error, this.#now(), k.containerId, k.ifName);
@@ -248,7 +267,7 @@ export class StateStore {
   /** Deletes the attachment (the outcome of a DEL, rollback or reclaim). */
   delete(k: AttachmentKey): void {
     transaction(this.db, () => {
-      this.db.prepare("DELETE FROM attachments WHERE container_id = ? AND if_name = ?")
+      prepared(this.db, "DELETE FROM attachments WHERE container_id = ? AND if_name = ?")
         .run(k.containerId, k.ifName);
     });
   }

@@ -15,6 +15,7 @@ import {
   type AddressSpec,
   DeviceError,
   type DeviceLayer,
+  type DeviceTiming,
   type Link,
   type NetnsIdentity,
   type PlugResult,
@@ -254,8 +255,11 @@ export class FakeDeviceLayer implements DeviceLayer {
     addresses: AddressSpec[];
     routes: RouteSpec[];
     mtu?: number;
+    nodeName?: string;
+    timing?: DeviceTiming;
   }): Promise<PlugResult> {
-    this.calls.push({ op: "plug", args: clone(p) });
+    const { timing, nodeName: _hint, ...args } = p;
+    this.calls.push({ op: "plug", args: clone(args) });
     await this.#step("plug");
     const ns = this.#ns.get(p.netns);
     if (!ns) {
@@ -291,13 +295,17 @@ export class FakeDeviceLayer implements DeviceLayer {
     link.addresses = p.addresses.map((a) => a.cidr);
     link.routes = clone(p.routes);
     if (p.mtu) link.mtu = p.mtu;
+    timing?.("move", 0);
+    timing?.("configure", 0);
     return { nodeName, podIfindex: link.ifindex };
   }
 
   async unplug(
-    p: { mac: string; nodeName: string; netns?: string | null },
+    p: { mac: string; nodeName: string; netns?: string | null; timing?: DeviceTiming },
   ): Promise<UnplugOutcome> {
-    this.calls.push({ op: "unplug", args: clone(p) });
+    const { timing, ...args } = p;
+    this.calls.push({ op: "unplug", args: clone(args) });
+    timing?.("move", 0);
     await this.#step("unplug");
     let outcome: UnplugOutcome = "missing";
     let link: FakeLink | undefined;

@@ -4,7 +4,8 @@
  *
  * Spawns per operation (named namespaces such as /run/netns/x; a /proc/<pid>/ns/net
  * path costs one extra exec of nsenter for each command run inside it):
- * - plug: 3 (find by MAC on the node, one move+rename+alias, one configure batch in the pod);
+ * - plug: 3 (find by MAC on the node, one move+rename+alias, one configure batch in the pod),
+ *   2 when the caller passes the device's node name it has just looked up;
  * - unplug from the pod: 2 (find by MAC in the pod, one batch: down, flush, move back renamed);
  * - unplug when the device is already on the node: 1 (plus 1 only when it needs scrubbing);
  * - inspect: 1 batch.
@@ -52,6 +53,8 @@ import {
   type AddressSpec,
   DeviceError,
   type DeviceLayer,
+  type DevicePhase,
+  type DeviceTiming,
   type Link,
   LinkSchema,
   type NetnsIdentity,
@@ -114,19 +117,28 @@ export class IpDeviceLayer implements DeviceLayer {
     addresses: AddressSpec[];
     routes: RouteSpec[];
     mtu?: number;
+    nodeName?: string;
+    timing?: DeviceTiming;
   }): Promise<PlugResult> {
     checkIfName(p.ifName);
     const config = configureCommands(p);
+    const timed = stepTimer(p.timing);
     await this.#requireNetns("netns", p.netns);
-    const link = await this.#findOnNode(p.mac);
-    if (!link) {
-      throw new DeviceError(
-        "find",
-        "not_found",
-        `Cannot find a link with MAC "${p.mac}" on the node`,
-      );
+    let nodeName = p.nodeName;
+    if (nodeName === undefined) {
+      const link = await timed("device_lookup", () => this.#findOnNode(p.mac));
+      if (!link) {
+        throw new DeviceError(
+          "find",
+          "not_found",
+          `Cannot find a link with MAC "${p.mac}" on the node`,
+        );
+      }
+      nodeName = link.ifname;
+    } else {
+      checkIfName(nodeName);
     }
-    const nodeName = link.ifname;
+    const moveStarted = performance.now();
     try {
       await ipBatch([[
         "link",
@@ -142,6 +154,7 @@ export class IpDeviceLayer implements DeviceLayer {
       ]], {
         netns: this.#node,
       });
+      p.timing?.("move", performance.now() - moveStarted);
     } catch (err) {
       const exists = err instanceof IpError && /File exists/i.test(err.stderr);
       // Some kernels (6.18 here) move the device first and then fail the rename
@@ -159,10 +172,14 @@ export class IpDeviceLayer implements DeviceLayer {
       );
     }
     try {
-      const out = await ipBatch([...config, ["link", "show", "dev", p.ifName]], {
-        netns: p.netns,
-        json: true,
-      });
+      const out = await timed(
+        "configure",
+        () =>
+          ipBatch([...config, ["link", "show", "dev", p.ifName]], {
+            netns: p.netns,
+            json: true,
+          }),
+      );
       const shown = z.array(LinkSchema).parse(out.at(-1));
       if (shown.length !== 1) {
         throw new Error(`Expected one link "${p.ifName}", got ${shown.length}`);
@@ -190,13 +207,14 @@ export class IpDeviceLayer implements DeviceLayer {
 
   /** Brings the device back to the node renamed `nodeName`, down, without addresses. Idempotent. */
   async unplug(
-    p: { mac: string; nodeName: string; netns?: string | null },
+    p: { mac: string; nodeName: string; netns?: string | null; timing?: DeviceTiming },
   ): Promise<UnplugOutcome> {
     checkIfName(p.nodeName);
+    const timed = stepTimer(p.timing);
     if (p.netns && (await this.netnsIdentity(p.netns))) {
       let inPod: LinkAddr | null = null;
       try {
-        inPod = await this.#findWithAddrs(p.mac, p.netns);
+        inPod = await timed("device_lookup", () => this.#findWithAddrs(p.mac, p.netns!));
       } catch (err) {
         // The namespace may have vanished since the check: look on the node.
         this.#log.warn("Cannot list links in the pod; looking on the node", {
@@ -208,12 +226,12 @@ export class IpDeviceLayer implements DeviceLayer {
         await this.#run(
           "move_back",
           `Cannot move link "${inPod.ifname}" from netns "${p.netns}" back to the node as "${p.nodeName}"`,
-          () => this.#bringBack(p.netns!, inPod.ifname, p.nodeName),
+          () => timed("move", () => this.#bringBack(p.netns!, inPod.ifname, p.nodeName)),
         );
         return "pod";
       }
     }
-    const onNode = await this.#findOnNode(p.mac);
+    const onNode = await timed("device_lookup", () => this.#findOnNode(p.mac));
     if (!onNode) return "missing";
     const renamed = onNode.ifname !== p.nodeName;
     const up = onNode.flags.includes("UP");
@@ -224,7 +242,7 @@ export class IpDeviceLayer implements DeviceLayer {
     await this.#run(
       "scrub",
       `Cannot restore link "${onNode.ifname}" on the node as "${p.nodeName}"`,
-      () => ipBatch(cmds, { netns: this.#node }),
+      () => timed("move", () => ipBatch(cmds, { netns: this.#node })),
     );
     return "node";
   }
@@ -402,6 +420,19 @@ async function statFollow(
   } catch {
     return null;
   }
+}
+
+/** Wraps steps so each reports its duration to `timing` (when given), success or not. */
+function stepTimer(timing?: DeviceTiming) {
+  return async <T>(phase: DevicePhase, fn: () => Promise<T>): Promise<T> => {
+    if (!timing) return await fn();
+    const t0 = performance.now();
+    try {
+      return await fn();
+    } finally {
+      timing(phase, performance.now() - t0);
+    }
+  };
 }
 
 function normalizeMac(mac: string): string {

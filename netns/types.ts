@@ -42,6 +42,12 @@ export const NetnsIdentitySchema = z.object({ dev: z.number().int(), ino: z.numb
 /** The identity of a network namespace file. */
 export type NetnsIdentity = z.infer<typeof NetnsIdentitySchema>;
 
+/** A device-layer step, for per-phase timing. */
+export type DevicePhase = "device_lookup" | "move" | "configure";
+
+/** Receives how long each device-layer step took (ms); optional on every call. */
+export type DeviceTiming = (phase: DevicePhase, ms: number) => void;
+
 /** What `plug` did, for the attachment record and the CNI result. */
 export interface PlugResult {
   /** The device's name on the node before the move (kept in the link's alias). */
@@ -100,6 +106,13 @@ export interface DeviceLayer {
     addresses: AddressSpec[];
     routes: RouteSpec[];
     mtu?: number;
+    /**
+     * The device's current name on the node, when the caller has just looked it up
+     * by MAC (saves a lookup spawn); plug fails cleanly if it is stale.
+     */
+    nodeName?: string;
+    /** Called with the duration of each step (lookup, move, configure). */
+    timing?: DeviceTiming;
   }): Promise<PlugResult>;
   /**
    * Brings the device with `mac` back to the node from `netns` (when given and still
@@ -107,7 +120,9 @@ export interface DeviceLayer {
    * destroyed namespace), renames it `nodeName`, sets it down and removes its
    * addresses and routes. Idempotent.
    */
-  unplug(p: { mac: string; nodeName: string; netns?: string | null }): Promise<UnplugOutcome>;
+  unplug(
+    p: { mac: string; nodeName: string; netns?: string | null; timing?: DeviceTiming },
+  ): Promise<UnplugOutcome>;
   /** Reads the interface `ifName` in `netns` for CHECK. */
   inspect(p: { netns: string; ifName: string }): Promise<PodInterfaceState>;
   /**

@@ -7,126 +7,13 @@
  *
  * @module
  */
-import { z } from "zod";
+import type { z } from "zod";
 import ipaddr from "ipaddr.js";
+import type { AllocationRequest, Eni, IpRange, Owner, ProviderStatus } from "./schema.ts";
+
+export * from "./schema.ts";
 import type { DatabaseSync } from "node:sqlite";
 import type { Logger } from "../lib/log.ts";
-
-/** A MAC address in the lower-case, colon-separated form the clouds and `ip -j` use. */
-export const MacSchema = z.string().regex(
-  /^[0-9a-f]{2}(:[0-9a-f]{2}){5}$/,
-  "Expected a lower-case colon-separated MAC address",
-);
-
-/** An IPv4 or IPv6 address without a prefix length. */
-export const IpSchema = z.union([z.ipv4(), z.ipv6()]);
-
-/** One address of an ENI: the address, its subnet's prefix length, and the subnet gateway. */
-export const EniAddressSchema = z.object({
-  address: IpSchema,
-  prefixLength: z.number().int().min(0).max(128),
-  gateway: IpSchema,
-});
-/** One address of an ENI. */
-export type EniAddress = z.infer<typeof EniAddressSchema>;
-
-/**
- * Who holds an ENI: one CNI attachment of one pod.
- *
- * The seed calls the pod the owner; an attachment is keyed by (containerId, ifName)
- * per the CNI spec, so the provider-level owner carries both. `deallocateENI` frees
- * exactly what this attachment holds, which lets one pod hold a recycling ENI of
- * its old container while its new container gets another one.
- */
-export const OwnerSchema = z.object({
-  /** The pod, `namespace/name`. */
-  pod: z.string().min(3).max(317).regex(/^[^/\s]+\/[^/\s]+$/, 'Expected "namespace/name"'),
-  containerId: z.string().min(1).max(256),
-  ifName: z.string().min(1).max(15),
-});
-/** Who holds an ENI. */
-export type Owner = z.infer<typeof OwnerSchema>;
-
-/** An ENI as the provider reports it. */
-export const EniSchema = z.object({
-  /** The cloud's id (`eni-…`). */
-  id: z.string().min(1),
-  mac: MacSchema,
-  /** The primary IPv4 address, when the ENI has one. */
-  ipv4: EniAddressSchema.nullable(),
-  /** The first IPv6 address, when the ENI has one. */
-  ipv6: EniAddressSchema.nullable(),
-  subnetId: z.string().nullable().default(null),
-  /** `free`: attached to this node and available; `owned`: assigned to {@linkcode Owner}. */
-  state: z.enum(["free", "owned"]),
-  owner: OwnerSchema.nullable(),
-});
-/** An ENI as the provider reports it. */
-export type Eni = z.infer<typeof EniSchema>;
-
-/** An IP range as in host-local's `ranges` (the `ipRanges` capability). */
-export const IpRangeSchema = z.object({
-  subnet: z.string().min(1),
-  rangeStart: IpSchema.optional(),
-  rangeEnd: IpSchema.optional(),
-  gateway: IpSchema.optional(),
-});
-/** An IP range. */
-export type IpRange = z.infer<typeof IpRangeSchema>;
-
-/** What an ADD asks for beyond "any ENI". */
-export const AllocationRequestSchema = z.object({
-  /** Specific IPs (from `args.cni.ips` or `IP=`): the ENI must carry one of them. */
-  ips: z.array(IpSchema).default([]),
-  /** Range sets (the `ipRanges` capability): the ENI's address must fall in one range of each set. */
-  ranges: z.array(z.array(IpRangeSchema)).default([]),
-});
-/** What an ADD asks for. */
-export type AllocationRequest = z.infer<typeof AllocationRequestSchema>;
-
-/** Pool counts a provider reports. */
-export const ProviderStatusSchema = z.object({
-  name: z.string(),
-  /** ENIs attached to this node and free. */
-  free: z.number().int().min(0),
-  /** ENIs attached to this node and owned. */
-  owned: z.number().int().min(0),
-  /** How many more ENIs the node can attach (0 when at its limit). */
-  attachable: z.number().int().min(0),
-  /** Provider-specific details for `enim status`. */
-  details: z.record(z.string(), z.unknown()).default({}),
-});
-/** Pool counts a provider reports. */
-export type ProviderStatus = z.infer<typeof ProviderStatusSchema>;
-
-/** Why a provider call failed, as far as the manager and the CNI side care. */
-export type ProviderErrorReason =
-  | "no_eni_available"
-  | "requested_ip_unavailable"
-  | "not_found"
-  | "wrong_state"
-  | "quota_exceeded"
-  | "subnet_full"
-  | "throttled"
-  | "auth_failed"
-  | "unavailable"
-  | "other";
-
-/** A provider failure with a reason the manager maps to an API error code. */
-export class ProviderError extends Error {
-  readonly reason: ProviderErrorReason;
-  readonly requestId?: string;
-  constructor(
-    reason: ProviderErrorReason,
-    message: string,
-    options?: { cause?: unknown; requestId?: string },
-  ) {
-    super(message, { cause: options?.cause });
-    this.name = "ProviderError";
-    this.reason = reason;
-    this.requestId = options?.requestId;
-  }
-}
 
 /**
  * A hook that makes an attached ENI appear as a network device with the ENI's MAC

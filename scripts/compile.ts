@@ -25,6 +25,8 @@ export function compileArgs(output: string, root: string = ROOT): string[] {
   const args = [
     "compile",
     "--permission-set=enim",
+    // The agent's idle-time GC (lib/idle_gc.ts) frees the native memory of `ip` spawns.
+    "--v8-flags=--expose-gc",
     "--config",
     join(root, "deno.json"),
     "--output",

@@ -108,16 +108,17 @@ Deno.test("checkDenort() accepts a denort found in deno's cache without the netw
   }
 });
 
-Deno.test("compileArgs() bakes in the enim permission set and deno.json", () => {
+Deno.test("compileArgs() bakes in the enim permission set, --expose-gc and deno.json", () => {
   const args = compileArgs("/out/enim", ROOT);
-  assertEquals(args.slice(0, 6), [
+  assertEquals(args.slice(0, 7), [
     "compile",
     "--permission-set=enim",
+    "--v8-flags=--expose-gc",
     "--config",
     `${ROOT}/deno.json`,
     "--output",
     "/out/enim",
   ]);
   assertEquals(args.at(-1), `${ROOT}/main.ts`);
-  for (let i = 6; i < args.length - 1; i += 2) assertEquals(args[i], "--include");
+  for (let i = 7; i < args.length - 1; i += 2) assertEquals(args[i], "--include");
 });

@@ -19,6 +19,8 @@ export function enimArgv(): string[] {
     "--quiet",
     "--no-prompt",
     "--permission-set=enim",
+    // The compiled binary has the same flag: the agent's idle-time GC (lib/idle_gc.ts).
+    "--v8-flags=--expose-gc",
     "--config",
     `${ROOT}/deno.json`,
     `${ROOT}/main.ts`,

@@ -34,6 +34,7 @@ import {
   type ProviderStatus,
 } from "../contract.ts";
 import type { Logger } from "../../lib/log.ts";
+import { prepared } from "../../lib/sqlite.ts";
 import { BceApiError, type BceClient, type BceEni, sleep } from "./client.ts";
 
 /** Settings of {@linkcode BceProvider} (resolved from the config). */
@@ -182,7 +183,8 @@ export class BceProvider implements Provider {
     const o = OwnerSchema.parse(owner);
     const running = this.#ownerOps.get(ownerKey(o));
     if (running) await running.catch(() => {});
-    const r = this.#db.prepare(
+    const r = prepared(
+      this.#db,
       "UPDATE bce_enis SET pod = NULL, container_id = NULL, if_name = NULL, updated_ms = ? WHERE pod = ? AND container_id = ? AND if_name = ?",
     ).run(Date.now(), o.pod, o.containerId, o.ifName);
     if (Number(r.changes) > 0) this.#log.info("ENI returned to the free pool", { owner: o });
@@ -311,11 +313,11 @@ export class BceProvider implements Provider {
     // Rows whose ENI left this node (older than the list, so not just added).
     for (const r of rows.values()) {
       if (cloudIds.has(r.eni_id)) continue;
-      const fresh = this.#db.prepare("SELECT updated_ms FROM bce_enis WHERE eni_id = ?").get(
+      const fresh = prepared(this.#db, "SELECT updated_ms FROM bce_enis WHERE eni_id = ?").get(
         r.eni_id,
       ) as { updated_ms: number } | undefined;
       if (!fresh || fresh.updated_ms >= started) continue;
-      this.#db.prepare("DELETE FROM bce_enis WHERE eni_id = ?").run(r.eni_id);
+      prepared(this.#db, "DELETE FROM bce_enis WHERE eni_id = ?").run(r.eni_id);
       this.#log.warn("ENI is no longer attached to this node; dropped", {
         eniId: r.eni_id,
         owner: r.pod ? { pod: r.pod, containerId: r.container_id, ifName: r.if_name } : null,
@@ -377,7 +379,7 @@ export class BceProvider implements Provider {
     if (d.status !== "inuse" || d.instanceId !== this.#o.instanceId || !this.#isOurs(d)) {
       return false;
     }
-    const exists = this.#db.prepare("SELECT 1 FROM bce_enis WHERE eni_id = ?").get(eniId);
+    const exists = prepared(this.#db, "SELECT 1 FROM bce_enis WHERE eni_id = ?").get(eniId);
     const pending = this.#intents().some((i) => i.eni_id === eniId);
     if (exists || pending) return true;
     await this.#insertRow(d, null);
@@ -388,7 +390,8 @@ export class BceProvider implements Provider {
   // ---- allocation --------------------------------------------------------------------
 
   async #allocate(owner: Owner, req: AllocationRequest): Promise<Eni> {
-    const held = this.#db.prepare(
+    const held = prepared(
+      this.#db,
       "SELECT * FROM bce_enis WHERE pod = ? AND container_id = ? AND if_name = ?",
     ).get(owner.pod, owner.containerId, owner.ifName) as EniRow | undefined;
     if (held) return this.#toEni(held);
@@ -448,12 +451,13 @@ export class BceProvider implements Provider {
 
   /** Assigns a free matching ENI to `owner` (synchronous: atomic against other allocations). */
   #pickFree(owner: Owner, req: AllocationRequest): Eni | null {
-    const free = this.#db.prepare("SELECT * FROM bce_enis WHERE pod IS NULL ORDER BY eni_id")
+    const free = prepared(this.#db, "SELECT * FROM bce_enis WHERE pod IS NULL ORDER BY eni_id")
       .all() as unknown as EniRow[];
     for (const row of free) {
       const eni = this.#toEni(row);
       if (!eniMatches(eni, req)) continue;
-      const r = this.#db.prepare(
+      const r = prepared(
+        this.#db,
         "UPDATE bce_enis SET pod = ?, container_id = ?, if_name = ?, updated_ms = ? WHERE eni_id = ? AND pod IS NULL",
       ).run(owner.pod, owner.containerId, owner.ifName, Date.now(), row.eni_id);
       if (Number(r.changes) !== 1) continue;
@@ -465,8 +469,8 @@ export class BceProvider implements Provider {
 
   /** ENIs counted against the node limit now. */
   #slotsUsed(): number {
-    const rows = this.#db.prepare("SELECT COUNT(*) AS n FROM bce_enis").get() as { n: number };
-    const intents = this.#db.prepare("SELECT COUNT(*) AS n FROM bce_intents").get() as {
+    const rows = prepared(this.#db, "SELECT COUNT(*) AS n FROM bce_enis").get() as { n: number };
+    const intents = prepared(this.#db, "SELECT COUNT(*) AS n FROM bce_intents").get() as {
       n: number;
     };
     return Number(rows.n) + Number(intents.n) + this.#foreign;
@@ -494,7 +498,8 @@ export class BceProvider implements Provider {
       purpose,
       phase: "active",
     };
-    this.#db.prepare(
+    prepared(
+      this.#db,
       "INSERT INTO bce_intents (id, kind, client_token, name, eni_id, requested_ip, purpose, phase, created_ms) VALUES (?, ?, ?, ?, NULL, ?, ?, 'active', ?)",
     ).run(
       intent.id,
@@ -524,7 +529,7 @@ export class BceProvider implements Provider {
           description: this.#o.description,
         }, intent.client_token);
         intent.eni_id = eniId;
-        this.#db.prepare("UPDATE bce_intents SET eni_id = ? WHERE id = ?").run(eniId, intent.id);
+        prepared(this.#db, "UPDATE bce_intents SET eni_id = ? WHERE id = ?").run(eniId, intent.id);
         this.#log.info("Created an ENI", { eniId, clientToken: intent.client_token });
       }
       let d = await this.#o.client.getEni(eniId);
@@ -570,7 +575,7 @@ export class BceProvider implements Provider {
       eniId: intent.eni_id,
       error: cause,
     });
-    this.#db.prepare("UPDATE bce_intents SET phase = 'cleanup' WHERE id = ?").run(intent.id);
+    prepared(this.#db, "UPDATE bce_intents SET phase = 'cleanup' WHERE id = ?").run(intent.id);
     intent.phase = "cleanup";
     if (this.#closed.signal.aborted) {
       this.#active.delete(intent.id);
@@ -598,7 +603,7 @@ export class BceProvider implements Provider {
         eniId = found.find((e) => e.name === intent.name)?.eniId ?? null;
       }
       if (eniId) await this.#detachAndDelete(eniId, intent.client_token);
-      this.#db.prepare("DELETE FROM bce_intents WHERE id = ?").run(intent.id);
+      prepared(this.#db, "DELETE FROM bce_intents WHERE id = ?").run(intent.id);
     } finally {
       this.#active.delete(intent.id);
     }
@@ -606,7 +611,8 @@ export class BceProvider implements Provider {
 
   /** Moves one free ENI into a release intent (synchronous). */
   #takeFreeForRelease(): IntentRow | null {
-    const row = this.#db.prepare(
+    const row = prepared(
+      this.#db,
       "SELECT * FROM bce_enis WHERE pod IS NULL ORDER BY updated_ms DESC, eni_id LIMIT 1",
     ).get() as EniRow | undefined;
     if (!row) return null;
@@ -623,14 +629,15 @@ export class BceProvider implements Provider {
     };
     this.#db.exec("BEGIN IMMEDIATE");
     try {
-      const r = this.#db.prepare("DELETE FROM bce_enis WHERE eni_id = ? AND pod IS NULL").run(
+      const r = prepared(this.#db, "DELETE FROM bce_enis WHERE eni_id = ? AND pod IS NULL").run(
         row.eni_id,
       );
       if (Number(r.changes) !== 1) {
         this.#db.exec("ROLLBACK");
         return null;
       }
-      this.#db.prepare(
+      prepared(
+        this.#db,
         "INSERT INTO bce_intents (id, kind, client_token, name, eni_id, requested_ip, purpose, phase, created_ms) VALUES (?, 'release', ?, '', ?, NULL, 'pool', 'active', ?)",
       ).run(intent.id, token, row.eni_id, Date.now());
       this.#db.exec("COMMIT");
@@ -646,7 +653,7 @@ export class BceProvider implements Provider {
     this.#active.add(intent.id);
     try {
       if (intent.eni_id) await this.#detachAndDelete(intent.eni_id, intent.client_token);
-      this.#db.prepare("DELETE FROM bce_intents WHERE id = ?").run(intent.id);
+      prepared(this.#db, "DELETE FROM bce_intents WHERE id = ?").run(intent.id);
       this.#log.info("Released a surplus ENI", { eniId: intent.eni_id });
     } finally {
       this.#active.delete(intent.id);
@@ -701,7 +708,8 @@ export class BceProvider implements Provider {
     const eni = await this.#eniFromDetail(d, owner);
     this.#db.exec("BEGIN IMMEDIATE");
     try {
-      this.#db.prepare(
+      prepared(
+        this.#db,
         "INSERT OR REPLACE INTO bce_enis (eni_id, mac, subnet_id, ipv4, ipv6, pod, container_id, if_name, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
       ).run(
         eni.id,
@@ -714,7 +722,7 @@ export class BceProvider implements Provider {
         owner?.ifName ?? null,
         Date.now(),
       );
-      if (intentId) this.#db.prepare("DELETE FROM bce_intents WHERE id = ?").run(intentId);
+      if (intentId) prepared(this.#db, "DELETE FROM bce_intents WHERE id = ?").run(intentId);
       this.#db.exec("COMMIT");
     } catch (e) {
       this.#db.exec("ROLLBACK");
@@ -781,11 +789,12 @@ export class BceProvider implements Provider {
   }
 
   #rows(): EniRow[] {
-    return this.#db.prepare("SELECT * FROM bce_enis ORDER BY eni_id").all() as unknown as EniRow[];
+    return prepared(this.#db, "SELECT * FROM bce_enis ORDER BY eni_id")
+      .all() as unknown as EniRow[];
   }
 
   #intents(): IntentRow[] {
-    return this.#db.prepare("SELECT * FROM bce_intents ORDER BY created_ms")
+    return prepared(this.#db, "SELECT * FROM bce_intents ORDER BY created_ms")
       .all() as unknown as IntentRow[];
   }
 

@@ -27,7 +27,7 @@ import {
   type ProviderModule,
   type ProviderStatus,
 } from "../contract.ts";
-import { transaction } from "../../lib/sqlite.ts";
+import { prepared, transaction } from "../../lib/sqlite.ts";
 import { mulberry32 } from "../../lib/rng.ts";
 
 /** One simulated subnet: CIDR and gateway (default: the first host). */
@@ -199,12 +199,13 @@ export class MockProvider implements Provider {
     if (v6 && v6.kind !== "ipv6") throw new Error(`Subnet "${cfg.subnets.ipv6!.cidr}" is not IPv6`);
     this.#db.exec(SCHEMA);
     transaction(this.#db, () => {
-      const existing = this.#db.prepare("SELECT count(*) AS n FROM mock_enis").get() as {
+      const existing = prepared(this.#db, "SELECT count(*) AS n FROM mock_enis").get() as {
         n: number;
       };
       const fresh = existing.n === 0;
       const pre = Math.min(cfg.preattached ?? this.#max, this.#max);
-      const ins = this.#db.prepare(
+      const ins = prepared(
+        this.#db,
         `INSERT OR IGNORE INTO mock_enis (id, idx, mac, ipv4, ipv4_prefix, ipv4_gw, ipv6, ipv6_prefix,
            ipv6_gw, subnet_id, attach) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
       );
@@ -238,7 +239,7 @@ export class MockProvider implements Provider {
   }
 
   #rows(where: string, ...params: (string | number | null)[]): Row[] {
-    return this.#db.prepare(`SELECT * FROM mock_enis ${where}`).all(...params).map((r) =>
+    return prepared(this.#db, `SELECT * FROM mock_enis ${where}`).all(...params).map((r) =>
       RowSchema.parse(r)
     );
   }
@@ -277,7 +278,8 @@ export class MockProvider implements Provider {
         r.attach === "attached" && !r.owner_container && eniMatches(rowToEni(r), request)
       );
       const claim = (r: Row) => {
-        this.#db.prepare(
+        prepared(
+          this.#db,
           `UPDATE mock_enis SET owner_pod = ?, owner_container = ?, owner_if = ?,
              attach = CASE attach WHEN 'detached' THEN 'attaching' ELSE attach END WHERE id = ?`,
         ).run(owner.pod, owner.containerId, owner.ifName, r.id);
@@ -337,9 +339,10 @@ export class MockProvider implements Provider {
       const eni = rowToEni({ ...r, attach: "attached" });
       await this.#ctx.deviceSimulator?.plug(eni);
       if (this.#ctx.waitForDevice) await this.#ctx.waitForDevice(r.mac, 10_000);
-      this.#db.prepare("UPDATE mock_enis SET attach = 'attached' WHERE id = ?").run(r.id);
+      prepared(this.#db, "UPDATE mock_enis SET attach = 'attached' WHERE id = ?").run(r.id);
     } catch (err) {
-      this.#db.prepare(
+      prepared(
+        this.#db,
         `UPDATE mock_enis SET attach = 'detached', owner_pod = NULL, owner_container = NULL,
            owner_if = NULL WHERE id = ?`,
       ).run(r.id);
@@ -353,7 +356,8 @@ export class MockProvider implements Provider {
     this.#assertOpen();
     this.#inject("deallocate");
     // An ENI still attaching loses its owner but stays unavailable until the attach settles.
-    this.#db.prepare(
+    prepared(
+      this.#db,
       `UPDATE mock_enis SET owner_pod = NULL, owner_container = NULL, owner_if = NULL
          WHERE owner_container = ? AND owner_if = ?`,
     ).run(owner.containerId, owner.ifName);
@@ -385,7 +389,8 @@ export class MockProvider implements Provider {
     if (r.attach !== "attached" || r.owner_container) {
       throw new ProviderError("wrong_state", `ENI "${id}" is not attached and free`);
     }
-    this.#db.prepare(
+    prepared(
+      this.#db,
       "UPDATE mock_enis SET attach = 'detached' WHERE id = ? AND owner_container IS NULL",
     )
       .run(id);

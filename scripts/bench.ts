@@ -1,0 +1,729 @@
+/**
+ * `deno task bench` (root): enim's CNI ADD/DEL against the CNI reference plugins,
+ * in one run, on a simulated node (tests/_node.ts) with warm ENIs.
+ *
+ * Contenders, alternated per iteration (the order flips every iteration):
+ * - enim: the plugin exec'd as a runtime does (CNI_* env, config on stdin, the
+ *   same `deno run --permission-set=enim main.ts` the tests run), ADD then DEL
+ *   of a pod, against the running agent on the mock provider (ENIs preattached
+ *   and free, so no provider wait);
+ * - reference: Debian's /usr/lib/cni/host-device + static IPAM, ADD then DEL of
+ *   an equivalent veth (same kind of device, same two addresses, same two
+ *   default routes) into a pod namespace.
+ *
+ * Fairness: both are spawned the same way, from this process through the same
+ * `nsenter --mount=<sandbox> --net=<node netns>` wrapper (one exec), with a
+ * clean environment, and timed from spawn to exit; both pod namespaces have
+ * `net.ipv6.conf.default.accept_dad=0` (enim adds IPv6 with nodad anyway; the
+ * reference would otherwise wait 10 s for DAD on a carrier-less veth).
+ *
+ * Then: the plugin's start-up alone (VERSION), peak RSS of each plugin process
+ * (`/usr/bin/time -f %M`, separate runs so the wrapper does not skew the
+ * latencies) and of the agent (VmHWM), a 16-way concurrency run, a soak with
+ * agent RSS and fd samples and a leftover check, and the agent's per-phase
+ * histograms (scraped from GET /metrics before and after the serial run).
+ * Everything also goes to bench-results.json (or `--out FILE`).
+ *
+ * Flags: `--quick` (a short run), `--iterations N`, `--soak N`, `--rounds N`, `--out FILE`.
+ *
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { ensureApt, isRoot } from "./_deps.ts";
+import { enimArgv, ROOT } from "../tests/_enim.ts";
+import { SimulatedNode } from "../tests/_node.ts";
+import type { NetnsHandle } from "../tests/vpc.ts";
+import { vethNames } from "../netns/sim.ts";
+import type { Eni } from "../providers/schema.ts";
+
+const { values: flags } = parseArgs({
+  args: Deno.args,
+  options: {
+    quick: { type: "boolean", default: false },
+    iterations: { type: "string" },
+    warmup: { type: "string" },
+    soak: { type: "string" },
+    rounds: { type: "string" },
+    out: { type: "string", default: `${ROOT}/bench-results.json` },
+  },
+});
+const num = (v: string | undefined, dflt: number) => (v === undefined ? dflt : Number(v));
+const ITER = num(flags.iterations, flags.quick ? 15 : 60);
+const WARMUP = num(flags.warmup, flags.quick ? 3 : 8);
+const ROUNDS = num(flags.rounds, flags.quick ? 2 : 5);
+const SOAK = num(flags.soak, flags.quick ? 200 : 1000);
+const PARALLEL = 16;
+const RSS_RUNS = flags.quick ? 5 : 10;
+const STARTUP_RUNS = flags.quick ? 10 : 30;
+
+const HOST_DEVICE = "/usr/lib/cni/host-device";
+const TIME = "/usr/bin/time";
+const SYSCTL = "/usr/sbin/sysctl";
+const IP = "/usr/sbin/ip";
+
+if (!isRoot()) {
+  console.error("The bench builds network namespaces and needs root: run it as root.");
+  Deno.exit(2);
+}
+const unmet = await ensureApt([
+  { pkg: "iproute2", file: IP },
+  { pkg: "util-linux", file: "/usr/bin/nsenter" },
+  { pkg: "procps", file: SYSCTL },
+  { pkg: "containernetworking-plugins", file: HOST_DEVICE },
+  { pkg: "time", file: TIME },
+]);
+if (unmet.length > 0) {
+  console.error(`The bench needs ${unmet.join(", ")}, which could not be installed.`);
+  Deno.exit(2);
+}
+
+// ---------------------------------------------------------------- helpers
+
+/** Percentile (nearest rank) of `xs` in ms. */
+function pct(xs: number[], p: number): number {
+  if (xs.length === 0) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
+}
+interface Stats {
+  n: number;
+  p50: number;
+  p90: number;
+  p99: number;
+  min: number;
+  max: number;
+}
+function stats(xs: number[]): Stats {
+  const r = (v: number) => Math.round(v * 10) / 10;
+  return {
+    n: xs.length,
+    p50: r(pct(xs, 50)),
+    p90: r(pct(xs, 90)),
+    p99: r(pct(xs, 99)),
+    min: r(Math.min(...xs)),
+    max: r(Math.max(...xs)),
+  };
+}
+const fmt = (s: Stats) =>
+  `p50 ${s.p50.toFixed(1).padStart(6)}  p90 ${s.p90.toFixed(1).padStart(6)}  p99 ${
+    s.p99.toFixed(1).padStart(6)
+  }  (n=${s.n}, min ${s.min.toFixed(1)}, max ${s.max.toFixed(1)}) ms`;
+
+interface ExecResult {
+  code: number;
+  ms: number;
+  stdout: string;
+  stderr: string;
+}
+
+const dec = new TextDecoder();
+const enc = new TextEncoder();
+
+/** Spawns `argv` inside the node's sandbox (the one wrapper both contenders share) and times it. */
+async function execInNode(
+  node: SimulatedNode,
+  argv: string[],
+  env: Record<string, string>,
+  stdin: string,
+): Promise<ExecResult> {
+  const [cmd, ...args] = node.sandbox.wrap(argv);
+  const t0 = performance.now();
+  const child = new Deno.Command(cmd, {
+    args,
+    clearEnv: true,
+    env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", NO_COLOR: "1", ...env },
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const w = child.stdin.getWriter();
+  await w.write(enc.encode(stdin));
+  await w.close();
+  const out = await child.output();
+  const ms = performance.now() - t0;
+  return { code: out.code, ms, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
+
+/** One contender: how to run its ADD, DEL and VERSION for a pod. */
+interface Contender {
+  name: string;
+  argv: string[];
+  env(verb: string, pod: PodSlot): Record<string, string>;
+  config(pod: PodSlot): string;
+}
+
+/** A pod namespace and, for the reference, the veth it moves in. */
+interface PodSlot {
+  ns: NetnsHandle;
+  containerId: string;
+  /** Reference only: the node-side device and its ENI's addresses. */
+  eni?: Eni;
+}
+
+const ENIM_CONFIG = JSON.stringify({ cniVersion: "1.1.0", name: "bench", type: "enim" });
+
+const enimContender: Contender = {
+  name: "enim",
+  argv: enimArgv(),
+  env: (verb, pod) => ({
+    CNI_COMMAND: verb,
+    CNI_CONTAINERID: pod.containerId,
+    CNI_NETNS: pod.ns.path,
+    CNI_IFNAME: "eth0",
+    CNI_PATH: "/opt/cni/bin",
+    CNI_ARGS: `IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=${pod.ns.name}`,
+    ENIM_LOG_FILE: "/run/enim/cni.log",
+  }),
+  config: () => ENIM_CONFIG,
+};
+
+const referenceContender: Contender = {
+  name: "reference",
+  argv: [HOST_DEVICE],
+  env: (verb, pod) => ({
+    CNI_COMMAND: verb,
+    CNI_CONTAINERID: pod.containerId,
+    CNI_NETNS: pod.ns.path,
+    CNI_IFNAME: "eth0",
+    CNI_PATH: "/usr/lib/cni",
+    CNI_ARGS: `IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=${pod.ns.name}`,
+  }),
+  config: (pod) => {
+    const eni = pod.eni!;
+    const addrs = [eni.ipv4, eni.ipv6].filter((a) => a !== null);
+    return JSON.stringify({
+      cniVersion: "1.0.0",
+      name: "bench-ref",
+      type: "host-device",
+      device: vethNames(eni.mac).node,
+      ipam: {
+        type: "static",
+        addresses: addrs.map((a) => ({
+          address: `${a.address}/${a.prefixLength}`,
+          gateway: a.gateway,
+        })),
+        routes: addrs.map((a) => ({
+          dst: a.address.includes(":") ? "::/0" : "0.0.0.0/0",
+          gw: a.gateway,
+        })),
+      },
+    });
+  },
+};
+
+async function cni(
+  node: SimulatedNode,
+  c: Contender,
+  verb: "ADD" | "DEL",
+  pod: PodSlot,
+  wrap: string[] = [],
+): Promise<ExecResult> {
+  const res = await execInNode(node, [...wrap, ...c.argv], c.env(verb, pod), c.config(pod));
+  if (res.code !== 0) {
+    throw new Error(
+      `${c.name} ${verb} for ${pod.ns.name} failed (exit ${res.code}): ${res.stdout.trim()} ${res.stderr.trim()}`,
+    );
+  }
+  return res;
+}
+
+async function podNetns(node: SimulatedNode, name: string): Promise<NetnsHandle> {
+  const ns = await node.vpc.pod(name);
+  for (const k of ["default", "all"]) {
+    const out = await node.vpc.exec(ns, [SYSCTL, "-qw", `net.ipv6.conf.${k}.accept_dad=0`]);
+    if (out.code !== 0) throw new Error(`sysctl in ${ns.name} failed: ${out.stderr}`);
+  }
+  return ns;
+}
+
+let cidSeq = 0;
+const newCid = (tag: string) => `bench-${tag}-${(cidSeq++).toString().padStart(6, "0")}`;
+
+/** Reads fields (kB) of /proc/<pid>/status. */
+async function procStatus(pid: number): Promise<Record<string, number>> {
+  const text = await Deno.readTextFile(`/proc/${pid}/status`);
+  const out: Record<string, number> = {};
+  for (const m of text.matchAll(/^(Vm\w+):\s+(\d+) kB$/gm)) out[m[1]] = Number(m[2]);
+  return out;
+}
+async function fdCount(pid: number): Promise<number> {
+  let n = 0;
+  for await (const _ of Deno.readDir(`/proc/${pid}/fd`)) n++;
+  return n;
+}
+
+// ---------------------------------------------------------------- /metrics parsing
+
+/** `enim_operation_duration_seconds` sum and count per op (all results). */
+function parseOps(text: string): Map<string, { sum: number; count: number }> {
+  const out = new Map<string, { sum: number; count: number }>();
+  for (const line of text.split("\n")) {
+    const m = line.match(/^enim_operation_duration_seconds_(sum|count)\{op="(\w+)",[^}]*\} (\S+)$/);
+    if (!m) continue;
+    const e = out.get(m[2]) ?? { sum: 0, count: 0 };
+    if (m[1] === "sum") e.sum += Number(m[3]);
+    else e.count += Number(m[3]);
+    out.set(m[2], e);
+  }
+  return out;
+}
+
+type Hist = Map<string, { buckets: Map<number, number>; sum: number; count: number }>;
+
+/** Parses the `enim_phase_duration_seconds` histograms into `op/phase` → buckets, sum, count. */
+function parsePhases(text: string): Hist {
+  const h: Hist = new Map();
+  const get = (op: string, phase: string) => {
+    const k = `${op}/${phase}`;
+    if (!h.has(k)) h.set(k, { buckets: new Map(), sum: 0, count: 0 });
+    return h.get(k)!;
+  };
+  for (const line of text.split("\n")) {
+    const m = line.match(/^enim_phase_duration_seconds_(bucket|sum|count)\{([^}]*)\} (\S+)$/);
+    if (!m) continue;
+    const labels = Object.fromEntries(
+      [...m[2].matchAll(/(\w+)="([^"]*)"/g)].map((x) => [x[1], x[2]]),
+    );
+    const e = get(labels.op, labels.phase);
+    const v = Number(m[3]);
+    if (m[1] === "bucket") e.buckets.set(labels.le === "+Inf" ? Infinity : Number(labels.le), v);
+    else if (m[1] === "sum") e.sum = v;
+    else e.count = v;
+  }
+  return h;
+}
+
+interface PhaseFigure {
+  count: number;
+  p50ms: number;
+  meanMs: number;
+}
+
+/** Per phase: count, interpolated median (as histogram_quantile does) and mean, of after − before. */
+function phaseDelta(before: Hist, after: Hist): Record<string, PhaseFigure> {
+  const out: Record<string, PhaseFigure> = {};
+  for (const [k, a] of after) {
+    const b = before.get(k);
+    const count = a.count - (b?.count ?? 0);
+    if (count <= 0) continue;
+    const sum = a.sum - (b?.sum ?? 0);
+    const les = [...a.buckets.keys()].sort((x, y) => x - y);
+    const rank = count / 2;
+    let prevLe = 0, prevCum = 0, p50 = NaN;
+    for (const le of les) {
+      const cum = a.buckets.get(le)! - (b?.buckets.get(le) ?? 0);
+      if (cum >= rank) {
+        p50 = le === Infinity
+          ? prevLe
+          : prevLe + (le - prevLe) * ((rank - prevCum) / (cum - prevCum));
+        break;
+      }
+      prevLe = le;
+      prevCum = cum;
+    }
+    out[k] = {
+      count,
+      p50ms: Math.round(p50 * 1e5) / 100,
+      meanMs: Math.round((sum / count) * 1e5) / 100,
+    };
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- the run
+
+const results: Record<string, unknown> = {
+  date: new Date().toISOString(),
+  deno: Deno.version.deno,
+  kernel: Deno.osRelease(),
+  cpus: navigator.hardwareConcurrency,
+  settings: { iterations: ITER, warmup: WARMUP, rounds: ROUNDS, parallel: PARALLEL, soak: SOAK },
+};
+const t0 = performance.now();
+let failed = false;
+console.log(
+  `enim bench: ${ITER} iterations (+${WARMUP} warm-up), ${ROUNDS}×${PARALLEL}-way, soak ${SOAK}`,
+);
+
+const node = await SimulatedNode.start({
+  mock: { enis: PARALLEL + 4 },
+  logLevel: "info",
+});
+try {
+  const agentPid = node.agentPid!;
+  // The reference's veths get addresses past the mock ENIs' (.2 … .21).
+  for (let i = 0; i < 40; i++) node.vpc.newEni();
+  const refEni = node.vpc.newEni();
+  await node.vpc.plugEni(refEni);
+  const enimPod: PodSlot = { ns: await podNetns(node, "e0"), containerId: "" };
+  const refPod: PodSlot = { ns: await podNetns(node, "r0"), containerId: "", eni: refEni };
+
+  // ---- startup alone
+  const startup = { enim: [] as number[], reference: [] as number[] };
+  for (let i = 0; i < STARTUP_RUNS + 3; i++) {
+    for (const c of [enimContender, referenceContender]) {
+      const r = await execInNode(
+        node,
+        c.argv,
+        { CNI_COMMAND: "VERSION" },
+        '{"cniVersion":"1.0.0"}',
+      );
+      if (r.code !== 0) throw new Error(`${c.name} VERSION failed: ${r.stdout} ${r.stderr}`);
+      if (i >= 3) startup[c.name as "enim" | "reference"].push(r.ms);
+    }
+  }
+
+  // ---- serial ADD/DEL, alternating
+  const lat = {
+    enim: { ADD: [] as number[], DEL: [] as number[] },
+    reference: { ADD: [] as number[], DEL: [] as number[] },
+  };
+  const beforeText = await node.client.metrics();
+  const before = parsePhases(beforeText);
+  for (let i = 0; i < WARMUP + ITER; i++) {
+    const order = i % 2 === 0
+      ? [[enimContender, enimPod], [referenceContender, refPod]] as const
+      : [[referenceContender, refPod], [enimContender, enimPod]] as const;
+    for (const [c, pod] of order) {
+      pod.containerId = newCid(c.name);
+      const add = await cni(node, c, "ADD", pod);
+      const del = await cni(node, c, "DEL", pod);
+      if (i >= WARMUP) {
+        lat[c.name as "enim" | "reference"].ADD.push(add.ms);
+        lat[c.name as "enim" | "reference"].DEL.push(del.ms);
+      }
+    }
+  }
+  const afterText = await node.client.metrics();
+  const after = parsePhases(afterText);
+  const phases = phaseDelta(before, after);
+  const opsBefore = parseOps(beforeText), opsAfter = parseOps(afterText);
+  const agentOp: Record<string, number> = {};
+  for (const op of ["add", "del"]) {
+    const a = opsAfter.get(op), b = opsBefore.get(op) ?? { sum: 0, count: 0 };
+    if (a && a.count > b.count) {
+      agentOp[op] = Math.round(((a.sum - b.sum) / (a.count - b.count)) * 1e5) / 100;
+    }
+  }
+
+  // ---- the agent API alone: the same ADD/DEL sent over the socket from this process
+  const direct = { ADD: [] as number[], DEL: [] as number[] };
+  for (let i = 0; i < WARMUP + ITER; i++) {
+    const containerId = newCid("direct");
+    const key = { containerId, ifName: "eth0" };
+    let t = performance.now();
+    await node.client.add({
+      ...key,
+      netns: enimPod.ns.path,
+      network: "bench",
+      pod: { namespace: "bench", name: enimPod.ns.name },
+      mode: "interface",
+    });
+    const addMs = performance.now() - t;
+    t = performance.now();
+    await node.client.del({ ...key, netns: enimPod.ns.path, network: "bench" });
+    const delMs = performance.now() - t;
+    if (i >= WARMUP) {
+      direct.ADD.push(addMs);
+      direct.DEL.push(delMs);
+    }
+  }
+
+  // ---- peak RSS of each plugin process (separate runs: the wrapper adds a fork)
+  const rss = { enim: [] as number[], reference: [] as number[] };
+  const rssOf = (r: ExecResult) => Number(r.stderr.trim().split("\n").at(-1)!.replace(/^RSS /, ""));
+  for (let i = 0; i < RSS_RUNS; i++) {
+    for (const [c, pod] of [[enimContender, enimPod], [referenceContender, refPod]] as const) {
+      pod.containerId = newCid(c.name);
+      const wrap = [TIME, "-f", "RSS %M"];
+      rss[c.name as "enim" | "reference"].push(rssOf(await cni(node, c, "ADD", pod, wrap)));
+      rss[c.name as "enim" | "reference"].push(rssOf(await cni(node, c, "DEL", pod, wrap)));
+    }
+  }
+
+  // ---- concurrency: 16 pods ADDed in parallel, then DELed in parallel
+  const conc = {
+    enim: {
+      ADD: [] as number[],
+      DEL: [] as number[],
+      wallAdd: [] as number[],
+      wallDel: [] as number[],
+    },
+    reference: {
+      ADD: [] as number[],
+      DEL: [] as number[],
+      wallAdd: [] as number[],
+      wallDel: [] as number[],
+    },
+  };
+  const enimPods: PodSlot[] = [];
+  const refPods: PodSlot[] = [];
+  for (let i = 0; i < PARALLEL; i++) {
+    enimPods.push({ ns: await podNetns(node, `ce${i}`), containerId: "" });
+    const eni = node.vpc.newEni();
+    await node.vpc.plugEni(eni);
+    refPods.push({ ns: await podNetns(node, `cr${i}`), containerId: "", eni });
+  }
+  let concBefore: Hist = new Map();
+  for (let r = 0; r < ROUNDS + 1; r++) {
+    if (r === 1) concBefore = parsePhases(await node.client.metrics());
+    for (const [c, pods] of [[enimContender, enimPods], [referenceContender, refPods]] as const) {
+      const k = c.name as "enim" | "reference";
+      for (const p of pods) p.containerId = newCid(`c${k}`);
+      let w0 = performance.now();
+      const adds = await Promise.all(pods.map((p) => cni(node, c, "ADD", p)));
+      const wallAdd = performance.now() - w0;
+      w0 = performance.now();
+      const dels = await Promise.all(pods.map((p) => cni(node, c, "DEL", p)));
+      const wallDel = performance.now() - w0;
+      if (r === 0) continue; // warm-up round
+      conc[k].ADD.push(...adds.map((x) => x.ms));
+      conc[k].DEL.push(...dels.map((x) => x.ms));
+      conc[k].wallAdd.push(wallAdd);
+      conc[k].wallDel.push(wallDel);
+    }
+  }
+  const concPhases = phaseDelta(concBefore, parsePhases(await node.client.metrics()));
+  const agentAfterConc = await procStatus(agentPid);
+
+  // ---- soak
+  const nodeLinksBefore = await linkSummary(node, node.vpc.node.name);
+  const samples: { cycle: number; rssKb: number; fds: number }[] = [];
+  let soakFailures = 0;
+  const soakErrors: string[] = [];
+  const sample = async (cycle: number) =>
+    samples.push({
+      cycle,
+      rssKb: (await procStatus(agentPid)).VmRSS,
+      fds: await fdCount(agentPid),
+    });
+  const soakT0 = performance.now();
+  for (let i = 0; i < SOAK; i++) {
+    if (i % 100 === 0) await sample(i);
+    enimPod.containerId = newCid("soak");
+    for (const verb of ["ADD", "DEL"] as const) {
+      try {
+        await cni(node, enimContender, verb, enimPod);
+      } catch (err) {
+        soakFailures++;
+        if (soakErrors.length < 5) soakErrors.push(String(err));
+      }
+    }
+  }
+  await sample(SOAK);
+  const soakSecs = (performance.now() - soakT0) / 1000;
+  const attachments = await node.client.attachments();
+  const status = await node.client.status();
+  const nodeLinksAfter = await linkSummary(node, node.vpc.node.name);
+  const podLeftovers: string[] = [];
+  for (const p of [enimPod, ...enimPods]) {
+    const links = await linkSummary(node, p.ns.name);
+    if (links.length !== 1 || links[0] !== "lo") {
+      podLeftovers.push(`${p.ns.name}: ${links.join(",")}`);
+    }
+  }
+  const nodeAddrs = await node.vpc.exec(node.vpc.node, [
+    IP,
+    "-j",
+    "addr",
+    "show",
+    "scope",
+    "global",
+  ]);
+  const globalAddrs =
+    (JSON.parse(nodeAddrs.stdout || "[]") as { ifname: string; addr_info: unknown[] }[])
+      .filter((l) => l.addr_info.length > 0).map((l) => l.ifname);
+  const agentEnd = await procStatus(agentPid);
+
+  // ---- report
+  const s = {
+    enim: { ADD: stats(lat.enim.ADD), DEL: stats(lat.enim.DEL) },
+    reference: { ADD: stats(lat.reference.ADD), DEL: stats(lat.reference.DEL) },
+  };
+  const ratio = {
+    ADD: { p50: s.enim.ADD.p50 / s.reference.ADD.p50, p99: s.enim.ADD.p99 / s.reference.ADD.p99 },
+    DEL: { p50: s.enim.DEL.p50 / s.reference.DEL.p50, p99: s.enim.DEL.p99 / s.reference.DEL.p99 },
+  };
+  const cs = {
+    enim: {
+      ADD: stats(conc.enim.ADD),
+      DEL: stats(conc.enim.DEL),
+      wallAdd: stats(conc.enim.wallAdd),
+      wallDel: stats(conc.enim.wallDel),
+    },
+    reference: {
+      ADD: stats(conc.reference.ADD),
+      DEL: stats(conc.reference.DEL),
+      wallAdd: stats(conc.reference.wallAdd),
+      wallDel: stats(conc.reference.wallDel),
+    },
+  };
+  const rssStats = { enim: stats(rss.enim), reference: stats(rss.reference) };
+  const rssVals = samples.map((x) => x.rssKb);
+  const soakBaseline = samples.length > 1 ? samples[1] : samples[0];
+  // Flatness: every sample after the first 100 cycles within ±5 MB of the cycle-100 sample.
+  const rssSpreadMb = Math.max(...rssVals.slice(1).map((v) => Math.abs(v - soakBaseline.rssKb))) /
+    1024;
+  const fdGrowth = samples.at(-1)!.fds - soakBaseline.fds;
+  const leftovers = {
+    attachments: attachments.length,
+    owned: status.pool.owned,
+    free: status.pool.free,
+    podDevices: podLeftovers,
+    nodeDevicesChanged: JSON.stringify(nodeLinksBefore) !== JSON.stringify(nodeLinksAfter),
+    nodeGlobalAddresses: globalAddrs,
+  };
+
+  console.log(`\nserial, ${ITER} iterations each, alternating (ms, spawn to exit)`);
+  console.log(`  plugin startup alone (VERSION)`);
+  console.log(`    enim       ${fmt(stats(startup.enim))}`);
+  console.log(`    reference  ${fmt(stats(startup.reference))}`);
+  for (const verb of ["ADD", "DEL"] as const) {
+    console.log(`  ${verb}`);
+    console.log(`    enim       ${fmt(s.enim[verb])}`);
+    console.log(`    reference  ${fmt(s.reference[verb])}`);
+    console.log(
+      `    ratio enim/reference: p50 ${ratio[verb].p50.toFixed(2)}, p99 ${
+        ratio[verb].p99.toFixed(2)
+      }  (goal p50 ≤ 1.2: ${ratio[verb].p50 <= 1.2 ? "met" : "MISSED"})`,
+    );
+  }
+  console.log(`\nwhere enim's time goes (serial; ms)`);
+  console.log(
+    `  agent operation (enim_operation_duration_seconds mean): ADD ${
+      agentOp.add?.toFixed(1)
+    }, DEL ${agentOp.del?.toFixed(1)}`,
+  );
+  console.log(
+    `  agent API alone (same requests over the socket from the bench process, no plugin):`,
+  );
+  console.log(`    ADD ${fmt(stats(direct.ADD))}`);
+  console.log(`    DEL ${fmt(stats(direct.DEL))}`);
+  console.log(`\nper-phase inside the agent during the serial run (from /metrics; ms)`);
+  for (const [k, v] of Object.entries(phases).sort()) {
+    console.log(
+      `  ${k.padEnd(24)} p50≈${v.p50ms.toFixed(2).padStart(7)}  mean ${
+        v.meanMs.toFixed(2).padStart(7)
+      }  (n=${v.count})`,
+    );
+  }
+  console.log(`\npeak RSS (MB)`);
+  const mb = (kb: number) => (kb / 1024).toFixed(1);
+  console.log(
+    `  enim plugin      max ${mb(rssStats.enim.max)}  p50 ${
+      mb(rssStats.enim.p50)
+    }  (/usr/bin/time %M over ${rss.enim.length} ADD/DEL runs; goal ≤ 50: ${
+      rssStats.enim.max / 1024 <= 50 ? "met" : "MISSED"
+    })`,
+  );
+  console.log(
+    `  reference plugin max ${mb(rssStats.reference.max)}  p50 ${
+      mb(rssStats.reference.p50)
+    }  (host-device; static runs as its child)`,
+  );
+  console.log(
+    `  agent            VmHWM ${mb(agentEnd.VmHWM)}  VmRSS ${mb(agentEnd.VmRSS)} (after conc. ${
+      mb(agentAfterConc.VmRSS)
+    })`,
+  );
+  console.log(
+    `\nconcurrency: ${ROUNDS} rounds of ${PARALLEL} pods ADDed in parallel, then DELed in parallel`,
+  );
+  for (const k of ["enim", "reference"] as const) {
+    for (const verb of ["ADD", "DEL"] as const) {
+      console.log(`  ${k.padEnd(9)} ${verb} ${fmt(cs[k][verb])}`);
+    }
+    console.log(
+      `  ${k.padEnd(9)} wall per round: ADD p50 ${cs[k].wallAdd.p50.toFixed(0)} ms, DEL p50 ${
+        cs[k].wallDel.p50.toFixed(0)
+      } ms`,
+    );
+  }
+  console.log(`  enim per-phase inside the agent under 16-way concurrency (from /metrics; ms)`);
+  for (const [k, v] of Object.entries(concPhases).sort()) {
+    console.log(
+      `    ${k.padEnd(22)} p50≈${v.p50ms.toFixed(2).padStart(7)}  mean ${
+        v.meanMs.toFixed(2).padStart(7)
+      }  (n=${v.count})`,
+    );
+  }
+  const concGoal = { ADD: cs.enim.ADD.p99 / s.enim.ADD.p50, DEL: cs.enim.DEL.p99 / s.enim.DEL.p50 };
+  console.log(
+    `  enim 16-way p99 / serial p50: ADD ${concGoal.ADD.toFixed(2)}×, DEL ${
+      concGoal.DEL.toFixed(2)
+    }×  (goal ≤ 3: ${concGoal.ADD <= 3 && concGoal.DEL <= 3 ? "met" : "MISSED"})`,
+  );
+  console.log(
+    `\nsoak: ${SOAK} ADD/DEL cycles in ${soakSecs.toFixed(0)} s, ${soakFailures} failures`,
+  );
+  console.log(`  cycle    VmRSS MB  fds`);
+  for (const x of samples) {
+    console.log(`  ${String(x.cycle).padStart(5)}  ${mb(x.rssKb).padStart(9)}  ${x.fds}`);
+  }
+  console.log(
+    `  RSS deviation from the cycle-100 sample: max ${rssSpreadMb.toFixed(1)} MB (goal ±5: ${
+      rssSpreadMb <= 5 ? "met" : "MISSED"
+    }), fd growth ${fdGrowth} (goal 0: ${fdGrowth <= 0 ? "met" : "MISSED"})`,
+  );
+  console.log(
+    `  leftovers: ${leftovers.attachments} state rows, ${leftovers.owned} owned ENIs (${leftovers.free} free), pod devices ${
+      podLeftovers.length ? podLeftovers.join("; ") : "none"
+    }, node devices ${
+      leftovers.nodeDevicesChanged ? "CHANGED" : "unchanged"
+    }, node global addresses ${globalAddrs.length ? globalAddrs.join(",") : "none"}`,
+  );
+  for (const e of soakErrors) console.log(`  error: ${e}`);
+  failed = soakFailures > 0 || leftovers.attachments > 0 || leftovers.owned > 0 ||
+    podLeftovers.length > 0 || leftovers.nodeDevicesChanged || globalAddrs.length > 0;
+
+  Object.assign(results, {
+    startup: { enim: stats(startup.enim), reference: stats(startup.reference) },
+    serial: s,
+    ratio,
+    phases,
+    agentOperationMeanMs: agentOp,
+    agentApiAlone: { ADD: stats(direct.ADD), DEL: stats(direct.DEL) },
+    rssKb: {
+      enimPlugin: rssStats.enim,
+      referencePlugin: rssStats.reference,
+      agentVmHWM: agentEnd.VmHWM,
+      agentVmRSS: agentEnd.VmRSS,
+    },
+    concurrency: { ...cs, p99OverSerialP50: concGoal, phases: concPhases },
+    soak: {
+      cycles: SOAK,
+      seconds: soakSecs,
+      failures: soakFailures,
+      errors: soakErrors,
+      samples,
+      rssSpreadMb,
+      fdGrowth,
+      leftovers,
+    },
+    goals: {
+      addP50Ratio: ratio.ADD.p50 <= 1.2,
+      delP50Ratio: ratio.DEL.p50 <= 1.2,
+      concurrencyP99: concGoal.ADD <= 3 && concGoal.DEL <= 3,
+      pluginRss: rssStats.enim.max / 1024 <= 50,
+    },
+  });
+} catch (err) {
+  failed = true;
+  console.error(`bench aborted: ${err instanceof Error ? err.stack : String(err)}`);
+  console.error((await node.agentLog()).split("\n").slice(-30).join("\n"));
+} finally {
+  await node.close();
+}
+await Deno.writeTextFile(flags.out!, JSON.stringify(results, null, 2) + "\n");
+console.log(
+  `\nwrote ${flags.out}; ${
+    ((performance.now() - t0) / 1000).toFixed(0)
+  } s; namespaces removed, agent stopped`,
+);
+Deno.exit(failed ? 1 : 0);
+
+/** Link names in a namespace, sorted (for before/after comparisons). */
+async function linkSummary(node: SimulatedNode, netns: string): Promise<string[]> {
+  const out = await node.vpc.exec(netns, [IP, "-j", "link", "show"]);
+  return (JSON.parse(out.stdout || "[]") as { ifname: string }[]).map((l) => l.ifname).sort();
+}
