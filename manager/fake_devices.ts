@@ -10,14 +10,13 @@
  */
 import { FakeDeviceLayer } from "../netns/fake.ts";
 import type {
-  AddressSpec,
   DeviceLayer,
   DeviceTiming,
   Link,
   NetnsIdentity,
+  PlugParams,
   PlugResult,
   PodInterfaceState,
-  RouteSpec,
   UnplugOutcome,
 } from "../netns/types.ts";
 import type { DeviceSimulator } from "../providers/contract.ts";
@@ -56,16 +55,7 @@ export class AgentFakeDevices implements DeviceLayer {
     this.#ensure(netns);
     return this.fake.findByMac(mac, netns);
   }
-  plug(p: {
-    mac: string;
-    netns: string;
-    ifName: string;
-    addresses: AddressSpec[];
-    routes: RouteSpec[];
-    mtu?: number;
-    nodeName?: string;
-    timing?: DeviceTiming;
-  }): Promise<PlugResult> {
+  plug(p: PlugParams): Promise<PlugResult> {
     this.#ensure(p.netns);
     return this.fake.plug(p);
   }

@@ -12,12 +12,12 @@
  */
 import type { DeviceSimulator, Eni } from "../providers/contract.ts";
 import {
-  type AddressSpec,
   DeviceError,
   type DeviceLayer,
   type DeviceTiming,
   type Link,
   type NetnsIdentity,
+  type PlugParams,
   type PlugResult,
   type PodInterfaceState,
   type RouteSpec,
@@ -248,16 +248,7 @@ export class FakeDeviceLayer implements DeviceLayer {
     return l ? this.#toLink(l) : null;
   }
 
-  async plug(p: {
-    mac: string;
-    netns: string;
-    ifName: string;
-    addresses: AddressSpec[];
-    routes: RouteSpec[];
-    mtu?: number;
-    nodeName?: string;
-    timing?: DeviceTiming;
-  }): Promise<PlugResult> {
+  async plug(p: PlugParams): Promise<PlugResult> {
     const { timing, nodeName: _hint, ...args } = p;
     this.calls.push({ op: "plug", args: clone(args) });
     await this.#step("plug");

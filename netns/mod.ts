@@ -58,6 +58,7 @@ import {
   type Link,
   LinkSchema,
   type NetnsIdentity,
+  type PlugParams,
   type PlugResult,
   type PodInterfaceState,
   type RouteSpec,
@@ -110,16 +111,7 @@ export class IpDeviceLayer implements DeviceLayer {
   }
 
   /** Moves the device into the pod renamed `ifName`, and configures it; rolls back on failure. */
-  async plug(p: {
-    mac: string;
-    netns: string;
-    ifName: string;
-    addresses: AddressSpec[];
-    routes: RouteSpec[];
-    mtu?: number;
-    nodeName?: string;
-    timing?: DeviceTiming;
-  }): Promise<PlugResult> {
+  async plug(p: PlugParams): Promise<PlugResult> {
     checkIfName(p.ifName);
     const config = configureCommands(p);
     const timed = stepTimer(p.timing);

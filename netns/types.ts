@@ -86,6 +86,23 @@ export class DeviceError extends Error {
   }
 }
 
+/** What {@linkcode DeviceLayer.plug} takes. */
+export interface PlugParams {
+  mac: string;
+  netns: string;
+  ifName: string;
+  addresses: AddressSpec[];
+  routes: RouteSpec[];
+  mtu?: number;
+  /**
+   * The device's current name on the node, when the caller has just looked it up
+   * by MAC (saves a lookup spawn); plug fails cleanly if it is stale.
+   */
+  nodeName?: string;
+  /** Called with the duration of each step (lookup, move, configure). */
+  timing?: DeviceTiming;
+}
+
 /**
  * Everything the agent does to devices. The agent runs in the node's namespace;
  * "node" below means the agent's own network namespace.
@@ -99,21 +116,7 @@ export interface DeviceLayer {
    * Rolls its own steps back before throwing. Throws {@linkcode DeviceError} with
    * reason `ifname_exists` when `ifName` is taken in the pod.
    */
-  plug(p: {
-    mac: string;
-    netns: string;
-    ifName: string;
-    addresses: AddressSpec[];
-    routes: RouteSpec[];
-    mtu?: number;
-    /**
-     * The device's current name on the node, when the caller has just looked it up
-     * by MAC (saves a lookup spawn); plug fails cleanly if it is stale.
-     */
-    nodeName?: string;
-    /** Called with the duration of each step (lookup, move, configure). */
-    timing?: DeviceTiming;
-  }): Promise<PlugResult>;
+  plug(p: PlugParams): Promise<PlugResult>;
   /**
    * Brings the device with `mac` back to the node from `netns` (when given and still
    * there) or finds it on the node under any name (the kernel returns devices of a
