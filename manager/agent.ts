@@ -13,7 +13,7 @@ import { type AgentConfig, validateProviderConfig } from "./config.ts";
 import { createHandler, type MetricsSource, serveUnix, type UnixServer } from "./server.ts";
 import type { EniManager } from "./types.ts";
 import type { Logger } from "../lib/log.ts";
-import { Metrics, type PhaseRecorder } from "../lib/metrics.ts";
+import { Metrics } from "../lib/metrics.ts";
 import { IdleGc } from "../lib/idle_gc.ts";
 import {
   type DeviceSimulator,
@@ -23,18 +23,7 @@ import {
   type ProviderModule,
 } from "../providers/contract.ts";
 import type { DeviceLayer } from "../netns/types.ts";
-
-/** What `createManager` receives (the manager module's factory signature). */
-export interface ManagerFactoryOptions {
-  db: DatabaseSync;
-  provider: Provider;
-  devices: DeviceLayer;
-  log: Logger;
-  gcGraceMs: number;
-  now?: () => number;
-  /** Per-phase timings and operation results (the agent's metrics). */
-  metrics?: PhaseRecorder;
-}
+import type { ManagerOptions } from "./manager.ts";
 
 /** A device layer and, for fakes, the simulator that makes attached ENIs appear in it. */
 export interface DeviceSetup {
@@ -50,7 +39,7 @@ export interface AgentDeps {
   createDevices(kind: AgentConfig["devices"], log: Logger): Promise<DeviceSetup>;
   /** Test and demo only: the veth device simulator of `cfg.deviceSimulator`. */
   loadDeviceSimulator(cfg: AgentConfig): Promise<DeviceSimulator | undefined>;
-  createManager(opts: ManagerFactoryOptions): EniManager | Promise<EniManager>;
+  createManager(opts: ManagerOptions): EniManager | Promise<EniManager>;
   /** `GET /metrics`, when the manager offers one. */
   metrics?(manager: EniManager): MetricsSource | undefined;
 }

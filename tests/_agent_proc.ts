@@ -37,9 +37,37 @@ export async function startAgent(
   if (!inner.startsWith(sb.inner() + "/")) {
     throw new Error(`Socket "${inner}" is outside the sandbox`);
   }
-  const socket = sb.host(inner.slice(sb.inner().length + 1));
   await Deno.writeTextFile(sb.host("agent.jsonc"), JSON.stringify(config, null, 2));
-  const [cmd, ...args] = agentCommandLine(sb, sb.inner("agent.jsonc"));
+  return await spawnAgent(sb, {
+    socket: sb.host(inner.slice(sb.inner().length + 1)),
+    timeoutMs,
+  });
+}
+
+/** Options for {@linkcode spawnAgent}. */
+export interface SpawnAgentOptions {
+  /** The API socket as the test process sees it. */
+  socket: string;
+  /** Extra arguments after `agent --config /run/enim/agent.jsonc`. */
+  args?: string[];
+  /** Also append the agent's stderr to this file (host path). */
+  stderrFile?: string;
+  timeoutMs?: number;
+}
+
+/**
+ * Starts the agent on the sandbox's existing agent.jsonc and waits until its
+ * socket answers; throws with its stderr if it exits or stays silent first.
+ */
+export async function spawnAgent(sb: EnimSandbox, o: SpawnAgentOptions): Promise<AgentProcess> {
+  const timeoutMs = o.timeoutMs ?? 20_000;
+  const [cmd, ...args] = [
+    ...agentCommandLine(sb, sb.inner("agent.jsonc")),
+    ...(o.args ?? []),
+  ];
+  const file = o.stderrFile
+    ? await Deno.open(o.stderrFile, { write: true, append: true, create: true })
+    : null;
   const child = new Deno.Command(cmd, {
     args,
     clearEnv: true,
@@ -51,14 +79,21 @@ export async function startAgent(
   let err = "";
   const dec = new TextDecoder();
   const drained = (async () => {
-    for await (const chunk of child.stderr) err = (err + dec.decode(chunk)).slice(-65536);
+    try {
+      for await (const chunk of child.stderr) {
+        err = (err + dec.decode(chunk)).slice(-65536);
+        await file?.write(chunk);
+      }
+    } finally {
+      file?.close();
+    }
   })();
   let exited: Deno.CommandStatus | undefined;
   const status = child.status.then((s) => (exited = s));
   let stopped: Promise<Deno.CommandStatus> | undefined;
   const proc: AgentProcess = {
     pid: child.pid,
-    socket,
+    socket: o.socket,
     stderr: () => err,
     stop(signal: Deno.Signal = "SIGTERM") {
       stopped ??= (async () => {
@@ -67,9 +102,19 @@ export async function startAgent(
             Deno.kill(child.pid, signal);
           } catch { /* already gone */ }
         }
-        const s = await status;
-        await drained;
-        return s;
+        // An agent that ignores the signal is killed after 10 s.
+        const timer = setTimeout(() => {
+          try {
+            Deno.kill(child.pid, "SIGKILL");
+          } catch { /* gone */ }
+        }, 10_000);
+        try {
+          const s = await status;
+          await drained;
+          return s;
+        } finally {
+          clearTimeout(timer);
+        }
       })();
       return stopped;
     },
@@ -81,7 +126,7 @@ export async function startAgent(
       throw new Error(`The agent exited with ${exited.code} before answering:\n${err}`);
     }
     try {
-      const res = await unixRequest(socket, "GET", "/v1/healthz", undefined, 2000);
+      const res = await unixRequest(o.socket, "GET", "/v1/healthz", undefined, 2000);
       if (res.status === 200) return proc;
     } catch { /* not up yet */ }
     if (Date.now() > until) {

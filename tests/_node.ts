@@ -11,6 +11,7 @@
  * @module
  */
 import { runEnim, type RunEnimResult } from "./_enim.ts";
+import { type AgentProcess, spawnAgent } from "./_agent_proc.ts";
 import { EnimSandbox } from "./_sandbox.ts";
 import { SimulatedVpc, type SimulatedVpcOptions } from "./vpc.ts";
 import { SocketAgentClient } from "../manager/client.ts";
@@ -62,8 +63,7 @@ export class SimulatedNode implements AsyncDisposable {
   /** The agent's log file as the test process sees it. */
   readonly logPath: string;
   readonly client: SocketAgentClient;
-  #agent: Deno.ChildProcess | null = null;
-  #logFile: Deno.FsFile | null = null;
+  #agent: AgentProcess | null = null;
   #closed = false;
 
   private constructor(vpc: SimulatedVpc, sandbox: EnimSandbox) {
@@ -132,51 +132,13 @@ export class SimulatedNode implements AsyncDisposable {
   async startAgent(extraArgs: string[] = []): Promise<void> {
     if (this.#agent) throw new Error("The agent is already running");
     // The agent logs to agent.log (config); anything else on its stderr goes beside it.
-    this.#logFile = await Deno.open(this.sandbox.host("agent.stderr"), {
-      write: true,
-      append: true,
-      create: true,
+    this.#agent = await spawnAgent(this.sandbox, {
+      socket: this.socket,
+      args: extraArgs,
+      stderrFile: this.sandbox.host("agent.stderr"),
+    }).catch(async (err) => {
+      throw new Error(`${err.message}\nits log:\n${await this.agentLog()}`, { cause: err });
     });
-    const [cmd, ...args] = this.sandbox.enim([
-      "agent",
-      "--config",
-      this.sandbox.inner("agent.jsonc"),
-      ...extraArgs,
-    ]);
-    this.#agent = new Deno.Command(cmd, {
-      args,
-      clearEnv: true,
-      env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", NO_COLOR: "1" },
-      stdin: "null",
-      stdout: "null",
-      stderr: "piped",
-    }).spawn();
-    this.#agent.stderr.pipeTo(this.#logFile.writable).catch(() => {});
-    this.#logFile = null; // the pipe owns and closes it
-    const deadline = Date.now() + 20_000;
-    for (;;) {
-      try {
-        await this.client.status();
-        return;
-      } catch (err) {
-        if (Date.now() > deadline) {
-          await this.stopAgent("SIGKILL");
-          throw new Error(
-            `The agent did not answer within 20 s; its log:\n${await this.agentLog()}`,
-            { cause: err },
-          );
-        }
-        const exited = await Promise.race([
-          this.#agent!.status.then(() => true),
-          new Promise<false>((r) => setTimeout(() => r(false), 50)),
-        ]);
-        if (exited) {
-          const log = await this.agentLog();
-          this.#agent = null;
-          throw new Error(`The agent exited at start-up; its log:\n${log}`);
-        }
-      }
-    }
   }
 
   /** Stops the agent (SIGTERM by default, SIGKILL for crash tests) and waits for it. */
@@ -184,19 +146,7 @@ export class SimulatedNode implements AsyncDisposable {
     const agent = this.#agent;
     if (!agent) return null;
     this.#agent = null;
-    try {
-      agent.kill(signal);
-    } catch { /* already gone */ }
-    const timer = setTimeout(() => {
-      try {
-        agent.kill("SIGKILL");
-      } catch { /* gone */ }
-    }, 10_000);
-    try {
-      return await agent.status;
-    } finally {
-      clearTimeout(timer);
-    }
+    return await agent.stop(signal);
   }
 
   /** The agent's log so far. */
