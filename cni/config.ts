@@ -22,14 +22,11 @@
  * @module
  */
 import { z } from "zod";
-import { DEFAULT_SOCKET } from "../manager/api_schema.ts";
 import { IpRangeSchema, IpSchema } from "../providers/schema.ts";
 import { CNI_CODES, CniError, formatZodIssues } from "./errors.ts";
+import { DEFAULT_LOG_FILE, DEFAULT_SOCKET, DEFAULT_TIMEOUT_SECONDS } from "./spec.ts";
 
-/** Where the plugin logs by default. */
-export const DEFAULT_LOG_FILE = "/var/log/enim/cni.log";
-/** How long the plugin waits for the agent by default. */
-export const DEFAULT_TIMEOUT_SECONDS = 30;
+export { DEFAULT_LOG_FILE, DEFAULT_TIMEOUT_SECONDS };
 
 /** The spec's network name charset. */
 const NETWORK_NAME_RE = /^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$/;

@@ -19,33 +19,16 @@
 import { z } from "zod";
 import { IfNameSchema, NetnsPathSchema } from "../manager/api_schema.ts";
 import { CNI_CODES, CniError } from "./errors.ts";
+import {
+  CNI_ENV_NAMES,
+  CNI_VERBS,
+  type CniEnvName,
+  type CniVerb,
+  REQUIRED_ENV,
+  verbProblem,
+} from "./spec.ts";
 
-/** The environment variable names the plugin reads (and the only ones main.ts looks up). */
-export const CNI_ENV_NAMES = [
-  "CNI_COMMAND",
-  "CNI_CONTAINERID",
-  "CNI_NETNS",
-  "CNI_IFNAME",
-  "CNI_ARGS",
-  "CNI_PATH",
-] as const;
-/** One of {@linkcode CNI_ENV_NAMES}. */
-export type CniEnvName = typeof CNI_ENV_NAMES[number];
-
-/** The CNI verbs enim serves. */
-export const CNI_VERBS = ["ADD", "DEL", "CHECK", "VERSION", "STATUS", "GC"] as const;
-/** A CNI verb. */
-export type CniVerb = typeof CNI_VERBS[number];
-
-/** Which variables each verb requires, per SPEC.md. */
-export const REQUIRED_ENV: Record<CniVerb, readonly CniEnvName[]> = {
-  ADD: ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"],
-  DEL: ["CNI_CONTAINERID", "CNI_IFNAME"],
-  CHECK: ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"],
-  GC: ["CNI_PATH"],
-  STATUS: [],
-  VERSION: [],
-};
+export { CNI_ENV_NAMES, CNI_VERBS, type CniEnvName, type CniVerb, REQUIRED_ENV };
 
 /** Which variables each verb reads (and so validates when they are set). */
 const USED_ENV: Record<CniVerb, readonly CniEnvName[]> = {
@@ -96,15 +79,9 @@ function get(env: Record<string, string | undefined>, name: string): string | un
  */
 export function parseCniEnv(env: Record<string, string | undefined>): CniEnv {
   const rawCommand = get(env, "CNI_COMMAND");
-  if (rawCommand === undefined) {
-    throw new CniError(CNI_CODES.INVALID_ENV, "CNI_COMMAND is not set");
-  }
   const command = CNI_VERBS.find((v) => v === rawCommand);
   if (command === undefined) {
-    throw new CniError(
-      CNI_CODES.INVALID_ENV,
-      `CNI_COMMAND "${rawCommand}" is not one of ${CNI_VERBS.join(", ")}`,
-    );
+    throw new CniError(CNI_CODES.INVALID_ENV, verbProblem(rawCommand)!);
   }
   const problems: string[] = [];
   const values: Partial<Record<CniEnvName, string>> = {};

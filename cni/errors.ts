@@ -10,53 +10,11 @@
  * @module
  */
 import { z } from "zod";
-import { ApiError, type ApiErrorCode, DEFAULT_SOCKET } from "../manager/api_schema.ts";
+import { ApiError, type ApiErrorCode } from "../manager/api_schema.ts";
 import { AgentUnreachableError } from "../manager/client.ts";
+import { CNI_CODES, type CniCode, DEFAULT_SOCKET, errorObject } from "./spec.ts";
 
-/** The CNI error codes enim uses (spec codes 1–51, enim's own from 100). */
-export const CNI_CODES = {
-  /** Spec 1: incompatible CNI version. */
-  INCOMPATIBLE_VERSION: 1,
-  /** Spec 2: unsupported field in the network config (message names key and value). */
-  UNSUPPORTED_FIELD: 2,
-  /** Spec 3: container unknown or does not exist. */
-  UNKNOWN_CONTAINER: 3,
-  /** Spec 4: invalid necessary environment variables (message names them). */
-  INVALID_ENV: 4,
-  /** Spec 5: I/O failure. */
-  IO_FAILURE: 5,
-  /** Spec 6: failed to decode content (stdin is not JSON, or not a JSON object). */
-  DECODE_FAILED: 6,
-  /** Spec 7: invalid network config. */
-  INVALID_CONFIG: 7,
-  /** Spec 11: try again later (the agent is unreachable or busy). */
-  TRY_AGAIN_LATER: 11,
-  /** Spec 50: the plugin cannot service ADD requests (STATUS). */
-  NOT_AVAILABLE: 50,
-  /** Spec 51: not available, and existing containers may have limited connectivity (STATUS). */
-  NOT_AVAILABLE_LIMITED: 51,
-  /** enim: no ENI available — the pool is empty and nothing more can be attached. */
-  NO_ENI_AVAILABLE: 100,
-  /** enim: no ENI carries the requested IP. */
-  REQUESTED_IP_UNAVAILABLE: 101,
-  /** enim: the interface name already exists in the pod. */
-  IFNAME_EXISTS: 102,
-  /** enim: the network namespace is missing or not a network namespace. */
-  INVALID_NETNS: 103,
-  /** enim: the cloud provider failed. */
-  PROVIDER_ERROR: 104,
-  /** enim: moving or configuring the device failed. */
-  DEVICE_ERROR: 105,
-  /** enim: CHECK found the attachment different from what was set up. */
-  CHECK_FAILED: 106,
-  /** enim: GC ran but some reclaims failed (they are retried by the agent). */
-  GC_INCOMPLETE: 107,
-  /** enim: an unexpected failure (a bug, or an agent-side internal error). */
-  INTERNAL: 110,
-} as const;
-
-/** A CNI error code. */
-export type CniCode = typeof CNI_CODES[keyof typeof CNI_CODES];
+export { CNI_CODES, type CniCode };
 
 /** The CNI error result printed on stdout (SPEC.md "Error"). */
 export const CniErrorObjectSchema = z.strictObject({
@@ -166,12 +124,8 @@ export function toCniError(
   cniVersion: string,
   ctx: ErrorContext = {},
 ): CniErrorObject {
-  const make = (code: number, msg: string, details?: string): CniErrorObject => ({
-    cniVersion,
-    code,
-    msg: msg || "Unknown error",
-    ...(details ? { details } : {}),
-  });
+  const make = (code: number, msg: string, details?: string): CniErrorObject =>
+    errorObject(cniVersion, code, msg, details);
   if (err instanceof CniError) return make(err.code, err.message, err.details);
   if (err instanceof AgentUnreachableError) {
     if (ctx.verb === "STATUS") {

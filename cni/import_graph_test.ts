@@ -1,10 +1,13 @@
 /**
- * The plugin's start-up cost is its import graph: the CNI entry must load only
- * what CNI mode needs (cni/, the agent API schemas and client, the logger, zod),
- * never ipaddr.js, commander, prom-client, the agent, the manager or the providers.
+ * The plugin's start-up cost is what its process loads. The plugin process
+ * (`cni/forward.ts`) must load no npm package and none of the agent's, the
+ * CLI's or the providers' code: in the sources, and in the built bundle that
+ * ships (`dist/bundle`), where its chunk must import nothing at all.
  */
 import { assert, assertEquals } from "../lib/assert.ts";
 import { ROOT } from "../tests/_enim.ts";
+import { ensureBuiltSync } from "../scripts/build.ts";
+import { dirname, join } from "node:path";
 
 /** Every module specifier `deno info` resolves from `entry`. */
 async function moduleGraph(entry: string): Promise<string[]> {
@@ -20,15 +23,38 @@ async function moduleGraph(entry: string): Promise<string[]> {
   return info.modules.map((m) => m.specifier.replace(`file://${ROOT}/`, ""));
 }
 
-Deno.test("the CNI entry's module graph excludes the agent-only modules and packages", async () => {
-  const graph = await moduleGraph(`${ROOT}/cni/main.ts`);
-  assert(graph.includes("cni/plugin.ts"), `unexpected graph: ${graph.join(", ")}`);
-  const forbidden = graph.filter((s) =>
-    /ipaddr|commander|prom-client|yaml|jsonc-parser|fast-check/.test(s) ||
-    /^(cli|providers\/(?!schema\.ts$)|netns|manager\/(?!api_schema\.ts$|client\.ts$))/.test(s) ||
-    s === "lib/metrics.ts" || s === "node:sqlite"
-  );
-  assertEquals(forbidden, [], "modules the plugin must not load");
-  const npm = graph.filter((s) => s.startsWith("npm:")).map((s) => s.replace(/@[^@]*$/, ""));
-  assertEquals(npm, ["npm:/zod"], "the only npm package on the CNI path");
+Deno.test("the plugin process's sources load only the wire, the spec and the log file", async () => {
+  const graph = (await moduleGraph(`${ROOT}/cni/forward.ts`)).sort();
+  assertEquals(graph, [
+    "cni/forward.ts",
+    "cni/log_file.ts",
+    "cni/spec.ts",
+    "lib/http1.ts",
+    "lib/log.ts",
+  ]);
+});
+
+/** The relative modules a bundled file imports statically (`import … from "./x.js"`). */
+function staticImports(file: string): string[] {
+  const text = Deno.readTextFileSync(file);
+  return [...text.matchAll(/^\s*(?:import|export)\b[^;'"]*?from\s*["']([^"']+)["']/gm)]
+    .map((m) => m[1])
+    .concat([...text.matchAll(/^\s*import\s*["']([^"']+)["']/gm)].map((m) => m[1]));
+}
+
+Deno.test("in the shipped bundle the CNI role loads two small files and nothing else", () => {
+  const entry = ensureBuiltSync();
+  assertEquals(staticImports(entry), [], "main.js imports nothing statically");
+  const main = Deno.readTextFileSync(entry);
+  const dynamic = [...main.matchAll(/import\(\s*["']([^"']+)["']\s*\)/g)].map((m) => m[1]);
+  assertEquals(dynamic.length, 2, `main.js loads one module per role: ${dynamic.join(", ")}`);
+  const cni = dynamic.find((d) => /forward/.test(d));
+  assert(cni, `no plugin chunk among ${dynamic.join(", ")}`);
+  const chunk = join(dirname(entry), cni);
+  assertEquals(staticImports(chunk), [], "the plugin's chunk imports nothing");
+  const text = Deno.readTextFileSync(chunk);
+  for (const marker of ["zod", "commander", "node:", "sqlite", "ZodError"]) {
+    assert(!text.includes(marker), `the plugin's chunk mentions "${marker}"`);
+  }
+  assert(text.length < 40_000, `the plugin's chunk is ${text.length} bytes`);
 });

@@ -1,6 +1,7 @@
 /**
- * The plugin as a real subprocess: the real entry point (main.ts) under the
- * `enim` permission set, environment and stdin as a runtime passes them.
+ * The plugin as a real subprocess, without an agent: the shipped bundle under
+ * the `enim` permission set, environment and stdin as a runtime passes them.
+ * What the process answers alone (cni/forward.ts); with an agent, the e2e tests.
  */
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
 import { runEnim as runEnimRaw, type RunEnimOptions, type RunEnimResult } from "../tests/_enim.ts";
@@ -41,20 +42,26 @@ Deno.test("the plugin process answers VERSION for the seed's config", async () =
   });
 });
 
-Deno.test("the plugin process prints one error object for a bad config", async () => {
-  const res = await runEnim([], {
-    env: ADD_ENV,
-    stdin: '{"cniVersion": "1.1.0", "name": "n", "type": "enim", "mtu": 1}',
-  });
-  assertStringIncludes(errorOf(res, 7).msg, "mtu");
+Deno.test("without an agent the plugin process refuses malformed JSON with 6", async () => {
+  assertStringIncludes(
+    errorOf(await runEnim([], { env: ADD_ENV, stdin: "{nope" }), 6).msg,
+    "Cannot decode the network config",
+  );
+  errorOf(await runEnim([], { env: ADD_ENV, stdin: "[1]" }), 6);
 });
 
-Deno.test("the plugin process refuses malformed JSON and an unsupported version", async () => {
-  errorOf(await runEnim([], { env: ADD_ENV, stdin: "{nope" }), 6);
-  errorOf(
-    await runEnim([], { env: ADD_ENV, stdin: '{"cniVersion":"2.0.0","name":"n","type":"enim"}' }),
-    1,
+Deno.test("without an agent the plugin process answers STATUS with 50", async () => {
+  const cfg = JSON.stringify({
+    cniVersion: "1.1.0",
+    name: "n",
+    type: "enim",
+    agentSocket: "/run/enim/none.sock",
+  });
+  const obj = errorOf(
+    await runEnim([], { env: { CNI_COMMAND: "STATUS", CNI_PATH: "/opt/cni/bin" }, stdin: cfg }),
+    50,
   );
+  assertStringIncludes(obj.msg, "/run/enim/none.sock");
 });
 
 Deno.test("the plugin process names missing variables", async () => {

@@ -27,6 +27,17 @@ import { type CniArgs, ownerOf, ownerString, parseCniArgs, requestedIps } from "
 import { DEFAULT_LOG_FILE, type ParsedConfig, parseNetworkConfig } from "./config.ts";
 import { type CniEnv, type CniVerb, parseCniEnv } from "./env.ts";
 import { CNI_CODES, CniError, toCniError } from "./errors.ts";
+import {
+  answerVersion,
+  type Decoded,
+  decodeFailure,
+  decodeStdin,
+  enimSection,
+  type InvocationRecord,
+  isPlainObject,
+} from "./spec.ts";
+
+export type { InvocationRecord };
 import { buildAddResult } from "./result.ts";
 import {
   convertResult,
@@ -36,7 +47,6 @@ import {
   parsePrevResult,
   type SupportedVersion,
   versionAtLeast,
-  versionResult,
 } from "./version.ts";
 
 /** What {@linkcode runPlugin} needs from its caller. */
@@ -57,45 +67,12 @@ export interface PluginIo {
   netnsExists?: (path: string) => boolean | undefined;
 }
 
-/** The one log line written per invocation. */
-export interface InvocationRecord {
-  verb: string | null;
-  cniVersion?: string;
-  network?: string;
-  mode?: string;
-  containerId?: string;
-  ifName?: string;
-  netns?: string;
-  owner?: string;
-  eniId?: string;
-  code: number;
-  msg?: string;
-  warnings?: string[];
-  durationMs: number;
-}
-
 /** The lowest spec version that defines each verb. */
 const MIN_VERSION: Partial<Record<CniVerb, SupportedVersion>> = {
   CHECK: "0.4.0",
   GC: "1.1.0",
   STATUS: "1.1.0",
 };
-
-/** The stdin document, decoded once. */
-type Decoded = { ok: true; value: unknown } | { ok: false; empty: boolean; error: string };
-
-function decode(stdin: string): Decoded {
-  if (stdin.trim() === "") return { ok: false, empty: true, error: "stdin is empty" };
-  try {
-    return { ok: true, value: JSON.parse(stdin) };
-  } catch (err) {
-    return { ok: false, empty: false, error: err instanceof Error ? err.message : String(err) };
-  }
-}
-
-function isPlainObject(v: unknown): v is Record<string, unknown> {
-  return typeof v === "object" && v !== null && !Array.isArray(v);
-}
 
 /** Default {@linkcode PluginIo.netnsExists}. */
 function statNetns(path: string): boolean | undefined {
@@ -134,7 +111,7 @@ export async function runPlugin(io: PluginIo): Promise<number> {
   const started = performance.now();
   const record: InvocationRecord = { verb: io.env.CNI_COMMAND ?? null, code: 0, durationMs: 0 };
   const warnings: string[] = [];
-  const decoded = decode(io.stdin);
+  const decoded = decodeStdin(io.stdin);
   let cniVersion: string = LATEST_VERSION;
   let logFile = DEFAULT_LOG_FILE;
   if (decoded.ok && isPlainObject(decoded.value)) {
@@ -184,12 +161,7 @@ export async function runPlugin(io: PluginIo): Promise<number> {
 
 /** The configured `logFile`, read before validation so a bad config is still logged where asked. */
 function peekLogFile(raw: Record<string, unknown>): string | undefined {
-  const section = raw.type === "enim"
-    ? raw
-    : isPlainObject(raw.ipam) && raw.ipam.type === "enim"
-    ? raw.ipam
-    : undefined;
-  const f = section?.logFile;
+  const f = enimSection(raw)?.logFile;
   return typeof f === "string" && f.startsWith("/") ? f : undefined;
 }
 
@@ -197,25 +169,9 @@ function peekLogFile(raw: Record<string, unknown>): string | undefined {
 async function dispatch(inv: Invocation, decoded: Decoded): Promise<unknown> {
   const { env } = inv;
   if (env.command === "VERSION") return versionVerb(decoded);
-  if (!decoded.ok) {
-    throw new CniError(
-      CNI_CODES.DECODE_FAILED,
-      decoded.empty
-        ? `Cannot decode the network config: stdin is empty (${env.command} needs the config)`
-        : `Cannot decode the network config on stdin: ${decoded.error}`,
-    );
-  }
-  if (!isPlainObject(decoded.value)) {
-    throw new CniError(
-      CNI_CODES.DECODE_FAILED,
-      `Cannot decode the network config on stdin: expected a JSON object, got ${
-        Array.isArray(decoded.value)
-          ? "an array"
-          : decoded.value === null
-          ? "null"
-          : typeof decoded.value
-      }`,
-    );
+  const undecodable = decodeFailure(env.command, decoded);
+  if (undecodable !== undefined || !decoded.ok || !isPlainObject(decoded.value)) {
+    throw new CniError(CNI_CODES.DECODE_FAILED, undecodable ?? "Cannot decode the network config");
   }
   const rawVersion = decoded.value.cniVersion;
   let version: NegotiatedVersion | undefined;
@@ -249,23 +205,11 @@ async function dispatch(inv: Invocation, decoded: Decoded): Promise<unknown> {
   }
 }
 
-/** VERSION: lenient about stdin (empty is fine), strict about what it can read. */
+/** VERSION: see `answerVersion` in spec.ts. */
 function versionVerb(decoded: Decoded): unknown {
-  if (!decoded.ok) {
-    if (decoded.empty) return versionResult(undefined);
-    throw new CniError(
-      CNI_CODES.DECODE_FAILED,
-      `Cannot decode the VERSION request on stdin: ${decoded.error}`,
-    );
-  }
-  const v = isPlainObject(decoded.value) ? decoded.value.cniVersion : undefined;
-  if (!isPlainObject(decoded.value) || (v !== undefined && typeof v !== "string")) {
-    throw new CniError(
-      CNI_CODES.DECODE_FAILED,
-      'Cannot decode the VERSION request on stdin: expected {"cniVersion": "<version>"}',
-    );
-  }
-  return versionResult(v as string | undefined);
+  const v = answerVersion(decoded);
+  if (!v.ok) throw new CniError(CNI_CODES.DECODE_FAILED, v.msg);
+  return v.result;
 }
 
 /** Parses CNI_ARGS and the owner, recording the owner for the log line. */

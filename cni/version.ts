@@ -13,13 +13,14 @@
  */
 import { z } from "zod";
 import { CNI_CODES, CniError, formatZodIssues } from "./errors.ts";
+import {
+  LATEST_VERSION,
+  SUPPORTED_VERSIONS,
+  type SupportedVersion,
+  versionResult,
+} from "./spec.ts";
 
-/** The spec versions enim speaks, oldest first. */
-export const SUPPORTED_VERSIONS = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] as const;
-/** A spec version enim speaks. */
-export type SupportedVersion = typeof SUPPORTED_VERSIONS[number];
-/** The newest version, used when the request carries none (VERSION) or none can be read. */
-export const LATEST_VERSION: SupportedVersion = "1.1.0";
+export { LATEST_VERSION, SUPPORTED_VERSIONS, type SupportedVersion, versionResult };
 
 /** A negotiated version: what the runtime asked for and the format enim answers in. */
 export interface NegotiatedVersion {
@@ -65,14 +66,6 @@ export function negotiateVersion(requested: string): NegotiatedVersion {
 /** Whether `format` is at least `min` (both known versions). */
 export function versionAtLeast(format: SupportedVersion, min: SupportedVersion): boolean {
   return SUPPORTED_VERSIONS.indexOf(format) >= SUPPORTED_VERSIONS.indexOf(min);
-}
-
-/** The VERSION answer. */
-export function versionResult(requested: string | undefined): {
-  cniVersion: string;
-  supportedVersions: string[];
-} {
-  return { cniVersion: requested ?? LATEST_VERSION, supportedVersions: [...SUPPORTED_VERSIONS] };
 }
 
 const Uint = z.number().int().min(0);

@@ -20,6 +20,7 @@
  */
 import { z } from "zod";
 import { EniSchema, IpRangeSchema, IpSchema } from "../providers/schema.ts";
+import { CNI_ENV_NAMES, LOG_FILE_ENV, MAX_CALL_STDIN } from "../cni/spec.ts";
 
 /** A Kubernetes namespace (DNS label). */
 const K8sNamespace = z.string().regex(
@@ -99,6 +100,21 @@ export const AddResponseSchema = z.object({
 });
 /** The agent's answer to an ADD. */
 export type AddResponse = z.infer<typeof AddResponseSchema>;
+
+/**
+ * POST /v1/cni: a CNI call as the plugin process received it, run by the
+ * agent's CNI dispatcher. The answer is 200 with the plugin's stdout as the
+ * body and its exit code in the `enim-cni-exit` header (see `cni/forward.ts`).
+ */
+export const CniCallSchema = z.strictObject({
+  env: z.partialRecord(
+    z.enum([...CNI_ENV_NAMES, LOG_FILE_ENV]),
+    z.string().max(128 * 1024, "Expected at most 128 KiB"),
+  ),
+  stdin: z.string().max(MAX_CALL_STDIN, `Expected at most ${MAX_CALL_STDIN} characters`),
+});
+/** POST /v1/cni. */
+export type CniCall = z.infer<typeof CniCallSchema>;
 
 /** POST /v1/del. `netns` may be empty: the runtime may not know it any more. */
 export const DelRequestSchema = z.object({
@@ -256,4 +272,4 @@ export class ApiError extends Error {
 }
 
 /** The default socket path. */
-export const DEFAULT_SOCKET = "/run/enim/enim.sock";
+export { DEFAULT_SOCKET } from "../cni/spec.ts";

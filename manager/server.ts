@@ -10,18 +10,11 @@
  * @module
  */
 import { dirname } from "node:path";
-import type { z } from "zod";
-import {
-  AddRequestSchema,
-  ApiError,
-  type ApiErrorCode,
-  CheckRequestSchema,
-  DelRequestSchema,
-  GcRequestSchema,
-  HTTP_STATUS,
-} from "./api_schema.ts";
+import { ApiError, type ApiErrorCode, CniCallSchema, HTTP_STATUS } from "./api_schema.ts";
 import type { EniManager } from "./types.ts";
-import { formatIssues } from "./config.ts";
+import { LocalAgentClient, parseRequest } from "./local_client.ts";
+import { serveCniCall } from "./cni_call.ts";
+import { CNI_CALL_PATH, EXIT_HEADER, MAX_CALL_STDIN } from "../cni/spec.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
 
 /** The default request body limit. */
@@ -127,32 +120,17 @@ async function readBody(req: Request, max: number): Promise<string> {
   return new TextDecoder().decode(all);
 }
 
-/** Parses a JSON body through `schema`; 400 naming the fields on failure. */
-async function parseBody<S extends z.ZodType>(
-  req: Request,
-  schema: S,
-  max: number,
-): Promise<z.output<S>> {
+/** Reads a JSON body (413 beyond `max` bytes, 400 when it is not JSON). */
+async function readJson(req: Request, max: number): Promise<unknown> {
   const text = await readBody(req, max);
-  let value: unknown;
   try {
-    value = JSON.parse(text);
+    return JSON.parse(text);
   } catch (err) {
     throw new ApiError(
       "bad_request",
       `Malformed JSON in the request body: ${err instanceof Error ? err.message : String(err)}`,
     );
   }
-  const parsed = schema.safeParse(value);
-  if (!parsed.success) {
-    const problems = formatIssues(parsed.error.issues);
-    throw new ApiError(
-      "bad_request",
-      `Invalid request body: ${problems.join("; ")}`,
-      JSON.stringify(parsed.error.issues),
-    );
-  }
-  return parsed.data;
 }
 
 /**
@@ -186,23 +164,6 @@ function builtinMetrics(manager: EniManager, started: number): MetricsSource {
   };
 }
 
-/** Waits for `p`, answering `busy` after `ms` (the operation itself goes on). */
-async function withDeadline<T>(p: Promise<T>, ms: number | undefined, what: string): Promise<T> {
-  if (!ms) return await p;
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  const deadline = new Promise<never>((_, reject) => {
-    timer = setTimeout(
-      () => reject(new ApiError("busy", `${what} did not finish within ${ms / 1000} s`)),
-      ms,
-    );
-  });
-  try {
-    return await Promise.race([p, deadline]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
 type Route = (req: Request) => Promise<Response>;
 
 /** Builds the API handler over `manager`. */
@@ -212,31 +173,38 @@ export function createHandler(opts: HandlerOptions): Handler {
   const max = opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
   const metrics = opts.metrics ?? builtinMetrics(m, Date.now());
 
+  const api = new LocalAgentClient(m, { addTimeoutMs: opts.addTimeoutMs });
+  /** A raw call carries the config on stdin, JSON-escaped: room for MAX_CALL_STDIN of it. */
+  const maxCall = 2 * MAX_CALL_STDIN + 256 * 1024;
+
   const routes: Record<string, Record<string, Route>> = {
-    "/v1/add": {
+    [CNI_CALL_PATH]: {
       POST: async (req) => {
-        const body = await parseBody(req, AddRequestSchema, max);
-        return json(await withDeadline(m.add(body), opts.addTimeoutMs, "The ADD"));
+        const call = parseRequest(CniCallSchema, await readJson(req, maxCall));
+        const { exit, stdout } = await serveCniCall(call, api);
+        return new Response(stdout, {
+          status: 200,
+          headers: { ...JSON_HEADERS, [EXIT_HEADER]: String(exit) },
+        });
       },
     },
+    "/v1/add": { POST: async (req) => json(await api.add(await readJson(req, max))) },
     "/v1/del": {
       POST: async (req) => {
-        await m.del(await parseBody(req, DelRequestSchema, max));
+        await api.del(await readJson(req, max));
         return json({});
       },
     },
     "/v1/check": {
       POST: async (req) => {
-        await m.check(await parseBody(req, CheckRequestSchema, max));
+        await api.check(await readJson(req, max));
         return json({});
       },
     },
-    "/v1/gc": {
-      POST: async (req) => json(await m.gc(await parseBody(req, GcRequestSchema, max))),
-    },
-    "/v1/status": { GET: async () => json(await m.status()) },
-    "/v1/attachments": { GET: () => Promise.resolve(json({ attachments: m.attachments() })) },
-    "/v1/enis": { GET: async () => json({ enis: await m.enis() }) },
+    "/v1/gc": { POST: async (req) => json(await api.gc(await readJson(req, max))) },
+    "/v1/status": { GET: async () => json(await api.status()) },
+    "/v1/attachments": { GET: async () => json({ attachments: await api.attachments() }) },
+    "/v1/enis": { GET: async () => json({ enis: await api.enis() }) },
     "/v1/healthz": { GET: () => Promise.resolve(json({ ok: true })) },
     "/metrics": {
       GET: async () =>

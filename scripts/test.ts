@@ -1,6 +1,6 @@
 /**
- * `deno task test`: runs every test with `deno test` and ends with the plain
- * line `N passed, M failed` that CI reads.
+ * `deno task test`: builds the artifact (`deno task build`), runs every test with
+ * `deno test` and ends with the plain line `N passed, M failed` that CI reads.
  *
  * Extra arguments are passed to `deno test` (e.g. a file or `--filter`).
  *
@@ -8,6 +8,7 @@
  */
 import { dirname, fromFileUrl } from "./_paths.ts";
 import { BASE_NEEDS, ensureApt } from "./_deps.ts";
+import { build } from "./build.ts";
 
 const root = dirname(dirname(fromFileUrl(import.meta.url)));
 
@@ -15,6 +16,10 @@ const unmet = await ensureApt(BASE_NEEDS);
 if (unmet.length > 0) {
   console.error(`not installed (tests that need them skip): ${unmet.join(", ")}`);
 }
+
+// The artifact every subprocess test runs (tests/_enim.ts), built once, fresh.
+const built = performance.now();
+console.error(`built ${await build()} in ${((performance.now() - built) / 1000).toFixed(1)} s`);
 
 const cmd = new Deno.Command(Deno.execPath(), {
   args: ["test", "-A", "--no-prompt", ...Deno.args],

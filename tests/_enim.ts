@@ -1,30 +1,25 @@
 /**
- * How tests, the demo and the bench run enim: the same entry point (main.ts)
- * through `deno run` with the same permission set the compiled binary gets
- * (`-P=enim` from deno.json), so nothing tested depends on `deno compile`.
+ * How tests, the demo and the bench run enim: the built bundle (`deno task
+ * build`, `dist/bundle/main.js`), the artifact that ships, through `deno run`
+ * with exactly the `enim` permission set as flags (scripts/build.ts
+ * `bundleArgv`), as the launcher and the compiled binary run it. The bundle is
+ * built on first use when it is missing or older than the sources.
  *
  * @module
  */
 import { fileURLToPath } from "node:url";
 import type { EnimSandbox } from "./_sandbox.ts";
+import { bundleArgv, ensureBuiltSync } from "../scripts/build.ts";
 
 /** The repository root. */
 export const ROOT: string = fileURLToPath(new URL("..", import.meta.url)).replace(/\/$/, "");
 
-/** The argv prefix that runs enim exactly as the compiled binary would (permissions included). */
+let entry: string | undefined;
+
+/** The argv prefix that runs enim exactly as the shipped artifact runs (permissions included). */
 export function enimArgv(): string[] {
-  return [
-    Deno.execPath(),
-    "run",
-    "--quiet",
-    "--no-prompt",
-    "--permission-set=enim",
-    // The compiled binary has the same flag: the agent's idle-time GC (lib/idle_gc.ts).
-    "--v8-flags=--expose-gc",
-    "--config",
-    `${ROOT}/deno.json`,
-    `${ROOT}/main.ts`,
-  ];
+  entry ??= ensureBuiltSync();
+  return bundleArgv(entry);
 }
 
 /** Options for {@linkcode runEnim}. */

@@ -1,0 +1,333 @@
+/**
+ * The CNI plugin process: what a container runtime execs for every CNI call.
+ *
+ * It forwards the raw call (the CNI_* environment and stdin) to the agent,
+ * which runs the whole CNI protocol (`cni/plugin.ts`: env, config, CNI_ARGS,
+ * versions, results, error codes) with its schemas already compiled, and
+ * prints what the agent answers. So the process loads nothing but
+ * `cni/spec.ts`, `lib/http1.ts`, `cni/log_file.ts` and this file: no zod, no
+ * agent, CLI or provider code, and every call costs about Deno's own start-up.
+ *
+ * What it answers itself:
+ * - VERSION, without the agent;
+ * - when the agent cannot be reached (no socket, nobody listening, the
+ *   connection broke, no answer within the config's `timeoutSeconds`):
+ *   - a missing or unknown CNI_COMMAND or a missing required variable → 4,
+ *     a stdin that is not a JSON object → 6 (the same messages as the agent's);
+ *   - STATUS → 50;
+ *   - DEL → success when the pod's namespace is gone (`CNI_NETNS` empty or the
+ *     path no longer exists: nothing is left in the pod to undo, and the
+ *     agent's GC reclaims the ENI), otherwise 11 so the runtime retries;
+ *   - anything else → 11, naming the socket.
+ *   The config itself is not validated then (that needs the agent's schemas);
+ *   the runtime's retry gets the agent's full answer.
+ *
+ * The socket, the time limit and the log file come from enim's section of the
+ * config as it is (`agentSocket`, `timeoutSeconds`, `logFile`), or their
+ * defaults when absent or not of the right type; the agent validates them.
+ * The agent writes the call's log line; the process writes one itself only
+ * for what it answered alone.
+ *
+ * Wire format: `POST /v1/cni` with `{"env": {...}, "stdin": "..."}`; the agent
+ * answers 200 with the exact stdout as the body and the exit code in the
+ * `enim-cni-exit` header.
+ *
+ * @module
+ */
+import {
+  answerVersion,
+  CNI_CALL_PATH,
+  CNI_CODES,
+  CNI_ENV_NAMES,
+  type CniErrorObject,
+  decodeFailure,
+  decodeStdin,
+  DEFAULT_LOG_FILE,
+  DEFAULT_SOCKET,
+  DEFAULT_TIMEOUT_SECONDS,
+  enimSection,
+  errorObject,
+  EXIT_HEADER,
+  type InvocationRecord,
+  isPlainObject,
+  LATEST_VERSION,
+  LOG_FILE_ENV,
+  missingEnv,
+  verbProblem,
+} from "./spec.ts";
+import {
+  bodyText,
+  encodeRequest,
+  type HttpResponse,
+  UnixHttpError,
+  unixRoundTrip,
+} from "../lib/http1.ts";
+import { appendLine } from "./log_file.ts";
+
+/** What {@linkcode forward} needs from its caller (main: the real process). */
+export interface ForwardIo {
+  /** CNI_* and ENIM_LOG_FILE (others are ignored). */
+  env: Record<string, string | undefined>;
+  stdin: string;
+  stdout(text: string): void;
+  /** Appends one line to a log file; must not throw. */
+  log(file: string, line: string): void;
+  /** Sends one HTTP request over a unix socket (default: {@linkcode unixRoundTrip}). */
+  roundTrip?(socketPath: string, request: Uint8Array, timeoutMs: number): Promise<HttpResponse>;
+  /** Whether a netns path exists: undefined when it cannot be told (default: `Deno.statSync`). */
+  netnsExists?(path: string): boolean | undefined;
+}
+
+/** Where the call goes, read from enim's section of the config as it is. */
+interface Route {
+  socket: string;
+  timeoutMs: number;
+  logFile: string;
+  cniVersion: string;
+}
+
+function routeOf(env: Record<string, string | undefined>, value: unknown): Route {
+  const raw = isPlainObject(value) ? value : {};
+  const section = enimSection(raw) ?? {};
+  const s = section.agentSocket;
+  const t = section.timeoutSeconds;
+  const f = section.logFile;
+  const override = env[LOG_FILE_ENV];
+  return {
+    socket: typeof s === "string" && s.startsWith("/") && s.length <= 107 ? s : DEFAULT_SOCKET,
+    timeoutMs: (typeof t === "number" && t > 0 && t <= 600 ? t : DEFAULT_TIMEOUT_SECONDS) * 1000,
+    logFile: override
+      ? override
+      : typeof f === "string" && f.startsWith("/")
+      ? f
+      : DEFAULT_LOG_FILE,
+    cniVersion: typeof raw.cniVersion === "string" ? raw.cniVersion : LATEST_VERSION,
+  };
+}
+
+/** Default {@linkcode ForwardIo.netnsExists}. */
+function statNetns(path: string): boolean | undefined {
+  try {
+    Deno.statSync(path);
+    return true;
+  } catch (err) {
+    return err instanceof Deno.errors.NotFound ? false : undefined;
+  }
+}
+
+/**
+ * Serves one CNI call: forwards it to the agent, or answers what it can alone
+ * (see the module doc). Returns the exit code.
+ */
+export async function forward(io: ForwardIo): Promise<number> {
+  const started = performance.now();
+  const env = io.env;
+  const verb = env.CNI_COMMAND;
+  const decoded = decodeStdin(io.stdin);
+  const route = routeOf(env, decoded.ok ? decoded.value : undefined);
+  const record: InvocationRecord = {
+    verb: verb ?? null,
+    cniVersion: route.cniVersion,
+    code: 0,
+    durationMs: 0,
+  };
+  for (const [k, name] of [["containerId", "CNI_CONTAINERID"], ["ifName", "CNI_IFNAME"]] as const) {
+    if (env[name]) record[k] = env[name];
+  }
+  if (env.CNI_NETNS) record.netns = env.CNI_NETNS;
+
+  const finish = (exit: number, out: string | undefined): number => {
+    if (out !== undefined) {
+      try {
+        io.stdout(out);
+      } catch (err) {
+        record.code = CNI_CODES.IO_FAILURE;
+        record.msg = `Cannot write to stdout: ${err instanceof Error ? err.message : String(err)}`;
+        exit = 1;
+      }
+    }
+    record.durationMs = Math.round((performance.now() - started) * 100) / 100;
+    io.log(
+      route.logFile,
+      JSON.stringify({
+        ts: new Date().toISOString(),
+        level: exit !== 0 ? "error" : record.warnings ? "warn" : "info",
+        msg: "cni invocation",
+        ...record,
+      }),
+    );
+    return exit;
+  };
+  const fail = (e: CniErrorObject): number => {
+    record.code = e.code;
+    record.msg = e.msg;
+    return finish(1, JSON.stringify(e));
+  };
+
+  if (verb === "VERSION") {
+    const v = answerVersion(decoded);
+    if (!v.ok) return fail(errorObject(route.cniVersion, CNI_CODES.DECODE_FAILED, v.msg));
+    return finish(0, JSON.stringify(v.result));
+  }
+
+  const call: Record<string, string> = {};
+  for (const name of [...CNI_ENV_NAMES, LOG_FILE_ENV]) {
+    const v = env[name];
+    if (v !== undefined) call[name] = v;
+  }
+  const body = new TextEncoder().encode(JSON.stringify({ env: call, stdin: io.stdin }));
+  let res: HttpResponse;
+  try {
+    res = await (io.roundTrip ?? unixRoundTrip)(
+      route.socket,
+      encodeRequest("POST", CNI_CALL_PATH, body),
+      route.timeoutMs,
+    );
+  } catch (err) {
+    return unreachable(err);
+  }
+
+  const exit = res.headers.get(EXIT_HEADER);
+  if (res.status === 200 && (exit === "0" || exit === "1")) {
+    const out = bodyText(res);
+    try {
+      if (out !== "") io.stdout(out);
+    } catch {
+      return 1;
+    }
+    return Number(exit);
+  }
+  // The agent refused the call itself (not a CNI error): too large, shutting down, a bug.
+  let message = bodyText(res).slice(0, 500);
+  try {
+    const parsed: unknown = JSON.parse(message);
+    if (isPlainObject(parsed) && isPlainObject(parsed.error)) {
+      message = String(parsed.error.message ?? message);
+    }
+  } catch { /* not JSON: keep the text */ }
+  const code = res.status === 503
+    ? CNI_CODES.TRY_AGAIN_LATER
+    : res.status >= 400 && res.status < 500
+    ? CNI_CODES.INVALID_CONFIG
+    : CNI_CODES.INTERNAL;
+  return fail(
+    errorObject(
+      route.cniVersion,
+      code,
+      `The enim agent refused the call (HTTP ${res.status}): ${message}`,
+    ),
+  );
+
+  /** The agent did not answer: the rules of the module doc. */
+  function unreachable(err: unknown): number {
+    const why = err instanceof Error ? err.message : String(err);
+    const socket = route.socket;
+    const bad = verbProblem(verb) ?? missingEnv(verb, env);
+    if (bad) return fail(errorObject(route.cniVersion, CNI_CODES.INVALID_ENV, bad));
+    const undecodable = decodeFailure(verb!, decoded);
+    if (undecodable) {
+      return fail(errorObject(route.cniVersion, CNI_CODES.DECODE_FAILED, undecodable));
+    }
+    const cause = err instanceof UnixHttpError ? err.cause : undefined;
+    if (verb === "STATUS") {
+      return fail(
+        errorObject(
+          route.cniVersion,
+          CNI_CODES.NOT_AVAILABLE,
+          `The enim agent is not reachable at "${socket}": the plugin cannot serve ADD`,
+          why,
+        ),
+      );
+    }
+    if (verb === "DEL") {
+      const netns = env.CNI_NETNS;
+      const exists = netns === undefined || netns === ""
+        ? false
+        : (io.netnsExists ?? statNetns)(netns);
+      if (exists === false) {
+        record.warnings = [
+          `The enim agent is not reachable at "${socket}" and the network namespace is ` +
+          "gone: nothing to undo in the pod; the agent's GC reclaims the ENI",
+        ];
+        return finish(0, undefined);
+      }
+    }
+    if (cause instanceof Deno.errors.NotCapable) {
+      return fail(
+        errorObject(
+          route.cniVersion,
+          CNI_CODES.TRY_AGAIN_LATER,
+          `The enim agent is not reachable at "${socket}": the plugin's permissions do not allow that socket (only the default ${DEFAULT_SOCKET} is allowed)`,
+          why,
+        ),
+      );
+    }
+    const timedOut = err instanceof UnixHttpError && err.phase === "timeout";
+    return fail(
+      errorObject(
+        route.cniVersion,
+        CNI_CODES.TRY_AGAIN_LATER,
+        timedOut
+          ? `The enim agent at "${socket}" did not answer within ${
+            route.timeoutMs / 1000
+          } s; try again later`
+          : `The enim agent is not reachable at "${socket}"; try again later`,
+        why,
+      ),
+    );
+  }
+}
+
+/** Reads all of stdin synchronously (an unreadable stdin counts as empty). */
+export function readStdinSync(): string {
+  const parts: Uint8Array[] = [];
+  let total = 0;
+  try {
+    for (;;) {
+      const buf = new Uint8Array(65536);
+      const n = Deno.stdin.readSync(buf);
+      if (n === null || n === 0) break;
+      parts.push(buf.subarray(0, n));
+      total += n;
+    }
+  } catch { /* closed or unreadable: what was read so far */ }
+  const all = new Uint8Array(total);
+  let at = 0;
+  for (const p of parts) {
+    all.set(p, at);
+    at += p.length;
+  }
+  return new TextDecoder().decode(all);
+}
+
+/** Reads only the named variables (the permission set allows CNI_* and ENIM_*). */
+export function readEnv(names: readonly string[]): Record<string, string | undefined> {
+  const env: Record<string, string | undefined> = {};
+  for (const name of names) {
+    try {
+      env[name] = Deno.env.get(name);
+    } catch {
+      env[name] = undefined;
+    }
+  }
+  return env;
+}
+
+/** Runs the plugin against the real process environment, stdin and stdout. */
+export function runPluginProcess(): Promise<number> {
+  const encoder = new TextEncoder();
+  return forward({
+    env: readEnv([...CNI_ENV_NAMES, LOG_FILE_ENV]),
+    stdin: readStdinSync(),
+    stdout(text) {
+      const bytes = encoder.encode(text);
+      let off = 0;
+      while (off < bytes.length) off += Deno.stdout.writeSync(bytes.subarray(off));
+    },
+    log(file, line) {
+      try {
+        appendLine(file, line);
+      } catch { /* logging never changes a result */ }
+    },
+  });
+}

@@ -1,0 +1,48 @@
+/**
+ * The `enim` permission set of deno.json, the one place enim's permissions are
+ * defined, as `deno run`/`deno compile` flags: the launcher, the tests, the
+ * demo and the bench run the bundle with exactly these, and `deno compile`
+ * bakes the same into the binary.
+ *
+ * The bundle runs with `--no-config` (it needs no import map or lockfile, and
+ * reading deno.json costs every plugin call about a millisecond), so the set is
+ * spelled out as flags rather than named with `--permission-set`.
+ *
+ * @module
+ */
+import { z } from "zod";
+import { join, ROOT } from "./_paths.ts";
+
+const List = z.array(z.string().min(1));
+
+/** The `permissions.enim` object of deno.json (the kinds enim uses). */
+export const PermissionSetSchema = z.strictObject({
+  env: List.optional(),
+  read: List.optional(),
+  write: List.optional(),
+  run: List.optional(),
+  net: List.optional(),
+  sys: List.optional(),
+});
+/** The `enim` permission set. */
+export type PermissionSet = z.infer<typeof PermissionSetSchema>;
+
+const DenoJsonSchema = z.looseObject({
+  permissions: z.looseObject({ enim: PermissionSetSchema }),
+});
+
+/** Reads the `enim` permission set from `root`/deno.json. */
+export function readPermissionSet(root: string = ROOT): PermissionSet {
+  const text = Deno.readTextFileSync(join(root, "deno.json"));
+  return DenoJsonSchema.parse(JSON.parse(text)).permissions.enim;
+}
+
+/** The set as `--allow-<kind>=a,b` flags, in a fixed order. */
+export function permissionFlags(set: PermissionSet = readPermissionSet()): string[] {
+  const flags: string[] = [];
+  for (const kind of ["env", "read", "write", "run", "net", "sys"] as const) {
+    const list = set[kind];
+    if (list && list.length > 0) flags.push(`--allow-${kind}=${list.join(",")}`);
+  }
+  return flags;
+}

@@ -1,0 +1,223 @@
+/**
+ * `deno task build`: the one build step. It bundles enim (`main.ts` and every
+ * module it can load) into `dist/bundle/`: `main.js` and its chunks, plain
+ * JavaScript with the npm packages inside, so running it needs no config, no
+ * lockfile and no package resolution.
+ *
+ * Code splitting keeps the roles apart: `main.js` only picks the role, the CNI
+ * plugin's chunk holds `cni/forward.ts` and what it imports (no zod, no agent,
+ * CLI or provider code), and the agent, the CLI and each provider load their
+ * own chunks. Everything that stands for the shipped binary runs this bundle:
+ * `deno task compile` compiles it, the launcher (`scripts/launcher.ts`) execs it,
+ * and the demo, the bench and the subprocess tests run it through
+ * {@linkcode bundleArgv}, with the permissions of the `enim` permission set.
+ *
+ * The bundle is built beside `dist/bundle` and swapped in whole, so a running
+ * plugin or agent never sees half of one. `BUILD.json` records what was built.
+ *
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { z } from "zod";
+import { join, resolve, ROOT } from "./_paths.ts";
+import { permissionFlags } from "./_permissions.ts";
+
+/** Where the bundle goes. */
+export const BUNDLE_DIR: string = join(ROOT, "dist", "bundle");
+/** The bundle's entry point, relative to its directory. */
+export const ENTRY = "main.js";
+
+/** The source trees the bundle is built from (for the staleness check). */
+const SOURCES = [
+  "main.ts",
+  "deno.json",
+  "deno.lock",
+  "cni",
+  "manager",
+  "providers",
+  "netns",
+  "lib",
+  "cli",
+];
+
+/** The stamp written beside the bundle. */
+const StampSchema = z.object({ version: z.string(), deno: z.string(), builtAt: z.string() });
+
+/** The newest modification time (ms) among the non-test sources under `root`. */
+export function newestSource(root: string = ROOT): number {
+  let newest = 0;
+  const visit = (path: string) => {
+    let st: Deno.FileInfo;
+    try {
+      st = Deno.statSync(path);
+    } catch {
+      return;
+    }
+    if (st.isDirectory) {
+      for (const e of Deno.readDirSync(path)) visit(join(path, e.name));
+    } else if (!/_test\.ts$|_bench\.ts$/.test(path)) {
+      newest = Math.max(newest, st.mtime?.getTime() ?? 0);
+    }
+  };
+  for (const s of SOURCES) visit(join(root, s));
+  return newest;
+}
+
+/** Whether `dir` holds a bundle at least as new as every source. */
+export function isFresh(dir: string = BUNDLE_DIR, root: string = ROOT): boolean {
+  try {
+    const stamp = Deno.statSync(join(dir, "BUILD.json"));
+    Deno.statSync(join(dir, ENTRY));
+    return (stamp.mtime?.getTime() ?? 0) >= newestSource(root);
+  } catch {
+    return false;
+  }
+}
+
+/** The CLI's module, bundled on its own (the agent, the operator commands, the providers). */
+const CLI_SOURCE = "./cli/mod.ts";
+/** Where the CLI bundle's entry lands, relative to the bundle's directory. */
+const CLI_ENTRY = "./cli/mod.js";
+
+/** `deno bundle` arguments: code splitting for Deno, `entry` into `outdir`. */
+export function bundleArgs(
+  entry: string,
+  outdir: string,
+  root: string = ROOT,
+  opts: { external?: string[]; minify?: boolean } = {},
+): string[] {
+  return [
+    "bundle",
+    "--quiet",
+    "--code-splitting",
+    ...(opts.minify ? ["--minify", "--sourcemap=linked"] : []),
+    "--platform",
+    "deno",
+    "--config",
+    join(root, "deno.json"),
+    "--outdir",
+    outdir,
+    ...(opts.external ?? []).map((e) => `--external=${e}`),
+    join(root, entry),
+  ];
+}
+
+async function denoBundle(args: string[], root: string): Promise<void> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args,
+    cwd: root,
+    env: { NO_COLOR: "1" },
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  if (!out.success) {
+    throw new Error(`deno bundle failed:\n${new TextDecoder().decode(out.stderr).trim()}`);
+  }
+}
+
+/**
+ * Bundles into `staging` in two passes, so the plugin process shares no chunk
+ * with the rest: the CLI (`cli/mod.ts`, whose CommonJS packages need esbuild's
+ * `node:module` shim, which alone costs a plugin call ~13 ms) into `cli/`, then
+ * `main.ts` with the CLI left external, whose only other chunk is the plugin
+ * process (`cni/forward.ts` and what it imports, inlined). The one reference to
+ * the CLI in `main.js` is then pointed at the CLI bundle.
+ *
+ * The CLI bundle is minified (with linked source maps for stack traces): `deno
+ * run` reads and parses every module a literal dynamic import can reach before
+ * it starts, so its size is paid by every plugin call too (about 1 ms per MB).
+ */
+async function bundleInto(staging: string, root: string): Promise<void> {
+  await denoBundle(bundleArgs(CLI_SOURCE, join(staging, "cli"), root, { minify: true }), root);
+  await denoBundle(bundleArgs("main.ts", staging, root, { external: [CLI_SOURCE] }), root);
+  const mainPath = join(staging, ENTRY);
+  const main = await Deno.readTextFile(mainPath);
+  const quoted = JSON.stringify(CLI_SOURCE);
+  const count = main.split(quoted).length - 1;
+  if (count !== 1) {
+    throw new Error(`Expected one import of ${quoted} in the bundled ${ENTRY}, found ${count}`);
+  }
+  await Deno.writeTextFile(mainPath, main.replace(quoted, JSON.stringify(CLI_ENTRY)));
+  Deno.statSync(join(staging, CLI_ENTRY));
+}
+
+/** Builds the bundle into `dir` (default `dist/bundle`), replacing what is there. */
+export async function build(dir: string = BUNDLE_DIR, root: string = ROOT): Promise<string> {
+  const staging = `${dir}.tmp-${Deno.pid}-${crypto.randomUUID().slice(0, 8)}`;
+  try {
+    await bundleInto(staging, root);
+    const { VERSION } = await import("../lib/version.ts");
+    const stamp = StampSchema.parse({
+      version: VERSION,
+      deno: Deno.version.deno,
+      builtAt: new Date().toISOString(),
+    });
+    await Deno.writeTextFile(join(staging, "BUILD.json"), JSON.stringify(stamp, null, 2) + "\n");
+    await swapIn(staging, dir);
+    return join(dir, ENTRY);
+  } finally {
+    await Deno.remove(staging, { recursive: true }).catch(() => {});
+  }
+}
+
+/** Replaces `dir` with `staging` (the old one is renamed away first, then removed). */
+async function swapIn(staging: string, dir: string): Promise<void> {
+  await Deno.mkdir(resolve(dir, ".."), { recursive: true });
+  const old = `${dir}.old-${Deno.pid}-${crypto.randomUUID().slice(0, 8)}`;
+  let moved = false;
+  try {
+    await Deno.rename(dir, old);
+    moved = true;
+  } catch (err) {
+    if (!(err instanceof Deno.errors.NotFound)) throw err;
+  }
+  await Deno.rename(staging, dir);
+  if (moved) await Deno.remove(old, { recursive: true }).catch(() => {});
+}
+
+/** Builds the bundle unless it is fresh; returns its entry point. Synchronous (tests call it lazily). */
+export function ensureBuiltSync(dir: string = BUNDLE_DIR, root: string = ROOT): string {
+  if (!isFresh(dir, root)) {
+    const out = new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", join(root, "scripts", "build.ts"), "--outdir", dir],
+      cwd: root,
+      env: { NO_COLOR: "1" },
+      stdin: "null",
+      stdout: "null",
+      stderr: "piped",
+    }).outputSync();
+    if (!out.success) {
+      throw new Error(`deno task build failed:\n${new TextDecoder().decode(out.stderr).trim()}`);
+    }
+  }
+  return join(dir, ENTRY);
+}
+
+/**
+ * The argv that runs the bundle as the compiled binary would run: `deno run`
+ * with no config and no lockfile (the bundle needs neither) and exactly the
+ * `enim` permission set of deno.json, as flags.
+ */
+export function bundleArgv(entry: string, deno: string = Deno.execPath()): string[] {
+  return [
+    deno,
+    "run",
+    "--no-config",
+    "--no-lock",
+    "--quiet",
+    "--no-prompt",
+    ...permissionFlags(),
+    entry,
+  ];
+}
+
+if (import.meta.main) {
+  const { values } = parseArgs({
+    args: Deno.args,
+    options: { outdir: { type: "string", default: BUNDLE_DIR } },
+  });
+  const t0 = performance.now();
+  const entry = await build(resolve(values.outdir));
+  console.error(`built ${entry} in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+}
