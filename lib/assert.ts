@@ -29,14 +29,26 @@ export function assertStringIncludes(actual: string, expected: string, msg?: str
     msg ?? `Expected ${JSON.stringify(actual)} to include ${JSON.stringify(expected)}`,
   );
 }
-/** A promise rejects; returns the error for further checks. */
-export async function assertRejects(fn: () => Promise<unknown>, msg?: string): Promise<Error> {
+/** A promise rejects (with an instance of `ErrorClass`, when given); returns the error. */
+export async function assertRejects<E extends Error = Error>(
+  fn: () => Promise<unknown>,
+  // deno-lint-ignore no-explicit-any
+  errorClassOrMsg?: (new (...args: any[]) => E) | string,
+  msg?: string,
+): Promise<E> {
+  const cls = typeof errorClassOrMsg === "function" ? errorClassOrMsg : undefined;
+  const message = typeof errorClassOrMsg === "string" ? errorClassOrMsg : msg;
   try {
     await fn();
   } catch (err) {
-    return err as Error;
+    if (cls && !(err instanceof cls)) {
+      throw new assert.AssertionError({
+        message: message ?? `Expected a ${cls.name}, got ${String(err)}`,
+      });
+    }
+    return err as E;
   }
-  throw new assert.AssertionError({ message: msg ?? "Expected the promise to reject" });
+  throw new assert.AssertionError({ message: message ?? "Expected the promise to reject" });
 }
 /** A function throws; returns the error. */
 export function assertThrows(fn: () => unknown, msg?: string): Error {

@@ -166,13 +166,17 @@ export async function unixRoundTrip(
       { cause: err },
     );
   }
+  // AbortSignal.timeout, not setTimeout: in a fresh Deno process the first
+  // setTimeout loads the web timers and costs the plugin process ~4 MB of RSS.
+  const deadline = AbortSignal.timeout(timeoutMs);
   let timedOut = false;
-  const timer = setTimeout(() => {
+  const onTimeout = () => {
     timedOut = true;
     try {
       conn.close();
     } catch { /* already closed */ }
-  }, timeoutMs);
+  };
+  deadline.addEventListener("abort", onTimeout, { once: true });
   try {
     let off = 0;
     while (off < request.length) off += await conn.write(request.subarray(off));
@@ -209,7 +213,7 @@ export async function unixRoundTrip(
       { cause: err },
     );
   } finally {
-    clearTimeout(timer);
+    deadline.removeEventListener("abort", onTimeout);
     try {
       conn.close();
     } catch { /* closed by the timer */ }

@@ -1,10 +1,9 @@
 /**
  * The agent API client: HTTP/1.1 over the agent's unix socket.
  *
- * It is on the CNI plugin's hot path, so it is a minimal client over
- * `Deno.connect` (one connection per request, `Connection: close`) rather than
- * `fetch` with a custom HTTP client, which costs several milliseconds to set up.
- * It imports nothing but the API schemas.
+ * One connection per request (`Connection: close`), framed by `lib/http1.ts`,
+ * rather than `fetch` with a custom HTTP client, which costs several
+ * milliseconds to set up. It imports nothing but the API schemas.
  *
  * @module
  */
@@ -26,6 +25,7 @@ import {
   StatusSchema,
 } from "./api_schema.ts";
 import { EniSchema } from "../providers/schema.ts";
+import { bodyText, encodeRequest, UnixHttpError, unixRoundTrip } from "../lib/http1.ts";
 import type { Eni } from "../providers/schema.ts";
 
 /** The agent did not answer: no socket, nobody listening, or the connection broke. */
@@ -53,15 +53,19 @@ export interface AgentClient {
 }
 
 const encoder = new TextEncoder();
-const decoder = new TextDecoder();
 
-/** A raw HTTP response. */
-interface RawResponse {
+/** A raw HTTP response with its body as text. */
+export interface RawResponse {
   status: number;
   body: string;
 }
 
-/** Sends one HTTP/1.1 request over a unix socket and reads the whole response. */
+/**
+ * Sends one HTTP/1.1 request over a unix socket (`lib/http1.ts`) and reads the
+ * whole response; a body other than a string is sent as JSON.
+ *
+ * @throws {AgentUnreachableError} when the agent cannot be reached or does not answer in time
+ */
 export async function unixRequest(
   socketPath: string,
   method: string,
@@ -69,82 +73,17 @@ export async function unixRequest(
   body?: unknown,
   timeoutMs = 30_000,
 ): Promise<RawResponse> {
-  let conn: Deno.UnixConn;
+  const payload = body === undefined
+    ? undefined
+    : encoder.encode(typeof body === "string" ? body : JSON.stringify(body));
   try {
-    conn = await Deno.connect({ transport: "unix", path: socketPath });
+    const res = await unixRoundTrip(socketPath, encodeRequest(method, path, payload), timeoutMs);
+    return { status: res.status, body: bodyText(res) };
   } catch (err) {
-    throw new AgentUnreachableError(socketPath, { cause: err });
+    throw new AgentUnreachableError(socketPath, {
+      cause: err instanceof UnixHttpError && err.phase === "connect" ? err.cause : err,
+    });
   }
-  const timer = setTimeout(() => {
-    try {
-      conn.close();
-    } catch { /* already closed */ }
-  }, timeoutMs);
-  try {
-    const payload = body === undefined ? new Uint8Array() : encoder.encode(JSON.stringify(body));
-    const head = `${method} ${path} HTTP/1.1\r\nHost: enim\r\nConnection: close\r\n` +
-      (body === undefined ? "" : "Content-Type: application/json\r\n") +
-      `Content-Length: ${payload.length}\r\n\r\n`;
-    const req = new Uint8Array(head.length + payload.length);
-    req.set(encoder.encode(head));
-    req.set(payload, head.length);
-    let off = 0;
-    while (off < req.length) off += await conn.write(req.subarray(off));
-    const chunks: Uint8Array[] = [];
-    const buf = new Uint8Array(16 * 1024);
-    let total = 0;
-    for (;;) {
-      const n = await conn.read(buf);
-      if (n === null) break;
-      chunks.push(buf.slice(0, n));
-      total += n;
-    }
-    const all = new Uint8Array(total);
-    let at = 0;
-    for (const c of chunks) {
-      all.set(c, at);
-      at += c.length;
-    }
-    return parseHttpResponse(all);
-  } catch (err) {
-    if (err instanceof AgentUnreachableError) throw err;
-    throw new AgentUnreachableError(socketPath, { cause: err });
-  } finally {
-    clearTimeout(timer);
-    try {
-      conn.close();
-    } catch { /* closed by the timer */ }
-  }
-}
-
-/** Parses a complete HTTP/1.1 response (content-length, chunked or read-to-close body). */
-export function parseHttpResponse(bytes: Uint8Array): RawResponse {
-  const text = decoder.decode(bytes);
-  const end = text.indexOf("\r\n\r\n");
-  if (end < 0) throw new Error("Malformed HTTP response from the agent: no header end");
-  const lines = text.slice(0, end).split("\r\n");
-  const m = lines[0].match(/^HTTP\/1\.[01] (\d{3})/);
-  if (!m) throw new Error(`Malformed HTTP status line from the agent: "${lines[0]}"`);
-  const headers = new Map<string, string>();
-  for (const l of lines.slice(1)) {
-    const i = l.indexOf(":");
-    if (i > 0) headers.set(l.slice(0, i).trim().toLowerCase(), l.slice(i + 1).trim());
-  }
-  let body = text.slice(end + 4);
-  if (headers.get("transfer-encoding")?.toLowerCase().includes("chunked")) {
-    let out = "";
-    let rest = body;
-    for (;;) {
-      const nl = rest.indexOf("\r\n");
-      if (nl < 0) break;
-      const size = parseInt(rest.slice(0, nl), 16);
-      if (!size) break;
-      out += rest.slice(nl + 2, nl + 2 + size);
-      rest = rest.slice(nl + 2 + size + 2);
-    }
-    body = out;
-  }
-  return { status: Number(m[1]), body };
 }
 
 const AnyObject = z.looseObject({});

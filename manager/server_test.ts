@@ -214,3 +214,49 @@ Deno.test("an ADD that outlives its deadline is answered busy", async () => {
   assertEquals((await res.json()).error.code, "busy");
   release();
 });
+
+Deno.test("POST /v1/cni runs the CNI dispatcher on the raw call and answers its stdout and exit", async (t) => {
+  const m = new FakeManager();
+  const h = createHandler({ manager: m });
+  const dir = await Deno.makeTempDir({ prefix: "enim-cni-call-" });
+  const logFile = `${dir}/cni.log`;
+  const env = {
+    CNI_COMMAND: "ADD",
+    CNI_CONTAINERID: "c0ffee01",
+    CNI_NETNS: "/run/netns/pod-1",
+    CNI_IFNAME: "eth0",
+    CNI_PATH: "/opt/cni/bin",
+    CNI_ARGS: "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0",
+    ENIM_LOG_FILE: logFile,
+  };
+  try {
+    await t.step("an ADD: the versioned CNI result, exit 0, one log line", async () => {
+      const stdin = JSON.stringify({ cniVersion: "0.4.0", name: "enim-net", type: "enim" });
+      const res = await h(post("/v1/cni", { env, stdin }));
+      assertEquals([res.status, res.headers.get("enim-cni-exit")], [200, "0"]);
+      const out = await res.json();
+      assertEquals(out.cniVersion, "0.4.0");
+      assertEquals(out.interfaces[0].mac, "02:00:00:00:00:01");
+      assertEquals(out.ips[0].version, "4");
+      const arg = m.calls.at(-1)!.arg as { pod: { name: string }; network: string };
+      assertEquals([arg.pod.name, arg.network], ["web-0", "enim-net"]);
+      const lines = (await Deno.readTextFile(logFile)).trim().split("\n").map((l) => JSON.parse(l));
+      assertEquals([lines.length, lines[0].verb, lines[0].code], [1, "ADD", 0]);
+    });
+    await t.step("a bad config: the CNI error object, exit 1", async () => {
+      const stdin = JSON.stringify({ cniVersion: "1.1.0", name: "n", type: "enim", mtu: 1 });
+      const res = await h(post("/v1/cni", { env, stdin }));
+      assertEquals([res.status, res.headers.get("enim-cni-exit")], [200, "1"]);
+      const out = await res.json();
+      assertEquals(out.code, 7);
+      assertStringIncludes(out.msg, "mtu");
+    });
+    await t.step("a call of the wrong shape is refused with 400 naming the field", async () => {
+      const res = await h(post("/v1/cni", { env: { ...env, HOME: "/root" }, stdin: "" }));
+      assertEquals(res.status, 400);
+      assertStringIncludes((await res.json()).error.message, "env");
+    });
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});

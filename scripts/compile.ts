@@ -1,6 +1,8 @@
 /**
- * `deno task compile [--output PATH]`: builds `dist/enim`, one executable with the `enim`
- * permission set from deno.json baked in (`deno compile --permission-set=enim`).
+ * `deno task compile [--output PATH]`: builds `dist/enim`, one executable: the artifact of
+ * `deno task build` (`dist/bundle/main.js` and its chunks, roles chosen by the first argument)
+ * compiled with the `enim` permission set from deno.json baked in, the same flags the launcher
+ * and the tests run the bundle with (scripts/_permissions.ts).
  *
  * `deno compile` embeds the program into `denort`, a runtime-only Deno build of the same
  * version and target, which it normally downloads from dl.deno.land into its cache
@@ -16,27 +18,16 @@
  */
 import { parseArgs } from "node:util";
 import { dirname, join, resolve, ROOT } from "./_paths.ts";
+import { build } from "./build.ts";
+import { permissionFlags } from "./_permissions.ts";
 
-/** Modules loaded by literal dynamic imports (the provider registry): embedded explicitly. */
-const DYNAMIC_IMPORTS = ["providers/mock/mod.ts", "providers/bce/mod.ts"];
-
-/** The `deno compile` arguments that build enim at `output` from the repository at `root`. */
-export function compileArgs(output: string, root: string = ROOT): string[] {
-  const args = [
-    "compile",
-    "--permission-set=enim",
-    // The agent's idle-time GC (lib/idle_gc.ts) frees the native memory of `ip` spawns.
-    "--v8-flags=--expose-gc",
-    "--config",
-    join(root, "deno.json"),
-    "--output",
-    output,
-  ];
-  for (const rel of DYNAMIC_IMPORTS) {
-    if (isFile(join(root, rel))) args.push("--include", join(root, rel));
-  }
-  args.push(join(root, "main.ts"));
-  return args;
+/**
+ * The `deno compile` arguments that compile the bundle whose entry is `entry` into `output`.
+ * Every module of the bundle is reached by literal imports (the roles, the CLI's commands,
+ * the provider registry), so compile embeds them all without `--include`.
+ */
+export function compileArgs(output: string, entry: string, flags = permissionFlags()): string[] {
+  return ["compile", "--no-config", "--no-lock", ...flags, "--output", output, entry];
 }
 
 /** Where `deno compile` looks for the runtime it builds on. */
@@ -205,14 +196,16 @@ export async function main(argv: string[]): Promise<number> {
   // replaces a good one (and `deno task install` never picks one up).
   const staging = `${output}.tmp-${Deno.pid}`;
   try {
-    return await build(staging, output, loc);
+    return await compile(staging, output, loc);
   } finally {
     await Deno.remove(staging).catch(() => {});
   }
 }
 
-async function build(staging: string, output: string, loc: DenortLocation): Promise<number> {
-  const args = compileArgs(staging);
+async function compile(staging: string, output: string, loc: DenortLocation): Promise<number> {
+  const entry = await build();
+  console.error(`built ${entry}`);
+  const args = compileArgs(staging, entry);
   console.error(`deno ${args.join(" ")}`);
   const compileMs = Number(Deno.env.get("ENIM_COMPILE_TIMEOUT_MS") ?? 600_000);
   const res = await run(Deno.execPath(), args, compileMs);

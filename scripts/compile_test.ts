@@ -108,17 +108,21 @@ Deno.test("checkDenort() accepts a denort found in deno's cache without the netw
   }
 });
 
-Deno.test("compileArgs() bakes in the enim permission set, --expose-gc and deno.json", () => {
-  const args = compileArgs("/out/enim", ROOT);
-  assertEquals(args.slice(0, 7), [
+Deno.test("compileArgs() compiles the bundle with the enim permission set and no config", () => {
+  const flags = ["--allow-env=CNI_*", "--allow-read=/run/enim"];
+  const entry = `${ROOT}/dist/bundle/main.js`;
+  assertEquals(compileArgs("/out/enim", entry, flags), [
     "compile",
-    "--permission-set=enim",
-    "--v8-flags=--expose-gc",
-    "--config",
-    `${ROOT}/deno.json`,
+    "--no-config",
+    "--no-lock",
+    ...flags,
     "--output",
     "/out/enim",
+    entry,
   ]);
-  assertEquals(args.at(-1), `${ROOT}/main.ts`);
-  for (let i = 7; i < args.length - 1; i += 2) assertEquals(args[i], "--include");
+  const real = compileArgs("/out/enim", entry);
+  for (const kind of ["env", "read", "write", "run", "net", "sys"]) {
+    assert(real.some((a) => a.startsWith(`--allow-${kind}=`)), `--allow-${kind} is baked in`);
+  }
+  assert(!real.includes("--allow-all") && !real.includes("-A"));
 });

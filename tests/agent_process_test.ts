@@ -1,6 +1,6 @@
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
 import { type AddRequest, ApiError } from "../manager/api_schema.ts";
-import { parseHttpResponse, SocketAgentClient } from "../manager/client.ts";
+import { SocketAgentClient, unixRequest } from "../manager/client.ts";
 import { agentCommandLine, startAgent } from "./_agent_proc.ts";
 import { withSandbox } from "./_run_dir.ts";
 import { runEnim } from "./_enim.ts";
@@ -210,23 +210,6 @@ Deno.test("bad requests to the real agent get a 400 and leave its state unchange
 });
 
 /** POSTs a raw body (not necessarily JSON) over the socket. */
-async function unixRawPost(socket: string, path: string, body: string) {
-  // unixRequest JSON-encodes bodies; the raw text goes by hand here.
-  const conn = await Deno.connect({ transport: "unix", path: socket });
-  try {
-    const bytes = new TextEncoder().encode(body);
-    const head = `POST ${path} HTTP/1.1\r\nHost: enim\r\nConnection: close\r\n` +
-      `Content-Type: application/json\r\nContent-Length: ${bytes.length}\r\n\r\n`;
-    await conn.write(new Uint8Array([...new TextEncoder().encode(head), ...bytes]));
-    const chunks: Uint8Array[] = [];
-    const buf = new Uint8Array(8192);
-    for (;;) {
-      const n = await conn.read(buf);
-      if (n === null) break;
-      chunks.push(buf.slice(0, n));
-    }
-    return parseHttpResponse(new Uint8Array(chunks.flatMap((c) => [...c])));
-  } finally {
-    conn.close();
-  }
+function unixRawPost(socket: string, path: string, body: string) {
+  return unixRequest(socket, "POST", path, body);
 }

@@ -305,3 +305,32 @@ Deno.test({
     assertEquals((await node.client.status()).pool.owned, 0);
   },
 });
+
+Deno.test({
+  name: "through the plugin process the agent validates env, config and version as the spec says",
+  ignore: !ROOT,
+  async fn(t) {
+    await using node = await SimulatedNode.start({ mock: { enis: 2 } });
+    const pod = await node.vpc.pod("v");
+    const call = (config: Record<string, unknown> | string, ifName = "eth0") =>
+      node.cni("ADD", { containerId: "cv", ifName, netns: pod.path, args: podArgs("v"), config });
+    const codeOf = (r: { code: number; json: Record<string, unknown> | null }) => {
+      assertEquals(r.code, 1, JSON.stringify(r.json));
+      return r.json!.code;
+    };
+    await t.step("a bad config field → 7 naming it", async () => {
+      const r = await call(node.netconf("1.1.0", { mtu: 1 }));
+      assertEquals(codeOf(r), 7);
+      assertStringIncludes(String(r.json!.msg), "mtu");
+    });
+    await t.step("an unsupported version → 1", async () => {
+      assertEquals(codeOf(await call(node.netconf("2.0.0"))), 1);
+    });
+    await t.step("a bad CNI_IFNAME → 4 naming it", async () => {
+      const r = await call(node.netconf(), "a/b");
+      assertEquals(codeOf(r), 4);
+      assertStringIncludes(String(r.json!.msg), "CNI_IFNAME");
+    });
+    assertEquals((await node.client.attachments()).length, 0, "nothing was allocated");
+  },
+});

@@ -1,0 +1,183 @@
+/**
+ * The plugin process's logic (cni/forward.ts) with the socket and the log
+ * faked: what it forwards, how it passes the agent's answer through, and what
+ * it answers alone.
+ */
+import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
+import { forward, type ForwardIo } from "./forward.ts";
+import { CNI_CALL_PATH, EXIT_HEADER } from "./spec.ts";
+import { type HttpResponse, UnixHttpError } from "../lib/http1.ts";
+
+const CONFIG = JSON.stringify({
+  cniVersion: "1.0.0",
+  name: "n",
+  type: "enim",
+  agentSocket: "/run/enim/other.sock",
+  timeoutSeconds: 3,
+  logFile: "/var/log/enim/x.log",
+});
+const ADD_ENV = {
+  CNI_COMMAND: "ADD",
+  CNI_CONTAINERID: "c1",
+  CNI_NETNS: "/run/netns/p",
+  CNI_IFNAME: "eth0",
+  CNI_PATH: "/opt/cni/bin",
+};
+
+interface Run {
+  code: number;
+  stdout: string;
+  logs: { file: string; line: Record<string, unknown> }[];
+  sent: { socket: string; timeoutMs: number; request: string }[];
+}
+
+function response(status: number, body: string, headers: Record<string, string> = {}) {
+  return {
+    status,
+    headers: new Map(Object.entries(headers)),
+    body: new TextEncoder().encode(body),
+  } satisfies HttpResponse;
+}
+
+async function run(
+  env: Record<string, string>,
+  stdin: string,
+  answer: () => HttpResponse,
+  extra: Partial<ForwardIo> = {},
+): Promise<Run> {
+  const r: Run = { code: -1, stdout: "", logs: [], sent: [] };
+  r.code = await forward({
+    env,
+    stdin,
+    stdout: (s) => (r.stdout += s),
+    log: (file, line) => r.logs.push({ file, line: JSON.parse(line) }),
+    roundTrip: (socket, request, timeoutMs) => {
+      r.sent.push({ socket, timeoutMs, request: new TextDecoder().decode(request) });
+      return Promise.resolve().then(answer);
+    },
+    ...extra,
+  });
+  return r;
+}
+
+const unreachable = (cause: unknown = new Deno.errors.NotFound("no socket")) => () => {
+  throw new UnixHttpError("connect", "/s", "Cannot connect", { cause });
+};
+
+Deno.test("forward() posts the raw call to the config's socket and prints the agent's answer", async () => {
+  const result = '{"cniVersion":"1.0.0","ips":[]}';
+  const r = await run(
+    { ...ADD_ENV, ENIM_LOG_FILE: "/run/enim/t.log", OTHER: "x" },
+    CONFIG,
+    () => response(200, result, { [EXIT_HEADER]: "0" }),
+  );
+  assertEquals(r.code, 0);
+  assertEquals(r.stdout, result);
+  assertEquals(r.logs, [], "the agent writes the log line of a call it served");
+  assertEquals(r.sent.length, 1);
+  assertEquals(r.sent[0].socket, "/run/enim/other.sock");
+  assertEquals(r.sent[0].timeoutMs, 3000);
+  const [head, body] = r.sent[0].request.split("\r\n\r\n");
+  assert(head.startsWith(`POST ${CNI_CALL_PATH} HTTP/1.1`));
+  assertEquals(JSON.parse(body), {
+    env: { ...ADD_ENV, ENIM_LOG_FILE: "/run/enim/t.log" },
+    stdin: CONFIG,
+  });
+});
+
+Deno.test("forward() passes an error result and its exit code through unchanged", async () => {
+  const err = '{"cniVersion":"1.0.0","code":7,"msg":"Invalid network config: mtu"}';
+  const r = await run(ADD_ENV, CONFIG, () => response(200, err, { [EXIT_HEADER]: "1" }));
+  assertEquals([r.code, r.stdout], [1, err]);
+});
+
+Deno.test("forward() turns a refused call into a CNI error", async (t) => {
+  for (
+    const [status, code] of [[413, 7], [400, 7], [503, 11], [500, 110], [200, 110]] as const
+  ) {
+    await t.step(`HTTP ${status} → ${code}`, async () => {
+      const r = await run(
+        ADD_ENV,
+        CONFIG,
+        () => response(status, '{"error":{"code":"bad_request","message":"too big"}}'),
+      );
+      assertEquals(r.code, 1);
+      const obj = JSON.parse(r.stdout);
+      assertEquals([obj.code, obj.cniVersion], [code, "1.0.0"]);
+      assertStringIncludes(obj.msg, `HTTP ${status}`);
+      assertEquals(r.logs.length, 1);
+    });
+  }
+});
+
+Deno.test("forward() answers VERSION without the agent", async () => {
+  const r = await run({ CNI_COMMAND: "VERSION" }, '{"cniVersion":"0.4.0"}', () => {
+    throw new Error("not called");
+  });
+  assertEquals(r.code, 0);
+  assertEquals(JSON.parse(r.stdout).cniVersion, "0.4.0");
+  assertEquals(r.sent.length, 0);
+  assertEquals(r.logs.length, 1);
+  assertEquals(r.logs[0].file, "/var/log/enim/cni.log");
+  const bad = await run({ CNI_COMMAND: "VERSION" }, "{x", () => response(500, ""));
+  assertEquals([bad.code, JSON.parse(bad.stdout).code], [1, 6]);
+});
+
+Deno.test("without the agent forward() answers by the module's rules", async (t) => {
+  const code = (r: Run) => (r.stdout ? JSON.parse(r.stdout).code : 0);
+  await t.step("ADD → 11 naming the socket, logged to the config's log file", async () => {
+    const r = await run(ADD_ENV, CONFIG, unreachable());
+    assertEquals([r.code, code(r)], [1, 11]);
+    assertStringIncludes(JSON.parse(r.stdout).msg, "/run/enim/other.sock");
+    assertEquals(r.logs[0].file, "/var/log/enim/x.log");
+    assertEquals(r.logs[0].line.code, 11);
+    assertEquals(r.logs[0].line.containerId, "c1");
+  });
+  await t.step("a missing variable → 4, an unknown verb → 4, bad JSON → 6", async () => {
+    const missing = await run({ CNI_COMMAND: "ADD" }, CONFIG, unreachable());
+    assertEquals(code(missing), 4);
+    assertStringIncludes(JSON.parse(missing.stdout).msg, "CNI_CONTAINERID is not set");
+    assertEquals(code(await run({ CNI_COMMAND: "NOPE" }, CONFIG, unreachable())), 4);
+    assertEquals(code(await run({}, CONFIG, unreachable())), 4);
+    assertEquals(code(await run(ADD_ENV, "{", unreachable())), 6);
+  });
+  await t.step("STATUS → 50", async () => {
+    const r = await run({ CNI_COMMAND: "STATUS" }, CONFIG, unreachable());
+    assertEquals(code(r), 50);
+  });
+  await t.step("DEL with the namespace gone → success; still there → 11", async () => {
+    const del = { ...ADD_ENV, CNI_COMMAND: "DEL" };
+    const gone = await run({ ...del, CNI_NETNS: "" }, CONFIG, unreachable());
+    assertEquals([gone.code, gone.stdout], [0, ""]);
+    assertEquals(gone.logs[0].line.level, "warn");
+    const vanished = await run(del, CONFIG, unreachable(), { netnsExists: () => false });
+    assertEquals(vanished.code, 0);
+    const there = await run(del, CONFIG, unreachable(), { netnsExists: () => true });
+    assertEquals(code(there), 11);
+    const unknown = await run(del, CONFIG, unreachable(), { netnsExists: () => undefined });
+    assertEquals(code(unknown), 11, "a namespace that cannot be checked counts as existing");
+  });
+  await t.step("a socket the permissions forbid → 11 saying so", async () => {
+    const r = await run(ADD_ENV, CONFIG, unreachable(new Deno.errors.NotCapable("no")));
+    assertStringIncludes(JSON.parse(r.stdout).msg, "permissions do not allow that socket");
+  });
+  await t.step("no answer in time → 11 saying how long it waited", async () => {
+    const r = await run(ADD_ENV, CONFIG, () => {
+      throw new UnixHttpError("timeout", "/s", "late");
+    });
+    assertEquals(code(r), 11);
+    assertStringIncludes(JSON.parse(r.stdout).msg, "did not answer within 3 s");
+  });
+});
+
+Deno.test("forward() falls back to the defaults when enim's section says nothing usable", async () => {
+  const cfg = JSON.stringify({
+    cniVersion: "1.1.0",
+    name: "n",
+    ipam: { type: "enim", agentSocket: "relative.sock", timeoutSeconds: "9" },
+  });
+  const r = await run(ADD_ENV, cfg, unreachable());
+  assertEquals(r.sent[0].socket, "/run/enim/enim.sock");
+  assertEquals(r.sent[0].timeoutMs, 30_000);
+  assertEquals(JSON.parse(r.stdout).cniVersion, "1.1.0");
+});
