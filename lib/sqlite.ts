@@ -16,8 +16,17 @@ export function openDatabase(path: string, busyTimeoutMs = 5000): DatabaseSync {
     if (path !== ":memory:") db.exec("PRAGMA journal_mode = WAL");
     db.exec(`PRAGMA busy_timeout = ${Math.max(0, Math.floor(busyTimeoutMs))}`);
     db.exec("PRAGMA foreign_keys = ON");
-    // FULL: a committed outcome survives a power loss too, not only kill -9.
-    db.exec("PRAGMA synchronous = FULL");
+    // NORMAL in WAL mode: a commit is a write to the WAL, without an fsync (one at each
+    // checkpoint). What it keeps: every committed transaction survives the agent being
+    // killed (kill -9, OOM, a crash), because the WAL is in the kernel's page cache the
+    // moment the commit returns, and the database is never corrupted. What it gives up:
+    // on a power loss or kernel crash the last transactions before the last checkpoint may
+    // roll back. Reconcile covers that: after a reboot every pod namespace is gone, so a
+    // lost `ready` is rolled back to free, a lost delete is finished again, and a provider
+    // row rolled back with it is consistent with the state (one database, one WAL); an
+    // ENI created in the cloud whose intent was lost is an orphan the provider's own
+    // cleanup finds by its name. FULL cost ~1.5 ms of fsync per ADD on these machines.
+    db.exec("PRAGMA synchronous = NORMAL");
   } catch (err) {
     db.close();
     throw err;

@@ -14,7 +14,6 @@ import { createHandler, type MetricsSource, serveUnix, type UnixServer } from ".
 import type { EniManager } from "./types.ts";
 import type { Logger } from "../lib/log.ts";
 import { Metrics } from "../lib/metrics.ts";
-import { IdleGc } from "../lib/idle_gc.ts";
 import {
   type DeviceSimulator,
   type Provider,
@@ -242,7 +241,6 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
   const parts = await startParts(cfg, opts.deps, log);
   let server: UnixServer | undefined;
   let gc: { stop(): Promise<void> } | undefined;
-  let idleGc: IdleGc | undefined;
   try {
     const handler = createHandler({
       manager: parts.manager,
@@ -250,12 +248,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
       metrics: opts.deps.metrics?.(parts.manager) ?? (() => parts.metrics.text()),
       addTimeoutMs: cfg.timeouts.addSeconds * 1000,
     });
-    idleGc = new IdleGc({
-      onCollect: (ms) =>
-        log.debug("idle-time garbage collection", { ms: Math.round(ms * 100) / 100 }),
-    });
-    if (!idleGc.enabled) log.debug("no --expose-gc: idle-time garbage collection is off");
-    server = await serveUnix(cfg.socket, idleGc.wrap(handler), { log });
+    server = await serveUnix(cfg.socket, handler, { log });
     opts.onReady?.(server);
     const gcLog = log.child({ component: "gc" });
     gc = startPeriodic(cfg.gc.intervalSeconds * 1000, async () => {
@@ -279,7 +272,6 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     log.info("shutting down");
   } finally {
     await server?.shutdown();
-    idleGc?.stop();
     await gc?.stop();
     await parts.close();
     log.info("stopped");

@@ -11,13 +11,13 @@
 import { FakeDeviceLayer } from "../netns/fake.ts";
 import type {
   DeviceLayer,
-  DeviceTiming,
   Link,
   NetnsIdentity,
   PlugParams,
   PlugResult,
   PodInterfaceState,
   UnplugOutcome,
+  UnplugParams,
 } from "../netns/types.ts";
 import type { DeviceSimulator } from "../providers/contract.ts";
 
@@ -59,9 +59,7 @@ export class AgentFakeDevices implements DeviceLayer {
     this.#ensure(p.netns);
     return this.fake.plug(p);
   }
-  unplug(
-    p: { mac: string; nodeName: string; netns?: string | null; timing?: DeviceTiming },
-  ): Promise<UnplugOutcome> {
+  unplug(p: UnplugParams): Promise<UnplugOutcome> {
     this.#ensure(p.netns);
     return this.fake.unplug(p);
   }

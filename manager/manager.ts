@@ -35,6 +35,7 @@ import {
   type DeviceLayer,
   type Link,
   type NetnsIdentity,
+  type PlugResult,
   type RouteSpec,
 } from "../netns/types.ts";
 import type { Logger } from "../lib/log.ts";
@@ -354,55 +355,11 @@ class ManagerImpl implements Manager {
       const since = performance.now();
       return await this.#locks.run(`eni:${eni.id}`, async () => {
         t.waited(since);
-        const found = await t.time(
-          "device_lookup",
-          () => this.#findDevice(eni.mac, req.mode === "ipam" && identity ? req : null),
-        );
-        if (!found) {
-          throw new ApiError(
-            "device_error",
-            `No device with MAC "${eni.mac}" (ENI "${eni.id}") on the node${
-              req.mode === "ipam" && identity ? " or in the pod" : ""
-            }`,
-          );
-        }
-        const { link, inPod } = found;
-        // A device plugin that moves the device before calling IPAM (host-device) keeps
-        // the node-side name in the alias, as enim itself does.
-        const nodeNameOf = inPod ? (link.ifalias || link.ifname) : link.ifname;
-        if (inPod) {
-          log.info("The calling plugin has moved the device into the pod already", {
-            eniId: eni.id,
-            podName: link.ifname,
-            nodeName: nodeNameOf,
-          });
-        }
-        // One write records the ENI and its device before anything moves (a crash before
-        // it leaves an `adding` row without an ENI: reconcile frees what the owner holds).
-        t.sync("state_write", () =>
-          this.state.update(key, {
-            eniId: eni.id,
-            mac: eni.mac,
-            nodeName: nodeNameOf,
-            ifindex: link.ifindex,
-          }));
         const { ips, routes } = buildResult(eni, req);
-        let ifindex = link.ifindex;
-        let nodeName = nodeNameOf;
-        if (req.mode === "interface") {
-          const r = await this.#devices.plug({
-            mac: eni.mac,
-            netns: req.netns,
-            ifName: req.ifName,
-            addresses: ips.map((i) => ({ cidr: i.address })),
-            routes,
-            mtu: req.mtu,
-            nodeName: link.ifname,
-            timing: (phase, ms) => t.add(phase, ms),
-          });
-          ifindex = r.podIfindex;
-          nodeName = r.nodeName;
-        }
+        const placed = req.mode === "interface"
+          ? await this.#plugIntoPod(req, key, eni, ips, routes, t)
+          : await this.#findForIpam(req, key, eni, identity !== null, t);
+        const { ifindex, nodeName } = placed;
         const result: AddResponse = { eniId: eni.id, mac: eni.mac, ifindex, nodeName, ips, routes };
         const recycled = t.sync("state_write", () =>
           this.state.markReady(key, pod, {
@@ -433,6 +390,97 @@ class ManagerImpl implements Manager {
       }
       throw apiErr;
     }
+  }
+
+  /**
+   * Interface mode: moves the ENI's device into the pod and configures it (two spawns
+   * when the device layer knows the device's node name). The ENI, its MAC and the
+   * node name the move uses are recorded in one write just before the move, so a
+   * crash after it leaves reconcile all it needs to bring the device back. A device
+   * not on the node yet (a physical ENI returning from a pod, a simulated one being
+   * re-created) is waited for up to 2 s, then the plug is tried once more.
+   */
+  async #plugIntoPod(
+    req: AddInput,
+    key: AttachmentKey,
+    eni: Eni,
+    ips: AddResponse["ips"],
+    routes: RouteSpec[],
+    t: OpTimer,
+  ): Promise<{ ifindex: number; nodeName: string }> {
+    const plug = (nodeName?: string) =>
+      this.#devices.plug({
+        mac: eni.mac,
+        netns: req.netns,
+        ifName: req.ifName,
+        addresses: ips.map((i) => ({ cidr: i.address })),
+        routes,
+        mtu: req.mtu,
+        nodeName,
+        beforeMove: (name) =>
+          t.sync("state_write", () =>
+            this.state.update(key, { eniId: eni.id, mac: eni.mac, nodeName: name })),
+        timing: (phase, ms) =>
+          t.add(phase, ms),
+      });
+    let r: PlugResult;
+    try {
+      r = await plug();
+    } catch (err) {
+      if (!(err instanceof DeviceError) || err.reason !== "not_found") throw err;
+      const found = await t.time("device_lookup", () => this.#findDevice(eni.mac, null));
+      if (!found) {
+        throw new ApiError(
+          "device_error",
+          `No device with MAC "${eni.mac}" (ENI "${eni.id}") on the node`,
+        );
+      }
+      r = await plug(found.link.ifname);
+    }
+    return { ifindex: r.podIfindex, nodeName: r.nodeName };
+  }
+
+  /**
+   * IPAM mode: finds the ENI's device, on the node or (a device plugin such as
+   * host-device moves it first) already in the pod, and records it; the calling
+   * plugin moves it.
+   */
+  async #findForIpam(
+    req: AddInput,
+    key: AttachmentKey,
+    eni: Eni,
+    podUsable: boolean,
+    t: OpTimer,
+  ): Promise<{ ifindex: number; nodeName: string }> {
+    const found = await t.time(
+      "device_lookup",
+      () => this.#findDevice(eni.mac, podUsable ? req : null),
+    );
+    if (!found) {
+      throw new ApiError(
+        "device_error",
+        `No device with MAC "${eni.mac}" (ENI "${eni.id}") on the node${
+          podUsable ? " or in the pod" : ""
+        }`,
+      );
+    }
+    const { link, inPod } = found;
+    // A device plugin that moves the device before calling IPAM (host-device) keeps
+    // the node-side name in the alias, as enim itself does.
+    const nodeName = inPod ? (link.ifalias || link.ifname) : link.ifname;
+    if (inPod) {
+      this.#log.info("The calling plugin has moved the device into the pod already", {
+        eniId: eni.id,
+        podName: link.ifname,
+        nodeName,
+      });
+    }
+    t.sync(
+      "state_write",
+      () =>
+        this.state.update(key, { eniId: eni.id, mac: eni.mac, nodeName, ifindex: link.ifindex }),
+    );
+    return { ifindex: link.ifindex, nodeName };
   }
 
   // ---------------------------------------------------------------- release (DEL, rollback, GC)
@@ -518,9 +566,12 @@ class ManagerImpl implements Manager {
           const podSide = row.mode === "interface" || row.netnsIno !== null;
           const netns = o.netnsUsable && podSide ? row.netns : null;
           const timing = (phase: Phase, ms: number) => t.add(phase, ms);
+          // The pod name identifies the device only once the ADD placed it (a later plugin
+          // may then have changed its MAC); a failed ADD's pod name may be another device's.
+          const podName = row.mode === "interface" && row.result !== null ? row.ifName : undefined;
           let outcome;
           try {
-            outcome = await this.#devices.unplug({ mac, nodeName, netns, timing });
+            outcome = await this.#devices.unplug({ mac, nodeName, netns, podName, timing });
           } catch (err) {
             if (!(err instanceof DeviceError) || err.reason !== "netns_invalid" || !netns) {
               throw err;

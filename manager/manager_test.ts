@@ -144,7 +144,10 @@ Deno.test("add() rolls back every step that fails", async (t) => {
     ["provider error", (n) => {
       n.provider.failNext = new ProviderError("throttled", "Slow down");
     }, "provider_error"],
-    ["device lookup fails", (n) => n.devices.failOn("findByMac"), "device_error"],
+    ["the device is not on the node, nor found by a lookup", (n) => {
+      n.devices.failOn("plug", new DeviceError("find", "not_found", "No device"));
+      n.devices.failOn("findByMac");
+    }, "device_error"],
     ["plug fails", (n) => n.devices.failOn("plug"), "device_error"],
     ["plug fails after moving", (n) => n.devices.failOn("plug:after-move"), "device_error"],
     ["ifname taken in the pod", (n, req) => {
@@ -417,7 +420,7 @@ Deno.test("reconcile() fixes every half-done state a crash leaves", async (t) =>
       }),
       { rolledBack: 1, finished: 0, kept: ["c1"] },
     ],
-    ["ADD: ENI recorded, device not found yet", hangAdd((n) => n.devices.hangOn("findByMac")), {
+    ["ADD: ENI allocated, device not moved yet", hangAdd((n) => n.devices.hangOn("plug")), {
       rolledBack: 1,
       finished: 0,
       kept: ["c1"],

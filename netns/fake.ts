@@ -14,7 +14,6 @@ import type { DeviceSimulator, Eni } from "../providers/contract.ts";
 import {
   DeviceError,
   type DeviceLayer,
-  type DeviceTiming,
   type Link,
   type NetnsIdentity,
   type PlugParams,
@@ -22,6 +21,7 @@ import {
   type PodInterfaceState,
   type RouteSpec,
   type UnplugOutcome,
+  type UnplugParams,
 } from "./types.ts";
 
 /** A link in the fake. */
@@ -249,7 +249,7 @@ export class FakeDeviceLayer implements DeviceLayer {
   }
 
   async plug(p: PlugParams): Promise<PlugResult> {
-    const { timing, nodeName: _hint, ...args } = p;
+    const { timing, nodeName: _hint, beforeMove, ...args } = p;
     this.calls.push({ op: "plug", args: clone(args) });
     await this.#step("plug");
     const ns = this.#ns.get(p.netns);
@@ -260,6 +260,7 @@ export class FakeDeviceLayer implements DeviceLayer {
     if (i < 0) {
       throw new DeviceError("plug", "not_found", `No device with MAC "${p.mac}" on the node`);
     }
+    beforeMove?.(this.#node[i].ifname);
     if (ns.links.some((l) => l.ifname === p.ifName)) {
       throw new DeviceError(
         "plug",
@@ -291,9 +292,7 @@ export class FakeDeviceLayer implements DeviceLayer {
     return { nodeName, podIfindex: link.ifindex };
   }
 
-  async unplug(
-    p: { mac: string; nodeName: string; netns?: string | null; timing?: DeviceTiming },
-  ): Promise<UnplugOutcome> {
+  async unplug(p: UnplugParams): Promise<UnplugOutcome> {
     const { timing, ...args } = p;
     this.calls.push({ op: "unplug", args: clone(args) });
     timing?.("move", 0);
@@ -301,17 +300,23 @@ export class FakeDeviceLayer implements DeviceLayer {
     let outcome: UnplugOutcome = "missing";
     let link: FakeLink | undefined;
     const ns = p.netns ? this.#ns.get(p.netns) : undefined;
-    const inPod = ns?.links.find((l) => l.mac === p.mac);
+    // As the real layer: by MAC, else by the alias set at plug, else by the pod name.
+    const pick = (links: FakeLink[], podName?: string) =>
+      links.find((l) => l.mac === p.mac) ??
+        links.find((l) => l.alias === p.nodeName && l.ifname !== p.nodeName) ??
+        (podName === undefined ? undefined : links.find((l) => l.ifname === podName));
+    const inPod = ns ? pick(ns.links, p.podName) : undefined;
     if (ns && inPod) {
       ns.links = ns.links.filter((l) => l !== inPod);
       this.#node.push(inPod);
       link = inPod;
       outcome = "pod";
     } else {
-      link = this.#node.find((l) => l.mac === p.mac);
+      link = pick(this.#node);
       if (link) outcome = "node";
     }
     if (link) {
+      link.mac = p.mac;
       link.ifname = p.nodeName;
       delete link.alias;
       link.up = false;

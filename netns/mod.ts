@@ -47,6 +47,7 @@ import {
   netnsPath,
   type NetnsRef,
   RouteEntrySchema,
+  runIp,
   spawn,
 } from "./ip.ts";
 import {
@@ -63,6 +64,7 @@ import {
   type PodInterfaceState,
   type RouteSpec,
   type UnplugOutcome,
+  type UnplugParams,
 } from "./types.ts";
 
 export * from "./types.ts";
@@ -83,6 +85,32 @@ export interface IpDeviceLayerOptions {
    */
   node?: string;
   log?: Logger;
+  /** Where `ip -batch` files go (default `DEFAULT_SCRATCH_DIR` of `./ip.ts`). */
+  scratchDir?: string;
+}
+
+/** Whether an `ip` failure says the named device does not exist. */
+function noSuchDevice(err: unknown): boolean {
+  return err instanceof IpError &&
+    /Cannot find device|does not exist|No such device/i.test(err.stderr);
+}
+
+/**
+ * The ENI's device among `links`: by MAC; else by the alias enim set when it moved
+ * the device (its node name: a chained plugin or a pod with NET_ADMIN may have
+ * changed the MAC); else, inside the pod, the interface enim named `podName`.
+ */
+function pickDevice<L extends Link>(
+  links: L[],
+  mac: string,
+  nodeName: string,
+  podName?: string,
+): L | null {
+  const want = normalizeMac(mac);
+  return links.find((l) => l.address?.toLowerCase() === want) ??
+    links.find((l) => l.ifalias === nodeName && l.ifname !== nodeName) ??
+    (podName === undefined ? undefined : links.find((l) => l.ifname === podName)) ??
+    null;
 }
 
 /** The {@linkcode DeviceLayer} that drives iproute2. */
@@ -91,62 +119,128 @@ export class IpDeviceLayer implements DeviceLayer {
   /** What `ip link set … netns X` takes to bring a device home. */
   readonly #home: string;
   readonly #log: Logger;
+  readonly #scratch: string | undefined;
+  /**
+   * The node-side name of each device last seen on the node, by MAC: `plug` moves by
+   * this name without listing the node first. Refreshed by every listing of the node
+   * and by `unplug`; a stale entry costs one lookup (the move fails, or the moved
+   * device's MAC is checked and it is brought back).
+   */
+  #names = new Map<string, string>();
 
   constructor(opts: IpDeviceLayerOptions = {}) {
     this.#node = opts.node;
     this.#home = opts.node === undefined ? String(Deno.pid) : netnsPath(opts.node);
     this.#log = opts.log ?? nullLogger;
+    this.#scratch = opts.scratchDir;
+  }
+
+  #batch(commands: (string | number)[][], netns: NetnsRef, json = false): Promise<unknown[]> {
+    return ipBatch(commands, { netns, json, scratchDir: this.#scratch });
+  }
+
+  /** Lists the node's links with their addresses and refreshes the name cache. */
+  async #nodeLinks(): Promise<LinkAddr[]> {
+    const links = await this.#run(
+      "find",
+      "Cannot list links on the node",
+      () => ipJson(z.array(LinkAddrSchema), ["addr", "show"], { netns: this.#node }),
+    );
+    this.#names = new Map(
+      links.filter((l) => l.address).map((l) => [normalizeMac(l.address!), l.ifname]),
+    );
+    return links;
   }
 
   /** Finds a link by MAC in the node namespace, or in `netns` when given. */
   async findByMac(mac: string, netns?: string): Promise<Link | null> {
-    if (netns !== undefined) await this.#requireNetns("find", netns);
     const want = normalizeMac(mac);
+    if (netns === undefined) {
+      return (await this.#nodeLinks()).find((l) => l.address?.toLowerCase() === want) ?? null;
+    }
+    await this.#requireNetns("find", netns);
     const links = await this.#run(
       "find",
-      `Cannot list links in netns "${netns ?? "node"}"`,
-      () => ipJson(z.array(LinkSchema), ["link", "show"], { netns: netns ?? this.#node }),
+      `Cannot list links in netns "${netns}"`,
+      () => ipJson(z.array(LinkSchema), ["link", "show"], { netns }),
     );
     return links.find((l) => l.address?.toLowerCase() === want) ?? null;
   }
 
-  /** Moves the device into the pod renamed `ifName`, and configures it; rolls back on failure. */
+  /** The device's node name: the caller's, the cached one, or (one spawn) a lookup. */
+  async #nodeNameOf(p: PlugParams, lookup: boolean): Promise<string> {
+    if (!lookup) {
+      const known = p.nodeName ?? this.#names.get(normalizeMac(p.mac));
+      if (known !== undefined) return known;
+    }
+    const timed = stepTimer(p.timing);
+    const link = await timed(
+      "device_lookup",
+      async () =>
+        (await this.#nodeLinks()).find((l) => l.address?.toLowerCase() === normalizeMac(p.mac)),
+    );
+    if (!link) {
+      throw new DeviceError(
+        "find",
+        "not_found",
+        `Cannot find a link with MAC "${p.mac}" on the node`,
+      );
+    }
+    return link.ifname;
+  }
+
+  /**
+   * Moves the device into the pod renamed `ifName`, and configures it; rolls back on
+   * failure. Two spawns when the device's node name is known (the caller's or the
+   * cache's): the move (one netlink call: netns, name and alias) and one configure
+   * batch, whose last command shows the moved link so its MAC is checked.
+   */
   async plug(p: PlugParams): Promise<PlugResult> {
     checkIfName(p.ifName);
+    if (p.nodeName !== undefined) checkIfName(p.nodeName);
     const config = configureCommands(p);
-    const timed = stepTimer(p.timing);
     await this.#requireNetns("netns", p.netns);
-    let nodeName = p.nodeName;
-    if (nodeName === undefined) {
-      const link = await timed("device_lookup", () => this.#findOnNode(p.mac));
-      if (!link) {
+    const mac = normalizeMac(p.mac);
+    for (let attempt = 0;; attempt++) {
+      const lookup = attempt > 0;
+      const nodeName = await this.#nodeNameOf(p, lookup);
+      p.beforeMove?.(nodeName);
+      try {
+        await this.#move(p, nodeName);
+      } catch (err) {
+        if (!lookup && err instanceof DeviceError && noSuchDevice(err.cause)) {
+          this.#log.debug("Stale device name; looking the device up", { mac, nodeName });
+          continue;
+        }
+        throw err;
+      }
+      this.#names.delete(mac);
+      const podIfindex = await this.#configure(p, config, nodeName);
+      if (podIfindex !== null) return { nodeName, podIfindex };
+      // The name led to another device: it is back on the node; look ours up once.
+      if (lookup) {
         throw new DeviceError(
-          "find",
-          "not_found",
-          `Cannot find a link with MAC "${p.mac}" on the node`,
+          "move",
+          "failed",
+          `The device named "${nodeName}" on the node does not have MAC "${p.mac}"`,
         );
       }
-      nodeName = link.ifname;
-    } else {
-      checkIfName(nodeName);
-    }
-    const moveStarted = performance.now();
-    try {
-      await ipBatch([[
-        "link",
-        "set",
-        "dev",
+      this.#log.warn("A stale device name led to another device; it was moved back", {
+        mac,
         nodeName,
-        "netns",
-        p.netns,
-        "name",
-        p.ifName,
-        "alias",
-        nodeName,
-      ]], {
-        netns: this.#node,
       });
-      p.timing?.("move", performance.now() - moveStarted);
+    }
+  }
+
+  /** One netlink call: into the pod, renamed, the node name kept as the alias. */
+  async #move(p: PlugParams, nodeName: string): Promise<void> {
+    const started = performance.now();
+    try {
+      await runIp(
+        ["link", "set", "dev", nodeName, "netns", p.netns, "name", p.ifName, "alias", nodeName],
+        { netns: this.#node },
+      );
+      p.timing?.("move", performance.now() - started);
     } catch (err) {
       const exists = err instanceof IpError && /File exists/i.test(err.stderr);
       // Some kernels (6.18 here) move the device first and then fail the rename
@@ -163,31 +257,27 @@ export class IpDeviceLayer implements DeviceLayer {
         { cause: err },
       );
     }
+  }
+
+  /**
+   * Configures the moved link in one batch and returns its ifindex in the pod, or
+   * null when the moved link is not the ENI's (then it is back on the node). Any
+   * failure brings the device back and throws.
+   */
+  async #configure(p: PlugParams, config: string[][], nodeName: string): Promise<number | null> {
+    const timed = stepTimer(p.timing);
+    let shown: Link[];
     try {
       const out = await timed(
         "configure",
-        () =>
-          ipBatch([...config, ["link", "show", "dev", p.ifName]], {
-            netns: p.netns,
-            json: true,
-          }),
+        () => this.#batch([["link", "show", "dev", p.ifName], ...config], p.netns, true),
       );
-      const shown = z.array(LinkSchema).parse(out.at(-1));
+      shown = z.array(LinkSchema).parse(out[0]);
       if (shown.length !== 1) {
         throw new Error(`Expected one link "${p.ifName}", got ${shown.length}`);
       }
-      return { nodeName, podIfindex: shown[0].ifindex };
     } catch (err) {
-      try {
-        await this.#bringBack(p.netns, p.ifName, nodeName);
-      } catch (rollbackErr) {
-        this.#log.error("Cannot roll back a failed plug", {
-          mac: p.mac,
-          netns: p.netns,
-          ifName: p.ifName,
-          err: rollbackErr,
-        });
-      }
+      await this.#bringBackLogged(p, nodeName);
       throw new DeviceError(
         "configure",
         "failed",
@@ -195,18 +285,43 @@ export class IpDeviceLayer implements DeviceLayer {
         { cause: err },
       );
     }
+    if (shown[0].address?.toLowerCase() !== normalizeMac(p.mac)) {
+      await this.#bringBackLogged(p, nodeName);
+      return null;
+    }
+    return shown[0].ifindex;
   }
 
-  /** Brings the device back to the node renamed `nodeName`, down, without addresses. Idempotent. */
-  async unplug(
-    p: { mac: string; nodeName: string; netns?: string | null; timing?: DeviceTiming },
-  ): Promise<UnplugOutcome> {
+  async #bringBackLogged(p: PlugParams, nodeName: string): Promise<void> {
+    try {
+      await this.#bringBack(p.netns, p.ifName, nodeName);
+    } catch (rollbackErr) {
+      this.#log.error("Cannot roll back a failed plug", {
+        mac: p.mac,
+        netns: p.netns,
+        ifName: p.ifName,
+        err: rollbackErr,
+      });
+    }
+  }
+
+  /**
+   * Brings the device back to the node renamed `nodeName`, down, without addresses and
+   * with its own MAC again. Idempotent. The device is found by MAC, else by the alias
+   * enim set (its MAC was changed), else (`podName`) by the name enim gave it in the pod.
+   */
+  async unplug(p: UnplugParams): Promise<UnplugOutcome> {
     checkIfName(p.nodeName);
     const timed = stepTimer(p.timing);
+    const mac = normalizeMac(p.mac);
     if (p.netns && (await this.netnsIdentity(p.netns))) {
-      let inPod: LinkAddr | null = null;
+      let inPod: Link | null = null;
       try {
-        inPod = await timed("device_lookup", () => this.#findWithAddrs(p.mac, p.netns!));
+        const links = await timed(
+          "device_lookup",
+          () => ipJson(z.array(LinkSchema), ["link", "show"], { netns: p.netns! }),
+        );
+        inPod = pickDevice(links, mac, p.nodeName, p.podName);
       } catch (err) {
         // The namespace may have vanished since the check: look on the node.
         this.#log.warn("Cannot list links in the pod; looking on the node", {
@@ -215,27 +330,45 @@ export class IpDeviceLayer implements DeviceLayer {
         });
       }
       if (inPod) {
+        const restore = inPod.address?.toLowerCase() !== mac;
+        if (restore) {
+          this.#log.warn("The device's MAC was changed in the pod; restoring it", {
+            mac,
+            found: inPod.address,
+            ifName: inPod.ifname,
+          });
+        }
         await this.#run(
           "move_back",
           `Cannot move link "${inPod.ifname}" from netns "${p.netns}" back to the node as "${p.nodeName}"`,
-          () => timed("move", () => this.#bringBack(p.netns!, inPod.ifname, p.nodeName)),
+          () =>
+            timed(
+              "move",
+              () => this.#bringBack(p.netns!, inPod.ifname, p.nodeName, restore ? mac : undefined),
+            ),
         );
+        this.#names.set(mac, p.nodeName);
         return "pod";
       }
     }
-    const onNode = await timed("device_lookup", () => this.#findOnNode(p.mac));
+    const links = await timed("device_lookup", () => this.#nodeLinks());
+    const onNode = pickDevice(links, mac, p.nodeName);
     if (!onNode) return "missing";
     const renamed = onNode.ifname !== p.nodeName;
+    const restore = onNode.address?.toLowerCase() !== mac;
     const up = onNode.flags.includes("UP");
-    if (!renamed && !up && onNode.addr_info.length === 0) return "node";
+    const addrs = links.find((l) => l.ifindex === onNode.ifindex)?.addr_info.length ?? 0;
+    if (!renamed && !restore && !up && addrs === 0) return "node";
     const cmds: string[][] = [["link", "set", "dev", onNode.ifname, "down"]];
     if (renamed) cmds.push(["link", "set", "dev", onNode.ifname, "name", p.nodeName]);
+    if (restore) cmds.push(["link", "set", "dev", p.nodeName, "address", mac]);
     cmds.push(["addr", "flush", "dev", p.nodeName]);
     await this.#run(
       "scrub",
       `Cannot restore link "${onNode.ifname}" on the node as "${p.nodeName}"`,
-      () => timed("move", () => ipBatch(cmds, { netns: this.#node })),
+      () => timed("move", () => this.#batch(cmds, this.#node)),
     );
+    this.#names.set(mac, p.nodeName);
     return "node";
   }
 
@@ -301,38 +434,25 @@ export class IpDeviceLayer implements DeviceLayer {
     return id;
   }
 
-  /** The device with `mac` on the node, with its addresses. */
-  #findOnNode(mac: string): Promise<LinkAddr | null> {
-    return this.#run(
-      "find",
-      "Cannot list links on the node",
-      () => this.#findWithAddrs(mac, this.#node),
-    );
-  }
-
-  async #findWithAddrs(mac: string, netns: NetnsRef): Promise<LinkAddr | null> {
-    const want = normalizeMac(mac);
-    const links = await ipJson(z.array(LinkAddrSchema), ["addr", "show"], { netns });
-    return links.find((l) => l.address?.toLowerCase() === want) ?? null;
-  }
-
   /** After a failed move: if the device went into the pod anyway, move it back. */
   async #recoverFailedMove(mac: string, netns: string, nodeName: string): Promise<void> {
     try {
-      const stray = await this.#findWithAddrs(mac, netns);
+      const links = await ipJson(z.array(LinkSchema), ["link", "show"], { netns });
+      const stray = links.find((l) => l.address?.toLowerCase() === normalizeMac(mac));
       if (stray) await this.#bringBack(netns, stray.ifname, nodeName);
     } catch (err) {
       this.#log.error("Cannot bring back a device after a failed move", { mac, netns, err });
     }
   }
 
-  /** Down, flushed, moved home and renamed in one batch inside the pod. */
-  async #bringBack(netns: string, ifName: string, nodeName: string): Promise<void> {
-    await ipBatch([
+  /** Down, flushed (its MAC restored when given), moved home and renamed, in one batch in the pod. */
+  async #bringBack(netns: string, ifName: string, nodeName: string, mac?: string): Promise<void> {
+    await this.#batch([
       ["link", "set", "dev", ifName, "down"],
+      ...(mac ? [["link", "set", "dev", ifName, "address", mac]] : []),
       ["addr", "flush", "dev", ifName],
       ["link", "set", "dev", ifName, "netns", this.#home, "name", nodeName],
-    ], { netns });
+    ], netns);
   }
 
   async #run<T>(step: string, message: string, fn: () => Promise<T>): Promise<T> {

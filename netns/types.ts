@@ -99,7 +99,28 @@ export interface PlugParams {
    * by MAC (saves a lookup spawn); plug fails cleanly if it is stale.
    */
   nodeName?: string;
+  /**
+   * Called with the device's node name just before it is moved (again, should a
+   * stale name make the layer look the device up and retry), so the caller can
+   * record it first: after a crash, that name is what the device is brought back as.
+   */
+  beforeMove?: (nodeName: string) => void;
   /** Called with the duration of each step (lookup, move, configure). */
+  timing?: DeviceTiming;
+}
+
+/** What {@linkcode DeviceLayer.unplug} takes. */
+export interface UnplugParams {
+  mac: string;
+  /** The name the device gets back on the node (the one it had before the move). */
+  nodeName: string;
+  /** The pod's namespace, when it may still hold the device. */
+  netns?: string | null;
+  /**
+   * The name enim gave the device in the pod (interface mode): found by it when
+   * neither its MAC nor its alias identify it any more.
+   */
+  podName?: string;
   timing?: DeviceTiming;
 }
 
@@ -120,12 +141,10 @@ export interface DeviceLayer {
   /**
    * Brings the device with `mac` back to the node from `netns` (when given and still
    * there) or finds it on the node under any name (the kernel returns devices of a
-   * destroyed namespace), renames it `nodeName`, sets it down and removes its
-   * addresses and routes. Idempotent.
+   * destroyed namespace), renames it `nodeName`, sets it down, removes its addresses
+   * and routes and gives it back its MAC when that was changed. Idempotent.
    */
-  unplug(
-    p: { mac: string; nodeName: string; netns?: string | null; timing?: DeviceTiming },
-  ): Promise<UnplugOutcome>;
+  unplug(p: UnplugParams): Promise<UnplugOutcome>;
   /** Reads the interface `ifName` in `netns` for CHECK. */
   inspect(p: { netns: string; ifName: string }): Promise<PodInterfaceState>;
   /**

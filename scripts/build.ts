@@ -195,6 +195,21 @@ export function ensureBuiltSync(dir: string = BUNDLE_DIR, root: string = ROOT): 
 }
 
 /**
+ * V8 flags every enim process runs with (the launcher, the tests, and baked into the
+ * compiled binary). `--max-semi-space-size=1` caps V8's young generation at 1 MB per
+ * semi-space (the default grows to 16 MB): the agent's live heap is small and steady,
+ * so scavenges stay cheap, and its RSS no longer carries up to ~30 MB of young-
+ * generation pages it rarely needs (measured: 107 → 83 MB after 300 ADD/DEL cycles).
+ * The plugin process allocates less than that in its whole life.
+ */
+export const V8_FLAGS = ["--max-semi-space-size=1"];
+
+/** {@linkcode V8_FLAGS} as the `--v8-flags` argument. */
+export function runtimeFlags(): string[] {
+  return [`--v8-flags=${V8_FLAGS.join(",")}`];
+}
+
+/**
  * The argv that runs the bundle as the compiled binary would run: `deno run`
  * with no config and no lockfile (the bundle needs neither) and exactly the
  * `enim` permission set of deno.json, as flags.
@@ -207,6 +222,7 @@ export function bundleArgv(entry: string, deno: string = Deno.execPath()): strin
     "--no-lock",
     "--quiet",
     "--no-prompt",
+    ...runtimeFlags(),
     ...permissionFlags(),
     entry,
   ];

@@ -18,7 +18,7 @@
  */
 import { parseArgs } from "node:util";
 import { dirname, join, resolve, ROOT } from "./_paths.ts";
-import { build } from "./build.ts";
+import { build, runtimeFlags } from "./build.ts";
 import { permissionFlags } from "./_permissions.ts";
 
 /**
@@ -27,7 +27,16 @@ import { permissionFlags } from "./_permissions.ts";
  * the provider registry), so compile embeds them all without `--include`.
  */
 export function compileArgs(output: string, entry: string, flags = permissionFlags()): string[] {
-  return ["compile", "--no-config", "--no-lock", ...flags, "--output", output, entry];
+  return [
+    "compile",
+    "--no-config",
+    "--no-lock",
+    ...runtimeFlags(),
+    ...flags,
+    "--output",
+    output,
+    entry,
+  ];
 }
 
 /** Where `deno compile` looks for the runtime it builds on. */
