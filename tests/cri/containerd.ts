@@ -291,9 +291,13 @@ export class Containerd {
     return await Deno.readTextFile(this.logPath).catch(() => "");
   }
 
-  /** The /run/netns entries that appeared since this containerd was made. */
+  /**
+   * The sandbox namespaces (containerd names them cni-<uuid>) that appeared in /run/netns
+   * since this containerd was made. Other work on the machine adds namespaces of its own
+   * there, under other names.
+   */
   newNetns(): string[] {
-    return entries("/run/netns").filter((n) => !this.#before.netns.has(n));
+    return entries("/run/netns").filter((n) => n.startsWith("cni-") && !this.#before.netns.has(n));
   }
 
   /**
@@ -339,7 +343,7 @@ export class Containerd {
       const dirDev = Deno.statSync("/run/netns").dev;
       for (const name of this.newNetns()) {
         const path = `/run/netns/${name}`;
-        if (name.startsWith("cni-") && Deno.statSync(path).dev === dirDev) await Deno.remove(path);
+        if (Deno.statSync(path).dev === dirDev) await Deno.remove(path);
       }
     });
     if (!this.#cniCacheExisted) {
