@@ -27,6 +27,7 @@ import {
   type PodSpec,
   sandboxNetns,
 } from "./cri/client.ts";
+import { makeReferenceVeth, referenceConflist, summary, timeSandboxes } from "./cri/timing.ts";
 import { install, PREVIOUS_CONFLISTS } from "../scripts/install.ts";
 
 const DEPS = await clientDeps("containerd_test", [
@@ -344,15 +345,6 @@ Deno.test({
   },
 });
 
-/** Median and range of `xs` (ms). */
-function summary(xs: number[]): string {
-  const s = [...xs].sort((a, b) => a - b);
-  const med = s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-  return `median ${med.toFixed(0).padStart(4)} ms (min ${s[0].toFixed(0)}, max ${
-    s[s.length - 1].toFixed(0)
-  }, n=${s.length})`;
-}
-
 /**
  * What kubelet waits for, with enim and with the reference: Debian's host-device moving a
  * pre-made veth into the pod and `static` IPAM giving it an IPv4 address and default route
@@ -371,71 +363,24 @@ Deno.test({
       const refVeth = `enimref${crypto.randomUUID().slice(0, 6)}`;
       await Deno.writeTextFile(
         `${refDir}/10-reference.conflist`,
-        JSON.stringify({
-          cniVersion: "1.0.0",
-          name: "reference",
-          plugins: [{
-            type: "host-device",
-            device: refVeth,
-            ipam: {
-              type: "static",
-              addresses: [{ address: "10.99.0.250/24", gateway: "10.99.0.1" }],
-              routes: [{ dst: "0.0.0.0/0" }],
-            },
-          }],
-        }),
+        referenceConflist(refVeth, "10.99.0.250/24", "10.99.0.1"),
       );
       c = await cluster("containerd_test", { enis: 2, handlers: { reference: refDir } });
       const { node, cd } = c;
-      await node.vpc.exec(node.vpc.node, [
-        IP,
-        "link",
-        "add",
-        refVeth,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        `${refVeth}p`,
-      ]).then((r) => assertEquals(r.code, 0, r.stderr));
-
-      const times = {
-        enim: { run: [] as number[], stopRemove: [] as number[] },
-        reference: { run: [] as number[], stopRemove: [] as number[] },
-      };
-      const once = async (which: "enim" | "reference", i: number, keep: boolean) => {
-        const spec = pod(`${which === "enim" ? "enim" : "ref"}-${i}`);
-        const t0 = performance.now();
-        const id = await cd.cri.runPodSandbox(
-          cd.sandboxConfig(spec),
-          which === "enim" ? "" : "reference",
-        );
-        const t1 = performance.now();
-        if (which === "reference") {
-          const st = await cd.cri.podSandboxStatus(id, false);
-          assertEquals(st.status.network?.ip, "10.99.0.250");
-        }
-        const t2 = performance.now();
-        await cd.cri.stopPodSandbox(id);
-        await cd.cri.removePodSandbox(id);
-        const t3 = performance.now();
-        if (keep) {
-          times[which].run.push(t1 - t0);
-          times[which].stopRemove.push(t3 - t2);
-        }
-      };
-      const rounds = 6;
-      for (let i = 0; i < rounds; i++) {
-        // The first round warms both paths up; the order flips each round.
-        const order: ("enim" | "reference")[] = i % 2
-          ? ["reference", "enim"]
-          : ["enim", "reference"];
-        for (const which of order) await once(which, i, i > 0);
-      }
-      for (const which of ["enim", "reference"] as const) {
+      await makeReferenceVeth(node, refVeth);
+      const times = await timeSandboxes(cd, { enim: "", reference: "reference" }, {
+        rounds: 5,
+        // Each pod is what it should be (outside the timed spans).
+        check: async (label, id) => {
+          const ip = (await cd.cri.podSandboxStatus(id, false)).status.network?.ip;
+          if (label === "reference") assertEquals(ip, "10.99.0.250");
+          else assertMatch(ip ?? "", /^10\.99\.0\./);
+        },
+      });
+      for (const [label, t] of Object.entries(times)) {
         console.log(
-          `containerd_test: ${which.padEnd(9)} RunPodSandbox ${summary(times[which].run)}; ` +
-            `Stop+Remove ${summary(times[which].stopRemove)}`,
+          `containerd_test: ${label.padEnd(9)} RunPodSandbox ${summary(t.run)}; ` +
+            `Stop+Remove ${summary(t.stopRemove)}`,
         );
       }
       assertEquals((await node.client.status()).pool.owned, 0);
