@@ -29,7 +29,11 @@ Deno.test({
       await Deno.mkdir(farm);
       for (const e of Deno.readDirSync("/usr/bin")) {
         if (e.name === "ping" || e.name === "apt-get") continue;
-        await Deno.symlink(`${orig}/${e.name}`, `${farm}/${e.name}`);
+        // A symlink is copied as it is (a relative one resolves from /usr/bin again).
+        const target = e.isSymlink
+          ? await Deno.readLink(`/usr/bin/${e.name}`)
+          : `${orig}/${e.name}`;
+        await Deno.symlink(target, `${farm}/${e.name}`);
       }
       await Deno.writeTextFile(
         `${farm}/apt-get`,
