@@ -110,7 +110,12 @@ Deno.test("the CNI ConfigMap holds a valid conflist of type enim, the same as de
   const data = cm("enim-cni-config").data;
   const conflist = JSON.parse(data["10-enim.conflist"]);
   assertEquals(conflist.plugins[0].type, "enim");
-  assertEquals(conflist.cniVersion, "1.1.0");
+  // libcni < 1.2 (containerd 1.6/1.7) uses cniVersion; libcni >= 1.2 the newest of cniVersions
+  // it knows (containerd 2.x: 1.1.0). See deploy/README.md, "Runtimes".
+  assertEquals(conflist.cniVersion, "1.0.0");
+  assertEquals(conflist.cniVersions, ["1.0.0", "1.1.0"]);
+  // containerd passes the pod's annotations in runtimeConfig only when this is declared.
+  assertEquals(conflist.plugins[0].capabilities, { "io.kubernetes.cri.pod-annotations": true });
   assertEquals(
     conflist,
     JSON.parse(await Deno.readTextFile(`${ROOT}/deploy/10-enim.conflist`)),

@@ -28,6 +28,44 @@ function exists(path: string): boolean {
   }
 }
 
+/**
+ * A program found on first use, not when a module loads: the demo, the tests and the bench
+ * import their fixtures before they run {@linkcode ensureApt}, so a path resolved at module
+ * load would miss a package that step installs (issue 12: the demo failed once on a machine
+ * without ping). The returned function looks the candidates up on each call until one
+ * exists and then keeps that path; it throws, naming the candidates and the package, while
+ * none does.
+ *
+ * @example
+ * ```ts
+ * const ping = lazyTool("ping", ["/usr/bin/ping", "/bin/ping"], "iputils-ping");
+ * // nothing is looked up yet; after ensureApt(...):
+ * const argv = [ping(), "-c1", "10.0.0.1"];
+ * ```
+ */
+export function lazyTool(name: string, candidates: string[], pkg: string): () => string {
+  let found: string | null = null;
+  return () => {
+    if (found !== null) return found;
+    found = candidates.find(isFile) ?? null;
+    if (found === null) {
+      throw new Error(
+        `Cannot find ${name}: none of ${candidates.map((c) => `"${c}"`).join(", ")} exists ` +
+          `(Debian package "${pkg}")`,
+      );
+    }
+    return found;
+  };
+}
+
+function isFile(path: string): boolean {
+  try {
+    return Deno.statSync(path).isFile;
+  } catch {
+    return false;
+  }
+}
+
 /** apt-get options that wait up to 5 minutes for dpkg's lock. */
 const LOCK_WAIT = ["-o", "DPkg::Lock::Timeout=300"];
 

@@ -4,7 +4,7 @@
  * | what | where (under the prefix) | when it exists |
  * | --- | --- | --- |
  * | `dist/enim` (or the launcher) | `/opt/cni/bin/enim`, 0755 | replaced (atomically) if different |
- * | `deploy/10-enim.conflist` | `/etc/cni/net.d/10-enim.conflist`, 0644 | kept |
+ * | `deploy/10-enim.conflist` | `/etc/cni/net.d/10-enim.conflist`, 0644 | kept (enim's previous default: updated) |
  * | `deploy/agent.jsonc` | `/etc/enim/agent.jsonc`, 0600 | kept |
  * | `deploy/enim-agent.service` | `/etc/systemd/system/enim-agent.service`, 0644 | replaced if different |
  * | state, logs | `/var/lib/enim` 0700, `/var/log/enim` 0750 | mode fixed |
@@ -14,9 +14,15 @@
  * reach deno and its cache. Without `--prefix` it installs into `/` and requires root. Running it
  * again changes nothing that is already in place; every line it prints says what it did.
  *
+ * The conflist is the administrator's once written, with one exception: a conflist that is
+ * byte for byte one enim shipped before ({@linkcode PREVIOUS_CONFLISTS}) is replaced, because
+ * the first one (`"cniVersion": "1.1.0"` alone) fails every pod on containerd 1.6 and 1.7. A
+ * kept conflist that asks for 1.1.0 without `cniVersions` gets a warning saying so.
+ *
  * @module
  */
 import { parseArgs } from "node:util";
+import { z } from "zod";
 import { dirname, join, resolve, ROOT } from "./_paths.ts";
 import { currentDenoDir, launcherScript } from "./launcher.ts";
 
@@ -58,6 +64,56 @@ export function launcherDropin(denoDir: string, root: string = ROOT): string {
     `Environment=DENO_DIR=${denoDir}`,
     "",
   ].join("\n");
+}
+
+/**
+ * The conflists enim shipped before, exactly as installed: replaced by the current one when
+ * found unchanged. The first asked for CNI 1.1.0 only, which libcni < 1.2 (containerd 1.6 and
+ * 1.7, CRI-O up to 1.30, podman 4) loads and then fails every pod with: `unsupported CNI
+ * result version "1.1.0"`.
+ */
+export const PREVIOUS_CONFLISTS: readonly string[] = [
+  [
+    "{",
+    '  "cniVersion": "1.1.0",',
+    '  "name": "enim",',
+    '  "plugins": [',
+    "    {",
+    '      "type": "enim",',
+    '      "agentSocket": "/run/enim/enim.sock",',
+    '      "logFile": "/var/log/enim/cni.log"',
+    "    }",
+    "  ]",
+    "}",
+    "",
+  ].join("\n"),
+];
+
+/** The version fields of a conflist (the rest is the runtime's and the plugins' business). */
+const ConflistVersionsSchema = z.looseObject({
+  cniVersion: z.string().optional(),
+  cniVersions: z.array(z.string()).optional(),
+});
+
+/**
+ * Why a conflist the installer keeps will fail on runtimes built on libcni < 1.2 (containerd
+ * 1.6/1.7, CRI-O <= 1.30, podman 4), or undefined when it will not (or cannot be told).
+ */
+export function conflistProblem(text: string): string | undefined {
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    return undefined; // not JSON: the runtime will say so; nothing version-specific to add
+  }
+  const parsed = ConflistVersionsSchema.safeParse(json);
+  if (!parsed.success) return undefined;
+  const { cniVersion, cniVersions } = parsed.data;
+  const [major, minor] = (cniVersion ?? "").split(".").map(Number);
+  if (cniVersions !== undefined || !(major > 1 || (major === 1 && minor >= 1))) return undefined;
+  return `its "cniVersion" ${JSON.stringify(cniVersion)} fails every pod on containerd 1.6/1.7 ` +
+    `(libcni < 1.2); use "cniVersion": "1.0.0", "cniVersions": ["1.0.0", "1.1.0"] as ` +
+    `deploy/10-enim.conflist does`;
 }
 
 function exists(path: string): boolean {
@@ -147,18 +203,31 @@ export async function install(opts: InstallOptions): Promise<Step[]> {
     note: useLauncher ? "launcher" : "compiled binary",
   });
 
-  // Configuration: never overwritten.
+  // Configuration: never overwritten, but for a conflist enim itself shipped before.
   const read = (rel: string) => Deno.readFile(join(root, "deploy", rel));
-  for (
-    const [src, dest, mode] of [
-      ["10-enim.conflist", "/etc/cni/net.d/10-enim.conflist", 0o644],
-      ["agent.jsonc", "/etc/enim/agent.jsonc", 0o600],
-    ] as const
-  ) {
-    if (dest.startsWith("/etc/enim/")) await ensureDir(at("/etc/enim"), 0o755);
-    const outcome = await put(at(dest), await read(src), mode, true);
-    record({ outcome, path: dest, note: outcome === "kept" ? "exists; not overwritten" : "" });
+  const conflist = "/etc/cni/net.d/10-enim.conflist";
+  const previous = exists(at(conflist)) &&
+    PREVIOUS_CONFLISTS.includes(await Deno.readTextFile(at(conflist)));
+  if (previous) {
+    await writeAtomic(at(conflist), await read("10-enim.conflist"), 0o644);
+    record({ outcome: "updated", path: conflist, note: "was enim's previous default" });
+  } else {
+    const outcome = await put(at(conflist), await read("10-enim.conflist"), 0o644, true);
+    const problem = outcome === "kept"
+      ? conflistProblem(await Deno.readTextFile(at(conflist)))
+      : undefined;
+    record({
+      outcome,
+      path: conflist,
+      note: outcome !== "kept"
+        ? ""
+        : `exists; not overwritten${problem ? `; warning: ${problem}` : ""}`,
+    });
   }
+  await ensureDir(at("/etc/enim"), 0o755);
+  const agentConfig = "/etc/enim/agent.jsonc";
+  const outcome = await put(at(agentConfig), await read("agent.jsonc"), 0o600, true);
+  record({ outcome, path: agentConfig, note: outcome === "kept" ? "exists; not overwritten" : "" });
 
   // The systemd unit (ours: replaced when it changes) and the launcher's drop-in.
   record({

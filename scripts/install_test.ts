@@ -1,6 +1,12 @@
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
 import { join, ROOT } from "./_paths.ts";
-import { install, LAUNCHER_DROPIN, rootProblem } from "./install.ts";
+import {
+  conflistProblem,
+  install,
+  LAUNCHER_DROPIN,
+  PREVIOUS_CONFLISTS,
+  rootProblem,
+} from "./install.ts";
 
 const dec = new TextDecoder();
 
@@ -130,6 +136,75 @@ Deno.test("deno task install keeps an existing conflist and agent config", async
   } finally {
     await Deno.remove(prefix, { recursive: true });
   }
+});
+
+Deno.test("deno task install replaces enim's previous default conflist (cniVersion 1.1.0 only)", async () => {
+  const prefix = await Deno.makeTempDir({ prefix: "enim-install-" });
+  try {
+    const dest = join(prefix, "etc/cni/net.d/10-enim.conflist");
+    await Deno.mkdir(join(prefix, "etc/cni/net.d"), { recursive: true });
+    await Deno.writeTextFile(dest, PREVIOUS_CONFLISTS[0], { mode: 0o600 });
+    const res = await task("--prefix", prefix, "--launcher");
+    assertEquals(res.code, 0, res.stderr);
+    assertMatch(
+      res.stdout,
+      /^updated +\/etc\/cni\/net\.d\/10-enim\.conflist \(was enim's previous default\)$/m,
+    );
+    assertEquals(
+      await Deno.readTextFile(dest),
+      await Deno.readTextFile(join(ROOT, "deploy/10-enim.conflist")),
+    );
+    assertEquals(Deno.statSync(dest).mode! & 0o777, 0o644);
+    // The next run keeps it.
+    const again = await task("--prefix", prefix, "--launcher");
+    assertMatch(
+      again.stdout,
+      /^kept +\/etc\/cni\/net\.d\/10-enim\.conflist \(exists; not overwritten\)$/m,
+    );
+  } finally {
+    await Deno.remove(prefix, { recursive: true });
+  }
+});
+
+Deno.test("deno task install keeps an edited 1.1.0-only conflist and warns that containerd 1.6/1.7 fail it", async () => {
+  const prefix = await Deno.makeTempDir({ prefix: "enim-install-" });
+  try {
+    const dest = join(prefix, "etc/cni/net.d/10-enim.conflist");
+    await Deno.mkdir(join(prefix, "etc/cni/net.d"), { recursive: true });
+    const mine = PREVIOUS_CONFLISTS[0].replace('"name": "enim"', '"name": "mine"');
+    await Deno.writeTextFile(dest, mine);
+    const res = await task("--prefix", prefix, "--launcher");
+    assertEquals(res.code, 0, res.stderr);
+    assertEquals(await Deno.readTextFile(dest), mine);
+    assertMatch(
+      res.stdout,
+      /^kept +\/etc\/cni\/net\.d\/10-enim\.conflist \(exists; not overwritten; warning: its "cniVersion" "1\.1\.0" fails every pod on containerd 1\.6\/1\.7/m,
+    );
+  } finally {
+    await Deno.remove(prefix, { recursive: true });
+  }
+});
+
+Deno.test("conflistProblem() flags 1.1.0 and later without cniVersions, nothing else", async (t) => {
+  const cases: [string, boolean][] = [
+    ['{"cniVersion": "1.1.0"}', true],
+    ['{"cniVersion": "1.2.0"}', true],
+    ['{"cniVersion": "2.0.0"}', true],
+    ['{"cniVersion": "1.0.0"}', false],
+    ['{"cniVersion": "0.4.0"}', false],
+    ['{"cniVersion": "1.0.0", "cniVersions": ["1.0.0", "1.1.0"]}', false],
+    ['{"cniVersion": "1.1.0", "cniVersions": ["1.0.0", "1.1.0"]}', false],
+    ["{}", false],
+    ["not json", false],
+    ['{"cniVersion": 1}', false],
+  ];
+  for (const [text, flagged] of cases) {
+    await t.step(text, () => assertEquals(conflistProblem(text) !== undefined, flagged));
+  }
+  assertEquals(
+    conflistProblem(await Deno.readTextFile(join(ROOT, "deploy/10-enim.conflist"))),
+    undefined,
+  );
 });
 
 Deno.test("install() prefers dist/enim, replaces a changed binary and drops the launcher's drop-in", async () => {

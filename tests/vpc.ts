@@ -33,6 +33,7 @@ import {
 } from "../netns/sim.ts";
 import type { AddressSpec } from "../netns/types.ts";
 import type { Eni } from "../providers/contract.ts";
+import { lazyTool } from "../scripts/_deps.ts";
 
 /** A named network namespace and its path. */
 export interface NetnsHandle {
@@ -56,14 +57,15 @@ export interface SimulatedVpcOptions {
   prefix?: string;
 }
 
-/** The ping binary (iputils), when the machine has one. */
-export const PING: string | null = ["/usr/bin/ping", "/bin/ping"].find((p) => {
-  try {
-    return Deno.statSync(p).isFile;
-  } catch {
-    return false;
-  }
-}) ?? null;
+/**
+ * The ping binary (iputils), looked up on first use: callers install iputils-ping
+ * (scripts/_deps.ts) after importing this module.
+ */
+export const pingPath: () => string = lazyTool(
+  "ping",
+  ["/usr/bin/ping", "/bin/ping"],
+  "iputils-ping",
+);
 
 interface Subnet {
   net: ipaddr.IPv4 | ipaddr.IPv6;
@@ -209,8 +211,7 @@ export class SimulatedVpc implements AsyncDisposable {
 
   /** Whether one ping from `netns` to `address` gets an answer within a second. */
   async ping(netns: NetnsHandle | string, address: string): Promise<boolean> {
-    if (!PING) throw new Error("Cannot ping: no ping binary at /usr/bin/ping or /bin/ping");
-    const out = await this.exec(netns, [PING, "-c1", "-W1", "-n", address]);
+    const out = await this.exec(netns, [pingPath(), "-c1", "-W1", "-n", address]);
     return out.code === 0;
   }
 
