@@ -7,8 +7,22 @@
  * the seed's recycling rule, and releases that did not finish. A Kubernetes
  * source can be added without touching the rest.
  *
- * A grace period protects attachments younger than `graceMs` and every `adding`
- * one. A dry run reads (state, provider list, netns identities) and changes
+ * Two kinds of pass:
+ * - the agent's own (periodic, at start-up, `enim gc`): every attachment and
+ *   every orphan ENI (owned in the provider by an attachment the state does not
+ *   know); a grace period protects attachments younger than `graceMs`, and
+ *   every `adding` one;
+ * - a CNI GC call for network N: only N's attachments, and no orphans (their
+ *   network is unknown; the agent's own pass covers them). The spec makes the
+ *   runtime run GC exclusively of ADD and DEL ("must ensure that no add or
+ *   delete operations are in progress before executing gc"), so the valid
+ *   list is complete: every attachment of N not in it is dead, however young.
+ *   Only what is truly in flight is spared: an `adding` attachment (an ADD of
+ *   another runtime or of a retried call the runtime has not recorded), and an
+ *   attachment whose operation holds its lock (reclaim waits for the lock and
+ *   re-reads the row).
+ *
+ * A dry run reads (state, provider list, netns identities) and changes
  * nothing. A reclaim failure is recorded on its row and retried by the next
  * pass; it never stops the pass.
  *
@@ -223,7 +237,10 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<PlanItem[]> {
   // a row is a real orphan (rows are written before allocating and deleted after freeing).
   const enis = await deps.provider.list();
   const rows = deps.state.all();
-  const candidates = rows.filter((r) => !protectedByGrace(r, now, deps.graceMs));
+  const cniGc = req.network !== undefined && req.validAttachments !== undefined;
+  const candidates = cniGc
+    ? rows.filter((r) => r.network === req.network && r.state !== "adding")
+    : rows.filter((r) => !protectedByGrace(r, now, deps.graceMs));
   const ctx: LivenessContext = { now, graceMs: deps.graceMs, request: req, devices: deps.devices };
   const verdicts = new Map<string, Verdict[]>();
   for (const src of deps.sources) {
@@ -253,6 +270,7 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<PlanItem[]> {
       },
     });
   }
+  if (cniGc) return plan;
   const known = new Set(rows.map(keyOf));
   for (const e of enis) {
     if (!e.owner || known.has(keyOf(e.owner))) continue;

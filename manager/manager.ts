@@ -64,6 +64,7 @@ import {
   toAttachment,
 } from "./state.ts";
 import { KeyedMutex } from "./mutex.ts";
+import { type CheckLive, checkProblems, type CheckRecord } from "./check.ts";
 import { defaultLivenessSources, type LivenessSource, runGc } from "./gc.ts";
 
 /** What {@linkcode createManager} needs. */
@@ -130,18 +131,6 @@ export function toApiError(err: unknown): ApiError {
 
 /** Whether a route's destination is IPv6. */
 const isV6 = (dst: string) => dst.includes(":");
-/** A route's comparable key ("default" for 0.0.0.0/0 and ::/0). */
-function routeKey(r: { dst: string; gw?: string }): string {
-  const dst = r.dst === "0.0.0.0/0" || r.dst === "::/0"
-    ? `default${isV6(r.dst) ? "6" : "4"}`
-    : r.dst;
-  return `${dst}${r.gw ? ` via ${normalizeIp(r.gw)}` : ""}`;
-}
-function cidrKey(c: string): string {
-  const [a, l] = c.split("/");
-  return `${normalizeIp(a)}/${l}`;
-}
-
 /** The ADD result for `eni`: addresses in CIDR form, default routes and the config's routes. */
 export function buildResult(
   eni: Eni,
@@ -550,18 +539,11 @@ class ManagerImpl implements Manager {
               return;
             }
           }
-          let nodeName = row.nodeName;
-          if (!nodeName) {
-            nodeName = (await t.time("device_lookup", () => this.#devices.findByMac(mac)))
-              ?.ifname ?? null;
-          }
-          if (!nodeName) {
-            this.#log.warn("No device for the ENI on the node; nothing to move back", {
-              eniId: row.eniId,
-              mac,
-            });
-            return;
-          }
+          // Recorded with the MAC before any move; looked up only for rows of older agents.
+          const nodeName = row.nodeName ??
+            (await t.time("device_lookup", () => this.#devices.findByMac(mac)))?.ifname ??
+            // Its alias in the pod is its node name (a later unplug renames it to that).
+            (row.eniId ? `enim${row.eniId.replace(/[^A-Za-z0-9]/g, "").slice(-11)}` : "enim-eni");
           // An IPAM attachment with a non-nsfs netns (CNI_NETNS=/dev/null) has no pod side.
           const podSide = row.mode === "interface" || row.netnsIno !== null;
           const netns = o.netnsUsable && podSide ? row.netns : null;
@@ -579,7 +561,17 @@ class ManagerImpl implements Manager {
             // The netns is gone: the kernel returned the device to the node.
             outcome = await this.#devices.unplug({ mac, nodeName, netns: null, timing });
           }
-          if (outcome === "missing" && row.eniId && await this.#repairDevice(row.eniId, mac)) {
+          if (outcome === "missing") {
+            if (!row.eniId || !(await this.#repairDevice(row.eniId, mac))) {
+              // Never free an ENI whose device is unaccounted for: the next one to get it
+              // would find no device, or the device would turn up in use. The row stays
+              // `deleting` with this error and GC tries again.
+              throw new DeviceError(
+                "unplug",
+                "not_found",
+                `The device of ENI "${row.eniId}" (MAC ${mac}) is neither in the pod nor on the node; the ENI stays held until it is found`,
+              );
+            }
             // It may come back under another name (and, physical, up): rename and scrub it.
             await this.#devices.unplug({ mac, nodeName, netns: null });
           }
@@ -662,53 +654,38 @@ class ManagerImpl implements Manager {
     const fail = (msg: string): never => {
       throw new ApiError("check_failed", msg);
     };
-    if (!row) fail(`Attachment ${name} is not known to the agent`);
-    if (row!.state !== "ready" && row!.state !== "recycling" || !row!.result) {
-      fail(`Attachment ${name} is ${row!.state}, not ready`);
+    if (!row) return fail(`Attachment ${name} is not known to the agent`);
+    if ((row.state !== "ready" && row.state !== "recycling") || !row.result || !row.mac) {
+      return fail(`Attachment ${name} is ${row.state}, not ready`);
     }
-    const r = row!;
-    const result = AddResponseSchema.parse(JSON.parse(r.result!));
-    const mac = r.mac!;
-    if (req.expected.mac && req.expected.mac.toLowerCase() !== mac) {
-      fail(`Attachment ${name} has MAC ${mac}, the prevResult says ${req.expected.mac}`);
+    const result = AddResponseSchema.parse(JSON.parse(row.result));
+    const record: CheckRecord = {
+      mode: row.mode,
+      mac: row.mac,
+      nodeName: row.nodeName,
+      addresses: result.ips.map((i) => i.address),
+      netns: row.netnsIno !== null && row.netnsDev !== null
+        ? { dev: row.netnsDev, ino: row.netnsIno }
+        : null,
+    };
+    let live: CheckLive | null = null;
+    if (row.mode === "interface") {
+      const id = await this.#devices.netnsIdentity(req.netns);
+      const pod = id ? await this.#devices.inspect({ netns: req.netns, ifName: req.ifName }) : null;
+      live = {
+        netns: id,
+        link: pod?.link ?? null,
+        addresses: pod?.addresses ?? [],
+        routes: pod?.routes ?? [],
+      };
     }
-    const recorded = new Set(result.ips.map((i) => cidrKey(i.address)));
-    for (const a of req.expected.addresses) {
-      if (!recorded.has(cidrKey(a))) fail(`Address ${a} of the prevResult is not the ENI's`);
-    }
-    if (r.mode === "ipam") {
+    const problems = checkProblems(record, req.expected, live, req);
+    if (problems.length > 0) fail(problems[0]);
+    if (row.mode === "ipam") {
+      const mac = row.mac;
       const link = await this.#devices.findByMac(mac).catch(() => null) ??
         await this.#devices.findByMac(mac, req.netns).catch(() => null);
-      if (!link) fail(`No device with MAC ${mac} (ENI "${r.eniId}") on the node or in the pod`);
-      return;
-    }
-    const id = await this.#devices.netnsIdentity(req.netns);
-    if (!id) fail(`Netns "${req.netns}" does not exist`);
-    if (r.netnsIno !== null && (id!.ino !== r.netnsIno || id!.dev !== r.netnsDev)) {
-      fail(`Netns "${req.netns}" is not the namespace the ENI was added to`);
-    }
-    const live = await this.#devices.inspect({ netns: req.netns, ifName: req.ifName });
-    if (!live.link) fail(`Interface "${req.ifName}" is missing in "${req.netns}"`);
-    if (live.link!.address?.toLowerCase() !== mac) {
-      fail(`Interface "${req.ifName}" has MAC ${live.link!.address}, expected ${mac}`);
-    }
-    const have = new Set(live.addresses.map(cidrKey));
-    for (const a of result.ips) {
-      if (!have.has(cidrKey(a.address))) {
-        fail(`Interface "${req.ifName}" lacks address ${a.address}`);
-      }
-    }
-    const extra = [...have].filter((a) => !recorded.has(a));
-    if (extra.length) {
-      fail(`Interface "${req.ifName}" has unexpected addresses ${extra.join(", ")}`);
-    }
-    const haveRoutes = new Set(live.routes.map(routeKey));
-    const haveDst = new Set(live.routes.map((x) => routeKey({ dst: x.dst })));
-    for (const rt of [...result.routes, ...req.expected.routes]) {
-      const ok = rt.gw ? haveRoutes.has(routeKey(rt)) : haveDst.has(routeKey({ dst: rt.dst }));
-      if (!ok) {
-        fail(`Interface "${req.ifName}" lacks route ${rt.dst}${rt.gw ? ` via ${rt.gw}` : ""}`);
-      }
+      if (!link) fail(`No device with MAC ${mac} (ENI "${row.eniId}") on the node or in the pod`);
     }
   }
 

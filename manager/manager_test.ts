@@ -312,22 +312,23 @@ Deno.test("check() passes for a healthy attachment and names each difference", a
       /lacks address 10\.99\.0\.2\/24/,
     ],
     [
-      "extra address",
-      (n) =>
-        n.devices.editPodLink("/run/netns/p1", "eth0", (l) => {
-          l.addresses.push("10.99.0.200/24");
-        }),
-      {},
-      /unexpected addresses 10\.99\.0\.200/,
-    ],
-    [
-      "route removed",
+      "a route of the prevResult removed",
       (n) =>
         n.devices.editPodLink("/run/netns/p1", "eth0", (l) => {
           l.routes = [];
         }),
-      {},
+      { expected: { addresses: [], routes: [{ dst: "0.0.0.0/0", gw: "10.99.0.1" }] } },
       /lacks route 0\.0\.0\.0\/0 via 10\.99\.0\.1/,
+    ],
+    [
+      "the interface is another device",
+      (n) =>
+        n.devices.editPodLink("/run/netns/p1", "eth0", (l) => {
+          l.mac = "02:aa:00:00:00:01";
+          delete l.alias;
+        }),
+      { expected: { addresses: [] } },
+      /not the ENI's device/,
     ],
     ["expected route missing", () => {}, {
       expected: { addresses: [], routes: [{ dst: "172.16.0.0/12" }] },
@@ -346,6 +347,43 @@ Deno.test("check() passes for a healthy attachment and names each difference", a
       await add(n, 1);
       await n.mgr.check(checkReq());
     }));
+  // What later plugins in the chain may change, as long as the prevResult says so.
+  const passing: [string, (n: Node) => void, Record<string, unknown>][] = [
+    [
+      "a later plugin changed the MAC (tuning)",
+      (n) =>
+        n.devices.editPodLink("/run/netns/p1", "eth0", (l) => {
+          l.mac = "02:5a:00:00:00:42";
+        }),
+      { expected: { mac: "02:5a:00:00:00:42", addresses: ["10.99.0.2/24"] } },
+    ],
+    [
+      "a later plugin added an address the result lists",
+      (n) =>
+        n.devices.editPodLink("/run/netns/p1", "eth0", (l) => {
+          l.addresses.push("10.99.0.250/24");
+        }),
+      {
+        expected: { mac: "02:e1:0a:00:00:01", addresses: ["10.99.0.2/24", "10.99.0.250/24"] },
+      },
+    ],
+    [
+      "a later plugin removed a default route the result omits",
+      (n) =>
+        n.devices.editPodLink("/run/netns/p1", "eth0", (l) => {
+          l.routes = l.routes.filter((r) => !r.dst.includes(":"));
+        }),
+      { expected: { addresses: [], routes: [{ dst: "0.0.0.0/0", gw: "10.99.0.1" }] } },
+    ],
+  ];
+  for (const [name, edit, over] of passing) {
+    await t.step(`passes: ${name}`, () =>
+      withNode(async (n) => {
+        await add(n, 1);
+        edit(n);
+        await n.mgr.check(checkReq(over));
+      }));
+  }
   for (const [name, edit, over, re] of cases) {
     await t.step(name, () =>
       withNode(async (n) => {

@@ -372,7 +372,7 @@ export class IpDeviceLayer implements DeviceLayer {
     return "node";
   }
 
-  /** Reads the interface `ifName` in `netns`: link, global addresses, routes via it. */
+  /** Reads the interface `ifName` in `netns`: link, global addresses, and the pod's routes. */
   async inspect(p: { netns: string; ifName: string }): Promise<PodInterfaceState> {
     checkIfName(p.ifName);
     await this.#requireNetns("inspect", p.netns);
@@ -381,7 +381,7 @@ export class IpDeviceLayer implements DeviceLayer {
       // `addr show` first: in one batch, an `addr show` after a `link show` loses its addresses.
       out = await ipBatch([
         ["addr", "show", "dev", p.ifName],
-        ["route", "show", "dev", p.ifName, "table", "all"],
+        ["route", "show", "table", "all"],
         ["link", "show", "dev", p.ifName],
       ], { netns: p.netns, json: true });
     } catch (err) {

@@ -64,7 +64,7 @@ export interface PodInterfaceState {
   link: Link | null;
   /** Addresses on the interface, CIDR form, global scope only. */
   addresses: string[];
-  /** Routes via the interface (dst in CIDR or "default", gw when set). */
+  /** The namespace's unicast routes of the main table, both families (dst in CIDR, gw when set). */
   routes: RouteSpec[];
 }
 

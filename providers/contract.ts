@@ -97,17 +97,43 @@ export function ipInRange(ip: string, range: IpRange): boolean {
   }
 }
 
-/** Whether an ENI satisfies an allocation request (requested IPs and ranges). */
+/** The ENI's addresses, canonical text form. */
+function eniAddresses(eni: Eni): string[] {
+  return [eni.ipv4?.address, eni.ipv6?.address].filter((a): a is string => !!a).map(normalizeIp);
+}
+
+/** The requested IPs the ENI does not carry (canonical text form). */
+export function missingIps(eni: Eni, request: Pick<AllocationRequest, "ips">): string[] {
+  const have = new Set(eniAddresses(eni));
+  return [...new Set(request.ips.map(normalizeIp))].filter((ip) => !have.has(ip));
+}
+
+/**
+ * Whether an ENI satisfies an allocation request: it carries *every* requested IP
+ * (an ENI has one address per family, so two IPv4 addresses can never be served),
+ * and for each range set one of its addresses falls in one of the set's ranges.
+ */
 export function eniMatches(eni: Eni, request: AllocationRequest): boolean {
-  const addrs = [eni.ipv4?.address, eni.ipv6?.address].filter((a): a is string => !!a);
-  if (request.ips.length > 0) {
-    const want = new Set(request.ips.map(normalizeIp));
-    if (!addrs.some((a) => want.has(normalizeIp(a)))) return false;
-  }
+  if (missingIps(eni, request).length > 0) return false;
+  const addrs = eniAddresses(eni);
   for (const set of request.ranges) {
     if (!addrs.some((a) => set.some((r) => ipInRange(a, r)))) return false;
   }
   return true;
+}
+
+/**
+ * Why no ENI among `enis` carries all of `request.ips`, naming the IPs: the ones no
+ * ENI carries, or, when each is on some ENI, that they are on different ENIs.
+ */
+export function unmatchedIps(request: Pick<AllocationRequest, "ips">, enis: Eni[]): string {
+  const wanted = [...new Set(request.ips.map(normalizeIp))];
+  const carried = new Set(enis.flatMap(eniAddresses));
+  const nowhere = wanted.filter((ip) => !carried.has(ip));
+  if (nowhere.length > 0) {
+    return `no ENI carries ${nowhere.join(", ")}`;
+  }
+  return `${wanted.join(", ")} are on different ENIs (an ENI has one address per family)`;
 }
 
 /** The canonical text form of an IP (IPv6 compressed, lower case); the input when it is no IP. */

@@ -334,3 +334,86 @@ Deno.test({
     assertEquals((await node.client.attachments()).length, 0, "nothing was allocated");
   },
 });
+
+Deno.test({
+  name: "DEL after the pod changed the interface's MAC brings the device back with its own MAC",
+  ignore: !ROOT,
+  async fn() {
+    await using node = await SimulatedNode.start({ mock: { enis: 1 } });
+    const pod = await node.vpc.pod("m");
+    const call = { containerId: "cm1", ifName: "eth0", netns: pod.path, args: podArgs("m") };
+    const add = await node.cni("ADD", { ...call, config: node.netconf() });
+    assertEquals(add.code, 0, add.stdout);
+    const mac = (add.json!.interfaces as { mac: string }[])[0].mac;
+    // A MAC-setting plugin whose DEL did not restore it, or a pod with NET_ADMIN.
+    for (
+      const argv of [["link", "set", "eth0", "down"], [
+        "link",
+        "set",
+        "eth0",
+        "address",
+        "02:66:00:00:00:01",
+      ]]
+    ) {
+      const out = await node.vpc.exec(pod, ["/usr/sbin/ip", ...argv]);
+      assertEquals(out.code, 0, out.stderr);
+    }
+    const del = await node.cni("DEL", { ...call, config: node.netconf() });
+    assertEquals(del.code, 0, del.stdout);
+    const inPod = (await linksIn(node, pod.name)).map((l) => l.ifname);
+    assertEquals(inPod, ["lo"], "the device left the pod");
+    const onNode = (await linksIn(node, node.vpc.node.name)).filter((l) => l.address === mac);
+    assertEquals(onNode.length, 1, "the device is on the node with the ENI's MAC again");
+    assertEquals((await node.client.attachments()).length, 0);
+    // The next pod gets the ENI (its only one) and its device.
+    const pod2 = await node.vpc.pod("m2");
+    const add2 = await node.cni("ADD", {
+      containerId: "cm2",
+      ifName: "eth0",
+      netns: pod2.path,
+      args: podArgs("m2"),
+      config: node.netconf(),
+    });
+    assertEquals(add2.code, 0, add2.stdout);
+    assertEquals((add2.json!.interfaces as { mac: string }[])[0].mac, mac);
+  },
+});
+
+Deno.test({
+  name: "every requested IP must be on the chosen ENI, or the ADD fails with 101 naming the others",
+  ignore: !ROOT,
+  async fn(t) {
+    await using node = await SimulatedNode.start({ mock: { enis: 3 } });
+    const pod = await node.vpc.pod("ips");
+    const add = (containerId: string, ips: string[]) =>
+      node.cni("ADD", {
+        containerId,
+        ifName: "eth0",
+        netns: pod.path,
+        args: podArgs("ips"),
+        config: node.netconf("1.1.0", { runtimeConfig: { ips } }),
+      });
+    const refused = async (ips: string[], missing: RegExp) => {
+      const r = await add("cips-x", ips);
+      assertEquals(r.code, 1, r.stdout);
+      assertEquals(r.json!.code, 101);
+      assertMatch(String(r.json!.msg), missing);
+      assertEquals((await node.client.attachments()).length, 0, "nothing is allocated");
+      assertEquals((await node.client.status()).pool.owned, 0);
+    };
+    await t.step(
+      "two IPv4 addresses: the second is on no ENI with the first",
+      () => refused(["10.99.0.2", "10.99.0.222"], /no ENI carries 10\.99\.0\.222/),
+    );
+    await t.step(
+      "an IPv4 and an IPv6 of different ENIs",
+      () => refused(["10.99.0.2", "fd00:99::3"], /10\.99\.0\.2, fd00:99::3 are on different ENIs/),
+    );
+    await t.step("both of one ENI: that ENI, with exactly those addresses", async () => {
+      const r = await add("cips-1", ["10.99.0.3/24", "fd00:99::3"]);
+      assertEquals(r.code, 0, r.stdout);
+      const ips = (r.json!.ips as { address: string }[]).map((i) => i.address).sort();
+      assertEquals(ips, ["10.99.0.3/24", "fd00:99::3/64"]);
+    });
+  },
+});

@@ -257,6 +257,56 @@ Deno.test({
 });
 
 /**
+ * The spec's own example chain: enim, then tuning setting the MAC from `runtimeConfig.mac`.
+ * CHECK gets the final result, whose interface carries tuning's MAC: enim's CHECK must pass
+ * (a later plugin changed what it owns), and a removed address the result lists must fail
+ * it. DEL (tuning restores the MAC first) frees the ENI.
+ */
+Deno.test({
+  name: "libcni: enim then tuning with runtimeConfig.mac, CHECK takes the prevResult as the truth",
+  ignore: DEPS.skip !== null,
+  sanitizeResources: false,
+  async fn() {
+    await using node = await SimulatedNode.start({ mock: { enis: 2 } });
+    const lc = await Libcni.create(node);
+    try {
+      const chain = [
+        { type: "enim", logFile: node.sandbox.inner("cni.log") },
+        { type: "tuning", capabilities: { mac: true }, dataDir: `${lc.dir}/tuning` },
+      ];
+      const conflist = await lc.conflist("enim-mac", chain);
+      const pod = await node.vpc.pod("lc-mac");
+      const mac = "02:5a:00:00:00:42";
+      const call = {
+        containerId: "lc-mac-1",
+        netns: pod.path,
+        ifName: "eth0",
+        args: podArgs("mac"),
+        capabilityArgs: { mac },
+      };
+      const add = await lc.ok(conflist, { op: "add", ...call });
+      assertEquals(add.result!.interfaces?.[0]?.mac, mac, "the final result carries tuning's MAC");
+      const link = await inPod(node, pod, ["/usr/sbin/ip", "-o", "link", "show", "eth0"]);
+      assertStringIncludes(link, `link/ether ${mac}`);
+      await lc.ok(conflist, { op: "check", ...call });
+      // An address of the result removed from the pod: enim's CHECK names it.
+      const v4 = add.result!.ips!.find((i) => !i.address.includes(":"))!.address;
+      await inPod(node, pod, ["/usr/sbin/ip", "addr", "del", v4, "dev", "eth0"]);
+      const broken = await lc.run(conflist, { op: "check", ...call });
+      assert(!broken.ok, "CHECK fails once an address of the result is gone");
+      assertStringIncludes(broken.error!, `lacks address ${v4}`);
+      await lc.ok(conflist, { op: "del", ...call });
+      assertEquals((await node.client.status()).pool.owned, 0);
+      const enis = await node.client.enis();
+      const back = await node.vpc.exec(node.vpc.node, ["/usr/sbin/ip", "-o", "link", "show"]);
+      for (const e of enis) assertStringIncludes(back.stdout, e.mac);
+    } finally {
+      await lc.close();
+    }
+  },
+});
+
+/**
  * enim as IPAM under host-device, the reference plugin that hands a whole existing device
  * to a pod. host-device finds the device by `hwaddr` and moves it into the pod (renamed
  * CNI_IFNAME, its node name kept in the alias) *before* it calls IPAM, then configures the

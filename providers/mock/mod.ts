@@ -26,6 +26,7 @@ import {
   ProviderError,
   type ProviderModule,
   type ProviderStatus,
+  unmatchedIps,
 } from "../contract.ts";
 import { prepared, transaction } from "../../lib/sqlite.ts";
 import { mulberry32 } from "../../lib/rng.ts";
@@ -300,14 +301,16 @@ export class MockProvider implements Provider {
       }
       const matching = all.filter((r) => eniMatches(rowToEni(r), request));
       const why = matching.length === 0
-        ? "no ENI of the mock cloud carries it"
+        ? request.ips.length > 0 ? unmatchedIps(request, all.map(rowToEni)) : "no ENI is in range"
         : matching.every((r) => r.owner_container)
         ? `held by ${matching.map((r) => `"${r.owner_pod}"`).join(", ")}`
         : `the node is at its limit of ${this.#max} ENIs`;
+      const what = request.ips.length > 0
+        ? `The requested IP${request.ips.length > 1 ? "s" : ""} ${request.ips.join(", ")}`
+        : `An ENI in the requested ranges ${JSON.stringify(request.ranges)}`;
       throw new ProviderError(
         "requested_ip_unavailable",
-        `Requested address ${JSON.stringify({ ips: request.ips, ranges: request.ranges })} ` +
-          `is unavailable: ${why}`,
+        `${what} cannot be had on one ENI: ${why}`,
       );
     });
     if (step.eni.attach === "attaching") {

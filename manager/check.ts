@@ -1,0 +1,135 @@
+/**
+ * CHECK as a pure function: what the attachment's record, the `prevResult` and
+ * the live pod say, compared (SPEC.md, "CHECK"; CONVENTIONS.md).
+ *
+ * The `prevResult` is the truth about the final state of the chain: a later
+ * plugin may have changed what it owns (the MAC, through `tuning`; an address
+ * or a route it added, or one of enim's it removed and left out of the result),
+ * and CHECK accepts all of that. What CHECK reports:
+ *
+ * - interface mode: the namespace is not the one the ENI was added to; the
+ *   interface is missing; it is not the ENI's device (neither the ENI's MAC nor
+ *   the alias enim gave it); its MAC is not the one the prevResult says; an
+ *   address or a route the prevResult lists is missing from the pod;
+ * - IPAM mode (the calling plugin checks the interface itself): an address the
+ *   prevResult attributes to this IPAM is not one of the ENI's; the ENI's device
+ *   is found neither on the node nor in the pod.
+ *
+ * Each problem is one sentence naming the value; the manager reports the first.
+ *
+ * @module
+ */
+import { normalizeIp } from "../providers/contract.ts";
+import type { Link, NetnsIdentity, RouteSpec } from "../netns/types.ts";
+
+/** What the ADD recorded. */
+export interface CheckRecord {
+  mode: "interface" | "ipam";
+  /** The ENI's own MAC. */
+  mac: string;
+  /** The device's node name (interface mode: the alias enim set on it in the pod). */
+  nodeName: string | null;
+  /** The ENI's addresses, CIDR form. */
+  addresses: string[];
+  /** The namespace's identity at ADD, when it was a namespace file. */
+  netns: NetnsIdentity | null;
+}
+
+/** What the prevResult says of this attachment. */
+export interface CheckExpected {
+  /** The MAC of the attachment's interface (interface mode). */
+  mac?: string;
+  /** The addresses of the attachment's interface (interface mode) or of this IPAM (IPAM mode). */
+  addresses: string[];
+  /** Every route of the result. */
+  routes: RouteSpec[];
+}
+
+/** What the system shows (interface mode). */
+export interface CheckLive {
+  /** The namespace's identity now (null: gone or not a namespace). */
+  netns: NetnsIdentity | null;
+  /** The interface named CNI_IFNAME in the pod. */
+  link: Link | null;
+  /** Its addresses, CIDR form. */
+  addresses: string[];
+  /** The pod's routes (main table). */
+  routes: RouteSpec[];
+}
+
+/** The canonical form of a CIDR (`fd00:0::5/64` → `fd00::5/64`). */
+export function cidrKey(c: string): string {
+  const [a, l] = c.split("/");
+  return l === undefined ? normalizeIp(a) : `${normalizeIp(a)}/${l}`;
+}
+
+/** A route's comparable key: "default4"/"default6" for the defaults, `via` the gateway. */
+export function routeKey(r: RouteSpec): string {
+  const v6 = r.dst.includes(":");
+  const dst = r.dst === "0.0.0.0/0" || r.dst === "::/0" || r.dst === "default"
+    ? `default${v6 || r.gw?.includes(":") ? "6" : "4"}`
+    : cidrKey(r.dst);
+  return `${dst}${r.gw ? ` via ${normalizeIp(r.gw)}` : ""}`;
+}
+
+const lower = (s: string | undefined) => s?.toLowerCase();
+
+/**
+ * The differences between what the prevResult says and the system (interface
+ * mode), or between the prevResult and the ENI (IPAM mode); empty when CHECK
+ * passes. `where` names the interface and namespace in the messages.
+ */
+export function checkProblems(
+  record: CheckRecord,
+  expected: CheckExpected,
+  live: CheckLive | null,
+  where: { ifName: string; netns: string },
+): string[] {
+  const problems: string[] = [];
+  if (record.mode === "ipam") {
+    const own = new Set(record.addresses.map(cidrKey));
+    for (const a of expected.addresses) {
+      if (!own.has(cidrKey(a))) problems.push(`Address ${a} of the prevResult is not the ENI's`);
+    }
+    return problems;
+  }
+  const name = `Interface "${where.ifName}" in "${where.netns}"`;
+  if (!live?.netns) return [`Netns "${where.netns}" does not exist`];
+  if (
+    record.netns && (live.netns.ino !== record.netns.ino || live.netns.dev !== record.netns.dev)
+  ) {
+    return [`Netns "${where.netns}" is not the namespace the ENI was added to`];
+  }
+  const link = live.link;
+  if (!link) return [`${name} is missing`];
+  const mac = lower(link.address);
+  const ours = mac === lower(record.mac) ||
+    (record.nodeName !== null && link.ifalias === record.nodeName);
+  if (!ours) {
+    return [
+      `${name} is not the ENI's device (MAC ${link.address ?? "none"}, alias ${
+        link.ifalias ? `"${link.ifalias}"` : "none"
+      }; the ENI's MAC is ${record.mac})`,
+    ];
+  }
+  if (expected.mac !== undefined && mac !== lower(expected.mac)) {
+    problems.push(`${name} has MAC ${link.address}, the prevResult says ${expected.mac}`);
+  }
+  const have = new Set(live.addresses.map(cidrKey));
+  for (const a of expected.addresses) {
+    if (!have.has(cidrKey(a))) problems.push(`${name} lacks address ${a} of the prevResult`);
+  }
+  const routes = new Set(live.routes.map(routeKey));
+  const dsts = new Set(live.routes.map((r) => routeKey({ dst: r.dst })));
+  for (const r of expected.routes) {
+    const found = r.gw ? routes.has(routeKey(r)) : dsts.has(routeKey({ dst: r.dst }));
+    if (!found) {
+      problems.push(
+        `Netns "${where.netns}" lacks route ${r.dst}${
+          r.gw ? ` via ${r.gw}` : ""
+        } of the prevResult`,
+      );
+    }
+  }
+  return problems;
+}
