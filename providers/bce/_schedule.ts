@@ -34,6 +34,8 @@ export class PassScheduler {
   #timer: ReturnType<typeof setTimeout> | null = null;
   #dueAt = 0;
   #running: Promise<void> | null = null;
+  /** Set from the first line of a pass (before `#running` is assigned). */
+  #busy = false;
   #kicked = false;
   #lastStart = -Infinity;
   #stopped = false;
@@ -62,7 +64,7 @@ export class PassScheduler {
 
   /** Starts: the first pass right away. */
   start(): void {
-    if (this.#stopped || this.#timer !== null || this.#running) return;
+    if (this.#stopped || this.#timer !== null || this.#busy) return;
     this.#at(0);
   }
 
@@ -70,7 +72,7 @@ export class PassScheduler {
   kick(): void {
     if (this.#stopped) return;
     this.#interval = this.#o.baseMs;
-    if (this.#running) {
+    if (this.#busy) {
       this.#kicked = true;
       return;
     }
@@ -103,6 +105,7 @@ export class PassScheduler {
   }
 
   async #fire(): Promise<void> {
+    this.#busy = true;
     this.#lastStart = Date.now();
     this.#passes++;
     let changed = false;
@@ -110,6 +113,8 @@ export class PassScheduler {
       changed = await this.#o.run();
     } catch (err) {
       this.#o.onError(err);
+    } finally {
+      this.#busy = false;
     }
     if (this.#stopped) return;
     if (this.#kicked) {

@@ -433,7 +433,8 @@ export class BceProvider implements Provider {
     const byId = new Map(onNode.map((e) => [e.eniId, e]));
     let changed = false;
 
-    // 1. Tracked ENIs that left the node (rows older than the list: not just added).
+    // 1. Tracked ENIs that left the node. A row newer than the list may be missing
+    // from it without having left; the detail call below tells (it is cheap to skip).
     for (const r of this.#store.rows()) {
       const e = byId.get(r.eni_id);
       if (e?.status === "inuse") {
@@ -444,7 +445,7 @@ export class BceProvider implements Provider {
         }
         continue;
       }
-      if (e?.status === "attaching" || r.lost_reason || r.updated_ms >= started) continue;
+      if (e?.status === "attaching" || r.lost_reason || r.updated_ms > started) continue;
       // Missing from the list (or detaching): one detail call tells why.
       let d: BceEni | null;
       try {
