@@ -184,6 +184,27 @@ Deno.test("gc() for a CNI GC call reclaims exactly the attachments not listed", 
     assertEquals(n.mgr.attachments().map((a) => a.containerId).sort(), ["c2", "c4"]);
   }));
 
+Deno.test("a CNI GC call removes only its network's unlisted attachments, however young, and no orphans", () =>
+  withNode(async (n) => {
+    for (const i of [1, 2]) await add(n, i);
+    await add(n, 3, { network: "other" });
+    // An ENI owned in the provider by an attachment nobody recorded: not this network's.
+    const ghost = { pod: "default/ghost", containerId: "ghost", ifName: "eth0" };
+    await n.mock.allocateNextENI(ghost, { ips: [], ranges: [] });
+    // No clock advance: the spec runs GC exclusively of ADD and DEL, so the list is complete.
+    const rep = await n.mgr.gc({
+      dryRun: false,
+      network: "enim",
+      validAttachments: [{ containerId: "c2", ifName: "eth0" }],
+    });
+    assertEquals(rep.items.map((i) => i.containerId), ["c1"]);
+    assertEquals(n.mgr.attachments().map((a) => a.containerId).sort(), ["c2", "c3"]);
+    assertEquals((await n.owned()).size, 3, "c2, c3 and the orphan keep their ENIs");
+    // The agent's own pass still covers the orphan.
+    const own = await n.mgr.gc({ dryRun: false });
+    assertEquals(own.items.map((i) => i.containerId), ["ghost"]);
+  }));
+
 Deno.test("gc() records a failed reclaim, goes on with the pass and retries next time", () =>
   withNode(async (n) => {
     await add(n, 1);

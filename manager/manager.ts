@@ -562,7 +562,10 @@ class ManagerImpl implements Manager {
             outcome = await this.#devices.unplug({ mac, nodeName, netns: null, timing });
           }
           if (outcome === "missing") {
-            if (!row.eniId || !(await this.#repairDevice(row.eniId, mac))) {
+            const repaired = row.eniId ? await this.#repairDevice(row.eniId, mac) : "missing";
+            // An ENI the cloud no longer has is forgotten: there is nothing left to hold.
+            if (repaired === "gone") return;
+            if (repaired === "missing") {
               // Never free an ENI whose device is unaccounted for: the next one to get it
               // would find no device, or the device would turn up in use. The row stays
               // `deleting` with this error and GC tries again.
@@ -591,23 +594,34 @@ class ManagerImpl implements Manager {
    * A released device was found nowhere (a veth dies with its namespace; a physical
    * ENI returns to the node asynchronously): ask the provider to bring it back and
    * wait for it on the node, so the ENI is usable when it returns to the pool.
-   * Returns whether the device is back.
+   * Says whether the device is back, the ENI is gone from the cloud, or the device is missing.
    */
-  async #repairDevice(eniId: string, mac: string): Promise<boolean> {
+  async #repairDevice(eniId: string, mac: string): Promise<"back" | "gone" | "missing"> {
     const deadline = Date.now() + 3000;
     for (;;) {
-      await this.#provider.repairDevice?.(eniId).catch((err) =>
-        this.#log.warn("Repairing a vanished device failed", { eniId, error: message(err) })
-      );
+      try {
+        await this.#provider.repairDevice?.(eniId);
+      } catch (err) {
+        if (err instanceof ProviderError && err.reason === "not_found") {
+          // The cloud no longer has the ENI (deleted out of band): no device will return.
+          this.#log.warn("The ENI is gone from the cloud; its device will not return", {
+            eniId,
+            mac,
+            error: message(err),
+          });
+          return "gone";
+        }
+        this.#log.warn("Repairing a vanished device failed", { eniId, error: message(err) });
+      }
       if (await this.#devices.findByMac(mac).catch(() => null)) {
         this.#log.info("A vanished ENI device is back on the node", { eniId, mac });
-        return true;
+        return "back";
       }
       if (Date.now() > deadline) break;
       await new Promise((r) => setTimeout(r, 100));
     }
     this.#log.warn("The ENI's device is missing from the node", { eniId, mac });
-    return false;
+    return "missing";
   }
 
   // ---------------------------------------------------------------- DEL
