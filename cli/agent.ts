@@ -16,11 +16,18 @@ import {
 } from "../manager/config.ts";
 import { DEFAULT_SOCKET } from "../manager/api_schema.ts";
 import { LEVELS, Logger, type Sink, stderrSink } from "../lib/log.ts";
+import { privateDir, privateFile } from "../lib/private_fs.ts";
+import { dirname } from "node:path";
 
-/** Opens the configured log sink: stderr, or a file opened for appending. */
-function openSink(cfg: AgentConfig): { sink: Sink; close(): void } {
+/**
+ * Opens the configured log sink: stderr, or a file opened for appending, 0600 in a
+ * directory 0750 at most (the plugin's log, 0640, may share it).
+ */
+async function openSink(cfg: AgentConfig): Promise<{ sink: Sink; close(): void }> {
   if (!cfg.log.file) return { sink: stderrSink, close: () => {} };
-  const file = Deno.openSync(cfg.log.file, { append: true, create: true, mode: 0o600 });
+  await privateDir(dirname(cfg.log.file), 0o750);
+  await privateFile(cfg.log.file);
+  const file = await Deno.open(cfg.log.file, { append: true });
   const enc = new TextEncoder();
   return {
     sink: (line) => {
@@ -34,7 +41,19 @@ function openSink(cfg: AgentConfig): { sink: Sink; close(): void } {
 export async function runAgentProcess(cfg: AgentConfig): Promise<number> {
   const { runAgent } = await import("../manager/agent.ts");
   const { defaultDeps } = await import("../manager/agent_deps.ts");
-  const out = openSink(cfg);
+  let out: { sink: Sink; close(): void };
+  try {
+    out = await openSink(cfg);
+  } catch (err) {
+    stderrSink(JSON.stringify({
+      ts: new Date().toISOString(),
+      level: "error",
+      msg: "cannot open the agent's log file",
+      file: cfg.log.file,
+      error: err instanceof Error ? err.message : String(err),
+    }));
+    return 1;
+  }
   const log = new Logger(out.sink, cfg.log.level, { role: "agent" });
   const stop = new AbortController();
   const onSignal = () => stop.abort();
@@ -81,6 +100,10 @@ export function agentCommand(io: CliIo, exit: { code: number }) {
     .option(
       "--gc-grace <seconds>",
       "seconds before GC may reclaim a new or recycling attachment (env ENIM_GC_GRACE; default 30)",
+    )
+    .option(
+      "--lock-wait <seconds>",
+      "seconds to wait for another agent on the node to stop (env ENIM_LOCK_WAIT; default 60)",
     )
     .option(
       "--check-config",

@@ -37,7 +37,10 @@ export function fileSink(path: string, maxBytes = DEFAULT_MAX_LOG_BYTES): Sink {
 export function appendLine(path: string, line: string, maxBytes = DEFAULT_MAX_LOG_BYTES): void {
   let size = -1;
   try {
-    size = Deno.statSync(path).size;
+    const st = Deno.statSync(path);
+    size = st.size;
+    // 0640 at most, whoever created it: it names every pod's ENI and addresses.
+    if (st.mode !== null && (st.mode & 0o137) !== 0) Deno.chmodSync(path, 0o640);
   } catch (err) {
     if (!(err instanceof Deno.errors.NotFound)) throw err;
     const dir = path.slice(0, path.lastIndexOf("/"));

@@ -1,5 +1,18 @@
-import { assert, assertEquals, assertRejects, assertThrows } from "./assert.ts";
-import { bodyText, encodeRequest, parseResponse, UnixHttpError, unixRoundTrip } from "./http1.ts";
+import {
+  assert,
+  assertEquals,
+  assertRejects,
+  assertStringIncludes,
+  assertThrows,
+} from "./assert.ts";
+import {
+  bodyText,
+  encodeRequest,
+  parseResponse,
+  serveHttp1,
+  UnixHttpError,
+  unixRoundTrip,
+} from "./http1.ts";
 
 const enc = (s: string) => new TextEncoder().encode(s);
 
@@ -80,6 +93,81 @@ Deno.test("unixRoundTrip() talks to a real unix socket server and tells the phas
     });
   } finally {
     hang?.();
+    await server.shutdown();
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("serveHttp1() bounds what a client can hold: a deadline, a connection cap, sizes", async (t) => {
+  const dir = await Deno.makeTempDir({ prefix: "enim-http1-srv-" });
+  const path = `${dir}/s.sock`;
+  const listener = Deno.listen({ transport: "unix", path });
+  const server = serveHttp1(listener, async (req) => {
+    const body = await req.text();
+    return new Response(JSON.stringify({ path: new URL(req.url).pathname, body }), {
+      headers: { "content-type": "application/json" },
+    });
+  }, { maxConnections: 3, requestTimeoutMs: 300, maxBodyBytes: 100 });
+  const held: Deno.Conn[] = [];
+  const raw = async (text: string) => {
+    const c = await Deno.connect({ transport: "unix", path });
+    held.push(c);
+    await c.write(enc(text));
+    return c;
+  };
+  const readAll = async (c: Deno.Conn) => {
+    const parts: number[] = [];
+    const buf = new Uint8Array(4096);
+    for (let n = await c.read(buf); n !== null; n = await c.read(buf)) {
+      parts.push(...buf.subarray(0, n));
+    }
+    return parseResponse(new Uint8Array(parts));
+  };
+  try {
+    await t.step("a whole request is served, multi-byte body intact", async () => {
+      const res = await unixRoundTrip(path, encodeRequest("POST", "/v1/x", enc("ü✓")), 2000);
+      assertEquals(JSON.parse(bodyText(res)), { path: "/v1/x", body: "ü✓" });
+    });
+    await t.step("half a request is answered 408 after the deadline and closed", async () => {
+      const c = await raw("POST /v1/x HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc");
+      const res = await readAll(c).catch(() => null);
+      // The deadline closes the connection; it may or may not get the 408 written first.
+      assert(res === null || res.status === 408, `status ${res?.status}`);
+      assertEquals(server.connections, 0);
+    });
+    await t.step("beyond the cap a connection gets 503 at once; slots come back", async () => {
+      const slow = [await raw("GET /a"), await raw("GET /b"), await raw("GET /c")];
+      await new Promise((r) => setTimeout(r, 30));
+      assertEquals(server.connections, 3);
+      const res = await unixRoundTrip(path, encodeRequest("GET", "/d"), 2000);
+      assertEquals(res.status, 503);
+      assertStringIncludes(bodyText(res), "Too many connections");
+      for (const c of slow) await readAll(c).catch(() => {});
+      assertEquals(server.connections, 0, "every slow connection was closed by the deadline");
+      const ok = await unixRoundTrip(path, encodeRequest("GET", "/e"), 2000);
+      assertEquals(ok.status, 200);
+    });
+    await t.step("a body over the limit → 413, a bad request line → 400", async () => {
+      const big = await unixRoundTrip(path, encodeRequest("POST", "/x", new Uint8Array(101)), 2000);
+      assertEquals(big.status, 413);
+      const bad = await readAll(await raw("HELLO\r\n\r\n"));
+      assertEquals(bad.status, 400);
+    });
+    await t.step(
+      "shutdown closes connections still reading and waits for none of them",
+      async () => {
+        await raw("GET /never-finished");
+        await new Promise((r) => setTimeout(r, 30));
+        await server.shutdown();
+        assertEquals(server.connections, 0);
+      },
+    );
+  } finally {
+    for (const c of held) {
+      try {
+        c.close();
+      } catch { /* closed */ }
+    }
     await server.shutdown();
     await Deno.remove(dir, { recursive: true });
   }

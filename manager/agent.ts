@@ -7,7 +7,9 @@
  *
  * @module
  */
-import { dirname } from "node:path";
+import { dirname, join } from "node:path";
+import { acquireAgentLock } from "./lock.ts";
+import { privateDir, privateFile, tightenExisting } from "../lib/private_fs.ts";
 import type { DatabaseSync } from "node:sqlite";
 import { type AgentConfig, validateProviderConfig } from "./config.ts";
 import { createHandler, type MetricsSource, serveUnix, type UnixServer } from "./server.ts";
@@ -133,13 +135,20 @@ export async function startParts(
   const module = await deps.loadProvider(cfg.provider.name);
   const providerConfig = validateProviderConfig(cfg, module);
   const metrics = new Metrics();
-  if (cfg.statePath !== ":memory:") {
-    await Deno.mkdir(dirname(cfg.statePath), { recursive: true, mode: 0o700 });
+  const onDisk = cfg.statePath !== ":memory:";
+  if (onDisk) {
+    // Root only, whatever the umask or whoever made the directory (a hostPath is 0755).
+    await privateDir(dirname(cfg.statePath));
+    await privateFile(cfg.statePath);
   }
   const db = deps.openDatabase(cfg.statePath);
   const closers: (() => Promise<void> | void)[] = [() => {
     if (db.isOpen) db.close();
   }];
+  if (onDisk) {
+    // SQLite makes them with the database's mode; a database of an older agent may not be.
+    await tightenExisting([`${cfg.statePath}-wal`, `${cfg.statePath}-shm`]);
+  }
   const closeAll = async () => {
     for (const c of closers.splice(0).reverse()) {
       try {
@@ -238,7 +247,28 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     devices: cfg.devices,
     pid: Deno.pid,
   });
-  const parts = await startParts(cfg, opts.deps, log);
+  // The very first thing: one agent per node. Nothing is touched before the lock is held
+  // (but the state's directory, made root-only: the lock lives in it).
+  if (cfg.statePath !== ":memory:") await privateDir(dirname(cfg.statePath));
+  const lock = cfg.statePath === ":memory:" ? null : await acquireAgentLock(
+    join(dirname(cfg.statePath), "enim.lock"),
+    {
+      waitMs: cfg.lockWaitSeconds * 1000,
+      signal: opts.signal,
+      onWait: () =>
+        log.warn("another enim agent holds the lock; waiting for it to stop", {
+          lock: join(dirname(cfg.statePath), "enim.lock"),
+          waitSeconds: cfg.lockWaitSeconds,
+        }),
+    },
+  );
+  let parts: AgentParts;
+  try {
+    parts = await startParts(cfg, opts.deps, log);
+  } catch (err) {
+    lock?.release();
+    throw err;
+  }
   let server: UnixServer | undefined;
   let gc: { stop(): Promise<void> } | undefined;
   try {
@@ -248,7 +278,11 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
       metrics: opts.deps.metrics?.(parts.manager) ?? (() => parts.metrics.text()),
       addTimeoutMs: cfg.timeouts.addSeconds * 1000,
     });
-    server = await serveUnix(cfg.socket, handler, { log });
+    server = await serveUnix(cfg.socket, handler, {
+      log,
+      maxConnections: cfg.api.maxConnections,
+      requestTimeoutMs: cfg.api.requestTimeoutSeconds * 1000,
+    });
     opts.onReady?.(server);
     const gcLog = log.child({ component: "gc" });
     gc = startPeriodic(cfg.gc.intervalSeconds * 1000, async () => {
@@ -274,6 +308,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     await server?.shutdown();
     await gc?.stop();
     await parts.close();
+    lock?.release();
     log.info("stopped");
   }
 }

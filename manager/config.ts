@@ -60,6 +60,18 @@ export const AgentConfigSchema = z.strictObject({
     /** How long one provider call may take before it fails as `unavailable`. */
     providerSeconds: z.number().positive().max(3600).default(60),
   }).prefault({}),
+  /** The API server's limits: what one client can hold. */
+  api: z.strictObject({
+    /** The most connections served at once; one more is answered 503 at once. */
+    maxConnections: z.number().int().min(1).max(4096).default(64),
+    /** How long a client has to send its whole request; then 408 and it is closed. */
+    requestTimeoutSeconds: z.number().positive().max(3600).default(10),
+  }).prefault({}),
+  /**
+   * How long a starting agent waits for another agent on the node to release the
+   * lock beside the state (a DaemonSet's rolling update), before it gives up.
+   */
+  lockWaitSeconds: z.number().min(0).max(3600).default(60),
   /** `ip`: the real device layer. `fake`: in-memory, for tests and dry demos only. */
   devices: z.enum(["ip", "fake"]).default("ip"),
   /**
@@ -83,6 +95,7 @@ export interface ConfigFlags {
   logLevel?: string;
   gcInterval?: string | number;
   gcGrace?: string | number;
+  lockWait?: string | number;
 }
 
 /** One override: the flag or variable, the field it sets, and whether it is a number. */
@@ -105,6 +118,13 @@ export const OVERRIDES: readonly Override[] = [
     flagName: "--gc-interval",
     env: "ENIM_GC_INTERVAL",
     path: ["gc", "intervalSeconds"],
+    numeric: true,
+  },
+  {
+    flag: "lockWait",
+    flagName: "--lock-wait",
+    env: "ENIM_LOCK_WAIT",
+    path: ["lockWaitSeconds"],
     numeric: true,
   },
   {

@@ -16,9 +16,13 @@ import { LocalAgentClient, parseRequest } from "./local_client.ts";
 import { serveCniCall } from "./cni_call.ts";
 import { CNI_CALL_PATH, EXIT_HEADER, MAX_CALL_STDIN } from "../cni/spec.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
+import { serveHttp1 } from "../lib/http1.ts";
+import { privateDir } from "../lib/private_fs.ts";
 
 /** The default request body limit. */
 export const DEFAULT_MAX_BODY_BYTES = 64 * 1024;
+/** The largest request the socket reads: a raw CNI call with the largest stdin, JSON-escaped. */
+const MAX_REQUEST_BYTES = 2 * MAX_CALL_STDIN + 256 * 1024;
 
 /** Supplies `GET /metrics` in the Prometheus text exposition format. */
 export type MetricsSource = () => string | Promise<string>;
@@ -174,13 +178,11 @@ export function createHandler(opts: HandlerOptions): Handler {
   const metrics = opts.metrics ?? builtinMetrics(m, Date.now());
 
   const api = new LocalAgentClient(m, { addTimeoutMs: opts.addTimeoutMs });
-  /** A raw call carries the config on stdin, JSON-escaped: room for MAX_CALL_STDIN of it. */
-  const maxCall = 2 * MAX_CALL_STDIN + 256 * 1024;
 
   const routes: Record<string, Record<string, Route>> = {
     [CNI_CALL_PATH]: {
       POST: async (req) => {
-        const call = parseRequest(CniCallSchema, await readJson(req, maxCall));
+        const call = parseRequest(CniCallSchema, await readJson(req, MAX_REQUEST_BYTES));
         const { exit, stdout } = await serveCniCall(call, api);
         return new Response(stdout, {
           status: 200,
@@ -268,31 +270,18 @@ export interface UnixServer {
   shutdown(): Promise<void>;
   /** Settles when the server has stopped. */
   readonly finished: Promise<void>;
+  /** Connections open now. */
+  readonly connections: number;
 }
 
 /**
- * Readies `socketPath` for listening: creates its directory 0700 when missing,
+ * Readies `socketPath` for listening: makes its directory 0700 (creating it),
  * replaces a stale socket (nobody answers a connect), refuses a live one with
  * {@linkcode SocketInUseError} and refuses a path that is not a socket.
  */
 export async function prepareSocketPath(socketPath: string, log: Logger = nullLogger) {
-  const dir = dirname(socketPath);
-  let created = false;
-  try {
-    const st = await Deno.stat(dir);
-    if (!st.isDirectory) throw new Error(`Socket directory "${dir}" is not a directory`);
-    if (st.mode !== null && (st.mode & 0o077) !== 0) {
-      log.warn("the socket directory is accessible to others; the socket itself is 0600", {
-        dir,
-        mode: (st.mode & 0o777).toString(8),
-      });
-    }
-  } catch (err) {
-    if (!(err instanceof Deno.errors.NotFound)) throw err;
-    await Deno.mkdir(dir, { recursive: true, mode: 0o700 });
-    created = true;
-  }
-  if (created) await Deno.chmod(dir, 0o700);
+  // Root only, whatever the umask or whoever made it (a hostPath directory is 0755).
+  await privateDir(dirname(socketPath));
 
   let st: Deno.FileInfo;
   try {
@@ -321,11 +310,19 @@ export async function prepareSocketPath(socketPath: string, log: Logger = nullLo
 /** Options for {@linkcode serveUnix}. */
 export interface ServeUnixOptions {
   log?: Logger;
+  /** The most connections served at once (default 64); one more is answered 503. */
+  maxConnections?: number;
+  /** How long a client has to send its whole request (default 10 s); then 408. */
+  requestTimeoutMs?: number;
 }
 
 /**
  * Serves `handler` on the unix socket `socketPath` (mode 0600, directory 0700).
  * A stale socket is replaced; a live one is refused with {@linkcode SocketInUseError}.
+ *
+ * HTTP is framed by `lib/http1.ts` (one request per connection, as every enim
+ * client sends), which bounds what a client can hold: its whole request within
+ * `requestTimeoutMs`, at most `maxConnections` at once.
  */
 export async function serveUnix(
   socketPath: string,
@@ -334,19 +331,27 @@ export async function serveUnix(
 ): Promise<UnixServer> {
   const log = opts.log ?? nullLogger;
   await prepareSocketPath(socketPath, log);
-  const server = Deno.serve({
-    path: socketPath,
-    onListen: () => {},
-    onError: (err) => errorResponse(err, log, "request"),
-  }, handler);
+  const listener = Deno.listen({ transport: "unix", path: socketPath });
   let inode: number | null = null;
   try {
     await Deno.chmod(socketPath, 0o600);
     inode = (await Deno.lstat(socketPath)).ino;
   } catch (err) {
-    await server.shutdown();
+    listener.close();
     throw err;
   }
+  const server = serveHttp1(listener, async (req) => {
+    try {
+      return await handler(req);
+    } catch (err) {
+      return errorResponse(err, log, "request");
+    }
+  }, {
+    maxConnections: opts.maxConnections ?? 64,
+    requestTimeoutMs: opts.requestTimeoutMs ?? 10_000,
+    maxBodyBytes: MAX_REQUEST_BYTES,
+    onError: (err) => log.warn("an API connection failed", { error: err }),
+  });
   log.info("serving the API", { socket: socketPath });
   let stopping: Promise<void> | undefined;
   const shutdown = () => {
@@ -359,5 +364,12 @@ export async function serveUnix(
     })();
     return stopping;
   };
-  return { path: socketPath, shutdown, finished: server.finished };
+  return {
+    path: socketPath,
+    shutdown,
+    finished: server.finished,
+    get connections() {
+      return server.connections;
+    },
+  };
 }
