@@ -13,6 +13,7 @@ import { z } from "zod";
 import { ApiError, type ApiErrorCode } from "../manager/api_schema.ts";
 import { AgentUnreachableError } from "../manager/client.ts";
 import { CNI_CODES, type CniCode, DEFAULT_SOCKET, errorObject } from "./spec.ts";
+import { userMessage } from "../lib/message.ts";
 
 export { CNI_CODES, type CniCode };
 
@@ -166,9 +167,9 @@ export function toCniError(
     return make(CNI_CODES.DECODE_FAILED, `Cannot decode the network config: ${err.message}`);
   }
   if (isIoError(err)) {
-    return make(CNI_CODES.IO_FAILURE, `I/O failure: ${(err as Error).message}`);
+    return make(CNI_CODES.IO_FAILURE, `I/O failure: ${userMessage(err)}`);
   }
-  const msg = err instanceof Error ? err.message : safeString(err);
+  const msg = userMessage(err);
   const details = err instanceof Error && err.stack ? err.stack : undefined;
   return make(CNI_CODES.INTERNAL, `Internal error in the enim plugin: ${msg}`, details);
 }

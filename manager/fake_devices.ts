@@ -13,6 +13,7 @@ import type {
   DeviceLayer,
   Link,
   NetnsIdentity,
+  PinnedNetns,
   PlugParams,
   PlugResult,
   PodInterfaceState,
@@ -45,7 +46,8 @@ export class AgentFakeDevices implements DeviceLayer {
     return this.fake.simulator();
   }
 
-  #ensure(path: string | null | undefined): void {
+  #ensure(netns: string | PinnedNetns | null | undefined): void {
+    const path = typeof netns === "string" || !netns ? netns : netns.path;
     if (!path || this.#known.has(path)) return;
     this.#known.add(path);
     this.fake.addNetns(path);
@@ -63,7 +65,7 @@ export class AgentFakeDevices implements DeviceLayer {
     this.#ensure(p.netns);
     return this.fake.unplug(p);
   }
-  inspect(p: { netns: string; ifName: string }): Promise<PodInterfaceState> {
+  inspect(p: { netns: string | PinnedNetns; ifName: string }): Promise<PodInterfaceState> {
     this.#ensure(p.netns);
     return this.fake.inspect(p);
   }
@@ -71,5 +73,9 @@ export class AgentFakeDevices implements DeviceLayer {
     this.#ensure(path);
     await this.fake.netnsIdentity(path);
     return { dev: 4, ino: pathInode(path) };
+  }
+  async pin(path: string): Promise<PinnedNetns> {
+    const identity = await this.netnsIdentity(path);
+    return { path, ref: path, identity: identity!, close() {} };
   }
 }

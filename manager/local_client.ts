@@ -27,6 +27,7 @@ import type { AgentClient } from "./client.ts";
 import { formatIssues } from "./config.ts";
 import type { EniManager } from "./types.ts";
 import type { Eni } from "../providers/schema.ts";
+import { userMessage } from "../lib/message.ts";
 
 /** Options for {@linkcode LocalAgentClient}. */
 export interface LocalClientOptions {
@@ -52,7 +53,7 @@ export function parseRequest<S extends z.ZodType>(schema: S, value: unknown): z.
 /** Maps anything an operation threw to what a client sees. */
 export function asApiError(err: unknown): ApiError {
   if (err instanceof ApiError) return err;
-  const message = err instanceof Error ? err.message : String(err);
+  const message = userMessage(err);
   return new ApiError("internal", `Internal error: ${message}`, undefined, { cause: err });
 }
 

@@ -25,7 +25,6 @@ import type { DatabaseSync } from "node:sqlite";
 import {
   type Eni,
   EniSchema,
-  normalizeIp,
   type Owner,
   type Provider,
   ProviderError,
@@ -34,13 +33,14 @@ import {
   DeviceError,
   type DeviceLayer,
   type Link,
-  type NetnsIdentity,
+  type PinnedNetns,
   type PlugResult,
   type RouteSpec,
 } from "../netns/types.ts";
 import type { Logger } from "../lib/log.ts";
 import type { Phase, PhaseRecorder } from "../lib/metrics.ts";
 import { VERSION } from "../lib/version.ts";
+import { userMessage } from "../lib/message.ts";
 import {
   type AddResponse,
   AddResponseSchema,
@@ -100,7 +100,7 @@ const ownerOf = (r: AttachmentRow): Owner => ({
   ifName: r.ifName,
 });
 
-const message = (err: unknown) => err instanceof Error ? err.message : String(err);
+const message = userMessage;
 
 /** Maps anything thrown by a step to the API error a client sees. */
 export function toApiError(err: unknown): ApiError {
@@ -121,7 +121,7 @@ export function toApiError(err: unknown): ApiError {
   if (err instanceof DeviceError) {
     const code = err.reason === "ifname_exists"
       ? "ifname_exists"
-      : err.reason === "netns_invalid"
+      : err.reason === "netns_invalid" || err.reason === "netns_node"
       ? "netns_invalid"
       : "device_error";
     return new ApiError(code, err.message, `step: ${err.step}`, { cause: err });
@@ -292,27 +292,37 @@ class ManagerImpl implements Manager {
     }
     const owner: Owner = { pod, containerId: req.containerId, ifName: req.ifName };
     const log = this.#log.child({ op: "add", key: keyOf(key), pod });
-    // The namespace is checked before the intent is recorded, so the row carries its
-    // identity from the start (one transaction fewer, nothing to roll back on a bad netns).
-    let identity: NetnsIdentity | null;
+    // The namespace is proven and held before anything is recorded or allocated: every
+    // step of this ADD goes through the one namespace it names now (netns/pin.ts), and the
+    // row carries its identity from the start.
+    let pinned: PinnedNetns | null = null;
     try {
-      identity = await t.time(
-        "netns_check",
-        () =>
-          this.#devices.netnsIdentity(req.netns).catch((err) => {
-            if (req.mode === "interface") throw err;
-            return null;
-          }),
-      );
+      pinned = await t.time("netns_check", () => this.#devices.pin(req.netns));
     } catch (err) {
-      throw toApiError(err);
+      // IPAM mode moves nothing: a path that is no namespace (the seed's /dev/null) is
+      // fine there, the node's own namespace never is.
+      const nodeNs = err instanceof DeviceError && err.reason === "netns_node";
+      if (req.mode === "interface" || nodeNs || !(err instanceof DeviceError)) {
+        throw toApiError(err);
+      }
     }
-    if (req.mode === "interface" && !identity) {
-      throw new ApiError(
-        "netns_invalid",
-        `Netns "${req.netns}" does not exist or is not a network namespace`,
-      );
+    try {
+      return await this.#addPinned(req, t, key, pod, owner, log, pinned);
+    } finally {
+      pinned?.close();
     }
+  }
+
+  async #addPinned(
+    req: AddInput,
+    t: OpTimer,
+    key: AttachmentKey,
+    pod: string,
+    owner: Owner,
+    log: Logger,
+    pinned: PinnedNetns | null,
+  ): Promise<AddResponse> {
+    const identity = pinned?.identity ?? null;
     t.sync("state_write", () =>
       this.state.insertAdding({
         ...key,
@@ -346,7 +356,7 @@ class ManagerImpl implements Manager {
         t.waited(since);
         const { ips, routes } = buildResult(eni, req);
         const placed = req.mode === "interface"
-          ? await this.#plugIntoPod(req, key, eni, ips, routes, t)
+          ? await this.#plugIntoPod(req, pinned!, key, eni, ips, routes, t)
           : await this.#findForIpam(req, key, eni, identity !== null, t);
         const { ifindex, nodeName } = placed;
         const result: AddResponse = { eniId: eni.id, mac: eni.mac, ifindex, nodeName, ips, routes };
@@ -391,6 +401,7 @@ class ManagerImpl implements Manager {
    */
   async #plugIntoPod(
     req: AddInput,
+    pinned: PinnedNetns,
     key: AttachmentKey,
     eni: Eni,
     ips: AddResponse["ips"],
@@ -400,7 +411,7 @@ class ManagerImpl implements Manager {
     const plug = (nodeName?: string) =>
       this.#devices.plug({
         mac: eni.mac,
-        netns: req.netns,
+        netns: pinned,
         ifName: req.ifName,
         addresses: ips.map((i) => ({ cidr: i.address })),
         routes,
@@ -425,6 +436,22 @@ class ManagerImpl implements Manager {
         );
       }
       r = await plug(found.link.ifname);
+    }
+    // The device is in the namespace held since the start. If the path names another one
+    // now (deleted and re-created meanwhile), the pod the runtime knows is not that one:
+    // bring the device back and refuse, rather than record a pod that has no device.
+    const now = await this.#devices.netnsIdentity(req.netns).catch(() => null);
+    if (!now || now.dev !== pinned.identity.dev || now.ino !== pinned.identity.ino) {
+      await this.#devices.unplug({
+        mac: eni.mac,
+        nodeName: r.nodeName,
+        netns: pinned,
+        podName: req.ifName,
+      });
+      throw new ApiError(
+        "netns_invalid",
+        `Netns "${req.netns}" was replaced during the ADD (it named another namespace when the device was moved); nothing was kept`,
+      );
     }
     return { ifindex: r.podIfindex, nodeName: r.nodeName };
   }
@@ -546,37 +573,22 @@ class ManagerImpl implements Manager {
             (row.eniId ? `enim${row.eniId.replace(/[^A-Za-z0-9]/g, "").slice(-11)}` : "enim-eni");
           // An IPAM attachment with a non-nsfs netns (CNI_NETNS=/dev/null) has no pod side.
           const podSide = row.mode === "interface" || row.netnsIno !== null;
-          const netns = o.netnsUsable && podSide ? row.netns : null;
-          const timing = (phase: Phase, ms: number) => t.add(phase, ms);
-          // The pod name identifies the device only once the ADD placed it (a later plugin
-          // may then have changed its MAC); a failed ADD's pod name may be another device's.
-          const podName = row.mode === "interface" && row.result !== null ? row.ifName : undefined;
-          let outcome;
-          try {
-            outcome = await this.#devices.unplug({ mac, nodeName, netns, podName, timing });
-          } catch (err) {
-            if (!(err instanceof DeviceError) || err.reason !== "netns_invalid" || !netns) {
-              throw err;
-            }
-            // The netns is gone: the kernel returned the device to the node.
-            outcome = await this.#devices.unplug({ mac, nodeName, netns: null, timing });
+          // Held for this release; a path that names another namespace than the one the
+          // ADD recorded leads to someone else's pod, not to the device.
+          let pinned = o.netnsUsable && podSide
+            ? await this.#devices.pin(row.netns).catch(() => null)
+            : null;
+          if (
+            pinned && row.netnsIno !== null &&
+            (pinned.identity.ino !== row.netnsIno || pinned.identity.dev !== row.netnsDev)
+          ) {
+            pinned.close();
+            pinned = null;
           }
-          if (outcome === "missing") {
-            const repaired = row.eniId ? await this.#repairDevice(row.eniId, mac) : "missing";
-            // An ENI the cloud no longer has is forgotten: there is nothing left to hold.
-            if (repaired === "gone") return;
-            if (repaired === "missing") {
-              // Never free an ENI whose device is unaccounted for: the next one to get it
-              // would find no device, or the device would turn up in use. The row stays
-              // `deleting` with this error and GC tries again.
-              throw new DeviceError(
-                "unplug",
-                "not_found",
-                `The device of ENI "${row.eniId}" (MAC ${mac}) is neither in the pod nor on the node; the ENI stays held until it is found`,
-              );
-            }
-            // It may come back under another name (and, physical, up): rename and scrub it.
-            await this.#devices.unplug({ mac, nodeName, netns: null });
+          try {
+            await this.#returnDevice(row, mac, nodeName, pinned, t);
+          } finally {
+            pinned?.close();
           }
         });
       }
@@ -587,6 +599,50 @@ class ManagerImpl implements Manager {
     } catch (err) {
       t.sync("state_write", () => this.state.recordFailure(key, message(err)));
       throw err;
+    }
+  }
+
+  /**
+   * Brings an attachment's device back to the node (`unplug`), or makes sure it is
+   * there; throws when it is found nowhere, unless the cloud says the ENI is gone.
+   */
+  async #returnDevice(
+    row: AttachmentRow,
+    mac: string,
+    nodeName: string,
+    netns: PinnedNetns | null,
+    t: OpTimer,
+  ): Promise<void> {
+    const timing = (phase: Phase, ms: number) => t.add(phase, ms);
+    // The pod name identifies the device only once the ADD placed it (a later plugin
+    // may then have changed its MAC); a failed ADD's pod name may be another device's.
+    const podName = row.mode === "interface" && row.result !== null ? row.ifName : undefined;
+    let outcome;
+    try {
+      outcome = await this.#devices.unplug({ mac, nodeName, netns, podName, timing });
+    } catch (err) {
+      if (!(err instanceof DeviceError) || err.reason !== "netns_invalid" || !netns) {
+        throw err;
+      }
+      // The netns is gone: the kernel returned the device to the node.
+      outcome = await this.#devices.unplug({ mac, nodeName, netns: null, timing });
+    }
+    if (outcome === "missing") {
+      const repaired = row.eniId ? await this.#repairDevice(row.eniId, mac) : "missing";
+      // An ENI the cloud no longer has is forgotten: there is nothing left to hold.
+      if (repaired === "gone") return;
+      if (repaired === "missing") {
+        // Never free an ENI whose device is unaccounted for: the next one to get it
+        // would find no device, or the device would turn up in use. The row stays
+        // `deleting` with this error and GC tries again.
+        throw new DeviceError(
+          "unplug",
+          "not_found",
+          `The device of ENI "${row.eniId}" (MAC ${mac}) is neither in the pod nor on the node; the ENI stays held until it is found`,
+        );
+      }
+      // It may come back under another name (and, physical, up): rename and scrub it.
+      await this.#devices.unplug({ mac, nodeName, netns: null });
     }
   }
 
@@ -684,14 +740,23 @@ class ManagerImpl implements Manager {
     };
     let live: CheckLive | null = null;
     if (row.mode === "interface") {
-      const id = await this.#devices.netnsIdentity(req.netns);
-      const pod = id ? await this.#devices.inspect({ netns: req.netns, ifName: req.ifName }) : null;
-      live = {
-        netns: id,
-        link: pod?.link ?? null,
-        addresses: pod?.addresses ?? [],
-        routes: pod?.routes ?? [],
-      };
+      let pinned: PinnedNetns;
+      try {
+        pinned = await this.#devices.pin(req.netns);
+      } catch (err) {
+        return fail(err instanceof Error ? err.message : String(err));
+      }
+      try {
+        const pod = await this.#devices.inspect({ netns: pinned, ifName: req.ifName });
+        live = {
+          netns: pinned.identity,
+          link: pod.link,
+          addresses: pod.addresses,
+          routes: pod.routes,
+        };
+      } finally {
+        pinned.close();
+      }
     }
     const problems = checkProblems(record, req.expected, live, req);
     if (problems.length > 0) fail(problems[0]);

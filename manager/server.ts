@@ -18,6 +18,7 @@ import { CNI_CALL_PATH, EXIT_HEADER, MAX_CALL_STDIN } from "../cni/spec.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
 import { serveHttp1 } from "../lib/http1.ts";
 import { privateDir } from "../lib/private_fs.ts";
+import { userMessage } from "../lib/message.ts";
 
 /** The default request body limit. */
 export const DEFAULT_MAX_BODY_BYTES = 64 * 1024;
@@ -90,8 +91,7 @@ export function errorResponse(err: unknown, log: Logger = nullLogger, what = "re
     error: err,
     stack: err instanceof Error ? err.stack : undefined,
   });
-  const message = err instanceof Error ? err.message : String(err);
-  return json({ error: { code: "internal", message: `Internal error: ${message}` } }, 500);
+  return json({ error: { code: "internal", message: `Internal error: ${userMessage(err)}` } }, 500);
 }
 
 /** Reads a request body up to `max` bytes (413 beyond). */

@@ -16,6 +16,7 @@ import {
   type DeviceLayer,
   type Link,
   type NetnsIdentity,
+  type PinnedNetns,
   type PlugParams,
   type PlugResult,
   type PodInterfaceState,
@@ -48,7 +49,8 @@ export type FakeStep =
   | "plug:after-move"
   | "unplug"
   | "inspect"
-  | "netnsIdentity";
+  | "netnsIdentity"
+  | "pin";
 
 /** One recorded call. */
 export interface FakeCall {
@@ -63,6 +65,11 @@ const clone = <T>(v: T): T => structuredClone(v);
 const byIndex = (links: FakeLink[]) => clone(links).sort((a, b) => a.ifindex - b.ifindex);
 
 /** An in-memory device layer (see the module doc). */
+/** The path of a namespace argument. */
+function pathOf(netns: string | PinnedNetns): string {
+  return typeof netns === "string" ? netns : netns.path;
+}
+
 export class FakeDeviceLayer implements DeviceLayer {
   readonly calls: FakeCall[] = [];
   #node: FakeLink[] = [];
@@ -248,7 +255,8 @@ export class FakeDeviceLayer implements DeviceLayer {
     return l ? this.#toLink(l) : null;
   }
 
-  async plug(p: PlugParams): Promise<PlugResult> {
+  async plug(params: PlugParams): Promise<PlugResult> {
+    const p = { ...params, netns: pathOf(params.netns) };
     const { timing, nodeName: _hint, beforeMove, ...args } = p;
     this.calls.push({ op: "plug", args: clone(args) });
     await this.#step("plug");
@@ -292,7 +300,8 @@ export class FakeDeviceLayer implements DeviceLayer {
     return { nodeName, podIfindex: link.ifindex };
   }
 
-  async unplug(p: UnplugParams): Promise<UnplugOutcome> {
+  async unplug(params: UnplugParams): Promise<UnplugOutcome> {
+    const p = { ...params, netns: params.netns ? pathOf(params.netns) : params.netns };
     const { timing, ...args } = p;
     this.calls.push({ op: "unplug", args: clone(args) });
     timing?.("move", 0);
@@ -326,7 +335,10 @@ export class FakeDeviceLayer implements DeviceLayer {
     return outcome;
   }
 
-  async inspect(p: { netns: string; ifName: string }): Promise<PodInterfaceState> {
+  async inspect(
+    params: { netns: string | PinnedNetns; ifName: string },
+  ): Promise<PodInterfaceState> {
+    const p = { ...params, netns: pathOf(params.netns) };
     this.calls.push({ op: "inspect", args: clone(p) });
     await this.#step("inspect");
     const ns = this.#ns.get(p.netns);
@@ -334,6 +346,15 @@ export class FakeDeviceLayer implements DeviceLayer {
     const l = ns.links.find((x) => x.ifname === p.ifName);
     if (!l) return { link: null, addresses: [], routes: [] };
     return { link: this.#toLink(l), addresses: [...l.addresses], routes: clone(l.routes) };
+  }
+
+  /** Like the real layer: the namespace's identity, held (nothing to hold here). */
+  async pin(path: string): Promise<PinnedNetns> {
+    this.calls.push({ op: "pin", args: { path } });
+    await this.#step("pin");
+    const ns = this.#ns.get(path);
+    if (!ns) throw new DeviceError("netns", "netns_invalid", `Netns "${path}" does not exist`);
+    return { path, ref: path, identity: clone(ns.identity), close() {} };
   }
 
   async netnsIdentity(path: string): Promise<NetnsIdentity | null> {

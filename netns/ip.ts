@@ -88,7 +88,9 @@ const decoder = new TextDecoder();
 const encoder = new TextEncoder();
 
 /** Runs any argv (binary first) once, counting the spawn, and returns its exit code and output. */
-async function exec(argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+export async function exec(
+  argv: string[],
+): Promise<{ code: number; stdout: string; stderr: string }> {
   const [bin, ...args] = argv;
   spawnCounter.count++;
   const out = await new Deno.Command(bin, {

@@ -39,6 +39,7 @@
 import { z } from "zod";
 import ipaddr from "ipaddr.js";
 import { type Logger, nullLogger } from "../lib/log.ts";
+import { netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
 import {
   AddrInfoSchema,
   ipBatch,
@@ -48,7 +49,6 @@ import {
   type NetnsRef,
   RouteEntrySchema,
   runIp,
-  spawn,
 } from "./ip.ts";
 import {
   type AddressSpec,
@@ -68,6 +68,7 @@ import {
 } from "./types.ts";
 
 export * from "./types.ts";
+export { netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
 
 /** A link with its addresses, as `ip -j addr show` reports it. */
 const LinkAddrSchema = LinkSchema.extend({ addr_info: z.array(AddrInfoSchema).default([]) });
@@ -111,6 +112,12 @@ function pickDevice<L extends Link>(
     links.find((l) => l.ifalias === nodeName && l.ifname !== nodeName) ??
     (podName === undefined ? undefined : links.find((l) => l.ifname === podName)) ??
     null;
+}
+
+/** A namespace as the commands use it (`ref`) and as messages name it (`path`). */
+interface Ns {
+  ref: string;
+  path: string;
 }
 
 /** The {@linkcode DeviceLayer} that drives iproute2. */
@@ -199,14 +206,14 @@ export class IpDeviceLayer implements DeviceLayer {
     checkIfName(p.ifName);
     if (p.nodeName !== undefined) checkIfName(p.nodeName);
     const config = configureCommands(p);
-    await this.#requireNetns("netns", p.netns);
+    const ns = await this.#useNetns("netns", p.netns);
     const mac = normalizeMac(p.mac);
     for (let attempt = 0;; attempt++) {
       const lookup = attempt > 0;
       const nodeName = await this.#nodeNameOf(p, lookup);
       p.beforeMove?.(nodeName);
       try {
-        await this.#move(p, nodeName);
+        await this.#move(p, ns, nodeName);
       } catch (err) {
         if (!lookup && err instanceof DeviceError && noSuchDevice(err.cause)) {
           this.#log.debug("Stale device name; looking the device up", { mac, nodeName });
@@ -215,7 +222,7 @@ export class IpDeviceLayer implements DeviceLayer {
         throw err;
       }
       this.#names.delete(mac);
-      const podIfindex = await this.#configure(p, config, nodeName);
+      const podIfindex = await this.#configure(p, ns, config, nodeName);
       if (podIfindex !== null) return { nodeName, podIfindex };
       // The name led to another device: it is back on the node; look ours up once.
       if (lookup) {
@@ -233,11 +240,11 @@ export class IpDeviceLayer implements DeviceLayer {
   }
 
   /** One netlink call: into the pod, renamed, the node name kept as the alias. */
-  async #move(p: PlugParams, nodeName: string): Promise<void> {
+  async #move(p: PlugParams, ns: Ns, nodeName: string): Promise<void> {
     const started = performance.now();
     try {
       await runIp(
-        ["link", "set", "dev", nodeName, "netns", p.netns, "name", p.ifName, "alias", nodeName],
+        ["link", "set", "dev", nodeName, "netns", ns.ref, "name", p.ifName, "alias", nodeName],
         { netns: this.#node },
       );
       p.timing?.("move", performance.now() - started);
@@ -245,13 +252,13 @@ export class IpDeviceLayer implements DeviceLayer {
       const exists = err instanceof IpError && /File exists/i.test(err.stderr);
       // Some kernels (6.18 here) move the device first and then fail the rename
       // with EEXIST, leaving it in the pod under its node name: bring it back.
-      if (exists) await this.#recoverFailedMove(p.mac, p.netns, nodeName);
+      if (exists) await this.#recoverFailedMove(p.mac, ns.ref, nodeName);
       throw new DeviceError(
         "move",
         exists ? "ifname_exists" : "failed",
         exists
-          ? `Cannot move link "${nodeName}" into netns "${p.netns}" as "${p.ifName}": the name exists there`
-          : `Cannot move link "${nodeName}" into netns "${p.netns}" as "${p.ifName}": ${
+          ? `Cannot move link "${nodeName}" into netns "${ns.path}" as "${p.ifName}": the name exists there`
+          : `Cannot move link "${nodeName}" into netns "${ns.path}" as "${p.ifName}": ${
             errText(err)
           }`,
         { cause: err },
@@ -264,41 +271,46 @@ export class IpDeviceLayer implements DeviceLayer {
    * null when the moved link is not the ENI's (then it is back on the node). Any
    * failure brings the device back and throws.
    */
-  async #configure(p: PlugParams, config: string[][], nodeName: string): Promise<number | null> {
+  async #configure(
+    p: PlugParams,
+    ns: Ns,
+    config: string[][],
+    nodeName: string,
+  ): Promise<number | null> {
     const timed = stepTimer(p.timing);
     let shown: Link[];
     try {
       const out = await timed(
         "configure",
-        () => this.#batch([["link", "show", "dev", p.ifName], ...config], p.netns, true),
+        () => this.#batch([["link", "show", "dev", p.ifName], ...config], ns.ref, true),
       );
       shown = z.array(LinkSchema).parse(out[0]);
       if (shown.length !== 1) {
         throw new Error(`Expected one link "${p.ifName}", got ${shown.length}`);
       }
     } catch (err) {
-      await this.#bringBackLogged(p, nodeName);
+      await this.#bringBackLogged(p, ns, nodeName);
       throw new DeviceError(
         "configure",
         "failed",
-        `Cannot configure link "${p.ifName}" in netns "${p.netns}": ${errText(err)}`,
+        `Cannot configure link "${p.ifName}" in netns "${ns.path}": ${errText(err)}`,
         { cause: err },
       );
     }
     if (shown[0].address?.toLowerCase() !== normalizeMac(p.mac)) {
-      await this.#bringBackLogged(p, nodeName);
+      await this.#bringBackLogged(p, ns, nodeName);
       return null;
     }
     return shown[0].ifindex;
   }
 
-  async #bringBackLogged(p: PlugParams, nodeName: string): Promise<void> {
+  async #bringBackLogged(p: PlugParams, ns: Ns, nodeName: string): Promise<void> {
     try {
-      await this.#bringBack(p.netns, p.ifName, nodeName);
+      await this.#bringBack(ns.ref, p.ifName, nodeName);
     } catch (rollbackErr) {
       this.#log.error("Cannot roll back a failed plug", {
         mac: p.mac,
-        netns: p.netns,
+        netns: ns.path,
         ifName: p.ifName,
         err: rollbackErr,
       });
@@ -314,18 +326,19 @@ export class IpDeviceLayer implements DeviceLayer {
     checkIfName(p.nodeName);
     const timed = stepTimer(p.timing);
     const mac = normalizeMac(p.mac);
-    if (p.netns && (await this.netnsIdentity(p.netns))) {
+    const ns = p.netns ? await this.#usableNetns(p.netns) : null;
+    if (ns) {
       let inPod: Link | null = null;
       try {
         const links = await timed(
           "device_lookup",
-          () => ipJson(z.array(LinkSchema), ["link", "show"], { netns: p.netns! }),
+          () => ipJson(z.array(LinkSchema), ["link", "show"], { netns: ns.ref }),
         );
         inPod = pickDevice(links, mac, p.nodeName, p.podName);
       } catch (err) {
         // The namespace may have vanished since the check: look on the node.
         this.#log.warn("Cannot list links in the pod; looking on the node", {
-          netns: p.netns,
+          netns: ns.path,
           err,
         });
       }
@@ -340,11 +353,11 @@ export class IpDeviceLayer implements DeviceLayer {
         }
         await this.#run(
           "move_back",
-          `Cannot move link "${inPod.ifname}" from netns "${p.netns}" back to the node as "${p.nodeName}"`,
+          `Cannot move link "${inPod.ifname}" from netns "${ns.path}" back to the node as "${p.nodeName}"`,
           () =>
             timed(
               "move",
-              () => this.#bringBack(p.netns!, inPod.ifname, p.nodeName, restore ? mac : undefined),
+              () => this.#bringBack(ns.ref, inPod.ifname, p.nodeName, restore ? mac : undefined),
             ),
         );
         this.#names.set(mac, p.nodeName);
@@ -375,7 +388,7 @@ export class IpDeviceLayer implements DeviceLayer {
   /** Reads the interface `ifName` in `netns`: link, global addresses, and the pod's routes. */
   async inspect(p: { netns: string; ifName: string }): Promise<PodInterfaceState> {
     checkIfName(p.ifName);
-    await this.#requireNetns("inspect", p.netns);
+    const ns = await this.#useNetns("inspect", p.netns);
     let out: unknown[];
     try {
       // `addr show` first: in one batch, an `addr show` after a `link show` loses its addresses.
@@ -383,7 +396,7 @@ export class IpDeviceLayer implements DeviceLayer {
         ["addr", "show", "dev", p.ifName],
         ["route", "show", "table", "all"],
         ["link", "show", "dev", p.ifName],
-      ], { netns: p.netns, json: true });
+      ], { netns: ns.ref, json: true, scratchDir: this.#scratch });
     } catch (err) {
       if (err instanceof IpError && /does not exist|Cannot find device/.test(err.stderr)) {
         return { link: null, addresses: [], routes: [] };
@@ -391,7 +404,7 @@ export class IpDeviceLayer implements DeviceLayer {
       throw new DeviceError(
         "inspect",
         "failed",
-        `Cannot read link "${p.ifName}" in netns "${p.netns}": ${errText(err)}`,
+        `Cannot read link "${p.ifName}" in netns "${ns.path}": ${errText(err)}`,
         { cause: err },
       );
     }
@@ -420,6 +433,24 @@ export class IpDeviceLayer implements DeviceLayer {
   /** The identity of an nsfs file at an absolute path; null when it is missing or no namespace file. */
   netnsIdentity(path: string): Promise<NetnsIdentity | null> {
     return netnsIdentity(path);
+  }
+
+  /** Proves and holds a pod's namespace for one operation (see `./pin.ts`). */
+  pin(path: string): Promise<PinnedNetns> {
+    return pinNetns(path);
+  }
+
+  /** A namespace argument: a pinned one as it is, a path checked first. */
+  async #useNetns(step: string, netns: string | PinnedNetns): Promise<Ns> {
+    if (typeof netns !== "string") return { ref: netns.ref, path: netns.path };
+    await this.#requireNetns(step, netns);
+    return { ref: netns, path: netns };
+  }
+
+  /** Like `#useNetns`, but null for a path that is no namespace (any more). */
+  async #usableNetns(netns: string | PinnedNetns): Promise<Ns | null> {
+    if (typeof netns !== "string") return { ref: netns.ref, path: netns.path };
+    return (await this.netnsIdentity(netns)) ? { ref: netns, path: netns } : null;
   }
 
   async #requireNetns(step: string, netns: string): Promise<NetnsIdentity> {
@@ -462,75 +493,6 @@ export class IpDeviceLayer implements DeviceLayer {
       if (err instanceof DeviceError) throw err;
       throw new DeviceError(step, "failed", `${message}: ${errText(err)}`, { cause: err });
     }
-  }
-}
-
-/**
- * The identity (nsfs device and inode) of a namespace file; null unless `path` is
- * absolute, free of "..", exists and lives on nsfs (a bind mount such as
- * /run/netns/x, or /proc/<pid>/ns/net).
- *
- * The kernel reuses namespace inode numbers once a namespace is freed, so equal
- * identities taken far apart in time do not prove the same namespace; callers
- * also check that the device they put there (by MAC) is still there.
- */
-export async function netnsIdentity(path: string): Promise<NetnsIdentity | null> {
-  if (!path.startsWith("/") || path.split("/").includes("..")) return null;
-  try {
-    const [st, dev] = await Promise.all([statFollow(path), nsfsDevice()]);
-    if (!st || !st.isFile || st.dev !== dev) return null;
-    return { dev: st.dev, ino: st.ino };
-  } catch (err) {
-    // A path outside Deno's read permissions is a misconfiguration, not "no namespace".
-    if (err instanceof Deno.errors.NotCapable) throw err;
-    return null;
-  }
-}
-
-/** `stat(1)` reads what Deno's permission model keeps out of reach (anything under /proc). */
-const STAT_BIN = "/usr/bin/stat";
-let nsfsDev: Promise<number> | undefined;
-
-/** The device number every nsfs inode shares (read once per process). */
-function nsfsDevice(): Promise<number> {
-  nsfsDev ??= statFollow("/proc/self/ns/net").then((st) => {
-    if (!st) throw new Error("Cannot stat /proc/self/ns/net");
-    return st.dev;
-  }).catch((err) => {
-    nsfsDev = undefined;
-    throw err;
-  });
-  return nsfsDev;
-}
-
-/**
- * Stats a path following links. Deno refuses /proc/<pid>/… and /proc/self/… to
- * anything short of --allow-all, so those go through one `stat -L` spawn (rare:
- * runtimes that pass /proc paths, and the nsfs device once per process).
- */
-async function statFollow(
-  path: string,
-): Promise<{ dev: number; ino: number; isFile: boolean } | null> {
-  if (!path.startsWith("/proc/")) {
-    try {
-      const st = await Deno.stat(path);
-      return st.ino === null ? null : { dev: st.dev, ino: st.ino, isFile: st.isFile };
-    } catch (err) {
-      if (err instanceof Deno.errors.NotCapable) throw err;
-      return null;
-    }
-  }
-  try {
-    const { stdout } = await spawn([STAT_BIN, "-L", "-c", "%d %i %F", "--", path]);
-    const m = stdout.trim().match(/^(\d+) (\d+) (.+)$/);
-    if (!m) return null;
-    return {
-      dev: Number(m[1]),
-      ino: Number(m[2]),
-      isFile: m[3] === "regular empty file" || m[3] === "regular file",
-    };
-  } catch {
-    return null;
   }
 }
 

@@ -71,8 +71,12 @@ export interface PodInterfaceState {
 /** A device error with the step that failed. */
 export class DeviceError extends Error {
   readonly step: string;
-  /** `ifname_exists` when the pod already has an interface by that name. */
-  readonly reason: "ifname_exists" | "not_found" | "netns_invalid" | "failed";
+  /**
+   * `ifname_exists`: the pod already has an interface by that name; `netns_invalid`:
+   * the path is no usable network namespace; `netns_node`: it is the node's own (or
+   * the host's initial) network namespace.
+   */
+  readonly reason: "ifname_exists" | "not_found" | "netns_invalid" | "netns_node" | "failed";
   constructor(
     step: string,
     reason: DeviceError["reason"],
@@ -89,7 +93,8 @@ export class DeviceError extends Error {
 /** What {@linkcode DeviceLayer.plug} takes. */
 export interface PlugParams {
   mac: string;
-  netns: string;
+  /** The pod's namespace: pinned for the operation (`pin`), or a path checked first. */
+  netns: string | PinnedNetns;
   ifName: string;
   addresses: AddressSpec[];
   routes: RouteSpec[];
@@ -114,8 +119,8 @@ export interface UnplugParams {
   mac: string;
   /** The name the device gets back on the node (the one it had before the move). */
   nodeName: string;
-  /** The pod's namespace, when it may still hold the device. */
-  netns?: string | null;
+  /** The pod's namespace, when it may still hold the device (pinned, or a path). */
+  netns?: string | PinnedNetns | null;
   /**
    * The name enim gave the device in the pod (interface mode): found by it when
    * neither its MAC nor its alias identify it any more.
@@ -146,11 +151,28 @@ export interface DeviceLayer {
    */
   unplug(p: UnplugParams): Promise<UnplugOutcome>;
   /** Reads the interface `ifName` in `netns` for CHECK. */
-  inspect(p: { netns: string; ifName: string }): Promise<PodInterfaceState>;
+  inspect(p: { netns: string | PinnedNetns; ifName: string }): Promise<PodInterfaceState>;
   /**
    * Validates a netns reference (absolute path to an nsfs file: a bind mount such
    * as /run/netns/x or /proc/<pid>/ns/net) and returns its identity; null when it
    * does not exist or is not a network namespace.
    */
   netnsIdentity(path: string): Promise<NetnsIdentity | null>;
+  /**
+   * Proves that `path` names a network namespace other than the node's and holds it
+   * open for one operation; throws `netns_invalid` naming the path and what it is.
+   */
+  pin(path: string): Promise<PinnedNetns>;
+}
+
+/** A network namespace held open for one operation (see `netns/pin.ts`). */
+export interface PinnedNetns {
+  /** The path the request named (for messages and the record). */
+  readonly path: string;
+  /** What `ip` and `nsenter` are given: `/proc/<pid>/fd/<n>`, or the /proc path itself. */
+  readonly ref: string;
+  /** The identity of the namespace held. */
+  readonly identity: NetnsIdentity;
+  /** Lets it go (idempotent). */
+  close(): void;
 }
