@@ -65,6 +65,7 @@ const API_TO_CNI: Record<ApiErrorCode, { code: number; lead: string }> = {
   provider_error: { code: CNI_CODES.PROVIDER_ERROR, lead: "The cloud provider failed" },
   device_error: { code: CNI_CODES.DEVICE_ERROR, lead: "Configuring the device failed" },
   busy: { code: CNI_CODES.TRY_AGAIN_LATER, lead: "The enim agent is busy; try again later" },
+  state_unavailable: { code: CNI_CODES.IO_FAILURE, lead: "I/O failure" },
   not_found: { code: CNI_CODES.UNKNOWN_CONTAINER, lead: "Unknown container" },
   bad_request: { code: CNI_CODES.INVALID_CONFIG, lead: "The enim agent rejected the request" },
   internal: { code: CNI_CODES.INTERNAL, lead: "The enim agent failed" },

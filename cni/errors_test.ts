@@ -89,6 +89,7 @@ Deno.test("toCniError() maps every agent API error code", async (t) => {
     provider_error: 104,
     device_error: 105,
     busy: 11,
+    state_unavailable: 5,
     internal: 110,
   };
   for (const code of API_ERROR_CODES) {

@@ -304,6 +304,7 @@ const STATUS_TEXT: Record<number, string> = {
   500: "Internal Server Error",
   502: "Bad Gateway",
   503: "Service Unavailable",
+  507: "Insufficient Storage",
 };
 
 /** Encodes a response: status line, its headers, `Content-Length`, `Connection: close`. */

@@ -67,3 +67,32 @@ export function prepared(db: DatabaseSync, sql: string): StatementSync {
   if (!st) byDb.set(sql, st = db.prepare(sql));
   return st;
 }
+
+/** Why the state could not be written, as far as a user can act on it. */
+export type StateFailureKind = "full" | "readonly" | "io";
+
+/**
+ * What a SQLite error means for the state, when it is a failure of the storage
+ * (a full disk, a read-only file system or file, an I/O error); undefined for
+ * any other error (a constraint, a bug).
+ */
+export function storageFailure(err: unknown): StateFailureKind | undefined {
+  if (!(err instanceof Error)) return undefined;
+  const code = (err as { code?: unknown }).code;
+  if (typeof code !== "string" || !code.startsWith("ERR_SQLITE")) return undefined;
+  const m = err.message;
+  if (/database or disk is full|disk is full/i.test(m)) return "full";
+  if (/readonly database|read-only/i.test(m)) return "readonly";
+  if (/disk I\/O error|unable to open database file/i.test(m)) return "io";
+  return undefined;
+}
+
+/** The sentence for a storage failure of the database at `path`. */
+export function storageFailureMessage(kind: StateFailureKind, path: string): string {
+  const what = kind === "full"
+    ? "the disk is full"
+    : kind === "readonly"
+    ? "it is read-only"
+    : "an I/O error";
+  return `The agent cannot write its state at "${path}": ${what}; nothing was changed`;
+}

@@ -10,6 +10,7 @@
 import { dirname, join } from "node:path";
 import { acquireAgentLock } from "./lock.ts";
 import { privateDir, privateFile, tightenExisting } from "../lib/private_fs.ts";
+import { storageFailure, storageFailureMessage } from "../lib/sqlite.ts";
 import type { DatabaseSync } from "node:sqlite";
 import { type AgentConfig, validateProviderConfig } from "./config.ts";
 import { createHandler, type MetricsSource, serveUnix, type UnixServer } from "./server.ts";
@@ -223,6 +224,20 @@ export function startPeriodic(
   };
 }
 
+/** Runs `fn`; a storage failure (a full disk, a read-only store) becomes one naming the state. */
+async function storageErrorsNamed<T>(statePath: string, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    const kind = storageFailure(err) ??
+      (err instanceof Error && /EROFS|read-only file system/i.test(err.message)
+        ? "readonly"
+        : undefined);
+    if (!kind) throw err;
+    throw new Error(storageFailureMessage(kind, statePath), { cause: err });
+  }
+}
+
 /** Options for {@linkcode runAgent}. */
 export interface RunAgentOptions {
   deps: AgentDeps;
@@ -249,22 +264,25 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
   });
   // The very first thing: one agent per node. Nothing is touched before the lock is held
   // (but the state's directory, made root-only: the lock lives in it).
-  if (cfg.statePath !== ":memory:") await privateDir(dirname(cfg.statePath));
-  const lock = cfg.statePath === ":memory:" ? null : await acquireAgentLock(
-    join(dirname(cfg.statePath), "enim.lock"),
-    {
-      waitMs: cfg.lockWaitSeconds * 1000,
-      signal: opts.signal,
-      onWait: () =>
-        log.warn("another enim agent holds the lock; waiting for it to stop", {
-          lock: join(dirname(cfg.statePath), "enim.lock"),
-          waitSeconds: cfg.lockWaitSeconds,
-        }),
-    },
-  );
+  const lock = await storageErrorsNamed(cfg.statePath, async () => {
+    if (cfg.statePath === ":memory:") return null;
+    await privateDir(dirname(cfg.statePath));
+    return await acquireAgentLock(
+      join(dirname(cfg.statePath), "enim.lock"),
+      {
+        waitMs: cfg.lockWaitSeconds * 1000,
+        signal: opts.signal,
+        onWait: () =>
+          log.warn("another enim agent holds the lock; waiting for it to stop", {
+            lock: join(dirname(cfg.statePath), "enim.lock"),
+            waitSeconds: cfg.lockWaitSeconds,
+          }),
+      },
+    );
+  });
   let parts: AgentParts;
   try {
-    parts = await startParts(cfg, opts.deps, log);
+    parts = await storageErrorsNamed(cfg.statePath, () => startParts(cfg, opts.deps, log));
   } catch (err) {
     lock?.release();
     throw err;

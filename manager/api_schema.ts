@@ -225,6 +225,7 @@ export const API_ERROR_CODES = [
   "provider_error",
   "device_error",
   "busy",
+  "state_unavailable",
   "internal",
 ] as const;
 /** A stable API error code. */
@@ -242,6 +243,7 @@ export const HTTP_STATUS: Record<ApiErrorCode, number> = {
   provider_error: 502,
   device_error: 500,
   busy: 503,
+  state_unavailable: 507,
   internal: 500,
 };
 

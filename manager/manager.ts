@@ -64,6 +64,7 @@ import {
   toAttachment,
 } from "./state.ts";
 import { KeyedMutex } from "./mutex.ts";
+import { storageFailure, storageFailureMessage } from "../lib/sqlite.ts";
 import { type CheckLive, checkProblems, type CheckRecord } from "./check.ts";
 import { defaultLivenessSources, type LivenessSource, runGc } from "./gc.ts";
 
@@ -102,9 +103,18 @@ const ownerOf = (r: AttachmentRow): Owner => ({
 
 const message = userMessage;
 
-/** Maps anything thrown by a step to the API error a client sees. */
-export function toApiError(err: unknown): ApiError {
+/**
+ * Maps anything thrown by a step to the API error a client sees. `statePath`
+ * names the database in a storage failure (a full disk, a read-only store).
+ */
+export function toApiError(err: unknown, statePath = "the state database"): ApiError {
   if (err instanceof ApiError) return err;
+  const storage = storageFailure(err);
+  if (storage) {
+    return new ApiError("state_unavailable", storageFailureMessage(storage, statePath), undefined, {
+      cause: err,
+    });
+  }
   if (err instanceof ProviderError) {
     if (err.reason === "no_eni_available" || err.reason === "requested_ip_unavailable") {
       return new ApiError(err.reason, err.message, undefined, { cause: err });
@@ -245,10 +255,17 @@ class ManagerImpl implements Manager {
     }
   }
 
-  /** Tracks an operation so close() can wait for it. */
+  /** Maps what an operation threw to the error a client sees, naming this state's path. */
+  #apiError(err: unknown): ApiError {
+    return toApiError(err, this.state.db.location() ?? "the state database");
+  }
+
+  /** Tracks an operation so close() can wait for it; its errors reach clients as ApiError. */
   #op<T>(fn: () => Promise<T>): Promise<T> {
     if (this.#closed) return Promise.reject(new ApiError("busy", "The agent is shutting down"));
-    const p = fn();
+    const p = fn().catch((err) => {
+      throw this.#apiError(err);
+    });
     this.#inflight.add(p);
     p.finally(() => this.#inflight.delete(p)).catch(() => {});
     return p;
@@ -287,7 +304,7 @@ class ManagerImpl implements Manager {
       try {
         await this.#release(existing, { netnsUsable: true, leaveCallerDevice: true }, t);
       } catch (err) {
-        throw toApiError(err);
+        throw this.#apiError(err);
       }
     }
     const owner: Owner = { pod, containerId: req.containerId, ifName: req.ifName };
@@ -303,7 +320,7 @@ class ManagerImpl implements Manager {
       // fine there, the node's own namespace never is.
       const nodeNs = err instanceof DeviceError && err.reason === "netns_node";
       if (req.mode === "interface" || nodeNs || !(err instanceof DeviceError)) {
-        throw toApiError(err);
+        throw this.#apiError(err);
       }
     }
     try {
@@ -373,7 +390,7 @@ class ManagerImpl implements Manager {
         return result;
       });
     } catch (err) {
-      const apiErr = toApiError(err);
+      const apiErr = this.#apiError(err);
       log.warn("ADD failed; rolling back", { code: apiErr.code, error: apiErr.message });
       const row = this.state.get(key);
       if (row) {
@@ -704,7 +721,12 @@ class ManagerImpl implements Manager {
       await this.#release(row, { netnsUsable: true, leaveCallerDevice: true }, t);
       this.#log.info("DEL done", { key: keyOf(req), eniId: row.eniId });
     } catch (err) {
-      // Best effort: the row stays `deleting` and the next GC pass finishes it.
+      const apiErr = this.#apiError(err);
+      // A DEL answers success only when what it did is recorded. The state could not be
+      // written: fail, so the runtime retries (nothing it asked for is acknowledged).
+      if (apiErr.code === "state_unavailable") throw apiErr;
+      // A device or provider step failed, and the row records it (`deleting`, the error):
+      // the pod's side is done as far as the runtime can help, and GC finishes the rest.
       this.#log.warn("DEL could not finish; GC will retry", {
         key: keyOf(req),
         error: message(err),
