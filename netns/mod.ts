@@ -293,7 +293,9 @@ export class IpDeviceLayer implements DeviceLayer {
       throw new DeviceError(
         "configure",
         "failed",
-        `Cannot configure link "${p.ifName}" in netns "${ns.path}": ${errText(err)}`,
+        `Cannot configure link "${p.ifName}" in netns "${ns.path}": ${
+          routeConflict(err, config) ?? errText(err)
+        }`,
         { cause: err },
       );
     }
@@ -517,6 +519,26 @@ function checkIfName(name: string): void {
   if (!IFNAME.test(name) || name === "." || name === "..") {
     throw new DeviceError("validate", "failed", `Invalid interface name "${name}"`);
   }
+}
+
+/**
+ * The explanation for a configure batch that failed on a route the pod already has
+ * (a second interface of the pod bringing its own default route), naming the route
+ * and the option that leaves it out; undefined for any other failure. `ip -batch`
+ * names the failing line: the batch's first line shows the link, then `config`.
+ */
+function routeConflict(err: unknown, config: string[][]): string | undefined {
+  if (!(err instanceof IpError) || !/File exists/i.test(err.stderr)) return undefined;
+  const line = Number(/Command failed \S+:(\d+)/.exec(err.stderr)?.[1] ?? NaN);
+  const cmd = config[line - 2];
+  if (!cmd || cmd[0] !== "route") return undefined;
+  const dst = cmd[2];
+  const isDefault = dst === "0.0.0.0/0" || dst === "::/0";
+  return `the pod already has a route to ${dst}${
+    isDefault
+      ? " (another interface's default route): set \"defaultRoutes\": false in the enim section of this network"
+      : ""
+  }`;
 }
 
 function errText(err: unknown): string {
