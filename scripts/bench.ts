@@ -3,10 +3,10 @@
  * in one run, on a simulated node (tests/_node.ts) with warm ENIs.
  *
  * Contenders, alternated per iteration (the order flips every iteration):
- * - enim: the plugin exec'd as a runtime does (CNI_* env, config on stdin, the
- *   same `deno run --permission-set=enim main.ts` the tests run), ADD then DEL
- *   of a pod, against the running agent on the mock provider (ENIs preattached
- *   and free, so no provider wait);
+ * - enim: the launcher (scripts/launcher.ts, what `deno task install` puts at
+ *   /opt/cni/bin/enim) exec'd as a runtime does (CNI_* env, config on stdin),
+ *   running the shipped bundle; ADD then DEL of a pod, against the running agent
+ *   on the mock provider (ENIs preattached and free, so no provider wait);
  * - reference: Debian's /usr/lib/cni/host-device + static IPAM, ADD then DEL of
  *   an equivalent veth (same kind of device, same two addresses, same two
  *   default routes) into a pod namespace.
@@ -17,20 +17,28 @@
  * `net.ipv6.conf.default.accept_dad=0` (enim adds IPv6 with nodad anyway; the
  * reference would otherwise wait 10 s for DAD on a carrier-less veth).
  *
- * Then: the plugin's start-up alone (VERSION), peak RSS of each plugin process
- * (`/usr/bin/time -f %M`, separate runs so the wrapper does not skew the
- * latencies) and of the agent (VmHWM), a 16-way concurrency run, a soak with
- * agent RSS and fd samples and a leftover check, and the agent's per-phase
- * histograms (scraped from GET /metrics before and after the serial run).
- * Everything also goes to bench-results.json (or `--out FILE`).
+ * Also: the plugin's start-up alone (VERSION) against the floor of any Deno
+ * process (an empty `deno run --no-config --no-lock`), all three in one
+ * alternating loop; peak RSS and CPU time (user + sys) of each plugin process
+ * (`/usr/bin/time`, separate runs so the wrapper does not skew the latencies);
+ * the plugin-side overhead (plugin wall time minus the agent's own operation
+ * time); the agent's memory (VmHWM); a 16-way concurrency run (wall time per
+ * round against the reference's); a soak with agent RSS and fd samples and a
+ * leftover check; the agent's per-phase histograms (from GET /metrics); and,
+ * unless `--no-cri`, RunPodSandbox and Stop+Remove through containerd's CRI for
+ * enim and the reference (tests/cri/timing.ts). Everything also goes to
+ * bench-results.json (or `--out FILE`).
  *
- * Flags: `--quick` (a short run), `--iterations N`, `--soak N`, `--rounds N`, `--out FILE`.
+ * Flags: `--quick` (a short run), `--iterations N`, `--soak N` (0 skips it),
+ * `--rounds N`, `--no-cri`, `--out FILE`.
  *
  * @module
  */
 import { parseArgs } from "node:util";
 import { ensureApt, isRoot } from "./_deps.ts";
-import { enimArgv, ROOT } from "../tests/_enim.ts";
+import { ROOT } from "../tests/_enim.ts";
+import { writeLauncher } from "./launcher.ts";
+import type { Containerd as ContainerdType } from "../tests/cri/containerd.ts";
 import { SimulatedNode } from "../tests/_node.ts";
 import type { NetnsHandle } from "../tests/vpc.ts";
 import { vethNames } from "../netns/sim.ts";
@@ -45,6 +53,7 @@ const { values: flags } = parseArgs({
     soak: { type: "string" },
     rounds: { type: "string" },
     out: { type: "string", default: `${ROOT}/bench-results.json` },
+    "no-cri": { type: "boolean", default: false },
   },
 });
 const num = (v: string | undefined, dflt: number) => (v === undefined ? dflt : Number(v));
@@ -54,6 +63,7 @@ const ROUNDS = num(flags.rounds, flags.quick ? 2 : 5);
 const SOAK = num(flags.soak, flags.quick ? 200 : 1000);
 const PARALLEL = 16;
 const RSS_RUNS = flags.quick ? 5 : 10;
+const CRI_ROUNDS = flags["no-cri"] ? 0 : flags.quick ? 3 : 8;
 const STARTUP_RUNS = flags.quick ? 10 : 30;
 
 const HOST_DEVICE = "/usr/lib/cni/host-device";
@@ -72,6 +82,13 @@ const unmet = await ensureApt([
   { pkg: "containernetworking-plugins", file: HOST_DEVICE },
   { pkg: "time", file: TIME },
 ]);
+const criUnmet = CRI_ROUNDS > 0
+  ? await ensureApt([
+    { pkg: "containerd", file: "/usr/bin/containerd" },
+    { pkg: "runc", file: "/usr/sbin/runc" },
+    { pkg: "busybox-static", file: "/bin/busybox" },
+  ])
+  : [];
 if (unmet.length > 0) {
   console.error(`The bench needs ${unmet.join(", ")}, which could not be installed.`);
   Deno.exit(2);
@@ -162,9 +179,18 @@ interface PodSlot {
 
 const ENIM_CONFIG = JSON.stringify({ cniVersion: "1.1.0", name: "bench", type: "enim" });
 
+/** The launcher and an empty program, in a temp dir removed at the end. */
+const BENCH_DIR = await Deno.makeTempDir({ prefix: "enim-bench-" });
+const LAUNCHER = `${BENCH_DIR}/enim`;
+await writeLauncher(LAUNCHER);
+const EMPTY_JS = `${BENCH_DIR}/empty.js`;
+await Deno.writeTextFile(EMPTY_JS, "");
+/** The floor of any Deno process: an empty program, no config, no lockfile. */
+const FLOOR_ARGV = [Deno.execPath(), "run", "--no-config", "--no-lock", EMPTY_JS];
+
 const enimContender: Contender = {
   name: "enim",
-  argv: enimArgv(),
+  argv: [LAUNCHER],
   env: (verb, pod) => ({
     CNI_COMMAND: verb,
     CNI_CONTAINERID: pod.containerId,
@@ -358,18 +384,19 @@ try {
   const enimPod: PodSlot = { ns: await podNetns(node, "e0"), containerId: "" };
   const refPod: PodSlot = { ns: await podNetns(node, "r0"), containerId: "", eni: refEni };
 
-  // ---- startup alone
-  const startup = { enim: [] as number[], reference: [] as number[] };
+  // ---- startup alone, against the floor of any Deno process, in one alternating loop
+  const startup = { enim: [] as number[], reference: [] as number[], floor: [] as number[] };
+  const starters = [
+    ["enim", enimContender.argv],
+    ["reference", referenceContender.argv],
+    ["floor", FLOOR_ARGV],
+  ] as const;
   for (let i = 0; i < STARTUP_RUNS + 3; i++) {
-    for (const c of [enimContender, referenceContender]) {
-      const r = await execInNode(
-        node,
-        c.argv,
-        { CNI_COMMAND: "VERSION" },
-        '{"cniVersion":"1.0.0"}',
-      );
-      if (r.code !== 0) throw new Error(`${c.name} VERSION failed: ${r.stdout} ${r.stderr}`);
-      if (i >= 3) startup[c.name as "enim" | "reference"].push(r.ms);
+    const order = i % 2 === 0 ? starters : [...starters].reverse();
+    for (const [name, argv] of order) {
+      const r = await execInNode(node, argv, { CNI_COMMAND: "VERSION" }, '{"cniVersion":"1.0.0"}');
+      if (r.code !== 0) throw new Error(`${name} VERSION failed: ${r.stdout} ${r.stderr}`);
+      if (i >= 3) startup[name].push(r.ms);
     }
   }
 
@@ -429,15 +456,28 @@ try {
     }
   }
 
-  // ---- peak RSS of each plugin process (separate runs: the wrapper adds a fork)
+  // ---- peak RSS and CPU time of each plugin process (separate runs: the wrapper adds a fork)
   const rss = { enim: [] as number[], reference: [] as number[] };
-  const rssOf = (r: ExecResult) => Number(r.stderr.trim().split("\n").at(-1)!.replace(/^RSS /, ""));
+  const cpu = {
+    enim: { ADD: [] as number[], DEL: [] as number[] },
+    reference: { ADD: [] as number[], DEL: [] as number[] },
+  };
+  /** `/usr/bin/time -f "RSS %M CPU %U %S"`: peak RSS (kB) and user + sys (ms). */
+  const usageOf = (r: ExecResult) => {
+    const m = r.stderr.trim().split("\n").at(-1)!.match(/^RSS (\d+) CPU ([\d.]+) ([\d.]+)$/);
+    if (!m) throw new Error(`Cannot read /usr/bin/time's line in ${JSON.stringify(r.stderr)}`);
+    return { rssKb: Number(m[1]), cpuMs: (Number(m[2]) + Number(m[3])) * 1000 };
+  };
   for (let i = 0; i < RSS_RUNS; i++) {
     for (const [c, pod] of [[enimContender, enimPod], [referenceContender, refPod]] as const) {
+      const k = c.name as "enim" | "reference";
       pod.containerId = newCid(c.name);
-      const wrap = [TIME, "-f", "RSS %M"];
-      rss[c.name as "enim" | "reference"].push(rssOf(await cni(node, c, "ADD", pod, wrap)));
-      rss[c.name as "enim" | "reference"].push(rssOf(await cni(node, c, "DEL", pod, wrap)));
+      const wrap = [TIME, "-f", "RSS %M CPU %U %S"];
+      for (const verb of ["ADD", "DEL"] as const) {
+        const u = usageOf(await cni(node, c, verb, pod, wrap));
+        rss[k].push(u.rssKb);
+        cpu[k][verb].push(u.cpuMs);
+      }
     }
   }
 
@@ -535,6 +575,12 @@ try {
       .filter((l) => l.addr_info.length > 0).map((l) => l.ifname);
   const agentEnd = await procStatus(agentPid);
 
+  // ---- containerd's CRI: what kubelet waits for (RunPodSandbox, Stop+Remove)
+  const cri = CRI_ROUNDS > 0 && criUnmet.length === 0 ? await criTimes(node, CRI_ROUNDS) : null;
+  if (CRI_ROUNDS > 0 && criUnmet.length > 0) {
+    console.error(`CRI timing skipped: cannot install ${criUnmet.join(", ")}`);
+  }
+
   // ---- report
   const s = {
     enim: { ADD: stats(lat.enim.ADD), DEL: stats(lat.enim.DEL) },
@@ -558,7 +604,27 @@ try {
       wallDel: stats(conc.reference.wallDel),
     },
   };
+  const wallRatio = {
+    ADD: cs.enim.wallAdd.p50 / cs.reference.wallAdd.p50,
+    DEL: cs.enim.wallDel.p50 / cs.reference.wallDel.p50,
+  };
+  const st = {
+    enim: stats(startup.enim),
+    reference: stats(startup.reference),
+    floor: stats(startup.floor),
+  };
+  const startupOverFloor = st.enim.p50 / st.floor.p50;
   const rssStats = { enim: stats(rss.enim), reference: stats(rss.reference) };
+  const cpuStats = {
+    enim: { ADD: stats(cpu.enim.ADD), DEL: stats(cpu.enim.DEL) },
+    reference: { ADD: stats(cpu.reference.ADD), DEL: stats(cpu.reference.DEL) },
+  };
+  const directStats = { ADD: stats(direct.ADD), DEL: stats(direct.DEL) };
+  // The plugin side: what a CNI call costs beyond the agent's own operation.
+  const overhead = {
+    ADD: s.enim.ADD.p50 - (agentOp.add ?? NaN),
+    DEL: s.enim.DEL.p50 - (agentOp.del ?? NaN),
+  };
   const rssVals = samples.map((x) => x.rssKb);
   const soakBaseline = samples.length > 1 ? samples[1] : samples[0];
   // Flatness: every sample after the first 100 cycles within ±5 MB of the cycle-100 sample.
@@ -573,11 +639,30 @@ try {
     nodeDevicesChanged: JSON.stringify(nodeLinksBefore) !== JSON.stringify(nodeLinksAfter),
     nodeGlobalAddresses: globalAddrs,
   };
+  const mb = (kb: number) => (kb / 1024).toFixed(1);
+  const goals = {
+    startupOverFloor: startupOverFloor <= 1.3,
+    pluginRss: rssStats.enim.max / 1024 <= 35,
+    pluginCpuAdd: cpuStats.enim.ADD.p50 <= 40,
+    addP50Ratio: ratio.ADD.p50 <= 2.0,
+    delP50Ratio: ratio.DEL.p50 <= 2.0,
+    agentApiAloneAdd: directStats.ADD.p50 <= s.reference.ADD.p50,
+    concurrencyWall: wallRatio.ADD <= 1.3 && wallRatio.DEL <= 1.3,
+    agentVmHWM: agentEnd.VmHWM / 1024 <= 80,
+    soakFlat: SOAK === 0 || (rssSpreadMb <= 5 && soakFailures === 0),
+  };
+  const verdict = (ok: boolean) => (ok ? "met" : "MISSED");
 
+  console.log(`\nplugin start-up alone (VERSION; ms, spawn to exit, one alternating loop)`);
+  console.log(`    enim       ${fmt(st.enim)}`);
+  console.log(`    reference  ${fmt(st.reference)}`);
+  console.log(`    floor      ${fmt(st.floor)}  (empty deno run --no-config --no-lock)`);
+  console.log(
+    `    enim / floor p50 ${startupOverFloor.toFixed(2)}  (goal ≤ 1.3: ${
+      verdict(goals.startupOverFloor)
+    })`,
+  );
   console.log(`\nserial, ${ITER} iterations each, alternating (ms, spawn to exit)`);
-  console.log(`  plugin startup alone (VERSION)`);
-  console.log(`    enim       ${fmt(stats(startup.enim))}`);
-  console.log(`    reference  ${fmt(stats(startup.reference))}`);
   for (const verb of ["ADD", "DEL"] as const) {
     console.log(`  ${verb}`);
     console.log(`    enim       ${fmt(s.enim[verb])}`);
@@ -585,7 +670,7 @@ try {
     console.log(
       `    ratio enim/reference: p50 ${ratio[verb].p50.toFixed(2)}, p99 ${
         ratio[verb].p99.toFixed(2)
-      }  (goal p50 ≤ 1.2: ${ratio[verb].p50 <= 1.2 ? "met" : "MISSED"})`,
+      }  (goal p50 ≤ 2.0: ${verdict(ratio[verb].p50 <= 2.0)})`,
     );
   }
   console.log(`\nwhere enim's time goes (serial; ms)`);
@@ -595,10 +680,20 @@ try {
     }, DEL ${agentOp.del?.toFixed(1)}`,
   );
   console.log(
+    `  plugin side (plugin p50 minus the agent's operation): ADD ${overhead.ADD.toFixed(1)}, DEL ${
+      overhead.DEL.toFixed(1)
+    }`,
+  );
+  console.log(
     `  agent API alone (same requests over the socket from the bench process, no plugin):`,
   );
-  console.log(`    ADD ${fmt(stats(direct.ADD))}`);
-  console.log(`    DEL ${fmt(stats(direct.DEL))}`);
+  console.log(`    ADD ${fmt(directStats.ADD)}`);
+  console.log(`    DEL ${fmt(directStats.DEL)}`);
+  console.log(
+    `    ADD p50 / the reference's whole ADD p50: ${
+      (directStats.ADD.p50 / s.reference.ADD.p50).toFixed(2)
+    }  (goal ≤ 1.0: ${verdict(goals.agentApiAloneAdd)})`,
+  );
   console.log(`\nper-phase inside the agent during the serial run (from /metrics; ms)`);
   for (const [k, v] of Object.entries(phases).sort()) {
     console.log(
@@ -607,24 +702,27 @@ try {
       }  (n=${v.count})`,
     );
   }
-  console.log(`\npeak RSS (MB)`);
-  const mb = (kb: number) => (kb / 1024).toFixed(1);
+  console.log(`\nplugin process resources (/usr/bin/time over ${RSS_RUNS} ADD and DEL runs each)`);
   console.log(
-    `  enim plugin      max ${mb(rssStats.enim.max)}  p50 ${
+    `  enim plugin      peak RSS max ${mb(rssStats.enim.max)} MB, p50 ${
       mb(rssStats.enim.p50)
-    }  (/usr/bin/time %M over ${rss.enim.length} ADD/DEL runs; goal ≤ 50: ${
-      rssStats.enim.max / 1024 <= 50 ? "met" : "MISSED"
-    })`,
+    } MB (goal ≤ 35: ${verdict(goals.pluginRss)}); CPU (user+sys) per ADD p50 ${
+      cpuStats.enim.ADD.p50.toFixed(0)
+    } ms (goal ≤ 40: ${verdict(goals.pluginCpuAdd)}), per DEL p50 ${
+      cpuStats.enim.DEL.p50.toFixed(0)
+    } ms`,
   );
   console.log(
-    `  reference plugin max ${mb(rssStats.reference.max)}  p50 ${
+    `  reference plugin peak RSS max ${mb(rssStats.reference.max)} MB, p50 ${
       mb(rssStats.reference.p50)
-    }  (host-device; static runs as its child)`,
+    } MB; CPU per ADD p50 ${cpuStats.reference.ADD.p50.toFixed(0)} ms, per DEL p50 ${
+      cpuStats.reference.DEL.p50.toFixed(0)
+    } ms  (host-device; static runs as its child)`,
   );
   console.log(
-    `  agent            VmHWM ${mb(agentEnd.VmHWM)}  VmRSS ${mb(agentEnd.VmRSS)} (after conc. ${
-      mb(agentAfterConc.VmRSS)
-    })`,
+    `  agent            VmHWM ${mb(agentEnd.VmHWM)} MB (goal ≤ 80: ${
+      verdict(goals.agentVmHWM)
+    }), VmRSS ${mb(agentEnd.VmRSS)} MB (after the concurrency run ${mb(agentAfterConc.VmRSS)})`,
   );
   console.log(
     `\nconcurrency: ${ROUNDS} rounds of ${PARALLEL} pods ADDed in parallel, then DELed in parallel`,
@@ -639,6 +737,11 @@ try {
       } ms`,
     );
   }
+  console.log(
+    `  wall per round, enim / reference: ADD ${wallRatio.ADD.toFixed(2)}, DEL ${
+      wallRatio.DEL.toFixed(2)
+    }  (goal ≤ 1.3: ${verdict(goals.concurrencyWall)})`,
+  );
   console.log(`  enim per-phase inside the agent under 16-way concurrency (from /metrics; ms)`);
   for (const [k, v] of Object.entries(concPhases).sort()) {
     console.log(
@@ -647,24 +750,22 @@ try {
       }  (n=${v.count})`,
     );
   }
-  const concGoal = { ADD: cs.enim.ADD.p99 / s.enim.ADD.p50, DEL: cs.enim.DEL.p99 / s.enim.DEL.p50 };
-  console.log(
-    `  enim 16-way p99 / serial p50: ADD ${concGoal.ADD.toFixed(2)}×, DEL ${
-      concGoal.DEL.toFixed(2)
-    }×  (goal ≤ 3: ${concGoal.ADD <= 3 && concGoal.DEL <= 3 ? "met" : "MISSED"})`,
-  );
-  console.log(
-    `\nsoak: ${SOAK} ADD/DEL cycles in ${soakSecs.toFixed(0)} s, ${soakFailures} failures`,
-  );
-  console.log(`  cycle    VmRSS MB  fds`);
-  for (const x of samples) {
-    console.log(`  ${String(x.cycle).padStart(5)}  ${mb(x.rssKb).padStart(9)}  ${x.fds}`);
+  if (SOAK > 0) {
+    console.log(
+      `\nsoak: ${SOAK} ADD/DEL cycles in ${soakSecs.toFixed(0)} s, ${soakFailures} failures`,
+    );
+    console.log(`  cycle    VmRSS MB  fds`);
+    for (const x of samples) {
+      console.log(`  ${String(x.cycle).padStart(5)}  ${mb(x.rssKb).padStart(9)}  ${x.fds}`);
+    }
+    console.log(
+      `  RSS deviation from the cycle-100 sample: max ${rssSpreadMb.toFixed(1)} MB (goal ±5: ${
+        verdict(goals.soakFlat)
+      }), fd growth ${fdGrowth} (goal 0: ${verdict(fdGrowth <= 0)})`,
+    );
+  } else {
+    console.log(`\nsoak: skipped (--soak 0)`);
   }
-  console.log(
-    `  RSS deviation from the cycle-100 sample: max ${rssSpreadMb.toFixed(1)} MB (goal ±5: ${
-      rssSpreadMb <= 5 ? "met" : "MISSED"
-    }), fd growth ${fdGrowth} (goal 0: ${fdGrowth <= 0 ? "met" : "MISSED"})`,
-  );
   console.log(
     `  leftovers: ${leftovers.attachments} state rows, ${leftovers.owned} owned ENIs (${leftovers.free} free), pod devices ${
       podLeftovers.length ? podLeftovers.join("; ") : "none"
@@ -673,23 +774,43 @@ try {
     }, node global addresses ${globalAddrs.length ? globalAddrs.join(",") : "none"}`,
   );
   for (const e of soakErrors) console.log(`  error: ${e}`);
+  if (cri) {
+    console.log(
+      `\ncontainerd ${cri.version} CRI, ${CRI_ROUNDS} rounds (ms; what kubelet waits for)`,
+    );
+    for (const [k, t] of Object.entries(cri.times)) {
+      console.log(
+        `  ${k.padEnd(9)} RunPodSandbox ${stats(t.run).p50.toFixed(0)} ms p50, Stop+Remove ${
+          stats(t.stopRemove).p50.toFixed(0)
+        } ms p50`,
+      );
+    }
+  }
+  console.log(
+    `\ngoals (issue #11): ${
+      Object.entries(goals).map(([k, v]) => `${k} ${verdict(v)}`).join(", ")
+    }`,
+  );
   failed = soakFailures > 0 || leftovers.attachments > 0 || leftovers.owned > 0 ||
     podLeftovers.length > 0 || leftovers.nodeDevicesChanged || globalAddrs.length > 0;
 
   Object.assign(results, {
-    startup: { enim: stats(startup.enim), reference: stats(startup.reference) },
+    startup: { ...st, enimOverFloor: startupOverFloor },
+    floor: st.floor,
     serial: s,
     ratio,
     phases,
     agentOperationMeanMs: agentOp,
-    agentApiAlone: { ADD: stats(direct.ADD), DEL: stats(direct.DEL) },
+    pluginOverheadMs: overhead,
+    agentApiAlone: directStats,
     rssKb: {
       enimPlugin: rssStats.enim,
       referencePlugin: rssStats.reference,
       agentVmHWM: agentEnd.VmHWM,
       agentVmRSS: agentEnd.VmRSS,
     },
-    concurrency: { ...cs, p99OverSerialP50: concGoal, phases: concPhases },
+    cpuMs: cpuStats,
+    concurrency: { ...cs, wallRatio, phases: concPhases },
     soak: {
       cycles: SOAK,
       seconds: soakSecs,
@@ -700,12 +821,8 @@ try {
       fdGrowth,
       leftovers,
     },
-    goals: {
-      addP50Ratio: ratio.ADD.p50 <= 1.2,
-      delP50Ratio: ratio.DEL.p50 <= 1.2,
-      concurrencyP99: concGoal.ADD <= 3 && concGoal.DEL <= 3,
-      pluginRss: rssStats.enim.max / 1024 <= 50,
-    },
+    ...(cri ? { cri } : {}),
+    goals,
   });
 } catch (err) {
   failed = true;
@@ -713,6 +830,7 @@ try {
   console.error((await node.agentLog()).split("\n").slice(-30).join("\n"));
 } finally {
   await node.close();
+  await Deno.remove(BENCH_DIR, { recursive: true }).catch(() => {});
 }
 await Deno.writeTextFile(flags.out!, JSON.stringify(results, null, 2) + "\n");
 console.log(
@@ -726,4 +844,44 @@ Deno.exit(failed ? 1 : 0);
 async function linkSummary(node: SimulatedNode, netns: string): Promise<string[]> {
   const out = await node.vpc.exec(netns, [IP, "-j", "link", "show"]);
   return (JSON.parse(out.stdout || "[]") as { ifname: string }[]).map((l) => l.ifname).sort();
+}
+
+/**
+ * RunPodSandbox and Stop+Remove through containerd's CRI, enim against host-device +
+ * static on a pre-made veth (tests/cri/timing.ts), as two runtime handlers of one
+ * containerd inside the node. The conflist is the one `deno task install` stages.
+ */
+async function criTimes(node: SimulatedNode, rounds: number) {
+  const { Containerd } = await import("../tests/cri/containerd.ts");
+  const { makeReferenceVeth, referenceConflist, timeSandboxes } = await import(
+    "../tests/cri/timing.ts"
+  );
+  const { install } = await import("./install.ts");
+  const { pluginDir } = await import("../tests/_clients.ts");
+  const dir = await Deno.makeTempDir({ prefix: "enim-bench-cri-" });
+  let cd: ContainerdType | null = null;
+  try {
+    const refVeth = `enimref${crypto.randomUUID().slice(0, 6)}`;
+    await Deno.mkdir(`${dir}/ref`);
+    await Deno.writeTextFile(
+      `${dir}/ref/10-reference.conflist`,
+      referenceConflist(refVeth, "10.99.0.250/24", "10.99.0.1"),
+    );
+    await install({ prefix: `${dir}/stage`, launcher: true, log: () => {} });
+    await pluginDir(`${dir}/bin`, ["loopback", "host-device", "static"]);
+    cd = await Containerd.start(node, {
+      binDir: `${dir}/bin`,
+      confDir: `${dir}/stage/etc/cni/net.d`,
+      handlers: { reference: `${dir}/ref` },
+      env: { ENIM_LOG_FILE: node.sandbox.inner("cni.log") },
+      label: "bench",
+    });
+    await makeReferenceVeth(node, refVeth);
+    const v = await cd.cri.version();
+    const times = await timeSandboxes(cd, { enim: "", reference: "reference" }, { rounds });
+    return { version: `${v.runtimeName} ${v.runtimeVersion}`, times };
+  } finally {
+    await cd?.close();
+    await Deno.remove(dir, { recursive: true }).catch(() => {});
+  }
 }

@@ -3,8 +3,14 @@
  * production permission set) and the plugin in a simulated node, against the
  * fake BCE server running inside the node namespace (tests/bce_fake_main.ts),
  * which plugs a veth device with the ENI's MAC when an ENI is attached.
+ *
+ * The subnet is dual-stack (the fake's subnet has an `ipv6Cidr`), so the
+ * provider asks BCE for an IPv6 address on each new ENI and the pod gets both
+ * families. One ENI is deleted behind enim's back while its pod owns it.
  */
+import { z } from "zod";
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
+import { AddrInfoSchema } from "../netns/ip.ts";
 import { SimulatedNode } from "./_node.ts";
 import { FakeBceProcess, type FakeBceState } from "./bce_fake_main.ts";
 import type { NetnsHandle } from "./vpc.ts";
@@ -12,6 +18,8 @@ import type { NetnsHandle } from "./vpc.ts";
 const ROOT = Deno.uid() === 0;
 const SUBNET = "10.99.0.0/24";
 const GATEWAY = "10.99.0.1";
+const SUBNET6 = "fd00:99::/64";
+const GATEWAY6 = "fd00:99::1";
 const INSTANCE = "i-e2enode01";
 const AK = "AKIDenimE2E00000001";
 /** Must never appear in any log line. */
@@ -32,6 +40,31 @@ function calls(state: FakeBceState, method: string, path: string | RegExp, actio
   );
 }
 
+/** The global addresses of `ifName` in a pod namespace (`ip -j addr`). */
+async function podAddresses(
+  node: SimulatedNode,
+  pod: NetnsHandle,
+  ifName: string,
+): Promise<string[]> {
+  const out = await node.vpc.exec(pod, ["/usr/sbin/ip", "-j", "addr", "show", "dev", ifName]);
+  if (out.code !== 0) return [];
+  const links = z.array(z.looseObject({ addr_info: z.array(AddrInfoSchema) })).parse(
+    JSON.parse(out.stdout),
+  );
+  return links.flatMap((l) => l.addr_info)
+    .filter((a) => a.scope === "global")
+    .map((a) => `${a.local}/${a.prefixlen}`);
+}
+
+/** Waits until `check` holds (polling), failing with `what`. */
+async function waitFor(what: string, check: () => Promise<boolean>, ms = 20_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`Timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
 async function readLines(path: string): Promise<string[]> {
   const text = await Deno.readTextFile(path).catch((e) => {
     if (e instanceof Deno.errors.NotFound) return "";
@@ -42,12 +75,12 @@ async function readLines(path: string): Promise<string[]> {
 
 Deno.test({
   name:
-    "bce end to end: ADD gets a freshly created and attached ENI, DEL pools it, reuse, GC frees a dead pod's, no secret logged",
+    "bce end to end: dual-stack ADD on a fresh ENI, DEL pools it, reuse, GC, an ENI deleted out of band, no secret logged",
   ignore: !ROOT,
   sanitizeResources: false,
   async fn(t) {
     await using node = await SimulatedNode.start({
-      subnets: { ipv4: SUBNET },
+      subnets: { ipv4: SUBNET, ipv6: SUBNET6 },
       startAgent: false,
       // The fake BCE server plugs the devices; the agent gets no simulator.
       deviceSimulator: false,
@@ -69,7 +102,10 @@ Deno.test({
             attachMs: 20_000,
             deviceMs: 20_000,
             pollMs: 20,
-            poolIntervalMs: 600_000,
+            // Passes every 0.5 s at most 2 s apart, so the out-of-band deletion shows quickly.
+            poolIntervalMs: 500,
+            idleIntervalMs: 2000,
+            minPassGapMs: 100,
           },
         },
       },
@@ -85,7 +121,7 @@ Deno.test({
       nodeNetns: node.vpc.node.name,
       vpcNetns: node.vpc.vpc.name,
       bridge: node.vpc.bridge,
-      subnet: { subnetId: "sbn-e2e0001", cidr: SUBNET, zoneName: "cn-bj-a" },
+      subnet: { subnetId: "sbn-e2e0001", cidr: SUBNET, ipv6Cidr: SUBNET6, zoneName: "cn-bj-a" },
       instanceId: INSTANCE,
       eniQuota: 8,
       credentials: [{ accessKeyId: AK, secretAccessKey: SECRET, sessionToken: SESSION_TOKEN }],
@@ -112,7 +148,7 @@ Deno.test({
     let podA: NetnsHandle | null = null;
     let podB: NetnsHandle | null = null;
     await t.step(
-      "ADD gets a freshly created and attached ENI, and the pod pings its gateway",
+      "ADD gets a freshly created and attached dual-stack ENI; the pod pings both gateways",
       async () => {
         const pod = podA = await node.vpc.pod("bce-a");
         const add = await node.cni("ADD", {
@@ -125,8 +161,9 @@ Deno.test({
         assertEquals(add.code, 0, add.stdout + add.stderr + (await node.agentLog()));
         mac = (add.json!.interfaces as { mac: string }[])[0].mac;
         const ips = add.json!.ips as { address: string; gateway: string }[];
-        assertEquals(ips.length, 1);
+        assertEquals(ips.length, 2, JSON.stringify(ips));
         assertEquals(ips[0].gateway, GATEWAY);
+        assertEquals(ips[1].gateway, GATEWAY6);
 
         // The fake created it and attached it to this node for this ADD.
         const state = await fake.state();
@@ -139,9 +176,16 @@ Deno.test({
         assert(eni.name.startsWith(`enim/${INSTANCE}/`), eni.name);
         assertEquals(eni.securityGroupIds, ["g-e2e0001"]);
         assertEquals(`${eni.privateIpSet[0].privateIpAddress}/24`, ips[0].address);
+        assertEquals(`${eni.ipv6PrivateIpSet[0].privateIpAddress}/64`, ips[1].address);
         const creates = calls(state, "POST", "/v1/eni").filter((r) => r.status === 200);
         assertEquals(creates.length, 1);
         assert(creates[0].query.clientToken, "the create carries a clientToken");
+        // IPv6 was asked for because the subnet has an ipv6Cidr.
+        assertEquals(
+          z.object({ ipv6PrivateIpSet: z.array(z.unknown()) }).parse(creates[0].body)
+            .ipv6PrivateIpSet.length,
+          1,
+        );
         const attaches = calls(state, "PUT", `/v1/eni/${eniId}`, "attach")
           .filter((r) => r.status === 200);
         assertEquals(attaches.length, 1);
@@ -154,6 +198,12 @@ Deno.test({
         assertEquals(st.pool.owned, 1);
         assertEquals(st.enis.find((e) => e.id === eniId)?.owner?.containerId, "c-bce-a");
         assert(await node.vpc.ping(pod, GATEWAY), "the pod pings its gateway");
+        // Both families are configured in the pod, and IPv6 works too.
+        assertEquals(
+          (await podAddresses(node, pod, "eth0")).sort(),
+          ips.map((i) => i.address).sort(),
+        );
+        assert(await node.vpc.ping(pod, GATEWAY6), "the pod pings its IPv6 gateway");
       },
     );
 
@@ -227,6 +277,63 @@ Deno.test({
       const s = await fake.state();
       assertEquals(calls(s, "POST", "/v1/eni").filter((r) => r.status === 200).length, 1);
     });
+
+    await t.step(
+      "an ENI deleted out of band while its pod owns it: logged with the pod, DEL and a new ADD work",
+      async () => {
+        const pod = await node.vpc.pod("bce-d");
+        const call = {
+          containerId: "c-bce-d",
+          ifName: "eth0",
+          netns: pod.path,
+          args: podArgs("bce-d"),
+          config: node.netconf(),
+        };
+        const add = await node.cni("ADD", call);
+        assertEquals(add.code, 0, add.stdout + add.stderr);
+        const owned = (await node.client.status()).enis.find((e) =>
+          e.owner?.containerId === "c-bce-d"
+        );
+        assert(owned, "pod d owns an ENI");
+        // Someone deletes it in the console: BCE detaches it (the device leaves the pod) and deletes it.
+        await fake.outOfBand("delete", owned.id);
+        await waitFor(
+          "the agent to notice",
+          async () =>
+            (await node.agentLog()).split("\n").some((l) =>
+              l.includes("changed out of band") && l.includes(owned.id) &&
+              l.includes("default/bce-d")
+            ),
+        );
+        const line = (await node.agentLog()).split("\n").find((l) =>
+          l.includes("changed out of band")
+        )!;
+        const parsed = z.looseObject({ level: z.string(), why: z.string(), action: z.string() })
+          .parse(JSON.parse(line));
+        assertEquals([parsed.level, parsed.why], ["error", "deleted out of band"]);
+        assertStringIncludes(parsed.action, 'pod "default/bce-d"');
+        assertEquals(await podAddresses(node, pod, "eth0"), [], "the pod lost its interface");
+
+        // DEL works (the device is gone with its ENI); the agent forgets the ENI.
+        const del = await node.cni("DEL", call);
+        assertEquals(del.code, 0, del.stdout + del.stderr);
+        const after = await node.client.status();
+        assert(!after.enis.some((e) => e.id === owned.id), "the lost ENI is forgotten");
+        assertEquals(await node.client.attachments(), []);
+        await node.vpc.deletePod(pod);
+
+        // The next pod gets a new ENI: the lost one never held a slot and is never reused.
+        const pod2 = await node.vpc.pod("bce-e");
+        const call2 = { ...call, containerId: "c-bce-e", netns: pod2.path, args: podArgs("bce-e") };
+        const add2 = await node.cni("ADD", call2);
+        assertEquals(add2.code, 0, add2.stdout + add2.stderr + (await node.agentLog()));
+        assert(await node.vpc.ping(pod2, GATEWAY), "the next pod pings its gateway");
+        const s = await fake.state();
+        assert(!s.enis.some((e) => e.eniId === owned.id));
+        assertEquals((await node.cni("DEL", call2)).code, 0);
+        await node.vpc.deletePod(pod2);
+      },
+    );
 
     await t.step("no log line holds the secret key or the session token", async () => {
       await node.stopAgent();

@@ -1,74 +1,177 @@
 /**
  * A fake BCE ENI API (and metadata service) on 127.0.0.1 for tests.
  *
- * - verifies every API request's `bce-auth-v1` signature with the same
- *   algorithm, recomputed from the signedHeaders of the Authorization header
- *   (unknown AK or bad signature → 403 `{code, message, requestId}` as BCE);
- * - implements the ENI state machine (available → attaching → inuse →
- *   detaching → available; delete only when available) with asynchronous
- *   attach/detach delays, per-instance ENI quotas, list pagination (maxKeys,
- *   marker/nextMarker), clientToken idempotency on every write;
- * - injects faults on demand: 5xx, throttling (`…RateLimit…` code), slow
- *   responses, and lost responses (the work is done, the answer never comes);
- * - serves metadata under `/1.0/meta-data/`;
- * - calls `onAttach(eni)` / `onDetach(eni)` so a test can plug a device.
+ * - **Signatures are checked independently of enim's signer**: every request's
+ *   `bce-auth-v1` Authorization is recomputed with the official JS SDK's signer
+ *   (npm `@baiducloud/sdk@1.0.7`, `src/auth.js`, a test-only dependency) from the
+ *   headers the Authorization lists, and compared as a whole. Unknown AK or bad
+ *   signature → 403 `{code, message, requestId}` as BCE answers.
+ * - The ENI state machine (available → attaching → inuse → detaching → available;
+ *   delete only when available) with asynchronous attach/detach, per-instance
+ *   ENI quotas, list pagination (maxKeys, marker/nextMarker), clientToken
+ *   idempotency on every write, IPv6 addresses from a subnet's `ipv6Cidr`.
+ * - Error codes as BCE's public sources give them (see {@linkcode CODES}); where no
+ *   source gives one, the constant says so.
+ * - Faults on demand, each optionally matched to requests: an error status,
+ *   throttling (HTTP 429 with an empty body by default), slow and lost responses,
+ *   an ENI that stays stuck in `attaching`/`detaching`, an ENI that is not
+ *   visible for a few reads after its create (eventual consistency).
+ * - Out-of-band changes: {@linkcode FakeBce.deleteOutOfBand}, {@linkcode FakeBce.detachOutOfBand}.
+ * - The list's `name` filter matches exactly by default (whether BCE matches
+ *   exactly, by prefix or fuzzily is unverified): a client relying on a prefix
+ *   match finds nothing.
+ * - Metadata under `/1.0/meta-data/`; `onAttach(eni)` / `onDetach(eni)` hooks so a
+ *   test can plug a device.
  *
  * @module
  */
 import ipaddr from "ipaddr.js";
+import { z } from "zod";
+// The official SDK's signer (CommonJS, untyped): the fake's check owes nothing to enim's signer.
+import SdkAuth from "@baiducloud/sdk/src/auth.js";
 import type { Eni } from "../providers/contract.ts";
-import {
-  type Credentials,
-  parseAuthorization,
-  type QueryPair,
-  sign,
-} from "../providers/bce/signer.ts";
+
+/**
+ * The error codes the fake answers with, and where each comes from.
+ * "No source" means no public BCE source gives the code; the fake then uses a
+ * generic one and enim must not depend on it.
+ */
+export const CODES = {
+  /**
+   * An ENI that does not exist: CCE quotes BCE's answer to a detail call as
+   * `[Code: EniNotFoundException; Message: eni:eni-… resource not exist]`
+   * (baiducloud-cce-cni-driver cce-network-v2/pkg/bce/bcesync/eni.go). The HTTP
+   * status is not given there; 404 is the fake's choice.
+   */
+  eniNotFound: { status: 404, code: "EniNotFoundException" },
+  /** A malformed ENI id: 400 `EniIdException` "The param eniId is invalid" (CCE cce-network-v2/pkg/bce/api/cloud/error_test.go). */
+  eniIdInvalid: { status: 400, code: "EniIdException" },
+  /**
+   * An unknown instance: 404 `NoSuchObject` (bce-sdk-java BccClientTest getInstanceNotExist;
+   * BCE's common code table: "The specified object is not found or resource do not exist").
+   */
+  noSuchObject: { status: 404, code: "NoSuchObject" },
+  /** An unknown path: 400 `InvalidURI` "Could not parse the specified URI." (BCE common error codes). */
+  invalidUri: { status: 400, code: "InvalidURI" },
+  /** A bad JSON value: 400 `InappropriateJSON` (BCE common error codes). */
+  inappropriateJson: { status: 400, code: "InappropriateJSON" },
+  /** A body that is not JSON: 400 `MalformedJSON` (BCE common error codes). */
+  malformedJson: { status: 400, code: "MalformedJSON" },
+  /** 400 `InvalidHTTPAuthHeader`, 403 `InvalidAccessKeyId`, 403 `AccessDenied` (BCE common error codes). */
+  badAuthHeader: { status: 400, code: "InvalidHTTPAuthHeader" },
+  unknownAccessKey: { status: 403, code: "InvalidAccessKeyId" },
+  accessDenied: { status: 403, code: "AccessDenied" },
+  /** `SignatureDoesNotMatch` and `RequestExpired` (bce-sdk-go bce/error.go); their statuses are not documented (403/400 here). */
+  badSignature: { status: 403, code: "SignatureDoesNotMatch" },
+  expired: { status: 400, code: "RequestExpired" },
+  /** The subnet has no free address: `SubnetHasNoMoreIpException` (CCE error.go); status not given (400 here). */
+  subnetFull: { status: 400, code: "SubnetHasNoMoreIpException" },
+  /** The requested IP is taken: `PrivateIpInUseException` (CCE error.go); status not given (400 here). */
+  ipInUse: { status: 400, code: "PrivateIpInUseException" },
+  /**
+   * The instance cannot take more ENIs. No source gives the code; CCE classes
+   * `QuotaLimitExceeded` (and any `…LimitExceeded`) as a quota (CCE error.go).
+   */
+  quota: { status: 400, code: "QuotaLimitExceeded" },
+  /**
+   * The ENI is in the wrong state for the operation (attach of a non-available ENI,
+   * delete of an attached one). No source names a code: the fake answers a plain
+   * 400 `BadRequest` (a code CCE's error.go sees from BCE), so enim has to re-read the
+   * ENI to know what happened.
+   */
+  wrongState: { status: 400, code: "BadRequest" },
+  internal: { status: 500, code: "InternalError" },
+} as const;
 
 /** One subnet of the fake VPC. */
 export interface FakeSubnet {
   subnetId: string;
   cidr: string;
+  /** An IPv6 range: ENIs asking for IPv6 get an address from it. */
+  ipv6Cidr?: string;
   zoneName?: string;
 }
 
+const FakePrivateIpSchema = z.object({
+  privateIpAddress: z.string(),
+  primary: z.boolean(),
+  publicIpAddress: z.string(),
+});
+
 /** An ENI as the fake stores it (the API's JSON shape). */
-export interface FakeEni {
-  eniId: string;
-  name: string;
-  description: string;
-  zoneName: string;
-  instanceId: string;
-  macAddress: string;
-  vpcId: string;
-  subnetId: string;
-  status: "available" | "attaching" | "inuse" | "detaching";
-  privateIpSet: { privateIpAddress: string; primary: boolean; publicIpAddress: string }[];
-  ipv6PrivateIpSet: { privateIpAddress: string; primary: boolean; publicIpAddress: string }[];
-  securityGroupIds: string[];
-  enterpriseSecurityGroupIds: string[];
-  createdTime: string;
-  networkInterfaceTrafficMode: string;
+export const FakeEniSchema = z.object({
+  eniId: z.string(),
+  name: z.string(),
+  description: z.string(),
+  zoneName: z.string(),
+  instanceId: z.string(),
+  macAddress: z.string(),
+  vpcId: z.string(),
+  subnetId: z.string(),
+  status: z.enum(["available", "attaching", "inuse", "detaching"]),
+  privateIpSet: z.array(FakePrivateIpSchema),
+  ipv6PrivateIpSet: z.array(FakePrivateIpSchema),
+  securityGroupIds: z.array(z.string()),
+  enterpriseSecurityGroupIds: z.array(z.string()),
+  createdTime: z.string(),
+  networkInterfaceTrafficMode: z.string(),
+});
+/** An ENI as the fake stores it. */
+export type FakeEni = z.infer<typeof FakeEniSchema>;
+
+/** Which requests a fault applies to (all given fields must match). */
+export interface FaultMatch {
+  method?: string;
+  /** The exact path, or a pattern. */
+  path?: string | RegExp;
+  /** A bare query flag (`attach`, `detach`). */
+  action?: string;
 }
 
-/** A fault applied to the next matching requests. */
+/** A fault applied to the next matching request(s). */
 export type FakeFault =
-  | { kind: "status"; status: number; code?: string }
-  | { kind: "throttle" }
-  | { kind: "slow"; delayMs: number }
-  | { kind: "lose" }
-  | { kind: "skew" };
+  & (
+    /** An error answer (a JSON body unless `emptyBody`). */
+    | { kind: "status"; status: number; code?: string; message?: string; emptyBody?: boolean }
+    /**
+     * Throttling. No public source gives BCE's status or code for it; by default an
+     * HTTP 429 with an empty body (bce-sdk-go then reports code `TooManyRequests`).
+     */
+    | {
+      kind: "throttle";
+      status?: number;
+      code?: string;
+      message?: string;
+      retryAfterSeconds?: number;
+    }
+    | { kind: "slow"; delayMs: number }
+    /** The work is done; the answer never comes (the client times out). */
+    | { kind: "lose" }
+    | { kind: "skew" }
+    /**
+     * The next attach (state `attaching`) or detach (state `detaching`) never
+     * completes. With `escape: "detach"` a detach request frees it (to `available`);
+     * with `"never"` (the default) BCE refuses detach and delete for good.
+     */
+    | { kind: "stuck"; state: "attaching" | "detaching"; escape?: "detach" | "never" }
+    /** The ENI made by the next create answers "not found" to its next `reads` requests. */
+    | { kind: "invisible"; reads: number }
+  )
+  & { match?: FaultMatch };
 
 /** Options of {@linkcode FakeBce.start}. */
 export interface FakeBceOptions {
-  credentials: Credentials[];
+  credentials: { accessKeyId: string; secretAccessKey: string; sessionToken?: string }[];
   vpcId?: string;
   subnets?: FakeSubnet[];
-  /** Instances and their ENI quota (attached ENIs, primary NIC excluded). */
-  instances?: Record<string, { eniQuota: number }>;
+  /** Instances: their ENI quota (attached ENIs, primary NIC excluded) and CPU count. */
+  instances?: Record<string, { eniQuota: number; cpuCount?: number }>;
   attachDelayMs?: number;
   detachDelayMs?: number;
   /** The server's cap on `maxKeys` (small values force pagination). */
   maxKeysCap?: number;
+  /** How the list's `name` filter matches (default exact). */
+  nameFilter?: "exact" | "prefix";
   region?: string;
   azone?: string;
   /** How long a "lose" fault holds the response back (the client should time out first). */
@@ -88,9 +191,35 @@ export interface FakeRequestRecord {
   rawQuery: string;
   /** The request headers (lower-case names). */
   headers: Record<string, string>;
+  /** The JSON body, when there was one. */
+  body?: unknown;
+  /** When it arrived (epoch ms). */
+  at: number;
   status: number;
   code?: string;
 }
+
+type Reply = (status: number, body: unknown, code?: string) => Response;
+type Fail = (e: { status: number; code: string }, message: string) => Response;
+
+const BodySchema = z.record(z.string(), z.unknown());
+const CreateBodySchema = z.object({
+  name: z.string().regex(/^[A-Za-z][A-Za-z0-9\-_/.]{0,64}$/),
+  subnetId: z.string(),
+  securityGroupIds: z.array(z.string()).default([]),
+  enterpriseSecurityGroupIds: z.array(z.string()).default([]),
+  privateIpSet: z.array(
+    z.object({
+      privateIpAddress: z.string().default(""),
+      primary: z.boolean().default(false),
+    }).loose(),
+  ).default([]),
+  ipv6PrivateIpSet: z.array(z.object({ privateIpAddress: z.string().default("") }).loose())
+    .optional(),
+  description: z.string().default(""),
+});
+const InstanceBodySchema = z.object({ instanceId: z.string() });
+const SdkAuthorizationSchema = z.string();
 
 /** The fake BCE server. */
 export class FakeBce {
@@ -102,8 +231,6 @@ export class FakeBce {
   readonly requests: FakeRequestRecord[] = [];
   /** The highest number of ENIs attached or attaching to each instance at any moment. */
   readonly maxAttached = new Map<string, number>();
-  /** Set `(method, path) => boolean` to restrict which requests faults hit. */
-  faultFilter: ((method: string, path: string) => boolean) | null = null;
   opts: Required<Omit<FakeBceOptions, "onAttach" | "onDetach">> & FakeBceOptions;
 
   #server: Deno.HttpServer;
@@ -112,6 +239,8 @@ export class FakeBce {
   #timers = new Set<ReturnType<typeof setTimeout>>();
   #hooks = new Set<Promise<void>>();
   #usedIps = new Map<string, Set<string>>();
+  #stuck = new Map<string, { state: "attaching" | "detaching"; escape: "detach" | "never" }>();
+  #invisible = new Map<string, number>();
   #macCounter = 0;
   #closing = new AbortController();
 
@@ -123,6 +252,7 @@ export class FakeBce {
       attachDelayMs: 50,
       detachDelayMs: 50,
       maxKeysCap: 1000,
+      nameFilter: "exact",
       region: "bj",
       azone: "cn-bj-a",
       metadataInstanceId: "i-fake0001",
@@ -133,7 +263,8 @@ export class FakeBce {
       { hostname: "127.0.0.1", port: 0, onListen: () => {} },
       (req) => this.#handle(req),
     );
-    const addr = this.#server.addr as Deno.NetAddr;
+    const addr = this.#server.addr;
+    if (addr.transport !== "tcp") throw new Error("The fake BCE server is not on TCP");
     this.url = `http://127.0.0.1:${addr.port}`;
     this.metadataUrl = `${this.url}/1.0/meta-data/`;
   }
@@ -153,6 +284,11 @@ export class FakeBce {
     return this.#faults.length;
   }
 
+  /** Drops every queued fault. */
+  clearFaults(): void {
+    this.#faults = [];
+  }
+
   /** ENIs attached or attaching to an instance now. */
   attachedTo(instanceId: string): FakeEni[] {
     return [...this.enis.values()].filter((e) =>
@@ -162,10 +298,40 @@ export class FakeBce {
 
   /** Adds an ENI directly (foreign ENIs, ERIs, pre-existing state). */
   seedEni(partial: Partial<FakeEni> & { name: string }): FakeEni {
-    const eni = this.#newEni(partial.name, this.opts.subnets[0].subnetId, undefined);
+    const subnet = this.opts.subnets[0];
+    const eni = this.#newEni(partial.name, subnet.subnetId, undefined, undefined);
     Object.assign(eni, partial);
     this.enis.set(eni.eniId, eni);
     return eni;
+  }
+
+  /** Someone else detaches an ENI (the console, another tool): its device goes away. */
+  detachOutOfBand(eniId: string): void {
+    const eni = this.enis.get(eniId);
+    if (!eni || eni.status === "available") return;
+    this.#stuck.delete(eniId);
+    const was = structuredClone(eni);
+    eni.status = "available";
+    eni.instanceId = "";
+    if (was.status === "inuse" && this.opts.onDetach) this.#hook(() => this.opts.onDetach!(was));
+  }
+
+  /** Someone else detaches and deletes an ENI. */
+  deleteOutOfBand(eniId: string): void {
+    const eni = this.enis.get(eniId);
+    if (!eni) return;
+    this.detachOutOfBand(eniId);
+    this.#forget(eni);
+  }
+
+  /** Lets a stuck ENI finish what it was doing (BCE recovers). */
+  unstick(eniId: string): void {
+    const s = this.#stuck.get(eniId);
+    const eni = this.enis.get(eniId);
+    this.#stuck.delete(eniId);
+    if (!s || !eni) return;
+    if (s.state === "attaching") this.#finishAttach(eni);
+    else this.#finishDetach(eni);
   }
 
   /** Waits for pending state transitions and hooks, then stops the server. */
@@ -194,116 +360,152 @@ export class FakeBce {
       query: queryObj,
       rawQuery: url.search.replace(/^\?/, ""),
       headers: Object.fromEntries(req.headers),
+      at: Date.now(),
       status: 0,
     };
     this.requests.push(record);
-    const reply = (status: number, body: unknown, code?: string) => {
+    const reply: Reply = (status, body, code) => {
       record.status = status;
       record.code = code;
       return json(status, body);
     };
-    const fail = (status: number, code: string, message: string) =>
-      reply(status, { code, message, requestId: crypto.randomUUID() }, code);
+    const fail: Fail = (e, message) =>
+      reply(e.status, { code: e.code, message, requestId: crypto.randomUUID() }, e.code);
 
     const authErr = this.#verify(req, path, query);
-    if (authErr) return fail(authErr.status, authErr.code, authErr.message);
+    if (authErr) return fail(authErr, authErr.message);
 
-    let fault: FakeFault | undefined;
-    if (this.#faults.length && (!this.faultFilter || this.faultFilter(req.method, path))) {
-      fault = this.#faults.shift();
-    }
+    const fault = this.#takeFault(req.method, path, queryObj);
     if (fault?.kind === "status") {
-      return fail(fault.status, fault.code ?? "InternalError", "Injected failure");
+      if (fault.emptyBody) {
+        record.status = fault.status;
+        return new Response(null, { status: fault.status });
+      }
+      return fail(
+        { status: fault.status, code: fault.code ?? "InternalError" },
+        fault.message ?? "Injected failure",
+      );
     }
     if (fault?.kind === "throttle") {
-      return fail(400, "RequestRateLimitExceeded", "Request was denied due to RateLimit");
+      const status = fault.status ?? 429;
+      record.status = status;
+      record.code = fault.code ?? "(empty body)";
+      const headers: Record<string, string> = { "x-bce-request-id": crypto.randomUUID() };
+      if (fault.retryAfterSeconds) headers["retry-after"] = String(fault.retryAfterSeconds);
+      if (!fault.code && !fault.message) return new Response(null, { status, headers });
+      return new Response(
+        JSON.stringify({
+          code: fault.code ?? "",
+          message: fault.message ?? "",
+          requestId: headers["x-bce-request-id"],
+        }),
+        { status, headers: { ...headers, "content-type": "application/json;charset=utf-8" } },
+      );
     }
-    if (fault?.kind === "skew") {
-      return fail(400, "RequestExpired", "Injected: the request has expired");
-    }
+    if (fault?.kind === "skew") return fail(CODES.expired, "Injected: the request has expired");
     if (fault?.kind === "slow") await this.#wait(fault.delayMs);
 
     let body: Record<string, unknown> = {};
     if (bodyText.trim() !== "") {
+      let parsed: unknown;
       try {
-        body = JSON.parse(bodyText);
+        parsed = JSON.parse(bodyText);
       } catch {
-        return fail(400, "MalformedJSON", "The body is not JSON");
+        return fail(CODES.malformedJson, "The JSON you provided was not well-formed");
       }
+      const r = BodySchema.safeParse(parsed);
+      if (!r.success) return fail(CODES.inappropriateJson, "The body must be a JSON object");
+      body = r.data;
+      record.body = r.data;
     }
     let res: Response;
     try {
-      res = this.#route(req.method, path, queryObj, query, body, reply, fail);
+      res = this.#route(req.method, path, queryObj, query, body, fault, reply, fail);
     } catch (e) {
-      res = fail(500, "InternalError", String(e));
+      res = fail(CODES.internal, String(e));
     }
     if (fault?.kind === "lose") {
       // The work is done; the answer never reaches the client.
       await this.#wait(this.opts.loseHoldMs);
-      return fail(500, "InternalError", "Lost response");
+      return fail(CODES.internal, "Lost response");
     }
     return res;
   }
 
+  #takeFault(method: string, path: string, q: Record<string, string>): FakeFault | undefined {
+    const i = this.#faults.findIndex((f) => {
+      // Faults that only make sense for one kind of request wait for it.
+      if (f.kind === "invisible" && !(method === "POST" && path === "/v1/eni")) return false;
+      if (
+        f.kind === "stuck" &&
+        !(method === "PUT" && (f.state === "attaching" ? "attach" : "detach") in q)
+      ) {
+        return false;
+      }
+      const m = f.match;
+      if (!m) return true;
+      if (m.method && m.method !== method) return false;
+      if (m.path !== undefined) {
+        if (typeof m.path === "string" ? m.path !== path : !m.path.test(path)) return false;
+      }
+      if (m.action && !(m.action in q)) return false;
+      return true;
+    });
+    return i < 0 ? undefined : this.#faults.splice(i, 1)[0];
+  }
+
+  /** Checks the Authorization with the official SDK's signer; null when it is good. */
   #verify(
     req: Request,
     path: string,
-    query: QueryPair[],
+    query: [string, string | null][],
   ): { status: number; code: string; message: string } | null {
-    const header = req.headers.get("authorization");
-    const parsed = header ? parseAuthorization(header) : null;
-    if (!parsed) {
-      return {
-        status: 400,
-        code: "InvalidHTTPAuthHeader",
-        message: "Missing or malformed Authorization",
-      };
-    }
-    const creds = this.opts.credentials.find((c) => c.accessKeyId === parsed.accessKeyId);
-    if (!creds) {
-      return {
-        status: 403,
-        code: "InvalidAccessKeyId",
-        message: "The access key id does not exist",
-      };
-    }
+    const header = req.headers.get("authorization")?.trim() ?? "";
+    const m =
+      /^bce-auth-v1\/([^/]+)\/(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)\/(\d+)\/([^/]*)\/([0-9a-f]{64})$/
+        .exec(header);
+    if (!m) return { ...CODES.badAuthHeader, message: "Missing or malformed Authorization" };
+    const [, ak, timestamp, expiration, signed] = m;
+    const creds = this.opts.credentials.find((c) => c.accessKeyId === ak);
+    if (!creds) return { ...CODES.unknownAccessKey, message: "The access key id does not exist" };
     const token = req.headers.get("x-bce-security-token");
     if (creds.sessionToken && token !== creds.sessionToken) {
-      return { status: 403, code: "AccessDenied", message: "Invalid session token" };
+      return { ...CODES.accessDenied, message: "Invalid session token" };
     }
+    const names = signed === "" ? [] : signed.split(";");
     const headers: Record<string, string> = {};
-    for (const name of parsed.signedHeaders) {
+    if (names.length === 0) {
+      // An empty list means the server's default set (the SDK's too): host, content-*, x-bce-*.
+      for (const [k, v] of req.headers) {
+        if (/^(host|content-(length|type|md5)|x-bce-.*)$/.test(k)) headers[k] = v;
+      }
+    }
+    for (const name of names) {
       const v = req.headers.get(name);
       if (v === null) {
-        return {
-          status: 403,
-          code: "SignatureDoesNotMatch",
-          message: `Signed header "${name}" is missing`,
-        };
+        return { ...CODES.badSignature, message: `Signed header "${name}" is missing` };
       }
       headers[name] = v;
     }
-    const expected = sign({
-      method: req.method,
-      path,
-      query,
-      headers,
-      accessKeyId: creds.accessKeyId,
-      secretAccessKey: creds.secretAccessKey,
-      timestamp: parsed.timestamp,
-      expirationSeconds: parsed.expirationSeconds,
-      headersToSign: parsed.signedHeaders.length ? parsed.signedHeaders : undefined,
-    });
-    if (expected.signature !== parsed.signature) {
-      return {
-        status: 403,
-        code: "SignatureDoesNotMatch",
-        message: "The request signature does not match",
-      };
+    const params: Record<string, string> = {};
+    for (const [k, v] of query) params[k] = v ?? "";
+    const seconds = Date.parse(timestamp) / 1000;
+    const expected = SdkAuthorizationSchema.parse(
+      new SdkAuth(creds.accessKeyId, creds.secretAccessKey).generateAuthorization(
+        req.method,
+        path,
+        params,
+        headers,
+        seconds,
+        Number(expiration),
+        names.length ? names : undefined,
+      ),
+    );
+    if (expected !== header) {
+      return { ...CODES.badSignature, message: "The request signature does not match" };
     }
-    const ts = Date.parse(parsed.timestamp);
-    if (!Number.isFinite(ts) || Math.abs(Date.now() - ts) > parsed.expirationSeconds * 1000) {
-      return { status: 400, code: "RequestExpired", message: "The request has expired" };
+    if (!Number.isFinite(seconds) || Math.abs(Date.now() / 1000 - seconds) > Number(expiration)) {
+      return { ...CODES.expired, message: "The request has expired" };
     }
     return null;
   }
@@ -312,28 +514,43 @@ export class FakeBce {
     method: string,
     path: string,
     q: Record<string, string>,
-    pairs: QueryPair[],
+    pairs: [string, string | null][],
     body: Record<string, unknown>,
-    reply: (status: number, body: unknown, code?: string) => Response,
-    fail: (status: number, code: string, message: string) => Response,
+    fault: FakeFault | undefined,
+    reply: Reply,
+    fail: Fail,
   ): Response {
     const token = q.clientToken;
     const tokenKey = (op: string) => (token ? `${op}:${token}` : null);
     if (path === "/v1/eni" && method === "GET") return this.#list(q, reply, fail);
     if (path === "/v1/eni/quota" && method === "GET") {
       const inst = this.opts.instances[q.instanceId ?? ""];
-      if (!inst) return fail(404, "NoSuchObject", `Instance "${q.instanceId}" not found`);
+      if (!inst) return fail(CODES.noSuchObject, `instanceId ${q.instanceId} does not exist`);
       const used = this.attachedTo(q.instanceId).length;
       return reply(200, { totalQuantity: inst.eniQuota, availableQuantity: inst.eniQuota - used });
+    }
+    const instance = /^\/v2\/instance\/([^/]+)$/.exec(path);
+    if (instance && method === "GET") {
+      const inst = this.opts.instances[instance[1]];
+      if (!inst) return fail(CODES.noSuchObject, `instanceId ${instance[1]} does not exist`);
+      return reply(200, {
+        instance: {
+          id: instance[1],
+          status: "Running",
+          eniQuota: inst.eniQuota,
+          cpuCount: inst.cpuCount ?? 4,
+        },
+      });
     }
     const subnet = /^\/v1\/subnet\/([^/]+)$/.exec(path);
     if (subnet && method === "GET") {
       const s = this.opts.subnets.find((x) => x.subnetId === subnet[1]);
-      if (!s) return fail(404, "NoSuchObject", "Subnet not found");
+      if (!s) return fail(CODES.noSuchObject, `subnet ${subnet[1]} does not exist`);
       return reply(200, {
         subnet: {
           subnetId: s.subnetId,
           cidr: s.cidr,
+          ipv6Cidr: s.ipv6Cidr ?? "",
           zoneName: s.zoneName ?? "",
           vpcId: this.opts.vpcId,
         },
@@ -342,105 +559,137 @@ export class FakeBce {
     if (path === "/v1/eni" && method === "POST") {
       const key = tokenKey("create");
       if (key && this.#tokens.has(key)) return reply(200, { eniId: this.#tokens.get(key) });
-      return this.#create(body, key, reply, fail);
+      const res = this.#create(body, key, reply, fail);
+      const id = key ? this.#tokens.get(key) : undefined;
+      if (fault?.kind === "invisible" && id) this.#invisible.set(id, fault.reads);
+      return res;
     }
-    const m = /^\/v1\/eni\/(eni-[a-z0-9]+)(\/status)?$/.exec(path);
-    if (!m) return fail(404, "InvalidURI", `No route for ${method} ${path}`);
-    const eni = this.enis.get(m[1]);
+    const m = /^\/v1\/eni\/([^/]+?)(\/status)?$/.exec(path);
+    if (!m) return fail(CODES.invalidUri, "Could not parse the specified URI.");
+    if (!/^eni-[a-z0-9]+$/.test(m[1])) {
+      return fail(CODES.eniIdInvalid, "The param eniId is invalid");
+    }
+    const eniId = m[1];
+    const hidden = this.#invisible.get(eniId);
+    if (hidden !== undefined) {
+      if (hidden <= 1) this.#invisible.delete(eniId);
+      else this.#invisible.set(eniId, hidden - 1);
+      return fail(CODES.eniNotFound, `eni:${eniId} resource not exist`);
+    }
+    const eni = this.enis.get(eniId);
     if (method === "DELETE") {
       const key = tokenKey("delete");
       if (key && this.#tokens.has(key)) return reply(200, {});
-      if (!eni) return fail(404, "EniNotFoundException", `eni:${m[1]} resource not exist`);
+      if (!eni) return fail(CODES.eniNotFound, `eni:${eniId} resource not exist`);
       if (eni.status !== "available") {
-        return fail(
-          400,
-          "EniStatusException",
-          `ENI "${eni.eniId}" is ${eni.status}, not available`,
-        );
+        // Only an available ENI can be deleted (BCE ENI docs, reference §1.2).
+        return fail(CODES.wrongState, `The eni ${eni.eniId} status is ${eni.status}`);
       }
-      this.enis.delete(eni.eniId);
-      for (const ip of eni.privateIpSet) {
-        this.#usedIps.get(eni.subnetId)?.delete(ip.privateIpAddress);
-      }
+      this.#forget(eni);
       if (key) this.#tokens.set(key, eni.eniId);
       return reply(200, {});
     }
-    if (!eni) return fail(404, "EniNotFoundException", `eni:${m[1]} resource not exist`);
+    if (!eni) return fail(CODES.eniNotFound, `eni:${eniId} resource not exist`);
     if (method === "GET") {
       return m[2] ? reply(200, { status: eni.status }) : reply(200, structuredClone(eni));
     }
     if (method === "PUT") {
       const action = pairs.find(([k, v]) => (v === null || v === "") && k !== "clientToken")?.[0];
-      const instanceId = String(body.instanceId ?? "");
+      const parsed = InstanceBodySchema.safeParse(body);
+      if (!parsed.success) return fail(CODES.inappropriateJson, "instanceId is required");
+      const instanceId = parsed.data.instanceId;
       if (action === "attach") {
         const key = tokenKey(`attach:${eni.eniId}`);
         if (key && this.#tokens.has(key)) return reply(200, {});
         const inst = this.opts.instances[instanceId];
-        if (!inst) return fail(404, "NoSuchObject", `Instance "${instanceId}" not found`);
+        if (!inst) return fail(CODES.noSuchObject, `instanceId ${instanceId} does not exist`);
         if (eni.status !== "available") {
-          return fail(
-            400,
-            "EniStatusException",
-            `ENI "${eni.eniId}" is ${eni.status}, not available`,
-          );
+          return fail(CODES.wrongState, `The eni ${eni.eniId} status is ${eni.status}`);
         }
         if (this.attachedTo(instanceId).length >= inst.eniQuota) {
-          return fail(
-            400,
-            "EniQuotaLimitExceeded",
-            `Instance "${instanceId}" cannot attach more ENIs`,
-          );
+          return fail(CODES.quota, `Instance ${instanceId} cannot attach more enis`);
         }
         eni.status = "attaching";
         eni.instanceId = instanceId;
         const n = this.attachedTo(instanceId).length;
         this.maxAttached.set(instanceId, Math.max(this.maxAttached.get(instanceId) ?? 0, n));
         if (key) this.#tokens.set(key, eni.eniId);
+        if (fault?.kind === "stuck" && fault.state === "attaching") {
+          this.#stuck.set(eni.eniId, { state: "attaching", escape: fault.escape ?? "never" });
+          return reply(200, {});
+        }
         this.#later(this.opts.attachDelayMs, () => {
-          if (eni.status !== "attaching") return;
-          eni.status = "inuse";
-          if (this.opts.onAttach) this.#hook(() => this.opts.onAttach!(structuredClone(eni)));
+          if (eni.status === "attaching" && !this.#stuck.has(eni.eniId)) this.#finishAttach(eni);
         });
         return reply(200, {});
       }
       if (action === "detach") {
         const key = tokenKey(`detach:${eni.eniId}`);
         if (key && this.#tokens.has(key)) return reply(200, {});
+        const stuck = this.#stuck.get(eni.eniId);
+        if (stuck) {
+          if (stuck.escape !== "detach") {
+            return fail(CODES.wrongState, `The eni ${eni.eniId} status is ${eni.status}`);
+          }
+          this.#stuck.delete(eni.eniId);
+          eni.status = "detaching";
+          if (key) this.#tokens.set(key, eni.eniId);
+          this.#later(this.opts.detachDelayMs, () => {
+            if (eni.status === "detaching") this.#finishDetach(eni);
+          });
+          return reply(200, {});
+        }
         if (eni.status !== "inuse" || eni.instanceId !== instanceId) {
           return fail(
-            400,
-            "EniStatusException",
-            `ENI "${eni.eniId}" is ${eni.status} on "${eni.instanceId}"`,
+            CODES.wrongState,
+            `The eni ${eni.eniId} status is ${eni.status} on "${eni.instanceId}"`,
           );
         }
         eni.status = "detaching";
         if (key) this.#tokens.set(key, eni.eniId);
         if (this.opts.onDetach) this.#hook(() => this.opts.onDetach!(structuredClone(eni)));
+        if (fault?.kind === "stuck" && fault.state === "detaching") {
+          this.#stuck.set(eni.eniId, { state: "detaching", escape: fault.escape ?? "never" });
+          return reply(200, {});
+        }
         this.#later(this.opts.detachDelayMs, () => {
-          if (eni.status !== "detaching") return;
-          eni.status = "available";
-          eni.instanceId = "";
+          if (eni.status === "detaching" && !this.#stuck.has(eni.eniId)) this.#finishDetach(eni);
         });
         return reply(200, {});
       }
-      return fail(400, "InvalidHTTPRequest", `Unknown action "${action}"`);
+      return fail(CODES.invalidUri, `Unknown action "${action}"`);
     }
-    return fail(405, "InvalidHTTPRequest", `Method ${method} not allowed`);
+    return fail(CODES.invalidUri, `Method ${method} not allowed here`);
   }
 
-  #list(
-    q: Record<string, string>,
-    reply: (status: number, body: unknown) => Response,
-    fail: (status: number, code: string, message: string) => Response,
-  ): Response {
-    if (!q.vpcId) return fail(400, "InvalidHTTPRequest", "vpcId is required");
+  #finishAttach(eni: FakeEni): void {
+    eni.status = "inuse";
+    if (this.opts.onAttach) this.#hook(() => this.opts.onAttach!(structuredClone(eni)));
+  }
+
+  #finishDetach(eni: FakeEni): void {
+    eni.status = "available";
+    eni.instanceId = "";
+  }
+
+  #forget(eni: FakeEni): void {
+    this.enis.delete(eni.eniId);
+    this.#stuck.delete(eni.eniId);
+    for (const ip of [...eni.privateIpSet, ...eni.ipv6PrivateIpSet]) {
+      this.#usedIps.get(eni.subnetId)?.delete(ip.privateIpAddress);
+    }
+  }
+
+  #list(q: Record<string, string>, reply: Reply, fail: Fail): Response {
+    if (!q.vpcId) return fail(CODES.inappropriateJson, "vpcId is required");
     const maxKeys = Math.min(Number(q.maxKeys ?? 1000) || 1000, this.opts.maxKeysCap);
     const ips = q.privateIpAddress ? q.privateIpAddress.split(",") : [];
+    const nameOk = (n: string) =>
+      !q.name || (this.opts.nameFilter === "prefix" ? n.startsWith(q.name) : n === q.name);
     const all = [...this.enis.values()]
       .filter((e) => e.vpcId === q.vpcId)
       .filter((e) => !q.instanceId || e.instanceId === q.instanceId)
-      // Fuzzy, like the inferred server behaviour: the client must filter by prefix itself.
-      .filter((e) => !q.name || e.name.includes(q.name.replace(/\/$/, "")))
+      .filter((e) => nameOk(e.name))
       .filter((e) => !ips.length || e.privateIpSet.some((p) => ips.includes(p.privateIpAddress)))
       .sort((a, b) => (a.eniId < b.eniId ? -1 : 1));
     const start = q.marker ? all.findIndex((e) => e.eniId >= q.marker) : 0;
@@ -456,53 +705,45 @@ export class FakeBce {
     });
   }
 
-  #create(
-    body: Record<string, unknown>,
-    key: string | null,
-    reply: (status: number, body: unknown) => Response,
-    fail: (status: number, code: string, message: string) => Response,
-  ): Response {
-    const name = body.name;
-    if (typeof name !== "string" || !/^[A-Za-z][A-Za-z0-9\-_/.]{0,64}$/.test(name)) {
-      return fail(400, "InvalidParameter", `Invalid name ${JSON.stringify(name)}`);
+  #create(body: Record<string, unknown>, key: string | null, reply: Reply, fail: Fail): Response {
+    const parsed = CreateBodySchema.safeParse(body);
+    if (!parsed.success) {
+      return fail(CODES.inappropriateJson, `Invalid create body: ${parsed.error.message}`);
     }
-    for (const f of ["securityGroupIds", "enterpriseSecurityGroupIds", "privateIpSet"]) {
-      if (body[f] !== undefined && !Array.isArray(body[f])) {
-        return fail(
-          400,
-          "InappropriateJSON",
-          `"${f}" must be a list, not ${JSON.stringify(body[f])}`,
-        );
-      }
-    }
-    const subnet = this.opts.subnets.find((s) => s.subnetId === body.subnetId);
-    if (!subnet) return fail(404, "NoSuchObject", `Subnet "${body.subnetId}" not found`);
-    const set = (body.privateIpSet ?? []) as { privateIpAddress?: string; primary?: boolean }[];
-    const wanted = set.find((p) => p.primary)?.privateIpAddress || undefined;
+    const b = parsed.data;
+    const subnet = this.opts.subnets.find((s) => s.subnetId === b.subnetId);
+    if (!subnet) return fail(CODES.noSuchObject, `subnet ${b.subnetId} does not exist`);
+    const wanted = b.privateIpSet.find((p) => p.primary)?.privateIpAddress || undefined;
     let ip: string;
     const used = this.#used(subnet.subnetId);
     if (wanted) {
       if (!inCidr(wanted, subnet.cidr)) {
-        return fail(
-          400,
-          "PrivateIpNotInSubnetException",
-          `IP "${wanted}" is not in ${subnet.cidr}`,
-        );
+        // No source names a code for "not in the subnet".
+        return fail(CODES.wrongState, `The ip ${wanted} is invalid`);
       }
-      if (used.has(wanted)) return fail(400, "PrivateIpInUseException", `IP "${wanted}" is in use`);
+      if (used.has(wanted)) return fail(CODES.ipInUse, `The ip ${wanted} is in use`);
       ip = wanted;
     } else {
       const free = freeIp(subnet.cidr, used);
-      if (!free) {
-        return fail(400, "SubnetHasNoMoreIpException", `Subnet "${subnet.subnetId}" is full`);
-      }
+      if (!free) return fail(CODES.subnetFull, `Subnet ${subnet.subnetId} has no more ip`);
       ip = free;
     }
+    let ip6: string | undefined;
+    if (b.ipv6PrivateIpSet?.length) {
+      // IPv6 needs the subnet to have an IPv6 range (reference §1.2).
+      if (!subnet.ipv6Cidr) {
+        return fail(CODES.inappropriateJson, `Subnet ${subnet.subnetId} has no ipv6 cidr`);
+      }
+      const free6 = freeIp(subnet.ipv6Cidr, used);
+      if (!free6) return fail(CODES.subnetFull, `Subnet ${subnet.subnetId} has no more ipv6`);
+      ip6 = free6;
+      used.add(ip6);
+    }
     used.add(ip);
-    const eni = this.#newEni(name, subnet.subnetId, ip);
-    eni.description = String(body.description ?? "");
-    eni.securityGroupIds = (body.securityGroupIds ?? []) as string[];
-    eni.enterpriseSecurityGroupIds = (body.enterpriseSecurityGroupIds ?? []) as string[];
+    const eni = this.#newEni(b.name, subnet.subnetId, ip, ip6);
+    eni.description = b.description;
+    eni.securityGroupIds = b.securityGroupIds;
+    eni.enterpriseSecurityGroupIds = b.enterpriseSecurityGroupIds;
     this.enis.set(eni.eniId, eni);
     if (key) this.#tokens.set(key, eni.eniId);
     return reply(200, { eniId: eni.eniId });
@@ -538,9 +779,14 @@ export class FakeBce {
 
   // ---- helpers ---------------------------------------------------------------
 
-  #newEni(name: string, subnetId: string, ip: string | undefined): FakeEni {
+  #newEni(name: string, subnetId: string, ip?: string, ip6?: string): FakeEni {
     const n = ++this.#macCounter;
     const hex = (v: number) => v.toString(16).padStart(2, "0");
+    const addr = (a: string, primary: boolean) => ({
+      privateIpAddress: a,
+      primary,
+      publicIpAddress: "",
+    });
     return {
       eniId: "eni-" + randomId(12),
       name,
@@ -553,8 +799,8 @@ export class FakeBce {
       vpcId: this.opts.vpcId,
       subnetId,
       status: "available",
-      privateIpSet: ip ? [{ privateIpAddress: ip, primary: true, publicIpAddress: "" }] : [],
-      ipv6PrivateIpSet: [],
+      privateIpSet: ip ? [addr(ip, true)] : [],
+      ipv6PrivateIpSet: ip6 ? [addr(ip6, false)] : [],
       securityGroupIds: [],
       enterpriseSecurityGroupIds: [],
       createdTime: new Date().toISOString().replace(/\.\d{3}Z$/, "Z"),
@@ -604,23 +850,27 @@ export class FakeBce {
 /**
  * A fake ENI in the provider contract's shape (free, no owner), for wiring the
  * fake's `onAttach`/`onDetach` hooks to a `DeviceSimulator`:
- * `onAttach: (e) => sim.plug(toContractEni(fake, e))`.
+ * `onAttach: (e) => sim.plug(toContractEni(fake.opts.subnets, e))`.
  */
-export function toContractEni(fake: FakeBce, eni: FakeEni): Eni {
-  const subnet = fake.opts.subnets.find((s) => s.subnetId === eni.subnetId);
-  const ip = eni.privateIpSet.find((p) => p.primary) ?? eni.privateIpSet[0];
-  let ipv4: Eni["ipv4"] = null;
-  if (subnet && ip) {
-    const [net, len] = ipaddr.IPv4.parseCIDR(subnet.cidr);
+export function toContractEni(subnets: FakeSubnet[], eni: FakeEni): Eni {
+  const subnet = subnets.find((s) => s.subnetId === eni.subnetId);
+  const addr = (set: FakeEni["privateIpSet"], cidr: string | undefined) => {
+    const ip = set.find((p) => p.primary) ?? set[0];
+    if (!ip || !cidr) return null;
+    const [net, len] = ipaddr.parseCIDR(cidr);
     const b = net.toByteArray();
-    b[3] += 1;
-    ipv4 = { address: ip.privateIpAddress, prefixLength: len, gateway: b.join(".") };
-  }
+    b[b.length - 1] += 1;
+    return {
+      address: ip.privateIpAddress,
+      prefixLength: len,
+      gateway: ipaddr.fromByteArray(b).toString(),
+    };
+  };
   return {
     id: eni.eniId,
     mac: eni.macAddress,
-    ipv4,
-    ipv6: null,
+    ipv4: addr(eni.privateIpSet, subnet?.cidr),
+    ipv6: addr(eni.ipv6PrivateIpSet, subnet?.ipv6Cidr),
     subnetId: eni.subnetId,
     state: "free",
     owner: null,
@@ -628,21 +878,25 @@ export function toContractEni(fake: FakeBce, eni: FakeEni): Eni {
 }
 
 function json(status: number, body: unknown): Response {
-  const headers: Record<string, string> = { "content-type": "application/json;charset=utf-8" };
-  const rid = (body as { requestId?: string })?.requestId;
-  headers["x-bce-request-id"] = rid ?? crypto.randomUUID();
-  return new Response(JSON.stringify(body), { status, headers });
+  const rid = z.object({ requestId: z.string() }).safeParse(body);
+  return new Response(JSON.stringify(body), {
+    status,
+    headers: {
+      "content-type": "application/json;charset=utf-8",
+      "x-bce-request-id": rid.success ? rid.data.requestId : crypto.randomUUID(),
+    },
+  });
 }
 
 /** Splits a raw query string into decoded pairs; a bare key gets `null`. */
-function parseQuery(search: string): QueryPair[] {
+function parseQuery(search: string): [string, string | null][] {
   const s = search.replace(/^\?/, "");
   if (s === "") return [];
   return s.split("&").filter((p) => p !== "").map((p) => {
     const i = p.indexOf("=");
     return i < 0
-      ? [decodeURIComponent(p), null] as const
-      : [decodeURIComponent(p.slice(0, i)), decodeURIComponent(p.slice(i + 1))] as const;
+      ? [decodeURIComponent(p), null]
+      : [decodeURIComponent(p.slice(0, i)), decodeURIComponent(p.slice(i + 1))];
   });
 }
 
@@ -662,14 +916,22 @@ function inCidr(ip: string, cidr: string): boolean {
   }
 }
 
-/** The lowest free IPv4 host of a CIDR, skipping network, first host (gateway) and broadcast. */
+/** The lowest free host of a CIDR, skipping the network address, the first host (gateway) and (IPv4) broadcast. */
 function freeIp(cidr: string, used: Set<string>): string | null {
-  const [net, len] = ipaddr.IPv4.parseCIDR(cidr);
-  const base = net.toByteArray().reduce((a, b) => a * 256 + b, 0);
-  const size = 2 ** (32 - len);
-  for (let i = 2; i < size - 1; i++) {
-    const v = base + i;
-    const ip = [v >>> 24, (v >>> 16) & 255, (v >>> 8) & 255, v & 255].join(".");
+  const [net, len] = ipaddr.parseCIDR(cidr);
+  const bytes = net.toByteArray();
+  const bits = bytes.length * 8;
+  const hostBits = bits - len;
+  const limit = hostBits >= 20 ? 2 ** 20 : 2 ** hostBits - (bytes.length === 4 ? 1 : 0);
+  for (let i = 2; i < limit; i++) {
+    const b = [...bytes];
+    let carry = i;
+    for (let j = b.length - 1; j >= 0 && carry > 0; j--) {
+      const v = b[j] + (carry & 0xff);
+      b[j] = v & 0xff;
+      carry = (carry >>> 8) + (v >> 8);
+    }
+    const ip = ipaddr.fromByteArray(b).toString();
     if (!used.has(ip)) return ip;
   }
   return null;

@@ -18,6 +18,8 @@
  *   while its ENI stays attached is plugged again;
  * - answers `state` on stdin with `{"event":"state","enis":[…],"requests":[…]}`
  *   (what a test asserts on: which ENIs exist, which calls were made);
+ * - on `oob-delete <eniId>` / `oob-detach <eniId>`, deletes or detaches an ENI
+ *   out of band (someone else did it, in the console), answering `{"event":"done"}`;
  * - shuts down and exits when stdin closes.
  *
  * Settings come as one JSON argument ({@linkcode FakeBceProcessSettings});
@@ -26,46 +28,75 @@
  *
  * @module
  */
-import { FakeBce, type FakeEni, type FakeRequestRecord, toContractEni } from "./bce_fake.ts";
+import { z } from "zod";
+import { FakeBce, type FakeEni, FakeEniSchema, toContractEni } from "./bce_fake.ts";
 import { VethDeviceSimulator } from "../netns/sim.ts";
 import type { Credentials } from "../providers/bce/signer.ts";
 import { ROOT } from "./_enim.ts";
 
 /** What the process needs besides the credentials. */
-export interface FakeBceProcessSettings {
+export const FakeBceProcessSettingsSchema = z.object({
   /** The node namespace (a name under /run/netns), where devices appear. */
-  nodeNetns: string;
+  nodeNetns: z.string(),
   /** The VPC namespace and the bridge there that the other veth ends join. */
-  vpcNetns: string;
-  bridge: string;
-  /** The subnet ENIs are created in (`sbn-e2e0001`), its CIDR and zone. */
-  subnet: { subnetId: string; cidr: string; zoneName?: string };
-  vpcId?: string;
+  vpcNetns: z.string(),
+  bridge: z.string(),
+  /** The subnet ENIs are created in (`sbn-e2e0001`), its CIDRs and zone. */
+  subnet: z.object({
+    subnetId: z.string(),
+    cidr: z.string(),
+    ipv6Cidr: z.string().optional(),
+    zoneName: z.string().optional(),
+  }),
+  vpcId: z.string().optional(),
   /** The node's instance (the metadata describes it) and its ENI quota. */
-  instanceId: string;
-  eniQuota: number;
-  attachDelayMs?: number;
-  detachDelayMs?: number;
+  instanceId: z.string(),
+  eniQuota: z.number().int(),
+  attachDelayMs: z.number().optional(),
+  detachDelayMs: z.number().optional(),
   /** How often attached ENIs' devices are checked (default 200 ms). */
-  devicePeriodMs?: number;
-}
+  devicePeriodMs: z.number().optional(),
+});
+/** What the process needs besides the credentials. */
+export type FakeBceProcessSettings = z.infer<typeof FakeBceProcessSettingsSchema>;
+
+const CredentialsListSchema = z.array(z.object({
+  accessKeyId: z.string(),
+  secretAccessKey: z.string(),
+  sessionToken: z.string().optional(),
+}));
 
 /** One request as the `state` answer reports it (no headers: they carry the signature). */
-export type FakeRequestSummary = Omit<FakeRequestRecord, "headers">;
+export const FakeRequestSummarySchema = z.object({
+  method: z.string(),
+  path: z.string(),
+  query: z.record(z.string(), z.string()),
+  rawQuery: z.string(),
+  body: z.unknown().optional(),
+  at: z.number(),
+  status: z.number(),
+  code: z.string().optional(),
+});
+/** One request as the `state` answer reports it. */
+export type FakeRequestSummary = z.infer<typeof FakeRequestSummarySchema>;
 
 /** The `state` answer. */
-export interface FakeBceState {
-  enis: FakeEni[];
-  requests: FakeRequestSummary[];
-}
+export const FakeBceStateSchema = z.object({
+  enis: z.array(FakeEniSchema),
+  requests: z.array(FakeRequestSummarySchema),
+});
+/** The `state` answer. */
+export type FakeBceState = z.infer<typeof FakeBceStateSchema>;
 
 const CREDENTIALS_ENV = "ENIM_FAKE_BCE_CREDENTIALS";
 
 // ---- the process ------------------------------------------------------------------
 
 async function main(): Promise<void> {
-  const settings = JSON.parse(Deno.args[0]) as FakeBceProcessSettings;
-  const credentials = JSON.parse(Deno.env.get(CREDENTIALS_ENV) ?? "[]") as Credentials[];
+  const settings = FakeBceProcessSettingsSchema.parse(JSON.parse(Deno.args[0]));
+  const credentials = CredentialsListSchema.parse(
+    JSON.parse(Deno.env.get(CREDENTIALS_ENV) ?? "[]"),
+  );
   const print = (event: Record<string, unknown>) => console.log(JSON.stringify(event));
   const sim = new VethDeviceSimulator({
     vpcNetns: settings.vpcNetns,
@@ -91,12 +122,12 @@ async function main(): Promise<void> {
     detachDelayMs: settings.detachDelayMs ?? 30,
     onAttach: (eni) =>
       serial(`plug ${eni.eniId}`, async () => {
-        await sim.plug(toContractEni(fake, eni));
+        await sim.plug(toContractEni(fake.opts.subnets, eni));
         print({ event: "plugged", eniId: eni.eniId, mac: eni.macAddress });
       }),
     onDetach: (eni) =>
       serial(`unplug ${eni.eniId}`, async () => {
-        await sim.unplug(toContractEni(fake, eni));
+        await sim.unplug(toContractEni(fake.opts.subnets, eni));
         print({ event: "unplugged", eniId: eni.eniId, mac: eni.macAddress });
       }),
   });
@@ -110,7 +141,7 @@ async function main(): Promise<void> {
       serial("keep devices", async () => {
         for (const eni of fake.enis.values()) {
           if (stopping || !attachedHere(eni)) continue;
-          await sim.plug(toContractEni(fake, eni));
+          await sim.plug(toContractEni(fake.opts.subnets, eni));
         }
       }).finally(() => {
         if (!stopping) keepDevices();
@@ -133,6 +164,11 @@ async function main(): Promise<void> {
           enis: [...fake.enis.values()],
           requests: fake.requests.map(({ headers: _, ...r }) => r),
         });
+      } else if (/^oob-(delete|detach) eni-[a-z0-9]+$/.test(command)) {
+        const [verb, eniId] = command.split(" ");
+        if (verb === "oob-delete") fake.deleteOutOfBand(eniId);
+        else fake.detachOutOfBand(eniId);
+        print({ event: "done", command });
       } else if (command !== "") {
         print({ event: "error", error: `Unknown command "${command}"` });
       }
@@ -265,7 +301,18 @@ export class FakeBceProcess implements AsyncDisposable {
       await this.#stdin.write(new TextEncoder().encode("state\n"));
       const ev = await this.#events.next("state");
       if (!ev) throw new Error(`The fake BCE server ended:\n${this.output().join("\n")}`);
-      return ev as unknown as FakeBceState;
+      return FakeBceStateSchema.parse(ev);
+    });
+    this.#pending = run.catch(() => {});
+    return run;
+  }
+
+  /** Deletes (or detaches) an ENI behind enim's back, as someone in the console would. */
+  outOfBand(verb: "delete" | "detach", eniId: string): Promise<void> {
+    const run = this.#pending.then(async () => {
+      await this.#stdin.write(new TextEncoder().encode(`oob-${verb} ${eniId}\n`));
+      const ev = await this.#events.next("done");
+      if (!ev) throw new Error(`The fake BCE server ended:\n${this.output().join("\n")}`);
     });
     this.#pending = run.catch(() => {});
     return run;

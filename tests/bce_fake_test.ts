@@ -1,6 +1,9 @@
+import { createHmac } from "node:crypto";
 import { assert, assertEquals } from "../lib/assert.ts";
-import { bceTimestamp, sign, wireQuery } from "../providers/bce/signer.ts";
-import { type FakeEni, toContractEni } from "./bce_fake.ts";
+import { bceTimestamp, sign, uriEncode, wireQuery } from "../providers/bce/signer.ts";
+import SdkAuth from "@baiducloud/sdk/src/auth.js";
+import { CODES, type FakeEni, toContractEni } from "./bce_fake.ts";
+import { BceApiError } from "../providers/bce/errors.ts";
 import {
   AK,
   assertNoSecretsLogged,
@@ -11,12 +14,20 @@ import {
   testClient,
 } from "../providers/bce/_harness.ts";
 
-/** Sends one hand-signed request to the fake. */
+type Query = [string, string | null][];
+
+/** Sends one request signed by `authorize` (enim's signer unless given). */
 async function send(
   url: string,
   method: string,
   path: string,
-  opts: { secret?: string; ak?: string; tamper?: boolean; query?: [string, string | null][] } = {},
+  opts: {
+    secret?: string;
+    ak?: string;
+    tamper?: boolean;
+    query?: Query;
+    authorize?: (headers: Record<string, string>, ts: string) => string;
+  } = {},
 ): Promise<{ status: number; body: Record<string, unknown> }> {
   const u = new URL(url);
   const ts = bceTimestamp(new Date());
@@ -26,7 +37,7 @@ async function send(
     "x-bce-security-token": SESSION_TOKEN,
   };
   const query = opts.query ?? [];
-  const { authorization } = sign({
+  const authorization = opts.authorize?.(headers, ts) ?? sign({
     method,
     path,
     query,
@@ -34,7 +45,7 @@ async function send(
     accessKeyId: opts.ak ?? AK,
     secretAccessKey: opts.secret ?? SECRET,
     timestamp: ts,
-  });
+  }).authorization;
   const qs = wireQuery(opts.tamper ? [...query, ["extra", "1"]] : query);
   const res = await fetch(`${url}${path}${qs ? "?" + qs : ""}`, {
     method,
@@ -43,12 +54,43 @@ async function send(
   return { status: res.status, body: await res.json() };
 }
 
-Deno.test("the fake verifies every signature like BCE", async (t) => {
+Deno.test("the fake checks signatures with the official SDK's signer, not enim's", async (t) => {
   const fake = startFake();
   try {
-    await t.step("a good signature passes", async () => {
+    await t.step("the fake's source does not import enim's signer", async () => {
+      const src = await Deno.readTextFile(new URL("./bce_fake.ts", import.meta.url));
+      const imports = [...src.matchAll(/^import .* from "([^"]+)";$/gm)].map((m) => m[1]);
+      assert(!imports.some((i) => i.includes("signer")), JSON.stringify(imports));
+      assert(imports.includes("@baiducloud/sdk/src/auth.js"), JSON.stringify(imports));
+    });
+    await t.step("a request signed by enim's signer passes", async () => {
       const r = await send(fake.url, "GET", "/v1/eni", { query: [["vpcId", "vpc-fake0001"]] });
       assertEquals(r.status, 200);
+    });
+    await t.step("a request signed by the official SDK passes", async () => {
+      const r = await send(fake.url, "GET", "/v1/eni", {
+        query: [["vpcId", "vpc-fake0001"], ["maxKeys", "10"]],
+        authorize: (headers, ts) =>
+          String(
+            new SdkAuth(AK, SECRET).generateAuthorization(
+              "GET",
+              "/v1/eni",
+              { vpcId: "vpc-fake0001", maxKeys: "10" },
+              headers,
+              Date.parse(ts) / 1000,
+              1800,
+            ),
+          ),
+      });
+      assertEquals(r.status, 200);
+    });
+    await t.step("a signer bug (query pairs in send order, not sorted) is caught", async () => {
+      const query: Query = [["vpcId", "vpc-fake0001"], ["maxKeys", "10"]];
+      const r = await send(fake.url, "GET", "/v1/eni", {
+        query,
+        authorize: (headers, ts) => buggySign("GET", "/v1/eni", query, headers, ts),
+      });
+      assertEquals([r.status, r.body.code], [403, "SignatureDoesNotMatch"]);
     });
     await t.step("a wrong secret → 403 SignatureDoesNotMatch with a requestId", async () => {
       const r = await send(fake.url, "GET", "/v1/eni", { secret: "nope", query: [["vpcId", "v"]] });
@@ -77,6 +119,35 @@ Deno.test("the fake verifies every signature like BCE", async (t) => {
   }
 });
 
+/** enim's algorithm with one deliberate bug: query pairs are not sorted. */
+function buggySign(
+  method: string,
+  path: string,
+  query: Query,
+  headers: Record<string, string>,
+  ts: string,
+): string {
+  const good = sign({
+    method,
+    path,
+    query,
+    headers,
+    accessKeyId: AK,
+    secretAccessKey: SECRET,
+    timestamp: ts,
+  });
+  const unsorted = query.map(([k, v]) => `${uriEncode(k)}=${uriEncode(v ?? "")}`).join("&");
+  const lines = good.canonicalRequest.split("\n");
+  lines[2] = unsorted;
+  const key = good.signingKey;
+  const sig = hmac(key, lines.join("\n"));
+  return `bce-auth-v1/${AK}/${ts}/1800/${good.signedHeaders}/${sig}`;
+}
+
+function hmac(key: string, message: string): string {
+  return createHmac("sha256", key).update(message, "utf8").digest("hex");
+}
+
 Deno.test("the fake runs the ENI state machine with async attach/detach and hooks", async () => {
   const attached: FakeEni[] = [];
   const detached: FakeEni[] = [];
@@ -98,7 +169,7 @@ Deno.test("the fake runs the ENI state machine with async attach/detach and hook
     assert(/^fa:f6(:[0-9a-f]{2}){4}$/.test(eni.macAddress));
     assertEquals(eni.privateIpSet[0].privateIpAddress, "10.0.1.2");
     assertEquals(eni.status, "available");
-    assertEquals(toContractEni(fake, eni).ipv4, {
+    assertEquals(toContractEni(fake.opts.subnets, eni).ipv4, {
       address: "10.0.1.2",
       prefixLength: 24,
       gateway: "10.0.1.1",
@@ -106,7 +177,8 @@ Deno.test("the fake runs the ENI state machine with async attach/detach and hook
     await c.attachEni(id, INSTANCE, "t1-a");
     assertEquals(eni.status, "attaching");
     const delErr = await c.deleteEni(id, "t1-d").then(() => null, (e) => e);
-    assertEquals(delErr?.reason, "wrong_state");
+    assert(delErr instanceof BceApiError);
+    assertEquals([delErr.status, delErr.code], [CODES.wrongState.status, CODES.wrongState.code]);
     await new Promise((r) => setTimeout(r, 60));
     assertEquals(eni.status, "inuse");
     assertEquals(attached.map((e) => e.eniId), [id]);
@@ -148,8 +220,135 @@ Deno.test("the fake enforces the instance quota and honours clientToken", async 
     await c.attachEni(a, INSTANCE, "ta-a");
     await c.attachEni(a, INSTANCE, "ta-a");
     const e = await c.attachEni(b, INSTANCE, "tb-a").then(() => null, (e) => e);
-    assertEquals(e?.reason, "quota_exceeded");
+    assertEquals([e?.reason, e?.code], ["quota_exceeded", "QuotaLimitExceeded"]);
     assertEquals(fake.attachedTo(INSTANCE).length, 1);
+  } finally {
+    c.close();
+    await fake.close();
+  }
+});
+
+Deno.test("the fake answers with the codes public sources give", async (t) => {
+  const fake = startFake();
+  const c = testClient(fake, { maxAttempts: 1 });
+  try {
+    await t.step("a missing ENI: 404 EniNotFoundException 'eni:… resource not exist'", async () => {
+      const e = await c.getEni("eni-000000000000").then(() => null, (e) => e);
+      assertEquals([e?.status, e?.code, e?.missing], [404, "EniNotFoundException", "eni"]);
+    });
+    await t.step("a malformed ENI id: 400 EniIdException", async () => {
+      const e = await c.getEni("eni-BAD").then(() => null, (e) => e);
+      assertEquals([e?.status, e?.code, e?.missing], [400, "EniIdException", "eni"]);
+    });
+    await t.step("an unknown instance: 404 NoSuchObject, which is not 'ENI gone'", async () => {
+      const e = await c.getInstance("i-nobody").then(() => null, (e) => e);
+      assertEquals([e?.status, e?.code, e?.missing], [404, "NoSuchObject", "instance"]);
+    });
+    await t.step("the instance detail carries eniQuota and cpuCount", async () => {
+      assertEquals(await c.getInstance(INSTANCE), {
+        id: INSTANCE,
+        status: "Running",
+        eniQuota: 16,
+        cpuCount: 4,
+      });
+    });
+  } finally {
+    c.close();
+    await fake.close();
+  }
+});
+
+Deno.test("the fake's name filter matches exactly, so a prefix finds nothing", async () => {
+  const fake = startFake();
+  try {
+    const eni = fake.seedEni({ name: `enim/${INSTANCE}/abc123` });
+    const prefix = await send(fake.url, "GET", "/v1/eni", {
+      query: [["vpcId", "vpc-fake0001"], ["name", `enim/${INSTANCE}/`]],
+    });
+    assertEquals(prefix.body.enis, []);
+    const exact = await send(fake.url, "GET", "/v1/eni", {
+      query: [["vpcId", "vpc-fake0001"], ["name", eni.name]],
+    });
+    assertEquals((exact.body.enis as FakeEni[]).map((e) => e.eniId), [eni.eniId]);
+  } finally {
+    await fake.close();
+  }
+});
+
+Deno.test("the fake models stuck ENIs, late visibility, out-of-band changes and IPv6", async (t) => {
+  const fake = startFake({
+    subnets: [{ subnetId: "sbn-fake0001", cidr: "10.0.1.0/24", ipv6Cidr: "fd00:1::/64" }],
+    attachDelayMs: 5,
+    detachDelayMs: 5,
+  });
+  const c = testClient(fake, { maxAttempts: 1 });
+  const mk = (name: string, ipv6 = false) =>
+    c.createEni({
+      name,
+      subnetId: "sbn-fake0001",
+      securityGroupIds: [],
+      enterpriseSecurityGroupIds: [],
+      ipv6,
+    }, crypto.randomUUID());
+  try {
+    await t.step("stuck in attaching: detach and delete refused until unstuck", async () => {
+      const id = await mk("enim/s/1");
+      fake.inject({ kind: "stuck", state: "attaching" });
+      await c.attachEni(id, INSTANCE, "s1-a");
+      await new Promise((r) => setTimeout(r, 30));
+      assertEquals(fake.enis.get(id)?.status, "attaching");
+      const d = await c.detachEni(id, INSTANCE, "s1-d").then(() => null, (e) => e);
+      assertEquals(d?.code, CODES.wrongState.code);
+      const x = await c.deleteEni(id, "s1-x").then(() => null, (e) => e);
+      assertEquals(x?.code, CODES.wrongState.code);
+      fake.unstick(id);
+      assertEquals(fake.enis.get(id)?.status, "inuse");
+    });
+    await t.step("stuck in attaching with escape 'detach': a detach frees it", async () => {
+      const id = await mk("enim/s/2");
+      fake.inject({ kind: "stuck", state: "attaching", escape: "detach" });
+      await c.attachEni(id, INSTANCE, "s2-a");
+      await c.detachEni(id, INSTANCE, "s2-d");
+      await new Promise((r) => setTimeout(r, 30));
+      assertEquals(fake.enis.get(id)?.status, "available");
+    });
+    await t.step("invisible for two reads after its create", async () => {
+      fake.inject({ kind: "invisible", reads: 2 });
+      const id = await mk("enim/v/1");
+      for (let i = 0; i < 2; i++) {
+        const e = await c.getEni(id).then(() => null, (e) => e);
+        assertEquals(e?.code, "EniNotFoundException");
+      }
+      assertEquals((await c.getEni(id)).eniId, id);
+    });
+    await t.step("IPv6 from the subnet's ipv6Cidr when asked", async () => {
+      const id = await mk("enim/6/1", true);
+      const eni = fake.enis.get(id)!;
+      assertEquals(eni.ipv6PrivateIpSet.map((p) => [p.privateIpAddress, p.primary]), [[
+        "fd00:1::2",
+        false,
+      ]]);
+      const post = fake.requests.findLast((r) => r.method === "POST")!;
+      assertEquals(
+        (post.body as { ipv6PrivateIpSet: unknown }).ipv6PrivateIpSet,
+        [{ publicIpAddress: "", primary: false, privateIpAddress: "" }],
+      );
+      assertEquals(toContractEni(fake.opts.subnets, eni).ipv6, {
+        address: "fd00:1::2",
+        prefixLength: 64,
+        gateway: "fd00:1::1",
+      });
+    });
+    await t.step("deleted out of band: gone, its device unplugged", async () => {
+      const detached: string[] = [];
+      fake.opts.onDetach = (e) => void detached.push(e.eniId);
+      const id = await mk("enim/o/1");
+      await c.attachEni(id, INSTANCE, "o1-a");
+      await new Promise((r) => setTimeout(r, 30));
+      fake.deleteOutOfBand(id);
+      await new Promise((r) => setTimeout(r, 10));
+      assertEquals([fake.enis.has(id), detached], [false, [id]]);
+    });
   } finally {
     c.close();
     await fake.close();

@@ -1,19 +1,25 @@
 /**
  * The BCE ENI API client for exclusive mode (reference §1, §4): list, get,
- * create, attach, detach, delete, status, quota and subnet detail, every
- * response parsed with zod, every request signed with `bce-auth-v1`.
+ * create, attach, detach, delete, status, quota, subnet and instance detail,
+ * every response parsed with zod, every request signed with `bce-auth-v1`.
  *
- * Retries: network errors, 500/502/503/504, 429 and throttling (`RateLimit`),
- * `RequestExpired`/`RequestTimeTooSkewed` (re-signed each attempt), with
- * exponential backoff and full jitter, bounded by attempts and total time.
- * Writes carry the caller's clientToken so a retry cannot act twice.
+ * Retries (classification in `errors.ts`): network errors, 500/502/503/504,
+ * throttling (HTTP 429 and the rate-limit codes), and `RequestExpired` /
+ * `RequestTimeTooSkewed` (re-signed on each attempt), with exponential backoff
+ * and full jitter, bounded by attempts and total time. A throttled call waits
+ * at least twice as long as a failed one, and at least what `Retry-After` asks.
+ * Quota, auth and bad-request errors are never retried. Writes carry the
+ * caller's clientToken, so a retry cannot act twice.
+ *
+ * The client counts the requests it sends, per operation ({@linkcode BceClient.calls}):
+ * the provider's status shows them and the budget test reads them.
  *
  * @module
  */
 import { z } from "zod";
-import { ProviderError, type ProviderErrorReason } from "../contract.ts";
 import type { Logger } from "../../lib/log.ts";
 import { bceTimestamp, type Credentials, type QueryPair, sign, wireQuery } from "./signer.ts";
+import { BceApiError, type BceOp, classifyError, codeForEmptyBody } from "./errors.ts";
 
 /** One private IP of an ENI. */
 export const BcePrivateIpSchema = z.object({
@@ -56,7 +62,7 @@ const QuotaResultSchema = z.object({
   totalQuantity: z.number().int(),
   availableQuantity: z.number().int(),
 });
-/** A subnet's detail (`GET /v1/subnet/{id}`; shape per the VPC API, UNVERIFIED against live BCE). */
+/** A subnet's detail (`GET /v1/subnet/{id}`; bce-sdk-go services/vpc model.go Subnet). */
 export const BceSubnetSchema = z.object({
   subnetId: z.string(),
   cidr: z.string(),
@@ -67,62 +73,31 @@ export const BceSubnetSchema = z.object({
 /** A subnet's detail. */
 export type BceSubnet = z.infer<typeof BceSubnetSchema>;
 const SubnetResultSchema = z.object({ subnet: BceSubnetSchema });
+/**
+ * The fields of an instance's detail the provider reads (`GET /v2/instance/{id}?isDeploySet=false`;
+ * bce-sdk-go services/bcc/api/instance.go GetInstanceDetail, model.go InstanceModel: `id`,
+ * `eniQuota`, `cpuCount`). CCE reads `eniQuota` from it (cce-network-v2/pkg/bce/vpceni/node_bcc.go).
+ */
+export const BceInstanceSchema = z.object({
+  id: z.string().nullish(),
+  eniQuota: z.number().int().min(0).nullish(),
+  cpuCount: z.number().int().min(0).nullish(),
+  status: z.string().nullish(),
+});
+/** An instance's detail (the fields the provider reads). */
+export type BceInstance = z.infer<typeof BceInstanceSchema>;
+const InstanceResultSchema = z.object({ instance: BceInstanceSchema });
 const ErrorBodySchema = z.object({
   code: z.string().default(""),
   message: z.string().default(""),
   requestId: z.string().nullish(),
 });
 
-/** A failed BCE call: a {@linkcode ProviderError} plus the HTTP status and BCE code. */
-export class BceApiError extends ProviderError {
-  /** The HTTP status, 0 for a network failure or timeout. */
-  readonly status: number;
-  /** BCE's error code (`NoSuchObject`, …), `""` when none. */
-  readonly code: string;
-  constructor(
-    reason: ProviderErrorReason,
-    message: string,
-    opts: { status: number; code: string; requestId?: string; cause?: unknown },
-  ) {
-    super(reason, message, { requestId: opts.requestId, cause: opts.cause });
-    this.name = "BceApiError";
-    this.status = opts.status;
-    this.code = opts.code;
-  }
-}
-
-/** Maps a BCE error (status and code) to a provider reason (§4.2; substring match as CCE does). */
-export function reasonFor(status: number, code: string): ProviderErrorReason {
-  const c = code.toLowerCase();
-  if (c.includes("ratelimit") || status === 429) return "throttled";
-  if (
-    c.includes("accessdenied") || c.includes("invalidaccesskeyid") ||
-    c.includes("signaturedoesnotmatch") || c.includes("requestexpired") ||
-    c.includes("requesttimetooskewed") || c.includes("invalidhttpauthheader") ||
-    status === 401 || status === 403
-  ) return "auth_failed";
-  if (
-    c.includes("nosuchobject") || c.includes("eninotfoundexception") ||
-    c.includes("eniidexception") || status === 404
-  ) return "not_found";
-  if (c.includes("subnethasnomoreip")) return "subnet_full";
-  if (c.includes("privateipinuse")) return "requested_ip_unavailable";
-  if (
-    c.includes("limitexceeded") || c.includes("exceedlimit") ||
-    c.includes("cannotattachmore")
-  ) return "quota_exceeded";
-  if (
-    c.includes("status") || c.includes("state") || c.includes("conflict") || status === 409
-  ) return "wrong_state";
-  if (status >= 500 || status === 0) return "unavailable";
-  return "other";
-}
-
 /** Retry and timeout settings. */
 export interface RetryOptions {
   /** Attempts per call, the first included. */
   maxAttempts: number;
-  /** First backoff, doubled per retry, with full jitter. */
+  /** First backoff, doubled per retry, with full jitter (twice that after throttling). */
   baseDelayMs: number;
   maxDelayMs: number;
   /** Total time a call may take, retries included. */
@@ -151,6 +126,8 @@ export interface BceClientOptions {
   /** The clock used for signatures (tests skew it). */
   now?: () => Date;
   expirationSeconds?: number;
+  /** The jitter source, in [0, 1) (tests seed it). */
+  random?: () => number;
 }
 
 /** Arguments of {@linkcode BceClient.createEni}. */
@@ -161,16 +138,21 @@ export interface CreateEniArgs {
   enterpriseSecurityGroupIds: string[];
   /** A fixed primary IPv4, or undefined for auto-assignment. */
   privateIpAddress?: string;
+  /** Ask for one auto-assigned IPv6 address too (the subnet needs an IPv6 range). */
+  ipv6?: boolean;
   description?: string;
 }
 
 /** Filters of {@linkcode BceClient.listEnis}. */
 export interface ListEnisArgs {
   vpcId: string;
+  /** Sent to the server (`instanceId`): only ENIs attached to this instance. */
   instanceId?: string;
-  /** Server-side `name` filter and client-side prefix match (the server may match fuzzily). */
+  /**
+   * Matched on our side only. BCE's `name` filter is never sent: whether it matches
+   * names exactly, by prefix or fuzzily is unverified (reference §1.2).
+   */
   namePrefix?: string;
-  privateIpAddresses?: string[];
   maxKeys?: number;
 }
 
@@ -179,17 +161,19 @@ interface Call {
   path: string;
   query?: QueryPair[];
   body?: unknown;
-  /** The operation name for logs and errors. */
-  op: string;
+  op: BceOp;
 }
 
 /** The ENI API client. */
 export class BceClient {
   readonly endpoint: URL;
+  /** Requests sent so far (retries included), by operation. */
+  readonly calls: Map<BceOp, number> = new Map();
   #creds: () => Credentials;
   #retry: RetryOptions;
   #log: Logger;
   #now: () => Date;
+  #random: () => number;
   #expiration: number;
   #closed = new AbortController();
 
@@ -200,12 +184,18 @@ export class BceClient {
     this.#retry = { ...DEFAULT_RETRY, ...opts.retry };
     this.#log = opts.log;
     this.#now = opts.now ?? (() => new Date());
+    this.#random = opts.random ?? Math.random;
     this.#expiration = opts.expirationSeconds ?? 1800;
   }
 
   /** Aborts in-flight requests and backoff waits. */
   close(): void {
     this.#closed.abort(new Error("BCE client closed"));
+  }
+
+  /** Requests sent so far, by operation, as a plain object. */
+  callCounts(): Record<string, number> {
+    return Object.fromEntries([...this.calls].sort(([a], [b]) => (a < b ? -1 : 1)));
   }
 
   /** Every standard ENI matching the filters, all pages read. */
@@ -215,16 +205,13 @@ export class BceClient {
     for (let page = 0; page < 10_000; page++) {
       const query: QueryPair[] = [["vpcId", args.vpcId]];
       if (args.instanceId) query.push(["instanceId", args.instanceId]);
-      if (args.namePrefix) query.push(["name", args.namePrefix]);
-      if (args.privateIpAddresses?.length) {
-        query.push(["privateIpAddress", args.privateIpAddresses.join(",")]);
-      }
       if (marker) query.push(["marker", marker]);
       query.push(["maxKeys", String(args.maxKeys ?? 1000)]);
       const res = ListResultSchema.parse(
         await this.#call({ method: "GET", path: "/v1/eni", query, op: "ListEni" }),
       );
       for (const eni of res.enis) {
+        // CCE drops every non-standard (elastic RDMA) NIC (cce-network-v2/pkg/bce/api/eni/client.go).
         const mode = eni.networkInterfaceTrafficMode ?? "standard";
         if (mode !== "standard") continue;
         if (args.namePrefix && !eni.name.startsWith(args.namePrefix)) continue;
@@ -253,7 +240,7 @@ export class BceClient {
 
   /** Creates an ENI; the same clientToken on every retry (and after a restart) makes it once. */
   async createEni(args: CreateEniArgs, clientToken: string): Promise<string> {
-    const body = {
+    const body: Record<string, unknown> = {
       name: args.name,
       subnetId: args.subnetId,
       securityGroupIds: args.securityGroupIds ?? [],
@@ -265,6 +252,11 @@ export class BceClient {
       }],
       description: args.description ?? "",
     };
+    // IPv6 entries are all secondary; "" asks for an automatic address (reference §1.2,
+    // bce-sdk-go services/eni/model.go CreateEniArgs.Ipv6PrivateIpSet).
+    if (args.ipv6) {
+      body.ipv6PrivateIpSet = [{ publicIpAddress: "", primary: false, privateIpAddress: "" }];
+    }
     return CreateResultSchema.parse(
       await this.#call({
         method: "POST",
@@ -298,7 +290,7 @@ export class BceClient {
     });
   }
 
-  /** Deletes an available ENI. */
+  /** Deletes an ENI (BCE accepts it only when the ENI is `available`). */
   async deleteEni(eniId: string, clientToken: string): Promise<void> {
     await this.#call({
       method: "DELETE",
@@ -308,7 +300,7 @@ export class BceClient {
     });
   }
 
-  /** The ENI quota of an instance (`GET /v1/eni/quota`, SDK-only, UNVERIFIED). */
+  /** The ENI quota of an instance (`GET /v1/eni/quota`, bce-sdk-go only, meaning UNVERIFIED). */
   async eniQuota(
     instanceId: string,
   ): Promise<{ totalQuantity: number; availableQuantity: number }> {
@@ -322,7 +314,19 @@ export class BceClient {
     );
   }
 
-  /** A subnet's detail (CIDR, for prefix length and gateway). */
+  /** An instance's detail (`GET /v2/instance/{id}?isDeploySet=false`). */
+  async getInstance(instanceId: string): Promise<BceInstance> {
+    return InstanceResultSchema.parse(
+      await this.#call({
+        method: "GET",
+        path: `/v2/instance/${instanceId}`,
+        query: [["isDeploySet", "false"]],
+        op: "GetInstance",
+      }),
+    ).instance;
+  }
+
+  /** A subnet's detail (CIDRs, for prefix lengths and gateways). */
   async getSubnet(subnetId: string): Promise<BceSubnet> {
     return SubnetResultSchema.parse(
       await this.#call({ method: "GET", path: `/v1/subnet/${subnetId}`, op: "GetSubnet" }),
@@ -332,26 +336,28 @@ export class BceClient {
   /** One logical call: signs and sends, retrying what is retryable. */
   async #call(call: Call): Promise<unknown> {
     const r = this.#retry;
-    const started = Date.now();
-    const deadline = started + r.totalTimeoutMs;
+    const deadline = Date.now() + r.totalTimeoutMs;
     let attempt = 0;
     for (;;) {
       attempt++;
       let err: BceApiError;
+      let retryAfterMs = 0;
       try {
         return await this.#once(call, Math.min(r.requestTimeoutMs, deadline - Date.now()));
       } catch (e) {
         if (!(e instanceof BceApiError)) throw e;
         err = e;
+        retryAfterMs = RETRY_AFTER.get(e) ?? 0;
       }
-      const retryable = isRetryable(err);
-      const delay = Math.min(r.maxDelayMs, r.baseDelayMs * 2 ** (attempt - 1)) *
-        (0.5 + Math.random() / 2);
+      // Full jitter over an exponential ceiling; throttling doubles the base.
+      const base = err.throttled ? 2 * r.baseDelayMs : r.baseDelayMs;
+      const ceiling = Math.min(r.maxDelayMs, base * 2 ** (attempt - 1));
+      const delay = Math.max(retryAfterMs, ceiling * (0.5 + this.#random() / 2));
       if (
-        !retryable || attempt >= r.maxAttempts || Date.now() + delay >= deadline ||
+        !err.retryable || attempt >= r.maxAttempts || Date.now() + delay >= deadline ||
         this.#closed.signal.aborted
       ) {
-        if (retryable && attempt > 1) {
+        if (err.retryable && attempt > 1) {
           this.#log.warn("BCE call failed after retries", {
             op: call.op,
             attempts: attempt,
@@ -362,14 +368,17 @@ export class BceClient {
         }
         throw err;
       }
-      this.#log.info("BCE call failed, retrying", {
-        op: call.op,
-        attempt,
-        delayMs: Math.round(delay),
-        code: err.code,
-        status: err.status,
-        requestId: err.requestId,
-      });
+      this.#log.info(
+        err.throttled ? "BCE call throttled, backing off" : "BCE call failed, retrying",
+        {
+          op: call.op,
+          attempt,
+          delayMs: Math.round(delay),
+          code: err.code,
+          status: err.status,
+          requestId: err.requestId,
+        },
+      );
       await sleep(delay, this.#closed.signal);
     }
   }
@@ -410,10 +419,27 @@ export class BceClient {
     const onClose = () => ac.abort(this.#closed.signal.reason);
     this.#closed.signal.addEventListener("abort", onClose, { once: true });
     const where = `${call.op} ${call.method} ${call.path}`;
+    this.calls.set(call.op, (this.calls.get(call.op) ?? 0) + 1);
+    const fail = (
+      message: string,
+      o: { status: number; code: string; requestId?: string; cause?: unknown; text?: string },
+    ) =>
+      new BceApiError(message, {
+        ...o,
+        op: call.op,
+        classification: classifyError({
+          status: o.status,
+          code: o.code,
+          message: o.text ?? "",
+          op: call.op,
+        }),
+      });
     try {
       let status: number;
+      let statusText: string;
       let text: string;
       let requestId: string | undefined;
+      let retryAfter: string | null;
       try {
         const res = await fetch(url, {
           method: call.method,
@@ -422,22 +448,20 @@ export class BceClient {
           signal: ac.signal,
         });
         status = res.status;
+        statusText = res.statusText;
         requestId = res.headers.get("x-bce-request-id") ?? undefined;
+        retryAfter = res.headers.get("retry-after");
         text = await res.text();
       } catch (e) {
         const why = ac.signal.aborted ? String(ac.signal.reason?.message ?? "aborted") : errText(e);
-        throw new BceApiError("unavailable", `BCE ${where} failed: ${why}`, {
-          status: 0,
-          code: "",
-          cause: e,
-        });
+        throw fail(`BCE ${where} failed: ${why}`, { status: 0, code: "", cause: e });
       }
       if (status >= 200 && status < 300) {
         if (text.trim() === "") return {};
         try {
           return JSON.parse(text);
         } catch (e) {
-          throw new BceApiError("other", `BCE ${where} returned malformed JSON`, {
+          throw fail(`BCE ${where} returned malformed JSON`, {
             status,
             code: "MalformedJSON",
             requestId,
@@ -447,33 +471,38 @@ export class BceClient {
       }
       let code = "";
       let message = "";
-      try {
-        const parsed = ErrorBodySchema.safeParse(JSON.parse(text));
-        if (parsed.success) {
-          code = parsed.data.code;
-          message = parsed.data.message;
-          requestId = parsed.data.requestId ?? requestId;
+      if (text.trim() !== "") {
+        try {
+          const parsed = ErrorBodySchema.safeParse(JSON.parse(text));
+          if (parsed.success) {
+            code = parsed.data.code;
+            message = parsed.data.message;
+            requestId = parsed.data.requestId ?? requestId;
+          } else {
+            code = "MalformedJSON";
+          }
+        } catch {
+          // Undecodable: bce-sdk-go calls it MalformedJSON (bce/response.go).
+          code = "MalformedJSON";
         }
-      } catch {
-        // Not JSON: guess the code from the status, as the Go SDK does.
       }
-      if (!code) {
-        code = status === 400
-          ? "InvalidHTTPRequest"
-          : status === 403
-          ? "AccessDenied"
-          : status === 500
-          ? "InternalError"
-          : `Http${status}`;
-      }
-      const reason = reasonFor(status, code);
-      const authNote = reason === "auth_failed"
+      if (!code) code = codeForEmptyBody(status, statusText);
+      const safeMessage = scrub(message, creds);
+      const classification = classifyError({ status, code, message: safeMessage, op: call.op });
+      const authNote = classification.reason === "auth_failed"
         ? ` (access key id "${creds.accessKeyId}"; check the credentials and the clock)`
         : "";
-      const msg = `BCE ${where} failed: HTTP ${status} ${code}: ${
-        scrub(message, creds)
-      }${authNote} [requestId ${requestId ?? "none"}]`;
-      throw new BceApiError(reason, msg, { status, code, requestId });
+      const out = new BceApiError(
+        `BCE ${where} failed: HTTP ${status} ${code}: ${safeMessage}${authNote} [requestId ${
+          requestId ?? "none"
+        }]`,
+        { status, code, requestId, op: call.op, classification },
+      );
+      const seconds = retryAfter !== null ? Number(retryAfter) : NaN;
+      if (Number.isFinite(seconds) && seconds > 0) {
+        RETRY_AFTER.set(out, Math.min(seconds * 1000, this.#retry.maxDelayMs));
+      }
+      throw out;
     } finally {
       clearTimeout(timer);
       this.#closed.signal.removeEventListener("abort", onClose);
@@ -481,13 +510,8 @@ export class BceClient {
   }
 }
 
-/** Whether a failed attempt may be retried. */
-export function isRetryable(err: BceApiError): boolean {
-  if (err.status === 0) return true;
-  if ([500, 502, 503, 504, 429].includes(err.status)) return true;
-  const c = err.code.toLowerCase();
-  return c.includes("ratelimit") || c === "requestexpired" || c === "requesttimetooskewed";
-}
+/** `Retry-After` of a failed attempt (capped at maxDelayMs), kept beside the error. */
+const RETRY_AFTER = new WeakMap<BceApiError, number>();
 
 /** Removes secrets a server might echo back in a message. */
 function scrub(message: string, creds: Credentials): string {

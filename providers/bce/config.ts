@@ -39,36 +39,54 @@ export const configSchema = z.object({
   }).default({ minIdle: 0, maxIdle: 2 }).refine((w) => w.minIdle <= w.maxIdle, {
     message: "warmPool.minIdle must not exceed warmPool.maxIdle",
   }),
-  /** ENIs this node may have attached; the instance's ENI quota when absent. */
+  /**
+   * The most ENIs this node may have attached (the primary NIC not counted). The
+   * provider also asks BCE (`/v1/eni/quota`, else the instance's `eniQuota`) and uses
+   * the smaller of the two; this value alone when BCE does not answer.
+   */
   maxEnisPerNode: z.number().int().min(1).max(64).optional(),
   /** The name prefix marking ENIs this provider created; it never touches others. */
   namePrefix: z.string().regex(/^[A-Za-z][A-Za-z0-9\-_.]{0,23}$/).default("enim"),
   description: z.string().max(200).default("created by enim, do not modify"),
+  /**
+   * IPv6 on new ENIs: `auto` asks for an address when the subnet has an IPv6 range
+   * (`ipv6Cidr` in its detail, or `subnetIpv6Cidr`), `always` asks in any case,
+   * `never` never asks.
+   */
+  ipv6: z.enum(["auto", "always", "never"]).default("auto"),
+  /** The subnet's IPv6 CIDR, to skip the subnet lookup. */
+  subnetIpv6Cidr: z.string().optional(),
   timeouts: z.object({
     requestMs: z.number().int().min(1).default(20_000),
     totalMs: z.number().int().min(1).default(60_000),
     maxAttempts: z.number().int().min(1).max(20).default(5),
     baseDelayMs: z.number().int().min(0).default(1000),
     maxDelayMs: z.number().int().min(0).default(10_000),
-    /** How long to wait for a new ENI to become `inuse`. */
-    attachMs: z.number().int().min(1).default(120_000),
-    /** How long to wait for its device to appear on the node. */
+    /** How long to wait for a new ENI to become `inuse` (CCE waits 60 s for a new ENI). */
+    attachMs: z.number().int().min(1).default(60_000),
+    /** How long to wait for a detach to finish before escalating. */
+    detachMs: z.number().int().min(1).default(60_000),
+    /** After the escalation's detach, how long to wait before deleting anyway. */
+    escalateMs: z.number().int().min(1).default(15_000),
+    /** How long a not-found on an ENI this provider has just created is retried. */
+    createVisibilityMs: z.number().int().min(0).default(10_000),
+    /** How long to wait for a new ENI's device to appear on the node. */
     deviceMs: z.number().int().min(1).default(30_000),
-    /** The first poll interval while waiting for `inuse` (doubling, capped at 5 s). */
+    /** The first poll interval while waiting for a status (doubling, capped at 5 s). */
     pollMs: z.number().int().min(1).default(1000),
-    /** The warm pool loop's period. */
+    /** The warm pool loop's period while something changes. */
     poolIntervalMs: z.number().int().min(1).default(30_000),
-  }).default({
-    requestMs: 20_000,
-    totalMs: 60_000,
-    maxAttempts: 5,
-    baseDelayMs: 1000,
-    maxDelayMs: 10_000,
-    attachMs: 120_000,
-    deviceMs: 30_000,
-    pollMs: 1000,
-    poolIntervalMs: 30_000,
-  }),
+    /** The longest period, reached by doubling while nothing changes. */
+    idleIntervalMs: z.number().int().min(1).default(300_000),
+    /** A pass lists the whole VPC (orphan scan) at most this often; other passes list this instance's ENIs. */
+    orphanScanIntervalMs: z.number().int().min(1).default(3_600_000),
+    /** How often a quarantined (stuck) ENI is tried again. */
+    quarantineRetryMs: z.number().int().min(1).default(600_000),
+    /** The shortest gap between two passes, even when an allocation asks for one. */
+    minPassGapMs: z.number().int().min(0).default(5_000),
+    /** Each period is multiplied by a random factor in [1 - jitter, 1 + jitter]. */
+    jitter: z.number().min(0).max(0.9).default(0.2),
+  }).prefault({}),
 }).refine((c) => !(c.securityGroupIds.length && c.enterpriseSecurityGroupIds.length), {
   message: "Set securityGroupIds or enterpriseSecurityGroupIds, not both",
 });

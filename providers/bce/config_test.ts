@@ -20,6 +20,16 @@ Deno.test("configSchema fills defaults and rejects contradictions", () => {
     !configSchema.safeParse({ securityGroupIds: ["g"], enterpriseSecurityGroupIds: ["e"] }).success,
   );
   assert(!configSchema.safeParse({ namePrefix: "1bad" }).success);
+  // IPv6 follows the subnet by default; the budget periods default to 30 s → 5 min, scans hourly.
+  assertEquals(c.ipv6, "auto");
+  assert(!configSchema.safeParse({ ipv6: "sometimes" }).success);
+  assertEquals(
+    [c.timeouts.poolIntervalMs, c.timeouts.idleIntervalMs, c.timeouts.orphanScanIntervalMs],
+    [30_000, 300_000, 3_600_000],
+  );
+  // A partial timeouts object keeps the other defaults.
+  const t = configSchema.parse({ timeouts: { attachMs: 5 } }).timeouts;
+  assertEquals([t.attachMs, t.detachMs, t.jitter], [5, 60_000, 0.2]);
 });
 
 Deno.test("endpointFor() defaults to https", () => {

@@ -27,7 +27,10 @@ export interface CreateOptions {
   now?: () => Date;
 }
 
-/** Creates the provider: resolves metadata, credentials and the node limit, syncs once. */
+/**
+ * Creates the provider: resolves metadata and credentials, then the node limit
+ * (never fatal: see `_limit.ts`), and syncs once.
+ */
 export async function createBce(
   config: BceConfig,
   ctx: ProviderContext,
@@ -67,16 +70,28 @@ export async function createBce(
     vpcId,
     subnetId,
     subnetCidrs: cfg.subnetCidr ? { [subnetId]: cfg.subnetCidr } : undefined,
+    subnetIpv6Cidrs: cfg.subnetIpv6Cidr ? { [subnetId]: cfg.subnetIpv6Cidr } : undefined,
     securityGroupIds: cfg.securityGroupIds,
     enterpriseSecurityGroupIds: cfg.enterpriseSecurityGroupIds,
     namePrefix: cfg.namePrefix,
     description: cfg.description,
     maxEnisPerNode: cfg.maxEnisPerNode,
+    ipv6: cfg.ipv6,
     warmPool: cfg.warmPool,
-    attachTimeoutMs: t.attachMs,
-    deviceTimeoutMs: t.deviceMs,
-    pollMs: t.pollMs,
-    poolIntervalMs: t.poolIntervalMs,
+    timings: {
+      attachMs: t.attachMs,
+      detachMs: t.detachMs,
+      escalateMs: t.escalateMs,
+      createVisibilityMs: t.createVisibilityMs,
+      deviceMs: t.deviceMs,
+      pollMs: t.pollMs,
+      poolIntervalMs: t.poolIntervalMs,
+      idleIntervalMs: t.idleIntervalMs,
+      orphanScanIntervalMs: t.orphanScanIntervalMs,
+      quarantineRetryMs: t.quarantineRetryMs,
+      minPassGapMs: t.minPassGapMs,
+      jitter: t.jitter,
+    },
   }, ctx);
   try {
     await provider.init();

@@ -1,30 +1,40 @@
 /**
  * The BCE provider in exclusive mode (after CCE, reference §6).
  *
- * State lives in the agent's SQLite database:
- * - `bce_enis`: ENIs this provider created that are attached to this node and
- *   ready, each free or owned by one CNI attachment (a UNIQUE index on the
- *   owner and the primary key on the ENI make "one ENI, one owner" a database
- *   invariant);
- * - `bce_intents`: work in flight. A `create` intent carries the clientToken
- *   of its create call (attach/detach/delete use derived tokens) and the ENI
- *   name, so a retry or a restart repeats the *same* operation; a `release`
- *   intent is a surplus ENI being detached and deleted.
+ * State lives in the agent's SQLite database (`_store.ts`): ready ENIs (free or
+ * owned), intents (work in flight, with their clientTokens) and quarantined ENIs.
  *
- * Node limit: ENIs in `bce_enis` + intents + other ENIs attached to the node
- * (seen at the last sync) never exceed `maxEnisPerNode`. The check and the
- * reservation (inserting the intent) run in one synchronous section, so no
- * interleaving of parallel allocations can overshoot.
+ * **Node limit.** ENIs in the table (lost ones excepted) + intents + other ENIs
+ * attached to the node (seen at the last list) never exceed the limit
+ * (`_limit.ts`). The check and the reservation (inserting the intent) run in one
+ * synchronous section, so no interleaving of parallel allocations can overshoot.
+ * Quarantined ENIs do not count: their slot is freed, and should BCE still count
+ * them, the attach that overshoots fails with a quota error and new ENIs wait.
+ *
+ * **The pool pass** (`_schedule.ts`) lists ENIs once: this instance's, or the whole
+ * VPC's when an orphan scan is due. From that one list it finds ENIs that left the
+ * node out of band, adopts ENIs with our marker, counts foreign ones, checks
+ * quarantined ones, resumes intents nobody works on, and grows or shrinks the
+ * warm pool. It never waits on a stuck ENI: an ENI stuck in `attaching` or
+ * `detaching` is escalated once (detach, then delete anyway) and, if BCE refuses,
+ * quarantined with a status field and an error line an operator can act on.
+ *
+ * **Out-of-band changes.** An ENI that left the node is confirmed with one detail
+ * call. A free one is dropped from the pool (and deleted when it is ours and
+ * available). An owned one is kept, marked *lost*, so the manager still sees the
+ * attachment: the status details list it, an error line names the pod, and the
+ * owner's DEL or the GC release forgets it (a device that vanished with it cannot
+ * be repaired: {@linkcode BceProvider.repairDevice} says so at once).
  *
  * @module
  */
-import type { DatabaseSync } from "node:sqlite";
 import ipaddr from "ipaddr.js";
 import {
   type AllocationRequest,
   AllocationRequestSchema,
   type Eni,
   type EniAddress,
+  EniAddressSchema,
   eniMatches,
   type Owner,
   OwnerSchema,
@@ -34,8 +44,27 @@ import {
   type ProviderStatus,
 } from "../contract.ts";
 import type { Logger } from "../../lib/log.ts";
-import { prepared } from "../../lib/sqlite.ts";
-import { BceApiError, type BceClient, type BceEni, sleep } from "./client.ts";
+import { type BceClient, type BceEni, sleep } from "./client.ts";
+import { BceApiError, isEniGone } from "./errors.ts";
+import { BceStore, type EniRow, type IntentRow } from "./_store.ts";
+import { type NodeLimit, resolveNodeLimit } from "./_limit.ts";
+import { PassScheduler } from "./_schedule.ts";
+
+/** Timings of {@linkcode BceProvider} (config `timeouts`, in milliseconds). */
+export interface BceTimings {
+  attachMs: number;
+  detachMs: number;
+  escalateMs: number;
+  createVisibilityMs: number;
+  deviceMs: number;
+  pollMs: number;
+  poolIntervalMs: number;
+  idleIntervalMs: number;
+  orphanScanIntervalMs: number;
+  quarantineRetryMs: number;
+  minPassGapMs: number;
+  jitter: number;
+}
 
 /** Settings of {@linkcode BceProvider} (resolved from the config). */
 export interface BceProviderOptions {
@@ -45,112 +74,111 @@ export interface BceProviderOptions {
   subnetId: string;
   /** Known subnet CIDRs (id → CIDR); others are looked up. */
   subnetCidrs?: Record<string, string>;
+  /** Known subnet IPv6 CIDRs (id → CIDR). */
+  subnetIpv6Cidrs?: Record<string, string>;
   securityGroupIds: string[];
   enterpriseSecurityGroupIds: string[];
   namePrefix: string;
   description: string;
-  /** The node limit; when absent, the instance's ENI quota. */
+  /** A cap on the node limit, and its fallback when BCE does not tell. */
   maxEnisPerNode?: number;
+  /** IPv6 on new ENIs. */
+  ipv6: "auto" | "always" | "never";
   warmPool: { minIdle: number; maxIdle: number };
-  attachTimeoutMs: number;
-  deviceTimeoutMs: number;
-  pollMs: number;
-  poolIntervalMs: number;
+  timings: BceTimings;
+  /** The jitter source (tests seed it). */
+  random?: () => number;
 }
 
-interface EniRow {
-  eni_id: string;
-  mac: string;
-  subnet_id: string | null;
-  ipv4: string | null;
-  ipv6: string | null;
-  pod: string | null;
-  container_id: string | null;
-  if_name: string | null;
+/** An ENI did not reach a status in time: stuck in `attaching` or `detaching`. */
+export class BceStuckError extends ProviderError {
+  readonly eniId: string;
+  /** The status it stayed in. */
+  readonly status: string;
+  constructor(eniId: string, status: string, message: string) {
+    super("unavailable", message);
+    this.name = "BceStuckError";
+    this.eniId = eniId;
+    this.status = status;
+  }
 }
 
-interface IntentRow {
-  id: string;
-  kind: "create" | "release";
-  client_token: string;
-  name: string;
-  eni_id: string | null;
-  requested_ip: string | null;
-  purpose: "owner" | "pool";
-  phase: "active" | "cleanup";
-}
-
-const SCHEMA = `
-CREATE TABLE IF NOT EXISTS bce_enis (
-  eni_id TEXT PRIMARY KEY,
-  mac TEXT NOT NULL,
-  subnet_id TEXT,
-  ipv4 TEXT,
-  ipv6 TEXT,
-  pod TEXT,
-  container_id TEXT,
-  if_name TEXT,
-  updated_ms INTEGER NOT NULL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS bce_enis_owner ON bce_enis(pod, container_id, if_name)
-  WHERE pod IS NOT NULL;
-CREATE TABLE IF NOT EXISTS bce_intents (
-  id TEXT PRIMARY KEY,
-  kind TEXT NOT NULL,
-  client_token TEXT NOT NULL,
-  name TEXT NOT NULL,
-  eni_id TEXT,
-  requested_ip TEXT,
-  purpose TEXT NOT NULL,
-  phase TEXT NOT NULL DEFAULT 'active',
-  created_ms INTEGER NOT NULL
-);
-`;
+/** How disposing of an ENI ended. */
+type Disposal = "deleted" | "gone" | "not-ours" | "elsewhere" | "quarantined";
 
 /** The BCE exclusive-mode provider. */
 export class BceProvider implements Provider {
   readonly name = "bce";
   #o: BceProviderOptions;
-  #db: DatabaseSync;
+  #t: BceTimings;
+  #store: BceStore;
   #log: Logger;
   #ctx: ProviderContext;
-  #max = 0;
-  /** Other ENIs attached to this node at the last sync (not ours, or ours but untracked). */
-  #foreign = 0;
+  #limit: NodeLimit;
+  #limitTriedAt = 0;
+  /** Other ENIs attached (or attaching) to this node at the last list: not ours, or untracked. */
+  #foreign = new Set<string>();
+  /** ENIs attached to this node at the last list (any owner), to notice slots freeing up. */
+  #attachedCount = 0;
+  #lastSnapshot = "";
   #synced = false;
-  #syncing: Promise<void> | null = null;
+  #syncing: Promise<boolean> | null = null;
   #ownerOps = new Map<string, Promise<Eni>>();
-  /** Intent ids some task is working on now. */
+  /** Intent ids and quarantined ENI ids some task is working on now. */
   #active = new Set<string>();
   #bg = new Set<Promise<unknown>>();
   #closed = new AbortController();
-  #loopTimer: ReturnType<typeof setTimeout> | null = null;
-  #tick: Promise<void> | null = null;
+  #scheduler: PassScheduler;
+  #started = false;
+  #lastOrphanScan = 0;
+  /** New ENIs wait until then after BCE refused an attach with a quota error. */
+  #quotaBlockedUntil = 0;
+  /** When repairDevice last found an ENI attached here, by id. */
+  #repairChecked = new Map<string, number>();
   #cidrs = new Map<string, string>();
+  #cidrs6 = new Map<string, string | null>();
 
   constructor(opts: BceProviderOptions, ctx: ProviderContext) {
     this.#o = opts;
+    this.#t = opts.timings;
     this.#ctx = ctx;
-    this.#db = ctx.db;
     this.#log = ctx.log.child({ provider: "bce", instanceId: opts.instanceId });
     for (const [k, v] of Object.entries(opts.subnetCidrs ?? {})) this.#cidrs.set(k, v);
-    this.#db.exec(SCHEMA);
+    for (const [k, v] of Object.entries(opts.subnetIpv6Cidrs ?? {})) this.#cidrs6.set(k, v);
+    this.#store = new BceStore(ctx.db);
+    this.#limit = {
+      max: opts.maxEnisPerNode ?? 0,
+      source: opts.maxEnisPerNode ? "config" : "unresolved",
+      configured: opts.maxEnisPerNode ?? null,
+      quotaApi: null,
+      instanceEniQuota: null,
+      instanceCpuCount: null,
+      errors: [],
+    };
+    this.#scheduler = new PassScheduler({
+      baseMs: this.#t.poolIntervalMs,
+      idleMs: this.#t.idleIntervalMs,
+      minGapMs: this.#t.minPassGapMs,
+      jitter: this.#t.jitter,
+      random: opts.random,
+      run: () => this.#pass(),
+      onError: (e) => this.#log.warn("Warm pool pass failed", { error: e }),
+    });
   }
 
   /** The node limit in force. */
   get maxEnisPerNode(): number {
-    return this.#max;
+    return this.#limit.max;
   }
 
-  /** Resolves the node limit (config, else quota) and syncs with the cloud once. */
+  /** Pool passes run so far. */
+  get passes(): number {
+    return this.#scheduler.passes;
+  }
+
+  /** Resolves the node limit (never fatal) and syncs with the cloud once. */
   async init(): Promise<void> {
-    if (this.#o.maxEnisPerNode) {
-      this.#max = this.#o.maxEnisPerNode;
-    } else {
-      const q = await this.#o.client.eniQuota(this.#o.instanceId);
-      this.#max = Math.max(1, q.totalQuantity);
-      this.#log.info("ENI limit taken from the instance quota", { maxEnisPerNode: this.#max });
-    }
+    await this.#resolveLimit();
     try {
       await this.#ensureSynced();
     } catch (e) {
@@ -161,7 +189,7 @@ export class BceProvider implements Provider {
   // ---- Provider ----------------------------------------------------------------
 
   list(): Promise<Eni[]> {
-    return Promise.resolve(this.#rows().map((r) => this.#toEni(r)));
+    return Promise.resolve(this.#store.rows().map((r) => this.#toEni(r)));
   }
 
   async allocateNextENI(owner: Owner, request: AllocationRequest): Promise<Eni> {
@@ -176,6 +204,7 @@ export class BceProvider implements Provider {
       return await p;
     } finally {
       this.#ownerOps.delete(key);
+      if (this.#store.freeRows().length < this.#o.warmPool.minIdle) this.#kick();
     }
   }
 
@@ -183,88 +212,175 @@ export class BceProvider implements Provider {
     const o = OwnerSchema.parse(owner);
     const running = this.#ownerOps.get(ownerKey(o));
     if (running) await running.catch(() => {});
-    const r = prepared(
-      this.#db,
-      "UPDATE bce_enis SET pod = NULL, container_id = NULL, if_name = NULL, updated_ms = ? WHERE pod = ? AND container_id = ? AND if_name = ?",
-    ).run(Date.now(), o.pod, o.containerId, o.ifName);
-    if (Number(r.changes) > 0) this.#log.info("ENI returned to the free pool", { owner: o });
+    const row = this.#store.rowOf(o);
+    if (!row) return;
+    if (row.lost_reason) {
+      this.#store.drop(row.eni_id);
+      this.#log.info("Forgot a lost ENI at its owner's release", {
+        eniId: row.eni_id,
+        owner: o,
+        lost: row.lost_reason,
+      });
+      // Detached (not deleted) out of band: it may still exist, ours and available.
+      this.#track(
+        this.#dispose(row.eni_id, crypto.randomUUID(), "lost ENI released").catch((e) =>
+          this.#log.warn("Cannot clean up a lost ENI; the orphan scan will retry", {
+            eniId: row.eni_id,
+            error: e,
+          })
+        ),
+      );
+      this.#kick();
+      return;
+    }
+    this.#store.unassign(row.eni_id, Date.now());
+    this.#log.info("ENI returned to the free pool", { eniId: row.eni_id, owner: o });
+    if (this.#store.freeRows().length > this.#o.warmPool.maxIdle) this.#kick();
   }
 
   status(): Promise<ProviderStatus> {
-    const rows = this.#rows();
+    const rows = this.#store.rows();
+    const lost = rows.filter((r) => r.lost_reason !== null);
     const owned = rows.filter((r) => r.pod !== null).length;
-    const intents = this.#intents();
+    const intents = this.#store.intents();
+    const quarantined = this.#store.quarantined();
+    const now = Date.now();
     return Promise.resolve({
       name: this.name,
       free: rows.length - owned,
       owned,
-      attachable: Math.max(0, this.#max - this.#slotsUsed()),
+      attachable: Math.max(0, this.#limit.max - this.#slotsUsed()),
       details: {
         instanceId: this.#o.instanceId,
-        maxEnisPerNode: this.#max,
+        maxEnisPerNode: this.#limit.max,
+        limitSource: this.#limit.source,
         creating: intents.filter((i) => i.kind === "create" && i.phase === "active").length,
         releasing: intents.filter((i) => i.kind === "release").length,
         cleanup: intents.filter((i) => i.phase === "cleanup").length,
-        otherAttached: this.#foreign,
+        otherAttached: this.#foreign.size,
+        /** Owned ENIs deleted or detached out of band (a metric: should be 0). */
+        lost: lost.length,
+        lostEnis: lost.map((r) => ({
+          eniId: r.eni_id,
+          mac: r.mac,
+          pod: r.pod,
+          containerId: r.container_id,
+          ifName: r.if_name,
+          reason: r.lost_reason,
+          since: new Date(r.lost_ms ?? now).toISOString(),
+        })),
+        /** ENIs stuck in attaching/detaching that BCE would not detach or delete (a metric: should be 0). */
+        quarantined: quarantined.length,
+        quarantinedEnis: quarantined.map((q) => ({
+          eniId: q.eni_id,
+          status: q.status,
+          reason: q.reason,
+          since: new Date(q.since_ms).toISOString(),
+          tries: q.tries,
+        })),
+        quotaBlockedUntil: this.#quotaBlockedUntil > now
+          ? new Date(this.#quotaBlockedUntil).toISOString()
+          : null,
+        ipv6: this.#o.ipv6,
         warmPool: this.#o.warmPool,
+        passes: this.#scheduler.passes,
+        passIntervalMs: this.#scheduler.intervalMs,
+        apiCalls: this.#o.client.callCounts(),
       },
     });
   }
 
+  /**
+   * Called by the manager when a released ENI's device is found nowhere. A lost ENI
+   * (deleted or detached out of band) cannot come back: say so at once. Otherwise one
+   * detail call tells whether it is still attached here (BCE brings the device back
+   * by itself) or has gone.
+   */
+  async repairDevice(eniId: string): Promise<void> {
+    const row = this.#store.row(eniId);
+    if (row?.lost_reason) {
+      throw new ProviderError(
+        "not_found",
+        `ENI "${eniId}" was ${row.lost_reason}; its device cannot come back`,
+      );
+    }
+    // The manager asks again while it waits for the device: one detail call per 10 s is enough.
+    const checked = this.#repairChecked.get(eniId);
+    if (checked !== undefined && Date.now() - checked < 10_000) return;
+    let d: BceEni;
+    try {
+      d = await this.#o.client.getEni(eniId);
+    } catch (e) {
+      if (isEniGone(e) && row) this.#loseOrDrop(row, "deleted out of band");
+      throw e;
+    }
+    if (d.instanceId !== this.#o.instanceId || d.status !== "inuse") {
+      throw new ProviderError(
+        "wrong_state",
+        `ENI "${eniId}" is ${d.status}${
+          d.instanceId ? ` on instance "${d.instanceId}"` : ""
+        }, not attached to "${this.#o.instanceId}"`,
+      );
+    }
+    this.#repairChecked.set(eniId, Date.now());
+    for (const [id, at] of this.#repairChecked) {
+      if (Date.now() - at >= 10_000) this.#repairChecked.delete(id);
+    }
+  }
+
   /** Starts the warm pool loop (first pass at once). */
   start(): Promise<void> {
-    if (this.#loopTimer === null && !this.#closed.signal.aborted) this.#schedule(0);
+    if (!this.#closed.signal.aborted && !this.#started) {
+      this.#started = true;
+      this.#scheduler.start();
+    }
     return Promise.resolve();
   }
 
   async close(): Promise<void> {
     this.#closed.abort();
-    if (this.#loopTimer !== null) clearTimeout(this.#loopTimer);
-    this.#loopTimer = null;
     this.#o.client.close();
-    await this.#tick?.catch(() => {});
+    await this.#scheduler.stop();
     await Promise.allSettled([...this.#bg]);
   }
 
-  // ---- warm pool -------------------------------------------------------------------
+  // ---- the pool pass -------------------------------------------------------------
 
-  #schedule(ms: number): void {
-    this.#loopTimer = setTimeout(() => {
-      this.#loopTimer = null;
-      this.#tick = this.maintainPool().catch((e) => {
-        this.#log.warn("Warm pool pass failed", { error: e });
-      }).finally(() => {
-        this.#tick = null;
-        if (!this.#closed.signal.aborted) this.#schedule(this.#o.poolIntervalMs);
-      });
-    }, ms);
+  /** Asks for a pass soon (only once the loop runs). */
+  #kick(): void {
+    if (this.#started) this.#scheduler.kick();
   }
 
-  /**
-   * One warm pool pass: sync with the cloud, finish or clean up intents, then
-   * create ENIs up to `minIdle` free (within the node limit) or release free
-   * ones above `maxIdle`. Only ENIs this provider created are ever released.
-   */
+  /** One pool pass (see the module doc); tests call it directly. */
   async maintainPool(): Promise<void> {
-    await this.reconcile();
-    if (this.#closed.signal.aborted) return;
-    await this.#collectOrphans();
-    if (this.#closed.signal.aborted) return;
+    await this.#pass();
+  }
+
+  /** One pass; resolves to whether anything changed (the scheduler backs off when not). */
+  async #pass(): Promise<boolean> {
+    if (this.#closed.signal.aborted) return false;
+    let changed = false;
+    if (this.#limit.source === "unresolved") changed = await this.#resolveLimit(true);
+    const scan = Date.now() - this.#lastOrphanScan >= this.#t.orphanScanIntervalMs;
+    changed = (await this.#sync(scan)) || changed;
+    if (this.#closed.signal.aborted) return changed;
     const { minIdle, maxIdle } = this.#o.warmPool;
-    const free = this.#rows().filter((r) => r.pod === null);
+    const free = this.#store.freeRows();
     const creating =
-      this.#intents().filter((i) =>
+      this.#store.intents().filter((i) =>
         i.kind === "create" && i.purpose === "pool" && i.phase === "active"
       ).length;
     const work: Promise<unknown>[] = [];
-    for (let n = free.length + creating; n < minIdle; n++) {
-      const intent = this.#reserve("pool", null);
-      if (!intent) break;
-      work.push(
-        this.#finishCreate(intent).catch((e) => {
-          this.#log.warn("Warm pool ENI creation failed", { error: e });
-        }),
-      );
+    if (Date.now() >= this.#quotaBlockedUntil) {
+      for (let n = free.length + creating; n < minIdle; n++) {
+        const intent = this.#reserve("pool", null);
+        if (!intent) break;
+        work.push(
+          this.#finishCreate(intent).catch((e) => {
+            this.#log.warn("Warm pool ENI creation failed", { error: e });
+          }),
+        );
+      }
     }
     for (let n = free.length; n > maxIdle; n--) {
       const intent = this.#takeFreeForRelease();
@@ -276,17 +392,22 @@ export class BceProvider implements Provider {
       );
     }
     await Promise.all(work);
+    return changed || work.length > 0 || this.#store.intentCount() > 0;
   }
 
   /**
-   * Syncs with the cloud: resumes or cleans up intents left by a crash or a
-   * failure, adopts attached ENIs with our marker that are not tracked, drops
-   * rows of ENIs that are no longer attached here, and counts other ENIs.
+   * Lists this node's ENIs (or the whole VPC's, for an orphan scan) and brings the
+   * tables in line with the cloud. Public for tests and the first sync.
    */
-  reconcile(): Promise<void> {
+  async reconcile(): Promise<void> {
+    await this.#sync(false);
+  }
+
+  #sync(scan: boolean): Promise<boolean> {
     if (!this.#syncing) {
-      this.#syncing = this.#reconcile().then(() => {
+      this.#syncing = this.#reconcile(scan).then((changed) => {
         this.#synced = true;
+        return changed;
       }).finally(() => {
         this.#syncing = null;
       });
@@ -295,105 +416,237 @@ export class BceProvider implements Provider {
   }
 
   async #ensureSynced(): Promise<void> {
-    if (!this.#synced) await this.reconcile();
+    if (!this.#synced) await this.#sync(false);
   }
 
-  async #reconcile(): Promise<void> {
+  async #reconcile(scan: boolean): Promise<boolean> {
     const started = Date.now();
-    const attached = await this.#o.client.listEnis({
+    const me = this.#o.instanceId;
+    // The one list of this pass. Without the instanceId filter for an orphan scan:
+    // available ENIs are attached to no instance.
+    const listed = await this.#o.client.listEnis({
       vpcId: this.#o.vpcId,
-      instanceId: this.#o.instanceId,
+      ...(scan ? {} : { instanceId: me }),
     });
-    const onNode = attached.filter((e) =>
-      e.instanceId === this.#o.instanceId && (e.status === "inuse" || e.status === "attaching")
-    );
-    const rows = new Map(this.#rows().map((r) => [r.eni_id, r]));
-    const intentEnis = new Set(this.#intents().map((i) => i.eni_id).filter((x) => x !== null));
-    const cloudIds = new Set(onNode.map((e) => e.eniId));
-    // Rows whose ENI left this node (older than the list, so not just added).
-    for (const r of rows.values()) {
-      if (cloudIds.has(r.eni_id)) continue;
-      const fresh = prepared(this.#db, "SELECT updated_ms FROM bce_enis WHERE eni_id = ?").get(
-        r.eni_id,
-      ) as { updated_ms: number } | undefined;
-      if (!fresh || fresh.updated_ms >= started) continue;
-      prepared(this.#db, "DELETE FROM bce_enis WHERE eni_id = ?").run(r.eni_id);
-      this.#log.warn("ENI is no longer attached to this node; dropped", {
-        eniId: r.eni_id,
-        owner: r.pod ? { pod: r.pod, containerId: r.container_id, ifName: r.if_name } : null,
-      });
-    }
-    let foreign = 0;
-    for (const e of onNode) {
-      if (rows.has(e.eniId) || intentEnis.has(e.eniId)) continue;
-      if (this.#isOurs(e) && e.status === "inuse") {
-        const adopted = await this.#adopt(e.eniId);
-        if (adopted) continue;
+    if (scan) this.#lastOrphanScan = started;
+    const onNode = listed.filter((e) => e.instanceId === me);
+    const byId = new Map(onNode.map((e) => [e.eniId, e]));
+    let changed = false;
+
+    // 1. Tracked ENIs that left the node. A row newer than the list may be missing
+    // from it without having left; the detail call below tells (it is cheap to skip).
+    for (const r of this.#store.rows()) {
+      const e = byId.get(r.eni_id);
+      if (e?.status === "inuse") {
+        if (r.lost_reason) {
+          this.#store.clearLost(r.eni_id, Date.now());
+          this.#log.info("A lost ENI is attached to this node again", { eniId: r.eni_id });
+          changed = true;
+        }
+        continue;
       }
-      foreign++;
+      if (e?.status === "attaching" || r.lost_reason || r.updated_ms > started) continue;
+      // Missing from the list (or detaching): one detail call tells why.
+      let d: BceEni | null;
+      try {
+        d = await this.#o.client.getEni(r.eni_id);
+      } catch (err) {
+        if (!isEniGone(err)) {
+          this.#log.warn("Cannot check an ENI missing from the list; will retry", {
+            eniId: r.eni_id,
+            error: err,
+          });
+          continue;
+        }
+        d = null;
+      }
+      if (d && d.instanceId === me && d.status === "inuse") continue; // the list lagged
+      const why = d === null
+        ? "deleted out of band"
+        : `detached out of band (now ${d.status}${d.instanceId ? ` on "${d.instanceId}"` : ""})`;
+      this.#loseOrDrop(r, why, d);
+      changed = true;
     }
+
+    // 2. Untracked ENIs on the node: adopt ours, count the others; recover quarantined ones.
+    const rows = new Set(this.#store.rows().map((r) => r.eni_id));
+    const intentEnis = new Set(
+      this.#store.intents().map((i) => i.eni_id).filter((x) => x !== null),
+    );
+    const quarantined = new Map(this.#store.quarantined().map((q) => [q.eni_id, q]));
+    const foreign = new Set<string>();
+    let attached = 0;
+    for (const e of onNode) {
+      if (e.status !== "inuse" && e.status !== "attaching") continue;
+      attached++;
+      if (rows.has(e.eniId) || intentEnis.has(e.eniId)) continue;
+      const q = quarantined.get(e.eniId);
+      if (q && e.status === "attaching") continue;
+      if (this.#isOurs(e) && e.status === "inuse") {
+        if (await this.#adopt(e)) {
+          if (q) {
+            this.#store.unquarantine(e.eniId);
+            this.#log.info("A quarantined ENI recovered (inuse); adopted into the pool", {
+              eniId: e.eniId,
+            });
+          }
+          changed = true;
+          continue;
+        }
+      }
+      foreign.add(e.eniId);
+    }
+    if (foreign.size !== this.#foreign.size) changed = true;
     this.#foreign = foreign;
-    // Intents nobody works on (a crash, a failed cleanup): finish or clean up.
-    for (const intent of this.#intents()) {
+    if (attached < this.#attachedCount) this.#quotaBlockedUntil = 0; // a slot freed up
+    this.#attachedCount = attached;
+
+    // 3. Quarantined ENIs: try again now and then (in the background, never awaited here).
+    const now = Date.now();
+    for (const q of this.#store.quarantined()) {
+      if (this.#active.has(q.eni_id) || now - q.last_try_ms < this.#t.quarantineRetryMs) continue;
+      this.#track(this.#retryQuarantined(q.eni_id));
+    }
+
+    // 4. Intents nobody works on (a crash, a failed cleanup): finish or clean up.
+    for (const intent of this.#store.intents()) {
       if (this.#active.has(intent.id)) continue;
       const task = intent.kind === "release"
         ? this.#release(intent)
         : intent.phase === "cleanup"
         ? this.#cleanup(intent)
-        : this.#finishCreate(intent).then(() => {});
+        : this.#finishCreate(intent);
       this.#track(task.catch((e) => {
         this.#log.warn("Resuming a BCE intent failed", { intent: intent.id, error: e });
       }));
+      changed = true;
     }
+
+    // 5. Orphans (whole-VPC list only).
+    if (scan) changed = (await this.#collectOrphans(listed)) || changed;
+
+    const snapshot = onNode.map((e) => `${e.eniId}:${e.status}`).sort().join(",");
+    if (snapshot !== this.#lastSnapshot) changed = true;
+    this.#lastSnapshot = snapshot;
+    return changed;
+  }
+
+  /** A tracked ENI left the node: a free one is dropped (and cleaned up), an owned one is lost. */
+  #loseOrDrop(r: EniRow, why: string, d: BceEni | null = null): void {
+    if (r.pod === null) {
+      this.#store.drop(r.eni_id);
+      this.#log.warn("A free ENI left this node out of band; dropped from the pool", {
+        eniId: r.eni_id,
+        why,
+      });
+      if (d && d.status === "available" && this.#isOurs(d)) {
+        this.#track(
+          this.#dispose(r.eni_id, crypto.randomUUID(), "left the node").catch((e) =>
+            this.#log.warn("Cannot delete an ENI that left the node", { eniId: r.eni_id, error: e })
+          ),
+        );
+      }
+      return;
+    }
+    if (r.lost_reason) return;
+    this.#store.markLost(r.eni_id, why, Date.now());
+    this.#log.error(
+      "An ENI owned by a pod was changed out of band: the pod's interface has no ENI behind it",
+      {
+        eniId: r.eni_id,
+        mac: r.mac,
+        owner: { pod: r.pod, containerId: r.container_id, ifName: r.if_name },
+        why,
+        action: `Delete or restart pod "${r.pod}"; enim forgets the ENI at the pod's DEL or GC`,
+      },
+    );
   }
 
   /**
-   * Deletes ENIs this node created (name `<prefix>/<instanceId>/…`) that are
-   * `available` and known to no row and no intent: leftovers of a crash or of
-   * a detach by someone else. ENIs of other nodes or without the marker are
-   * never touched.
+   * Deletes ENIs this node created (name `<prefix>/<instanceId>/…`, matched here, not
+   * by BCE's name filter) that are `available` and known to no row, intent or
+   * quarantine entry: leftovers of a crash or of a detach by someone else.
    */
-  async #collectOrphans(): Promise<void> {
+  async #collectOrphans(listed: BceEni[]): Promise<boolean> {
     const mine = `${this.#o.namePrefix}/${this.#o.instanceId}/`;
-    const listed = await this.#o.client.listEnis({ vpcId: this.#o.vpcId, namePrefix: mine });
-    const intents = this.#intents();
+    const intents = this.#store.intents();
     const known = new Set([
-      ...this.#rows().map((r) => r.eni_id),
+      ...this.#store.rows().map((r) => r.eni_id),
       ...intents.map((i) => i.eni_id).filter((x) => x !== null),
+      ...this.#store.quarantined().map((q) => q.eni_id),
     ]);
     const names = new Set(intents.map((i) => i.name));
+    let found = false;
     for (const e of listed) {
-      if (e.status !== "available" || known.has(e.eniId) || names.has(e.name)) continue;
-      if (!e.name.startsWith(mine)) continue;
+      if (e.status !== "available" || !e.name.startsWith(mine)) continue;
+      if (known.has(e.eniId) || names.has(e.name)) continue;
+      found = true;
       try {
         await this.#o.client.deleteEni(e.eniId, crypto.randomUUID());
         this.#log.info("Deleted an orphaned ENI of this node", { eniId: e.eniId, name: e.name });
       } catch (err) {
-        this.#log.warn("Cannot delete an orphaned ENI", { eniId: e.eniId, error: err });
+        if (!isEniGone(err)) {
+          this.#log.warn("Cannot delete an orphaned ENI", { eniId: e.eniId, error: err });
+        }
       }
     }
+    return found;
   }
 
-  async #adopt(eniId: string): Promise<boolean> {
-    const d = await this.#o.client.getEni(eniId);
-    if (d.status !== "inuse" || d.instanceId !== this.#o.instanceId || !this.#isOurs(d)) {
+  /** Adopts an attached ENI with our marker into the free pool (from a list entry: no call). */
+  async #adopt(e: BceEni): Promise<boolean> {
+    if (e.status !== "inuse" || e.instanceId !== this.#o.instanceId || !this.#isOurs(e)) {
       return false;
     }
-    const exists = prepared(this.#db, "SELECT 1 FROM bce_enis WHERE eni_id = ?").get(eniId);
-    const pending = this.#intents().some((i) => i.eni_id === eniId);
-    if (exists || pending) return true;
-    await this.#insertRow(d, null);
-    this.#log.info("Adopted an attached ENI with our marker into the free pool", { eniId });
+    if (!e.macAddress) return false;
+    const eni = await this.#eniFromDetail(e, null);
+    if (this.#store.row(e.eniId) || this.#store.intents().some((i) => i.eni_id === e.eniId)) {
+      return true;
+    }
+    this.#store.insert(eni, null, Date.now());
+    this.#log.info("Adopted an attached ENI with our marker into the free pool", {
+      eniId: e.eniId,
+    });
     return true;
   }
 
-  // ---- allocation --------------------------------------------------------------------
+  // ---- node limit ----------------------------------------------------------------
+
+  /** Resolves the node limit; when `retry`, at most once a minute. Resolves to whether it changed. */
+  async #resolveLimit(retry = false): Promise<boolean> {
+    if (retry && Date.now() - this.#limitTriedAt < 60_000) return false;
+    this.#limitTriedAt = Date.now();
+    const before = this.#limit.max;
+    const limit = await resolveNodeLimit(
+      this.#o.client,
+      this.#o.instanceId,
+      this.#o.maxEnisPerNode,
+    );
+    this.#limit = limit;
+    const fields = {
+      maxEnisPerNode: limit.max,
+      source: limit.source,
+      configured: limit.configured,
+      eniQuotaApi: limit.quotaApi,
+      instanceEniQuota: limit.instanceEniQuota,
+      instanceCpuCount: limit.instanceCpuCount,
+      ...(limit.errors.length ? { problems: limit.errors } : {}),
+    };
+    if (limit.source === "unresolved") {
+      this.#log.error(
+        "Cannot tell this node's ENI limit: BCE did not answer and maxEnisPerNode is not set; no new ENI until it is known (set provider.bce.maxEnisPerNode, or check the credentials' BCC read access)",
+        fields,
+      );
+    } else {
+      this.#log.info(`Node ENI limit ${limit.max}, from ${limit.source}`, fields);
+    }
+    return limit.max !== before;
+  }
+
+  // ---- allocation ----------------------------------------------------------------
 
   async #allocate(owner: Owner, req: AllocationRequest): Promise<Eni> {
-    const held = prepared(
-      this.#db,
-      "SELECT * FROM bce_enis WHERE pod = ? AND container_id = ? AND if_name = ?",
-    ).get(owner.pod, owner.containerId, owner.ifName) as EniRow | undefined;
+    const held = this.#store.rowOf(owner);
     if (held) return this.#toEni(held);
     const picked = this.#pickFree(owner, req);
     if (picked) return picked;
@@ -402,6 +655,7 @@ export class BceProvider implements Provider {
     // The sync awaited: look again before creating.
     const again = this.#pickFree(owner, req);
     if (again) return again;
+    if (this.#limit.source === "unresolved") await this.#resolveLimit(true);
 
     const wantIp = req.ips.find((ip) => ipaddr.IPv4.isValid(ip)) ?? null;
     // Known before reserving, so nothing after the create can fail on it.
@@ -425,6 +679,15 @@ export class BceProvider implements Provider {
         );
       }
     }
+    const now = Date.now();
+    if (now < this.#quotaBlockedUntil) {
+      throw new ProviderError(
+        req.ips.length ? "requested_ip_unavailable" : "no_eni_available",
+        `No free ENI on instance "${this.#o.instanceId}", and BCE refused the last attach with a quota error; no new ENI before ${
+          new Date(this.#quotaBlockedUntil).toISOString()
+        }`,
+      );
+    }
     const intent = this.#reserve("owner", wantIp);
     if (!intent) {
       const used = this.#slotsUsed();
@@ -432,48 +695,52 @@ export class BceProvider implements Provider {
         req.ips.length ? "requested_ip_unavailable" : "no_eni_available",
         `No free ENI on instance "${this.#o.instanceId}"${
           req.ips.length ? ` with IP ${JSON.stringify(req.ips)}` : ""
-        } and the node is at its limit (${used} of ${this.#max} ENIs attached or in flight)`,
+        } and the node is at its limit (${used} of ${this.#limit.max} ENIs attached or in flight; limit from ${this.#limit.source})`,
       );
     }
-    const detail = await this.#materialize(intent);
+    let detail: BceEni;
+    try {
+      detail = await this.#materialize(intent);
+    } catch (e) {
+      if (e instanceof ProviderError && e.reason === "quota_exceeded") {
+        throw new ProviderError(
+          "no_eni_available",
+          `No free ENI on instance "${this.#o.instanceId}": BCE refused to attach another (${e.message})`,
+          { cause: e, requestId: e.requestId },
+        );
+      }
+      throw e;
+    }
     const eni = await this.#eniFromDetail(detail, null);
     if (!eniMatches(eni, req)) {
-      await this.#insertRow(detail, null, intent.id);
+      this.#store.insert(eni, null, Date.now(), intent.id);
+      this.#active.delete(intent.id);
       throw new ProviderError(
         "requested_ip_unavailable",
         `The new ENI "${detail.eniId}" (${eni.ipv4?.address}) does not match the requested ranges; it joined the free pool`,
       );
     }
-    await this.#insertRow(detail, owner, intent.id);
+    this.#store.insert(eni, owner, Date.now(), intent.id);
+    this.#active.delete(intent.id);
     this.#log.info("Allocated a new ENI", { eniId: detail.eniId, owner });
     return { ...eni, state: "owned", owner };
   }
 
   /** Assigns a free matching ENI to `owner` (synchronous: atomic against other allocations). */
   #pickFree(owner: Owner, req: AllocationRequest): Eni | null {
-    const free = prepared(this.#db, "SELECT * FROM bce_enis WHERE pod IS NULL ORDER BY eni_id")
-      .all() as unknown as EniRow[];
-    for (const row of free) {
+    for (const row of this.#store.freeRows()) {
       const eni = this.#toEni(row);
       if (!eniMatches(eni, req)) continue;
-      const r = prepared(
-        this.#db,
-        "UPDATE bce_enis SET pod = ?, container_id = ?, if_name = ?, updated_ms = ? WHERE eni_id = ? AND pod IS NULL",
-      ).run(owner.pod, owner.containerId, owner.ifName, Date.now(), row.eni_id);
-      if (Number(r.changes) !== 1) continue;
+      if (!this.#store.assign(row.eni_id, owner, Date.now())) continue;
       this.#log.info("Allocated a free ENI", { eniId: row.eni_id, owner });
       return { ...eni, state: "owned", owner };
     }
     return null;
   }
 
-  /** ENIs counted against the node limit now. */
+  /** ENIs counted against the node limit now (lost and quarantined ones are not). */
   #slotsUsed(): number {
-    const rows = prepared(this.#db, "SELECT COUNT(*) AS n FROM bce_enis").get() as { n: number };
-    const intents = prepared(this.#db, "SELECT COUNT(*) AS n FROM bce_intents").get() as {
-      n: number;
-    };
-    return Number(rows.n) + Number(intents.n) + this.#foreign;
+    return this.#store.slotRows() + this.#store.intentCount() + this.#foreign.size;
   }
 
   /**
@@ -482,7 +749,7 @@ export class BceProvider implements Provider {
    */
   #reserve(purpose: "owner" | "pool", requestedIp: string | null): IntentRow | null {
     if (this.#closed.signal.aborted) return null;
-    if (this.#slotsUsed() >= this.#max) return null;
+    if (this.#slotsUsed() >= this.#limit.max) return null;
     const token = crypto.randomUUID();
     const suffix = Array.from(
       crypto.getRandomValues(new Uint8Array(3)),
@@ -497,63 +764,91 @@ export class BceProvider implements Provider {
       requested_ip: requestedIp,
       purpose,
       phase: "active",
+      created_ms: Date.now(),
     };
-    prepared(
-      this.#db,
-      "INSERT INTO bce_intents (id, kind, client_token, name, eni_id, requested_ip, purpose, phase, created_ms) VALUES (?, ?, ?, ?, NULL, ?, ?, 'active', ?)",
-    ).run(
-      intent.id,
-      intent.kind,
-      intent.client_token,
-      intent.name,
-      requestedIp,
-      purpose,
-      Date.now(),
-    );
+    this.#store.insertIntent(intent);
     this.#active.add(intent.id);
     return intent;
   }
 
-  /** Creates (or finds, via its clientToken), attaches and readies the ENI of an intent. */
+  /**
+   * Creates (or finds, via its clientToken), attaches and readies the ENI of an intent.
+   * A not-found right after the create is BCE catching up: retried for `createVisibilityMs`.
+   * An ENI still `attaching` after `attachMs` (counted from the intent, so a restart does
+   * not restart the clock) is stuck: the intent is cleaned up, which escalates.
+   */
   async #materialize(intent: IntentRow): Promise<BceEni> {
     this.#active.add(intent.id);
+    const c = this.#o.client;
     try {
       let eniId = intent.eni_id;
+      let visibleFrom = intent.created_ms;
       if (!eniId) {
-        eniId = await this.#o.client.createEni({
+        const ipv6 = await this.#wantIpv6();
+        eniId = await c.createEni({
           name: intent.name,
           subnetId: this.#o.subnetId,
           securityGroupIds: this.#o.securityGroupIds,
           enterpriseSecurityGroupIds: this.#o.enterpriseSecurityGroupIds,
           privateIpAddress: intent.requested_ip ?? undefined,
+          ipv6,
           description: this.#o.description,
         }, intent.client_token);
         intent.eni_id = eniId;
-        prepared(this.#db, "UPDATE bce_intents SET eni_id = ? WHERE id = ?").run(eniId, intent.id);
-        this.#log.info("Created an ENI", { eniId, clientToken: intent.client_token });
+        visibleFrom = Date.now();
+        this.#store.setIntentEni(intent.id, eniId);
+        this.#log.info("Created an ENI", { eniId, clientToken: intent.client_token, ipv6 });
       }
-      let d = await this.#o.client.getEni(eniId);
+      const id = eniId;
+      const visibleBy = visibleFrom + this.#t.createVisibilityMs;
+      let d = await this.#untilVisible(id, visibleBy, () => c.getEni(id));
       if (d.status === "available") {
         try {
-          await this.#o.client.attachEni(
-            eniId,
-            this.#o.instanceId,
-            `${intent.client_token}-attach`,
+          await this.#untilVisible(
+            id,
+            visibleBy,
+            () => c.attachEni(id, this.#o.instanceId, `${intent.client_token}-attach`),
           );
         } catch (e) {
-          if (!(e instanceof BceApiError) || e.reason !== "wrong_state") throw e;
-          d = await this.#o.client.getEni(eniId);
+          if (e instanceof ProviderError && e.reason === "quota_exceeded") {
+            this.#quotaBlockedUntil = Date.now() + this.#t.quarantineRetryMs;
+            this.#log.warn(
+              "BCE refused an attach: this instance is at its ENI quota; no new ENI for a while",
+              {
+                eniId: id,
+                until: new Date(this.#quotaBlockedUntil).toISOString(),
+                slotsUsed: this.#slotsUsed(),
+                maxEnisPerNode: this.#limit.max,
+                limitSource: this.#limit.source,
+                error: e,
+              },
+            );
+            throw e;
+          }
+          if (!(e instanceof BceApiError) || e.retryable || e.status < 400 || e.status >= 500) {
+            throw e;
+          }
+          // A 4xx BCE gives no documented code for (e.g. the ENI is not available any
+          // more, or our earlier attach went through): decide from the ENI itself.
+          d = await c.getEni(id);
           if (d.instanceId !== this.#o.instanceId) throw e;
         }
       } else if (d.instanceId && d.instanceId !== this.#o.instanceId) {
         throw new ProviderError(
           "wrong_state",
-          `ENI "${eniId}" is attached to instance "${d.instanceId}", not "${this.#o.instanceId}"`,
+          `ENI "${id}" is attached to instance "${d.instanceId}", not "${this.#o.instanceId}"`,
         );
       }
-      d = await this.#waitStatus(eniId, "inuse");
+      d = await this.#waitStatus(
+        id,
+        "inuse",
+        Math.max(intent.created_ms + this.#t.attachMs, Date.now()),
+      );
       if (this.#ctx.waitForDevice) {
-        await this.#ctx.waitForDevice(d.macAddress, this.#o.deviceTimeoutMs);
+        await this.#ctx.waitForDevice(d.macAddress, this.#t.deviceMs);
+      }
+      if (d.ipv6PrivateIpSet.length === 0 && await this.#wantIpv6()) {
+        this.#log.warn("Asked BCE for an IPv6 address but the ENI has none", { eniId: id });
       }
       return d;
     } catch (e) {
@@ -562,10 +857,33 @@ export class BceProvider implements Provider {
     }
   }
 
+  /** Runs `fn` again while BCE says the ENI does not exist, until `until` (eventual consistency). */
+  async #untilVisible<T>(eniId: string, until: number, fn: () => Promise<T>): Promise<T> {
+    let delay = Math.min(this.#t.pollMs, 1000);
+    let logged = false;
+    for (;;) {
+      try {
+        return await fn();
+      } catch (e) {
+        if (!isEniGone(e) || Date.now() + delay > until || this.#closed.signal.aborted) throw e;
+        if (!logged) {
+          logged = true;
+          this.#log.info("A new ENI is not visible yet; retrying", {
+            eniId,
+            code: e instanceof BceApiError ? e.code : undefined,
+          });
+        }
+        await sleep(delay, this.#closed.signal);
+        delay = Math.min(1000, delay * 2);
+      }
+    }
+  }
+
   /** Finishes a create intent into the free pool (pool growth, or resuming after a restart). */
   async #finishCreate(intent: IntentRow): Promise<void> {
     const d = await this.#materialize(intent);
-    await this.#insertRow(d, null, intent.id);
+    this.#store.insert(await this.#eniFromDetail(d, null), null, Date.now(), intent.id);
+    this.#active.delete(intent.id);
     this.#log.info("ENI joined the free pool", { eniId: d.eniId });
   }
 
@@ -575,7 +893,7 @@ export class BceProvider implements Provider {
       eniId: intent.eni_id,
       error: cause,
     });
-    prepared(this.#db, "UPDATE bce_intents SET phase = 'cleanup' WHERE id = ?").run(intent.id);
+    this.#store.setIntentPhase(intent.id, "cleanup");
     intent.phase = "cleanup";
     if (this.#closed.signal.aborted) {
       this.#active.delete(intent.id);
@@ -589,21 +907,22 @@ export class BceProvider implements Provider {
     });
   }
 
-  /** Detaches (when attached here) and deletes the ENI of a failed intent, then drops the intent. */
+  /** Disposes of the ENI of a failed intent (detach, delete, or quarantine), then drops the intent. */
   async #cleanup(intent: IntentRow): Promise<void> {
     this.#active.add(intent.id);
     try {
       let eniId = intent.eni_id;
       if (!eniId) {
-        // The create may have happened with its response lost: find it by its unique name.
+        // The create may have happened with its response lost: find it by its unique
+        // name, matched here (the list's name filter is never relied on).
         const found = await this.#o.client.listEnis({
           vpcId: this.#o.vpcId,
           namePrefix: intent.name,
         });
         eniId = found.find((e) => e.name === intent.name)?.eniId ?? null;
       }
-      if (eniId) await this.#detachAndDelete(eniId, intent.client_token);
-      prepared(this.#db, "DELETE FROM bce_intents WHERE id = ?").run(intent.id);
+      if (eniId) await this.#dispose(eniId, intent.client_token, "failed create");
+      this.#store.deleteIntent(intent.id);
     } finally {
       this.#active.delete(intent.id);
     }
@@ -611,89 +930,213 @@ export class BceProvider implements Provider {
 
   /** Moves one free ENI into a release intent (synchronous). */
   #takeFreeForRelease(): IntentRow | null {
-    const row = prepared(
-      this.#db,
-      "SELECT * FROM bce_enis WHERE pod IS NULL ORDER BY updated_ms DESC, eni_id LIMIT 1",
-    ).get() as EniRow | undefined;
-    if (!row) return null;
     const token = crypto.randomUUID();
-    const intent: IntentRow = {
+    const intent = this.#store.takeFreeForRelease({
       id: token,
       kind: "release",
       client_token: token,
       name: "",
-      eni_id: row.eni_id,
       requested_ip: null,
       purpose: "pool",
       phase: "active",
-    };
-    this.#db.exec("BEGIN IMMEDIATE");
-    try {
-      const r = prepared(this.#db, "DELETE FROM bce_enis WHERE eni_id = ? AND pod IS NULL").run(
-        row.eni_id,
-      );
-      if (Number(r.changes) !== 1) {
-        this.#db.exec("ROLLBACK");
-        return null;
-      }
-      prepared(
-        this.#db,
-        "INSERT INTO bce_intents (id, kind, client_token, name, eni_id, requested_ip, purpose, phase, created_ms) VALUES (?, 'release', ?, '', ?, NULL, 'pool', 'active', ?)",
-      ).run(intent.id, token, row.eni_id, Date.now());
-      this.#db.exec("COMMIT");
-    } catch (e) {
-      this.#db.exec("ROLLBACK");
-      throw e;
-    }
-    this.#active.add(intent.id);
+      created_ms: Date.now(),
+    });
+    if (intent) this.#active.add(intent.id);
     return intent;
   }
 
   async #release(intent: IntentRow): Promise<void> {
     this.#active.add(intent.id);
     try {
-      if (intent.eni_id) await this.#detachAndDelete(intent.eni_id, intent.client_token);
-      prepared(this.#db, "DELETE FROM bce_intents WHERE id = ?").run(intent.id);
-      this.#log.info("Released a surplus ENI", { eniId: intent.eni_id });
+      const outcome = intent.eni_id
+        ? await this.#dispose(intent.eni_id, intent.client_token, "surplus")
+        : "gone";
+      this.#store.deleteIntent(intent.id);
+      this.#quotaBlockedUntil = 0; // a slot freed up
+      this.#log.info("Released a surplus ENI", { eniId: intent.eni_id, outcome });
     } finally {
       this.#active.delete(intent.id);
     }
   }
 
-  /** Detaches an ENI of ours from this node (if attached here) and deletes it; not-found is done. */
-  async #detachAndDelete(eniId: string, token: string): Promise<void> {
+  // ---- getting rid of an ENI: detach, delete, escalate, quarantine --------------------
+
+  /**
+   * Gets rid of an ENI of ours: detaches it from this node when attached here, deletes
+   * it, and escalates when it is stuck. Bounded in time: at most `detachMs` waiting for a
+   * normal detach, then `escalateMs` after the escalation's detach, then a delete whatever
+   * the status; if BCE refuses that too, the ENI is quarantined.
+   */
+  async #dispose(eniId: string, token: string, why: string): Promise<Disposal> {
     const c = this.#o.client;
+    let d = await this.#read(eniId);
+    if (d === null) return "gone";
+    if (!this.#isOurs(d)) {
+      this.#log.warn("Refusing to delete an ENI without our marker", { eniId, name: d.name });
+      return "not-ours";
+    }
+    const me = this.#o.instanceId;
+    if (d.instanceId && d.instanceId !== me && d.status !== "available") {
+      this.#log.warn("Not touching an ENI of ours attached to another instance", {
+        eniId,
+        instanceId: d.instanceId,
+        status: d.status,
+      });
+      return "elsewhere";
+    }
+    if (d.status === "inuse") {
+      await this.#detachQuietly(eniId, `${token}-detach`);
+      d = await this.#pollUntilFree(eniId, Date.now() + this.#t.detachMs);
+      if (d === null) return "gone";
+    } else if (d.status === "detaching") {
+      d = await this.#pollUntilFree(eniId, Date.now() + this.#t.detachMs);
+      if (d === null) return "gone";
+    }
+    if (d.status === "available") return await this.#delete(eniId, `${token}-delete`);
+
+    // Stuck in attaching, detaching (or inuse after a detach): escalate.
+    this.#log.warn("ENI is stuck; escalating: detach, then delete", {
+      eniId,
+      status: d.status,
+      why,
+    });
+    await this.#detachQuietly(eniId, `${token}-escalate`);
+    d = await this.#pollUntilFree(eniId, Date.now() + this.#t.escalateMs);
+    if (d === null) return "gone";
+    if (d.status === "available") return await this.#delete(eniId, `${token}-delete`);
     try {
-      let d = await c.getEni(eniId);
-      if (!this.#isOurs(d)) {
-        this.#log.warn("Refusing to delete an ENI without our marker", { eniId, name: d.name });
+      await c.deleteEni(eniId, `${token}-force`);
+      this.#log.info("Deleted a stuck ENI", { eniId, status: d.status });
+      this.#store.unquarantine(eniId);
+      return "deleted";
+    } catch (e) {
+      if (isEniGone(e)) return "gone";
+      if (!(e instanceof BceApiError) || e.retryable || e.status < 400 || e.status >= 500) {
+        throw e;
+      }
+      this.#quarantine(
+        eniId,
+        d.status,
+        `stuck in ${d.status} (${why}); BCE refused the delete: ${e.code}`,
+      );
+      return "quarantined";
+    }
+  }
+
+  /** Records a stuck ENI and tells the operator what to do. */
+  #quarantine(eniId: string, status: string, reason: string): void {
+    const first = !this.#store.quarantined().some((q) => q.eni_id === eniId);
+    this.#store.quarantine(eniId, status, reason, Date.now());
+    const fields = {
+      eniId,
+      status,
+      reason,
+      retryInMs: this.#t.quarantineRetryMs,
+      action:
+        `In the BCE console (or with the ENI API), detach ENI "${eniId}" from instance "${this.#o.instanceId}" and delete it; enim checks it again every ${
+          Math.round(this.#t.quarantineRetryMs / 1000)
+        } s and forgets it once it is gone`,
+    };
+    if (first) {
+      this.#log.error(
+        "ENI quarantined: stuck and BCE refuses to detach or delete it; its node slot is freed",
+        fields,
+      );
+    } else {
+      this.#log.warn("ENI still quarantined", fields);
+    }
+  }
+
+  /** Tries a quarantined ENI again: forgotten once gone, deleted once it can be, adopted when healthy. */
+  async #retryQuarantined(eniId: string): Promise<void> {
+    if (this.#active.has(eniId)) return;
+    this.#active.add(eniId);
+    try {
+      const d = await this.#read(eniId);
+      if (d === null) {
+        this.#store.unquarantine(eniId);
+        this.#log.info("A quarantined ENI is gone; forgotten", { eniId });
         return;
       }
-      if (d.status === "attaching") d = await this.#waitStatus(eniId, "inuse");
-      if (d.status === "inuse") {
-        if (d.instanceId !== this.#o.instanceId) return;
-        await c.detachEni(eniId, this.#o.instanceId, `${token}-detach`);
+      if (d.status === "inuse" && d.instanceId === this.#o.instanceId && await this.#adopt(d)) {
+        this.#store.unquarantine(eniId);
+        this.#log.info("A quarantined ENI recovered (inuse); adopted into the pool", { eniId });
+        return;
       }
-      if (d.status !== "available") await this.#waitStatus(eniId, "available");
-      await c.deleteEni(eniId, `${token}-delete`);
-      this.#log.info("Deleted an ENI", { eniId });
+      const outcome = await this.#dispose(eniId, crypto.randomUUID(), "quarantine retry");
+      if (outcome !== "quarantined") {
+        this.#store.unquarantine(eniId);
+        this.#log.info("A quarantined ENI is resolved", { eniId, outcome });
+      }
     } catch (e) {
-      if (e instanceof ProviderError && e.reason === "not_found") return;
+      this.#store.touchQuarantine(eniId, Date.now());
+      this.#log.warn("Retrying a quarantined ENI failed", { eniId, error: e });
+    } finally {
+      this.#active.delete(eniId);
+    }
+  }
+
+  /** The ENI's detail, null when it is gone. */
+  async #read(eniId: string): Promise<BceEni | null> {
+    try {
+      return await this.#o.client.getEni(eniId);
+    } catch (e) {
+      if (isEniGone(e)) return null;
       throw e;
     }
   }
 
-  /** Polls an ENI until it reaches `status` (backoff from pollMs to 5 s), bounded by attachTimeoutMs. */
-  async #waitStatus(eniId: string, status: string): Promise<BceEni> {
-    const deadline = Date.now() + this.#o.attachTimeoutMs;
-    let delay = this.#o.pollMs;
+  /** Detaches from this node; a 4xx (not attached, wrong state) is left to the status polls. */
+  async #detachQuietly(eniId: string, token: string): Promise<void> {
+    try {
+      await this.#o.client.detachEni(eniId, this.#o.instanceId, token);
+    } catch (e) {
+      if (isEniGone(e)) return;
+      if (e instanceof BceApiError && !e.retryable && e.status >= 400 && e.status < 500) {
+        this.#log.info("BCE refused a detach", { eniId, code: e.code, status: e.status });
+        return;
+      }
+      throw e;
+    }
+  }
+
+  async #delete(eniId: string, token: string): Promise<Disposal> {
+    try {
+      await this.#o.client.deleteEni(eniId, token);
+      this.#log.info("Deleted an ENI", { eniId });
+      return "deleted";
+    } catch (e) {
+      if (isEniGone(e)) return "gone";
+      throw e;
+    }
+  }
+
+  /** Polls until the ENI is `available` or gone (null), or the deadline passes (its last detail). */
+  async #pollUntilFree(eniId: string, deadline: number): Promise<BceEni | null> {
+    let delay = this.#t.pollMs;
+    for (;;) {
+      const d = await this.#read(eniId);
+      if (d === null || d.status === "available") return d;
+      if (Date.now() + delay > deadline || this.#closed.signal.aborted) return d;
+      await sleep(delay, this.#closed.signal);
+      delay = Math.min(5000, delay * 2);
+    }
+  }
+
+  /** Polls an ENI until it reaches `status` (backoff from pollMs to 5 s) or the deadline passes. */
+  async #waitStatus(eniId: string, status: string, deadline: number): Promise<BceEni> {
+    let delay = this.#t.pollMs;
+    const started = Date.now();
     for (;;) {
       const d = await this.#o.client.getEni(eniId);
       if (d.status === status) return d;
       if (Date.now() + delay > deadline || this.#closed.signal.aborted) {
-        throw new ProviderError(
-          "unavailable",
-          `ENI "${eniId}" did not become ${status} within ${this.#o.attachTimeoutMs} ms (it is ${d.status})`,
+        throw new BceStuckError(
+          eniId,
+          d.status,
+          `ENI "${eniId}" did not become ${status} in time (waited ${
+            Date.now() - started
+          } ms; it is ${d.status})`,
         );
       }
       await sleep(delay, this.#closed.signal);
@@ -701,36 +1144,7 @@ export class BceProvider implements Provider {
     }
   }
 
-  // ---- rows and conversion ------------------------------------------------------------
-
-  /** Records a ready ENI (free, or owned) and drops its intent, in one transaction. */
-  async #insertRow(d: BceEni, owner: Owner | null, intentId?: string): Promise<void> {
-    const eni = await this.#eniFromDetail(d, owner);
-    this.#db.exec("BEGIN IMMEDIATE");
-    try {
-      prepared(
-        this.#db,
-        "INSERT OR REPLACE INTO bce_enis (eni_id, mac, subnet_id, ipv4, ipv6, pod, container_id, if_name, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-      ).run(
-        eni.id,
-        eni.mac,
-        eni.subnetId,
-        eni.ipv4 ? JSON.stringify(eni.ipv4) : null,
-        eni.ipv6 ? JSON.stringify(eni.ipv6) : null,
-        owner?.pod ?? null,
-        owner?.containerId ?? null,
-        owner?.ifName ?? null,
-        Date.now(),
-      );
-      if (intentId) prepared(this.#db, "DELETE FROM bce_intents WHERE id = ?").run(intentId);
-      this.#db.exec("COMMIT");
-    } catch (e) {
-      this.#db.exec("ROLLBACK");
-      throw e;
-    } finally {
-      if (intentId) this.#active.delete(intentId);
-    }
-  }
+  // ---- conversion ------------------------------------------------------------------
 
   async #eniFromDetail(d: BceEni, owner: Owner | null): Promise<Eni> {
     const v4 = d.privateIpSet.find((p) => p.primary) ?? d.privateIpSet[0];
@@ -746,13 +1160,20 @@ export class BceProvider implements Provider {
       };
     }
     if (v6) {
-      const cidr6 = this.#cidrs.get(`${d.subnetId}#6`);
+      const cidr6 = await this.#cidr6(d.subnetId);
       if (cidr6) {
+        // BCE documents no IPv6 gateway; the first host of the range, as for IPv4
+        // (CCE's exclusive mode reuses the IPv4 gateway for both families). UNVERIFIED.
         ipv6 = {
           address: v6.privateIpAddress,
           prefixLength: prefixOf(cidr6),
           gateway: firstHost(cidr6),
         };
+      } else {
+        this.#log.warn("ENI has an IPv6 address but its subnet's IPv6 range is unknown", {
+          eniId: d.eniId,
+          subnetId: d.subnetId,
+        });
       }
     }
     return {
@@ -769,33 +1190,48 @@ export class BceProvider implements Provider {
   async #cidr(subnetId: string): Promise<string> {
     const known = this.#cidrs.get(subnetId);
     if (known) return known;
+    await this.#lookupSubnet(subnetId);
+    return this.#cidrs.get(subnetId)!;
+  }
+
+  /** The subnet's IPv6 CIDR, null when it has none (or it cannot be told). */
+  async #cidr6(subnetId: string): Promise<string | null> {
+    if (this.#cidrs6.has(subnetId)) return this.#cidrs6.get(subnetId) ?? null;
+    try {
+      await this.#lookupSubnet(subnetId);
+    } catch (e) {
+      this.#log.warn("Cannot read the subnet's IPv6 range", { subnetId, error: e });
+      return null;
+    }
+    return this.#cidrs6.get(subnetId) ?? null;
+  }
+
+  async #lookupSubnet(subnetId: string): Promise<void> {
     const s = await this.#o.client.getSubnet(subnetId);
     this.#cidrs.set(subnetId, s.cidr);
-    if (s.ipv6Cidr) this.#cidrs.set(`${subnetId}#6`, s.ipv6Cidr);
-    return s.cidr;
+    this.#cidrs6.set(subnetId, s.ipv6Cidr || null);
+  }
+
+  /** Whether new ENIs ask for an IPv6 address. */
+  async #wantIpv6(): Promise<boolean> {
+    if (this.#o.ipv6 === "never") return false;
+    if (this.#o.ipv6 === "always") return true;
+    return (await this.#cidr6(this.#o.subnetId)) !== null;
   }
 
   #toEni(r: EniRow): Eni {
-    const owner = r.pod ? { pod: r.pod, containerId: r.container_id!, ifName: r.if_name! } : null;
+    const owner = r.pod && r.container_id && r.if_name
+      ? { pod: r.pod, containerId: r.container_id, ifName: r.if_name }
+      : null;
     return {
       id: r.eni_id,
       mac: r.mac,
-      ipv4: r.ipv4 ? JSON.parse(r.ipv4) : null,
-      ipv6: r.ipv6 ? JSON.parse(r.ipv6) : null,
+      ipv4: r.ipv4 ? EniAddressSchema.parse(JSON.parse(r.ipv4)) : null,
+      ipv6: r.ipv6 ? EniAddressSchema.parse(JSON.parse(r.ipv6)) : null,
       subnetId: r.subnet_id,
       state: owner ? "owned" : "free",
       owner,
     };
-  }
-
-  #rows(): EniRow[] {
-    return prepared(this.#db, "SELECT * FROM bce_enis ORDER BY eni_id")
-      .all() as unknown as EniRow[];
-  }
-
-  #intents(): IntentRow[] {
-    return prepared(this.#db, "SELECT * FROM bce_intents ORDER BY created_ms")
-      .all() as unknown as IntentRow[];
   }
 
   /** Whether an ENI carries this provider's marker (its name prefix). */

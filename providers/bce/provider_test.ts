@@ -124,8 +124,7 @@ Deno.test("the warm pool converges to its bounds and never touches foreign ENIs"
 Deno.test("a create whose response is lost is retried with the same clientToken and yields one ENI", async () => {
   const env = await setup({ maxEnisPerNode: 4, timeouts: { requestMs: 200 } });
   try {
-    env.fake.faultFilter = (m, p) => m === "POST" && p === "/v1/eni";
-    env.fake.inject({ kind: "lose" }, 2);
+    env.fake.inject({ kind: "lose", match: { method: "POST", path: "/v1/eni" } }, 2);
     const a = await env.provider.allocateNextENI(owner(1), any);
     const creates = env.fake.requests.filter((r) => r.method === "POST" && r.path === "/v1/eni");
     assertEquals(creates.length, 3);
@@ -140,8 +139,7 @@ Deno.test("a create whose response is lost is retried with the same clientToken 
 Deno.test("a create whose every response is lost is cleaned up by its name", async () => {
   const env = await setup({ maxEnisPerNode: 2, timeouts: { requestMs: 100, maxAttempts: 3 } });
   try {
-    env.fake.faultFilter = (m, p) => m === "POST" && p === "/v1/eni";
-    env.fake.inject({ kind: "lose" }, 3);
+    env.fake.inject({ kind: "lose", match: { method: "POST", path: "/v1/eni" } }, 3);
     const err = await env.provider.allocateNextENI(owner(1), any).then(() => null, (e) => e);
     assert(err instanceof ProviderError);
     assertEquals(err.reason, "unavailable");
@@ -214,7 +212,9 @@ Deno.test("a foreign ENI attached to the node counts against the node limit", as
 Deno.test("throttling and 5xx are retried and succeed", async () => {
   const env = await setup({ maxEnisPerNode: 4, timeouts: { maxAttempts: 8 } });
   try {
-    env.fake.inject({ kind: "throttle" }, 2);
+    // 429 with an empty body (bce-sdk-go reports TooManyRequests), then CCE's "RateLimit" marker.
+    env.fake.inject({ kind: "throttle" }, 1);
+    env.fake.inject({ kind: "throttle", status: 400, message: "Request RateLimit exceeded" }, 1);
     env.fake.inject({ kind: "status", status: 503, code: "ServiceUnavailable" }, 1);
     env.fake.inject({ kind: "status", status: 500 }, 1);
     env.fake.inject({ kind: "status", status: 504, code: "GatewayTimeout" }, 1);
@@ -222,7 +222,7 @@ Deno.test("throttling and 5xx are retried and succeed", async () => {
     assertEquals(env.fake.pendingFaults, 0);
     assertEquals(env.fake.enis.size, 1);
     assertEquals(env.fake.enis.get(a.id)?.status, "inuse");
-    assert(env.fake.requests.some((r) => r.code === "RequestRateLimitExceeded"));
+    assert(env.fake.requests.some((r) => r.status === 429));
   } finally {
     await env.close();
   }
@@ -319,8 +319,12 @@ Deno.test("the pool loop deletes orphaned available ENIs of this node and nothin
 Deno.test("a failed attach is rolled back: the ENI is deleted and the slot freed", async () => {
   const env = await setup({ maxEnisPerNode: 2 });
   try {
-    env.fake.faultFilter = (m, p) => m === "PUT" && p.startsWith("/v1/eni/");
-    env.fake.inject({ kind: "status", status: 400, code: "InvalidParameter" }, 1);
+    env.fake.inject({
+      kind: "status",
+      status: 400,
+      code: "InappropriateJSON",
+      match: { method: "PUT", action: "attach" },
+    }, 1);
     const err = await env.provider.allocateNextENI(owner(1), any).then(() => null, (e) => e);
     assert(err instanceof ProviderError);
     recordError(err);

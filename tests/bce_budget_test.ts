@@ -1,0 +1,206 @@
+/**
+ * The BCE provider's API-call budget, measured against the fake BCE server and
+ * printed (never asserted as a number: only its structure is checked).
+ *
+ * Time runs 1000× faster: every period of the provider's default config is
+ * divided by 1000 (the pool pass every 30 s while something changes, backing off
+ * to 5 min while nothing does, ±20 % jitter; the whole-VPC orphan scan once an
+ * hour), so one simulated hour takes 3.6 s. The VPC holds 8000 ENIs of other
+ * nodes (1000 nodes × 8), so an orphan scan reads 8 pages of 1000, as it would
+ * in a region with 1000 such nodes.
+ *
+ * Scenarios, each one simulated hour after a warm-up:
+ * - steady: no pod comes or goes;
+ * - rolling churn: a pod every minute, each living 5 minutes (60 ADD + 60 DEL);
+ * - bursty churn: 6 pods at once every 10 minutes, each living 5 minutes (the
+ *   warm pool, minIdle 1 / maxIdle 2, grows and shrinks each time).
+ *
+ * Run: `deno test -A tests/bce_budget_test.ts` (the figures are printed).
+ */
+import { assert, assertEquals } from "../lib/assert.ts";
+import type { Owner } from "../providers/contract.ts";
+import { INSTANCE, setup, startFake } from "../providers/bce/_harness.ts";
+import type { FakeBce, FakeRequestRecord } from "./bce_fake.ts";
+
+/** Real milliseconds per simulated second. */
+const MS_PER_S = 1;
+const S = (seconds: number) => seconds * MS_PER_S;
+const HOUR = S(3600);
+const NODES = 1000;
+const ENIS_PER_NODE = 8;
+
+/** The provider's default timings (config.ts), scaled. */
+const TIMEOUTS = {
+  requestMs: 2000,
+  totalMs: 10_000,
+  maxAttempts: 5,
+  baseDelayMs: S(1),
+  maxDelayMs: S(10),
+  attachMs: S(60),
+  detachMs: S(60),
+  escalateMs: S(15),
+  createVisibilityMs: S(10),
+  deviceMs: 2000,
+  pollMs: S(1),
+  poolIntervalMs: S(30),
+  idleIntervalMs: S(300),
+  orphanScanIntervalMs: S(3600),
+  quarantineRetryMs: S(600),
+  minPassGapMs: S(5),
+  jitter: 0.2,
+};
+
+/** The operation of a recorded request, as bce-sdk-go names it. */
+function opOf(r: FakeRequestRecord): string {
+  if (r.path === "/v1/eni" && r.method === "GET") {
+    return "instanceId" in r.query ? "ListEni(node)" : "ListEni(VPC scan page)";
+  }
+  if (r.path === "/v1/eni" && r.method === "POST") return "CreateEni";
+  if (r.path.startsWith("/v1/eni/") && r.method === "GET") return "GetEniDetail";
+  if (r.method === "PUT") return "attach" in r.query ? "AttachEni" : "DetachEni";
+  if (r.method === "DELETE") return "DeleteEni";
+  return `${r.method} ${r.path.replace(/\/[^/]+$/, "/{id}")}`;
+}
+
+interface Figures {
+  scenario: string;
+  perNodeHour: number;
+  byOp: Record<string, number>;
+  passes: number;
+  nodeLists: number;
+  scans: number;
+  adds: number;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+async function measure(
+  scenario: string,
+  drive: (alloc: (o: Owner) => Promise<void>, free: (o: Owner) => Promise<void>) => Promise<number>,
+): Promise<Figures> {
+  const fake: FakeBce = startFake({
+    instances: { [INSTANCE]: { eniQuota: 16 } },
+    attachDelayMs: S(2),
+    detachDelayMs: S(2),
+    maxKeysCap: 1000,
+  });
+  for (let n = 0; n < NODES - 1; n++) {
+    for (let i = 0; i < ENIS_PER_NODE; i++) {
+      fake.seedEni({ name: `enim/i-node${n}/e${i}`, instanceId: `i-node${n}`, status: "inuse" });
+    }
+  }
+  const env = await setup({
+    withFake: fake,
+    maxEnisPerNode: ENIS_PER_NODE,
+    warmPool: { minIdle: 1, maxIdle: 2 },
+    timeouts: TIMEOUTS,
+  });
+  try {
+    await env.provider.start();
+    // Warm-up: the pool fills, the first orphan scan runs, the period backs off.
+    await sleep(S(900));
+    const from = fake.requests.length;
+    const passes0 = env.provider.passes;
+    const adds = await drive(
+      async (o) => void await env.provider.allocateNextENI(o, { ips: [], ranges: [] }),
+      (o) => env.provider.deallocateENI(o),
+    );
+    const window = fake.requests.slice(from);
+    const byOp: Record<string, number> = {};
+    for (const r of window) byOp[opOf(r)] = (byOp[opOf(r)] ?? 0) + 1;
+    return {
+      scenario,
+      perNodeHour: window.length,
+      byOp,
+      passes: env.provider.passes - passes0,
+      nodeLists: window.filter((r) => opOf(r) === "ListEni(node)").length,
+      scans: window.filter((r) => opOf(r) === "ListEni(VPC scan page)" && !("marker" in r.query))
+        .length,
+      adds,
+    };
+  } finally {
+    await env.close();
+    await fake.close();
+  }
+}
+
+const owner = (i: number): Owner => ({
+  pod: `default/churn-${i}`,
+  containerId: `c${i}`,
+  ifName: "eth0",
+});
+
+Deno.test({
+  name:
+    "the BCE API-call budget per node per hour (steady state and churn), extrapolated to 1000 nodes",
+  async fn() {
+    const results: Figures[] = [];
+    results.push(
+      await measure("steady (no pods come or go)", async () => {
+        await sleep(HOUR);
+        return 0;
+      }),
+    );
+    results.push(
+      await measure("rolling churn (1 pod/min, 5 min each)", async (alloc, free) => {
+        const lives: Promise<void>[] = [];
+        for (let i = 0; i < 60; i++) {
+          const o = owner(i);
+          await alloc(o);
+          lives.push(sleep(S(300)).then(() => free(o)));
+          await sleep(S(60));
+        }
+        await Promise.all(lives);
+        return 60;
+      }),
+    );
+    results.push(
+      await measure("bursty churn (6 pods every 10 min, 5 min each)", async (alloc, free) => {
+        let n = 0;
+        for (let burst = 0; burst < 6; burst++) {
+          const pods = Array.from({ length: 6 }, () => owner(n++));
+          await Promise.all(pods.map(alloc));
+          await sleep(S(300));
+          for (const o of pods) await free(o);
+          await sleep(S(300));
+        }
+        return n;
+      }),
+    );
+
+    const lines = [
+      "",
+      `BCE API budget, measured against the fake (1 simulated hour each; ${NODES} nodes × ${ENIS_PER_NODE} ENIs in the VPC; default periods):`,
+    ];
+    for (const r of results) {
+      const region = r.perNodeHour * NODES;
+      lines.push(
+        `  ${r.scenario}: ${r.perNodeHour} calls/node/hour → ×${NODES} nodes: ${region} calls/hour = ${
+          (region / 3600).toFixed(1)
+        }/s  [${
+          Object.entries(r.byOp).sort(([a], [b]) => (a < b ? -1 : 1)).map(([k, v]) => `${k} ${v}`)
+            .join(", ")
+        }; ${r.passes} passes, ${r.scans} VPC scans, ${r.adds} ADDs]`,
+      );
+    }
+    lines.push(
+      `  before issue 14: 2 lists per 30 s pass = 240 lists/node/hour → ×${NODES}: 240000/hour = 66.7/s`,
+    );
+    console.log(lines.join("\n"));
+
+    for (const r of results) {
+      // Structure, not speed: one list per pass at most (a pass lists this node's ENIs,
+      // or starts one whole-VPC scan), and nothing but lists when nothing happens.
+      assert(
+        r.nodeLists + r.scans <= r.passes + 1,
+        `${r.scenario}: ${r.nodeLists} node lists + ${r.scans} scans for ${r.passes} passes`,
+      );
+    }
+    const steady = results[0];
+    assertEquals(
+      Object.keys(steady.byOp).filter((k) => !k.startsWith("ListEni")),
+      [],
+      "steady state makes list calls only",
+    );
+  },
+});
