@@ -21,7 +21,8 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
 import { IpRangeSchema, IpSchema } from "../providers/schema.ts";
 import { CNI_CODES, CniError, formatZodIssues } from "./errors.ts";
 import { DEFAULT_LOG_FILE, DEFAULT_SOCKET, DEFAULT_TIMEOUT_SECONDS } from "./spec.ts";
@@ -50,57 +51,63 @@ export function isIpMaybePrefix(s: string): boolean {
 }
 
 /** An IP address without prefix. */
-export const IpAddressSchema = z.string().refine(isIp, "Expected an IPv4 or IPv6 address");
+export const IpAddressSchema = z.string().check(
+  z.refine(isIp, "Expected an IPv4 or IPv6 address"),
+);
 
 /** A route in enim's section: `dst` is a CIDR, `gw` (default: the ENI's gateway) an address. */
 export const ConfigRouteSchema = z.looseObject({
-  dst: z.string().refine(isCidr, "Expected a CIDR such as 0.0.0.0/0"),
-  gw: IpAddressSchema.optional(),
+  dst: z.string().check(z.refine(isCidr, "Expected a CIDR such as 0.0.0.0/0")),
+  gw: z.optional(IpAddressSchema),
 });
 
 /** enim's own section (top level in interface mode, `ipam` in IPAM mode). */
 export const EnimSectionSchema = z.looseObject({
   type: z.literal("enim"),
-  agentSocket: z.string().startsWith("/", "Expected an absolute path").max(107).default(
+  agentSocket: z._default(
+    z.string().check(z.startsWith("/", "Expected an absolute path"), z.maxLength(107)),
     DEFAULT_SOCKET,
   ),
-  logFile: z.string().startsWith("/", "Expected an absolute path").max(4096).default(
+  logFile: z._default(
+    z.string().check(z.startsWith("/", "Expected an absolute path"), z.maxLength(4096)),
     DEFAULT_LOG_FILE,
   ),
-  timeoutSeconds: z.number().positive().max(600).default(DEFAULT_TIMEOUT_SECONDS),
-  mtu: z.number().int().min(68).max(65535).optional(),
-  routes: z.array(ConfigRouteSchema).default([]),
+  timeoutSeconds: z._default(
+    z.number().check(z.positive(), z.maximum(600)),
+    DEFAULT_TIMEOUT_SECONDS,
+  ),
+  mtu: z.optional(z.number().check(z.int(), z.minimum(68), z.maximum(65535))),
+  routes: z._default(z.array(ConfigRouteSchema), []),
 });
 /** enim's own section. */
 export type EnimSection = z.infer<typeof EnimSectionSchema>;
 
 /** An `ip[/prefix]` string as in `args.cni.ips` and the `ips` capability. */
-const IpMaybePrefix = z.string().refine(
-  isIpMaybePrefix,
-  "Expected an IP address, optionally with a prefix length",
+const IpMaybePrefix = z.string().check(
+  z.refine(isIpMaybePrefix, "Expected an IP address, optionally with a prefix length"),
 );
 
 /** The top-level network config; loose, unknown fields kept. */
 export const NetworkConfigSchema = z.looseObject({
-  cniVersion: z.string().min(1),
-  name: z.string().max(256).regex(
-    NETWORK_NAME_RE,
-    "Expected an alphanumeric followed by alphanumerics, '_', '.' or '-'",
+  cniVersion: z.string().check(z.minLength(1)),
+  name: z.string().check(
+    z.maxLength(256),
+    z.regex(NETWORK_NAME_RE, "Expected an alphanumeric followed by alphanumerics, '_', '.' or '-'"),
   ),
-  type: z.string().optional(),
-  ipam: z.looseObject({ type: z.string().optional() }).optional(),
-  args: z.looseObject({
-    cni: z.looseObject({ ips: z.array(IpMaybePrefix).optional() }).optional(),
-  }).optional(),
-  runtimeConfig: z.looseObject({
-    ipRanges: z.array(z.array(IpRangeSchema)).optional(),
-    ips: z.array(IpMaybePrefix).optional(),
-  }).optional(),
-  prevResult: z.unknown().optional(),
+  type: z.optional(z.string()),
+  ipam: z.optional(z.looseObject({ type: z.optional(z.string()) })),
+  args: z.optional(z.looseObject({
+    cni: z.optional(z.looseObject({ ips: z.optional(z.array(IpMaybePrefix)) })),
+  })),
+  runtimeConfig: z.optional(z.looseObject({
+    ipRanges: z.optional(z.array(z.array(IpRangeSchema))),
+    ips: z.optional(z.array(IpMaybePrefix)),
+  })),
+  prevResult: z.optional(z.unknown()),
   /** GC's list of still-valid attachments; `null` (a Go nil slice) means none. */
-  "cni.dev/valid-attachments": z.array(
+  "cni.dev/valid-attachments": z.optional(z.nullable(z.array(
     z.looseObject({ containerID: z.string(), ifname: z.string() }),
-  ).nullable().optional(),
+  ))),
 });
 /** The top-level network config. */
 export type NetworkConfig = z.infer<typeof NetworkConfigSchema>;

@@ -16,7 +16,8 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
 import { IfNameSchema, NetnsPathSchema } from "../manager/api_schema.ts";
 import { CNI_CODES, CniError } from "./errors.ts";
 import {
@@ -44,14 +45,14 @@ const USED_ENV: Record<CniVerb, readonly CniEnvName[]> = {
 export const CONTAINER_ID_RE = /^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$/;
 
 /** The schema of each variable's value (when set and non-empty). */
-const VALUE_SCHEMAS: Record<Exclude<CniEnvName, "CNI_COMMAND">, z.ZodType<string>> = {
-  CNI_CONTAINERID: z.string().max(256, "Expected at most 256 characters").regex(
-    CONTAINER_ID_RE,
-    "Expected an alphanumeric followed by alphanumerics, '_', '.' or '-'",
+const VALUE_SCHEMAS: Record<Exclude<CniEnvName, "CNI_COMMAND">, z.ZodMiniType<string>> = {
+  CNI_CONTAINERID: z.string().check(
+    z.maxLength(256, "Expected at most 256 characters"),
+    z.regex(CONTAINER_ID_RE, "Expected an alphanumeric followed by alphanumerics, '_', '.' or '-'"),
   ),
   CNI_NETNS: NetnsPathSchema,
   CNI_IFNAME: IfNameSchema,
-  CNI_ARGS: z.string().max(64 * 1024),
+  CNI_ARGS: z.string().check(z.maxLength(64 * 1024)),
   CNI_PATH: z.string(),
 };
 

@@ -9,7 +9,10 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+// By name: a run-time `z.core.$ZodError` would keep all of zod's core in the bundle.
+import { $ZodError } from "zod/v4/core";
+import "../lib/zod_locale.ts";
 import { ApiError, type ApiErrorCode } from "../manager/api_schema.ts";
 import { AgentUnreachableError } from "../manager/client.ts";
 import { CNI_CODES, type CniCode, DEFAULT_SOCKET, errorObject } from "./spec.ts";
@@ -20,9 +23,9 @@ export { CNI_CODES, type CniCode };
 /** The CNI error result printed on stdout (SPEC.md "Error"). */
 export const CniErrorObjectSchema = z.strictObject({
   cniVersion: z.string(),
-  code: z.number().int().min(1),
-  msg: z.string().min(1),
-  details: z.string().optional(),
+  code: z.number().check(z.int(), z.minimum(1)),
+  msg: z.string().check(z.minLength(1)),
+  details: z.optional(z.string()),
 });
 /** The CNI error result printed on stdout. */
 export type CniErrorObject = z.infer<typeof CniErrorObjectSchema>;
@@ -72,7 +75,7 @@ const API_TO_CNI: Record<ApiErrorCode, { code: number; lead: string }> = {
 };
 
 /** Formats zod issues as `path: message; path: message`. */
-export function formatZodIssues(error: z.ZodError, prefix: (string | number)[] = []): string {
+export function formatZodIssues(error: $ZodError, prefix: (string | number)[] = []): string {
   return error.issues.map((i) => {
     const path = [...prefix, ...i.path.map((p) => String(p))].join(".");
     return path ? `${path}: ${i.message}` : i.message;
@@ -161,7 +164,8 @@ export function toCniError(
     const m = API_TO_CNI[err.code] ?? API_TO_CNI.internal;
     return make(m.code, `${m.lead}: ${err.message}`, err.details);
   }
-  if (err instanceof z.ZodError) {
+  // Any zod v4 error, zod/mini's or classic zod's (the BCE provider's).
+  if (err instanceof $ZodError) {
     return make(CNI_CODES.INVALID_CONFIG, `Invalid network config: ${formatZodIssues(err)}`);
   }
   if (err instanceof SyntaxError) {

@@ -11,7 +11,8 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
 import { CNI_CODES, CniError, formatZodIssues } from "./errors.ts";
 import {
   LATEST_VERSION,
@@ -68,48 +69,48 @@ export function versionAtLeast(format: SupportedVersion, min: SupportedVersion):
   return SUPPORTED_VERSIONS.indexOf(format) >= SUPPORTED_VERSIONS.indexOf(min);
 }
 
-const Uint = z.number().int().min(0);
+const Uint = z.number().check(z.int(), z.minimum(0));
 
 /** An interface in a result (1.1.0 fields; older versions drop `mtu`, `socketPath`, `pciID`). */
 export const ResultInterfaceSchema = z.looseObject({
-  name: z.string().optional(),
-  mac: z.string().optional(),
-  mtu: Uint.optional(),
-  sandbox: z.string().optional(),
-  socketPath: z.string().optional(),
-  pciID: z.string().optional(),
+  name: z.optional(z.string()),
+  mac: z.optional(z.string()),
+  mtu: z.optional(Uint),
+  sandbox: z.optional(z.string()),
+  socketPath: z.optional(z.string()),
+  pciID: z.optional(z.string()),
 });
 /** An IP config in a result; `version` only exists before 1.0.0. */
 export const ResultIpConfigSchema = z.looseObject({
-  address: z.string().min(1),
-  gateway: z.string().optional(),
-  interface: Uint.optional(),
-  version: z.enum(["4", "6"]).optional(),
+  address: z.string().check(z.minLength(1)),
+  gateway: z.optional(z.string()),
+  interface: z.optional(Uint),
+  version: z.optional(z.enum(["4", "6"])),
 });
 /** A route in a result (1.1.0 adds `mtu`, `advmss`, `priority`, `table`, `scope`). */
 export const ResultRouteSchema = z.looseObject({
-  dst: z.string().min(1),
-  gw: z.string().optional(),
-  mtu: Uint.optional(),
-  advmss: Uint.optional(),
-  priority: Uint.optional(),
-  table: Uint.optional(),
-  scope: Uint.optional(),
+  dst: z.string().check(z.minLength(1)),
+  gw: z.optional(z.string()),
+  mtu: z.optional(Uint),
+  advmss: z.optional(Uint),
+  priority: z.optional(Uint),
+  table: z.optional(Uint),
+  scope: z.optional(Uint),
 });
 /** DNS settings in a result. */
 export const ResultDnsSchema = z.looseObject({
-  nameservers: z.array(z.string()).optional(),
-  domain: z.string().optional(),
-  search: z.array(z.string()).optional(),
-  options: z.array(z.string()).optional(),
+  nameservers: z.optional(z.array(z.string())),
+  domain: z.optional(z.string()),
+  search: z.optional(z.array(z.string())),
+  options: z.optional(z.array(z.string())),
 });
 /** A CNI success result of any supported version, parsed loosely (unknown fields kept). */
 export const CniResultSchema = z.looseObject({
-  cniVersion: z.string().optional(),
-  interfaces: z.array(ResultInterfaceSchema).optional(),
-  ips: z.array(ResultIpConfigSchema).optional(),
-  routes: z.array(ResultRouteSchema).optional(),
-  dns: ResultDnsSchema.optional(),
+  cniVersion: z.optional(z.string()),
+  interfaces: z.optional(z.array(ResultInterfaceSchema)),
+  ips: z.optional(z.array(ResultIpConfigSchema)),
+  routes: z.optional(z.array(ResultRouteSchema)),
+  dns: z.optional(ResultDnsSchema),
 });
 
 /** The canonical (1.1.0-shaped) result enim builds before converting it. */

@@ -1,8 +1,8 @@
 /**
- * The agent's Prometheus metrics (served at `GET /metrics`), on prom-client.
- *
- * prom-client is the standard Prometheus client for JavaScript; it runs under
- * Deno's permission set unchanged, and only the agent loads it (never the plugin).
+ * The agent's Prometheus metrics (served at `GET /metrics`), on the small
+ * in-house client of `prometheus.ts` (prom-client's exposition format, without
+ * the ~3 MB of Node modules prom-client loads). Only the agent loads it (never
+ * the plugin).
  *
  * Per-phase timing: every ADD/DEL/GC records the time it spent in each phase
  * (queue wait, provider, device lookup, move, configure, state write) in
@@ -11,7 +11,7 @@
  *
  * @module
  */
-import client from "prom-client";
+import { Counter, Gauge, Histogram, Registry } from "./prometheus.ts";
 
 /** Phases of an operation. */
 export type Phase =
@@ -27,7 +27,7 @@ export type Phase =
 
 /**
  * What the manager records per operation; {@linkcode Metrics} implements it, and
- * the manager needs only this (so it never loads prom-client itself).
+ * the manager needs only this (so it never loads the metrics themselves).
  */
 export interface PhaseRecorder {
   /** Records one phase's duration of `op`. */
@@ -66,12 +66,12 @@ const LATENCY_BUCKETS = [
 
 /** The agent's metric set; one per agent (tests make their own). */
 export class Metrics implements PhaseRecorder {
-  readonly registry: client.Registry;
-  readonly operationDuration: client.Histogram<"op" | "result">;
-  readonly operations: client.Counter<"op" | "result">;
-  readonly phaseDuration: client.Histogram<"op" | "phase">;
-  readonly gcReclaims: client.Counter<"result">;
-  readonly providerLatency: client.Histogram<"provider" | "call" | "result">;
+  readonly registry: Registry;
+  readonly operationDuration: Histogram<"op" | "result">;
+  readonly operations: Counter<"op" | "result">;
+  readonly phaseDuration: Histogram<"op" | "phase">;
+  readonly gcReclaims: Counter<"result">;
+  readonly providerLatency: Histogram<"provider" | "call" | "result">;
   #pool: () => Promise<PoolCounts> | PoolCounts = () => ({
     free: 0,
     owned: 0,
@@ -80,22 +80,22 @@ export class Metrics implements PhaseRecorder {
   });
 
   constructor() {
-    this.registry = new client.Registry();
+    this.registry = new Registry();
     const registers = [this.registry];
-    this.operationDuration = new client.Histogram({
+    this.operationDuration = new Histogram({
       name: "enim_operation_duration_seconds",
       help: "Time the agent spent on an API operation, by operation and result",
       labelNames: ["op", "result"],
       buckets: LATENCY_BUCKETS,
       registers,
     });
-    this.operations = new client.Counter({
+    this.operations = new Counter({
       name: "enim_operations_total",
       help: "API operations, by operation and result",
       labelNames: ["op", "result"],
       registers,
     });
-    this.phaseDuration = new client.Histogram({
+    this.phaseDuration = new Histogram({
       name: "enim_phase_duration_seconds",
       help:
         "Time spent in each phase of an operation (queue_wait, netns_check, provider, device_lookup, move, configure, unplug, inspect, state_write)",
@@ -103,20 +103,20 @@ export class Metrics implements PhaseRecorder {
       buckets: LATENCY_BUCKETS,
       registers,
     });
-    this.gcReclaims = new client.Counter({
+    this.gcReclaims = new Counter({
       name: "enim_gc_reclaims_total",
       help: "ENIs reclaimed by garbage collection, by result",
       labelNames: ["result"],
       registers,
     });
-    this.providerLatency = new client.Histogram({
+    this.providerLatency = new Histogram({
       name: "enim_provider_call_duration_seconds",
       help: "Latency of provider calls (the cloud API for bce), by call and result",
       labelNames: ["provider", "call", "result"],
       buckets: LATENCY_BUCKETS,
       registers,
     });
-    new client.Gauge({
+    new Gauge({
       name: "enim_agent_memory_bytes",
       help: "The agent's memory: rss, heap_used, heap_total, external (Deno.memoryUsage)",
       labelNames: ["kind"],
@@ -130,7 +130,7 @@ export class Metrics implements PhaseRecorder {
       },
     });
     const pool = () => this.#pool();
-    new client.Gauge({
+    new Gauge({
       name: "enim_pool_enis",
       help: "ENIs on this node by pool state (free, owned, recycling, attachable)",
       labelNames: ["state"],

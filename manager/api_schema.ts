@@ -18,48 +18,60 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
 import { EniSchema, IpRangeSchema, IpSchema } from "../providers/schema.ts";
 import { CNI_ENV_NAMES, LOG_FILE_ENV, MAX_CALL_STDIN } from "../cni/spec.ts";
 
 /** A Kubernetes namespace (DNS label). */
-const K8sNamespace = z.string().regex(
+const K8sNamespace = z.string().check(z.regex(
   /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/,
   "Expected a DNS label (lower-case letters, digits and '-', at most 63)",
-);
+));
 /** A Kubernetes object name (DNS subdomain), relaxed to what runtimes pass. */
-const K8sName = z.string().regex(
+const K8sName = z.string().check(z.regex(
   /^[A-Za-z0-9]([-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?$/,
   "Expected a name of letters, digits, '-', '_' and '.', at most 253",
-);
+));
 
 /** The pod that owns an attachment. */
 export const PodSchema = z.object({
   namespace: K8sNamespace,
   name: K8sName,
-  uid: z.string().max(128).optional(),
+  uid: z.optional(z.string().check(z.maxLength(128))),
 });
 /** The pod that owns an attachment. */
 export type Pod = z.infer<typeof PodSchema>;
 
 /** A CNI container id (the spec's charset). */
-export const ContainerIdSchema = z.string().regex(
+export const ContainerIdSchema = z.string().check(z.regex(
   /^[A-Za-z0-9][A-Za-z0-9_.\-]{0,255}$/,
   "Expected alphanumerics followed by alphanumerics, '_', '.' or '-'",
-);
+));
 /** A Linux interface name. */
-export const IfNameSchema = z.string().min(1).max(15).refine(
-  (s) => s !== "." && s !== ".." && !/[\/:\s]/.test(s) && new TextEncoder().encode(s).length <= 15,
-  "Expected a Linux interface name: at most 15 bytes, no '/', ':' or whitespace",
+export const IfNameSchema = z.string().check(
+  z.minLength(1),
+  z.maxLength(15),
+  z.refine(
+    (s) =>
+      s !== "." && s !== ".." && !/[\/:\s]/.test(s) && new TextEncoder().encode(s).length <= 15,
+    "Expected a Linux interface name: at most 15 bytes, no '/', ':' or whitespace",
+  ),
 );
 /** A network namespace path: absolute, normalized, no traversal. */
-export const NetnsPathSchema = z.string().max(4096).refine(
-  (s) => s.startsWith("/") && !s.split("/").some((p) => p === ".." || p === "."),
-  "Expected an absolute path without '.' or '..' components",
+export const NetnsPathSchema = z.string().check(
+  z.maxLength(4096),
+  z.refine(
+    (s) => s.startsWith("/") && !s.split("/").some((p) => p === ".." || p === "."),
+    "Expected an absolute path without '.' or '..' components",
+  ),
 );
 
 /** A route from the network config. */
-export const RouteSchema = z.object({ dst: z.string().min(1), gw: IpSchema.optional() });
+export const RouteSchema = z.object({
+  dst: z.string().check(z.minLength(1)),
+  gw: z.optional(IpSchema),
+});
 
 /** Fields that identify one CNI attachment. */
 const AttachmentKey = {
@@ -72,14 +84,14 @@ export const AddRequestSchema = z.object({
   ...AttachmentKey,
   netns: NetnsPathSchema,
   /** The network config's `name`. */
-  network: z.string().min(1).max(256),
+  network: z.string().check(z.minLength(1), z.maxLength(256)),
   pod: PodSchema,
   /** `interface`: enim moves the device into the pod; `ipam`: the device stays on the node. */
   mode: z.enum(["interface", "ipam"]),
-  ips: z.array(IpSchema).default([]),
-  ranges: z.array(z.array(IpRangeSchema)).default([]),
-  routes: z.array(RouteSchema).default([]),
-  mtu: z.number().int().min(68).max(65535).optional(),
+  ips: z._default(z.array(IpSchema), []),
+  ranges: z._default(z.array(z.array(IpRangeSchema)), []),
+  routes: z._default(z.array(RouteSchema), []),
+  mtu: z.optional(z.number().check(z.int(), z.minimum(68), z.maximum(65535))),
 });
 /** POST /v1/add. */
 export type AddRequest = z.input<typeof AddRequestSchema>;
@@ -92,11 +104,11 @@ export const AddResponseSchema = z.object({
   eniId: z.string(),
   mac: z.string(),
   /** The device's ifindex: in the pod (interface mode) or on the node (IPAM mode). */
-  ifindex: z.number().int(),
+  ifindex: z.number().check(z.int()),
   /** The device's node-side name. */
   nodeName: z.string(),
   ips: z.array(ResultIpSchema),
-  routes: z.array(z.object({ dst: z.string(), gw: z.string().optional() })),
+  routes: z.array(z.object({ dst: z.string(), gw: z.optional(z.string()) })),
 });
 /** The agent's answer to an ADD. */
 export type AddResponse = z.infer<typeof AddResponseSchema>;
@@ -109,9 +121,11 @@ export type AddResponse = z.infer<typeof AddResponseSchema>;
 export const CniCallSchema = z.strictObject({
   env: z.partialRecord(
     z.enum([...CNI_ENV_NAMES, LOG_FILE_ENV]),
-    z.string().max(128 * 1024, "Expected at most 128 KiB"),
+    z.string().check(z.maxLength(128 * 1024, "Expected at most 128 KiB")),
   ),
-  stdin: z.string().max(MAX_CALL_STDIN, `Expected at most ${MAX_CALL_STDIN} characters`),
+  stdin: z.string().check(
+    z.maxLength(MAX_CALL_STDIN, `Expected at most ${MAX_CALL_STDIN} characters`),
+  ),
 });
 /** POST /v1/cni. */
 export type CniCall = z.infer<typeof CniCallSchema>;
@@ -119,8 +133,8 @@ export type CniCall = z.infer<typeof CniCallSchema>;
 /** POST /v1/del. `netns` may be empty: the runtime may not know it any more. */
 export const DelRequestSchema = z.object({
   ...AttachmentKey,
-  netns: z.union([NetnsPathSchema, z.literal("")]).default(""),
-  network: z.string().max(256).default(""),
+  netns: z._default(z.union([NetnsPathSchema, z.literal("")]), ""),
+  network: z._default(z.string().check(z.maxLength(256)), ""),
 });
 /** POST /v1/del. */
 export type DelRequest = z.input<typeof DelRequestSchema>;
@@ -129,13 +143,13 @@ export type DelRequest = z.input<typeof DelRequestSchema>;
 export const CheckRequestSchema = z.object({
   ...AttachmentKey,
   netns: NetnsPathSchema,
-  network: z.string().min(1).max(256),
+  network: z.string().check(z.minLength(1), z.maxLength(256)),
   mode: z.enum(["interface", "ipam"]),
   /** What the prevResult says: addresses (CIDR), MAC, routes. */
   expected: z.object({
-    mac: z.string().optional(),
-    addresses: z.array(z.string()).default([]),
-    routes: z.array(z.object({ dst: z.string(), gw: z.string().optional() })).default([]),
+    mac: z.optional(z.string()),
+    addresses: z._default(z.array(z.string()), []),
+    routes: z._default(z.array(z.object({ dst: z.string(), gw: z.optional(z.string()) })), []),
   }),
 });
 /** POST /v1/check. */
@@ -143,10 +157,12 @@ export type CheckRequest = z.input<typeof CheckRequestSchema>;
 
 /** POST /v1/gc. */
 export const GcRequestSchema = z.object({
-  dryRun: z.boolean().default(false),
+  dryRun: z._default(z.boolean(), false),
   /** For the CNI GC verb: the network whose attachments are checked against `validAttachments`. */
-  network: z.string().min(1).max(256).optional(),
-  validAttachments: z.array(z.object({ containerId: z.string(), ifName: z.string() })).optional(),
+  network: z.optional(z.string().check(z.minLength(1), z.maxLength(256))),
+  validAttachments: z.optional(
+    z.array(z.object({ containerId: z.string(), ifName: z.string() })),
+  ),
 });
 /** POST /v1/gc. */
 export type GcRequest = z.input<typeof GcRequestSchema>;
@@ -163,7 +179,7 @@ export const GcItemSchema = z.object({
   reason: z.string(),
   action: z.string(),
   outcome: z.enum(["planned", "reclaimed", "failed"]),
-  error: z.string().optional(),
+  error: z.optional(z.string()),
 });
 /** The GC report. */
 export const GcReportSchema = z.object({
@@ -178,14 +194,14 @@ export const AttachmentSchema = z.object({
   containerId: z.string(),
   ifName: z.string(),
   pod: z.string(),
-  podUid: z.string().nullable(),
+  podUid: z.nullable(z.string()),
   network: z.string(),
   netns: z.string(),
   mode: z.enum(["interface", "ipam"]),
   state: z.enum(["adding", "ready", "recycling", "deleting"]),
-  eniId: z.string().nullable(),
-  mac: z.string().nullable(),
-  nodeName: z.string().nullable(),
+  eniId: z.nullable(z.string()),
+  mac: z.nullable(z.string()),
+  nodeName: z.nullable(z.string()),
   createdAt: z.string(),
   updatedAt: z.string(),
 });
@@ -200,14 +216,14 @@ export const StatusSchema = z.object({
   /** Whether an ADD can be served now: a free ENI or room to attach one. */
   canAllocate: z.boolean(),
   pool: z.object({
-    free: z.number().int(),
-    owned: z.number().int(),
-    recycling: z.number().int(),
-    attachable: z.number().int(),
+    free: z.number().check(z.int()),
+    owned: z.number().check(z.int()),
+    recycling: z.number().check(z.int()),
+    attachable: z.number().check(z.int()),
   }),
-  enis: z.array(EniSchema.extend({
-    device: z.string().nullable(),
-    attachment: AttachmentSchema.nullable(),
+  enis: z.array(z.extend(EniSchema, {
+    device: z.nullable(z.string()),
+    attachment: z.nullable(AttachmentSchema),
   })),
 });
 /** GET /v1/status. */
@@ -252,7 +268,7 @@ export const ApiErrorBodySchema = z.object({
   error: z.object({
     code: z.enum(API_ERROR_CODES),
     message: z.string(),
-    details: z.string().optional(),
+    details: z.optional(z.string()),
   }),
 });
 

@@ -7,7 +7,8 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
 import {
   type AddRequest,
   type AddResponse,
@@ -100,7 +101,12 @@ export class SocketAgentClient implements AgentClient {
     this.timeoutMs = timeoutMs;
   }
 
-  async #call<T>(method: string, path: string, schema: z.ZodType<T>, body?: unknown): Promise<T> {
+  async #call<T>(
+    method: string,
+    path: string,
+    schema: z.core.$ZodType<T>,
+    body?: unknown,
+  ): Promise<T> {
     const res = await unixRequest(this.socketPath, method, path, body, this.timeoutMs);
     let json: unknown;
     try {
@@ -123,7 +129,7 @@ export class SocketAgentClient implements AgentClient {
       }
       throw new ApiError("internal", `The agent answered ${res.status}: ${res.body.slice(0, 200)}`);
     }
-    const parsed = schema.safeParse(json);
+    const parsed = z.safeParse(schema, json);
     if (!parsed.success) {
       throw new ApiError(
         "internal",

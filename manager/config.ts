@@ -12,7 +12,8 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
 import { parse as parseJsonc, type ParseError, printParseErrorCode } from "jsonc-parser";
 import { DEFAULT_SOCKET } from "./api_schema.ts";
 import { LEVELS } from "../lib/log.ts";
@@ -26,62 +27,85 @@ export const DEFAULT_STATE_PATH = "/var/lib/enim/enim.db";
 /** The provider names the agent knows (the registry's names). */
 export const PROVIDER_NAMES = ["mock", "bce"] as const;
 
-const AbsolutePath = z.string().min(1).refine(
-  (s) => s.startsWith("/") && !s.split("/").some((p) => p === ".."),
-  "Expected an absolute path without '..'",
+const AbsolutePath = z.string().check(
+  z.minLength(1),
+  z.refine(
+    (s) => s.startsWith("/") && !s.split("/").some((p) => p === ".."),
+    "Expected an absolute path without '..'",
+  ),
 );
 
 /** The agent configuration, as the file holds it (every field optional but `provider.name`). */
 export const AgentConfigSchema = z.strictObject({
   /** The API's unix socket. */
-  socket: AbsolutePath.default(DEFAULT_SOCKET),
+  socket: z._default(AbsolutePath, DEFAULT_SOCKET),
   /** The SQLite state database. */
-  statePath: AbsolutePath.default(DEFAULT_STATE_PATH),
+  statePath: z._default(AbsolutePath, DEFAULT_STATE_PATH),
   provider: z.strictObject({
     name: z.enum(PROVIDER_NAMES),
     /** Settings of the mock provider, validated by its own schema. */
-    mock: z.record(z.string(), z.unknown()).optional(),
+    mock: z.optional(z.record(z.string(), z.unknown())),
     /** Settings of the BCE provider, validated by its own schema. */
-    bce: z.record(z.string(), z.unknown()).optional(),
+    bce: z.optional(z.record(z.string(), z.unknown())),
   }),
-  gc: z.strictObject({
-    intervalSeconds: z.number().positive().max(86_400).default(30),
-    graceSeconds: z.number().min(0).max(86_400).default(30),
-  }).prefault({}),
-  log: z.strictObject({
-    level: z.enum(LEVELS).default("info"),
-    format: z.literal("json").default("json"),
-    /** A file to append log lines to; stderr when absent. */
-    file: AbsolutePath.optional(),
-  }).prefault({}),
-  timeouts: z.strictObject({
-    /** How long the API waits for one ADD before answering `busy`. */
-    addSeconds: z.number().positive().max(3600).default(120),
-    /** How long one provider call may take before it fails as `unavailable`. */
-    providerSeconds: z.number().positive().max(3600).default(60),
-  }).prefault({}),
+  gc: z.prefault(
+    z.strictObject({
+      intervalSeconds: z._default(z.number().check(z.positive(), z.maximum(86_400)), 30),
+      graceSeconds: z._default(z.number().check(z.minimum(0), z.maximum(86_400)), 30),
+    }),
+    {},
+  ),
+  log: z.prefault(
+    z.strictObject({
+      level: z._default(z.enum(LEVELS), "info"),
+      format: z._default(z.literal("json"), "json"),
+      /** A file to append log lines to; stderr when absent. */
+      file: z.optional(AbsolutePath),
+    }),
+    {},
+  ),
+  timeouts: z.prefault(
+    z.strictObject({
+      /** How long the API waits for one ADD before answering `busy`. */
+      addSeconds: z._default(z.number().check(z.positive(), z.maximum(3600)), 120),
+      /** How long one provider call may take before it fails as `unavailable`. */
+      providerSeconds: z._default(z.number().check(z.positive(), z.maximum(3600)), 60),
+    }),
+    {},
+  ),
   /** The API server's limits: what one client can hold. */
-  api: z.strictObject({
-    /** The most connections served at once; one more is answered 503 at once. */
-    maxConnections: z.number().int().min(1).max(4096).default(64),
-    /** How long a client has to send its whole request; then 408 and it is closed. */
-    requestTimeoutSeconds: z.number().positive().max(3600).default(10),
-  }).prefault({}),
+  api: z.prefault(
+    z.strictObject({
+      /** The most connections served at once; one more is answered 503 at once. */
+      maxConnections: z._default(z.int().check(z.minimum(1), z.maximum(4096)), 64),
+      /** How long a client has to send its whole request; then 408 and it is closed. */
+      requestTimeoutSeconds: z._default(z.number().check(z.positive(), z.maximum(3600)), 10),
+    }),
+    {},
+  ),
   /**
    * How long a starting agent waits for another agent on the node to release the
    * lock beside the state (a DaemonSet's rolling update), before it gives up.
    */
-  lockWaitSeconds: z.number().min(0).max(3600).default(60),
+  lockWaitSeconds: z._default(z.number().check(z.minimum(0), z.maximum(3600)), 60),
   /** `ip`: the real device layer. `fake`: in-memory, for tests and dry demos only. */
-  devices: z.enum(["ip", "fake"]).default("ip"),
+  devices: z._default(z.enum(["ip", "fake"]), "ip"),
   /**
    * Test and demo only: makes the mock provider's attached ENIs appear as veth
    * devices whose peers sit on `bridge` in the `vpcNetns` namespace.
    */
-  deviceSimulator: z.strictObject({
-    vpcNetns: z.string().min(1).max(255).regex(/^[A-Za-z0-9_.-]+$/, "Expected a netns name"),
-    bridge: z.string().min(1).max(15).regex(/^[A-Za-z0-9_.-]+$/, "Expected a device name"),
-  }).optional(),
+  deviceSimulator: z.optional(z.strictObject({
+    vpcNetns: z.string().check(
+      z.minLength(1),
+      z.maxLength(255),
+      z.regex(/^[A-Za-z0-9_.-]+$/, "Expected a netns name"),
+    ),
+    bridge: z.string().check(
+      z.minLength(1),
+      z.maxLength(15),
+      z.regex(/^[A-Za-z0-9_.-]+$/, "Expected a device name"),
+    ),
+  })),
 });
 /** The validated agent configuration (defaults applied). */
 export type AgentConfig = z.output<typeof AgentConfigSchema>;
@@ -288,7 +312,7 @@ export function enimEnv(): Record<string, string | undefined> {
 export function validateProviderConfig<C>(cfg: AgentConfig, module: ProviderModule<C>): C {
   const name = cfg.provider.name;
   const section = cfg.provider[name] ?? {};
-  const parsed = module.configSchema.safeParse(section);
+  const parsed = z.safeParse(module.configSchema, section);
   if (!parsed.success) {
     throw new ConfigError(
       `the "provider.${name}" section`,

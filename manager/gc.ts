@@ -35,7 +35,7 @@ import type { GcItemSchema, GcReport } from "./api_schema.ts";
 import { type AttachmentRow, keyOf, type StateStore } from "./state.ts";
 import type { GcInput } from "./types.ts";
 import type { KeyedMutex } from "./mutex.ts";
-import type { z } from "zod";
+import type * as z from "zod/mini";
 
 type GcItem = z.infer<typeof GcItemSchema>;
 

@@ -11,7 +11,8 @@
  *
  * @module
  */
-import type { z } from "zod";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
 import {
   AddRequestSchema,
   type AddResponse,
@@ -38,8 +39,8 @@ export interface LocalClientOptions {
 }
 
 /** Parses `value` with `schema`, or throws `bad_request` naming every bad field. */
-export function parseRequest<S extends z.ZodType>(schema: S, value: unknown): z.output<S> {
-  const parsed = schema.safeParse(value);
+export function parseRequest<S extends z.core.$ZodType>(schema: S, value: unknown): z.output<S> {
+  const parsed = z.safeParse(schema, value);
   if (!parsed.success) {
     throw new ApiError(
       "bad_request",

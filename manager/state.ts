@@ -8,7 +8,8 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
 import type { DatabaseSync } from "node:sqlite";
 import { prepared, transaction } from "../lib/sqlite.ts";
 import type { Attachment } from "./api_schema.ts";
@@ -58,21 +59,21 @@ export const AttachmentRowSchema = z.object({
   containerId: z.string(),
   ifName: z.string(),
   pod: z.string(),
-  podUid: z.string().nullable(),
+  podUid: z.nullable(z.string()),
   network: z.string(),
   netns: z.string(),
-  netnsDev: z.number().nullable(),
-  netnsIno: z.number().nullable(),
+  netnsDev: z.nullable(z.number()),
+  netnsIno: z.nullable(z.number()),
   mode: z.enum(["interface", "ipam"]),
   state: AttachmentStateSchema,
-  eniId: z.string().nullable(),
-  mac: z.string().nullable(),
-  nodeName: z.string().nullable(),
-  ifindex: z.number().nullable(),
-  result: z.string().nullable(),
-  recycleSince: z.number().nullable(),
+  eniId: z.nullable(z.string()),
+  mac: z.nullable(z.string()),
+  nodeName: z.nullable(z.string()),
+  ifindex: z.nullable(z.number()),
+  result: z.nullable(z.string()),
+  recycleSince: z.nullable(z.number()),
   gcFailures: z.number(),
-  lastError: z.string().nullable(),
+  lastError: z.nullable(z.string()),
   createdAt: z.number(),
   updatedAt: z.number(),
 });

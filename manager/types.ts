@@ -6,7 +6,7 @@
  *
  * @module
  */
-import type { z } from "zod";
+import type * as z from "zod/mini";
 import type {
   AddRequestSchema,
   AddResponse,

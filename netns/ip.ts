@@ -20,7 +20,8 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
 
 /** The `ip` binary (iproute2). */
 export const IP_BIN = "/usr/sbin/ip";
@@ -158,14 +159,14 @@ export function parseJsonLines(stdout: string): unknown[] {
 }
 
 /** Runs `ip -j <args>` and parses its output with `schema`. */
-export async function ipJson<T extends z.ZodType>(
+export async function ipJson<T extends z.core.$ZodType>(
   schema: T,
   args: string[],
   opts: RunOptions = {},
 ): Promise<z.infer<T>> {
   const { stdout } = await runIp(["-j", ...args], opts);
   const values = parseJsonLines(stdout);
-  return schema.parse(values.length === 0 ? [] : values[0]);
+  return z.parse(schema, values.length === 0 ? [] : values[0]);
 }
 
 /** A batch line's word must not break the line apart or start a comment. */
@@ -228,8 +229,8 @@ export function netnsExec(
 export const AddrInfoSchema = z.looseObject({
   family: z.string(),
   local: z.string(),
-  prefixlen: z.number().int(),
-  scope: z.string().optional(),
+  prefixlen: z.number().check(z.int()),
+  scope: z.optional(z.string()),
 });
 /** One address of `ip -j addr show`. */
 export type AddrInfo = z.infer<typeof AddrInfoSchema>;
@@ -237,11 +238,11 @@ export type AddrInfo = z.infer<typeof AddrInfoSchema>;
 /** `ip -j route show` entries. */
 export const RouteEntrySchema = z.looseObject({
   dst: z.string(),
-  gateway: z.string().optional(),
-  dev: z.string().optional(),
-  table: z.string().optional(),
-  type: z.string().optional(),
-  protocol: z.string().optional(),
+  gateway: z.optional(z.string()),
+  dev: z.optional(z.string()),
+  table: z.optional(z.string()),
+  type: z.optional(z.string()),
+  protocol: z.optional(z.string()),
 });
 /** One route of `ip -j route show`. */
 export type RouteEntry = z.infer<typeof RouteEntrySchema>;

@@ -36,7 +36,8 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
 import ipaddr from "ipaddr.js";
 import { type Logger, nullLogger } from "../lib/log.ts";
 import { netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
@@ -71,7 +72,9 @@ export * from "./types.ts";
 export { netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
 
 /** A link with its addresses, as `ip -j addr show` reports it. */
-const LinkAddrSchema = LinkSchema.extend({ addr_info: z.array(AddrInfoSchema).default([]) });
+const LinkAddrSchema = z.extend(LinkSchema, {
+  addr_info: z._default(z.array(AddrInfoSchema), []),
+});
 type LinkAddr = z.infer<typeof LinkAddrSchema>;
 
 /** A Linux interface name: 1–15 bytes, no whitespace, '/' or ':', not "." or "..". */

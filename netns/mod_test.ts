@@ -9,7 +9,9 @@ import type { Eni } from "../providers/contract.ts";
 import { z } from "zod";
 
 const root = Deno.uid() === 0;
-const LinkAddrs = z.array(LinkSchema.extend({ addr_info: z.array(AddrInfoSchema).default([]) }));
+const LinkAddrs = z.array(
+  z.looseObject({ ...LinkSchema.shape, addr_info: z.array(AddrInfoSchema).default([]) }),
+);
 
 /** The device with `mac` in a namespace, with its addresses; null when absent. */
 async function linkByMac(netns: string, mac: string) {

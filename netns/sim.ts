@@ -14,7 +14,8 @@
  */
 import { ipBatch, IpError, ipJson, type NetnsRef, runIp } from "./ip.ts";
 import { LinkSchema } from "./types.ts";
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
 import type { DeviceSimulator, Eni } from "../providers/contract.ts";
 
 /** A unique name with `prefix` (namespaces, test fixtures): `prefix-<8 hex>`. */

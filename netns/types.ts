@@ -6,17 +6,18 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
 
 /** A link as `ip -j link show` reports it (the fields enim uses). */
 export const LinkSchema = z.looseObject({
-  ifindex: z.number().int(),
+  ifindex: z.number().check(z.int()),
   ifname: z.string(),
-  address: z.string().optional(),
-  ifalias: z.string().optional(),
-  operstate: z.string().optional(),
-  flags: z.array(z.string()).default([]),
-  link_type: z.string().optional(),
+  address: z.optional(z.string()),
+  ifalias: z.optional(z.string()),
+  operstate: z.optional(z.string()),
+  flags: z._default(z.array(z.string()), []),
+  link_type: z.optional(z.string()),
 });
 /** A link as `ip -j link show` reports it. */
 export type Link = z.infer<typeof LinkSchema>;
@@ -38,7 +39,10 @@ export interface RouteSpec {
 }
 
 /** The identity of a network namespace file: device and inode of its nsfs inode. */
-export const NetnsIdentitySchema = z.object({ dev: z.number().int(), ino: z.number().int() });
+export const NetnsIdentitySchema = z.object({
+  dev: z.number().check(z.int()),
+  ino: z.number().check(z.int()),
+});
 /** The identity of a network namespace file. */
 export type NetnsIdentity = z.infer<typeof NetnsIdentitySchema>;
 

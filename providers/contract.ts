@@ -7,7 +7,7 @@
  *
  * @module
  */
-import type { z } from "zod";
+import type * as z from "zod/mini";
 import ipaddr from "ipaddr.js";
 import type { AllocationRequest, Eni, IpRange, Owner, ProviderStatus } from "./schema.ts";
 
@@ -77,8 +77,12 @@ export interface Provider {
 
 /** A provider's factory module (`providers/<name>/mod.ts`). */
 export interface ProviderModule<C = unknown> {
-  /** The provider's own config schema (the `provider.<name>` object of the agent config). */
-  configSchema: z.ZodType<C>;
+  /**
+   * The provider's own config schema (the `provider.<name>` object of the agent
+   * config): any zod v4 schema, classic or mini, whose output is `C`; parse it
+   * with `z.parse(schema, value)` or `z.safeParse(schema, value)`.
+   */
+  configSchema: z.core.$ZodType<C>;
   create(config: C, ctx: ProviderContext): Promise<Provider>;
 }
 

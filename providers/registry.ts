@@ -6,7 +6,8 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
 import type { ProviderModule } from "./contract.ts";
 
 /** Every provider, by name. */
@@ -26,7 +27,7 @@ export type ProviderName = z.infer<typeof ProviderNameSchema>;
  * @example
  * ```ts ignore
  * const mod = await loadProvider("mock");
- * const provider = await mod.create(mod.configSchema.parse({ enis: 4 }), { db, log });
+ * const provider = await mod.create(z.parse(mod.configSchema, { enis: 4 }), { db, log });
  * ```
  */
 export async function loadProvider(name: ProviderName): Promise<ProviderModule> {

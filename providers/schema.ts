@@ -6,12 +6,12 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
 
 /** A MAC address in the lower-case, colon-separated form the clouds and `ip -j` use. */
-export const MacSchema = z.string().regex(
-  /^[0-9a-f]{2}(:[0-9a-f]{2}){5}$/,
-  "Expected a lower-case colon-separated MAC address",
+export const MacSchema = z.string().check(
+  z.regex(/^[0-9a-f]{2}(:[0-9a-f]{2}){5}$/, "Expected a lower-case colon-separated MAC address"),
 );
 
 /** An IPv4 or IPv6 address without a prefix length. */
@@ -20,7 +20,7 @@ export const IpSchema = z.union([z.ipv4(), z.ipv6()]);
 /** One address of an ENI: the address, its subnet's prefix length, and the subnet gateway. */
 export const EniAddressSchema = z.object({
   address: IpSchema,
-  prefixLength: z.number().int().min(0).max(128),
+  prefixLength: z.number().check(z.int(), z.minimum(0), z.maximum(128)),
   gateway: IpSchema,
 });
 /** One address of an ENI. */
@@ -36,9 +36,13 @@ export type EniAddress = z.infer<typeof EniAddressSchema>;
  */
 export const OwnerSchema = z.object({
   /** The pod, `namespace/name`. */
-  pod: z.string().min(3).max(317).regex(/^[^/\s]+\/[^/\s]+$/, 'Expected "namespace/name"'),
-  containerId: z.string().min(1).max(256),
-  ifName: z.string().min(1).max(15),
+  pod: z.string().check(
+    z.minLength(3),
+    z.maxLength(317),
+    z.regex(/^[^/\s]+\/[^/\s]+$/, 'Expected "namespace/name"'),
+  ),
+  containerId: z.string().check(z.minLength(1), z.maxLength(256)),
+  ifName: z.string().check(z.minLength(1), z.maxLength(15)),
 });
 /** Who holds an ENI. */
 export type Owner = z.infer<typeof OwnerSchema>;
@@ -46,26 +50,26 @@ export type Owner = z.infer<typeof OwnerSchema>;
 /** An ENI as the provider reports it. */
 export const EniSchema = z.object({
   /** The cloud's id (`eni-…`). */
-  id: z.string().min(1),
+  id: z.string().check(z.minLength(1)),
   mac: MacSchema,
   /** The primary IPv4 address, when the ENI has one. */
-  ipv4: EniAddressSchema.nullable(),
+  ipv4: z.nullable(EniAddressSchema),
   /** The first IPv6 address, when the ENI has one. */
-  ipv6: EniAddressSchema.nullable(),
-  subnetId: z.string().nullable().default(null),
+  ipv6: z.nullable(EniAddressSchema),
+  subnetId: z._default(z.nullable(z.string()), null),
   /** `free`: attached to this node and available; `owned`: assigned to {@linkcode Owner}. */
   state: z.enum(["free", "owned"]),
-  owner: OwnerSchema.nullable(),
+  owner: z.nullable(OwnerSchema),
 });
 /** An ENI as the provider reports it. */
 export type Eni = z.infer<typeof EniSchema>;
 
 /** An IP range as in host-local's `ranges` (the `ipRanges` capability). */
 export const IpRangeSchema = z.object({
-  subnet: z.string().min(1),
-  rangeStart: IpSchema.optional(),
-  rangeEnd: IpSchema.optional(),
-  gateway: IpSchema.optional(),
+  subnet: z.string().check(z.minLength(1)),
+  rangeStart: z.optional(IpSchema),
+  rangeEnd: z.optional(IpSchema),
+  gateway: z.optional(IpSchema),
 });
 /** An IP range. */
 export type IpRange = z.infer<typeof IpRangeSchema>;
@@ -73,9 +77,9 @@ export type IpRange = z.infer<typeof IpRangeSchema>;
 /** What an ADD asks for beyond "any ENI". */
 export const AllocationRequestSchema = z.object({
   /** Specific IPs (from `args.cni.ips` or `IP=`): the ENI must carry one of them. */
-  ips: z.array(IpSchema).default([]),
+  ips: z._default(z.array(IpSchema), []),
   /** Range sets (the `ipRanges` capability): the ENI's address must fall in one range of each set. */
-  ranges: z.array(z.array(IpRangeSchema)).default([]),
+  ranges: z._default(z.array(z.array(IpRangeSchema)), []),
 });
 /** What an ADD asks for. */
 export type AllocationRequest = z.infer<typeof AllocationRequestSchema>;
@@ -84,13 +88,13 @@ export type AllocationRequest = z.infer<typeof AllocationRequestSchema>;
 export const ProviderStatusSchema = z.object({
   name: z.string(),
   /** ENIs attached to this node and free. */
-  free: z.number().int().min(0),
+  free: z.number().check(z.int(), z.minimum(0)),
   /** ENIs attached to this node and owned. */
-  owned: z.number().int().min(0),
+  owned: z.number().check(z.int(), z.minimum(0)),
   /** How many more ENIs the node can attach (0 when at its limit). */
-  attachable: z.number().int().min(0),
+  attachable: z.number().check(z.int(), z.minimum(0)),
   /** Provider-specific details for `enim status`. */
-  details: z.record(z.string(), z.unknown()).default({}),
+  details: z._default(z.record(z.string(), z.unknown()), {}),
 });
 /** Pool counts a provider reports. */
 export type ProviderStatus = z.infer<typeof ProviderStatusSchema>;

@@ -7,7 +7,8 @@ import { z } from "zod";
 
 const root = Deno.uid() === 0;
 const Addrs = z.array(
-  LinkSchema.extend({
+  z.looseObject({
+    ...LinkSchema.shape,
     addr_info: z.array(z.looseObject({ local: z.string(), prefixlen: z.number() })),
   }),
 );

@@ -13,7 +13,8 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../../lib/zod_locale.ts";
 import ipaddr from "ipaddr.js";
 import type { DatabaseSync } from "node:sqlite";
 import {
@@ -33,46 +34,49 @@ import { mulberry32 } from "../../lib/rng.ts";
 
 /** One simulated subnet: CIDR and gateway (default: the first host). */
 export const MockSubnetSchema = z.strictObject({
-  cidr: z.string().refine((s) => {
+  cidr: z.string().check(z.refine((s) => {
     try {
       ipaddr.parseCIDR(s);
       return true;
     } catch {
       return false;
     }
-  }, "Expected a CIDR such as 10.99.0.0/24"),
-  gateway: z.union([z.ipv4(), z.ipv6()]).optional(),
+  }, "Expected a CIDR such as 10.99.0.0/24")),
+  gateway: z.optional(z.union([z.ipv4(), z.ipv6()])),
 });
 
 /** The mock provider's config (`provider.mock` in the agent config). */
 export const MockConfigSchema = z.strictObject({
   /** How many ENIs the simulated cloud has for this node. */
-  enis: z.number().int().min(0).max(4096).default(8),
+  enis: z._default(z.number().check(z.int(), z.minimum(0), z.maximum(4096)), 8),
   /** How many can be attached to the node at once (default: all of them). */
-  maxEnisPerNode: z.number().int().min(0).optional(),
+  maxEnisPerNode: z.optional(z.number().check(z.int(), z.minimum(0))),
   /** How many are attached when the inventory is first created (default: maxEnisPerNode). */
-  preattached: z.number().int().min(0).optional(),
-  subnets: z.strictObject({
-    ipv4: MockSubnetSchema.optional(),
-    ipv6: MockSubnetSchema.optional(),
-  }).refine((s) => s.ipv4 || s.ipv6, "Expected at least one of ipv4 and ipv6")
-    .default({ ipv4: { cidr: "10.99.0.0/24" } }),
+  preattached: z.optional(z.number().check(z.int(), z.minimum(0))),
+  subnets: z._default(
+    z.strictObject({
+      ipv4: z.optional(MockSubnetSchema),
+      ipv6: z.optional(MockSubnetSchema),
+    }).check(z.refine((s) => s.ipv4 || s.ipv6, "Expected at least one of ipv4 and ipv6")),
+    { ipv4: { cidr: "10.99.0.0/24" } },
+  ),
   /** The first three bytes of every MAC. */
-  macPrefix: z.string().regex(
-    /^[0-9a-f]{2}(:[0-9a-f]{2}){2}$/,
-    'Expected three bytes like "02:e1:0a"',
-  )
-    .default("02:e1:0a"),
+  macPrefix: z._default(
+    z.string().check(
+      z.regex(/^[0-9a-f]{2}(:[0-9a-f]{2}){2}$/, 'Expected three bytes like "02:e1:0a"'),
+    ),
+    "02:e1:0a",
+  ),
   /** Id prefix; ids are the prefix and a 4-digit number. */
-  idPrefix: z.string().min(1).max(32).default("eni-mock-"),
+  idPrefix: z._default(z.string().check(z.minLength(1), z.maxLength(32)), "eni-mock-"),
   /** How long attaching a new ENI takes. */
-  attachLatencyMs: z.number().int().min(0).max(600_000).default(0),
+  attachLatencyMs: z._default(z.number().check(z.int(), z.minimum(0), z.maximum(600_000)), 0),
   /** Probability that an allocate or deallocate fails with reason "unavailable". */
-  errorRate: z.number().min(0).max(1).default(0),
+  errorRate: z._default(z.number().check(z.minimum(0), z.maximum(1)), 0),
   /** Probability that an allocate or deallocate fails with reason "throttled". */
-  throttleRate: z.number().min(0).max(1).default(0),
+  throttleRate: z._default(z.number().check(z.minimum(0), z.maximum(1)), 0),
   /** Seed of the failure injection's random numbers (reproducible runs). */
-  seed: z.number().int().default(1),
+  seed: z._default(z.number().check(z.int()), 1),
 });
 /** The mock provider's config, defaults applied. */
 export type MockConfig = z.output<typeof MockConfigSchema>;
@@ -98,17 +102,17 @@ const RowSchema = z.object({
   id: z.string(),
   idx: z.number(),
   mac: z.string(),
-  ipv4: z.string().nullable(),
-  ipv4_prefix: z.number().nullable(),
-  ipv4_gw: z.string().nullable(),
-  ipv6: z.string().nullable(),
-  ipv6_prefix: z.number().nullable(),
-  ipv6_gw: z.string().nullable(),
-  subnet_id: z.string().nullable(),
+  ipv4: z.nullable(z.string()),
+  ipv4_prefix: z.nullable(z.number()),
+  ipv4_gw: z.nullable(z.string()),
+  ipv6: z.nullable(z.string()),
+  ipv6_prefix: z.nullable(z.number()),
+  ipv6_gw: z.nullable(z.string()),
+  subnet_id: z.nullable(z.string()),
   attach: z.enum(["detached", "attaching", "attached"]),
-  owner_pod: z.string().nullable(),
-  owner_container: z.string().nullable(),
-  owner_if: z.string().nullable(),
+  owner_pod: z.nullable(z.string()),
+  owner_container: z.nullable(z.string()),
+  owner_if: z.nullable(z.string()),
 });
 type Row = z.infer<typeof RowSchema>;
 
