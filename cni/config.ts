@@ -23,7 +23,15 @@
  */
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
-import { IpRangeSchema, IpSchema } from "../providers/schema.ts";
+import {
+  IpRangeSchema,
+  IpSchema,
+  NetworkCidrSchema,
+  routeFamilyCheck,
+} from "../providers/schema.ts";
+import { isCidr, isIp, isIpMaybePrefix } from "../lib/ip.ts";
+
+export { isCidr, isIp, isIpMaybePrefix };
 import { CNI_CODES, CniError, formatZodIssues } from "./errors.ts";
 import { DEFAULT_LOG_FILE, DEFAULT_SOCKET, DEFAULT_TIMEOUT_SECONDS } from "./spec.ts";
 
@@ -32,34 +40,20 @@ export { DEFAULT_LOG_FILE, DEFAULT_TIMEOUT_SECONDS };
 /** The spec's network name charset. */
 const NETWORK_NAME_RE = /^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$/;
 
-/** Whether a string is an IP prefix (`10.0.0.0/8`, `::/0`). */
-export function isCidr(s: string): boolean {
-  return s.includes("/") && isIpMaybePrefix(s);
-}
-
-/** Whether a string is a plain IPv4 or IPv6 address (no prefix). */
-export function isIp(s: string): boolean {
-  return IpSchema.safeParse(s).success;
-}
-
-/** Whether a string is `ip` or `ip/prefix` with a prefix valid for its family. */
-export function isIpMaybePrefix(s: string): boolean {
-  const [ip, prefix, ...rest] = s.split("/");
-  if (rest.length > 0 || !isIp(ip)) return false;
-  if (prefix === undefined) return true;
-  return /^\d{1,3}$/.test(prefix) && Number(prefix) <= (ip.includes(":") ? 128 : 32);
-}
-
 /** An IP address without prefix. */
 export const IpAddressSchema = z.string().check(
   z.refine(isIp, "Expected an IPv4 or IPv6 address"),
 );
 
-/** A route in enim's section: `dst` is a CIDR, `gw` (default: the ENI's gateway) an address. */
+/**
+ * A route in enim's section: `dst` a network prefix (host bits clear), `gw` (default:
+ * the ENI's gateway of that family) an address of `dst`'s family. Checked here, so a
+ * bad route is a 7 before anything is allocated.
+ */
 export const ConfigRouteSchema = z.looseObject({
-  dst: z.string().check(z.refine(isCidr, "Expected a CIDR such as 0.0.0.0/0")),
+  dst: NetworkCidrSchema,
   gw: z.optional(IpAddressSchema),
-});
+}).check(routeFamilyCheck());
 
 /** enim's own section (top level in interface mode, `ipam` in IPAM mode). */
 export const EnimSectionSchema = z.looseObject({
@@ -78,9 +72,18 @@ export const EnimSectionSchema = z.looseObject({
   ),
   mtu: z.optional(z.number().check(z.int(), z.minimum(68), z.maximum(65535))),
   routes: z._default(z.array(ConfigRouteSchema), []),
+  /**
+   * Whether this attachment installs a default route per family via its ENI's
+   * gateway (a second enim interface in the same pod sets it false, and routes only
+   * what `routes` says).
+   */
+  defaultRoutes: z._default(z.boolean(), true),
 });
 /** enim's own section. */
 export type EnimSection = z.infer<typeof EnimSectionSchema>;
+
+/** One attachment of a GC's list. */
+const GcAttachmentSchema = z.looseObject({ containerID: z.string(), ifname: z.string() });
 
 /** An `ip[/prefix]` string as in `args.cni.ips` and the `ips` capability. */
 const IpMaybePrefix = z.string().check(
@@ -105,9 +108,9 @@ export const NetworkConfigSchema = z.looseObject({
   })),
   prevResult: z.optional(z.unknown()),
   /** GC's list of still-valid attachments; `null` (a Go nil slice) means none. */
-  "cni.dev/valid-attachments": z.optional(z.nullable(z.array(
-    z.looseObject({ containerID: z.string(), ifname: z.string() }),
-  ))),
+  "cni.dev/valid-attachments": z.optional(z.nullable(z.array(GcAttachmentSchema))),
+  /** The same list under the key some texts of spec 1.1.0 name; both are read. */
+  "cni.dev/attachments": z.optional(z.nullable(z.array(GcAttachmentSchema))),
 });
 /** The top-level network config. */
 export type NetworkConfig = z.infer<typeof NetworkConfigSchema>;

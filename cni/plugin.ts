@@ -244,6 +244,7 @@ async function addVerb(
     routes: enim.routes.map((
       r,
     ) => (r.gw === undefined ? { dst: r.dst } : { dst: r.dst, gw: r.gw })),
+    defaultRoutes: enim.defaultRoutes,
     ...(enim.mtu !== undefined ? { mtu: enim.mtu } : {}),
   };
   const res = await client.add(req);
@@ -345,16 +346,18 @@ async function checkVerb(
 }
 
 async function gcVerb({ config }: ParsedConfig, client: AgentClient): Promise<undefined> {
-  const valid = config["cni.dev/valid-attachments"];
-  if (valid === undefined) {
+  // The spec's key, and the one some texts of 1.1.0 name: a runtime sends one of them.
+  const lists = [config["cni.dev/valid-attachments"], config["cni.dev/attachments"]];
+  if (lists.every((l) => l === undefined)) {
     throw new CniError(
       CNI_CODES.INVALID_CONFIG,
-      'Invalid network config: GC requires "cni.dev/valid-attachments"',
+      'Invalid network config: GC requires "cni.dev/valid-attachments" (or "cni.dev/attachments")',
     );
   }
+  const valid = lists.flatMap((l) => l ?? []);
   const report = await client.gc({
     network: config.name,
-    validAttachments: (valid ?? []).map((a) => ({ containerId: a.containerID, ifName: a.ifname })),
+    validAttachments: valid.map((a) => ({ containerId: a.containerID, ifName: a.ifname })),
   });
   const failed = report.items.filter((i) => i.outcome === "failed");
   if (failed.length > 0) {

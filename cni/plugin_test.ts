@@ -118,6 +118,7 @@ Deno.test("ADD sends the request to the agent and prints the converted result", 
         ips: [],
         ranges: [],
         routes: [{ dst: "10.0.0.0/8" }],
+        defaultRoutes: true,
         mtu: 9000,
       });
       const out = JSON.parse(r.stdout);

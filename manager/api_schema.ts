@@ -20,7 +20,13 @@
  */
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
-import { EniSchema, IpRangeSchema, IpSchema } from "../providers/schema.ts";
+import {
+  EniSchema,
+  IpRangeSchema,
+  IpSchema,
+  NetworkCidrSchema,
+  routeFamilyCheck,
+} from "../providers/schema.ts";
 import { CNI_ENV_NAMES, LOG_FILE_ENV, MAX_CALL_STDIN } from "../cni/spec.ts";
 
 /** A Kubernetes namespace (DNS label). */
@@ -69,9 +75,9 @@ export const NetnsPathSchema = z.string().check(
 
 /** A route from the network config. */
 export const RouteSchema = z.object({
-  dst: z.string().check(z.minLength(1)),
+  dst: NetworkCidrSchema,
   gw: z.optional(IpSchema),
-});
+}).check(routeFamilyCheck());
 
 /** Fields that identify one CNI attachment. */
 const AttachmentKey = {
@@ -92,6 +98,8 @@ export const AddRequestSchema = z.object({
   ranges: z._default(z.array(z.array(IpRangeSchema)), []),
   routes: z._default(z.array(RouteSchema), []),
   mtu: z.optional(z.number().check(z.int(), z.minimum(68), z.maximum(65535))),
+  /** Whether the pod gets a default route per family via the ENI's gateways (absent: yes). */
+  defaultRoutes: z.optional(z.boolean()),
 });
 /** POST /v1/add. */
 export type AddRequest = z.input<typeof AddRequestSchema>;

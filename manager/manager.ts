@@ -144,7 +144,7 @@ const isV6 = (dst: string) => dst.includes(":");
 /** The ADD result for `eni`: addresses in CIDR form, default routes and the config's routes. */
 export function buildResult(
   eni: Eni,
-  req: Pick<AddInput, "routes">,
+  req: Pick<AddInput, "routes"> & { defaultRoutes?: boolean },
 ): Pick<AddResponse, "ips" | "routes"> {
   const ips: AddResponse["ips"] = [];
   const routes: RouteSpec[] = [];
@@ -156,7 +156,9 @@ export function buildResult(
     if (!a) continue;
     ips.push({ address: `${a.address}/${a.prefixLength}`, gateway: a.gateway });
     const dflt = fam === "4" ? "0.0.0.0/0" : "::/0";
-    if (!wanted.some((r) => r.dst === dflt)) routes.push({ dst: dflt, gw: a.gateway });
+    if (req.defaultRoutes !== false && !wanted.some((r) => r.dst === dflt)) {
+      routes.push({ dst: dflt, gw: a.gateway });
+    }
   }
   for (const r of wanted) routes.push(r.gw ? { dst: r.dst, gw: r.gw } : { dst: r.dst });
   return { ips, routes };

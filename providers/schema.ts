@@ -8,6 +8,7 @@
  */
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
+import { canonicalCidr, familyOf, hasHostBits, inRange, isCidr, parseCidr } from "../lib/ip.ts";
 
 /** A MAC address in the lower-case, colon-separated form the clouds and `ip -j` use. */
 export const MacSchema = z.string().check(
@@ -16,6 +17,14 @@ export const MacSchema = z.string().check(
 
 /** An IPv4 or IPv6 address without a prefix length. */
 export const IpSchema = z.union([z.ipv4(), z.ipv6()]);
+
+/** The check that a route's gateway is of its destination's family. */
+export function routeFamilyCheck<T extends { dst: string; gw?: string }>() {
+  return z.refine<T>(
+    (r) => r.gw === undefined || familyOf(r.dst) === null || familyOf(r.gw) === familyOf(r.dst),
+    { error: "Expected the gateway of the same family as dst", path: ["gw"] },
+  );
+}
 
 /** One address of an ENI: the address, its subnet's prefix length, and the subnet gateway. */
 export const EniAddressSchema = z.object({
@@ -64,13 +73,40 @@ export const EniSchema = z.object({
 /** An ENI as the provider reports it. */
 export type Eni = z.infer<typeof EniSchema>;
 
+/**
+ * A network prefix: `addr/len` of either family, with its host bits clear
+ * (`10.0.0.5/24` is refused, naming `10.0.0.0/24`).
+ */
+export const NetworkCidrSchema = z.string().check(
+  z.refine(isCidr, "Expected a prefix such as 10.0.0.0/24 or fd00::/64"),
+  z.refine((s) => {
+    const c = parseCidr(s);
+    return !c || !hasHostBits(c);
+  }, {
+    error: (iss) => {
+      const c = parseCidr(String(iss.input));
+      return `Expected a network address with its host bits clear${
+        c ? `: did you mean ${canonicalCidr(c)}?` : ""
+      }`;
+    },
+  }),
+);
+
 /** An IP range as in host-local's `ranges` (the `ipRanges` capability). */
 export const IpRangeSchema = z.object({
-  subnet: z.string().check(z.minLength(1)),
+  subnet: NetworkCidrSchema,
   rangeStart: z.optional(IpSchema),
   rangeEnd: z.optional(IpSchema),
   gateway: z.optional(IpSchema),
-});
+}).check(
+  z.refine(
+    (r) =>
+      [r.rangeStart, r.rangeEnd, r.gateway].every((a) =>
+        a === undefined || !isCidr(r.subnet) || inRange(a, { subnet: r.subnet })
+      ),
+    "Expected rangeStart, rangeEnd and gateway inside the subnet",
+  ),
+);
 /** An IP range. */
 export type IpRange = z.infer<typeof IpRangeSchema>;
 

@@ -1,0 +1,198 @@
+/**
+ * The CNI spec's edge cases on the real kernel, through the plugin process as a
+ * runtime execs it (issue 13): GC per network and its keys, two enim interfaces
+ * in one pod, and bad config values refused before anything is allocated, for
+ * every spec version that has the verb.
+ */
+import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
+import { SUPPORTED_VERSIONS } from "../cni/spec.ts";
+import { SimulatedNode } from "./_node.ts";
+import type { NetnsHandle } from "./vpc.ts";
+
+const ROOT = Deno.uid() === 0;
+
+function podArgs(name: string): string {
+  return `K8S_POD_NAMESPACE=default;K8S_POD_NAME=${name};IgnoreUnknown=1`;
+}
+
+function add(
+  node: SimulatedNode,
+  pod: NetnsHandle,
+  id: string,
+  config: Record<string, unknown>,
+  ifName = "eth0",
+) {
+  return node.cni("ADD", {
+    containerId: id,
+    ifName,
+    netns: pod.path,
+    args: podArgs(pod.name),
+    config,
+  });
+}
+
+async function inPod(node: SimulatedNode, pod: NetnsHandle, argv: string[]): Promise<string> {
+  const out = await node.vpc.exec(pod, argv);
+  assertEquals(out.code, 0, out.stderr);
+  return out.stdout;
+}
+
+Deno.test({
+  name:
+    "GC: only its own network, cni.dev/attachments read too, unlisted attachments go however young",
+  ignore: !ROOT,
+  async fn() {
+    await using node = await SimulatedNode.start({ mock: { enis: 4 } });
+    const a = await node.vpc.pod("ga"), b = await node.vpc.pod("gb"), c = await node.vpc.pod("gc");
+    const netA = node.netconf("1.1.0", { name: "net-a" });
+    const netB = node.netconf("1.1.0", { name: "net-b" });
+    for (const [pod, id, cfg] of [[a, "cga", netA], [b, "cgb", netA], [c, "cgc", netB]] as const) {
+      assertEquals((await add(node, pod, id, cfg)).code, 0);
+    }
+    // Right after the ADDs (no grace period), with the key some 1.1.0 texts name.
+    const gc = await node.cni("GC", {
+      config: { ...netA, "cni.dev/attachments": [{ containerID: "cga", ifname: "eth0" }] },
+    });
+    assertEquals(gc.code, 0, gc.stdout);
+    assertEquals(
+      (await node.client.attachments()).map((x) => x.containerId).sort(),
+      ["cga", "cgc"],
+      "net-a's unlisted cgb went; net-b's cgc stayed",
+    );
+    assert(!(await inPod(node, b, ["/usr/sbin/ip", "-o", "link", "show"])).includes("eth0"));
+    assertEquals((await node.client.status()).pool.owned, 2);
+    // Neither key: code 7 naming both.
+    const none = await node.cni("GC", { config: netA });
+    assertEquals([none.code, none.json!.code], [1, 7]);
+    assertStringIncludes(String(none.json!.msg), "cni.dev/valid-attachments");
+  },
+});
+
+Deno.test({
+  name:
+    "two enim interfaces in one pod: the second with defaultRoutes false; without it a clear 105",
+  ignore: !ROOT,
+  async fn() {
+    await using node = await SimulatedNode.start({ mock: { enis: 3 } });
+    const pod = await node.vpc.pod("two");
+    const first = await add(node, pod, "c2", node.netconf("1.1.0", { name: "net-1" }), "eth0");
+    assertEquals(first.code, 0, first.stdout);
+    // The same again on eth1 would bring a second default route per family.
+    const clash = await add(node, pod, "c2", node.netconf("1.1.0", { name: "net-2" }), "eth1");
+    assertEquals([clash.code, clash.json!.code], [1, 105]);
+    assertMatch(String(clash.json!.msg), /already has a route to (0\.0\.0\.0|::)\/0/);
+    assertStringIncludes(String(clash.json!.msg), '"defaultRoutes": false');
+    assertEquals((await node.client.status()).pool.owned, 1, "the failed ADD kept nothing");
+    const second = await add(
+      node,
+      pod,
+      "c2",
+      node.netconf("1.1.0", { name: "net-2", defaultRoutes: false }),
+      "eth1",
+    );
+    assertEquals(second.code, 0, second.stdout);
+    assertEquals((second.json!.routes as unknown[]).length, 0, "no routes in its result");
+    const links = await inPod(node, pod, ["/usr/sbin/ip", "-o", "link", "show"]);
+    assert(links.includes("eth0") && links.includes("eth1"), links);
+    const routes = await inPod(node, pod, ["/usr/sbin/ip", "-4", "route", "show", "default"]);
+    assertStringIncludes(routes, "dev eth0");
+    assert(!routes.includes("dev eth1"), routes);
+    assert(await node.vpc.ping(pod, node.vpc.gateways.ipv4!), "the pod reaches its gateway");
+    for (const [ifName, net] of [["eth1", "net-2"], ["eth0", "net-1"]]) {
+      const del = await node.cni("DEL", {
+        containerId: "c2",
+        ifName,
+        netns: pod.path,
+        args: podArgs("two"),
+        config: node.netconf("1.1.0", { name: net }),
+      });
+      assertEquals(del.code, 0, del.stdout);
+    }
+    assertEquals((await node.client.status()).pool.owned, 0);
+  },
+});
+
+Deno.test({
+  name: "bad route and range values are refused with 7 before anything is allocated, every version",
+  ignore: !ROOT,
+  async fn(t) {
+    await using node = await SimulatedNode.start({ mock: { enis: 2 } });
+    const pod = await node.vpc.pod("bad");
+    const cases: [string, Record<string, unknown>, RegExp][] = [
+      [
+        "a gateway of the other family",
+        { routes: [{ dst: "10.0.0.0/8", gw: "fd00:99::1" }] },
+        /routes\.0\.gw: Expected the gateway of the same family/,
+      ],
+      [
+        "a destination with host bits",
+        { routes: [{ dst: "10.1.2.3/8" }] },
+        /routes\.0\.dst: .*did you mean 10\.0\.0\.0\/8/,
+      ],
+      ["a destination that is no prefix", { routes: [{ dst: "default" }] }, /routes\.0\.dst/],
+      [
+        "an ipRanges subnet of garbage",
+        { runtimeConfig: { ipRanges: [[{ subnet: "garbage" }]] } },
+        /runtimeConfig\.ipRanges\.0\.0\.subnet/,
+      ],
+      ["a range start outside its subnet", {
+        runtimeConfig: { ipRanges: [[{ subnet: "10.99.0.0/24", rangeStart: "10.98.0.1" }]] },
+      }, /inside the subnet/],
+    ];
+    for (const v of SUPPORTED_VERSIONS) {
+      for (const [name, extra, re] of cases) {
+        await t.step(`${v}: ${name}`, async () => {
+          const r = await add(node, pod, `cb${v.replaceAll(".", "")}`, node.netconf(v, extra));
+          assertEquals(r.code, 1, r.stdout);
+          assertEquals(r.json!.code, 7, String(r.json!.msg));
+          assertMatch(String(r.json!.msg), re);
+        });
+      }
+    }
+    assertEquals(await node.client.attachments(), [], "nothing recorded");
+    assertEquals((await node.client.status()).pool.owned, 0, "nothing allocated");
+  },
+});
+
+Deno.test({
+  name: "CHECK takes the prevResult as the truth, for every version that has CHECK",
+  ignore: !ROOT,
+  async fn(t) {
+    await using node = await SimulatedNode.start({ mock: { enis: 4 } });
+    for (const v of SUPPORTED_VERSIONS.filter((s) => !s.startsWith("0.3"))) {
+      await t.step(v, async () => {
+        const tag = v.replaceAll(".", "");
+        const pod = await node.vpc.pod(`ck${tag}`);
+        const added = await add(node, pod, `ck${tag}`, node.netconf(v));
+        assertEquals(added.code, 0, added.stdout);
+        const prev = added.json!;
+        const check = (prevResult: Record<string, unknown>) =>
+          node.cni("CHECK", {
+            containerId: `ck${tag}`,
+            ifName: "eth0",
+            netns: pod.path,
+            args: podArgs(pod.name),
+            config: node.netconf(v, { prevResult }),
+          });
+        // A later plugin (tuning) set another MAC, and the final result says so.
+        const mac = "02:5a:00:00:00:42";
+        await inPod(node, pod, ["/usr/sbin/ip", "link", "set", "eth0", "address", mac]);
+        const ifaces = prev.interfaces as { mac: string }[];
+        const tuned = { ...prev, interfaces: [{ ...ifaces[0], mac }] };
+        const ok = await check(tuned);
+        assertEquals(ok.code, 0, ok.stdout);
+        // A later plugin removed the IPv6 default route and the result omits it.
+        await inPod(node, pod, ["/usr/sbin/ip", "-6", "route", "del", "default"]);
+        const routes = (prev.routes as { dst: string }[]).filter((r) => r.dst !== "::/0");
+        assertEquals((await check({ ...tuned, routes })).code, 0);
+        // An address the result lists is gone: 106 naming it.
+        const ips = prev.ips as { address: string }[];
+        const v4 = ips.find((i) => !i.address.includes(":"))!.address;
+        await inPod(node, pod, ["/usr/sbin/ip", "addr", "del", v4, "dev", "eth0"]);
+        const bad = await check({ ...tuned, routes });
+        assertEquals([bad.code, bad.json!.code], [1, 106]);
+        assertStringIncludes(String(bad.json!.msg), `lacks address ${v4}`);
+      });
+    }
+  },
+});
