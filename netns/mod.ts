@@ -38,7 +38,7 @@
  */
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
-import ipaddr from "ipaddr.js";
+import { canonicalCidr, familyOf as ipFamily, normalizeIp, parseCidr } from "../lib/ip.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
 import { netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
 import {
@@ -549,20 +549,30 @@ function errText(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }
 
-type Family = "ipv4" | "ipv6";
+type Family = 4 | 6;
 
+/** The family of an address; throws for anything else. */
 function familyOf(addr: string): Family {
-  return ipaddr.parse(addr).kind();
+  const f = ipFamily(addr);
+  if (f === null || addr.includes("/")) throw new Error(`"${addr}" is not an IP address`);
+  return f;
+}
+
+/** A prefix; throws for anything else. */
+function cidrOf(s: string) {
+  const c = parseCidr(s);
+  if (!c) throw new Error(`"${s}" is not a prefix such as 10.0.0.0/24`);
+  return c;
 }
 
 /** A route destination in canonical CIDR form and its family ("default" follows `gw`, else IPv4). */
 function routeDst(dst: string, gw: string | undefined): { dst: string; family: Family } {
   if (dst === "default") {
-    const family = gw ? familyOf(gw) : "ipv4";
-    return { dst: family === "ipv4" ? "0.0.0.0/0" : "::/0", family };
+    const family = gw ? familyOf(gw) : 4;
+    return { dst: family === 4 ? "0.0.0.0/0" : "::/0", family };
   }
-  const [net, len] = ipaddr.parseCIDR(dst);
-  return { dst: `${net.toString()}/${len}`, family: net.kind() };
+  const c = cidrOf(dst);
+  return { dst: canonicalCidr(c), family: c.ip.family };
 }
 
 /**
@@ -589,26 +599,25 @@ export function configureCommands(p: {
     }
     cmds.push(["link", "set", "dev", dev, "up"]);
     for (const a of p.addresses) {
-      const [addr, len] = ipaddr.parseCIDR(a.cidr);
-      const cidr = `${addr.toString()}/${len}`;
-      cmds.push(["addr", "add", cidr, "dev", dev, ...(addr.kind() === "ipv6" ? ["nodad"] : [])]);
+      const c = cidrOf(a.cidr);
+      const family = c.ip.family;
+      const cidr = `${normalizeIp(a.cidr.split("/")[0])}/${c.prefix}`;
+      cmds.push(["addr", "add", cidr, "dev", dev, ...(family === 6 ? ["nodad"] : [])]);
       if (a.gateway) {
-        if (familyOf(a.gateway) !== addr.kind()) {
+        if (familyOf(a.gateway) !== family) {
           throw new Error(`Gateway "${a.gateway}" is not of the family of "${a.cidr}"`);
         }
-        if (!gateways.has(addr.kind())) {
-          gateways.set(addr.kind(), ipaddr.parse(a.gateway).toString());
-        }
+        if (!gateways.has(family)) gateways.set(family, normalizeIp(a.gateway));
       }
     }
     const routes = new Map<string, { dst: string; gw?: string }>();
     for (const [family, gw] of gateways) {
-      const dst = family === "ipv4" ? "0.0.0.0/0" : "::/0";
+      const dst = family === 4 ? "0.0.0.0/0" : "::/0";
       routes.set(dst, { dst, gw });
     }
     for (const r of p.routes) {
       const { dst, family } = routeDst(r.dst, r.gw);
-      const gw = r.gw ? ipaddr.parse(r.gw).toString() : gateways.get(family);
+      const gw = r.gw ? normalizeIp(r.gw) : gateways.get(family);
       if (gw && familyOf(gw) !== family) {
         throw new Error(`Gateway "${gw}" is not of the family of "${r.dst}"`);
       }

@@ -8,7 +8,7 @@
  * @module
  */
 import type * as z from "zod/mini";
-import ipaddr from "ipaddr.js";
+import { inRange, normalizeIp } from "../lib/ip.ts";
 import type { AllocationRequest, Eni, IpRange, Owner, ProviderStatus } from "./schema.ts";
 
 export * from "./schema.ts";
@@ -88,17 +88,7 @@ export interface ProviderModule<C = unknown> {
 
 /** Whether an IP lies in `subnet` (CIDR) and, when given, between rangeStart and rangeEnd. */
 export function ipInRange(ip: string, range: IpRange): boolean {
-  try {
-    const addr = ipaddr.parse(ip);
-    const [net, len] = ipaddr.parseCIDR(range.subnet);
-    if (addr.kind() !== net.kind() || !addr.match(net, len)) return false;
-    const key = ipKey(ip);
-    if (range.rangeStart && key < ipKey(range.rangeStart)) return false;
-    if (range.rangeEnd && key > ipKey(range.rangeEnd)) return false;
-    return true;
-  } catch {
-    return false;
-  }
+  return inRange(ip, range);
 }
 
 /** The ENI's addresses, canonical text form. */
@@ -141,15 +131,4 @@ export function unmatchedIps(request: Pick<AllocationRequest, "ips">, enis: Eni[
 }
 
 /** The canonical text form of an IP (IPv6 compressed, lower case); the input when it is no IP. */
-export function normalizeIp(ip: string): string {
-  try {
-    return ipaddr.parse(ip).toString();
-  } catch {
-    return ip;
-  }
-}
-
-/** A sortable key for an address of one family (fixed-width hex of its bytes). */
-function ipKey(ip: string): string {
-  return ipaddr.parse(ip).toByteArray().map((b) => b.toString(16).padStart(2, "0")).join("");
-}
+export { normalizeIp };

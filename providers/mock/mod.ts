@@ -15,7 +15,15 @@
  */
 import * as z from "zod/mini";
 import "../../lib/zod_locale.ts";
-import ipaddr from "ipaddr.js";
+import {
+  type Cidr,
+  formatIp,
+  isCidr,
+  normalizeIp,
+  nthAddress as nthOf,
+  parseCidr,
+  prefixSize,
+} from "../../lib/ip.ts";
 import type { DatabaseSync } from "node:sqlite";
 import {
   type AllocationRequest,
@@ -34,14 +42,7 @@ import { mulberry32 } from "../../lib/rng.ts";
 
 /** One simulated subnet: CIDR and gateway (default: the first host). */
 export const MockSubnetSchema = z.strictObject({
-  cidr: z.string().check(z.refine((s) => {
-    try {
-      ipaddr.parseCIDR(s);
-      return true;
-    } catch {
-      return false;
-    }
-  }, "Expected a CIDR such as 10.99.0.0/24")),
+  cidr: z.string().check(z.refine(isCidr, "Expected a CIDR such as 10.99.0.0/24")),
   gateway: z.optional(z.union([z.ipv4(), z.ipv6()])),
 });
 
@@ -118,43 +119,35 @@ type Row = z.infer<typeof RowSchema>;
 
 /** The `n`-th address of a subnet (0 = the network address). */
 export function nthAddress(cidr: string, n: number): string {
-  const [net, len] = ipaddr.parseCIDR(cidr);
-  const bytes = net.toByteArray();
-  let v = 0n;
-  for (const b of bytes) v = (v << 8n) | BigInt(b);
-  const bits = BigInt(bytes.length * 8);
-  const size = 1n << (bits - BigInt(len));
-  if (BigInt(n) >= size) throw new RangeError(`Subnet "${cidr}" has no address number ${n}`);
-  v = (v & ~(size - 1n)) + BigInt(n);
-  const out: number[] = [];
-  for (let i = 0; i < bytes.length; i++) out.unshift(Number((v >> BigInt(8 * i)) & 0xffn));
-  return ipaddr.fromByteArray(out).toString();
+  return formatIp(nthOf(cidrOf(cidr), n));
+}
+
+function cidrOf(cidr: string): Cidr {
+  const c = parseCidr(cidr);
+  if (!c) throw new RangeError(`"${cidr}" is not a prefix`);
+  return c;
 }
 
 /** How many host addresses a subnet offers ENIs (minus network, gateway and, for IPv4, broadcast). */
 function hostCapacity(cidr: string): number {
-  const [net, len] = ipaddr.parseCIDR(cidr);
-  const bits = net.kind() === "ipv4" ? 32 : 128;
-  const size = 2 ** Math.min(bits - len, 30);
-  return size - (net.kind() === "ipv4" ? 3 : 2);
+  const c = cidrOf(cidr);
+  return prefixSize(c) - (c.ip.family === 4 ? 3 : 2);
 }
 
 /** The address table of one subnet: ENI number i (1-based) gets the i-th host after the gateway. */
 function addressPlan(subnet: { cidr: string; gateway?: string } | undefined, count: number) {
   if (!subnet) return null;
-  const [net, len] = ipaddr.parseCIDR(subnet.cidr);
+  const c = cidrOf(subnet.cidr);
   if (count > hostCapacity(subnet.cidr)) {
     throw new RangeError(`Subnet "${subnet.cidr}" is too small for ${count} ENIs`);
   }
-  const gateway = subnet.gateway
-    ? ipaddr.parse(subnet.gateway).toString()
-    : nthAddress(subnet.cidr, 1);
+  const gateway = subnet.gateway ? normalizeIp(subnet.gateway) : nthAddress(subnet.cidr, 1);
   const addrs: string[] = [];
   for (let n = 1; addrs.length < count; n++) {
     const a = nthAddress(subnet.cidr, n);
     if (a !== gateway) addrs.push(a);
   }
-  return { prefixLength: len, gateway, addrs, kind: net.kind() };
+  return { prefixLength: c.prefix, gateway, addrs, kind: c.ip.family === 4 ? "ipv4" : "ipv6" };
 }
 
 function rowToEni(r: Row): Eni {
