@@ -1,18 +1,18 @@
 /**
  * What the agent's part of the shipped bundle (`dist/bundle/cli/`) may hold.
  *
- * Classic zod (`import { z } from "zod"`) costs the agent ~20 MB of memory: its
- * `z` namespace keeps every schema class, every locale and the JSON Schema code
- * alive, whatever the program uses. Production code is on `zod/mini`; only the
- * BCE provider's chunk, which the agent loads when the provider is `bce`, may
- * still bring classic zod, until that provider is converted too. (Until then
- * classic zod's `z` also keeps all of zod's core and every locale alive, and as
- * esbuild splits by file, they sit in the chunk the agent shares with zod/mini:
- * ~380 KB the agent does not use.) The plugin process's chunk is checked by
- * `cni/import_graph_test.ts`: it imports nothing.
+ * Classic zod (`import { z } from "zod"`) costs the agent memory and bundle size:
+ * its `z` namespace keeps every schema class, all of zod's core, every locale and
+ * the JSON Schema code alive, whatever the program uses, and as esbuild splits by
+ * file they land in the chunk the agent shares with zod/mini (~380 KB). All
+ * production code is on `zod/mini`, with English messages only
+ * (`lib/zod_locale.ts`), so no chunk the agent can load, the providers' included,
+ * holds classic zod or another language's messages. The plugin process's chunk
+ * is checked by `cni/import_graph_test.ts`: it imports nothing.
  *
  * @module
  */
+import * as locales from "zod/locales";
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
 import { bundleArgv, ensureBuiltSync } from "./build.ts";
 import { dirname, join, ROOT } from "./_paths.ts";
@@ -23,6 +23,51 @@ import { dirname, join, ROOT } from "./_paths.ts";
  * survive minification; {@linkcode bundleSource} checks that they still mark classic zod.
  */
 const CLASSIC_MARKERS = ['"ZodType"', '"ZodError"'];
+
+/**
+ * How a string can appear in a bundle: as it is, and as esbuild writes it with
+ * every non-ASCII character escaped (`"Ung\xFCltige"`, `"\u7121\u52B9"`).
+ */
+function bundleForms(s: string): string[] {
+  const escaped = [...s].map((ch) => {
+    const code = ch.charCodeAt(0);
+    if (ch.length === 1 && code < 0x80) return ch;
+    if (ch.length === 1 && code <= 0xff) return `\\x${code.toString(16).toUpperCase()}`;
+    return [...Array(ch.length).keys()]
+      .map((i) => `\\u${ch.charCodeAt(i).toString(16).toUpperCase().padStart(4, "0")}`)
+      .join("");
+  }).join("");
+  return escaped === s ? [s] : [s, escaped];
+}
+
+/**
+ * Non-English zod messages: each locale's message for an issue it has no words
+ * for (English: "Invalid input"), read from zod's own locales, so they follow
+ * zod's updates. A bundle that holds one of them can report errors in that
+ * language; {@linkcode bundleSource} checks that the bundle of `z.locales` has them.
+ */
+const FOREIGN_MESSAGES: Map<string, string> = (() => {
+  const message = (locale: () => { localeError: (issue: never) => unknown }) => {
+    const m = locale().localeError({ code: "enim_unknown_code" } as never);
+    return typeof m === "string" ? m : (m as { message: string }).message;
+  };
+  const english = message(locales.en);
+  const out = new Map<string, string>();
+  for (const [name, locale] of Object.entries(locales)) {
+    if (typeof locale !== "function") continue; // the typings also list a default export
+    const m = message(locale);
+    if (name !== "en" && m !== english && m.length >= 5) out.set(m, name);
+  }
+  return out;
+})();
+
+/** The first non-English zod message `text` holds, and its locale; null when none. */
+function foreignMessage(text: string): string | null {
+  for (const [m, locale] of FOREIGN_MESSAGES) {
+    if (bundleForms(m).some((f) => text.includes(f))) return `${locale} ("${m}")`;
+  }
+  return null;
+}
 
 /** The relative chunks a bundled file imports: statically, and through `import()`. */
 function chunkImports(text: string): { static: string[]; dynamic: string[] } {
@@ -85,35 +130,53 @@ Deno.test("the classic zod markers are in a classic zod bundle and not in a zod/
     'import { z } from "zod";\nconsole.log(z.object({ a: z.string() }).safeParse({}).error);\n',
   );
   const mini = await bundleSource(
-    'import * as z from "zod/mini";\nconsole.log(z.object({ a: z.string() }).safeParse({}).error);\n',
+    'import * as z from "zod/mini";\nimport { en } from "zod/locales";\nz.config(en());\n' +
+      "console.log(z.object({ a: z.string() }).safeParse({}).error);\n",
   );
   for (const marker of CLASSIC_MARKERS) {
     assert(classic.includes(marker), `classic zod's bundle lacks ${marker}`);
     assert(!mini.includes(marker), `zod/mini's bundle has ${marker}`);
   }
+  // Classic zod's `z` keeps every locale: each one's message is found in its bundle.
+  assert(FOREIGN_MESSAGES.size >= 40, `only ${FOREIGN_MESSAGES.size} non-English messages`);
+  for (const [m, locale] of FOREIGN_MESSAGES) {
+    assert(bundleForms(m).some((f) => classic.includes(f)), `${locale} ("${m}") not found`);
+  }
+  assertEquals(foreignMessage(mini), null, "zod/mini with English holds another language");
 });
 
-Deno.test("the agent's chunks hold no classic zod; only the BCE provider's chunk may", () => {
+Deno.test("the agent's chunks, the providers' included, hold no classic zod and only English", () => {
   const dir = join(dirname(ensureBuiltSync()), "cli");
   const bce = chunkOf(dir, "providers/bce/mod.ts");
   const seen = new Set<string>();
+  const problems: string[] = [];
   const walk = (chunk: string, from: string) => {
-    if (chunk === bce || seen.has(chunk)) return;
+    if (seen.has(chunk)) return;
     seen.add(chunk);
     const text = Deno.readTextFileSync(join(dir, chunk));
-    for (const marker of CLASSIC_MARKERS) {
-      assert(!text.includes(marker), `cli/${chunk} (reached from ${from}) holds classic zod`);
-    }
+    const where = `cli/${chunk} (reached from ${from})`;
+    if (CLASSIC_MARKERS.some((m) => text.includes(m))) problems.push(`${where} holds classic zod`);
+    const foreign = foreignMessage(text);
+    if (foreign) problems.push(`${where} holds zod's ${foreign}`);
     const { static: imports, dynamic } = chunkImports(text);
     for (const d of imports) {
-      assert(d.slice(2) !== bce, `cli/${chunk} imports the BCE provider's chunk statically`);
+      if (d.slice(2) === bce) problems.push(`${where} imports the BCE provider's chunk statically`);
       walk(d.slice(2), chunk);
     }
     for (const d of dynamic) walk(d.slice(2), chunk);
   };
   walk("mod.js", "main.js");
-  // The walk reached the agent, the providers' registry and the mock provider.
-  for (const source of ["manager/agent.ts", "providers/registry.ts", "providers/mock/mod.ts"]) {
+  assertEquals(problems, []);
+  // The walk reached the agent, the providers' registry and both providers.
+  for (
+    const source of [
+      "manager/agent.ts",
+      "providers/registry.ts",
+      "providers/mock/mod.ts",
+      "providers/bce/mod.ts",
+      "providers/bce/client.ts",
+    ]
+  ) {
     assert(seen.has(chunkOf(dir, source)), `the walk missed the chunk of ${source}`);
   }
 });

@@ -16,7 +16,8 @@
  * @module
  */
 import type { DatabaseSync } from "node:sqlite";
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../../lib/zod_locale.ts";
 import { prepared, transaction } from "../../lib/sqlite.ts";
 import type { Owner } from "../contract.ts";
 
@@ -61,7 +62,7 @@ const ADDED_COLUMNS: readonly [table: string, column: string, type: string][] = 
   ["bce_enis", "lost_ms", "INTEGER"],
 ];
 
-const nullableString = z.string().nullable();
+const nullableString = z.nullable(z.string());
 
 /** One row of `bce_enis`. */
 export const EniRowSchema = z.object({
@@ -76,8 +77,8 @@ export const EniRowSchema = z.object({
   if_name: nullableString,
   updated_ms: z.number(),
   /** Why an owned ENI is lost (deleted or detached out of band), null when it is not. */
-  lost_reason: nullableString.default(null),
-  lost_ms: z.number().nullable().default(null),
+  lost_reason: z._default(nullableString, null),
+  lost_ms: z._default(z.nullable(z.number()), null),
 });
 /** One row of `bce_enis`. */
 export type EniRow = z.infer<typeof EniRowSchema>;
@@ -127,7 +128,7 @@ export class BceStore {
     this.#db = db;
     db.exec(SCHEMA);
     for (const [table, column, type] of ADDED_COLUMNS) {
-      const cols = z.array(z.object({ name: z.string() }).loose()).parse(
+      const cols = z.array(z.looseObject({ name: z.string() })).parse(
         db.prepare(`PRAGMA table_info(${table})`).all(),
       );
       if (!cols.some((c) => c.name === column)) {

@@ -16,7 +16,8 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../../lib/zod_locale.ts";
 import type { Logger } from "../../lib/log.ts";
 import { bceTimestamp, type Credentials, type QueryPair, sign, wireQuery } from "./signer.ts";
 import { BceApiError, type BceOp, classifyError, codeForEmptyBody } from "./errors.ts";
@@ -24,51 +25,57 @@ import { BceApiError, type BceOp, classifyError, codeForEmptyBody } from "./erro
 /** One private IP of an ENI. */
 export const BcePrivateIpSchema = z.object({
   privateIpAddress: z.string(),
-  primary: z.boolean().default(false),
-  publicIpAddress: z.string().nullish(),
+  primary: z._default(z.boolean(), false),
+  publicIpAddress: z.nullish(z.string()),
 });
 
 /** An ENI as the BCE API returns it (§2.1). */
 export const BceEniSchema = z.object({
-  eniId: z.string().min(1),
-  name: z.string().default(""),
-  description: z.string().nullish(),
-  zoneName: z.string().nullish(),
-  instanceId: z.string().nullish(),
-  macAddress: z.string().default(""),
-  vpcId: z.string().nullish(),
-  subnetId: z.string().default(""),
+  eniId: z.string().check(z.minLength(1)),
+  name: z._default(z.string(), ""),
+  description: z.nullish(z.string()),
+  zoneName: z.nullish(z.string()),
+  instanceId: z.nullish(z.string()),
+  macAddress: z._default(z.string(), ""),
+  vpcId: z.nullish(z.string()),
+  subnetId: z._default(z.string(), ""),
   status: z.string(),
-  privateIpSet: z.array(BcePrivateIpSchema).nullish().transform((v) => v ?? []),
-  ipv6PrivateIpSet: z.array(BcePrivateIpSchema).nullish().transform((v) => v ?? []),
-  securityGroupIds: z.array(z.string()).nullish(),
-  enterpriseSecurityGroupIds: z.array(z.string()).nullish(),
-  createdTime: z.string().nullish(),
-  networkInterfaceTrafficMode: z.string().nullish(),
+  privateIpSet: z.pipe(
+    z.nullish(z.array(BcePrivateIpSchema)),
+    z.transform((v) => v ?? []),
+  ),
+  ipv6PrivateIpSet: z.pipe(
+    z.nullish(z.array(BcePrivateIpSchema)),
+    z.transform((v) => v ?? []),
+  ),
+  securityGroupIds: z.nullish(z.array(z.string())),
+  enterpriseSecurityGroupIds: z.nullish(z.array(z.string())),
+  createdTime: z.nullish(z.string()),
+  networkInterfaceTrafficMode: z.nullish(z.string()),
 });
 /** An ENI as the BCE API returns it. */
 export type BceEni = z.infer<typeof BceEniSchema>;
 
 const ListResultSchema = z.object({
-  enis: z.array(BceEniSchema).nullish().transform((v) => v ?? []),
-  marker: z.string().nullish(),
-  isTruncated: z.boolean().default(false),
-  nextMarker: z.string().nullish(),
-  maxKeys: z.number().nullish(),
+  enis: z.pipe(z.nullish(z.array(BceEniSchema)), z.transform((v) => v ?? [])),
+  marker: z.nullish(z.string()),
+  isTruncated: z._default(z.boolean(), false),
+  nextMarker: z.nullish(z.string()),
+  maxKeys: z.nullish(z.number()),
 });
-const CreateResultSchema = z.object({ eniId: z.string().min(1) });
+const CreateResultSchema = z.object({ eniId: z.string().check(z.minLength(1)) });
 const StatusResultSchema = z.object({ status: z.string() });
 const QuotaResultSchema = z.object({
-  totalQuantity: z.number().int(),
-  availableQuantity: z.number().int(),
+  totalQuantity: z.number().check(z.int()),
+  availableQuantity: z.number().check(z.int()),
 });
 /** A subnet's detail (`GET /v1/subnet/{id}`; bce-sdk-go services/vpc model.go Subnet). */
 export const BceSubnetSchema = z.object({
   subnetId: z.string(),
   cidr: z.string(),
-  ipv6Cidr: z.string().nullish(),
-  zoneName: z.string().nullish(),
-  vpcId: z.string().nullish(),
+  ipv6Cidr: z.nullish(z.string()),
+  zoneName: z.nullish(z.string()),
+  vpcId: z.nullish(z.string()),
 });
 /** A subnet's detail. */
 export type BceSubnet = z.infer<typeof BceSubnetSchema>;
@@ -79,18 +86,18 @@ const SubnetResultSchema = z.object({ subnet: BceSubnetSchema });
  * `eniQuota`, `cpuCount`). CCE reads `eniQuota` from it (cce-network-v2/pkg/bce/vpceni/node_bcc.go).
  */
 export const BceInstanceSchema = z.object({
-  id: z.string().nullish(),
-  eniQuota: z.number().int().min(0).nullish(),
-  cpuCount: z.number().int().min(0).nullish(),
-  status: z.string().nullish(),
+  id: z.nullish(z.string()),
+  eniQuota: z.nullish(z.number().check(z.int(), z.minimum(0))),
+  cpuCount: z.nullish(z.number().check(z.int(), z.minimum(0))),
+  status: z.nullish(z.string()),
 });
 /** An instance's detail (the fields the provider reads). */
 export type BceInstance = z.infer<typeof BceInstanceSchema>;
 const InstanceResultSchema = z.object({ instance: BceInstanceSchema });
 const ErrorBodySchema = z.object({
-  code: z.string().default(""),
-  message: z.string().default(""),
-  requestId: z.string().nullish(),
+  code: z._default(z.string(), ""),
+  message: z._default(z.string(), ""),
+  requestId: z.nullish(z.string()),
 });
 
 /** Retry and timeout settings. */

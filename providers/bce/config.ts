@@ -8,7 +8,8 @@
  *
  * @module
  */
-import { z } from "zod";
+import * as z from "zod/mini";
+import "../../lib/zod_locale.ts";
 import { ProviderError } from "../contract.ts";
 import type { Credentials } from "./signer.ts";
 import { DEFAULT_METADATA_URL } from "./metadata.ts";
@@ -16,87 +17,93 @@ import { DEFAULT_METADATA_URL } from "./metadata.ts";
 /** The `provider.bce` object of the agent config. */
 export const configSchema = z.object({
   /** The region (`bj`, `gz`, …): the endpoint is `https://bcc.<region>.baidubce.com`. From metadata when absent. */
-  region: z.string().regex(/^[a-z0-9-]+$/).optional(),
+  region: z.optional(z.string().check(z.regex(/^[a-z0-9-]+$/))),
   /** An endpoint override (`host[:port]` or a URL); https when no scheme is given. */
-  endpoint: z.string().min(1).optional(),
+  endpoint: z.optional(z.string().check(z.minLength(1))),
   /** A JSON credentials file, mode 0600 or stricter. Env vars are used when absent. */
-  credentialsFile: z.string().min(1).optional(),
+  credentialsFile: z.optional(z.string().check(z.minLength(1))),
   /** The VPC; from metadata when absent. */
-  vpcId: z.string().min(1).optional(),
+  vpcId: z.optional(z.string().check(z.minLength(1))),
   /** The subnet new ENIs are created in; the primary NIC's subnet (metadata) when absent. */
-  subnetId: z.string().min(1).optional(),
+  subnetId: z.optional(z.string().check(z.minLength(1))),
   /** The subnet's CIDR, to skip the subnet lookup (prefix length and gateway). */
-  subnetCidr: z.string().optional(),
-  securityGroupIds: z.array(z.string().min(1)).default([]),
-  enterpriseSecurityGroupIds: z.array(z.string().min(1)).default([]),
+  subnetCidr: z.optional(z.string()),
+  securityGroupIds: z._default(z.array(z.string().check(z.minLength(1))), []),
+  enterpriseSecurityGroupIds: z._default(z.array(z.string().check(z.minLength(1))), []),
   /** This node's instance id; from metadata when absent. */
-  instanceId: z.string().min(1).optional(),
-  metadataUrl: z.url().default(DEFAULT_METADATA_URL),
+  instanceId: z.optional(z.string().check(z.minLength(1))),
+  metadataUrl: z._default(z.url(), DEFAULT_METADATA_URL),
   /** ENIs kept attached and free. */
-  warmPool: z.object({
-    minIdle: z.number().int().min(0).default(0),
-    maxIdle: z.number().int().min(0).default(2),
-  }).default({ minIdle: 0, maxIdle: 2 }).refine((w) => w.minIdle <= w.maxIdle, {
+  warmPool: z._default(
+    z.object({
+      minIdle: z._default(z.number().check(z.int(), z.minimum(0)), 0),
+      maxIdle: z._default(z.number().check(z.int(), z.minimum(0)), 2),
+    }),
+    { minIdle: 0, maxIdle: 2 },
+  ).check(z.refine((w) => w.minIdle <= w.maxIdle, {
     message: "warmPool.minIdle must not exceed warmPool.maxIdle",
-  }),
+  })),
   /**
    * The most ENIs this node may have attached (the primary NIC not counted). The
    * provider also asks BCE (`/v1/eni/quota`, else the instance's `eniQuota`) and uses
    * the smaller of the two; this value alone when BCE does not answer.
    */
-  maxEnisPerNode: z.number().int().min(1).max(64).optional(),
+  maxEnisPerNode: z.optional(z.number().check(z.int(), z.minimum(1), z.maximum(64))),
   /** The name prefix marking ENIs this provider created; it never touches others. */
-  namePrefix: z.string().regex(/^[A-Za-z][A-Za-z0-9\-_.]{0,23}$/).default("enim"),
-  description: z.string().max(200).default("created by enim, do not modify"),
+  namePrefix: z._default(z.string().check(z.regex(/^[A-Za-z][A-Za-z0-9\-_.]{0,23}$/)), "enim"),
+  description: z._default(z.string().check(z.maxLength(200)), "created by enim, do not modify"),
   /**
    * IPv6 on new ENIs: `auto` asks for an address when the subnet has an IPv6 range
    * (`ipv6Cidr` in its detail, or `subnetIpv6Cidr`), `always` asks in any case,
    * `never` never asks.
    */
-  ipv6: z.enum(["auto", "always", "never"]).default("auto"),
+  ipv6: z._default(z.enum(["auto", "always", "never"]), "auto"),
   /** The subnet's IPv6 CIDR, to skip the subnet lookup. */
-  subnetIpv6Cidr: z.string().optional(),
-  timeouts: z.object({
-    requestMs: z.number().int().min(1).default(20_000),
-    totalMs: z.number().int().min(1).default(60_000),
-    maxAttempts: z.number().int().min(1).max(20).default(5),
-    baseDelayMs: z.number().int().min(0).default(1000),
-    maxDelayMs: z.number().int().min(0).default(10_000),
-    /** How long to wait for a new ENI to become `inuse` (CCE waits 60 s for a new ENI). */
-    attachMs: z.number().int().min(1).default(60_000),
-    /** How long to wait for a detach to finish before escalating. */
-    detachMs: z.number().int().min(1).default(60_000),
-    /** After the escalation's detach, how long to wait before deleting anyway. */
-    escalateMs: z.number().int().min(1).default(15_000),
-    /** How long a not-found on an ENI this provider has just created is retried. */
-    createVisibilityMs: z.number().int().min(0).default(10_000),
-    /** How long to wait for a new ENI's device to appear on the node. */
-    deviceMs: z.number().int().min(1).default(30_000),
-    /** The first poll interval while waiting for a status (doubling, capped at 5 s). */
-    pollMs: z.number().int().min(1).default(1000),
-    /** The warm pool loop's period while something changes. */
-    poolIntervalMs: z.number().int().min(1).default(30_000),
-    /** The longest period, reached by doubling while nothing changes. */
-    idleIntervalMs: z.number().int().min(1).default(300_000),
-    /** A pass lists the whole VPC (orphan scan) at most this often; other passes list this instance's ENIs. */
-    orphanScanIntervalMs: z.number().int().min(1).default(3_600_000),
-    /** How often a quarantined (stuck) ENI is tried again. */
-    quarantineRetryMs: z.number().int().min(1).default(600_000),
-    /** The shortest gap between two passes, even when an allocation asks for one. */
-    minPassGapMs: z.number().int().min(0).default(5_000),
-    /** Each period is multiplied by a random factor in [1 - jitter, 1 + jitter]. */
-    jitter: z.number().min(0).max(0.9).default(0.2),
-  }).prefault({}),
-}).refine((c) => !(c.securityGroupIds.length && c.enterpriseSecurityGroupIds.length), {
+  subnetIpv6Cidr: z.optional(z.string()),
+  timeouts: z.prefault(
+    z.object({
+      requestMs: z._default(z.number().check(z.int(), z.minimum(1)), 20_000),
+      totalMs: z._default(z.number().check(z.int(), z.minimum(1)), 60_000),
+      maxAttempts: z._default(z.number().check(z.int(), z.minimum(1), z.maximum(20)), 5),
+      baseDelayMs: z._default(z.number().check(z.int(), z.minimum(0)), 1000),
+      maxDelayMs: z._default(z.number().check(z.int(), z.minimum(0)), 10_000),
+      /** How long to wait for a new ENI to become `inuse` (CCE waits 60 s for a new ENI). */
+      attachMs: z._default(z.number().check(z.int(), z.minimum(1)), 60_000),
+      /** How long to wait for a detach to finish before escalating. */
+      detachMs: z._default(z.number().check(z.int(), z.minimum(1)), 60_000),
+      /** After the escalation's detach, how long to wait before deleting anyway. */
+      escalateMs: z._default(z.number().check(z.int(), z.minimum(1)), 15_000),
+      /** How long a not-found on an ENI this provider has just created is retried. */
+      createVisibilityMs: z._default(z.number().check(z.int(), z.minimum(0)), 10_000),
+      /** How long to wait for a new ENI's device to appear on the node. */
+      deviceMs: z._default(z.number().check(z.int(), z.minimum(1)), 30_000),
+      /** The first poll interval while waiting for a status (doubling, capped at 5 s). */
+      pollMs: z._default(z.number().check(z.int(), z.minimum(1)), 1000),
+      /** The warm pool loop's period while something changes. */
+      poolIntervalMs: z._default(z.number().check(z.int(), z.minimum(1)), 30_000),
+      /** The longest period, reached by doubling while nothing changes. */
+      idleIntervalMs: z._default(z.number().check(z.int(), z.minimum(1)), 300_000),
+      /** A pass lists the whole VPC (orphan scan) at most this often; other passes list this instance's ENIs. */
+      orphanScanIntervalMs: z._default(z.number().check(z.int(), z.minimum(1)), 3_600_000),
+      /** How often a quarantined (stuck) ENI is tried again. */
+      quarantineRetryMs: z._default(z.number().check(z.int(), z.minimum(1)), 600_000),
+      /** The shortest gap between two passes, even when an allocation asks for one. */
+      minPassGapMs: z._default(z.number().check(z.int(), z.minimum(0)), 5_000),
+      /** Each period is multiplied by a random factor in [1 - jitter, 1 + jitter]. */
+      jitter: z._default(z.number().check(z.minimum(0), z.maximum(0.9)), 0.2),
+    }),
+    {},
+  ),
+}).check(z.refine((c) => !(c.securityGroupIds.length && c.enterpriseSecurityGroupIds.length), {
   message: "Set securityGroupIds or enterpriseSecurityGroupIds, not both",
-});
+}));
 /** The `bce` provider config. */
 export type BceConfig = z.infer<typeof configSchema>;
 
 const CredentialsFileSchema = z.object({
-  accessKeyId: z.string().min(1),
-  secretAccessKey: z.string().min(1),
-  sessionToken: z.string().min(1).optional(),
+  accessKeyId: z.string().check(z.minLength(1)),
+  secretAccessKey: z.string().check(z.minLength(1)),
+  sessionToken: z.optional(z.string().check(z.minLength(1))),
 });
 
 /** The API endpoint URL for a config: the override (https by default) or the region's BCC host. */
