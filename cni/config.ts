@@ -25,7 +25,6 @@ import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import {
   IpRangeSchema,
-  IpSchema,
   NetworkCidrSchema,
   routeFamilyCheck,
 } from "../providers/schema.ts";

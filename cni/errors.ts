@@ -106,15 +106,6 @@ function isIoError(err: unknown): boolean {
   ].some((cls) => err instanceof cls);
 }
 
-/** `String(value)` that cannot throw (a thrown object may have a hostile `toString`). */
-function safeString(value: unknown): string {
-  try {
-    return String(value);
-  } catch {
-    return Object.prototype.toString.call(value);
-  }
-}
-
 /**
  * Maps anything thrown while serving a CNI request to the CNI error object.
  *

@@ -539,7 +539,7 @@ function routeConflict(err: unknown, config: string[][]): string | undefined {
   const isDefault = dst === "0.0.0.0/0" || dst === "::/0";
   return `the pod already has a route to ${dst}${
     isDefault
-      ? " (another interface's default route): set \"defaultRoutes\": false in the enim section of this network"
+      ? ' (another interface\'s default route): set "defaultRoutes": false in the enim section of this network'
       : ""
   }`;
 }
