@@ -23,11 +23,7 @@
  */
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
-import {
-  IpRangeSchema,
-  NetworkCidrSchema,
-  routeFamilyCheck,
-} from "../providers/schema.ts";
+import { IpRangeSchema, NetworkCidrSchema, routeFamilyCheck } from "../providers/schema.ts";
 import { isCidr, isIp, isIpMaybePrefix } from "../lib/ip.ts";
 
 export { isCidr, isIp, isIpMaybePrefix };
