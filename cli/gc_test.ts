@@ -16,6 +16,8 @@ async function seed(m: FakeManager) {
       ips: [],
       ranges: [],
       routes: [],
+      profile: "default",
+      sticky: false,
     });
   }
   m.gcPlan = [

@@ -18,7 +18,7 @@ const COLUMNS: Column<Row>[] = [
   { header: "DEVICE", cell: (e) => e.device ?? e.attachment?.nodeName },
   { header: "IPV4", cell: (e) => e.ipv4 && `${e.ipv4.address}/${e.ipv4.prefixLength}` },
   { header: "IPV6", cell: (e) => e.ipv6 && `${e.ipv6.address}/${e.ipv6.prefixLength}` },
-  { header: "STATE", cell: (e) => e.attachment?.state ?? e.state },
+  { header: "STATE", cell: stateCell },
   { header: "OWNER", cell: (e) => e.attachment?.pod ?? e.owner?.pod },
   {
     header: "CONTAINER",
@@ -28,14 +28,45 @@ const COLUMNS: Column<Row>[] = [
   { header: "AGE", cell: (e) => (e.attachment ? formatAge(e.attachment.createdAt) : "-") },
 ];
 
+/** The state, and for a sticky pod's held ENI how long the hold has left. */
+function stateCell(e: Row): string {
+  const a = e.attachment;
+  if (a?.state === "held" && a.holdUntil) {
+    const left = formatAge(new Date().toISOString(), Date.parse(a.holdUntil));
+    return `held (${left} left)`;
+  }
+  return a?.state ?? e.state;
+}
+
+type ProfileRow = [string, Status["pool"]["profiles"][string]];
+
+const PROFILE_COLUMNS: Column<ProfileRow>[] = [
+  { header: "PROFILE", cell: ([name]) => name },
+  { header: "FREE", cell: ([, c]) => String(c.free) },
+  { header: "OWNED", cell: ([, c]) => String(c.owned) },
+  { header: "RECYCLING", cell: ([, c]) => String(c.recycling) },
+  { header: "HELD", cell: ([, c]) => String(c.held) },
+];
+
 /** Renders the Status object as `enim status` prints it. */
 export function renderStatus(s: Status): string {
   const p = s.pool;
-  const head = `provider ${s.provider}, agent ${s.version}, ` +
+  const profiles = Object.entries(p.profiles);
+  const several = profiles.length > 1;
+  let head = `provider ${s.provider}, agent ${s.version}, ` +
     `${s.ready ? "ready" : "NOT READY"}, ${s.canAllocate ? "can allocate" : "CANNOT ALLOCATE"}\n` +
     `pool: ${p.free} free, ${p.owned} owned, ${p.recycling} recycling, ` +
-    `${p.attachable} more attachable\n\n`;
-  return head + (s.enis.length ? renderTable(COLUMNS, s.enis) : "no ENIs attached to this node\n");
+    `${p.held > 0 ? `${p.held} held, ` : ""}` +
+    `${p.attachable} more attachable${several ? " (shared by all profiles)" : ""}\n\n`;
+  if (several) head += renderTable(PROFILE_COLUMNS, profiles) + "\n";
+  const columns = several
+    ? [
+      ...COLUMNS.slice(0, 1),
+      { header: "PROFILE", cell: (e: Row) => e.profile },
+      ...COLUMNS.slice(1),
+    ]
+    : COLUMNS;
+  return head + (s.enis.length ? renderTable(columns, s.enis) : "no ENIs attached to this node\n");
 }
 
 /** The `status` subcommand. */

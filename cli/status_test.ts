@@ -3,6 +3,7 @@ import { StatusSchema } from "../manager/api_schema.ts";
 import { runEnim } from "../tests/_enim.ts";
 import { withRunDir, withSandbox } from "../tests/_run_dir.ts";
 import { cli, withFakeAgent } from "./_serve_fake.ts";
+import { renderStatus } from "./status.ts";
 import { formatAge } from "./_table.ts";
 
 const POD = {
@@ -15,6 +16,8 @@ const POD = {
   ips: [],
   ranges: [],
   routes: [],
+  profile: "default",
+  sticky: false,
 };
 
 Deno.test("enim status prints the ENI table and pool counts", async () => {
@@ -79,4 +82,74 @@ Deno.test("ages are short", () => {
     ["5s", "2m", "3h05m"],
   );
   assertEquals([formatAge(at(50 * 3600), now), formatAge(null, now)], ["2d02h", "-"]);
+});
+
+Deno.test("enim status shows each profile's pool and a held ENI's time left", () => {
+  const held = new Date(Date.now() + 4 * 60_000 + 30_000).toISOString();
+  const eni = (id: string, profile: string, state: "free" | "owned") => ({
+    id,
+    mac: "02:00:00:00:00:01",
+    ipv4: null,
+    ipv6: null,
+    subnetId: null,
+    state,
+    owner: null,
+    profile,
+    securityGroupIds: [],
+    enterpriseSecurityGroupIds: [],
+    description: null,
+    cloudState: "ok" as const,
+    device: "enim1",
+  });
+  const text = renderStatus(StatusSchema.parse({
+    version: "0.1.0",
+    provider: "mock",
+    ready: true,
+    canAllocate: true,
+    pool: {
+      free: 1,
+      owned: 1,
+      recycling: 0,
+      held: 1,
+      attachable: 2,
+      profiles: {
+        default: { free: 1, owned: 0, recycling: 0, held: 0 },
+        b: { free: 0, owned: 1, recycling: 0, held: 1 },
+      },
+    },
+    enis: [
+      { ...eni("eni-1", "default", "free"), attachment: null },
+      {
+        ...eni("eni-2", "b", "owned"),
+        attachment: {
+          containerId: "c1",
+          ifName: "eth0",
+          pod: "db/db-0",
+          podUid: null,
+          network: "enim",
+          netns: "/run/netns/x",
+          mode: "interface",
+          state: "held",
+          eniId: "eni-2",
+          mac: "02:00:00:00:00:01",
+          nodeName: "enim1",
+          createdAt: new Date().toISOString(),
+          updatedAt: new Date().toISOString(),
+          profile: "b",
+          sticky: true,
+          holdUntil: held,
+        },
+      },
+    ],
+  }));
+  const lines = text.split("\n");
+  assertEquals(
+    lines[1],
+    "pool: 1 free, 1 owned, 0 recycling, 1 held, 2 more attachable (shared by all profiles)",
+  );
+  assertMatch(lines[3], /^PROFILE\s+FREE\s+OWNED\s+RECYCLING\s+HELD$/);
+  assertMatch(lines[4], /^default\s+1\s+0\s+0\s+0$/);
+  assertMatch(lines[5], /^b\s+0\s+1\s+0\s+1$/);
+  assertMatch(lines[7], /^ENI\s+PROFILE\s+MAC/);
+  assertMatch(lines[9], /^eni-2\s+b\s+.*held \(4m left\)\s+db\/db-0/);
 });

@@ -37,7 +37,7 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
     provider: "mock",
     ready: true,
     canAllocate: true,
-    pool: { free: 2, owned: 1, recycling: 0, attachable: 3 },
+    pool: { free: 2, owned: 1, recycling: 0, held: 0, attachable: 3, profiles: {} },
     enis: [],
     ...over,
   };

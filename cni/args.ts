@@ -3,7 +3,8 @@
  *
  * Parsing follows the reference plugins (`pkg/types` LoadArgs): every pair has
  * exactly one `=`; known keys are `K8S_POD_NAMESPACE`, `K8S_POD_NAME`,
- * `K8S_POD_INFRA_CONTAINER_ID`, `K8S_POD_UID`, `IP` and `IgnoreUnknown`; any
+ * `K8S_POD_INFRA_CONTAINER_ID`, `K8S_POD_UID`, `IP`, `IgnoreUnknown` and enim's
+ * `ENIM_PROFILE`, `ENIM_SECURITY_GROUP_IDS`, `ENIM_STICKY` (see selection.ts); any
  * other key is refused unless `IgnoreUnknown` is `1` or `true` (any case).
  * Empty segments (`A=1;;B=2`, a trailing `;`) are skipped. A bad `CNI_ARGS`
  * is a bad environment variable, so it gets code 4 and the message names
@@ -29,6 +30,9 @@ export const KNOWN_ARGS = [
   "K8S_POD_UID",
   "IP",
   "IgnoreUnknown",
+  "ENIM_PROFILE",
+  "ENIM_SECURITY_GROUP_IDS",
+  "ENIM_STICKY",
 ] as const;
 /** A CNI_ARGS key enim understands. */
 export type KnownArg = typeof KNOWN_ARGS[number];

@@ -100,6 +100,8 @@ export const NetworkConfigSchema = z.looseObject({
   runtimeConfig: z.optional(z.looseObject({
     ipRanges: z.optional(z.array(z.array(IpRangeSchema))),
     ips: z.optional(z.array(IpMaybePrefix)),
+    /** The pod's annotations (containerd's capability); enim reads its `enim.dev/` keys. */
+    "io.kubernetes.cri.pod-annotations": z.optional(z.record(z.string(), z.string())),
   })),
   prevResult: z.optional(z.unknown()),
   /** GC's list of still-valid attachments; `null` (a Go nil slice) means none. */

@@ -65,6 +65,10 @@ const API_TO_CNI: Record<ApiErrorCode, { code: number; lead: string }> = {
   },
   netns_invalid: { code: CNI_CODES.INVALID_NETNS, lead: "Invalid network namespace" },
   check_failed: { code: CNI_CODES.CHECK_FAILED, lead: "CHECK failed" },
+  not_allowed: {
+    code: CNI_CODES.INVALID_CONFIG,
+    lead: "The pod's ENI choice is not allowed on this node",
+  },
   provider_error: { code: CNI_CODES.PROVIDER_ERROR, lead: "The cloud provider failed" },
   device_error: { code: CNI_CODES.DEVICE_ERROR, lead: "Configuring the device failed" },
   busy: { code: CNI_CODES.TRY_AGAIN_LATER, lead: "The enim agent is busy; try again later" },

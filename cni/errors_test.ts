@@ -86,6 +86,7 @@ Deno.test("toCniError() maps every agent API error code", async (t) => {
     ifname_exists: 102,
     netns_invalid: 103,
     check_failed: 106,
+    not_allowed: 7,
     provider_error: 104,
     device_error: 105,
     busy: 11,

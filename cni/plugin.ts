@@ -23,7 +23,9 @@
 import { type AddRequest, ApiError, type CheckRequest } from "../manager/api_schema.ts";
 import { type AgentClient, AgentUnreachableError } from "../manager/client.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
-import { type CniArgs, ownerOf, ownerString, parseCniArgs, requestedIps } from "./args.ts";
+import { type CniArgs, ownerOf, ownerString, parseCniArgs } from "./args.ts";
+import { podChoice } from "./selection.ts";
+import { DEFAULT_PROFILE } from "../providers/schema.ts";
 import { DEFAULT_LOG_FILE, type ParsedConfig, parseNetworkConfig } from "./config.ts";
 import { type CniEnv, type CniVerb, parseCniEnv } from "./env.ts";
 import { CNI_CODES, CniError, toCniError } from "./errors.ts";
@@ -228,7 +230,9 @@ async function addVerb(
 ): Promise<unknown> {
   const { env } = inv;
   const { args, pod } = ownerFor(inv);
-  const { ips } = requestedIps(config, args);
+  const choice = podChoice(config, args);
+  for (const o of choice.overridden) inv.warnings.push(`Two sources disagree; ${o}`);
+  if (choice.profile !== DEFAULT_PROFILE) inv.record.profile = choice.profile;
   const prevResult = mode === "interface" && config.prevResult !== undefined
     ? parsePrevResult(config.prevResult)
     : undefined;
@@ -239,8 +243,11 @@ async function addVerb(
     network: config.name,
     pod,
     mode,
-    ips,
+    ips: choice.ips,
     ranges: config.runtimeConfig?.ipRanges ?? [],
+    ...(choice.profile !== DEFAULT_PROFILE ? { profile: choice.profile } : {}),
+    ...(choice.securityGroupIds ? { securityGroupIds: choice.securityGroupIds } : {}),
+    ...(choice.sticky ? { sticky: true } : {}),
     routes: enim.routes.map((
       r,
     ) => (r.gw === undefined ? { dst: r.dst } : { dst: r.dst, gw: r.gw })),

@@ -399,6 +399,8 @@ Deno.test("GC forwards the valid attachments of its network", async (t) => {
           action: "reclaim",
           outcome: "failed",
           error: "provider timeout",
+          kind: "dead",
+          profile: "default",
         }],
       }),
     });
@@ -427,7 +429,7 @@ Deno.test("STATUS reports whether the agent can serve an ADD", async (t) => {
       status: () =>
         sampleStatus({
           canAllocate: false,
-          pool: { free: 0, owned: 4, recycling: 0, attachable: 0 },
+          pool: { free: 0, owned: 4, recycling: 0, held: 0, attachable: 0, profiles: {} },
         }),
     });
     assertStringIncludes(

@@ -233,6 +233,8 @@ export interface InvocationRecord {
   ifName?: string;
   netns?: string;
   owner?: string;
+  /** The pod's profile, when not `default`. */
+  profile?: string;
   eniId?: string;
   code: number;
   msg?: string;

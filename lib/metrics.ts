@@ -36,14 +36,23 @@ export interface PhaseRecorder {
   operation(op: string, result: string, ms: number): void;
   /** Records one ENI a GC pass reclaimed (or failed to). */
   gcReclaim(result: string): void;
+  /** Records a sticky pod's hold that expired (its ENI went back to the pool). */
+  holdExpired?(profile: string): void;
+}
+
+/** One profile's pool counts. */
+export interface ProfileCounts {
+  free: number;
+  owned: number;
+  recycling: number;
+  held: number;
 }
 
 /** Pool counts for the gauges, read at scrape time. */
 export interface PoolCounts {
-  free: number;
-  owned: number;
-  recycling: number;
+  /** How many more ENIs the node can attach (shared by every profile). */
   attachable: number;
+  profiles: Record<string, ProfileCounts>;
 }
 
 const LATENCY_BUCKETS = [
@@ -72,12 +81,9 @@ export class Metrics implements PhaseRecorder {
   readonly phaseDuration: Histogram<"op" | "phase">;
   readonly gcReclaims: Counter<"result">;
   readonly providerLatency: Histogram<"provider" | "call" | "result">;
-  #pool: () => Promise<PoolCounts> | PoolCounts = () => ({
-    free: 0,
-    owned: 0,
-    recycling: 0,
-    attachable: 0,
-  });
+  readonly holdExpiries: Counter<"profile">;
+  readonly descriptions: Counter<"result">;
+  #pool: () => Promise<PoolCounts> | PoolCounts = () => ({ attachable: 0, profiles: {} });
 
   constructor() {
     this.registry = new Registry();
@@ -129,17 +135,67 @@ export class Metrics implements PhaseRecorder {
         this.set({ kind: "external" }, m.external);
       },
     });
-    const pool = () => this.#pool();
+    this.holdExpiries = new Counter({
+      name: "enim_sticky_hold_expiries_total",
+      help: "Sticky pods' held ENIs freed because the pod did not come back in time, by profile",
+      labelNames: ["profile"],
+      registers,
+    });
+    this.descriptions = new Counter({
+      name: "enim_eni_descriptions_total",
+      help: "ENI descriptions set or restored in the cloud (who owns the ENI), by result",
+      labelNames: ["result"],
+      registers,
+    });
+    // One read of the pool per scrape, shared by its gauges (a scrape collects them all at once).
+    let reading: Promise<PoolCounts> | null = null;
+    const pool = () => {
+      reading ??= Promise.resolve(this.#pool()).finally(() => reading = null);
+      return reading;
+    };
     new Gauge({
       name: "enim_pool_enis",
-      help: "ENIs on this node by pool state (free, owned, recycling, attachable)",
-      labelNames: ["state"],
+      help:
+        "ENIs on this node by profile and pool state (free, owned, recycling, held; owned counts recycling and held too)",
+      labelNames: ["profile", "state"],
       registers,
       async collect() {
         const p = await pool();
-        for (const [state, n] of Object.entries(p)) this.set({ state }, n);
+        for (const [profile, counts] of Object.entries(p.profiles)) {
+          for (const [state, n] of Object.entries(counts)) this.set({ profile, state }, n);
+        }
       },
     });
+    new Gauge({
+      name: "enim_sticky_held_enis",
+      help: "Sticky pods' ENIs held for them after their DEL, by profile",
+      labelNames: ["profile"],
+      registers,
+      async collect() {
+        const p = await pool();
+        for (const [profile, counts] of Object.entries(p.profiles)) {
+          this.set({ profile }, counts.held);
+        }
+      },
+    });
+    new Gauge({
+      name: "enim_node_attachable_enis",
+      help: "How many more ENIs the node can attach (the limit is shared by every profile)",
+      registers,
+      async collect() {
+        this.set({}, (await pool()).attachable);
+      },
+    });
+  }
+
+  /** Records a sticky pod's hold that expired. */
+  holdExpired(profile: string): void {
+    this.holdExpiries.inc({ profile });
+  }
+
+  /** Records one ENI description set or restored in the cloud. */
+  description(result: "ok" | "failed"): void {
+    this.descriptions.inc({ result });
   }
 
   /** Records one ENI a GC pass reclaimed (or failed to). */

@@ -3,7 +3,15 @@ import { Metrics } from "./metrics.ts";
 
 Deno.test("metrics exposes phase histograms, operation counters and pool gauges", async () => {
   const m = new Metrics();
-  m.setPoolSource(() => ({ free: 3, owned: 2, recycling: 1, attachable: 4 }));
+  m.setPoolSource(() => ({
+    attachable: 4,
+    profiles: {
+      default: { free: 3, owned: 2, recycling: 1, held: 0 },
+      b: { free: 1, owned: 1, recycling: 0, held: 1 },
+    },
+  }));
+  m.holdExpired("b");
+  m.description("ok");
   await m.time("add", "provider", () => Promise.resolve(1));
   m.phase("add", "move", 2.5);
   m.operation("add", "ok", 7);
@@ -12,7 +20,11 @@ Deno.test("metrics exposes phase histograms, operation counters and pool gauges"
   assertMatch(text, /enim_phase_duration_seconds_count\{op="add",phase="provider"\} 1/);
   assertMatch(text, /enim_phase_duration_seconds_bucket\{le="0.0025",op="add",phase="move"\} 1/);
   assertMatch(text, /enim_operations_total\{op="add",result="ok"\} 1/);
-  assertMatch(text, /enim_pool_enis\{state="free"\} 3/);
-  assertMatch(text, /enim_pool_enis\{state="attachable"\} 4/);
+  assertMatch(text, /enim_pool_enis\{profile="default",state="free"\} 3/);
+  assertMatch(text, /enim_pool_enis\{profile="b",state="held"\} 1/);
+  assertMatch(text, /enim_sticky_held_enis\{profile="b"\} 1/);
+  assertMatch(text, /enim_sticky_hold_expiries_total\{profile="b"\} 1/);
+  assertMatch(text, /enim_eni_descriptions_total\{result="ok"\} 1/);
+  assertMatch(text, /enim_node_attachable_enis 4/);
   assertMatch(text, /enim_gc_reclaims_total\{result="reclaimed"\} 1/);
 });

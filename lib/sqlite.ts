@@ -96,3 +96,48 @@ export function storageFailureMessage(kind: StateFailureKind, path: string): str
     : "an I/O error";
   return `The agent cannot write its state at "${path}": ${what}; nothing was changed`;
 }
+
+/** One schema change: SQL, or a function for what SQL alone cannot say. */
+export type Migration = string | ((db: DatabaseSync) => void);
+
+/**
+ * Brings `component`'s tables (the state store, a provider) to the newest of its
+ * `migrations`: index i takes the schema to version i + 1. Every pending step
+ * runs in one transaction, and the versions are kept per component in
+ * `enim_migrations`, so components evolve independently in the one database.
+ * A database newer than this code is refused.
+ */
+export function migrateComponent(
+  db: DatabaseSync,
+  component: string,
+  migrations: readonly Migration[],
+  now: () => number = Date.now,
+): void {
+  db.exec(
+    `CREATE TABLE IF NOT EXISTS enim_migrations (component TEXT NOT NULL, version INTEGER NOT NULL,
+       applied_at INTEGER NOT NULL, PRIMARY KEY (component, version))`,
+  );
+  transaction(db, () => {
+    const row = prepared(db, "SELECT max(version) AS v FROM enim_migrations WHERE component = ?")
+      .get(component) as { v: number | null } | undefined;
+    const v = row?.v ?? 0;
+    if (v > migrations.length) {
+      throw new Error(
+        `The ${component} tables have schema version ${v}; this enim knows up to ${migrations.length}`,
+      );
+    }
+    for (let i = v; i < migrations.length; i++) {
+      const m = migrations[i];
+      if (typeof m === "string") db.exec(m);
+      else m(db);
+      prepared(db, "INSERT INTO enim_migrations (component, version, applied_at) VALUES (?, ?, ?)")
+        .run(component, i + 1, now());
+    }
+  });
+}
+
+/** Whether `table` has a column `column` (for migrations of tables made before versioning). */
+export function hasColumn(db: DatabaseSync, table: string, column: string): boolean {
+  const cols = db.prepare(`PRAGMA table_info(${table})`).all() as { name?: unknown }[];
+  return cols.some((c) => c.name === column);
+}

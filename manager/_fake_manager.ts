@@ -13,7 +13,7 @@ import type {
   GcInput,
   ReconcileReport,
 } from "./types.ts";
-import type { Eni } from "../providers/contract.ts";
+import { type Eni, makeEni } from "../providers/contract.ts";
 
 /** A fake manager; `calls` lists what it was asked, `failWith` makes the next call throw. */
 export class FakeManager implements EniManager {
@@ -26,17 +26,18 @@ export class FakeManager implements EniManager {
   gcPlan: { eniId: string; reason: string; fail?: string }[] = [];
 
   constructor(count = 3) {
-    this.enisList = Array.from({ length: count }, (_, i) => ({
-      id: `eni-mock-${String(i + 1).padStart(4, "0")}`,
-      mac: `02:00:00:00:00:${(i + 1).toString(16).padStart(2, "0")}`,
-      ipv4: { address: `10.0.1.${10 + i}`, prefixLength: 24, gateway: "10.0.1.1" },
-      ipv6: i % 2 === 0
-        ? { address: `fd00::${10 + i}`, prefixLength: 64, gateway: "fd00::1" }
-        : null,
-      subnetId: "sbn-mock",
-      state: "free",
-      owner: null,
-    }));
+    this.enisList = Array.from({ length: count }, (_, i) =>
+      makeEni({
+        id: `eni-mock-${String(i + 1).padStart(4, "0")}`,
+        mac: `02:00:00:00:00:${(i + 1).toString(16).padStart(2, "0")}`,
+        ipv4: { address: `10.0.1.${10 + i}`, prefixLength: 24, gateway: "10.0.1.1" },
+        ipv6: i % 2 === 0
+          ? { address: `fd00::${10 + i}`, prefixLength: 64, gateway: "fd00::1" }
+          : null,
+        subnetId: "sbn-mock",
+        state: "free",
+        owner: null,
+      }));
   }
 
   #maybeFail(op: string, arg?: unknown) {
@@ -82,6 +83,9 @@ export class FakeManager implements EniManager {
         nodeName: `eni${eni.id.slice(-4)}`,
         createdAt: now,
         updatedAt: now,
+        profile: "default",
+        sticky: false,
+        holdUntil: null,
       });
     }
     return Promise.resolve({
@@ -130,6 +134,8 @@ export class FakeManager implements EniManager {
         netns: att?.netns ?? "",
         reason: p.reason,
         action: "move device back, scrub, deallocate",
+        kind: "dead" as const,
+        profile: "default",
       };
       if (req.dryRun) return { ...base, outcome: "planned" as const };
       if (p.fail) return { ...base, outcome: "failed" as const, error: p.fail };
@@ -154,7 +160,14 @@ export class FakeManager implements EniManager {
       provider: "mock",
       ready: true,
       canAllocate: free > 0,
-      pool: { free, owned: this.enisList.length - free, recycling: 0, attachable: 0 },
+      pool: {
+        free,
+        owned: this.enisList.length - free,
+        recycling: 0,
+        held: 0,
+        attachable: 0,
+        profiles: { default: { free, owned: this.enisList.length - free, recycling: 0, held: 0 } },
+      },
       enis: this.enisList.map((e) => {
         const att = [...this.atts.values()].find((a) => a.eniId === e.id) ?? null;
         return { ...e, device: att?.nodeName ?? `eni${e.id.slice(-4)}`, attachment: att };

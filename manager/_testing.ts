@@ -8,11 +8,11 @@ import type { DatabaseSync } from "node:sqlite";
 import { openDatabase } from "../lib/sqlite.ts";
 import { nullLogger } from "../lib/log.ts";
 import mock, {
-  type MockConfig,
+  type MockConfigInput,
   MockConfigSchema,
   type MockProvider,
 } from "../providers/mock/mod.ts";
-import type { AllocationRequest, Eni, Owner, Provider } from "../providers/contract.ts";
+import type { AllocationRequestInput, Eni, Owner, Provider } from "../providers/contract.ts";
 import { FakeDeviceLayer } from "../netns/fake.ts";
 import { createManager, type Manager } from "./manager.ts";
 import { AddRequestSchema, DelRequestSchema } from "./api_schema.ts";
@@ -45,7 +45,7 @@ export class ControlledProvider implements Provider {
   list(): Promise<Eni[]> {
     return this.inner.list();
   }
-  async allocateNextENI(owner: Owner, req: AllocationRequest): Promise<Eni> {
+  async allocateNextENI(owner: Owner, req: AllocationRequestInput): Promise<Eni> {
     if (this.failNext) {
       const e = this.failNext;
       this.failNext = null;
@@ -63,6 +63,12 @@ export class ControlledProvider implements Provider {
   }
   status() {
     return this.inner.status();
+  }
+  profiles() {
+    return this.inner.profiles();
+  }
+  describeENI(eniId: string, text: string | null): Promise<void> {
+    return this.inner.describeENI?.(eniId, text) ?? Promise.resolve();
   }
   repairDevice(eniId: string): Promise<void> {
     return this.inner.repairDevice?.(eniId) ?? Promise.resolve();
@@ -91,12 +97,16 @@ export interface Node {
 
 /** Options for {@linkcode makeNode}. */
 export interface NodeOptions {
-  mock?: Partial<MockConfig>;
+  mock?: MockConfigInput;
   graceMs?: number;
   /** A database file (default: a fresh temp file). */
   path?: string;
   devices?: FakeDeviceLayer;
   livenessSources?: LivenessSource[];
+  /** How long sticky pods' ENIs are held (default: the manager's). */
+  stickyHoldMs?: number;
+  /** The node name in cloud descriptions (default: descriptions off). */
+  describeAs?: string;
 }
 
 /** Builds a node and runs reconcile once (as the agent does at start-up). */
@@ -122,6 +132,8 @@ export async function makeNode(o: NodeOptions = {}): Promise<Node> {
       gcGraceMs: o.graceMs ?? 60_000,
       now: clock.now,
       livenessSources: o.livenessSources,
+      stickyHoldMs: o.stickyHoldMs,
+      describeAs: o.describeAs,
     });
     return { db, mock: m, provider, mgr };
   };

@@ -46,6 +46,15 @@ export interface AgentDeps {
   metrics?(manager: EniManager): MetricsSource | undefined;
 }
 
+/** The node's name in ENI descriptions: its hostname (Kubernetes' default node name). */
+function nodeName(): string {
+  try {
+    return Deno.hostname();
+  } catch {
+    return "this node";
+  }
+}
+
 /**
  * Checks a configuration the way the agent would use it, without starting
  * anything: loads the provider module and validates its own section.
@@ -94,6 +103,13 @@ export function withProviderTimeout(p: Provider, ms: number, metrics?: Metrics):
     allocateNextENI: (owner, req) => limit("allocate", () => p.allocateNextENI(owner, req)),
     deallocateENI: (owner) => limit("deallocate", () => p.deallocateENI(owner)),
     status: () => limit("status", () => p.status()),
+    profiles: () => p.profiles(),
+    ...(p.describeENI
+      ? {
+        describeENI: (id: string, text: string | null) =>
+          limit("describe", () => p.describeENI!(id, text)),
+      }
+      : {}),
     ...(p.repairDevice
       ? { repairDevice: (id: string) => limit("repairDevice", () => p.repairDevice!(id)) }
       : {}),
@@ -187,6 +203,8 @@ export async function startParts(
       log: log.child({ component: "manager" }),
       gcGraceMs: cfg.gc.graceSeconds * 1000,
       metrics,
+      stickyHoldMs: cfg.sticky.holdSeconds * 1000,
+      describeAs: cfg.cloudDescriptions ? nodeName() : null,
     });
     closers.push(() => manager.close());
     metrics.setPoolSource(async () => (await manager.status()).pool);

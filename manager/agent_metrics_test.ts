@@ -74,8 +74,8 @@ Deno.test("GET /metrics carries the phase histograms after an ADD and a DEL", as
         afterAdd,
         /enim_provider_call_duration_seconds_count\{provider="mock",call="allocate",result="ok"\} 1/,
       );
-      assertMatch(afterAdd, /enim_pool_enis\{state="owned"\} 1/);
-      assertMatch(afterAdd, /enim_pool_enis\{state="free"\} 1/);
+      assertMatch(afterAdd, /enim_pool_enis\{profile="default",state="owned"\} 1/);
+      assertMatch(afterAdd, /enim_pool_enis\{profile="default",state="free"\} 1/);
       assertMatch(afterAdd, /# TYPE enim_gc_reclaims_total counter/);
 
       await client.del({ ...key, netns: `${dir}/netns-a` });
@@ -83,7 +83,7 @@ Deno.test("GET /metrics carries the phase histograms after an ADD and a DEL", as
       assertMatch(afterDel, /enim_phase_duration_seconds_count\{op="del",phase="move"\} 1/);
       assertMatch(afterDel, /enim_phase_duration_seconds_count\{op="del",phase="provider"\} 1/);
       assertMatch(afterDel, /enim_operations_total\{op="del",result="ok"\} 1/);
-      assertMatch(afterDel, /enim_pool_enis\{state="owned"\} 0/);
+      assertMatch(afterDel, /enim_pool_enis\{profile="default",state="owned"\} 0/);
     } finally {
       abort.abort();
       await running;

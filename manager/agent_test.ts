@@ -7,7 +7,7 @@ import { SocketAgentClient } from "./client.ts";
 import { FakeManager } from "./_fake_manager.ts";
 import { Logger } from "../lib/log.ts";
 import { FakeDeviceLayer } from "../netns/fake.ts";
-import type { Eni, Provider } from "../providers/contract.ts";
+import { defaultProfile, type Eni, type Provider } from "../providers/contract.ts";
 import { withRunDir } from "../tests/_run_dir.ts";
 
 function fakeProvider(closed: string[]): Provider {
@@ -16,7 +16,16 @@ function fakeProvider(closed: string[]): Provider {
     list: () => Promise.resolve([] as Eni[]),
     allocateNextENI: () => Promise.reject(new Error("unused")),
     deallocateENI: () => Promise.resolve(),
-    status: () => Promise.resolve({ name: "mock", free: 0, owned: 0, attachable: 0, details: {} }),
+    status: () =>
+      Promise.resolve({
+        name: "mock",
+        free: 0,
+        owned: 0,
+        attachable: 0,
+        details: {},
+        profiles: {},
+      }),
+    profiles: () => [defaultProfile()],
     close: () => {
       closed.push("provider");
       return Promise.resolve();

@@ -21,11 +21,14 @@
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import {
+  DEFAULT_PROFILE,
   EniSchema,
   IpRangeSchema,
   IpSchema,
   NetworkCidrSchema,
+  ProfileNameSchema,
   routeFamilyCheck,
+  SecurityGroupIdSchema,
 } from "../providers/schema.ts";
 import { CNI_ENV_NAMES, LOG_FILE_ENV, MAX_CALL_STDIN } from "../cni/spec.ts";
 
@@ -100,6 +103,14 @@ export const AddRequestSchema = z.object({
   mtu: z.optional(z.number().check(z.int(), z.minimum(68), z.maximum(65535))),
   /** Whether the pod gets a default route per family via the ENI's gateways (absent: yes). */
   defaultRoutes: z.optional(z.boolean()),
+  /** The profile whose ENI the pod gets (its subnet, groups and pool). */
+  profile: z._default(ProfileNameSchema, DEFAULT_PROFILE),
+  /** Inline security groups: the ENI's groups while the pod owns it (all of one kind). */
+  securityGroupIds: z.optional(
+    z.array(SecurityGroupIdSchema).check(z.minLength(1), z.maxLength(10)),
+  ),
+  /** Whether the pod keeps its ENI through a delete and re-create of the same pod. */
+  sticky: z._default(z.boolean(), false),
 });
 /** POST /v1/add. */
 export type AddRequest = z.input<typeof AddRequestSchema>;
@@ -188,6 +199,14 @@ export const GcItemSchema = z.object({
   action: z.string(),
   outcome: z.enum(["planned", "reclaimed", "failed"]),
   error: z.optional(z.string()),
+  /**
+   * `dead`: the attachment's pod is gone; `orphan`: the provider shows the ENI
+   * owned by an attachment the agent does not know; `hold`: a sticky pod's held
+   * ENI whose hold expired.
+   */
+  kind: z._default(z.enum(["dead", "orphan", "hold"]), "dead"),
+  /** The profile of the ENI (`default` when the agent does not know it). */
+  profile: z._default(z.string(), "default"),
 });
 /** The GC report. */
 export const GcReportSchema = z.object({
@@ -206,12 +225,18 @@ export const AttachmentSchema = z.object({
   network: z.string(),
   netns: z.string(),
   mode: z.enum(["interface", "ipam"]),
-  state: z.enum(["adding", "ready", "recycling", "deleting"]),
+  state: z.enum(["adding", "ready", "recycling", "deleting", "held"]),
   eniId: z.nullable(z.string()),
   mac: z.nullable(z.string()),
   nodeName: z.nullable(z.string()),
   createdAt: z.string(),
   updatedAt: z.string(),
+  /** The profile whose ENI it holds. */
+  profile: z._default(z.string(), "default"),
+  /** Whether the pod keeps its ENI through a delete and re-create. */
+  sticky: z._default(z.boolean(), false),
+  /** Until when a held ENI waits for its pod (state `held`). */
+  holdUntil: z._default(z.nullable(z.string()), null),
 });
 /** A recorded attachment. */
 export type Attachment = z.infer<typeof AttachmentSchema>;
@@ -225,9 +250,26 @@ export const StatusSchema = z.object({
   canAllocate: z.boolean(),
   pool: z.object({
     free: z.number().check(z.int()),
+    /** Owned in the provider: by pods, recycling and held ENIs included. */
     owned: z.number().check(z.int()),
     recycling: z.number().check(z.int()),
+    /** Sticky pods' ENIs held after their DEL. */
+    held: z._default(z.number().check(z.int()), 0),
+    /** How many more ENIs the node can attach (shared by every profile). */
     attachable: z.number().check(z.int()),
+    /** The same counts per profile. */
+    profiles: z._default(
+      z.record(
+        z.string(),
+        z.object({
+          free: z.number().check(z.int()),
+          owned: z.number().check(z.int()),
+          recycling: z.number().check(z.int()),
+          held: z.number().check(z.int()),
+        }),
+      ),
+      {},
+    ),
   }),
   enis: z.array(z.extend(EniSchema, {
     device: z.nullable(z.string()),
@@ -246,6 +288,7 @@ export const API_ERROR_CODES = [
   "ifname_exists",
   "netns_invalid",
   "check_failed",
+  "not_allowed",
   "provider_error",
   "device_error",
   "busy",
@@ -264,6 +307,7 @@ export const HTTP_STATUS: Record<ApiErrorCode, number> = {
   ifname_exists: 409,
   netns_invalid: 400,
   check_failed: 412,
+  not_allowed: 403,
   provider_error: 502,
   device_error: 500,
   busy: 503,

@@ -83,6 +83,18 @@ export const AgentConfigSchema = z.strictObject({
     }),
     {},
   ),
+  /** Sticky pods (`enim.dev/sticky`): how long a deleted pod's ENI waits for it to come back. */
+  sticky: z.prefault(
+    z.strictObject({
+      holdSeconds: z._default(z.number().check(z.positive(), z.maximum(7 * 86_400)), 300),
+    }),
+    {},
+  ),
+  /**
+   * Whether an owned ENI's description in the cloud names its pod and node (set
+   * after the ADD answered, restored when the ENI is freed; one provider call each).
+   */
+  cloudDescriptions: z._default(z.boolean(), true),
   /**
    * How long a starting agent waits for another agent on the node to release the
    * lock beside the state (a DaemonSet's rolling update), before it gives up.

@@ -22,6 +22,10 @@
  *   attachment whose operation holds its lock (reclaim waits for the lock and
  *   re-reads the row).
  *
+ * Sticky pods' held ENIs (state `held`) are no attachment of the runtime: no
+ * liveness source sees them (their netns is gone by design, and a CNI GC list
+ * never names them). The agent's own pass frees each one when its hold expires.
+ *
  * A dry run reads (state, provider list, netns identities) and changes
  * nothing. A reclaim failure is recorded on its row and retried by the next
  * pass; it never stops the pass.
@@ -242,13 +246,25 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<PlanItem[]> {
     ? rows.filter((r) => r.network === req.network && r.state !== "adding")
     : rows.filter((r) => !protectedByGrace(r, now, deps.graceMs));
   const ctx: LivenessContext = { now, graceMs: deps.graceMs, request: req, devices: deps.devices };
+  const attached = candidates.filter((r) => r.state !== "held");
   const verdicts = new Map<string, Verdict[]>();
   for (const src of deps.sources) {
-    const dead = await src.dead(candidates, ctx);
+    const dead = await src.dead(attached, ctx);
     for (const [k, v] of dead) verdicts.set(k, [...(verdicts.get(k) ?? []), v]);
   }
+  if (!cniGc) {
+    for (const r of rows) {
+      if (r.state !== "held" || r.holdUntil === null || r.holdUntil > now) continue;
+      verdicts.set(keyOf(r), [{
+        reason: `the sticky pod "${r.pod}" did not come back before its hold expired at ${
+          new Date(r.holdUntil).toISOString()
+        }`,
+        netnsUsable: false,
+      }]);
+    }
+  }
   const plan: PlanItem[] = [];
-  for (const r of candidates) {
+  for (const r of cniGc ? attached : rows) {
     const vs = verdicts.get(keyOf(r));
     if (!vs) continue;
     const netnsUsable = vs.every((v) => v.netnsUsable !== false);
@@ -267,6 +283,8 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<PlanItem[]> {
         reason: vs.map((v) => v.reason).join("; "),
         action: describeAction(r, netnsUsable),
         outcome: "planned",
+        kind: r.state === "held" ? "hold" : "dead",
+        profile: r.profile,
       },
     });
   }
@@ -289,6 +307,8 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<PlanItem[]> {
         reason: "the provider shows it owned by an attachment the agent does not know",
         action: `find ${e.mac} on the node, scrub it, free ${e.id}`,
         outcome: "planned",
+        kind: "orphan",
+        profile: e.profile,
       },
     });
   }

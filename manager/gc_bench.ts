@@ -7,7 +7,14 @@
  */
 import { DatabaseSync } from "node:sqlite";
 import { nullLogger } from "../lib/log.ts";
-import type { AllocationRequest, Eni, Owner, Provider } from "../providers/contract.ts";
+import {
+  type AllocationRequestInput,
+  defaultProfile,
+  type Eni,
+  makeEni,
+  type Owner,
+  type Provider,
+} from "../providers/contract.ts";
 import { FakeDeviceLayer } from "../netns/fake.ts";
 import { createManager, type Manager } from "./manager.ts";
 
@@ -22,7 +29,7 @@ class FakeProvider implements Provider {
   list() {
     return Promise.resolve([...this.enis.values()]);
   }
-  allocateNextENI(_o: Owner, _r: AllocationRequest): Promise<Eni> {
+  allocateNextENI(_o: Owner, _r: AllocationRequestInput): Promise<Eni> {
     return Promise.reject(new Error("unused"));
   }
   deallocateENI(o: Owner) {
@@ -34,7 +41,17 @@ class FakeProvider implements Provider {
     return Promise.resolve();
   }
   status() {
-    return Promise.resolve({ name: this.name, free: 0, owned: N, attachable: 0, details: {} });
+    return Promise.resolve({
+      name: this.name,
+      free: 0,
+      owned: N,
+      attachable: 0,
+      details: {},
+      profiles: {},
+    });
+  }
+  profiles() {
+    return [defaultProfile()];
   }
   close() {
     return Promise.resolve();
@@ -69,15 +86,18 @@ async function setup(dead = DEAD): Promise<{ mgr: Manager; db: DatabaseSync }> {
     const link = devices.addNodeLink(mac, `ens${i}`);
     await devices.plug({ mac, netns, ifName: "eth0", addresses: [], routes: [] });
     const eniId = `eni-${i}`;
-    provider.enis.set(eniId, {
-      id: eniId,
-      mac,
-      ipv4: null,
-      ipv6: null,
-      subnetId: null,
-      state: "owned",
-      owner: { pod: `ns/pod-${i}`, containerId: `c${i}`, ifName: "eth0" },
-    });
+    provider.enis.set(
+      eniId,
+      makeEni({
+        id: eniId,
+        mac,
+        ipv4: null,
+        ipv6: null,
+        subnetId: null,
+        state: "owned",
+        owner: { pod: `ns/pod-${i}`, containerId: `c${i}`, ifName: "eth0" },
+      }),
+    );
     ins.run(
       `c${i}`,
       `ns/pod-${i}`,

@@ -67,6 +67,8 @@ import { KeyedMutex } from "./mutex.ts";
 import { storageFailure, storageFailureMessage } from "../lib/sqlite.ts";
 import { type CheckLive, checkProblems, type CheckRecord } from "./check.ts";
 import { defaultLivenessSources, type LivenessSource, runGc } from "./gc.ts";
+import { checkChoice } from "./profiles.ts";
+import { Describer, type DescriptionRecorder } from "./descriptions.ts";
 
 /** What {@linkcode createManager} needs. */
 export interface ManagerOptions {
@@ -82,12 +84,21 @@ export interface ManagerOptions {
   /** Liveness sources for GC (default: {@linkcode defaultLivenessSources}). */
   livenessSources?: LivenessSource[];
   /** Where per-phase timings and operation results go (the agent's metrics). */
-  metrics?: PhaseRecorder;
+  metrics?: PhaseRecorder & Partial<DescriptionRecorder>;
+  /** How long a sticky pod's ENI is held for it after its DEL (default 5 minutes). */
+  stickyHoldMs?: number;
+  /**
+   * The node's name in ENI descriptions (`ns/pod on <node>`); null turns the
+   * descriptions off (default: off).
+   */
+  describeAs?: string | null;
 }
 
 /** The manager, with its state store exposed for the agent and tests. */
 export interface Manager extends EniManager {
   readonly state: StateStore;
+  /** Resolves when every queued cloud description has been tried (tests). */
+  descriptionsIdle(): Promise<void>;
 }
 
 /** Creates the ENI manager over a migrated state store in `db`. */
@@ -212,7 +223,9 @@ class ManagerImpl implements Manager {
   readonly #graceMs: number;
   readonly #now: () => number;
   readonly #sources: LivenessSource[];
-  readonly #metrics: PhaseRecorder | undefined;
+  readonly #metrics: (PhaseRecorder & Partial<DescriptionRecorder>) | undefined;
+  readonly #holdMs: number;
+  readonly #describer: Describer | null;
   readonly #locks = new KeyedMutex();
   readonly #inflight = new Set<Promise<unknown>>();
   #closed = false;
@@ -227,6 +240,10 @@ class ManagerImpl implements Manager {
     this.#graceMs = o.gcGraceMs;
     this.#sources = o.livenessSources ?? defaultLivenessSources();
     this.#metrics = o.metrics;
+    this.#holdMs = o.stickyHoldMs ?? 300_000;
+    this.#describer = o.describeAs
+      ? new Describer(o.provider, o.log.child({ op: "describe" }), o.describeAs, o.metrics)
+      : null;
   }
 
   /** Runs one timed operation: reports its phases and result to the metrics and the debug log. */
@@ -309,6 +326,14 @@ class ManagerImpl implements Manager {
         throw this.#apiError(err);
       }
     }
+    // The pod's choice (profile, groups, fixed IPs) against the operator's rules,
+    // before anything is recorded or allocated.
+    checkChoice(this.#provider.profiles(), {
+      namespace: req.pod.namespace,
+      profile: req.profile,
+      securityGroupIds: req.securityGroupIds,
+      ips: req.ips,
+    });
     const owner: Owner = { pod, containerId: req.containerId, ifName: req.ifName };
     const log = this.#log.child({ op: "add", key: keyOf(key), pod });
     // The namespace is proven and held before anything is recorded or allocated: every
@@ -352,16 +377,33 @@ class ManagerImpl implements Manager {
         mode: req.mode,
         netnsDev: identity?.dev ?? null,
         netnsIno: identity?.ino ?? null,
+        profile: req.profile,
+        sticky: req.sticky,
       }));
     let allocating = false;
     try {
+      const held = req.sticky ? await this.#takeOverHeld(req, key, pod, log) : null;
       allocating = true;
       const eni = EniSchema.parse(
-        await t.time(
-          "provider",
-          () => this.#provider.allocateNextENI(owner, { ips: req.ips, ranges: req.ranges }),
-        ),
+        await t.time("provider", () =>
+          this.#provider.allocateNextENI(owner, {
+            ips: req.ips,
+            ranges: req.ranges,
+            profile: req.profile,
+            ...(req.securityGroupIds ? { securityGroupIds: req.securityGroupIds } : {}),
+            ...(held ? { takeOver: ownerOf(held) } : {}),
+          })),
       );
+      if (held && held.eniId !== eni.id) {
+        // The held ENI could not be given back (gone from the cloud): free what is left of it.
+        log.warn("The sticky pod's held ENI could not be taken over; it got another", {
+          held: held.eniId,
+          eniId: eni.id,
+        });
+        await this.#provider.deallocateENI(ownerOf(held)).catch((err) =>
+          log.warn("Freeing the held ENI failed; GC frees it", { error: message(err) })
+        );
+      }
       const holder = this.state.byEni(eni.id);
       if (holder && keyOf(holder) !== keyOf(key)) {
         throw new ApiError(
@@ -388,7 +430,15 @@ class ManagerImpl implements Manager {
         for (const r of recycled) {
           log.info("Older container's ENI enters recycling", { recycled: keyOf(r) });
         }
-        log.info("ADD done", { eniId: eni.id, mac: eni.mac, mode: req.mode });
+        log.info("ADD done", {
+          eniId: eni.id,
+          mac: eni.mac,
+          mode: req.mode,
+          ...(req.profile !== "default" ? { profile: req.profile } : {}),
+          ...(held?.eniId === eni.id ? { keptFrom: keyOf(held) } : {}),
+        });
+        // After the answer, never before it: the cloud shows whose ENI this is.
+        queueMicrotask(() => this.#describer?.owned(eni.id, pod));
         return result;
       });
     } catch (err) {
@@ -408,6 +458,36 @@ class ManagerImpl implements Manager {
       }
       throw apiErr;
     }
+  }
+
+  /**
+   * A sticky pod's comeback: the ENI its previous container left `held` becomes
+   * this attachment's. Under the held row's lock, one transaction deletes it and
+   * records its ENI on this `adding` row, so a crash before the provider call is
+   * rolled back like any ADD (reconcile then frees the ENI as an orphan) and GC
+   * can no longer expire it. A hold of another profile is left to expire.
+   */
+  async #takeOverHeld(
+    req: AddInput,
+    key: AttachmentKey,
+    pod: string,
+    log: Logger,
+  ): Promise<AttachmentRow | null> {
+    const candidate = this.state.heldFor(pod, req.ifName);
+    if (!candidate) return null;
+    if (candidate.profile !== req.profile) {
+      log.info("The pod's held ENI is of another profile; it waits for its hold to expire", {
+        held: candidate.eniId,
+        heldProfile: candidate.profile,
+        profile: req.profile,
+      });
+      return null;
+    }
+    return await this.#locks.run(`att:${keyOf(candidate)}`, () => {
+      const held = this.state.takeOver(candidate, key);
+      if (held) log.info("Taking back the sticky pod's held ENI", { eniId: held.eniId });
+      return Promise.resolve(held);
+    });
   }
 
   /**
@@ -558,7 +638,13 @@ class ManagerImpl implements Manager {
    */
   async #release(
     row: AttachmentRow,
-    o: { netnsUsable: boolean; skipProvider?: boolean; leaveCallerDevice?: boolean },
+    o: {
+      netnsUsable: boolean;
+      skipProvider?: boolean;
+      leaveCallerDevice?: boolean;
+      /** A sticky pod's DEL: the device comes back, the ENI stays its pod's until then. */
+      holdUntil?: number;
+    },
     t: OpTimer = new OpTimer(),
   ): Promise<void> {
     const key: AttachmentKey = { containerId: row.containerId, ifName: row.ifName };
@@ -611,10 +697,15 @@ class ManagerImpl implements Manager {
           }
         });
       }
+      if (o.holdUntil !== undefined && row.eniId && row.result) {
+        t.sync("state_write", () => this.state.markHeld(key, o.holdUntil!));
+        return;
+      }
       if (!o.skipProvider) {
         await t.time("provider", () => this.#provider.deallocateENI(ownerOf(row)));
       }
       t.sync("state_write", () => this.state.delete(key));
+      if (row.eniId && !o.skipProvider) this.#describer?.freed(row.eniId);
     } catch (err) {
       t.sync("state_write", () => this.state.recordFailure(key, message(err)));
       throw err;
@@ -719,9 +810,23 @@ class ManagerImpl implements Manager {
       this.#log.debug("DEL of an unknown attachment: nothing to do", { key: keyOf(req) });
       return;
     }
+    if (row.state === "held") {
+      this.#log.debug("DEL of a held attachment: done already", { key: keyOf(req) });
+      return;
+    }
+    // A sticky pod keeps its ENI for a while: it comes back with its next container.
+    const hold = row.sticky && row.state === "ready" && row.result !== null;
     try {
-      await this.#release(row, { netnsUsable: true, leaveCallerDevice: true }, t);
-      this.#log.info("DEL done", { key: keyOf(req), eniId: row.eniId });
+      await this.#release(row, {
+        netnsUsable: true,
+        leaveCallerDevice: true,
+        ...(hold ? { holdUntil: this.#now() + this.#holdMs } : {}),
+      }, t);
+      this.#log.info(hold ? "DEL done; the ENI is held for the sticky pod" : "DEL done", {
+        key: keyOf(req),
+        eniId: row.eniId,
+        ...(hold ? { holdSeconds: Math.round(this.#holdMs / 1000) } : {}),
+      });
     } catch (err) {
       const apiErr = this.#apiError(err);
       // A DEL answers success only when what it did is recorded. The state could not be
@@ -799,6 +904,7 @@ class ManagerImpl implements Manager {
       const report = await this.#gc(req);
       for (const i of report.items) {
         if (i.outcome !== "planned") this.#metrics?.gcReclaim(i.outcome);
+        if (i.kind === "hold" && i.outcome === "reclaimed") this.#metrics?.holdExpired?.(i.profile);
       }
       return report;
     });
@@ -896,7 +1002,7 @@ class ManagerImpl implements Manager {
     }
     const byId = new Map(enis.map((e) => [e.id, e]));
     for (const r of rows.values()) {
-      if (r.state !== "ready" && r.state !== "recycling") continue;
+      if (r.state !== "ready" && r.state !== "recycling" && r.state !== "held") continue;
       const e = r.eniId ? byId.get(r.eniId) : undefined;
       if (!e?.owner || keyOf(e.owner) !== keyOf(r)) {
         report.errors.push(
@@ -925,6 +1031,20 @@ class ManagerImpl implements Manager {
       if (!r) device = (await this.#devices.findByMac(e.mac).catch(() => null))?.ifname ?? null;
       out.push({ ...e, device, attachment: r ? toAttachment(r) : null });
     }
+    const profiles: Status["pool"]["profiles"] = {};
+    const names = new Set([
+      ...this.#provider.profiles().map((p) => p.name),
+      ...Object.keys(ps.profiles),
+    ]);
+    for (const name of names) {
+      const mine = rows.filter((r) => r.profile === name);
+      profiles[name] = {
+        free: ps.profiles[name]?.free ?? 0,
+        owned: ps.profiles[name]?.owned ?? 0,
+        recycling: mine.filter((r) => r.state === "recycling").length,
+        held: mine.filter((r) => r.state === "held").length,
+      };
+    }
     return {
       version: VERSION,
       provider: this.#provider.name,
@@ -934,7 +1054,9 @@ class ManagerImpl implements Manager {
         free: ps.free,
         owned: ps.owned,
         recycling: rows.filter((r) => r.state === "recycling").length,
+        held: rows.filter((r) => r.state === "held").length,
         attachable: ps.attachable,
+        profiles,
       },
       enis: out,
     };
@@ -951,5 +1073,11 @@ class ManagerImpl implements Manager {
   async close(): Promise<void> {
     this.#closed = true;
     await Promise.allSettled([...this.#inflight]);
+    await this.#describer?.idle();
+  }
+
+  /** Resolves when every queued cloud description has been tried (tests). */
+  descriptionsIdle(): Promise<void> {
+    return this.#describer?.idle() ?? Promise.resolve();
   }
 }

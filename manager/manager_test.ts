@@ -420,7 +420,14 @@ Deno.test("status() reports pool counts, readiness and ENIs with devices and att
     const st = StatusSchema.parse(await n.mgr.status());
     assertEquals(st.ready, true);
     assertEquals(st.provider, "mock");
-    assertEquals(st.pool, { free: 1, owned: 1, recycling: 0, attachable: 1 });
+    assertEquals(st.pool, {
+      free: 1,
+      owned: 1,
+      recycling: 0,
+      held: 0,
+      attachable: 1,
+      profiles: { default: { free: 1, owned: 1, recycling: 0, held: 0 } },
+    });
     assertEquals(st.canAllocate, true);
     const e = st.enis.find((x) => x.id === a.eniId)!;
     assertEquals([e.device, e.attachment?.containerId], [a.nodeName, "c1"]);

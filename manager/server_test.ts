@@ -135,7 +135,15 @@ Deno.test("bad requests get a 400 naming the field and never reach the manager",
   for (const [what, path, body, message] of BAD) {
     await t.step(what, async () => {
       const m = new FakeManager();
-      await m.add({ ...ADD, mode: "interface", ips: [], ranges: [], routes: [] });
+      await m.add({
+        ...ADD,
+        mode: "interface",
+        ips: [],
+        ranges: [],
+        routes: [],
+        profile: "default",
+        sticky: false,
+      });
       const before = m.dump();
       const callsBefore = m.calls.length;
       const res = await createHandler({ manager: m })(post(path, body, true));

@@ -11,17 +11,19 @@
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import type { DatabaseSync } from "node:sqlite";
-import { prepared, transaction } from "../lib/sqlite.ts";
+import { migrateComponent, type Migration, prepared, transaction } from "../lib/sqlite.ts";
 import type { Attachment } from "./api_schema.ts";
 
-/** The attachment states: the intent (adding, deleting) or the outcome (ready, recycling). */
-export const AttachmentStateSchema = z.enum(["adding", "ready", "recycling", "deleting"]);
+/**
+ * The attachment states: the intent (adding, deleting) or the outcome (ready,
+ * recycling; held: a sticky pod's ENI kept for it after its DEL, device on the node).
+ */
+export const AttachmentStateSchema = z.enum(["adding", "ready", "recycling", "deleting", "held"]);
 /** An attachment state. */
 export type AttachmentState = z.infer<typeof AttachmentStateSchema>;
 
-/** Migrations, in order: index i brings the schema to version i + 1. */
-const MIGRATIONS: string[] = [
-  `CREATE TABLE attachments (
+/** The first schema (version 1), as agents before per-component versions made it. */
+const V1 = `CREATE TABLE attachments (
     container_id TEXT NOT NULL,
     if_name TEXT NOT NULL,
     pod TEXT NOT NULL,
@@ -46,6 +48,57 @@ const MIGRATIONS: string[] = [
     CHECK (state NOT IN ('ready', 'recycling') OR (eni_id IS NOT NULL AND result IS NOT NULL)),
     CHECK (state <> 'recycling' OR recycle_since IS NOT NULL)
   );
+  CREATE UNIQUE INDEX attachments_eni ON attachments (eni_id) WHERE eni_id IS NOT NULL;
+  CREATE INDEX attachments_pod ON attachments (pod);
+  CREATE INDEX attachments_state ON attachments (state);`;
+
+/** Migrations of the `state` component, in order: index i brings it to version i + 1. */
+const MIGRATIONS: Migration[] = [
+  (db) => {
+    // Databases of earlier agents recorded version 1 in `enim_schema`.
+    const legacy = db.prepare(
+      "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'enim_schema'",
+    ).get();
+    if (!legacy) db.exec(V1);
+  },
+  // Profiles and sticky holds: the table is rebuilt (SQLite cannot change a CHECK).
+  `CREATE TABLE attachments_v2 (
+    container_id TEXT NOT NULL,
+    if_name TEXT NOT NULL,
+    pod TEXT NOT NULL,
+    pod_uid TEXT,
+    network TEXT NOT NULL,
+    netns TEXT NOT NULL,
+    netns_dev INTEGER,
+    netns_ino INTEGER,
+    mode TEXT NOT NULL CHECK (mode IN ('interface', 'ipam')),
+    state TEXT NOT NULL CHECK (state IN ('adding', 'ready', 'recycling', 'deleting', 'held')),
+    eni_id TEXT,
+    mac TEXT,
+    node_name TEXT,
+    ifindex INTEGER,
+    result TEXT,
+    recycle_since INTEGER,
+    gc_failures INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    profile TEXT NOT NULL DEFAULT 'default',
+    sticky INTEGER NOT NULL DEFAULT 0 CHECK (sticky IN (0, 1)),
+    hold_until INTEGER,
+    PRIMARY KEY (container_id, if_name),
+    CHECK (state NOT IN ('ready', 'recycling', 'held') OR (eni_id IS NOT NULL AND result IS NOT NULL)),
+    CHECK (state <> 'recycling' OR recycle_since IS NOT NULL),
+    CHECK (state <> 'held' OR hold_until IS NOT NULL)
+  );
+  INSERT INTO attachments_v2 (container_id, if_name, pod, pod_uid, network, netns, netns_dev,
+    netns_ino, mode, state, eni_id, mac, node_name, ifindex, result, recycle_since, gc_failures,
+    last_error, created_at, updated_at)
+    SELECT container_id, if_name, pod, pod_uid, network, netns, netns_dev, netns_ino, mode, state,
+      eni_id, mac, node_name, ifindex, result, recycle_since, gc_failures, last_error, created_at,
+      updated_at FROM attachments;
+  DROP TABLE attachments;
+  ALTER TABLE attachments_v2 RENAME TO attachments;
   CREATE UNIQUE INDEX attachments_eni ON attachments (eni_id) WHERE eni_id IS NOT NULL;
   CREATE INDEX attachments_pod ON attachments (pod);
   CREATE INDEX attachments_state ON attachments (state);`,
@@ -76,6 +129,12 @@ export const AttachmentRowSchema = z.object({
   lastError: z.nullable(z.string()),
   createdAt: z.number(),
   updatedAt: z.number(),
+  /** The profile whose ENI it holds. */
+  profile: z.string(),
+  /** Whether its pod asked to keep its ENI through a delete and re-create. */
+  sticky: z.pipe(z.number(), z.transform((n) => n === 1)),
+  /** When a held ENI goes back to the pool (state `held`). */
+  holdUntil: z.nullable(z.number()),
 });
 /** A row of `attachments`. */
 export type AttachmentRow = z.infer<typeof AttachmentRowSchema>;
@@ -112,6 +171,9 @@ const COLUMNS: Record<keyof AttachmentRow, string> = {
   lastError: "last_error",
   createdAt: "created_at",
   updatedAt: "updated_at",
+  profile: "profile",
+  sticky: "sticky",
+  holdUntil: "hold_until",
 };
 const SELECT = `SELECT ${
   Object.entries(COLUMNS).map(([k, c]) => `${c} AS "${k}"`).join(", ")
@@ -129,9 +191,13 @@ export interface NewAttachment {
   /** The netns file's identity, when known at intent time. */
   netnsDev?: number | null;
   netnsIno?: number | null;
+  profile?: string;
+  sticky?: boolean;
 }
 
-type Patch = Partial<Omit<AttachmentRow, "containerId" | "ifName" | "createdAt" | "updatedAt">>;
+type Patch = Partial<
+  Omit<AttachmentRow, "containerId" | "ifName" | "createdAt" | "updatedAt" | "sticky">
+>;
 
 /** The state store. Create it with {@linkcode StateStore.open}. */
 export class StateStore {
@@ -195,8 +261,8 @@ export class StateStore {
       prepared(
         this.db,
         `INSERT INTO attachments (container_id, if_name, pod, pod_uid, network, netns, netns_dev,
-           netns_ino, mode, state, created_at, updated_at)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'adding', ?, ?)`,
+           netns_ino, mode, state, created_at, updated_at, profile, sticky)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'adding', ?, ?, ?, ?)`,
       ).run(
         a.containerId,
         a.ifName,
@@ -209,6 +275,8 @@ export class StateStore {
         a.mode,
         now,
         now,
+        a.profile ?? "default",
+        a.sticky ? 1 : 0,
       );
     });
     return this.get(a)!;
@@ -254,6 +322,41 @@ export class StateStore {
     });
   }
 
+  /**
+   * The ENI a sticky pod left behind for this interface: its `held` row, if any
+   * (one per pod and interface name).
+   */
+  heldFor(pod: string, ifName: string): AttachmentRow | null {
+    return this.#rows(
+      "WHERE pod = ? AND if_name = ? AND state = 'held' ORDER BY updated_at DESC",
+      pod,
+      ifName,
+    )[0] ??
+      null;
+  }
+
+  /**
+   * A sticky pod's comeback, in one transaction: the `held` row goes, and the
+   * `adding` row `k` records its ENI, MAC and node name (the ENI is then given to
+   * `k`'s owner in the provider). Returns the held row, or null when it is no
+   * longer held (GC freed it meanwhile).
+   */
+  takeOver(held: AttachmentKey, k: AttachmentKey): AttachmentRow | null {
+    return transaction(this.db, () => {
+      const h = this.get(held);
+      if (!h || h.state !== "held") return null;
+      prepared(this.db, "DELETE FROM attachments WHERE container_id = ? AND if_name = ?")
+        .run(held.containerId, held.ifName);
+      this.#update(k, { eniId: h.eniId, mac: h.mac, nodeName: h.nodeName });
+      return h;
+    });
+  }
+
+  /** Records a DEL of a sticky pod: the ENI stays its pod's until `holdUntil`. */
+  markHeld(k: AttachmentKey, holdUntil: number): void {
+    transaction(this.db, () => this.#update(k, { state: "held", holdUntil, lastError: null }));
+  }
+
   /** Records a failure of a reclaim or release on the row. */
   recordFailure(k: AttachmentKey, error: string): void {
     transaction(this.db, () => {
@@ -295,31 +398,20 @@ export function toAttachment(r: AttachmentRow): Attachment {
     nodeName: r.nodeName,
     createdAt: new Date(r.createdAt).toISOString(),
     updatedAt: new Date(r.updatedAt).toISOString(),
+    profile: r.profile,
+    sticky: r.sticky,
+    holdUntil: r.holdUntil === null ? null : new Date(r.holdUntil).toISOString(),
   };
 }
 
 function schemaVersion(db: DatabaseSync): number {
-  const row = db.prepare("SELECT max(version) AS v FROM enim_schema").get() as
-    | { v: number | null }
-    | undefined;
+  const row = db.prepare(
+    "SELECT max(version) AS v FROM enim_migrations WHERE component = 'state'",
+  ).get() as { v: number | null } | undefined;
   return row?.v ?? 0;
 }
 
 /** Brings `db` to the current schema: every pending migration in one transaction. */
 export function migrate(db: DatabaseSync, now: () => number = Date.now): void {
-  db.exec(
-    "CREATE TABLE IF NOT EXISTS enim_schema (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
-  );
-  transaction(db, () => {
-    const v = schemaVersion(db);
-    if (v > MIGRATIONS.length) {
-      throw new Error(
-        `The state database has schema version ${v}; this enim knows up to ${MIGRATIONS.length}`,
-      );
-    }
-    for (let i = v; i < MIGRATIONS.length; i++) {
-      db.exec(MIGRATIONS[i]);
-      db.prepare("INSERT INTO enim_schema (version, applied_at) VALUES (?, ?)").run(i + 1, now());
-    }
-  });
+  migrateComponent(db, "state", MIGRATIONS, now);
 }

@@ -42,8 +42,9 @@ Deno.test("StateStore migrates a database file once and reopens it idempotently"
       const again = StateStore.open(db);
       assertEquals(again.version(), SCHEMA_VERSION);
       assertEquals(
-        (db.prepare("SELECT count(*) AS n FROM enim_schema").get() as { n: number }).n,
-        1,
+        (db.prepare("SELECT count(*) AS n FROM enim_migrations WHERE component = 'state'")
+          .get() as { n: number }).n,
+        SCHEMA_VERSION,
       );
       assertEquals(again.get(A)?.state, "adding");
       db.close();
@@ -55,9 +56,46 @@ Deno.test("StateStore refuses a database from a newer enim", () =>
     const db = openDatabase(path);
     try {
       StateStore.open(db);
-      db.prepare("INSERT INTO enim_schema VALUES (?, 0)").run(SCHEMA_VERSION + 1);
+      db.prepare("INSERT INTO enim_migrations VALUES ('state', ?, 0)").run(SCHEMA_VERSION + 1);
       const e = assertThrows(() => StateStore.open(db));
       assert(/schema version/.test(e.message), e.message);
+    } finally {
+      db.close();
+    }
+  }));
+
+Deno.test("StateStore takes over a database of an agent before profiles, rows kept", () =>
+  withDbFile((path) => {
+    const db = openDatabase(path);
+    try {
+      // What agents before per-component versions left: enim_schema v1 and its table.
+      db.exec(`CREATE TABLE enim_schema (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL);
+        INSERT INTO enim_schema VALUES (1, 0);
+        CREATE TABLE attachments (
+          container_id TEXT NOT NULL, if_name TEXT NOT NULL, pod TEXT NOT NULL, pod_uid TEXT,
+          network TEXT NOT NULL, netns TEXT NOT NULL, netns_dev INTEGER, netns_ino INTEGER,
+          mode TEXT NOT NULL CHECK (mode IN ('interface', 'ipam')),
+          state TEXT NOT NULL CHECK (state IN ('adding', 'ready', 'recycling', 'deleting')),
+          eni_id TEXT, mac TEXT, node_name TEXT, ifindex INTEGER, result TEXT,
+          recycle_since INTEGER, gc_failures INTEGER NOT NULL DEFAULT 0, last_error TEXT,
+          created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL,
+          PRIMARY KEY (container_id, if_name));
+        INSERT INTO attachments (container_id, if_name, pod, network, netns, mode, state, eni_id,
+          mac, result, created_at, updated_at)
+          VALUES ('c1', 'eth0', 'default/web-0', 'enim', '/run/netns/p1', 'interface', 'ready',
+          'eni-1', '02:00:00:00:00:01', '{}', 5, 5);`);
+      const s = StateStore.open(db);
+      assertEquals(s.version(), SCHEMA_VERSION);
+      const row = s.get(A)!;
+      assertEquals([row.state, row.eniId, row.profile, row.sticky, row.holdUntil], [
+        "ready",
+        "eni-1",
+        "default",
+        false,
+        null,
+      ]);
+      s.markHeld(A, 99);
+      assertEquals(s.get(A)?.state, "held", "the new state is allowed after the rebuild");
     } finally {
       db.close();
     }

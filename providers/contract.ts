@@ -9,7 +9,16 @@
  */
 import type * as z from "zod/mini";
 import { inRange, normalizeIp } from "../lib/ip.ts";
-import type { AllocationRequest, Eni, IpRange, Owner, ProviderStatus } from "./schema.ts";
+import { DEFAULT_PROFILE } from "./schema.ts";
+import type {
+  AllocationRequest,
+  AllocationRequestInput,
+  Eni,
+  IpRange,
+  Owner,
+  ProfileInfo,
+  ProviderStatus,
+} from "./schema.ts";
 
 export * from "./schema.ts";
 import type { DatabaseSync } from "node:sqlite";
@@ -58,11 +67,23 @@ export interface Provider {
    * to two owners, whatever runs concurrently. Throws {@linkcode ProviderError}
    * with reason `no_eni_available` or `requested_ip_unavailable` when it cannot.
    */
-  allocateNextENI(owner: Owner, request: AllocationRequest): Promise<Eni>;
+  allocateNextENI(owner: Owner, request: AllocationRequestInput): Promise<Eni>;
   /** Frees what `owner` holds; succeeds when it holds nothing. */
   deallocateENI(owner: Owner): Promise<void>;
   /** Pool counts for STATUS and `enim status`. */
   status(): Promise<ProviderStatus>;
+  /**
+   * The profiles this provider runs (`default` first): their subnets, groups and
+   * who may use them. Read at each ADD to check the pod's choice before anything
+   * is allocated; resolved when the provider is created.
+   */
+  profiles(): ProfileInfo[];
+  /**
+   * Shows who owns an ENI in the cloud (its description): `text` names the pod and
+   * the node while one owns it; null restores the provider's own description.
+   * Called after an ADD has answered (never delaying it). Optional.
+   */
+  describeENI?(eniId: string, text: string | null): Promise<void>;
   /**
    * Makes the device of an attached ENI reappear on the node after it vanished
    * (the manager calls it when a released device is found nowhere). Optional: the
@@ -84,6 +105,19 @@ export interface ProviderModule<C = unknown> {
    */
   configSchema: z.core.$ZodType<C>;
   create(config: C, ctx: ProviderContext): Promise<Provider>;
+}
+
+/** A profile with no subnet known and no rules: what a provider without profiles runs. */
+export function defaultProfile(over: Partial<ProfileInfo> = {}): ProfileInfo {
+  return {
+    name: DEFAULT_PROFILE,
+    subnets: {},
+    securityGroupIds: [],
+    enterpriseSecurityGroupIds: [],
+    namespaces: null,
+    allowedSecurityGroupIds: [],
+    ...over,
+  };
 }
 
 /** Whether an IP lies in `subnet` (CIDR) and, when given, between rangeStart and rangeEnd. */

@@ -9,7 +9,7 @@
  * @module
  */
 import {
-  type AllocationRequest,
+  type AllocationRequestInput,
   type Eni,
   EniSchema,
   type Owner,
@@ -25,7 +25,7 @@ export interface ProviderUnderTest {
   cleanup: () => Promise<void>;
 }
 
-const ANY: AllocationRequest = { ips: [], ranges: [] };
+const ANY: AllocationRequestInput = { ips: [], ranges: [] };
 
 function owner(i: number, c = "c"): Owner {
   return { pod: `ns/pod-${i}`, containerId: `${c}${i}`, ifName: "eth0" };

@@ -56,6 +56,33 @@ export const OwnerSchema = z.object({
 /** Who holds an ENI. */
 export type Owner = z.infer<typeof OwnerSchema>;
 
+/** The profile every provider has: its top-level settings, and what a pod gets by default. */
+export const DEFAULT_PROFILE = "default";
+
+/** A profile's name: a DNS label (it travels in pod annotations and CNI_ARGS). */
+export const ProfileNameSchema = z.string().check(
+  z.regex(
+    /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/,
+    "Expected a profile name: lower-case letters, digits and '-', at most 63",
+  ),
+);
+
+/**
+ * A security group id as BCE writes them: `g-…` for a regular group, `esg-…` for
+ * an enterprise one (the mock uses the same forms).
+ */
+export const SecurityGroupIdSchema = z.string().check(
+  z.regex(
+    /^(g|esg)-[A-Za-z0-9]{1,63}$/,
+    'Expected a security group id such as "g-SY5smEG9" (regular) or "esg-4k9u2z1q" (enterprise)',
+  ),
+);
+
+/** Whether a security group id names an enterprise group. */
+export function isEnterpriseGroup(id: string): boolean {
+  return id.startsWith("esg-");
+}
+
 /** An ENI as the provider reports it. */
 export const EniSchema = z.object({
   /** The cloud's id (`eni-…`). */
@@ -69,9 +96,36 @@ export const EniSchema = z.object({
   /** `free`: attached to this node and available; `owned`: assigned to {@linkcode Owner}. */
   state: z.enum(["free", "owned"]),
   owner: z.nullable(OwnerSchema),
+  /** The profile the ENI belongs to (its subnet and default groups). */
+  profile: z._default(z.string(), DEFAULT_PROFILE),
+  /** The groups the cloud reports on the ENI now (a pod's inline groups while it owns it). */
+  securityGroupIds: z._default(z.array(z.string()), []),
+  enterpriseSecurityGroupIds: z._default(z.array(z.string()), []),
+  /** The description the cloud shows (the owning pod while one owns it), when known. */
+  description: z._default(z.nullable(z.string()), null),
+  /**
+   * `lost`: the cloud no longer has the ENI (deleted out of band) while a pod owns
+   * it; the pod keeps a device whose ENI is gone, and DEL or GC forgets it.
+   */
+  cloudState: z._default(z.enum(["ok", "lost"]), "ok"),
 });
 /** An ENI as the provider reports it. */
 export type Eni = z.infer<typeof EniSchema>;
+/** An ENI as a provider may write it (the fields with defaults optional). */
+export type EniInput = z.input<typeof EniSchema>;
+
+/** An ENI from a provider's own (trusted) values: the defaults filled in, nothing parsed. */
+export function makeEni(e: EniInput): Eni {
+  return {
+    subnetId: null,
+    profile: DEFAULT_PROFILE,
+    securityGroupIds: [],
+    enterpriseSecurityGroupIds: [],
+    description: null,
+    cloudState: "ok",
+    ...e,
+  } as Eni;
+}
 
 /**
  * A network prefix: `addr/len` of either family, with its host bits clear
@@ -112,13 +166,54 @@ export type IpRange = z.infer<typeof IpRangeSchema>;
 
 /** What an ADD asks for beyond "any ENI". */
 export const AllocationRequestSchema = z.object({
-  /** Specific IPs (from `args.cni.ips` or `IP=`): the ENI must carry one of them. */
+  /**
+   * Specific IPs (a fixed IP: `enim.dev/ip`, `args.cni.ips`, `IP=`): the ENI must
+   * carry every one. A provider that can creates an ENI with them in the profile's
+   * subnet when no pooled ENI carries them.
+   */
   ips: z._default(z.array(IpSchema), []),
   /** Range sets (the `ipRanges` capability): the ENI's address must fall in one range of each set. */
   ranges: z._default(z.array(z.array(IpRangeSchema)), []),
+  /** The profile whose subnet and groups the ENI has (the manager checked the pod may use it). */
+  profile: z._default(ProfileNameSchema, DEFAULT_PROFILE),
+  /**
+   * Inline security groups: the ENI's groups are replaced by these while `owner`
+   * holds it, and the profile's restored when it is freed. All of one kind
+   * (all `g-…` or all `esg-…`).
+   */
+  securityGroupIds: z.optional(z.array(SecurityGroupIdSchema)),
+  /**
+   * A sticky pod's comeback: the ENI `takeOver` holds (the pod's previous
+   * container, kept through its DEL) goes to `owner`. When it holds none any more,
+   * an ENI is allocated as usual.
+   */
+  takeOver: z.optional(OwnerSchema),
 });
 /** What an ADD asks for. */
 export type AllocationRequest = z.infer<typeof AllocationRequestSchema>;
+/** What an ADD asks for, as a caller may write it (`profile` defaults to `default`). */
+export type AllocationRequestInput = z.input<typeof AllocationRequestSchema>;
+
+/** A profile as the provider runs it: what the manager checks a pod's choice against. */
+export const ProfileInfoSchema = z.object({
+  name: ProfileNameSchema,
+  /** The profile's subnets (a requested IP must lie in the one of its family). */
+  subnets: z.object({ ipv4: z.optional(z.string()), ipv6: z.optional(z.string()) }),
+  securityGroupIds: z.array(z.string()),
+  enterpriseSecurityGroupIds: z.array(z.string()),
+  /** The Kubernetes namespaces whose pods may use it; null: every namespace. */
+  namespaces: z.nullable(z.array(z.string())),
+  /** The groups a pod of this profile may name inline (empty: inline groups are off). */
+  allowedSecurityGroupIds: z.array(z.string()),
+});
+/** A profile as the provider runs it. */
+export type ProfileInfo = z.infer<typeof ProfileInfoSchema>;
+
+/** One profile's pool. */
+export const ProfilePoolSchema = z.object({
+  free: z.number().check(z.int(), z.minimum(0)),
+  owned: z.number().check(z.int(), z.minimum(0)),
+});
 
 /** Pool counts a provider reports. */
 export const ProviderStatusSchema = z.object({
@@ -131,9 +226,13 @@ export const ProviderStatusSchema = z.object({
   attachable: z.number().check(z.int(), z.minimum(0)),
   /** Provider-specific details for `enim status`. */
   details: z._default(z.record(z.string(), z.unknown()), {}),
+  /** The pool of each profile (the node limit is shared by all). */
+  profiles: z._default(z.record(z.string(), ProfilePoolSchema), {}),
 });
 /** Pool counts a provider reports. */
 export type ProviderStatus = z.infer<typeof ProviderStatusSchema>;
+/** Pool counts as a provider may write them. */
+export type ProviderStatusInput = z.input<typeof ProviderStatusSchema>;
 
 /** Why a provider call failed, as far as the manager and the CNI side care. */
 export type ProviderErrorReason =

@@ -29,7 +29,7 @@ import ipaddr from "ipaddr.js";
 import { z } from "zod";
 // The official SDK's signer (CommonJS, untyped): the fake's check owes nothing to enim's signer.
 import SdkAuth from "@baiducloud/sdk/src/auth.js";
-import type { Eni } from "../providers/contract.ts";
+import { type Eni, makeEni } from "../providers/contract.ts";
 
 /**
  * The error codes the fake answers with, and where each comes from.
@@ -866,7 +866,7 @@ export function toContractEni(subnets: FakeSubnet[], eni: FakeEni): Eni {
       gateway: ipaddr.fromByteArray(b).toString(),
     };
   };
-  return {
+  return makeEni({
     id: eni.eniId,
     mac: eni.macAddress,
     ipv4: addr(eni.privateIpSet, subnet?.cidr),
@@ -874,7 +874,7 @@ export function toContractEni(subnets: FakeSubnet[], eni: FakeEni): Eni {
     subnetId: eni.subnetId,
     state: "free",
     owner: null,
-  };
+  });
 }
 
 function json(status: number, body: unknown): Response {

@@ -32,7 +32,7 @@ import {
   VethDeviceSimulator,
 } from "../netns/sim.ts";
 import type { AddressSpec } from "../netns/types.ts";
-import type { Eni } from "../providers/contract.ts";
+import { type Eni, makeEni } from "../providers/contract.ts";
 import { lazyTool } from "../scripts/_deps.ts";
 
 /** A named network namespace and its path. */
@@ -175,7 +175,7 @@ export class SimulatedVpc implements AsyncDisposable {
       s
         ? { address: hostAddress(s.net, n), prefixLength: s.prefixLength, gateway: s.gateway }
         : null;
-    return {
+    return makeEni({
       id: `eni-${rand.join("")}${n.toString().padStart(4, "0")}`,
       mac,
       ipv4: addr(this.#v4),
@@ -183,7 +183,7 @@ export class SimulatedVpc implements AsyncDisposable {
       subnetId: "sbn-sim",
       state: "free",
       owner: null,
-    };
+    });
   }
 
   /** Makes the ENI's device appear in the node namespace (idempotent). */

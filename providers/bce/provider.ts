@@ -31,13 +31,17 @@
 import ipaddr from "ipaddr.js";
 import {
   type AllocationRequest,
+  type AllocationRequestInput,
   AllocationRequestSchema,
+  DEFAULT_PROFILE,
+  defaultProfile,
   type Eni,
   type EniAddress,
   EniAddressSchema,
   eniMatches,
   type Owner,
   OwnerSchema,
+  type ProfileInfo,
   type Provider,
   type ProviderContext,
   ProviderError,
@@ -192,7 +196,7 @@ export class BceProvider implements Provider {
     return Promise.resolve(this.#store.rows().map((r) => this.#toEni(r)));
   }
 
-  async allocateNextENI(owner: Owner, request: AllocationRequest): Promise<Eni> {
+  async allocateNextENI(owner: Owner, request: AllocationRequestInput): Promise<Eni> {
     const o = OwnerSchema.parse(owner);
     const req = AllocationRequestSchema.parse(request);
     const key = ownerKey(o);
@@ -238,6 +242,19 @@ export class BceProvider implements Provider {
     if (this.#store.freeRows().length > this.#o.warmPool.maxIdle) this.#kick();
   }
 
+  /** One profile for now: the provider's own subnet and groups, open to every namespace. */
+  profiles(): ProfileInfo[] {
+    return [defaultProfile({
+      subnets: {
+        ...(this.#o.subnetCidrs?.[this.#o.subnetId]
+          ? { ipv4: this.#o.subnetCidrs[this.#o.subnetId] }
+          : {}),
+      },
+      securityGroupIds: [...this.#o.securityGroupIds],
+      enterpriseSecurityGroupIds: [...this.#o.enterpriseSecurityGroupIds],
+    })];
+  }
+
   status(): Promise<ProviderStatus> {
     const rows = this.#store.rows();
     const lost = rows.filter((r) => r.lost_reason !== null);
@@ -250,6 +267,7 @@ export class BceProvider implements Provider {
       free: rows.length - owned,
       owned,
       attachable: Math.max(0, this.#limit.max - this.#slotsUsed()),
+      profiles: { [DEFAULT_PROFILE]: { free: rows.length - owned, owned } },
       details: {
         instanceId: this.#o.instanceId,
         maxEnisPerNode: this.#limit.max,
@@ -1184,6 +1202,11 @@ export class BceProvider implements Provider {
       subnetId: d.subnetId || null,
       state: owner ? "owned" : "free",
       owner,
+      profile: DEFAULT_PROFILE,
+      securityGroupIds: d.securityGroupIds ?? [],
+      enterpriseSecurityGroupIds: d.enterpriseSecurityGroupIds ?? [],
+      description: d.description ?? null,
+      cloudState: "ok",
     };
   }
 
@@ -1231,6 +1254,11 @@ export class BceProvider implements Provider {
       subnetId: r.subnet_id,
       state: owner ? "owned" : "free",
       owner,
+      profile: DEFAULT_PROFILE,
+      securityGroupIds: [...this.#o.securityGroupIds],
+      enterpriseSecurityGroupIds: [...this.#o.enterpriseSecurityGroupIds],
+      description: null,
+      cloudState: r.lost_reason !== null ? "lost" : "ok",
     };
   }
 

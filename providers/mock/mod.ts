@@ -7,6 +7,16 @@
  * attach latency, seeded failure injection and an optional device simulator
  * (each attached ENI appears as a device with its MAC) make it behave like one.
  *
+ * Profiles: the top-level settings are the `default` profile; `profiles` adds
+ * named ones, each with its own subnets, security groups and inventory (ids
+ * `eni-mock-<profile>-0001`, MACs `<prefix>:<profile number>:…`). The node limit
+ * is shared: when a pod of one profile needs an ENI at the limit, an idle ENI
+ * of another profile is detached first (pods go before warm pools). Like BCE, a
+ * pod may get an ENI with a fixed IP (a new ENI with that address in the
+ * profile's subnet when no ENI of the inventory carries it), inline security
+ * groups (replacing the ENI's while the pod owns it, the profile's restored when
+ * it is freed), and a description naming it.
+ *
  * Every state change is one SQLite transaction, run synchronously, so no ENI is
  * ever handed to two owners whatever runs concurrently: an ENI being attached is
  * reserved for its owner (`attaching`) before the latency wait.
@@ -17,27 +27,41 @@ import * as z from "zod/mini";
 import "../../lib/zod_locale.ts";
 import {
   type Cidr,
+  contains,
   formatIp,
   isCidr,
   normalizeIp,
   nthAddress as nthOf,
   parseCidr,
+  parseIp,
   prefixSize,
 } from "../../lib/ip.ts";
 import type { DatabaseSync } from "node:sqlite";
 import {
-  type AllocationRequest,
+  type AllocationRequestInput,
+  AllocationRequestSchema,
+  DEFAULT_PROFILE,
   type Eni,
   eniMatches,
+  isEnterpriseGroup,
   type Owner,
+  type ProfileInfo,
+  ProfileNameSchema,
   type Provider,
   type ProviderContext,
   ProviderError,
   type ProviderModule,
   type ProviderStatus,
+  SecurityGroupIdSchema,
   unmatchedIps,
 } from "../contract.ts";
-import { prepared, transaction } from "../../lib/sqlite.ts";
+import {
+  hasColumn,
+  migrateComponent,
+  type Migration,
+  prepared,
+  transaction,
+} from "../../lib/sqlite.ts";
 import { mulberry32 } from "../../lib/rng.ts";
 
 /** One simulated subnet: CIDR and gateway (default: the first host). */
@@ -46,20 +70,45 @@ export const MockSubnetSchema = z.strictObject({
   gateway: z.optional(z.union([z.ipv4(), z.ipv6()])),
 });
 
+const SubnetsSchema = z.strictObject({
+  ipv4: z.optional(MockSubnetSchema),
+  ipv6: z.optional(MockSubnetSchema),
+}).check(z.refine((s) => s.ipv4 || s.ipv6, "Expected at least one of ipv4 and ipv6"));
+
+/** What each profile has: its subnets, groups, inventory and who may use it. */
+const profileFields = {
+  /** How many ENIs the simulated cloud has for this profile on this node. */
+  enis: z._default(z.number().check(z.int(), z.minimum(0), z.maximum(4096)), 8),
+  /** How many are attached when the inventory is first created (default: all, to the limit). */
+  preattached: z.optional(z.number().check(z.int(), z.minimum(0))),
+  /** The regular security groups of the profile's ENIs. */
+  securityGroupIds: z._default(z.array(SecurityGroupIdSchema), ["g-mockdefault"]),
+  /** The enterprise security groups of the profile's ENIs. */
+  enterpriseSecurityGroupIds: z._default(z.array(SecurityGroupIdSchema), []),
+  /** The Kubernetes namespaces whose pods may use the profile (default: all). */
+  namespaces: z.optional(z.array(z.string().check(z.minLength(1)))),
+  /** The groups a pod may name inline (default: none, so inline groups are off). */
+  allowedSecurityGroupIds: z._default(z.array(SecurityGroupIdSchema), []),
+};
+
+/** A named profile of the mock cloud. */
+export const MockProfileSchema = z.strictObject({
+  ...profileFields,
+  subnets: SubnetsSchema,
+});
+
 /** The mock provider's config (`provider.mock` in the agent config). */
 export const MockConfigSchema = z.strictObject({
-  /** How many ENIs the simulated cloud has for this node. */
-  enis: z._default(z.number().check(z.int(), z.minimum(0), z.maximum(4096)), 8),
-  /** How many can be attached to the node at once (default: all of them). */
+  ...profileFields,
+  /** How many can be attached to the node at once, all profiles together (default: all). */
   maxEnisPerNode: z.optional(z.number().check(z.int(), z.minimum(0))),
-  /** How many are attached when the inventory is first created (default: maxEnisPerNode). */
-  preattached: z.optional(z.number().check(z.int(), z.minimum(0))),
-  subnets: z._default(
-    z.strictObject({
-      ipv4: z.optional(MockSubnetSchema),
-      ipv6: z.optional(MockSubnetSchema),
-    }).check(z.refine((s) => s.ipv4 || s.ipv6, "Expected at least one of ipv4 and ipv6")),
-    { ipv4: { cidr: "10.99.0.0/24" } },
+  subnets: z._default(SubnetsSchema, { ipv4: { cidr: "10.99.0.0/24" } }),
+  /** Named profiles besides `default` (the top-level settings). */
+  profiles: z._default(
+    z.record(ProfileNameSchema, MockProfileSchema).check(
+      z.refine((p) => !(DEFAULT_PROFILE in p), 'The "default" profile is the top-level settings'),
+    ),
+    {},
   ),
   /** The first three bytes of every MAC. */
   macPrefix: z._default(
@@ -81,23 +130,40 @@ export const MockConfigSchema = z.strictObject({
 });
 /** The mock provider's config, defaults applied. */
 export type MockConfig = z.output<typeof MockConfigSchema>;
+/** The mock provider's config as written (defaults optional). */
+export type MockConfigInput = z.input<typeof MockConfigSchema>;
 
-const SCHEMA = `
-CREATE TABLE IF NOT EXISTS mock_enis (
-  id TEXT PRIMARY KEY,
-  idx INTEGER NOT NULL UNIQUE,
-  mac TEXT NOT NULL UNIQUE,
-  ipv4 TEXT, ipv4_prefix INTEGER, ipv4_gw TEXT,
-  ipv6 TEXT, ipv6_prefix INTEGER, ipv6_gw TEXT,
-  subnet_id TEXT,
-  attach TEXT NOT NULL CHECK (attach IN ('detached', 'attaching', 'attached')),
-  owner_pod TEXT, owner_container TEXT, owner_if TEXT,
-  CHECK ((owner_container IS NULL) = (owner_if IS NULL) AND (owner_if IS NULL) = (owner_pod IS NULL)),
-  CHECK (attach <> 'detached' OR owner_container IS NULL)
-);
-CREATE UNIQUE INDEX IF NOT EXISTS mock_enis_owner
-  ON mock_enis (owner_container, owner_if) WHERE owner_container IS NOT NULL;
-`;
+/** The tables of the mock cloud, by version (`migrateComponent`, component `mock`). */
+const MIGRATIONS: Migration[] = [
+  `CREATE TABLE IF NOT EXISTS mock_enis (
+    id TEXT PRIMARY KEY,
+    idx INTEGER NOT NULL UNIQUE,
+    mac TEXT NOT NULL UNIQUE,
+    ipv4 TEXT, ipv4_prefix INTEGER, ipv4_gw TEXT,
+    ipv6 TEXT, ipv6_prefix INTEGER, ipv6_gw TEXT,
+    subnet_id TEXT,
+    attach TEXT NOT NULL CHECK (attach IN ('detached', 'attaching', 'attached')),
+    owner_pod TEXT, owner_container TEXT, owner_if TEXT,
+    CHECK ((owner_container IS NULL) = (owner_if IS NULL) AND (owner_if IS NULL) = (owner_pod IS NULL)),
+    CHECK (attach <> 'detached' OR owner_container IS NULL)
+  );
+  CREATE UNIQUE INDEX IF NOT EXISTS mock_enis_owner
+    ON mock_enis (owner_container, owner_if) WHERE owner_container IS NOT NULL;`,
+  (db) => {
+    // Profiles, security groups and descriptions (tables of older agents lack them).
+    const add = (col: string, decl: string) => {
+      if (!hasColumn(db, "mock_enis", col)) {
+        db.exec(`ALTER TABLE mock_enis ADD COLUMN ${col} ${decl}`);
+      }
+    };
+    add("profile", "TEXT NOT NULL DEFAULT 'default'");
+    add("security_groups", "TEXT NOT NULL DEFAULT '[]'");
+    add("enterprise_security_groups", "TEXT NOT NULL DEFAULT '[]'");
+    add("description", "TEXT");
+  },
+];
+
+const Groups = z.pipe(z.string(), z.transform((s): string[] => JSON.parse(s)));
 
 const RowSchema = z.object({
   id: z.string(),
@@ -114,18 +180,22 @@ const RowSchema = z.object({
   owner_pod: z.nullable(z.string()),
   owner_container: z.nullable(z.string()),
   owner_if: z.nullable(z.string()),
+  profile: z.string(),
+  security_groups: Groups,
+  enterprise_security_groups: Groups,
+  description: z.nullable(z.string()),
 });
 type Row = z.infer<typeof RowSchema>;
-
-/** The `n`-th address of a subnet (0 = the network address). */
-export function nthAddress(cidr: string, n: number): string {
-  return formatIp(nthOf(cidrOf(cidr), n));
-}
 
 function cidrOf(cidr: string): Cidr {
   const c = parseCidr(cidr);
   if (!c) throw new RangeError(`"${cidr}" is not a prefix`);
   return c;
+}
+
+/** The `n`-th address of a subnet (0 = the network address). */
+export function nthAddress(cidr: string, n: number): string {
+  return formatIp(nthOf(cidrOf(cidr), n));
 }
 
 /** How many host addresses a subnet offers ENIs (minus network, gateway and, for IPv4, broadcast). */
@@ -134,8 +204,20 @@ function hostCapacity(cidr: string): number {
   return prefixSize(c) - (c.ip.family === 4 ? 3 : 2);
 }
 
+/** One subnet of a profile, resolved: prefix length, gateway, and its prefix. */
+interface Plan {
+  cidr: string;
+  prefixLength: number;
+  gateway: string;
+  /** The addresses of the inventory, in order (the n-th ENI gets the n-th). */
+  addrs: string[];
+}
+
 /** The address table of one subnet: ENI number i (1-based) gets the i-th host after the gateway. */
-function addressPlan(subnet: { cidr: string; gateway?: string } | undefined, count: number) {
+function addressPlan(
+  subnet: { cidr: string; gateway?: string } | undefined,
+  count: number,
+): Plan | null {
   if (!subnet) return null;
   const c = cidrOf(subnet.cidr);
   if (count > hostCapacity(subnet.cidr)) {
@@ -147,7 +229,22 @@ function addressPlan(subnet: { cidr: string; gateway?: string } | undefined, cou
     const a = nthAddress(subnet.cidr, n);
     if (a !== gateway) addrs.push(a);
   }
-  return { prefixLength: c.prefix, gateway, addrs, kind: c.ip.family === 4 ? "ipv4" : "ipv6" };
+  return { cidr: subnet.cidr, prefixLength: c.prefix, gateway, addrs };
+}
+
+/** A profile as the mock runs it. */
+interface MockProfile {
+  name: string;
+  /** Its number: the MAC's fourth byte and the high bits of `idx`. */
+  number: number;
+  enis: number;
+  preattached: number | undefined;
+  v4: Plan | null;
+  v6: Plan | null;
+  securityGroupIds: string[];
+  enterpriseSecurityGroupIds: string[];
+  namespaces: string[] | null;
+  allowedSecurityGroupIds: string[];
 }
 
 function rowToEni(r: Row): Eni {
@@ -161,12 +258,19 @@ function rowToEni(r: Row): Eni {
     owner: r.owner_container
       ? { pod: r.owner_pod!, containerId: r.owner_container, ifName: r.owner_if! }
       : null,
+    profile: r.profile,
+    securityGroupIds: r.security_groups,
+    enterpriseSecurityGroupIds: r.enterprise_security_groups,
+    description: r.description,
+    cloudState: "ok",
   };
 }
 
 function sameOwner(r: Row, o: Owner): boolean {
   return r.owner_container === o.containerId && r.owner_if === o.ifName;
 }
+
+const hex = (b: number) => (b & 0xff).toString(16).padStart(2, "0");
 
 /** The mock provider (exported for tests that call its extras: `detach`). */
 export class MockProvider implements Provider {
@@ -176,6 +280,7 @@ export class MockProvider implements Provider {
   readonly #max: number;
   readonly #ctx: ProviderContext;
   readonly #rand: () => number;
+  readonly #profiles: Map<string, MockProfile>;
   /** In-flight attaches, by ENI id. */
   readonly #attaching = new Map<string, Promise<void>>();
   #closed = false;
@@ -184,46 +289,55 @@ export class MockProvider implements Provider {
     this.#cfg = cfg;
     this.#ctx = ctx;
     this.#db = ctx.db;
-    this.#max = Math.min(cfg.maxEnisPerNode ?? cfg.enis, cfg.enis);
+    const named = Object.entries(cfg.profiles).sort(([a], [b]) => a.localeCompare(b));
+    const all: [string, typeof cfg.profiles[string] | MockConfig][] = [
+      [DEFAULT_PROFILE, cfg],
+      ...named,
+    ];
+    this.#profiles = new Map(all.map(([name, p], number) => {
+      const profile: MockProfile = {
+        name,
+        number,
+        enis: p.enis,
+        preattached: p.preattached,
+        v4: addressPlan(p.subnets.ipv4, p.enis),
+        v6: addressPlan(p.subnets.ipv6, p.enis),
+        securityGroupIds: p.securityGroupIds,
+        enterpriseSecurityGroupIds: p.enterpriseSecurityGroupIds,
+        namespaces: p.namespaces ?? null,
+        allowedSecurityGroupIds: p.allowedSecurityGroupIds,
+      };
+      for (const [fam, plan] of [["ipv4", profile.v4], ["ipv6", profile.v6]] as const) {
+        const want = fam === "ipv4" ? 4 : 6;
+        if (plan && cidrOf(plan.cidr).ip.family !== want) {
+          throw new Error(`Subnet "${plan.cidr}" of profile "${name}" is not ${fam.toUpperCase()}`);
+        }
+      }
+      return [name, profile];
+    }));
+    const total = all.reduce((n, [, p]) => n + p.enis, 0);
+    this.#max = Math.min(cfg.maxEnisPerNode ?? total, total);
     this.#rand = mulberry32(cfg.seed);
   }
 
   /** Creates the tables and inventory (first start) and settles attaches a crash interrupted. */
   async init(): Promise<void> {
-    const cfg = this.#cfg;
-    const v4 = addressPlan(cfg.subnets.ipv4, cfg.enis);
-    const v6 = addressPlan(cfg.subnets.ipv6, cfg.enis);
-    if (v4 && v4.kind !== "ipv4") throw new Error(`Subnet "${cfg.subnets.ipv4!.cidr}" is not IPv4`);
-    if (v6 && v6.kind !== "ipv6") throw new Error(`Subnet "${cfg.subnets.ipv6!.cidr}" is not IPv6`);
-    this.#db.exec(SCHEMA);
+    migrateComponent(this.#db, "mock", MIGRATIONS);
     transaction(this.#db, () => {
-      const existing = prepared(this.#db, "SELECT count(*) AS n FROM mock_enis").get() as {
-        n: number;
-      };
-      const fresh = existing.n === 0;
-      const pre = Math.min(cfg.preattached ?? this.#max, this.#max);
-      const ins = prepared(
+      let attachedSoFar = (prepared(
         this.#db,
-        `INSERT OR IGNORE INTO mock_enis (id, idx, mac, ipv4, ipv4_prefix, ipv4_gw, ipv6, ipv6_prefix,
-           ipv6_gw, subnet_id, attach) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-      );
-      for (let i = 1; i <= cfg.enis; i++) {
-        const mac = `${cfg.macPrefix}:${((i >> 16) & 0xff).toString(16).padStart(2, "0")}:${
-          ((i >> 8) & 0xff).toString(16).padStart(2, "0")
-        }:${(i & 0xff).toString(16).padStart(2, "0")}`;
-        ins.run(
-          `${cfg.idPrefix}${String(i).padStart(4, "0")}`,
-          i,
-          mac,
-          v4?.addrs[i - 1] ?? null,
-          v4?.prefixLength ?? null,
-          v4?.gateway ?? null,
-          v6?.addrs[i - 1] ?? null,
-          v6?.prefixLength ?? null,
-          v6?.gateway ?? null,
-          "subnet-mock",
-          fresh && i <= pre ? "attached" : "detached",
-        );
+        "SELECT count(*) AS n FROM mock_enis WHERE attach <> 'detached'",
+      ).get() as { n: number }).n;
+      for (const p of this.#profiles.values()) {
+        // A profile's inventory is made once, when the profile first appears.
+        const fresh = !prepared(this.#db, "SELECT 1 FROM mock_enis WHERE profile = ? LIMIT 1")
+          .get(p.name);
+        const pre = Math.min(p.preattached ?? p.enis, p.enis);
+        for (let i = 1; i <= p.enis; i++) {
+          const attach = fresh && i <= pre && attachedSoFar < this.#max;
+          if (attach) attachedSoFar++;
+          this.#insert(p, i, p.v4?.addrs[i - 1] ?? null, p.v6?.addrs[i - 1] ?? null, attach);
+        }
       }
       // A crash during an attach: the cloud finished it.
       this.#db.exec("UPDATE mock_enis SET attach = 'attached' WHERE attach = 'attaching'");
@@ -234,6 +348,36 @@ export class MockProvider implements Provider {
         await sim.plug(rowToEni(r));
       }
     }
+  }
+
+  /** Adds inventory ENI number `i` of profile `p` (kept if it exists: the inventory is stable). */
+  #insert(p: MockProfile, i: number, v4: string | null, v6: string | null, attached: boolean) {
+    const cfg = this.#cfg;
+    const id = p.name === DEFAULT_PROFILE
+      ? `${cfg.idPrefix}${String(i).padStart(4, "0")}`
+      : `${cfg.idPrefix}${p.name}-${String(i).padStart(4, "0")}`;
+    const mac = `${cfg.macPrefix}:${hex(p.number)}:${hex(i >> 8)}:${hex(i)}`;
+    prepared(
+      this.#db,
+      `INSERT OR IGNORE INTO mock_enis (id, idx, mac, ipv4, ipv4_prefix, ipv4_gw, ipv6, ipv6_prefix,
+         ipv6_gw, subnet_id, attach, profile, security_groups, enterprise_security_groups)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+    ).run(
+      id,
+      p.number * 65536 + i,
+      mac,
+      v4,
+      v4 ? p.v4!.prefixLength : null,
+      v4 ? p.v4!.gateway : null,
+      v6,
+      v6 ? p.v6!.prefixLength : null,
+      v6 ? p.v6!.gateway : null,
+      p.name === DEFAULT_PROFILE ? "subnet-mock" : `subnet-mock-${p.name}`,
+      attached ? "attached" : "detached",
+      p.name,
+      JSON.stringify(p.securityGroupIds),
+      JSON.stringify(p.enterpriseSecurityGroupIds),
+    );
   }
 
   #rows(where: string, ...params: (string | number | null)[]): Row[] {
@@ -258,58 +402,117 @@ export class MockProvider implements Provider {
     if (this.#closed) throw new ProviderError("unavailable", "The mock provider is closed");
   }
 
+  #profile(name: string): MockProfile {
+    const p = this.#profiles.get(name);
+    if (!p) throw new ProviderError("other", `The mock cloud has no profile "${name}"`);
+    return p;
+  }
+
+  profiles(): ProfileInfo[] {
+    return [...this.#profiles.values()].map((p) => ({
+      name: p.name,
+      subnets: {
+        ...(p.v4 ? { ipv4: p.v4.cidr } : {}),
+        ...(p.v6 ? { ipv6: p.v6.cidr } : {}),
+      },
+      securityGroupIds: [...p.securityGroupIds],
+      enterpriseSecurityGroupIds: [...p.enterpriseSecurityGroupIds],
+      namespaces: p.namespaces === null ? null : [...p.namespaces],
+      allowedSecurityGroupIds: [...p.allowedSecurityGroupIds],
+    }));
+  }
+
   list(): Promise<Eni[]> {
     this.#assertOpen();
     // One SELECT is one consistent snapshot.
     return Promise.resolve(this.#rows("WHERE attach = 'attached' ORDER BY idx").map(rowToEni));
   }
 
-  async allocateNextENI(owner: Owner, request: AllocationRequest): Promise<Eni> {
+  async allocateNextENI(owner: Owner, request: AllocationRequestInput): Promise<Eni> {
     this.#assertOpen();
     this.#inject("allocate");
-    const specific = request.ips.length > 0 || request.ranges.length > 0;
-    const step = transaction(this.#db, (): { eni: Row; attach: boolean } => {
+    const req = AllocationRequestSchema.parse(request);
+    const profile = this.#profile(req.profile);
+    const specific = req.ips.length > 0 || req.ranges.length > 0;
+    const step = transaction(this.#db, (): { eni: Row; detach?: Row } => {
       const all = this.#rows("ORDER BY idx");
       const held = all.find((r) => sameOwner(r, owner));
-      if (held) return { eni: held, attach: false };
-      const free = all.find((r) =>
-        r.attach === "attached" && !r.owner_container && eniMatches(rowToEni(r), request)
-      );
+      if (held) return { eni: held };
       const claim = (r: Row) => {
+        // Inline groups replace the ENI's; without them it has its profile's (a held ENI
+        // taken back may still carry the pod's earlier inline groups).
+        const groups = req.securityGroupIds;
+        const regular = groups === undefined
+          ? profile.securityGroupIds
+          : groups.filter((g) => !isEnterpriseGroup(g));
+        const enterprise = groups === undefined
+          ? profile.enterpriseSecurityGroupIds
+          : groups.filter(isEnterpriseGroup);
         prepared(
           this.#db,
           `UPDATE mock_enis SET owner_pod = ?, owner_container = ?, owner_if = ?,
-             attach = CASE attach WHEN 'detached' THEN 'attaching' ELSE attach END WHERE id = ?`,
-        ).run(owner.pod, owner.containerId, owner.ifName, r.id);
+             attach = CASE attach WHEN 'detached' THEN 'attaching' ELSE attach END,
+             security_groups = ?, enterprise_security_groups = ? WHERE id = ?`,
+        ).run(
+          owner.pod,
+          owner.containerId,
+          owner.ifName,
+          JSON.stringify(regular),
+          JSON.stringify(enterprise),
+          r.id,
+        );
         return this.#rows("WHERE id = ?", r.id)[0];
       };
-      if (free) return { eni: claim(free), attach: false };
+      // A sticky pod's comeback: its previous container's ENI becomes this one's.
+      if (req.takeOver) {
+        const kept = all.find((r) => sameOwner(r, req.takeOver!));
+        if (kept) return { eni: claim(kept) };
+      }
+      const fits = (r: Row) => r.profile === profile.name && eniMatches(rowToEni(r), req);
+      const free = all.find((r) => r.attach === "attached" && !r.owner_container && fits(r));
+      if (free) return { eni: claim(free) };
+      let candidate = all.find((r) => r.attach === "detached" && fits(r));
+      if (!candidate && req.ips.length > 0) candidate = this.#createWithIps(profile, req.ips, all);
       const onNode = all.filter((r) => r.attach !== "detached").length;
-      const detached = all.find((r) => r.attach === "detached" && eniMatches(rowToEni(r), request));
-      if (onNode < this.#max && detached) return { eni: claim(detached), attach: true };
+      if (candidate && onNode < this.#max) return { eni: claim(candidate) };
+      if (candidate) {
+        // At the limit: an idle ENI of another profile makes room (pods go before pools).
+        const idle = all.find((r) =>
+          r.attach === "attached" && !r.owner_container && r.profile !== profile.name
+        );
+        if (idle) {
+          prepared(this.#db, "UPDATE mock_enis SET attach = 'detached' WHERE id = ?").run(idle.id);
+          return { eni: claim(candidate), detach: idle };
+        }
+      }
       if (!specific) {
         throw new ProviderError(
           "no_eni_available",
-          `No ENI available: ${
-            all.filter((r) => r.attach === "attached" && !r.owner_container).length
-          } free, ` +
-            `${onNode} of ${this.#max} attached`,
+          `No ENI available for profile "${profile.name}": ${
+            all.filter((r) =>
+              r.attach === "attached" && !r.owner_container && r.profile === profile.name
+            )
+              .length
+          } free, ${onNode} of ${this.#max} attached`,
         );
       }
-      const matching = all.filter((r) => eniMatches(rowToEni(r), request));
+      const matching = all.filter(fits);
       const why = matching.length === 0
-        ? request.ips.length > 0 ? unmatchedIps(request, all.map(rowToEni)) : "no ENI is in range"
+        ? req.ips.length > 0
+          ? unmatchedIps(req, all.filter((r) => r.profile === profile.name).map(rowToEni))
+          : "no ENI is in range"
         : matching.every((r) => r.owner_container)
         ? `held by ${matching.map((r) => `"${r.owner_pod}"`).join(", ")}`
         : `the node is at its limit of ${this.#max} ENIs`;
-      const what = request.ips.length > 0
-        ? `The requested IP${request.ips.length > 1 ? "s" : ""} ${request.ips.join(", ")}`
-        : `An ENI in the requested ranges ${JSON.stringify(request.ranges)}`;
+      const what = req.ips.length > 0
+        ? `The requested IP${req.ips.length > 1 ? "s" : ""} ${req.ips.join(", ")}`
+        : `An ENI in the requested ranges ${JSON.stringify(req.ranges)}`;
       throw new ProviderError(
         "requested_ip_unavailable",
         `${what} cannot be had on one ENI: ${why}`,
       );
     });
+    if (step.detach) await this.#ctx.deviceSimulator?.unplug(rowToEni(step.detach));
     if (step.eni.attach === "attaching") {
       // Either we attach it now, or another call for this owner is attaching it: wait.
       let p = this.#attaching.get(step.eni.id);
@@ -329,6 +532,39 @@ export class MockProvider implements Provider {
       return rowToEni(now);
     }
     return rowToEni(step.eni);
+  }
+
+  /**
+   * A fixed IP no ENI of the inventory carries: a new ENI of the profile with it,
+   * as a cloud creates one with a chosen private IP. The IPs must lie in the
+   * profile's subnets and be taken by no other ENI; otherwise there is none.
+   */
+  #createWithIps(p: MockProfile, ips: string[], all: Row[]): Row | undefined {
+    const want = { v4: null as string | null, v6: null as string | null };
+    for (const ip of ips) {
+      const a = parseIp(ip);
+      const plan = a?.family === 4 ? p.v4 : p.v6;
+      if (!a || !plan || !contains(cidrOf(plan.cidr), a)) return undefined;
+      if (normalizeIp(ip) === plan.gateway) return undefined;
+      want[a.family === 4 ? "v4" : "v6"] = normalizeIp(ip);
+    }
+    const taken = new Set(all.flatMap((r) => [r.ipv4, r.ipv6]).filter((a) => a !== null));
+    if ([want.v4, want.v6].some((a) => a !== null && taken.has(a))) return undefined;
+    // The other family, when the profile has it: the next address no ENI has.
+    const next = (plan: Plan | null) => {
+      if (!plan) return null;
+      for (let n = 2; n < prefixSize(cidrOf(plan.cidr)) - 1; n++) {
+        const a = nthAddress(plan.cidr, n);
+        if (a !== plan.gateway && !taken.has(a)) return a;
+      }
+      return null;
+    };
+    const i = 1 + Math.max(
+      p.enis,
+      ...all.filter((r) => r.profile === p.name).map((r) => r.idx - p.number * 65536),
+    );
+    this.#insert(p, i, want.v4 ?? next(p.v4), want.v6 ?? next(p.v6), false);
+    return this.#rows("WHERE idx = ?", p.number * 65536 + i)[0];
   }
 
   async #attach(r: Row): Promise<void> {
@@ -355,12 +591,31 @@ export class MockProvider implements Provider {
   deallocateENI(owner: Owner): Promise<void> {
     this.#assertOpen();
     this.#inject("deallocate");
-    // An ENI still attaching loses its owner but stays unavailable until the attach settles.
-    prepared(
-      this.#db,
-      `UPDATE mock_enis SET owner_pod = NULL, owner_container = NULL, owner_if = NULL
-         WHERE owner_container = ? AND owner_if = ?`,
-    ).run(owner.containerId, owner.ifName);
+    const held = this.#rows(
+      "WHERE owner_container = ? AND owner_if = ?",
+      owner.containerId,
+      owner.ifName,
+    );
+    for (const r of held) {
+      const p = this.#profiles.get(r.profile);
+      // The profile's groups and no description again: the next pod gets a clean ENI.
+      // An ENI still attaching loses its owner but stays unavailable until the attach settles.
+      prepared(
+        this.#db,
+        `UPDATE mock_enis SET owner_pod = NULL, owner_container = NULL, owner_if = NULL,
+           security_groups = ?, enterprise_security_groups = ?, description = NULL WHERE id = ?`,
+      ).run(
+        JSON.stringify(p?.securityGroupIds ?? r.security_groups),
+        JSON.stringify(p?.enterpriseSecurityGroupIds ?? r.enterprise_security_groups),
+        r.id,
+      );
+    }
+    return Promise.resolve();
+  }
+
+  describeENI(eniId: string, text: string | null): Promise<void> {
+    this.#assertOpen();
+    prepared(this.#db, "UPDATE mock_enis SET description = ? WHERE id = ?").run(text, eniId);
     return Promise.resolve();
   }
 
@@ -369,6 +624,12 @@ export class MockProvider implements Provider {
     const rows = this.#rows("");
     const attached = rows.filter((r) => r.attach === "attached");
     const onNode = rows.filter((r) => r.attach !== "detached").length;
+    const profiles: ProviderStatus["profiles"] = {};
+    for (const p of this.#profiles.values()) {
+      const mine = attached.filter((r) => r.profile === p.name);
+      const owned = mine.filter((r) => r.owner_container).length;
+      profiles[p.name] = { free: mine.length - owned, owned };
+    }
     return Promise.resolve({
       name: this.name,
       free: attached.filter((r) => !r.owner_container).length,
@@ -379,6 +640,7 @@ export class MockProvider implements Provider {
         maxEnisPerNode: this.#max,
         attaching: rows.filter((r) => r.attach === "attaching").length,
       },
+      profiles,
     });
   }
 

@@ -85,6 +85,7 @@ Deno.test("mock ENIs have ids, MACs, addresses and the subnet gateway", async ()
       owned: 0,
       attachable: 0,
       details: { inventory: 3, maxEnisPerNode: 3, attaching: 0 },
+      profiles: { default: { free: 3, owned: 0 } },
     });
   } finally {
     await provider.close();
