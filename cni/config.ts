@@ -100,8 +100,11 @@ export const NetworkConfigSchema = z.looseObject({
   runtimeConfig: z.optional(z.looseObject({
     ipRanges: z.optional(z.array(z.array(IpRangeSchema))),
     ips: z.optional(z.array(IpMaybePrefix)),
-    /** The pod's annotations (containerd's capability); enim reads its `enim.dev/` keys. */
-    "io.kubernetes.cri.pod-annotations": z.optional(z.record(z.string(), z.string())),
+    /**
+     * The pod's annotations (containerd's capability; a Go nil map arrives as null). Read
+     * by ADD only (cni/selection.ts), so a DEL never fails on them.
+     */
+    "io.kubernetes.cri.pod-annotations": z.optional(z.unknown()),
   })),
   prevResult: z.optional(z.unknown()),
   /** GC's list of still-valid attachments; `null` (a Go nil slice) means none. */

@@ -110,10 +110,17 @@ function parse<T>(schema: z.ZodMiniType<T>, value: unknown, where: string, code:
 
 const annotationWhere = (key: string) => `annotation "${key}"`;
 
+/** Annotations as CRI passes them: a string map; a Go nil map arrives as null. */
+const AnnotationsSchema = z.nullable(z.optional(z.record(z.string(), z.string())));
+
 /** The pod's annotations as the runtime passed them (empty when it passed none). */
 function annotationsOf(config: Pick<NetworkConfig, "runtimeConfig">): Record<string, string> {
-  const raw = config.runtimeConfig?.[POD_ANNOTATIONS_KEY];
-  return raw && typeof raw === "object" ? raw as Record<string, string> : {};
+  return parse(
+    AnnotationsSchema,
+    config.runtimeConfig?.[POD_ANNOTATIONS_KEY],
+    `runtimeConfig "${POD_ANNOTATIONS_KEY}"`,
+    CNI_CODES.INVALID_CONFIG,
+  ) ?? {};
 }
 
 /**

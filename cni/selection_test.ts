@@ -131,3 +131,12 @@ Deno.test("values of the wrong form are refused: 7 from the config, 4 from CNI_A
   m = refused(4, () => podChoice({}, parseCniArgs("ENIM_SECURITY_GROUP_IDS=x")));
   assertStringIncludes(m, "ENIM_SECURITY_GROUP_IDS");
 });
+
+Deno.test("annotations as containerd passes them: null (a Go nil map) is none; not a map is a 7", () => {
+  assertEquals(
+    podChoice({ runtimeConfig: { [POD_ANNOTATIONS_KEY]: null } }, {}).profile,
+    "default",
+  );
+  const m = refused(7, () => podChoice({ runtimeConfig: { [POD_ANNOTATIONS_KEY]: [1] } }, {}));
+  assertStringIncludes(m, POD_ANNOTATIONS_KEY);
+});

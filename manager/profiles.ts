@@ -109,7 +109,7 @@ export function checkChoice(profiles: ProfileInfo[], choice: Choice): ProfileInf
     if (cidr && !contains(cidr, a)) {
       throw new ApiError(
         "requested_ip_unavailable",
-        `${ip} is outside the subnet ${subnet} of ${name}; nothing was allocated`,
+        `${ip} is outside the subnet ${subnet} of profile "${profile.name}"; nothing was allocated`,
       );
     }
   }

@@ -101,7 +101,7 @@ Deno.test("a choice the operator did not allow is refused before anything is all
     );
     assert(m.includes("all regular"), m);
     m = await refused(n, "requested_ip_unavailable", () => add(n, 1, { ips: ["10.98.0.50"] }));
-    assert(m.includes('10.98.0.50 is outside the subnet 10.99.0.0/24 of Profile "default"'), m);
+    assert(m.includes('10.98.0.50 is outside the subnet 10.99.0.0/24 of profile "default"'), m);
     m = await refused(n, "requested_ip_unavailable", () => add(n, 1, { ips: ["fd00::5"] }));
     assert(m.includes("has no IPv6 subnet"), m);
     // The same pod in an admitted namespace gets it.

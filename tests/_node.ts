@@ -13,7 +13,7 @@
 import { runEnim, type RunEnimResult } from "./_enim.ts";
 import { type AgentProcess, spawnAgent } from "./_agent_proc.ts";
 import { EnimSandbox } from "./_sandbox.ts";
-import { SimulatedVpc, type SimulatedVpcOptions } from "./vpc.ts";
+import { gatewayOf, SimulatedVpc, type SimulatedVpcOptions } from "./vpc.ts";
 import { SocketAgentClient } from "../manager/client.ts";
 
 /** Options for {@linkcode SimulatedNode.start}. */
@@ -34,6 +34,14 @@ export interface SimulatedNodeOptions {
   deviceSimulator?: boolean;
   /** Start the agent right away (default true). */
   startAgent?: boolean;
+  /**
+   * Named profiles of the mock provider: each profile's subnets become subnets of the
+   * VPC (gateway on the bridge) and the rest is the profile's mock settings.
+   */
+  profiles?: Record<
+    string,
+    { subnets: { ipv4?: string; ipv6?: string } } & Record<string, unknown>
+  >;
 }
 
 /** What a CNI call needs besides the verb. */
@@ -76,7 +84,10 @@ export class SimulatedNode implements AsyncDisposable {
 
   /** Builds the VPC, writes the agent config and (by default) starts the agent. */
   static async start(opts: SimulatedNodeOptions = {}): Promise<SimulatedNode> {
-    const vpc = await SimulatedVpc.create({ subnets: opts.subnets });
+    const profileSubnets = Object.values(opts.profiles ?? {}).flatMap((p) =>
+      [p.subnets.ipv4, p.subnets.ipv6].filter((s): s is string => s !== undefined)
+    );
+    const vpc = await SimulatedVpc.create({ subnets: opts.subnets, extraSubnets: profileSubnets });
     let sandbox: EnimSandbox;
     try {
       sandbox = await EnimSandbox.create(vpc.node.path);
@@ -91,9 +102,19 @@ export class SimulatedNode implements AsyncDisposable {
       const want = opts.subnets ?? { ipv4: "10.99.0.0/24", ipv6: "fd00:99::/64" };
       if (v4 && want.ipv4) subnets.ipv4 = { cidr: want.ipv4, gateway: v4 };
       if (v6 && want.ipv6) subnets.ipv6 = { cidr: want.ipv6, gateway: v6 };
+      const profiles = Object.fromEntries(
+        Object.entries(opts.profiles ?? {}).map(([name, p]) => [name, {
+          ...p,
+          subnets: Object.fromEntries(
+            Object.entries(p.subnets).filter(([, c]) => c !== undefined).map((
+              [fam, cidr],
+            ) => [fam, { cidr, gateway: gatewayOf(cidr!) }]),
+          ),
+        }]),
+      );
       const provider = opts.provider ?? {
         name: "mock",
-        settings: { enis: 8, subnets, ...opts.mock },
+        settings: { enis: 8, subnets, ...(opts.profiles ? { profiles } : {}), ...opts.mock },
       };
       const config = {
         statePath: sandbox.inner("enim.db"),

@@ -16,7 +16,7 @@
  * Stop+Remove with enim against Debian's host-device + static (printed, never asserted).
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { SimulatedNode } from "./_node.ts";
+import { SimulatedNode, type SimulatedNodeOptions } from "./_node.ts";
 import { pingPath } from "./vpc.ts";
 import { clientDeps, pluginDir, readCalls, recordCalls, runInNode, tempDir } from "./_clients.ts";
 import { Containerd } from "./cri/containerd.ts";
@@ -57,10 +57,15 @@ interface Cluster {
  */
 async function cluster(
   label: string,
-  opts: { enis: number; record?: boolean; handlers?: Record<string, string> },
+  opts: {
+    enis: number;
+    record?: boolean;
+    handlers?: Record<string, string>;
+    node?: Omit<SimulatedNodeOptions, "mock">;
+  },
 ): Promise<Cluster> {
   const t0 = performance.now();
-  const node = await SimulatedNode.start({ mock: { enis: opts.enis } });
+  const node = await SimulatedNode.start({ ...opts.node, mock: { enis: opts.enis } });
   let dir = "";
   let cd: Containerd | null = null;
   const close = async () => {
@@ -389,6 +394,159 @@ Deno.test({
     } finally {
       await c?.close();
       await Deno.remove(refDir, { recursive: true }).catch(() => {});
+    }
+  },
+});
+
+/** The agent's view of the provider's ENIs (`GET /v1/enis`: the cloud's, not enim's state). */
+async function cloudEni(node: SimulatedNode, pod: string) {
+  return (await node.client.enis()).find((e) => e.owner?.pod === pod);
+}
+
+Deno.test({
+  name:
+    "containerd CRI with pod annotations: the default, profile b and a fixed IP each get their ENI; refused choices leave nothing",
+  ignore: DEPS.skip !== null,
+  sanitizeResources: false,
+  async fn() {
+    const c = await cluster("containerd_test", {
+      enis: 3,
+      node: {
+        profiles: {
+          b: {
+            subnets: { ipv4: "10.98.0.0/24" },
+            enis: 2,
+            securityGroupIds: ["g-bbbbbbbb"],
+            allowedSecurityGroupIds: ["g-inline01"],
+          },
+        },
+      },
+    });
+    const { node, cd } = c;
+    try {
+      const run = (spec: PodSpec) =>
+        cd.cri.runPodSandbox(cd.sandboxConfig(spec)).catch(async (err) => {
+          throw new Error(`${err.message}${await agentDetail(c)}`, { cause: err });
+        });
+      const plain = pod("plain");
+      const inB = pod("in-b", {
+        annotations: { "enim.dev/profile": "b", "enim.dev/security-group-ids": "g-inline01" },
+      });
+      const fixed = pod("fixed", { annotations: { "enim.dev/ip": "10.99.0.200" } });
+      const ids = [await run(plain), await run(inB), await run(fixed)];
+
+      // Each pod's ENI, as the provider reports it: subnet, groups and addresses.
+      const ePlain = (await cloudEni(node, "cri/plain"))!;
+      const eB = (await cloudEni(node, "cri/in-b"))!;
+      const eFixed = (await cloudEni(node, "cri/fixed"))!;
+      assertEquals([ePlain.profile, ePlain.subnetId], ["default", "subnet-mock"]);
+      assertEquals(ePlain.securityGroupIds, ["g-mockdefault"]);
+      assertMatch(ePlain.ipv4!.address, /^10\.99\.0\./);
+      assertEquals([eB.profile, eB.subnetId], ["b", "subnet-mock-b"]);
+      assertEquals(eB.securityGroupIds, ["g-inline01"], "the inline group replaced b's");
+      assertMatch(eB.ipv4!.address, /^10\.98\.0\./);
+      assertEquals(eB.ipv4!.gateway, "10.98.0.1");
+      assertEquals(eFixed.ipv4!.address, "10.99.0.200", "the fixed IP, exactly");
+
+      // What the pods see: their own subnet's address and gateway, and a ping to it.
+      for (const [id, eni] of [[ids[0], ePlain], [ids[1], eB], [ids[2], eFixed]] as const) {
+        const res = await cd.cri.podSandboxStatus(id);
+        assertEquals(res.status.network?.ip, eni.ipv4!.address);
+        const netns = sandboxNetns(containerdSandboxInfo(res));
+        const addr = await inPod(node, netns, [IP, "-o", "-4", "addr", "show", "eth0"]);
+        assertStringIncludes(addr, `inet ${eni.ipv4!.address}/${eni.ipv4!.prefixLength}`);
+        const ping = await inPod(node, netns, [
+          pingPath(),
+          "-c1",
+          "-W3",
+          "-n",
+          eni.ipv4!.gateway,
+        ]);
+        assertMatch(ping, /1 received/);
+      }
+      const st = await node.client.status();
+      assertEquals(st.pool.profiles.b.owned, 1);
+      assertEquals(st.pool.profiles.default.owned, 2);
+
+      // Refused choices: a clear error, nothing allocated, nothing left by containerd.
+      const before = await node.client.attachments();
+      for (
+        const [annotations, expected] of [
+          [{ "enim.dev/profile": "gold" }, 'Profile "gold" is not configured on this node'],
+          [{ "enim.dev/ip": "10.50.0.5" }, "10.50.0.5 is outside the subnet 10.99.0.0/24"],
+          [{ "enim.dev/security-group-ids": "g-inline01" }, "allows no inline security groups"],
+        ] as const
+      ) {
+        const err = await cd.cri.runPodSandbox(cd.sandboxConfig(pod("refused", { annotations })))
+          .then((id) => `unexpectedly created ${id}`, (e) => e);
+        assert(err instanceof CriError, String(err));
+        assertStringIncludes(err.details, expected);
+        console.log(`containerd_test: refused: ${err.details}`);
+        assertEquals(await node.client.attachments(), before);
+        assertEquals((await node.client.status()).pool.owned, 3);
+      }
+      assertEquals((await cd.cri.listPodSandbox()).length, 3);
+      assertEquals(cd.newNetns().length, 3, "no namespace left by the refused sandboxes");
+
+      for (const id of ids) {
+        await cd.cri.stopPodSandbox(id);
+        await cd.cri.removePodSandbox(id);
+      }
+      assertEquals((await node.client.status()).pool.owned, 0);
+      const back = (await node.client.enis()).find((e) => e.id === eB.id)!;
+      assertEquals(back.securityGroupIds, ["g-bbbbbbbb"], "b's groups restored when freed");
+      assertEquals(cd.newNetns(), []);
+    } finally {
+      await c.close();
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "containerd CRI: a sticky pod re-created gets the same ENI, MAC and IP; a plain one does not; the hold expires",
+  ignore: DEPS.skip !== null,
+  sanitizeResources: false,
+  async fn() {
+    const c = await cluster("containerd_test", {
+      enis: 3,
+      node: { extra: { sticky: { holdSeconds: 4 } }, gc: { intervalSeconds: 1 } },
+    });
+    const { node, cd } = c;
+    try {
+      const cycle = async (spec: PodSpec) => {
+        const id = await cd.cri.runPodSandbox(cd.sandboxConfig(spec));
+        const res = await cd.cri.podSandboxStatus(id);
+        const mac = containerdSandboxInfo(res).cniResult?.Interfaces.eth0?.Mac;
+        const eni = (await cloudEni(node, `cri/${spec.name}`))!;
+        await cd.cri.stopPodSandbox(id);
+        await cd.cri.removePodSandbox(id);
+        return { ip: res.status.network?.ip, mac, eniId: eni.id };
+      };
+      const sticky = { "enim.dev/sticky": "true" };
+      const first = await cycle(pod("db-0", { annotations: sticky }));
+      const held = await node.client.attachments();
+      assertEquals(held.map((a) => [a.state, a.eniId, a.pod]), [["held", first.eniId, "cri/db-0"]]);
+      // Another pod comes in between and does not get the held ENI.
+      const other = await cycle(pod("web-0"));
+      assert(other.eniId !== first.eniId, "the held ENI is not handed to another pod");
+      // Kubernetes re-creates the pod (new uid, same namespace/name): same ENI, MAC and IP.
+      const again = await cycle(pod("db-0", { annotations: sticky }));
+      assertEquals(again, first);
+      // The plain pod re-created: its old ENI went back to the pool, the first free one
+      // is taken (the held one is not), so a plain pod keeps nothing by design.
+      assertEquals((await node.client.attachments()).filter((a) => a.pod === "cri/web-0"), []);
+      // The hold expires and the agent's GC frees the ENI.
+      const deadline = Date.now() + 15_000;
+      while ((await node.client.attachments()).length > 0 && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 250));
+      }
+      assertEquals(await node.client.attachments(), []);
+      assertEquals((await node.client.status()).pool.owned, 0);
+      const metrics = await node.client.metrics();
+      assertMatch(metrics, /enim_sticky_hold_expiries_total\{profile="default"\} 1/);
+    } finally {
+      await c.close();
     }
   },
 });

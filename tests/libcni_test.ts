@@ -386,3 +386,105 @@ Deno.test({
     }
   },
 });
+
+/**
+ * Where a runtime passes no pod annotations (libcni callers, podman, CRI-O without the
+ * capability), the same choices come through CNI_ARGS: ENIM_PROFILE,
+ * ENIM_SECURITY_GROUP_IDS, IP and ENIM_STICKY.
+ */
+Deno.test({
+  name: "libcni: profile, inline groups, a fixed IP and stickiness through CNI_ARGS",
+  ignore: DEPS.skip !== null,
+  sanitizeResources: false,
+  async fn() {
+    await using node = await SimulatedNode.start({
+      mock: { enis: 3 },
+      profiles: {
+        b: {
+          subnets: { ipv4: "10.98.0.0/24" },
+          enis: 2,
+          securityGroupIds: ["g-bbbbbbbb"],
+          allowedSecurityGroupIds: ["g-inline01"],
+        },
+      },
+    });
+    const lc = await Libcni.create(node);
+    try {
+      const conflist = await lc.conflist("enim-args", [
+        { type: "enim", logFile: node.sandbox.inner("cni.log") },
+      ]);
+      const cloud = async (pod: string) =>
+        (await node.client.enis()).find((e) => e.owner?.pod === pod);
+      const call = async (name: string, extra: [string, string][]) => {
+        const pod = await node.vpc.pod(`lc-${name}`);
+        return {
+          pod,
+          req: {
+            containerId: `lc-${name}`,
+            netns: pod.path,
+            ifName: "eth0",
+            args: [...podArgs(name), ...extra] as [string, string][],
+          },
+        };
+      };
+
+      const plain = await call("plain", []);
+      const inB = await call("in-b", [
+        ["ENIM_PROFILE", "b"],
+        ["ENIM_SECURITY_GROUP_IDS", "g-inline01"],
+      ]);
+      const fixed = await call("fixed", [["IP", "10.99.0.200"]]);
+      for (const c of [plain, inB, fixed]) await lc.ok(conflist, { op: "add", ...c.req });
+      const ePlain = (await cloud("lc/plain"))!, eB = (await cloud("lc/in-b"))!;
+      const eFixed = (await cloud("lc/fixed"))!;
+      assertEquals([ePlain.profile, ePlain.securityGroupIds], ["default", ["g-mockdefault"]]);
+      assertEquals([eB.profile, eB.subnetId, eB.securityGroupIds], [
+        "b",
+        "subnet-mock-b",
+        ["g-inline01"],
+      ]);
+      assertMatch(eB.ipv4!.address, /^10\.98\.0\./);
+      assertEquals(eFixed.ipv4!.address, "10.99.0.200");
+      for (const [c, e] of [[plain, ePlain], [inB, eB], [fixed, eFixed]] as const) {
+        assert(await node.vpc.ping(c.pod, e.ipv4!.gateway), `${c.pod.name} pings its gateway`);
+      }
+
+      // Refused: a clear error, nothing allocated.
+      const owned = (await node.client.status()).pool.owned;
+      for (
+        const [extra, expected] of [
+          [[["ENIM_PROFILE", "gold"]], 'Profile "gold" is not configured'],
+          [[["IP", "10.50.0.5"]], "10.50.0.5 is outside the subnet 10.99.0.0/24"],
+          [[["ENIM_SECURITY_GROUP_IDS", "sg-1"]], "CNI_ARGS ENIM_SECURITY_GROUP_IDS"],
+        ] as [[string, string][], string][]
+      ) {
+        const bad = await call(`bad-${crypto.randomUUID().slice(0, 6)}`, extra);
+        const a = await lc.run(conflist, { op: "add", ...bad.req });
+        assert(!a.ok, "refused");
+        assertStringIncludes(a.error!, expected);
+        assertEquals((await node.client.status()).pool.owned, owned);
+        await lc.ok(conflist, { op: "del", ...bad.req });
+      }
+
+      // Sticky: DEL holds the ENI; the pod's next container gets the same ENI, MAC and IP.
+      const s1 = await call("sticky-1", [["ENIM_STICKY", "true"]]);
+      s1.req.args = [...podArgs("db"), ["ENIM_STICKY", "true"]];
+      const r1 = await lc.ok(conflist, { op: "add", ...s1.req });
+      await lc.ok(conflist, { op: "del", ...s1.req });
+      const s2 = await call("sticky-2", []);
+      s2.req.args = [...podArgs("db"), ["ENIM_STICKY", "true"]];
+      const r2 = await lc.ok(conflist, { op: "add", ...s2.req });
+      assertEquals(r2.result!.interfaces?.[0]?.mac, r1.result!.interfaces?.[0]?.mac);
+      assertEquals(r2.result!.ips, r1.result!.ips);
+
+      for (const c of [plain, inB, fixed, s2]) await lc.ok(conflist, { op: "del", ...c.req });
+      const held = await node.client.attachments();
+      assertEquals(held.map((a) => [a.pod, a.state]), [["lc/db", "held"]]);
+      assertEquals((await node.client.enis()).find((e) => e.id === eB.id)?.securityGroupIds, [
+        "g-bbbbbbbb",
+      ]);
+    } finally {
+      await lc.close();
+    }
+  },
+});

@@ -55,6 +55,11 @@ export interface SimulatedVpcOptions {
   subnets?: VpcSubnets;
   /** Name prefix of every namespace (default `enim-t`). */
   prefix?: string;
+  /**
+   * More subnets of the VPC (per-pod profiles): each gets its gateway (first host)
+   * on the bridge, so a pod with an ENI of that subnet reaches its own gateway.
+   */
+  extraSubnets?: string[];
 }
 
 /**
@@ -88,6 +93,11 @@ function hostAddress(net: ipaddr.IPv4 | ipaddr.IPv6, n: number): string {
     carry = v >> 8;
   }
   return ipaddr.fromByteArray(bytes).toString();
+}
+
+/** The gateway the simulated VPC gives a subnet: its first host. */
+export function gatewayOf(cidr: string): string {
+  return subnet(cidr).gateway;
 }
 
 /** A simulated node + VPC; dispose it (or call `close()`) to remove everything. */
@@ -130,7 +140,8 @@ export class SimulatedVpc implements AsyncDisposable {
     try {
       await createNetns(vpc.node.name);
       await createNetns(vpc.vpc.name);
-      const cidrs = [vpc.#v4, vpc.#v6].filter((s): s is Subnet => s !== null)
+      const cidrs = [vpc.#v4, vpc.#v6, ...(opts.extraSubnets ?? []).map(subnet)]
+        .filter((s): s is Subnet => s !== null)
         .map((s) => `${s.gateway}/${s.prefixLength}`);
       await createBridge(vpc.vpc.name, vpc.bridge, cidrs);
     } catch (err) {
