@@ -381,6 +381,7 @@ class ManagerImpl implements Manager {
         sticky: req.sticky,
       }));
     let allocating = false;
+    let allocated = false;
     try {
       const held = req.sticky ? await this.#takeOverHeld(req, key, pod, log) : null;
       allocating = true;
@@ -394,6 +395,7 @@ class ManagerImpl implements Manager {
             ...(held ? { takeOver: ownerOf(held) } : {}),
           })),
       );
+      allocated = true;
       if (held && held.eniId !== eni.id) {
         // The held ENI could not be given back (gone from the cloud): free what is left of it.
         log.warn("The sticky pod's held ENI could not be taken over; it got another", {
@@ -446,10 +448,17 @@ class ManagerImpl implements Manager {
       log.warn("ADD failed; rolling back", { code: apiErr.code, error: apiErr.message });
       const row = this.state.get(key);
       if (row) {
+        // A failed allocate may still have given this owner an ENI (a timeout): free it
+        // then; when the provider shows it holds none, there is nothing to ask it.
+        const mayHold = allocated ||
+          (allocating && await this.#provider.list().then(
+            (enis) => enis.some((e) => e.owner !== null && keyOf(e.owner) === keyOf(key)),
+            () => true,
+          ));
         try {
           await this.#release(
             row,
-            { netnsUsable: true, skipProvider: !allocating, leaveCallerDevice: true },
+            { netnsUsable: true, skipProvider: !mayHold, leaveCallerDevice: true },
             t,
           );
         } catch (rbErr) {
@@ -876,7 +885,9 @@ class ManagerImpl implements Manager {
         return fail(err instanceof Error ? err.message : String(err));
       }
       try {
-        const pod = await this.#devices.inspect({ netns: pinned, ifName: req.ifName });
+        const pod = await this.#devices.inspect({ netns: pinned, ifName: req.ifName }).catch((
+          err,
+        ) => fail(`Cannot read the pod's interface: ${message(err)}`));
         live = {
           netns: pinned.identity,
           link: pod.link,

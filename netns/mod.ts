@@ -341,7 +341,17 @@ export class IpDeviceLayer implements DeviceLayer {
         );
         inPod = pickDevice(links, mac, p.nodeName, p.podName);
       } catch (err) {
-        // The namespace may have vanished since the check: look on the node.
+        // A pinned namespace cannot vanish: the device is there, unreadable. Fail, so the
+        // ENI stays held until a retry finds it (never freed while unaccounted for).
+        if (typeof p.netns !== "string") {
+          throw new DeviceError(
+            "unplug",
+            "failed",
+            `Cannot list the links of netns "${ns.path}" to bring the device back: ${errText(err)}`,
+            { cause: err },
+          );
+        }
+        // A path's namespace may have vanished since the check: look on the node.
         this.#log.warn("Cannot list links in the pod; looking on the node", {
           netns: ns.path,
           err,
