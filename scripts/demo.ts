@@ -35,7 +35,17 @@ if (unmet.length > 0) {
 
 const t0 = performance.now();
 console.log(bold("enim demo: whole ENIs for pods, on the mock provider in network namespaces\n"));
-const node = await SimulatedNode.start({ mock: { enis: 4 } });
+// Two profiles: the default subnet, and "db" (its own subnet and security group), which
+// the db pod chooses through its annotations as containerd passes them.
+const node = await SimulatedNode.start({
+  mock: { enis: 4 },
+  profiles: {
+    db: { subnets: { ipv4: "10.98.0.0/24" }, enis: 2, securityGroupIds: ["g-dbonly"] },
+  },
+});
+const ANNOTATIONS: Record<string, Record<string, string>> = {
+  db: { "enim.dev/profile": "db", "enim.dev/sticky": "true" },
+};
 try {
   console.log(`node namespace   ${node.vpc.node.name}`);
   console.log(
@@ -44,17 +54,31 @@ try {
   console.log(`agent            pid ${node.agentPid}, socket ${node.socket}`);
   console.log(`sandbox          ${node.sandbox.base} (the node's private /run/enim)\n`);
 
-  const pods: { name: string; ns: NetnsHandle; containerId: string; ips: string[] }[] = [];
+  const pods: {
+    name: string;
+    ns: NetnsHandle;
+    containerId: string;
+    ips: string[];
+    gateways: string[];
+  }[] = [];
   for (const name of ["web", "api", "db"]) {
     const ns = await node.vpc.pod(name);
     const containerId = `demo-${name}-${crypto.randomUUID().slice(0, 8)}`;
-    console.log(bold(`ADD pod default/${name}`) + `  (CNI_NETNS=${ns.path})`);
+    const annotations = ANNOTATIONS[name];
+    console.log(
+      bold(`ADD pod default/${name}`) + `  (CNI_NETNS=${ns.path})` +
+        (annotations ? `\n     annotations ${JSON.stringify(annotations)}` : ""),
+    );
     const res = await node.cni("ADD", {
       containerId,
       ifName: "eth0",
       netns: ns.path,
       args: `K8S_POD_NAMESPACE=default;K8S_POD_NAME=${name};IgnoreUnknown=1`,
-      config: node.netconf("1.1.0"),
+      config: node.netconf("1.1.0", {
+        ...(annotations
+          ? { runtimeConfig: { "io.kubernetes.cri.pod-annotations": annotations } }
+          : {}),
+      }),
     });
     if (res.code !== 0 || !res.json) {
       step(false, `ADD failed (exit ${res.code}): ${res.stdout.trim()} ${res.stderr.trim()}`);
@@ -66,16 +90,23 @@ try {
     for (const ip of ips) console.log(`     address ${ip.address} via ${ip.gateway}`);
     const shown = await node.vpc.exec(ns, ["/usr/sbin/ip", "-br", "addr", "show", "dev", "eth0"]);
     console.log(`     in the pod: ${shown.stdout.trim()}`);
-    pods.push({ name, ns, containerId, ips: ips.map((i) => i.address.split("/")[0]) });
+    pods.push({
+      name,
+      ns,
+      containerId,
+      ips: ips.map((i) => i.address.split("/")[0]),
+      gateways: ips.map((i) => i.gateway),
+    });
   }
 
   console.log(bold("\nPings from inside the pods"));
   for (const [i, pod] of pods.entries()) {
-    for (const gw of [node.vpc.gateways.ipv4, node.vpc.gateways.ipv6]) {
-      if (gw) step(await node.vpc.ping(pod.ns, gw), `${pod.name} → gateway ${gw}`);
+    // Each pod reaches its own subnet's gateway, and the pods of the same subnet each other.
+    for (const gw of pod.gateways) {
+      step(await node.vpc.ping(pod.ns, gw), `${pod.name} → its gateway ${gw}`);
     }
     const other = pods[(i + 1) % pods.length];
-    if (other !== pod) {
+    if (other !== pod && other.gateways[0] === pod.gateways[0]) {
       for (const ip of other.ips) {
         step(await node.vpc.ping(pod.ns, ip), `${pod.name} → ${other.name} ${ip}`);
       }
@@ -100,8 +131,8 @@ try {
   }
   const after = await node.client.status();
   step(
-    after.pool.owned === 0,
-    `every ENI back in the pool (free ${after.pool.free}, owned ${after.pool.owned})`,
+    after.pool.owned === after.pool.held,
+    `every ENI back in the pool (free ${after.pool.free}, owned ${after.pool.owned}, of which held for the sticky db pod ${after.pool.held})`,
   );
 } catch (err) {
   step(false, `demo aborted: ${err instanceof Error ? err.message : String(err)}`);

@@ -30,8 +30,13 @@ Deno.test({
     const text = new TextDecoder().decode(out.stdout);
     assertEquals(out.code, 0, text + new TextDecoder().decode(out.stderr));
     assertMatch(text, /demo passed in [\d.]+ s/);
-    assertMatch(text, /web → gateway 10\.99\.0\.1/);
-    assertMatch(text, /every ENI back in the pool \(free 4, owned 0\)/);
+    assertMatch(text, /web → its gateway 10\.99\.0\.1/);
+    assertMatch(text, /db → its gateway 10\.98\.0\.1/, "the db profile's pod is in its own subnet");
+    assertMatch(text, /eni-mock-db-0001\s+db\s/);
+    assertMatch(
+      text,
+      /every ENI back in the pool \(free 5, owned 1, of which held for the sticky db pod 1\)/,
+    );
 
     const namespaces = [
       ...text.matchAll(/^(?:node|VPC) namespace\s+(\S+)/gm),
