@@ -48,6 +48,26 @@ const PROFILE_COLUMNS: Column<ProfileRow>[] = [
   { header: "HELD", cell: ([, c]) => String(c.held) },
 ];
 
+/** What an operator must act on: owned ENIs the cloud lost, stuck ENIs in quarantine. */
+function providerWarnings(s: Status): string {
+  const lines: string[] = [];
+  const lost = s.enis.filter((e) => e.cloudState === "lost");
+  for (const e of lost) {
+    lines.push(
+      `LOST: ${e.id} (${e.mac}) of ${
+        e.owner?.pod ?? "?"
+      } is gone from the cloud; its DEL or the next GC forgets it`,
+    );
+  }
+  const q = s.providerDetails.quarantined;
+  if (typeof q === "number" && q > 0) {
+    lines.push(
+      `QUARANTINED: ${q} ENI(s) stuck attaching or detaching that the cloud would not release (see --json: providerDetails.quarantinedEnis)`,
+    );
+  }
+  return lines.length ? lines.join("\n") + "\n\n" : "";
+}
+
 /** Renders the Status object as `enim status` prints it. */
 export function renderStatus(s: Status): string {
   const p = s.pool;
@@ -59,6 +79,7 @@ export function renderStatus(s: Status): string {
     `${p.held > 0 ? `${p.held} held, ` : ""}` +
     `${p.attachable} more attachable${several ? " (shared by all profiles)" : ""}\n\n`;
   if (several) head += renderTable(PROFILE_COLUMNS, profiles) + "\n";
+  head += providerWarnings(s);
   const columns = several
     ? [
       ...COLUMNS.slice(0, 1),

@@ -153,3 +153,27 @@ Deno.test("enim status shows each profile's pool and a held ENI's time left", ()
   assertMatch(lines[7], /^ENI\s+PROFILE\s+MAC/);
   assertMatch(lines[9], /^eni-2\s+b\s+.*held \(4m left\)\s+db\/db-0/);
 });
+
+Deno.test("enim status names lost and quarantined ENIs an operator must act on", () => {
+  const text = renderStatus(StatusSchema.parse({
+    version: "0.1.0",
+    provider: "bce",
+    ready: true,
+    canAllocate: true,
+    pool: { free: 0, owned: 1, recycling: 0, attachable: 0 },
+    enis: [{
+      id: "eni-x",
+      mac: "02:00:00:00:00:09",
+      ipv4: null,
+      ipv6: null,
+      state: "owned",
+      owner: { pod: "ns/p", containerId: "c1", ifName: "eth0" },
+      cloudState: "lost",
+      device: null,
+      attachment: null,
+    }],
+    providerDetails: { quarantined: 1 },
+  }));
+  assertStringIncludes(text, "LOST: eni-x (02:00:00:00:00:09) of ns/p is gone from the cloud");
+  assertStringIncludes(text, "QUARANTINED: 1 ENI(s) stuck");
+});

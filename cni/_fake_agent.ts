@@ -39,6 +39,7 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
     canAllocate: true,
     pool: { free: 2, owned: 1, recycling: 0, held: 0, attachable: 3, profiles: {} },
     enis: [],
+    providerDetails: {},
     ...over,
   };
 }

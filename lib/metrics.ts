@@ -53,6 +53,10 @@ export interface PoolCounts {
   /** How many more ENIs the node can attach (shared by every profile). */
   attachable: number;
   profiles: Record<string, ProfileCounts>;
+  /** Owned ENIs the cloud no longer has (deleted or detached out of band). */
+  lost?: number;
+  /** The provider's numeric status details (BCE: lost, quarantined, creating, …). */
+  details?: Record<string, unknown>;
 }
 
 const LATENCY_BUCKETS = [
@@ -175,6 +179,27 @@ export class Metrics implements PhaseRecorder {
         const p = await pool();
         for (const [profile, counts] of Object.entries(p.profiles)) {
           this.set({ profile }, counts.held);
+        }
+      },
+    });
+    new Gauge({
+      name: "enim_lost_enis",
+      help:
+        "ENIs a pod owns that the cloud no longer has (deleted or detached out of band; should be 0)",
+      registers,
+      async collect() {
+        this.set({}, (await pool()).lost ?? 0);
+      },
+    });
+    new Gauge({
+      name: "enim_provider_status",
+      help:
+        "The provider's own counters (BCE: quarantined stuck ENIs, lost, creating, releasing, cleanup, otherAttached, maxEnisPerNode), by field",
+      labelNames: ["field"],
+      registers,
+      async collect() {
+        for (const [field, v] of Object.entries((await pool()).details ?? {})) {
+          if (typeof v === "number" && Number.isFinite(v)) this.set({ field }, v);
         }
       },
     });

@@ -1,4 +1,4 @@
-import { assertMatch } from "./assert.ts";
+import { assert, assertMatch } from "./assert.ts";
 import { Metrics } from "./metrics.ts";
 
 Deno.test("metrics exposes phase histograms, operation counters and pool gauges", async () => {
@@ -9,6 +9,8 @@ Deno.test("metrics exposes phase histograms, operation counters and pool gauges"
       default: { free: 3, owned: 2, recycling: 1, held: 0 },
       b: { free: 1, owned: 1, recycling: 0, held: 1 },
     },
+    lost: 1,
+    details: { quarantined: 2, limitSource: "quota", lostEnis: [] },
   }));
   m.holdExpired("b");
   m.description("ok");
@@ -26,5 +28,8 @@ Deno.test("metrics exposes phase histograms, operation counters and pool gauges"
   assertMatch(text, /enim_sticky_hold_expiries_total\{profile="b"\} 1/);
   assertMatch(text, /enim_eni_descriptions_total\{result="ok"\} 1/);
   assertMatch(text, /enim_node_attachable_enis 4/);
+  assertMatch(text, /enim_lost_enis 1/);
+  assertMatch(text, /enim_provider_status\{field="quarantined"\} 2/);
+  assert(!text.includes('field="limitSource"'), "only numeric details become samples");
   assertMatch(text, /enim_gc_reclaims_total\{result="reclaimed"\} 1/);
 });

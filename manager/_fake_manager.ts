@@ -172,6 +172,7 @@ export class FakeManager implements EniManager {
         const att = [...this.atts.values()].find((a) => a.eniId === e.id) ?? null;
         return { ...e, device: att?.nodeName ?? `eni${e.id.slice(-4)}`, attachment: att };
       }),
+      providerDetails: {},
     });
   }
 

@@ -207,7 +207,14 @@ export async function startParts(
       describeAs: cfg.cloudDescriptions ? nodeName() : null,
     });
     closers.push(() => manager.close());
-    metrics.setPoolSource(async () => (await manager.status()).pool);
+    metrics.setPoolSource(async () => {
+      const s = await manager.status();
+      return {
+        ...s.pool,
+        lost: s.enis.filter((e) => e.cloudState === "lost").length,
+        details: s.providerDetails,
+      };
+    });
     const report = await manager.reconcile();
     log.info("reconciled the state with the provider and the devices", { ...report });
     if (raw.start) await raw.start();

@@ -275,6 +275,8 @@ export const StatusSchema = z.object({
     device: z.nullable(z.string()),
     attachment: z.nullable(AttachmentSchema),
   })),
+  /** The provider's own details (BCE: limit source, lost and quarantined ENIs, intents). */
+  providerDetails: z._default(z.record(z.string(), z.unknown()), {}),
 });
 /** GET /v1/status. */
 export type Status = z.infer<typeof StatusSchema>;

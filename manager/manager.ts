@@ -1070,6 +1070,7 @@ class ManagerImpl implements Manager {
         profiles,
       },
       enis: out,
+      providerDetails: ps.details,
     };
   }
 
