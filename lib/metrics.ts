@@ -57,6 +57,8 @@ export interface PoolCounts {
   lost?: number;
   /** The provider's numeric status details (BCE: lost, quarantined, creating, …). */
   details?: Record<string, unknown>;
+  /** Whether the agent is ready and can serve an ADD (reconciled, an ENI free or attachable). */
+  ready?: boolean;
 }
 
 const LATENCY_BUCKETS = [
@@ -89,9 +91,26 @@ export class Metrics implements PhaseRecorder {
   readonly descriptions: Counter<"result">;
   #pool: () => Promise<PoolCounts> | PoolCounts = () => ({ attachable: 0, profiles: {} });
 
-  constructor() {
+  /** `started`: when the agent started, epoch milliseconds. */
+  constructor(started: number = Date.now()) {
     this.registry = new Registry();
     const registers = [this.registry];
+    new Gauge({
+      name: "enim_agent_up",
+      help: "Whether the enim agent is serving",
+      registers,
+      collect() {
+        this.set({}, 1);
+      },
+    });
+    new Gauge({
+      name: "enim_agent_start_time_seconds",
+      help: "When the agent started, in Unix seconds",
+      registers,
+      collect() {
+        this.set({}, Math.floor(started / 1000));
+      },
+    });
     this.operationDuration = new Histogram({
       name: "enim_operation_duration_seconds",
       help: "Time the agent spent on an API operation, by operation and result",
@@ -180,6 +199,15 @@ export class Metrics implements PhaseRecorder {
         for (const [profile, counts] of Object.entries(p.profiles)) {
           this.set({ profile }, counts.held);
         }
+      },
+    });
+    new Gauge({
+      name: "enim_ready",
+      help:
+        "Whether the agent is ready and can serve an ADD (reconciled; an ENI free or attachable)",
+      registers,
+      async collect() {
+        this.set({}, (await pool()).ready ? 1 : 0);
       },
     });
     new Gauge({

@@ -13,7 +13,9 @@ import { privateDir, privateFile, tightenExisting } from "../lib/private_fs.ts";
 import { storageFailure, storageFailureMessage } from "../lib/sqlite.ts";
 import type { DatabaseSync } from "node:sqlite";
 import { type AgentConfig, validateProviderConfig } from "./config.ts";
-import { createHandler, type MetricsSource, serveUnix, type UnixServer } from "./server.ts";
+import { createHandler, serveUnix, type UnixServer } from "./server.ts";
+import { poolCounts } from "./status.ts";
+import { defaultLivenessSources, type LivenessSource } from "./liveness/mod.ts";
 import type { EniManager } from "./types.ts";
 import type { Logger } from "../lib/log.ts";
 import { Metrics } from "../lib/metrics.ts";
@@ -42,8 +44,11 @@ export interface AgentDeps {
   /** Test and demo only: the veth device simulator of `cfg.deviceSimulator`. */
   loadDeviceSimulator(cfg: AgentConfig): Promise<DeviceSimulator | undefined>;
   createManager(opts: ManagerOptions): EniManager | Promise<EniManager>;
-  /** `GET /metrics`, when the manager offers one. */
-  metrics?(manager: EniManager): MetricsSource | undefined;
+  /**
+   * More GC liveness sources beside the built-in ones (`manager/liveness/`): the
+   * place to wire a source that needs its own client or settings.
+   */
+  livenessSources?(cfg: AgentConfig, log: Logger): LivenessSource[];
 }
 
 /** The node's name in ENI descriptions: its hostname (Kubernetes' default node name). */
@@ -202,19 +207,16 @@ export async function startParts(
       devices,
       log: log.child({ component: "manager" }),
       gcGraceMs: cfg.gc.graceSeconds * 1000,
+      livenessSources: [
+        ...defaultLivenessSources(),
+        ...(deps.livenessSources?.(cfg, log.child({ component: "liveness" })) ?? []),
+      ],
       metrics,
       stickyHoldMs: cfg.sticky.holdSeconds * 1000,
       describeAs: cfg.cloudDescriptions ? nodeName() : null,
     });
     closers.push(() => manager.close());
-    metrics.setPoolSource(async () => {
-      const s = await manager.status();
-      return {
-        ...s.pool,
-        lost: s.enis.filter((e) => e.cloudState === "lost").length,
-        details: s.providerDetails,
-      };
-    });
+    metrics.setPoolSource(async () => poolCounts(await manager.status()));
     const report = await manager.reconcile();
     log.info("reconciled the state with the provider and the devices", { ...report });
     if (raw.start) await raw.start();
@@ -318,7 +320,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     const handler = createHandler({
       manager: parts.manager,
       log: log.child({ component: "api" }),
-      metrics: opts.deps.metrics?.(parts.manager) ?? (() => parts.metrics.text()),
+      metrics: () => parts.metrics.text(),
       addTimeoutMs: cfg.timeouts.addSeconds * 1000,
     });
     server = await serveUnix(cfg.socket, handler, {

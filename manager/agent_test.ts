@@ -49,6 +49,8 @@ Deno.test("the agent starts, reconciles, serves, runs GC, and shuts down in orde
     });
     const m = new FakeManager();
     const closed: string[] = [];
+    // A source the wiring adds (as a Kubernetes one would be).
+    const extra = { name: "kubernetes-example", dead: () => Promise.resolve(new Map()) };
     let providerConfig: unknown;
     const deps: AgentDeps = {
       openDatabase: (p) => new DatabaseSync(p),
@@ -62,8 +64,16 @@ Deno.test("the agent starts, reconciles, serves, runs GC, and shuts down in orde
         }),
       createDevices: () => Promise.resolve({ devices: new FakeDeviceLayer() }),
       loadDeviceSimulator: () => Promise.resolve(undefined),
+      livenessSources: () => [extra],
       createManager: (o) => {
         assertEquals(o.gcGraceMs, 30_000);
+        assertEquals(o.livenessSources?.map((s) => s.name), [
+          "unfinished",
+          "netns",
+          "cni-gc",
+          "recycling",
+          "kubernetes-example",
+        ]);
         const close = m.close.bind(m);
         m.close = () => {
           closed.push("manager");

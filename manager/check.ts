@@ -20,7 +20,11 @@
  * @module
  */
 import { normalizeIp } from "../providers/contract.ts";
-import type { Link, NetnsIdentity, RouteSpec } from "../netns/types.ts";
+import type { Link, NetnsIdentity, PinnedNetns, RouteSpec } from "../netns/types.ts";
+import { AddResponseSchema, ApiError } from "./api_schema.ts";
+import { keyOf } from "./state.ts";
+import type { CheckInput } from "./types.ts";
+import { type ManagerContext, message } from "./context.ts";
 
 /** What the ADD recorded. */
 export interface CheckRecord {
@@ -132,4 +136,60 @@ export function checkProblems(
     }
   }
   return problems;
+}
+
+/**
+ * CHECK against the system: reads the record and the live pod, then applies
+ * {@linkcode checkProblems}; throws `check_failed` naming the first problem.
+ */
+export async function checkAttachment(ctx: ManagerContext, req: CheckInput): Promise<void> {
+  const row = ctx.state.get(req);
+  const name = `"${keyOf(req)}"`;
+  const fail = (msg: string): never => {
+    throw new ApiError("check_failed", msg);
+  };
+  if (!row) return fail(`Attachment ${name} is not known to the agent`);
+  if ((row.state !== "ready" && row.state !== "recycling") || !row.result || !row.mac) {
+    return fail(`Attachment ${name} is ${row.state}, not ready`);
+  }
+  const result = AddResponseSchema.parse(JSON.parse(row.result));
+  const record: CheckRecord = {
+    mode: row.mode,
+    mac: row.mac,
+    nodeName: row.nodeName,
+    addresses: result.ips.map((i) => i.address),
+    netns: row.netnsIno !== null && row.netnsDev !== null
+      ? { dev: row.netnsDev, ino: row.netnsIno }
+      : null,
+  };
+  let live: CheckLive | null = null;
+  if (row.mode === "interface") {
+    let pinned: PinnedNetns;
+    try {
+      pinned = await ctx.devices.pin(req.netns);
+    } catch (err) {
+      return fail(err instanceof Error ? err.message : String(err));
+    }
+    try {
+      const pod = await ctx.devices.inspect({ netns: pinned, ifName: req.ifName }).catch((
+        err,
+      ) => fail(`Cannot read the pod's interface: ${message(err)}`));
+      live = {
+        netns: pinned.identity,
+        link: pod.link,
+        addresses: pod.addresses,
+        routes: pod.routes,
+      };
+    } finally {
+      pinned.close();
+    }
+  }
+  const problems = checkProblems(record, req.expected, live, req);
+  if (problems.length > 0) fail(problems[0]);
+  if (row.mode === "ipam") {
+    const mac = row.mac;
+    const link = await ctx.devices.findByMac(mac).catch(() => null) ??
+      await ctx.devices.findByMac(mac, req.netns).catch(() => null);
+    if (!link) fail(`No device with MAC ${mac} (ENI "${row.eniId}") on the node or in the pod`);
+  }
 }

@@ -32,7 +32,7 @@ export type MetricsSource = () => string | Promise<string>;
 export interface HandlerOptions {
   manager: EniManager;
   log?: Logger;
-  /** `GET /metrics`; a minimal built-in exposition when absent. */
+  /** `GET /metrics` (the agent's {@linkcode Metrics}); 404 when absent. */
   metrics?: MetricsSource;
   /** Request bodies larger than this are refused with 413. */
   maxBodyBytes?: number;
@@ -137,37 +137,6 @@ async function readJson(req: Request, max: number): Promise<unknown> {
   }
 }
 
-/**
- * The built-in Prometheus exposition (until the manager supplies per-phase
- * histograms): agent up and start time, and the pool gauges from `status()`.
- */
-function builtinMetrics(manager: EniManager, started: number): MetricsSource {
-  return async () => {
-    const lines = [
-      "# HELP enim_agent_up Whether the enim agent is serving.",
-      "# TYPE enim_agent_up gauge",
-      "enim_agent_up 1",
-      "# HELP enim_agent_start_time_seconds When the agent started, in Unix seconds.",
-      "# TYPE enim_agent_start_time_seconds gauge",
-      `enim_agent_start_time_seconds ${Math.floor(started / 1000)}`,
-    ];
-    try {
-      const s = await manager.status();
-      lines.push(
-        "# HELP enim_pool_enis ENIs on this node by state; attachable: how many more may attach.",
-        "# TYPE enim_pool_enis gauge",
-        ...(["free", "owned", "recycling", "attachable"] as const).map((k) =>
-          `enim_pool_enis{state="${k}"} ${s.pool[k]}`
-        ),
-        "# HELP enim_ready Whether the agent is ready and can serve an ADD.",
-        "# TYPE enim_ready gauge",
-        `enim_ready ${s.ready && s.canAllocate ? 1 : 0}`,
-      );
-    } catch { /* the gauges are left out while status fails */ }
-    return lines.join("\n") + "\n";
-  };
-}
-
 type Route = (req: Request) => Promise<Response>;
 
 /** Builds the API handler over `manager`. */
@@ -175,7 +144,7 @@ export function createHandler(opts: HandlerOptions): Handler {
   const m = opts.manager;
   const log = opts.log ?? nullLogger;
   const max = opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES;
-  const metrics = opts.metrics ?? builtinMetrics(m, Date.now());
+  const metrics = opts.metrics;
 
   const api = new LocalAgentClient(m, { addTimeoutMs: opts.addTimeoutMs });
 
@@ -209,10 +178,12 @@ export function createHandler(opts: HandlerOptions): Handler {
     "/v1/enis": { GET: async () => json({ enis: await api.enis() }) },
     "/v1/healthz": { GET: () => Promise.resolve(json({ ok: true })) },
     "/metrics": {
-      GET: async () =>
-        new Response(await metrics(), {
+      GET: async () => {
+        if (!metrics) throw new ApiError("not_found", "This agent serves no metrics");
+        return new Response(await metrics(), {
           headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
-        }),
+        });
+      },
     },
   };
 

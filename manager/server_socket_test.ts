@@ -2,6 +2,7 @@ import { assert, assertEquals, assertMatch, assertRejects } from "../lib/assert.
 import { ApiError } from "./api_schema.ts";
 import { SocketAgentClient } from "./client.ts";
 import { createHandler, serveUnix, SocketInUseError } from "./server.ts";
+import { Metrics } from "../lib/metrics.ts";
 import { FakeManager } from "./_fake_manager.ts";
 import { withRunDir } from "../tests/_run_dir.ts";
 
@@ -10,7 +11,11 @@ Deno.test("the API over a real unix socket: modes, client, stale and live socket
     const dir = `${root}/sock`;
     const path = `${dir}/enim.sock`;
     const m = new FakeManager();
-    const server = await serveUnix(path, createHandler({ manager: m }));
+    const metrics = new Metrics();
+    const server = await serveUnix(
+      path,
+      createHandler({ manager: m, metrics: () => metrics.text() }),
+    );
     try {
       await t.step("the directory is created 0700 and the socket is 0600", async () => {
         assertEquals((await Deno.stat(dir)).mode! & 0o777, 0o700);

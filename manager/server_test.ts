@@ -2,6 +2,8 @@ import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/
 import { API_ERROR_CODES, ApiError, HTTP_STATUS } from "./api_schema.ts";
 import { createHandler } from "./server.ts";
 import { FakeManager } from "./_fake_manager.ts";
+import { Metrics } from "../lib/metrics.ts";
+import { poolCounts } from "./status.ts";
 
 const ADD = {
   containerId: "c0ffee01",
@@ -72,13 +74,19 @@ Deno.test("every endpoint answers with its schema's shape", async (t) => {
     assertEquals([res.status, await res.json()], [200, { ok: true }]);
   });
   await t.step("GET /metrics returns Prometheus text", async () => {
-    const res = await h(get("/metrics"));
+    const metrics = new Metrics();
+    metrics.setPoolSource(async () => poolCounts(await m.status()));
+    const res = await createHandler({ manager: m, metrics: () => metrics.text() })(get("/metrics"));
     assertEquals(res.status, 200);
     assertMatch(res.headers.get("content-type")!, /^text\/plain; version=0\.0\.4/);
     const text = await res.text();
     assertMatch(text, /^enim_agent_up 1$/m);
-    assertMatch(text, /^enim_pool_enis\{state="owned"\} 0$/m);
-    assertMatch(text, /^enim_pool_enis\{state="free"\} 3$/m);
+    assertMatch(text, /^enim_ready 1$/m);
+    assertMatch(text, /^enim_pool_enis\{profile="default",state="owned"\} 0$/m);
+    assertMatch(text, /^enim_pool_enis\{profile="default",state="free"\} 3$/m);
+  });
+  await t.step("GET /metrics without a source is a 404", async () => {
+    assertEquals((await h(get("/metrics"))).status, 404);
   });
   await t.step("GET /metrics uses a pluggable source", async () => {
     const h2 = createHandler({ manager: m, metrics: () => "enim_custom 7\n" });

@@ -1,0 +1,327 @@
+/**
+ * ADD: the pod's choice checked, its namespace pinned, the intent recorded, an ENI
+ * allocated (a sticky pod's held one taken back), its device moved and configured
+ * (interface mode) or found (IPAM mode), the outcome recorded, the answer given;
+ * the cloud description queued after it. Any failure rolls back through
+ * `release.ts`.
+ *
+ * @module
+ */
+import { type Eni, EniSchema, type Owner } from "../providers/contract.ts";
+import { DeviceError, type PinnedNetns, type PlugResult, type RouteSpec } from "../netns/types.ts";
+import type { Logger } from "../lib/log.ts";
+import { type AddResponse, AddResponseSchema, ApiError } from "./api_schema.ts";
+import type { AddInput } from "./types.ts";
+import { type AttachmentKey, type AttachmentRow, keyOf } from "./state.ts";
+import { checkChoice } from "./profiles.ts";
+import { buildResult } from "./result.ts";
+import { type ManagerContext, message, ownerOf } from "./context.ts";
+import type { OpTimer } from "./op_timer.ts";
+import { findDevice, release } from "./release.ts";
+
+export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promise<AddResponse> {
+  const pod = `${req.pod.namespace}/${req.pod.name}`;
+  const key: AttachmentKey = { containerId: req.containerId, ifName: req.ifName };
+  const existing = ctx.state.get(key);
+  if (existing) {
+    if ((existing.state === "ready" || existing.state === "recycling") && existing.result) {
+      if (existing.pod !== pod) {
+        throw new ApiError(
+          "bad_request",
+          `Attachment "${keyOf(key)}" belongs to pod "${existing.pod}", not "${pod}"`,
+        );
+      }
+      ctx.log.debug("ADD retried: returning the stored result", { key: keyOf(key) });
+      return AddResponseSchema.parse(JSON.parse(existing.result));
+    }
+    // Left half done by a crash (reconcile normally handles these): undo it first.
+    try {
+      await release(ctx, existing, { netnsUsable: true, leaveCallerDevice: true }, t);
+    } catch (err) {
+      throw ctx.apiError(err);
+    }
+  }
+  // The pod's choice (profile, groups, fixed IPs) against the operator's rules,
+  // before anything is recorded or allocated.
+  checkChoice(ctx.provider.profiles(), {
+    namespace: req.pod.namespace,
+    profile: req.profile,
+    securityGroupIds: req.securityGroupIds,
+    ips: req.ips,
+  });
+  const owner: Owner = { pod, containerId: req.containerId, ifName: req.ifName };
+  const log = ctx.log.child({ op: "add", key: keyOf(key), pod });
+  // The namespace is proven and held before anything is recorded or allocated: every
+  // step of this ADD goes through the one namespace it names now (netns/pin.ts), and the
+  // row carries its identity from the start.
+  let pinned: PinnedNetns | null = null;
+  try {
+    pinned = await t.time("netns_check", () => ctx.devices.pin(req.netns));
+  } catch (err) {
+    // IPAM mode moves nothing: a path that is no namespace (the seed's /dev/null) is
+    // fine there, the node's own namespace never is.
+    const nodeNs = err instanceof DeviceError && err.reason === "netns_node";
+    if (req.mode === "interface" || nodeNs || !(err instanceof DeviceError)) {
+      throw ctx.apiError(err);
+    }
+  }
+  try {
+    return await addPinned(ctx, req, t, key, pod, owner, log, pinned);
+  } finally {
+    pinned?.close();
+  }
+}
+
+export async function addPinned(
+  ctx: ManagerContext,
+  req: AddInput,
+  t: OpTimer,
+  key: AttachmentKey,
+  pod: string,
+  owner: Owner,
+  log: Logger,
+  pinned: PinnedNetns | null,
+): Promise<AddResponse> {
+  const identity = pinned?.identity ?? null;
+  t.sync("state_write", () =>
+    ctx.state.insertAdding({
+      ...key,
+      pod,
+      podUid: req.pod.uid ?? null,
+      network: req.network,
+      netns: req.netns,
+      mode: req.mode,
+      netnsDev: identity?.dev ?? null,
+      netnsIno: identity?.ino ?? null,
+      profile: req.profile,
+      sticky: req.sticky,
+    }));
+  let allocating = false;
+  let allocated = false;
+  try {
+    const held = req.sticky ? await takeOverHeld(ctx, req, key, pod, log) : null;
+    allocating = true;
+    const eni = EniSchema.parse(
+      await t.time("provider", () =>
+        ctx.provider.allocateNextENI(owner, {
+          ips: req.ips,
+          ranges: req.ranges,
+          profile: req.profile,
+          ...(req.securityGroupIds ? { securityGroupIds: req.securityGroupIds } : {}),
+          ...(held ? { takeOver: ownerOf(held) } : {}),
+        })),
+    );
+    allocated = true;
+    if (held && held.eniId !== eni.id) {
+      // The held ENI could not be given back (gone from the cloud): free what is left of it.
+      log.warn("The sticky pod's held ENI could not be taken over; it got another", {
+        held: held.eniId,
+        eniId: eni.id,
+      });
+      await ctx.provider.deallocateENI(ownerOf(held)).catch((err) =>
+        log.warn("Freeing the held ENI failed; GC frees it", { error: message(err) })
+      );
+    }
+    const holder = ctx.state.byEni(eni.id);
+    if (holder && keyOf(holder) !== keyOf(key)) {
+      throw new ApiError(
+        "internal",
+        `The provider handed out ENI "${eni.id}", which attachment "${keyOf(holder)}" holds`,
+      );
+    }
+    log.debug("ENI allocated", { eniId: eni.id });
+    const since = performance.now();
+    return await ctx.locks.run(`eni:${eni.id}`, async () => {
+      t.waited(since);
+      const { ips, routes } = buildResult(eni, req);
+      const placed = req.mode === "interface"
+        ? await plugIntoPod(ctx, req, pinned!, key, eni, ips, routes, t)
+        : await findForIpam(ctx, req, key, eni, identity !== null, t);
+      const { ifindex, nodeName } = placed;
+      const result: AddResponse = { eniId: eni.id, mac: eni.mac, ifindex, nodeName, ips, routes };
+      const recycled = t.sync("state_write", () =>
+        ctx.state.markReady(key, pod, {
+          result: JSON.stringify(result),
+          ifindex,
+          nodeName,
+        }));
+      for (const r of recycled) {
+        log.info("Older container's ENI enters recycling", { recycled: keyOf(r) });
+      }
+      log.info("ADD done", {
+        eniId: eni.id,
+        mac: eni.mac,
+        mode: req.mode,
+        ...(req.profile !== "default" ? { profile: req.profile } : {}),
+        ...(held?.eniId === eni.id ? { keptFrom: keyOf(held) } : {}),
+      });
+      // After the answer, never before it: the cloud shows whose ENI this is.
+      queueMicrotask(() => ctx.describer?.owned(eni.id, pod));
+      return result;
+    });
+  } catch (err) {
+    const apiErr = ctx.apiError(err);
+    log.warn("ADD failed; rolling back", { code: apiErr.code, error: apiErr.message });
+    const row = ctx.state.get(key);
+    if (row) {
+      // A failed allocate may still have given this owner an ENI (a timeout): free it
+      // then; when the provider shows it holds none, there is nothing to ask it.
+      const mayHold = allocated ||
+        (allocating && await ctx.provider.list().then(
+          (enis) => enis.some((e) => e.owner !== null && keyOf(e.owner) === keyOf(key)),
+          () => true,
+        ));
+      try {
+        await release(
+          ctx,
+          row,
+          { netnsUsable: true, skipProvider: !mayHold, leaveCallerDevice: true },
+          t,
+        );
+      } catch (rbErr) {
+        log.error("Rollback failed; GC will finish it", { error: message(rbErr) });
+      }
+    }
+    throw apiErr;
+  }
+}
+
+/**
+ * A sticky pod's comeback: the ENI its previous container left `held` becomes
+ * this attachment's. Under the held row's lock, one transaction deletes it and
+ * records its ENI on this `adding` row, so a crash before the provider call is
+ * rolled back like any ADD (reconcile then frees the ENI as an orphan) and GC
+ * can no longer expire it. A hold of another profile is left to expire.
+ */
+export async function takeOverHeld(
+  ctx: ManagerContext,
+  req: AddInput,
+  key: AttachmentKey,
+  pod: string,
+  log: Logger,
+): Promise<AttachmentRow | null> {
+  const candidate = ctx.state.heldFor(pod, req.ifName);
+  if (!candidate) return null;
+  if (candidate.profile !== req.profile) {
+    log.info("The pod's held ENI is of another profile; it waits for its hold to expire", {
+      held: candidate.eniId,
+      heldProfile: candidate.profile,
+      profile: req.profile,
+    });
+    return null;
+  }
+  return await ctx.locks.run(`att:${keyOf(candidate)}`, () => {
+    const held = ctx.state.takeOver(candidate, key);
+    if (held) log.info("Taking back the sticky pod's held ENI", { eniId: held.eniId });
+    return Promise.resolve(held);
+  });
+}
+
+/**
+ * Interface mode: moves the ENI's device into the pod and configures it (two spawns
+ * when the device layer knows the device's node name). The ENI, its MAC and the
+ * node name the move uses are recorded in one write just before the move, so a
+ * crash after it leaves reconcile all it needs to bring the device back. A device
+ * not on the node yet (a physical ENI returning from a pod, a simulated one being
+ * re-created) is waited for up to 2 s, then the plug is tried once more.
+ */
+export async function plugIntoPod(
+  ctx: ManagerContext,
+  req: AddInput,
+  pinned: PinnedNetns,
+  key: AttachmentKey,
+  eni: Eni,
+  ips: AddResponse["ips"],
+  routes: RouteSpec[],
+  t: OpTimer,
+): Promise<{ ifindex: number; nodeName: string }> {
+  const plug = (nodeName?: string) =>
+    ctx.devices.plug({
+      mac: eni.mac,
+      netns: pinned,
+      ifName: req.ifName,
+      addresses: ips.map((i) => ({ cidr: i.address })),
+      routes,
+      mtu: req.mtu,
+      nodeName,
+      beforeMove: (name) =>
+        t.sync("state_write", () =>
+          ctx.state.update(key, { eniId: eni.id, mac: eni.mac, nodeName: name })),
+      timing: (phase, ms) =>
+        t.add(phase, ms),
+    });
+  let r: PlugResult;
+  try {
+    r = await plug();
+  } catch (err) {
+    if (!(err instanceof DeviceError) || err.reason !== "not_found") throw err;
+    const found = await t.time("device_lookup", () => findDevice(ctx, eni.mac, null));
+    if (!found) {
+      throw new ApiError(
+        "device_error",
+        `No device with MAC "${eni.mac}" (ENI "${eni.id}") on the node`,
+      );
+    }
+    r = await plug(found.link.ifname);
+  }
+  // The device is in the namespace held since the start. If the path names another one
+  // now (deleted and re-created meanwhile), the pod the runtime knows is not that one:
+  // bring the device back and refuse, rather than record a pod that has no device.
+  const now = await ctx.devices.netnsIdentity(req.netns).catch(() => null);
+  if (!now || now.dev !== pinned.identity.dev || now.ino !== pinned.identity.ino) {
+    await ctx.devices.unplug({
+      mac: eni.mac,
+      nodeName: r.nodeName,
+      netns: pinned,
+      podName: req.ifName,
+    });
+    throw new ApiError(
+      "netns_invalid",
+      `Netns "${req.netns}" was replaced during the ADD (it named another namespace when the device was moved); nothing was kept`,
+    );
+  }
+  return { ifindex: r.podIfindex, nodeName: r.nodeName };
+}
+
+/**
+ * IPAM mode: finds the ENI's device, on the node or (a device plugin such as
+ * host-device moves it first) already in the pod, and records it; the calling
+ * plugin moves it.
+ */
+export async function findForIpam(
+  ctx: ManagerContext,
+  req: AddInput,
+  key: AttachmentKey,
+  eni: Eni,
+  podUsable: boolean,
+  t: OpTimer,
+): Promise<{ ifindex: number; nodeName: string }> {
+  const found = await t.time(
+    "device_lookup",
+    () => findDevice(ctx, eni.mac, podUsable ? req : null),
+  );
+  if (!found) {
+    throw new ApiError(
+      "device_error",
+      `No device with MAC "${eni.mac}" (ENI "${eni.id}") on the node${
+        podUsable ? " or in the pod" : ""
+      }`,
+    );
+  }
+  const { link, inPod } = found;
+  // A device plugin that moves the device before calling IPAM (host-device) keeps
+  // the node-side name in the alias, as enim itself does.
+  const nodeName = inPod ? (link.ifalias || link.ifname) : link.ifname;
+  if (inPod) {
+    ctx.log.info("The calling plugin has moved the device into the pod already", {
+      eniId: eni.id,
+      podName: link.ifname,
+      nodeName,
+    });
+  }
+  t.sync(
+    "state_write",
+    () => ctx.state.update(key, { eniId: eni.id, mac: eni.mac, nodeName, ifindex: link.ifindex }),
+  );
+  return { ifindex: link.ifindex, nodeName };
+}

@@ -1,0 +1,49 @@
+/**
+ * What the manager's parts share: the stores, the provider, the device layer, the
+ * locks and the clock. Each operation's module (add.ts, release.ts, reconcile.ts,
+ * status.ts, check.ts) is a set of functions over it; `manager.ts` builds it once
+ * and orchestrates.
+ *
+ * @module
+ */
+import type { Owner, Provider } from "../providers/contract.ts";
+import type { DeviceLayer } from "../netns/types.ts";
+import type { Logger } from "../lib/log.ts";
+import type { PhaseRecorder } from "../lib/metrics.ts";
+import { userMessage } from "../lib/message.ts";
+import type { ApiError } from "./api_schema.ts";
+import type { AttachmentRow, StateStore } from "./state.ts";
+import type { KeyedMutex } from "./mutex.ts";
+import type { Describer, DescriptionRecorder } from "./descriptions.ts";
+
+/** The manager's shared parts. */
+export interface ManagerContext {
+  readonly state: StateStore;
+  readonly provider: Provider;
+  readonly devices: DeviceLayer;
+  readonly log: Logger;
+  /**
+   * Serializes operations on one attachment (`att:<containerId>/<ifName>`) and one ENI
+   * (`eni:<id>`), always taken in that order.
+   */
+  readonly locks: KeyedMutex;
+  /** The clock, epoch milliseconds. */
+  readonly now: () => number;
+  readonly metrics: (PhaseRecorder & Partial<DescriptionRecorder>) | undefined;
+  /** Sets ENI descriptions in the cloud after the fact; null when they are off. */
+  readonly describer: Describer | null;
+  /** How long a sticky pod's ENI is held after its DEL. */
+  readonly holdMs: number;
+  /** Maps what a step threw to the error a client sees (naming the state's path). */
+  apiError(err: unknown): ApiError;
+}
+
+/** The provider-level owner of an attachment row. */
+export const ownerOf = (r: AttachmentRow): Owner => ({
+  pod: r.pod,
+  containerId: r.containerId,
+  ifName: r.ifName,
+});
+
+/** An error's message for a user (no runtime hints). */
+export const message = userMessage;

@@ -1,0 +1,216 @@
+/**
+ * Releasing an attachment (DEL, an ADD's rollback, GC's reclaim, reconcile): the
+ * device back to the node, then the provider, then the record, with the intent
+ * (`deleting`) recorded first so a crash in between is finished at start-up.
+ *
+ * An ENI is never freed while its device is unaccounted for: a device found
+ * neither in the pod nor on the node is asked back from the provider
+ * (`repairDevice`) and waited for; if it stays missing the record stays
+ * `deleting` with the reason and GC tries again. Only an ENI the cloud no longer
+ * has is forgotten.
+ *
+ * @module
+ */
+import { ProviderError } from "../providers/contract.ts";
+import { DeviceError, type Link, type PinnedNetns } from "../netns/types.ts";
+import type { Phase } from "../lib/metrics.ts";
+import type { AttachmentKey, AttachmentRow } from "./state.ts";
+import { type ManagerContext, message, ownerOf } from "./context.ts";
+import { OpTimer } from "./op_timer.ts";
+
+/**
+ * Finds an ENI's device on the node or, for an IPAM ADD with a usable pod namespace,
+ * in the pod (a device plugin such as host-device moves the device into the pod before
+ * it calls IPAM). A device released a moment ago may still be on its way back to the
+ * node (the calling plugin moves it out after IPAM DEL; a physical ENI returns
+ * asynchronously), so a missing device is looked for again for up to 2 s.
+ */
+export async function findDevice(
+  ctx: ManagerContext,
+  mac: string,
+  pod: { netns: string } | null,
+): Promise<{ link: Link; inPod: boolean } | null> {
+  const deadline = Date.now() + 2000;
+  for (;;) {
+    const onNode = await ctx.devices.findByMac(mac);
+    if (onNode) return { link: onNode, inPod: false };
+    if (pod) {
+      const inPod = await ctx.devices.findByMac(mac, pod.netns).catch(() => null);
+      if (inPod) return { link: inPod, inPod: true };
+    }
+    if (Date.now() >= deadline) return null;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/**
+ * Releases an attachment; the caller holds its `att:` key. Intent (`deleting`) first,
+ * then the device back to the node, then the provider, then the row is deleted. On
+ * failure the row stays `deleting` with the error recorded (GC finishes it).
+ *
+ * `leaveCallerDevice` (DEL and ADD rollback): in IPAM mode the device belongs to the
+ * calling plugin. When it sits in the pod under the attachment's interface name, that
+ * plugin put it there and moves it out itself after IPAM DEL (host-device does: IPAM
+ * DEL first, then it moves the device back under the name kept in its alias; if enim
+ * had moved it already, host-device's DEL would fail for good, "failed to find eth0").
+ * GC passes no such flag: a device left in a leftover namespace is moved back.
+ */
+export async function release(
+  ctx: ManagerContext,
+  row: AttachmentRow,
+  o: {
+    netnsUsable: boolean;
+    skipProvider?: boolean;
+    leaveCallerDevice?: boolean;
+    /** A sticky pod's DEL: the device comes back, the ENI stays its pod's until then. */
+    holdUntil?: number;
+  },
+  t: OpTimer = new OpTimer(),
+): Promise<void> {
+  const key: AttachmentKey = { containerId: row.containerId, ifName: row.ifName };
+  if (row.state !== "deleting") {
+    t.sync("state_write", () => ctx.state.update(key, { state: "deleting" }));
+  }
+  try {
+    if (row.mac) {
+      const mac = row.mac;
+      const since = performance.now();
+      await ctx.locks.run(`eni:${row.eniId}`, async () => {
+        t.waited(since);
+        if (
+          o.leaveCallerDevice && o.netnsUsable && row.mode === "ipam" && row.netnsIno !== null
+        ) {
+          const inPod = await ctx.devices.findByMac(mac, row.netns).catch(() => null);
+          if (inPod && inPod.ifname === row.ifName) {
+            ctx.log.info("Leaving the device in the pod to the calling plugin", {
+              eniId: row.eniId,
+              mac,
+              netns: row.netns,
+              ifName: row.ifName,
+            });
+            return;
+          }
+        }
+        // Recorded with the MAC before any move; looked up only for rows of older agents.
+        const nodeName = row.nodeName ??
+          (await t.time("device_lookup", () => ctx.devices.findByMac(mac)))?.ifname ??
+          // Its alias in the pod is its node name (a later unplug renames it to that).
+          (row.eniId ? `enim${row.eniId.replace(/[^A-Za-z0-9]/g, "").slice(-11)}` : "enim-eni");
+        // An IPAM attachment with a non-nsfs netns (CNI_NETNS=/dev/null) has no pod side.
+        const podSide = row.mode === "interface" || row.netnsIno !== null;
+        // Held for this release; a path that names another namespace than the one the
+        // ADD recorded leads to someone else's pod, not to the device.
+        let pinned = o.netnsUsable && podSide
+          ? await ctx.devices.pin(row.netns).catch(() => null)
+          : null;
+        if (
+          pinned && row.netnsIno !== null &&
+          (pinned.identity.ino !== row.netnsIno || pinned.identity.dev !== row.netnsDev)
+        ) {
+          pinned.close();
+          pinned = null;
+        }
+        try {
+          await returnDevice(ctx, row, mac, nodeName, pinned, t);
+        } finally {
+          pinned?.close();
+        }
+      });
+    }
+    if (o.holdUntil !== undefined && row.eniId && row.result) {
+      t.sync("state_write", () => ctx.state.markHeld(key, o.holdUntil!));
+      return;
+    }
+    if (!o.skipProvider) {
+      await t.time("provider", () => ctx.provider.deallocateENI(ownerOf(row)));
+    }
+    t.sync("state_write", () => ctx.state.delete(key));
+    if (row.eniId && !o.skipProvider) ctx.describer?.freed(row.eniId);
+  } catch (err) {
+    t.sync("state_write", () => ctx.state.recordFailure(key, message(err)));
+    throw err;
+  }
+}
+
+/**
+ * Brings an attachment's device back to the node (`unplug`), or makes sure it is
+ * there; throws when it is found nowhere, unless the cloud says the ENI is gone.
+ */
+export async function returnDevice(
+  ctx: ManagerContext,
+  row: AttachmentRow,
+  mac: string,
+  nodeName: string,
+  netns: PinnedNetns | null,
+  t: OpTimer,
+): Promise<void> {
+  const timing = (phase: Phase, ms: number) => t.add(phase, ms);
+  // The pod name identifies the device only once the ADD placed it (a later plugin
+  // may then have changed its MAC); a failed ADD's pod name may be another device's.
+  const podName = row.mode === "interface" && row.result !== null ? row.ifName : undefined;
+  let outcome;
+  try {
+    outcome = await ctx.devices.unplug({ mac, nodeName, netns, podName, timing });
+  } catch (err) {
+    if (!(err instanceof DeviceError) || err.reason !== "netns_invalid" || !netns) {
+      throw err;
+    }
+    // The netns is gone: the kernel returned the device to the node.
+    outcome = await ctx.devices.unplug({ mac, nodeName, netns: null, timing });
+  }
+  if (outcome === "missing") {
+    const repaired = row.eniId ? await repairDevice(ctx, row.eniId, mac) : "missing";
+    // An ENI the cloud no longer has is forgotten: there is nothing left to hold.
+    if (repaired === "gone") return;
+    if (repaired === "missing") {
+      // Never free an ENI whose device is unaccounted for: the next one to get it
+      // would find no device, or the device would turn up in use. The row stays
+      // `deleting` with this error and GC tries again.
+      throw new DeviceError(
+        "unplug",
+        "not_found",
+        `The device of ENI "${row.eniId}" (MAC ${mac}) is neither in the pod nor on the node; the ENI stays held until it is found`,
+      );
+    }
+    // It may come back under another name (and, physical, up): rename and scrub it.
+    await ctx.devices.unplug({ mac, nodeName, netns: null });
+  }
+}
+
+/**
+ * A released device was found nowhere (a veth dies with its namespace; a physical
+ * ENI returns to the node asynchronously): ask the provider to bring it back and
+ * wait for it on the node, so the ENI is usable when it returns to the pool.
+ * Says whether the device is back, the ENI is gone from the cloud, or the device is missing.
+ */
+export async function repairDevice(
+  ctx: ManagerContext,
+  eniId: string,
+  mac: string,
+): Promise<"back" | "gone" | "missing"> {
+  const deadline = Date.now() + 3000;
+  for (;;) {
+    try {
+      await ctx.provider.repairDevice?.(eniId);
+    } catch (err) {
+      if (err instanceof ProviderError && err.reason === "not_found") {
+        // The cloud no longer has the ENI (deleted out of band): no device will return.
+        ctx.log.warn("The ENI is gone from the cloud; its device will not return", {
+          eniId,
+          mac,
+          error: message(err),
+        });
+        return "gone";
+      }
+      ctx.log.warn("Repairing a vanished device failed", { eniId, error: message(err) });
+    }
+    if (await ctx.devices.findByMac(mac).catch(() => null)) {
+      ctx.log.info("A vanished ENI device is back on the node", { eniId, mac });
+      return "back";
+    }
+    if (Date.now() > deadline) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  ctx.log.warn("The ENI's device is missing from the node", { eniId, mac });
+  return "missing";
+}

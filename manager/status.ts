@@ -1,0 +1,65 @@
+/**
+ * The node's status: the provider's pool per profile, the recorded attachments
+ * (recycling, held) and each ENI with its device and attachment.
+ *
+ * @module
+ */
+import { VERSION } from "../lib/version.ts";
+import type { Status } from "./api_schema.ts";
+import { toAttachment } from "./state.ts";
+import type { ManagerContext } from "./context.ts";
+import type { PoolCounts } from "../lib/metrics.ts";
+
+/** The pool gauges' counts, from a status. */
+export function poolCounts(s: Status): PoolCounts {
+  return {
+    attachable: s.pool.attachable,
+    profiles: s.pool.profiles,
+    lost: s.enis.filter((e) => e.cloudState === "lost").length,
+    details: s.providerDetails,
+    ready: s.ready && s.canAllocate,
+  };
+}
+
+export async function status(ctx: ManagerContext, ready: boolean): Promise<Status> {
+  const [ps, enis] = await Promise.all([ctx.provider.status(), ctx.provider.list()]);
+  const rows = ctx.state.all();
+  const byEni = new Map(rows.filter((r) => r.eniId).map((r) => [r.eniId!, r]));
+  const out: Status["enis"] = [];
+  for (const e of enis) {
+    const r = byEni.get(e.id);
+    let device = r?.nodeName ?? null;
+    if (!r) device = (await ctx.devices.findByMac(e.mac).catch(() => null))?.ifname ?? null;
+    out.push({ ...e, device, attachment: r ? toAttachment(r) : null });
+  }
+  const profiles: Status["pool"]["profiles"] = {};
+  const names = new Set([
+    ...ctx.provider.profiles().map((p) => p.name),
+    ...Object.keys(ps.profiles),
+  ]);
+  for (const name of names) {
+    const mine = rows.filter((r) => r.profile === name);
+    profiles[name] = {
+      free: ps.profiles[name]?.free ?? 0,
+      owned: ps.profiles[name]?.owned ?? 0,
+      recycling: mine.filter((r) => r.state === "recycling").length,
+      held: mine.filter((r) => r.state === "held").length,
+    };
+  }
+  return {
+    version: VERSION,
+    provider: ctx.provider.name,
+    ready,
+    canAllocate: ps.free > 0 || ps.attachable > 0,
+    pool: {
+      free: ps.free,
+      owned: ps.owned,
+      recycling: rows.filter((r) => r.state === "recycling").length,
+      held: rows.filter((r) => r.state === "held").length,
+      attachable: ps.attachable,
+      profiles,
+    },
+    enis: out,
+    providerDetails: ps.details,
+  };
+}
