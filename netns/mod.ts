@@ -28,8 +28,8 @@
  *   mac: "02:00:0a:63:00:0b",
  *   netns: "/var/run/netns/cni-1234",
  *   ifName: "eth0",
- *   addresses: [{ cidr: "10.99.0.11/24", gateway: "10.99.0.1" }],
- *   routes: [],
+ *   addresses: [{ cidr: "10.99.0.11/24" }],
+ *   routes: [{ dst: "0.0.0.0/0", gw: "10.99.0.1" }],
  * });
  * await devices.unplug({ mac: "02:00:0a:63:00:0b", nodeName, netns: "/var/run/netns/cni-1234" });
  * ```
@@ -587,9 +587,8 @@ function routeDst(dst: string, gw: string | undefined): { dst: string; family: F
 
 /**
  * The `ip` commands that configure a freshly moved interface: mtu, up, addresses
- * (IPv6 with nodad: the ENI address is unique in the VPC), the default route via
- * each address's gateway, then the extra routes (gw defaulting to the gateway of
- * the route's family). An explicit route to a family's default replaces the implicit one.
+ * (IPv6 with nodad: the ENI address is unique in the VPC), then exactly the routes
+ * given (`gw` absent: on-link). The device layer derives no route of its own.
  */
 export function configureCommands(p: {
   ifName: string;
@@ -599,7 +598,6 @@ export function configureCommands(p: {
 }): string[][] {
   const dev = p.ifName;
   const cmds: string[][] = [];
-  const gateways = new Map<Family, string>();
   try {
     if (p.mtu !== undefined) {
       if (!Number.isInteger(p.mtu) || p.mtu < 68 || p.mtu > 65535) {
@@ -610,31 +608,16 @@ export function configureCommands(p: {
     cmds.push(["link", "set", "dev", dev, "up"]);
     for (const a of p.addresses) {
       const c = cidrOf(a.cidr);
-      const family = c.ip.family;
       const cidr = `${normalizeIp(a.cidr.split("/")[0])}/${c.prefix}`;
-      cmds.push(["addr", "add", cidr, "dev", dev, ...(family === 6 ? ["nodad"] : [])]);
-      if (a.gateway) {
-        if (familyOf(a.gateway) !== family) {
-          throw new Error(`Gateway "${a.gateway}" is not of the family of "${a.cidr}"`);
-        }
-        if (!gateways.has(family)) gateways.set(family, normalizeIp(a.gateway));
-      }
-    }
-    const routes = new Map<string, { dst: string; gw?: string }>();
-    for (const [family, gw] of gateways) {
-      const dst = family === 4 ? "0.0.0.0/0" : "::/0";
-      routes.set(dst, { dst, gw });
+      cmds.push(["addr", "add", cidr, "dev", dev, ...(c.ip.family === 6 ? ["nodad"] : [])]);
     }
     for (const r of p.routes) {
       const { dst, family } = routeDst(r.dst, r.gw);
-      const gw = r.gw ? normalizeIp(r.gw) : gateways.get(family);
+      const gw = r.gw ? normalizeIp(r.gw) : undefined;
       if (gw && familyOf(gw) !== family) {
         throw new Error(`Gateway "${gw}" is not of the family of "${r.dst}"`);
       }
-      routes.set(dst, gw ? { dst, gw } : { dst });
-    }
-    for (const r of routes.values()) {
-      cmds.push(["route", "add", r.dst, ...(r.gw ? ["via", r.gw] : []), "dev", dev]);
+      cmds.push(["route", "add", dst, ...(gw ? ["via", gw] : []), "dev", dev]);
     }
   } catch (err) {
     throw new DeviceError(

@@ -22,14 +22,13 @@ export const LinkSchema = z.looseObject({
 /** A link as `ip -j link show` reports it. */
 export type Link = z.infer<typeof LinkSchema>;
 
-/** An address to configure, in CIDR form (`10.0.1.5/24`, `fd00::5/64`). */
+/**
+ * An address to configure, in CIDR form (`10.0.1.5/24`, `fd00::5/64`). Routes are
+ * never derived from addresses: the caller lists every route (`manager/result.ts`
+ * owns the route policy).
+ */
 export interface AddressSpec {
   cidr: string;
-  /**
-   * The subnet gateway of this address. When set, `plug` adds the default route of
-   * this family via it, and routes of this family without `gw` use it.
-   */
-  gateway?: string;
 }
 
 /** A route to configure; `gw` absent means on-link. */

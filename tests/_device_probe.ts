@@ -25,8 +25,7 @@ const plugged = await devices.plug({
   mac: eni.mac,
   netns: args.podPath,
   ifName: "eth0",
-  addresses: SimulatedVpc.addresses(eni),
-  routes: [],
+  ...SimulatedVpc.plugSpec(eni),
 });
 const inPod = await devices.inspect({ netns: args.podPath, ifName: "eth0" });
 const outcome = await devices.unplug({

@@ -31,7 +31,8 @@ import {
   uniqueName,
   VethDeviceSimulator,
 } from "../netns/sim.ts";
-import type { AddressSpec } from "../netns/types.ts";
+import type { AddressSpec, RouteSpec } from "../netns/types.ts";
+import { buildResult } from "../manager/result.ts";
 import { type Eni, makeEni } from "../providers/contract.ts";
 import { lazyTool } from "../scripts/_deps.ts";
 
@@ -207,12 +208,13 @@ export class SimulatedVpc implements AsyncDisposable {
     return this.simulator.unplug(eni);
   }
 
-  /** What `IpDeviceLayer.plug` takes for this ENI's addresses (with their gateways). */
-  static addresses(eni: Eni): AddressSpec[] {
-    return [eni.ipv4, eni.ipv6].filter((a) => a !== null).map((a) => ({
-      cidr: `${a.address}/${a.prefixLength}`,
-      gateway: a.gateway,
-    }));
+  /**
+   * What `IpDeviceLayer.plug` takes for this ENI: its addresses and the routes the
+   * manager's route policy gives it (`manager/result.ts`, the one owner).
+   */
+  static plugSpec(eni: Eni): { addresses: AddressSpec[]; routes: RouteSpec[] } {
+    const { ips, routes } = buildResult(eni, { routes: [] });
+    return { addresses: ips.map((i) => ({ cidr: i.address })), routes };
   }
 
   /** Runs a program in a namespace of this fixture (`ip netns exec`). */

@@ -71,7 +71,10 @@ Deno.test({
     assertEquals(a.ipv4, { address: "10.98.0.10", prefixLength: 24, gateway: "10.98.0.1" });
     assertEquals(b.ipv4?.address, "10.98.0.11");
     assertEquals(a.ipv6, null);
-    assertEquals(SimulatedVpc.addresses(a), [{ cidr: "10.98.0.10/24", gateway: "10.98.0.1" }]);
+    assertEquals(SimulatedVpc.plugSpec(a), {
+      addresses: [{ cidr: "10.98.0.10/24" }],
+      routes: [{ dst: "0.0.0.0/0", gw: "10.98.0.1" }],
+    });
   },
 });
 
