@@ -142,7 +142,7 @@ function nameFromContainerId(containerId: string): string {
  *
  * @throws {CniError} code 4 naming the CNI_ARGS key that is not a valid Kubernetes name
  */
-export function ownerOf(args: CniArgs, containerId: string): Pod {
+export function podOf(args: CniArgs, containerId: string): Pod {
   const candidate = {
     namespace: args.K8S_POD_NAMESPACE || FALLBACK_NAMESPACE,
     name: args.K8S_POD_NAME || nameFromContainerId(containerId),

@@ -1,6 +1,6 @@
 import { assert, assertEquals, assertStringIncludes, assertThrows } from "../lib/assert.ts";
 import { CniError } from "./errors.ts";
-import { ownerOf, parseCniArgs, requestedIps } from "./args.ts";
+import { parseCniArgs, podOf, requestedIps } from "./args.ts";
 
 function code4(fn: () => unknown): string {
   const err = assertThrows(fn);
@@ -80,29 +80,29 @@ Deno.test("requestedIps(): runtimeConfig.ips, then args.cni.ips, then IP=", asyn
   });
 });
 
-Deno.test("ownerOf() takes the pod from CNI_ARGS and falls back sensibly", async (t) => {
+Deno.test("podOf() takes the pod from CNI_ARGS and falls back sensibly", async (t) => {
   await t.step("kubelet: namespace, name and uid", () => {
     assertEquals(
-      ownerOf({ K8S_POD_NAMESPACE: "ns", K8S_POD_NAME: "web-0", K8S_POD_UID: "u1" }, "c1"),
+      podOf({ K8S_POD_NAMESPACE: "ns", K8S_POD_NAME: "web-0", K8S_POD_UID: "u1" }, "c1"),
       { namespace: "ns", name: "web-0", uid: "u1" },
     );
   });
   await t.step("podman: only K8S_POD_NAME → namespace default", () => {
-    assertEquals(ownerOf({ K8S_POD_NAME: "mypod" }, "c1"), { namespace: "default", name: "mypod" });
+    assertEquals(podOf({ K8S_POD_NAME: "mypod" }, "c1"), { namespace: "default", name: "mypod" });
   });
   await t.step("cnitool: nothing → default/<container id>", () => {
-    assertEquals(ownerOf({}, "cnitool-77383ca0a0715733ca6f"), {
+    assertEquals(podOf({}, "cnitool-77383ca0a0715733ca6f"), {
       namespace: "default",
       name: "cnitool-77383ca0a0715733ca6f",
     });
   });
   await t.step("a container id that is no valid name is trimmed", () => {
-    assertEquals(ownerOf({}, "abc._").name, "abc");
-    assertEquals(ownerOf({}, "a".repeat(256)).name.length, 253);
+    assertEquals(podOf({}, "abc._").name, "abc");
+    assertEquals(podOf({}, "a".repeat(256)).name.length, 253);
   });
   await t.step("an invalid namespace → 4 naming K8S_POD_NAMESPACE", () => {
     assertStringIncludes(
-      code4(() => ownerOf({ K8S_POD_NAMESPACE: "Bad_NS" }, "c1")),
+      code4(() => podOf({ K8S_POD_NAMESPACE: "Bad_NS" }, "c1")),
       "K8S_POD_NAMESPACE",
     );
   });

@@ -115,8 +115,8 @@ export const NetworkConfigSchema = z.looseObject({
 /** The top-level network config. */
 export type NetworkConfig = z.infer<typeof NetworkConfigSchema>;
 
-/** How enim was configured. */
-export type Mode = "interface" | "ipam";
+export type { Mode } from "../manager/api_schema.ts";
+import type { Mode } from "../manager/api_schema.ts";
 
 /** A parsed config: the whole object, the mode, and enim's section. */
 export interface ParsedConfig {

@@ -23,7 +23,7 @@
 import { type AddRequest, ApiError, type CheckRequest } from "../manager/api_schema.ts";
 import { type AgentClient, AgentUnreachableError } from "../manager/client.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
-import { type CniArgs, ownerOf, ownerString, parseCniArgs } from "./args.ts";
+import { type CniArgs, ownerString, parseCniArgs, podOf } from "./args.ts";
 import { podChoice } from "./selection.ts";
 import { DEFAULT_PROFILE } from "../providers/schema.ts";
 import { DEFAULT_LOG_FILE, type ParsedConfig, parseNetworkConfig } from "./config.ts";
@@ -192,20 +192,30 @@ async function dispatch(inv: Invocation, decoded: Decoded): Promise<unknown> {
   version ??= negotiateVersion(parsed.config.cniVersion);
   inv.record.network = parsed.config.name;
   inv.record.mode = parsed.mode;
-  const agent = () => inv.io.agent(parsed.enim.agentSocket, parsed.enim.timeoutSeconds * 1000);
-  switch (env.command) {
-    case "ADD":
-      return await addVerb(inv, parsed, version, agent());
-    case "DEL":
-      return await delVerb(inv, parsed, agent());
-    case "CHECK":
-      return await checkVerb(inv, parsed, agent());
-    case "GC":
-      return await gcVerb(parsed, agent());
-    case "STATUS":
-      return await statusVerb(agent());
-  }
+  const agent = inv.io.agent(parsed.enim.agentSocket, parsed.enim.timeoutSeconds * 1000);
+  return await VERBS[env.command]({ inv, parsed, version, agent });
 }
+
+/** What a verb's handler gets once the config is parsed and the version negotiated. */
+interface VerbCall {
+  inv: Invocation;
+  parsed: ParsedConfig;
+  version: NegotiatedVersion;
+  agent: AgentClient;
+}
+
+/**
+ * The verbs that take a network config, one handler each. The compiler checks
+ * that every verb but VERSION (answered before the config is read) has one; a
+ * new verb is a new `CNI_VERBS` entry (`spec.ts`) and a line here.
+ */
+const VERBS: Record<Exclude<CniVerb, "VERSION">, (c: VerbCall) => Promise<unknown>> = {
+  ADD: ({ inv, parsed, version, agent }) => addVerb(inv, parsed, version, agent),
+  DEL: ({ inv, parsed, agent }) => delVerb(inv, parsed, agent),
+  CHECK: ({ inv, parsed, agent }) => checkVerb(inv, parsed, agent),
+  GC: ({ parsed, agent }) => gcVerb(parsed, agent),
+  STATUS: ({ agent }) => statusVerb(agent),
+};
 
 /** VERSION: see `answerVersion` in spec.ts. */
 function versionVerb(decoded: Decoded): unknown {
@@ -215,9 +225,9 @@ function versionVerb(decoded: Decoded): unknown {
 }
 
 /** Parses CNI_ARGS and the owner, recording the owner for the log line. */
-function ownerFor(inv: Invocation): { args: CniArgs; pod: ReturnType<typeof ownerOf> } {
+function podFor(inv: Invocation): { args: CniArgs; pod: ReturnType<typeof podOf> } {
   const args = parseCniArgs(inv.env.args);
-  const pod = ownerOf(args, inv.env.containerId!);
+  const pod = podOf(args, inv.env.containerId!);
   inv.record.owner = ownerString(pod);
   return { args, pod };
 }
@@ -229,7 +239,7 @@ async function addVerb(
   client: AgentClient,
 ): Promise<unknown> {
   const { env } = inv;
-  const { args, pod } = ownerFor(inv);
+  const { args, pod } = podFor(inv);
   const choice = podChoice(config, args);
   for (const o of choice.overridden) inv.warnings.push(`Two sources disagree; ${o}`);
   if (choice.profile !== DEFAULT_PROFILE) inv.record.profile = choice.profile;
@@ -273,7 +283,7 @@ async function delVerb(
 ): Promise<undefined> {
   const { env } = inv;
   try {
-    ownerFor(inv);
+    podFor(inv);
   } catch (err) {
     // DEL must not fail on what ADD would have refused: the owner is only for the log.
     inv.warnings.push(`Ignoring CNI_ARGS on DEL: ${err instanceof Error ? err.message : err}`);
@@ -311,7 +321,7 @@ async function checkVerb(
   client: AgentClient,
 ): Promise<undefined> {
   const { env } = inv;
-  ownerFor(inv);
+  podFor(inv);
   if (config.prevResult === undefined) {
     throw new CniError(
       CNI_CODES.INVALID_CONFIG,

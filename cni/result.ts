@@ -21,12 +21,12 @@
  *
  * @module
  */
-import type { AddResponse } from "../manager/api_schema.ts";
+import type { AddResponse, Mode } from "../manager/api_schema.ts";
 import type { CniResult } from "./version.ts";
 
 /** What the result needs beyond the agent's answer. */
 export interface ResultContext {
-  mode: "interface" | "ipam";
+  mode: Mode;
   /** CNI_IFNAME. */
   ifName: string;
   /** CNI_NETNS. */

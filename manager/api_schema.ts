@@ -43,6 +43,19 @@ const K8sName = z.string().check(z.regex(
   "Expected a name of letters, digits, '-', '_' and '.', at most 253",
 ));
 
+/** `interface`: enim moves the ENI into the pod; `ipam`: another plugin moves the device. */
+export const ModeSchema = z.enum(["interface", "ipam"]);
+/** How enim was configured for an attachment. */
+export type Mode = z.infer<typeof ModeSchema>;
+
+/**
+ * The attachment states: the intent (adding, deleting) or the outcome (ready,
+ * recycling; held: a sticky pod's ENI kept for it after its DEL, device on the node).
+ */
+export const AttachmentStateSchema = z.enum(["adding", "ready", "recycling", "deleting", "held"]);
+/** An attachment state. */
+export type AttachmentState = z.infer<typeof AttachmentStateSchema>;
+
 /** The pod that owns an attachment. */
 export const PodSchema = z.object({
   namespace: K8sNamespace,
@@ -96,7 +109,7 @@ export const AddRequestSchema = z.object({
   network: z.string().check(z.minLength(1), z.maxLength(256)),
   pod: PodSchema,
   /** `interface`: enim moves the device into the pod; `ipam`: the device stays on the node. */
-  mode: z.enum(["interface", "ipam"]),
+  mode: ModeSchema,
   ips: z._default(z.array(IpSchema), []),
   ranges: z._default(z.array(z.array(IpRangeSchema)), []),
   routes: z._default(z.array(RouteSchema), []),
@@ -163,7 +176,7 @@ export const CheckRequestSchema = z.object({
   ...AttachmentKey,
   netns: NetnsPathSchema,
   network: z.string().check(z.minLength(1), z.maxLength(256)),
-  mode: z.enum(["interface", "ipam"]),
+  mode: ModeSchema,
   /** What the prevResult says: addresses (CIDR), MAC, routes. */
   expected: z.object({
     mac: z.optional(z.string()),
@@ -224,8 +237,8 @@ export const AttachmentSchema = z.object({
   podUid: z.nullable(z.string()),
   network: z.string(),
   netns: z.string(),
-  mode: z.enum(["interface", "ipam"]),
-  state: z.enum(["adding", "ready", "recycling", "deleting", "held"]),
+  mode: ModeSchema,
+  state: AttachmentStateSchema,
   eniId: z.nullable(z.string()),
   mac: z.nullable(z.string()),
   nodeName: z.nullable(z.string()),

@@ -21,14 +21,14 @@
  */
 import { normalizeIp } from "../providers/contract.ts";
 import type { Link, NetnsIdentity, PinnedNetns, RouteSpec } from "../netns/types.ts";
-import { AddResponseSchema, ApiError } from "./api_schema.ts";
+import { AddResponseSchema, ApiError, type Mode } from "./api_schema.ts";
 import { keyOf } from "./state.ts";
 import type { CheckInput } from "./types.ts";
 import { type ManagerContext, message } from "./context.ts";
 
 /** What the ADD recorded. */
 export interface CheckRecord {
-  mode: "interface" | "ipam";
+  mode: Mode;
   /** The ENI's own MAC. */
   mac: string;
   /** The device's node name (interface mode: the alias enim set on it in the pod). */

@@ -18,14 +18,19 @@ import { parse as parseJsonc, type ParseError, printParseErrorCode } from "jsonc
 import { DEFAULT_SOCKET } from "./api_schema.ts";
 import { LEVELS } from "../lib/log.ts";
 import type { ProviderModule } from "../providers/contract.ts";
+import { PROVIDER_NAMES, type ProviderName } from "../providers/registry.ts";
 
 /** The default config file. */
 export const DEFAULT_CONFIG_PATH = "/etc/enim/agent.jsonc";
 /** The default state database. */
 export const DEFAULT_STATE_PATH = "/var/lib/enim/enim.db";
 
-/** The provider names the agent knows (the registry's names). */
-export const PROVIDER_NAMES = ["mock", "bce"] as const;
+export { PROVIDER_NAMES };
+
+/** Each provider's own section (`provider.<name>`), validated later by its module's schema. */
+const providerSections = Object.fromEntries(
+  PROVIDER_NAMES.map((n) => [n, z.optional(z.record(z.string(), z.unknown()))]),
+) as Record<ProviderName, z.ZodMiniOptional<z.ZodMiniRecord<z.ZodMiniString, z.ZodMiniUnknown>>>;
 
 const AbsolutePath = z.string().check(
   z.minLength(1),
@@ -43,10 +48,7 @@ export const AgentConfigSchema = z.strictObject({
   statePath: z._default(AbsolutePath, DEFAULT_STATE_PATH),
   provider: z.strictObject({
     name: z.enum(PROVIDER_NAMES),
-    /** Settings of the mock provider, validated by its own schema. */
-    mock: z.optional(z.record(z.string(), z.unknown())),
-    /** Settings of the BCE provider, validated by its own schema. */
-    bce: z.optional(z.record(z.string(), z.unknown())),
+    ...providerSections,
   }),
   gc: z.prefault(
     z.strictObject({

@@ -12,15 +12,15 @@ import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import type { DatabaseSync } from "node:sqlite";
 import { migrateComponent, type Migration, prepared, transaction } from "../lib/sqlite.ts";
-import type { Attachment } from "./api_schema.ts";
+import {
+  type Attachment,
+  type AttachmentState,
+  AttachmentStateSchema,
+  type Mode,
+  ModeSchema,
+} from "./api_schema.ts";
 
-/**
- * The attachment states: the intent (adding, deleting) or the outcome (ready,
- * recycling; held: a sticky pod's ENI kept for it after its DEL, device on the node).
- */
-export const AttachmentStateSchema = z.enum(["adding", "ready", "recycling", "deleting", "held"]);
-/** An attachment state. */
-export type AttachmentState = z.infer<typeof AttachmentStateSchema>;
+export { type AttachmentState, AttachmentStateSchema } from "./api_schema.ts";
 
 /** The first schema (version 1), as agents before per-component versions made it. */
 const V1 = `CREATE TABLE attachments (
@@ -117,7 +117,7 @@ export const AttachmentRowSchema = z.object({
   netns: z.string(),
   netnsDev: z.nullable(z.number()),
   netnsIno: z.nullable(z.number()),
-  mode: z.enum(["interface", "ipam"]),
+  mode: ModeSchema,
   state: AttachmentStateSchema,
   eniId: z.nullable(z.string()),
   mac: z.nullable(z.string()),
@@ -187,7 +187,7 @@ export interface NewAttachment {
   podUid: string | null;
   network: string;
   netns: string;
-  mode: "interface" | "ipam";
+  mode: Mode;
   /** The netns file's identity, when known at intent time. */
   netnsDev?: number | null;
   netnsIno?: number | null;

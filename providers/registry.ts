@@ -17,9 +17,11 @@ export const PROVIDERS = {
 } as const;
 
 /** A provider name. */
-export const ProviderNameSchema = z.enum(["mock", "bce"]);
+export type ProviderName = keyof typeof PROVIDERS;
+/** Every provider's name: the registry is the one list (the config schema reads it). */
+export const PROVIDER_NAMES = Object.keys(PROVIDERS) as [ProviderName, ...ProviderName[]];
 /** A provider name. */
-export type ProviderName = z.infer<typeof ProviderNameSchema>;
+export const ProviderNameSchema = z.enum(PROVIDER_NAMES);
 
 /**
  * Loads a provider's module by name.
