@@ -19,6 +19,7 @@ import { defaultLivenessSources, type LivenessSource } from "./liveness/mod.ts";
 import type { EniManager } from "./types.ts";
 import type { Logger } from "../lib/log.ts";
 import { Metrics } from "../lib/metrics.ts";
+import { poll, withDeadline } from "../lib/async.ts";
 import {
   type DeviceSimulator,
   type Provider,
@@ -77,20 +78,11 @@ export async function checkConfig(cfg: AgentConfig, deps: Pick<AgentDeps, "loadP
 export function withProviderTimeout(p: Provider, ms: number, metrics?: Metrics): Provider {
   const limit = <T>(what: string, run: () => Promise<T>): Promise<T> => {
     const started = performance.now();
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const deadline = new Promise<never>((_, reject) => {
-      timer = setTimeout(
-        () =>
-          reject(
-            new ProviderError(
-              "unavailable",
-              `The ${p.name} provider's ${what} did not answer within ${ms / 1000} s`,
-            ),
-          ),
-        ms,
-      );
-    });
-    const call = Promise.race([run(), deadline]).finally(() => clearTimeout(timer));
+    const call = withDeadline(run(), ms, () =>
+      new ProviderError(
+        "unavailable",
+        `The ${p.name} provider's ${what} did not answer within ${ms / 1000} s`,
+      ));
     if (!metrics) return call;
     const record = (result: string) =>
       metrics.providerCall(p.name, what, result, performance.now() - started);
@@ -126,13 +118,13 @@ export function withProviderTimeout(p: Provider, ms: number, metrics?: Metrics):
 /** Polls the device layer until a device with `mac` is on the node. */
 function deviceWaiter(devices: DeviceLayer): (mac: string, timeoutMs: number) => Promise<void> {
   return async (mac, timeoutMs) => {
-    const until = Date.now() + timeoutMs;
-    for (let delay = 5;; delay = Math.min(delay * 2, 100)) {
-      if (await devices.findByMac(mac)) return;
-      if (Date.now() >= until) {
-        throw new ProviderError("unavailable", `No device with MAC "${mac}" after ${timeoutMs} ms`);
-      }
-      await new Promise((r) => setTimeout(r, delay));
+    const found = await poll(() => devices.findByMac(mac), {
+      timeoutMs,
+      intervalMs: 5,
+      maxIntervalMs: 100,
+    });
+    if (!found) {
+      throw new ProviderError("unavailable", `No device with MAC "${mac}" after ${timeoutMs} ms`);
     }
   };
 }
@@ -330,14 +322,10 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     });
     opts.onReady?.(server);
     const gcLog = log.child({ component: "gc" });
+    // Each pass logs what it reclaimed and what failed itself (manager/gc.ts).
     gc = startPeriodic(cfg.gc.intervalSeconds * 1000, async () => {
       try {
-        const report = await parts.manager.gc({ dryRun: false });
-        const failed = report.items.filter((i) => i.outcome === "failed");
-        if (report.items.length) {
-          gcLog.info("gc pass", { reclaimed: report.items.length - failed.length });
-        }
-        for (const f of failed) gcLog.warn("gc could not reclaim an ENI", { ...f });
+        await parts.manager.gc({ dryRun: false });
       } catch (err) {
         gcLog.error("gc pass failed", { error: err });
       }

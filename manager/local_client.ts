@@ -11,6 +11,7 @@
  *
  * @module
  */
+import { withDeadline as deadline } from "../lib/async.ts";
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import {
@@ -65,18 +66,11 @@ export async function withDeadline<T>(
   what: string,
 ): Promise<T> {
   if (!ms) return await p;
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  const deadline = new Promise<never>((_, reject) => {
-    timer = setTimeout(
-      () => reject(new ApiError("busy", `${what} did not finish within ${ms / 1000} s`)),
-      ms,
-    );
-  });
-  try {
-    return await Promise.race([p, deadline]);
-  } finally {
-    clearTimeout(timer);
-  }
+  return await deadline(
+    p,
+    ms,
+    () => new ApiError("busy", `${what} did not finish within ${ms / 1000} s`),
+  );
 }
 
 /**

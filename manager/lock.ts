@@ -14,6 +14,7 @@
  *
  * @module
  */
+import { sleep } from "../lib/async.ts";
 import { DatabaseSync } from "node:sqlite";
 import { privateFile } from "../lib/private_fs.ts";
 
@@ -88,9 +89,7 @@ export async function acquireAgentLock(path: string, opts: AcquireOptions): Prom
             { cause: err },
           );
         }
-        await new Promise((r) =>
-          setTimeout(r, Math.min(delay, Math.max(1, deadline - Date.now())))
-        );
+        await sleep(Math.min(delay, Math.max(1, deadline - Date.now())));
       }
     }
   } catch (err) {

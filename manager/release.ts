@@ -17,6 +17,7 @@ import type { Phase } from "../lib/metrics.ts";
 import type { AttachmentKey, AttachmentRow } from "./state.ts";
 import { type ManagerContext, message, ownerOf } from "./context.ts";
 import { OpTimer } from "./op_timer.ts";
+import { poll } from "../lib/async.ts";
 
 /**
  * Finds an ENI's device on the node or, for an IPAM ADD with a usable pod namespace,
@@ -30,17 +31,12 @@ export async function findDevice(
   mac: string,
   pod: { netns: string } | null,
 ): Promise<{ link: Link; inPod: boolean } | null> {
-  const deadline = Date.now() + 2000;
-  for (;;) {
+  return await poll(async () => {
     const onNode = await ctx.devices.findByMac(mac);
     if (onNode) return { link: onNode, inPod: false };
-    if (pod) {
-      const inPod = await ctx.devices.findByMac(mac, pod.netns).catch(() => null);
-      if (inPod) return { link: inPod, inPod: true };
-    }
-    if (Date.now() >= deadline) return null;
-    await new Promise((r) => setTimeout(r, 50));
-  }
+    const inPod = pod ? await ctx.devices.findByMac(mac, pod.netns).catch(() => null) : null;
+    return inPod ? { link: inPod, inPod: true } : null;
+  }, { timeoutMs: 2000, intervalMs: 50 });
 }
 
 /**
@@ -188,8 +184,7 @@ export async function repairDevice(
   eniId: string,
   mac: string,
 ): Promise<"back" | "gone" | "missing"> {
-  const deadline = Date.now() + 3000;
-  for (;;) {
+  const outcome = await poll(async (): Promise<"back" | "gone" | null> => {
     try {
       await ctx.provider.repairDevice?.(eniId);
     } catch (err) {
@@ -204,13 +199,10 @@ export async function repairDevice(
       }
       ctx.log.warn("Repairing a vanished device failed", { eniId, error: message(err) });
     }
-    if (await ctx.devices.findByMac(mac).catch(() => null)) {
-      ctx.log.info("A vanished ENI device is back on the node", { eniId, mac });
-      return "back";
-    }
-    if (Date.now() > deadline) break;
-    await new Promise((r) => setTimeout(r, 100));
-  }
+    return (await ctx.devices.findByMac(mac).catch(() => null)) ? "back" : null;
+  }, { timeoutMs: 3000, intervalMs: 100 });
+  if (outcome === "back") ctx.log.info("A vanished ENI device is back on the node", { eniId, mac });
+  if (outcome) return outcome;
   ctx.log.warn("The ENI's device is missing from the node", { eniId, mac });
   return "missing";
 }

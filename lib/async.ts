@@ -1,0 +1,62 @@
+/**
+ * Time in one place: a sleep, a deadline on a promise, and a poll with backoff.
+ * Every wait the agent makes (a device to appear, a provider call, an API
+ * operation, the node lock) goes through these, with its numbers at the call.
+ *
+ * @module
+ */
+
+/** Resolves after `ms`. */
+export function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+/**
+ * Waits for `p`, rejecting with `onTimeout()` after `ms` (`p` itself goes on; its
+ * outcome is then ignored). No timer outlives the race.
+ */
+export async function withDeadline<T>(
+  p: Promise<T>,
+  ms: number,
+  onTimeout: () => Error,
+): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(onTimeout()), ms);
+  });
+  try {
+    return await Promise.race([p, deadline]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** How {@linkcode poll} waits between tries. */
+export interface PollOptions {
+  /** Give up after this long (the last try starts before it). */
+  timeoutMs: number;
+  /** The first wait between tries. */
+  intervalMs: number;
+  /** The longest wait between tries (default: `intervalMs`, no backoff); waits double up to it. */
+  maxIntervalMs?: number;
+  /** Stops polling early (the result is then null). */
+  signal?: AbortSignal;
+}
+
+/**
+ * Runs `attempt` until it returns something other than null or undefined, and
+ * returns that; null when `timeoutMs` passed (or `signal` aborted) first.
+ */
+export async function poll<T>(
+  attempt: () => Promise<T | null | undefined>,
+  o: PollOptions,
+): Promise<T | null> {
+  const until = Date.now() + o.timeoutMs;
+  for (let wait = o.intervalMs;; wait = Math.min(wait * 2, o.maxIntervalMs ?? o.intervalMs)) {
+    const v = await attempt();
+    if (v !== null && v !== undefined) return v;
+    const left = until - Date.now();
+    if (left <= 0 || o.signal?.aborted) return null;
+    await sleep(Math.min(wait, left));
+  }
+}
