@@ -6,7 +6,7 @@
  */
 import { ApiError, DEFAULT_SOCKET } from "../manager/api_schema.ts";
 import { AgentUnreachableError } from "../manager/client.ts";
-import type { CliIo } from "./mod.ts";
+import type { CliIo } from "./io.ts";
 
 /** The socket: `--socket`, else `ENIM_SOCKET`, else the default. */
 export function socketPath(flag: string | undefined): string {

@@ -5,7 +5,7 @@
  * @module
  */
 import { Command } from "@commander-js/extra-typings";
-import type { CliIo } from "./mod.ts";
+import type { CliIo } from "./io.ts";
 import {
   type AgentConfig,
   ConfigError,

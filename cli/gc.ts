@@ -9,8 +9,7 @@
  */
 import { Command } from "@commander-js/extra-typings";
 import type { GcReport } from "../manager/api_schema.ts";
-import { SocketAgentClient } from "../manager/client.ts";
-import type { CliIo } from "./mod.ts";
+import type { CliIo } from "./io.ts";
 import { type Column, renderTable, shortId } from "./_table.ts";
 import { reportAgentError, SOCKET_HELP, socketPath } from "./_agent.ts";
 
@@ -59,7 +58,7 @@ export function gcCommand(io: CliIo, exit: { code: number }) {
     .option("--json", "print the GC report as JSON")
     .option("--socket <path>", SOCKET_HELP)
     .action(async (opts) => {
-      const client = new SocketAgentClient(socketPath(opts.socket));
+      const client = io.agent(socketPath(opts.socket));
       let report: GcReport;
       try {
         report = await client.gc({ dryRun: opts.dryRun ?? false });

@@ -1,7 +1,7 @@
 import { assertEquals, assertMatch } from "../lib/assert.ts";
 import { GcReportSchema } from "../manager/api_schema.ts";
 import { withRunDir } from "../tests/_run_dir.ts";
-import { cli, withFakeAgent } from "./_serve_fake.ts";
+import { cli, withFakeAgent } from "../tests/_cli.ts";
 import type { FakeManager } from "../manager/_fake_manager.ts";
 
 async function seed(m: FakeManager) {

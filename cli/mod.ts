@@ -13,17 +13,9 @@ import { gcCommand } from "./gc.ts";
 import { statusCommand } from "./status.ts";
 import { versionCommand } from "./version.ts";
 
-/** Output streams, injectable for tests. */
-export interface CliIo {
-  out(text: string): void;
-  err(text: string): void;
-}
+import { type CliIo, processIo } from "./io.ts";
 
-/** The process's own stdout/stderr. */
-export const processIo: CliIo = {
-  out: (t) => Deno.stdout.writeSync(new TextEncoder().encode(t)),
-  err: (t) => Deno.stderr.writeSync(new TextEncoder().encode(t)),
-};
+export { type CliIo, processIo };
 
 /** Builds the commander program; each action stores its exit code in `exit`. */
 export function buildProgram(io: CliIo, exit: { code: number }) {

@@ -5,8 +5,7 @@
  */
 import { Command } from "@commander-js/extra-typings";
 import type { Status } from "../manager/api_schema.ts";
-import { SocketAgentClient } from "../manager/client.ts";
-import type { CliIo } from "./mod.ts";
+import type { CliIo } from "./io.ts";
 import { type Column, formatAge, renderTable, shortId } from "./_table.ts";
 import { reportAgentError, SOCKET_HELP, socketPath } from "./_agent.ts";
 
@@ -97,7 +96,7 @@ export function statusCommand(io: CliIo, exit: { code: number }) {
     .option("--socket <path>", SOCKET_HELP)
     .option("--json", "print the agent's Status object as JSON")
     .action(async (opts) => {
-      const client = new SocketAgentClient(socketPath(opts.socket));
+      const client = io.agent(socketPath(opts.socket));
       try {
         const s = await client.status();
         io.out(opts.json ? JSON.stringify(s, null, 2) + "\n" : renderStatus(s));

@@ -2,7 +2,7 @@ import { assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.t
 import { StatusSchema } from "../manager/api_schema.ts";
 import { runEnim } from "../tests/_enim.ts";
 import { withRunDir, withSandbox } from "../tests/_run_dir.ts";
-import { cli, withFakeAgent } from "./_serve_fake.ts";
+import { cli, withFakeAgent } from "../tests/_cli.ts";
 import { renderStatus } from "./status.ts";
 import { formatAge } from "./_table.ts";
 

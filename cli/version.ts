@@ -1,7 +1,7 @@
 /** `enim version`. @module */
 import { Command } from "@commander-js/extra-typings";
 import { VERSION } from "../lib/version.ts";
-import type { CliIo } from "./mod.ts";
+import type { CliIo } from "./io.ts";
 
 /** The `version` subcommand: prints enim's version and the CNI versions it speaks. */
 export function versionCommand(io: CliIo, _exit: { code: number }) {

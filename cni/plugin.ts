@@ -18,6 +18,10 @@
  * cleanly before the runtime deletes the namespace. A namespace whose
  * existence cannot be checked counts as existing.
  *
+ * Why one file: the dispatcher and its verb handlers share the invocation record
+ * and the negotiated version; each handler is short, and the file reads top to
+ * bottom as the CNI protocol does (decode, negotiate, parse, dispatch, answer).
+ *
  * @module
  */
 import { type AddRequest, ApiError, type CheckRequest } from "../manager/api_schema.ts";

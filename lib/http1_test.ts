@@ -5,14 +5,8 @@ import {
   assertStringIncludes,
   assertThrows,
 } from "./assert.ts";
-import {
-  bodyText,
-  encodeRequest,
-  parseResponse,
-  serveHttp1,
-  UnixHttpError,
-  unixRoundTrip,
-} from "./http1.ts";
+import { bodyText, encodeRequest, parseResponse, UnixHttpError, unixRoundTrip } from "./http1.ts";
+import { serveHttp1 } from "./http1_server.ts";
 
 const enc = (s: string) => new TextEncoder().encode(s);
 

@@ -16,7 +16,7 @@ import { LocalAgentClient, parseRequest } from "./local_client.ts";
 import { serveCniCall } from "./cni_call.ts";
 import { CNI_CALL_PATH, EXIT_HEADER, MAX_CALL_STDIN } from "../cni/spec.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
-import { serveHttp1 } from "../lib/http1.ts";
+import { serveHttp1 } from "../lib/http1_server.ts";
 import { privateDir } from "../lib/private_fs.ts";
 import { userMessage } from "../lib/message.ts";
 
@@ -291,7 +291,7 @@ export interface ServeUnixOptions {
  * Serves `handler` on the unix socket `socketPath` (mode 0600, directory 0700).
  * A stale socket is replaced; a live one is refused with {@linkcode SocketInUseError}.
  *
- * HTTP is framed by `lib/http1.ts` (one request per connection, as every enim
+ * HTTP is framed by `lib/http1_server.ts` (one request per connection, as every enim
  * client sends), which bounds what a client can hold: its whole request within
  * `requestTimeoutMs`, at most `maxConnections` at once.
  */

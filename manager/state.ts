@@ -6,6 +6,10 @@
  * Every write is one transaction (committed before the manager goes on to the
  * next step); every row read is parsed with zod.
  *
+ * Why one file: the table's schema, its migrations and the queries over it are one
+ * contract (the CHECK constraints are the crash protocol's invariants); splitting
+ * them would put the SQL and the code that relies on it in different places.
+ *
  * @module
  */
 import * as z from "zod/mini";

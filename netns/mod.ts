@@ -34,13 +34,26 @@
  * await devices.unplug({ mac: "02:00:0a:63:00:0b", nodeName, netns: "/var/run/netns/cni-1234" });
  * ```
  *
+ * Why one file: `IpDeviceLayer` is one class whose steps (plug, unplug, inspect,
+ * the stray-device recovery) share its node-name cache and namespace handling;
+ * its pure parts (commands, device picking, validation) are in `commands.ts`.
+ *
  * @module
  */
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
-import { canonicalCidr, familyOf as ipFamily, normalizeIp, parseCidr } from "../lib/ip.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
 import { netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
+import {
+  checkIfName,
+  configureCommands,
+  errText,
+  normalizeMac,
+  noSuchDevice,
+  pickDevice,
+  routeConflict,
+  stepTimer,
+} from "./commands.ts";
 import {
   AddrInfoSchema,
   ipBatch,
@@ -52,23 +65,20 @@ import {
   runIp,
 } from "./ip.ts";
 import {
-  type AddressSpec,
   DeviceError,
   type DeviceLayer,
-  type DevicePhase,
-  type DeviceTiming,
   type Link,
   LinkSchema,
   type NetnsIdentity,
   type PlugParams,
   type PlugResult,
   type PodInterfaceState,
-  type RouteSpec,
   type UnplugOutcome,
   type UnplugParams,
 } from "./types.ts";
 
 export * from "./types.ts";
+export { configureCommands } from "./commands.ts";
 export { netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
 
 /** A link with its addresses, as `ip -j addr show` reports it. */
@@ -76,9 +86,6 @@ const LinkAddrSchema = z.extend(LinkSchema, {
   addr_info: z._default(z.array(AddrInfoSchema), []),
 });
 type LinkAddr = z.infer<typeof LinkAddrSchema>;
-
-/** A Linux interface name: 1–15 bytes, no whitespace, '/' or ':', not "." or "..". */
-const IFNAME = /^[A-Za-z0-9_.@+-]{1,15}$/;
 
 /** Options for {@linkcode IpDeviceLayer}. */
 export interface IpDeviceLayerOptions {
@@ -91,30 +98,6 @@ export interface IpDeviceLayerOptions {
   log?: Logger;
   /** Where `ip -batch` files go (default `DEFAULT_SCRATCH_DIR` of `./ip.ts`). */
   scratchDir?: string;
-}
-
-/** Whether an `ip` failure says the named device does not exist. */
-function noSuchDevice(err: unknown): boolean {
-  return err instanceof IpError &&
-    /Cannot find device|does not exist|No such device/i.test(err.stderr);
-}
-
-/**
- * The ENI's device among `links`: by MAC; else by the alias enim set when it moved
- * the device (its node name: a chained plugin or a pod with NET_ADMIN may have
- * changed the MAC); else, inside the pod, the interface enim named `podName`.
- */
-function pickDevice<L extends Link>(
-  links: L[],
-  mac: string,
-  nodeName: string,
-  podName?: string,
-): L | null {
-  const want = normalizeMac(mac);
-  return links.find((l) => l.address?.toLowerCase() === want) ??
-    links.find((l) => l.ifalias === nodeName && l.ifname !== nodeName) ??
-    (podName === undefined ? undefined : links.find((l) => l.ifname === podName)) ??
-    null;
 }
 
 /** A namespace as the commands use it (`ref`) and as messages name it (`path`). */
@@ -509,125 +492,4 @@ export class IpDeviceLayer implements DeviceLayer {
       throw new DeviceError(step, "failed", `${message}: ${errText(err)}`, { cause: err });
     }
   }
-}
-
-/** Wraps steps so each reports its duration to `timing` (when given), success or not. */
-function stepTimer(timing?: DeviceTiming) {
-  return async <T>(phase: DevicePhase, fn: () => Promise<T>): Promise<T> => {
-    if (!timing) return await fn();
-    const t0 = performance.now();
-    try {
-      return await fn();
-    } finally {
-      timing(phase, performance.now() - t0);
-    }
-  };
-}
-
-function normalizeMac(mac: string): string {
-  return mac.trim().toLowerCase();
-}
-
-function checkIfName(name: string): void {
-  if (!IFNAME.test(name) || name === "." || name === "..") {
-    throw new DeviceError("validate", "failed", `Invalid interface name "${name}"`);
-  }
-}
-
-/**
- * The explanation for a configure batch that failed on a route the pod already has
- * (a second interface of the pod bringing its own default route), naming the route
- * and the option that leaves it out; undefined for any other failure. `ip -batch`
- * names the failing line: the batch's first line shows the link, then `config`.
- */
-function routeConflict(err: unknown, config: string[][]): string | undefined {
-  if (!(err instanceof IpError) || !/File exists/i.test(err.stderr)) return undefined;
-  const line = Number(/Command failed \S+:(\d+)/.exec(err.stderr)?.[1] ?? NaN);
-  const cmd = config[line - 2];
-  if (!cmd || cmd[0] !== "route") return undefined;
-  const dst = cmd[2];
-  const isDefault = dst === "0.0.0.0/0" || dst === "::/0";
-  return `the pod already has a route to ${dst}${
-    isDefault
-      ? ' (another interface\'s default route): set "defaultRoutes": false in the enim section of this network'
-      : ""
-  }`;
-}
-
-function errText(err: unknown): string {
-  if (err instanceof IpError) return err.stderr || err.message;
-  return err instanceof Error ? err.message : String(err);
-}
-
-type Family = 4 | 6;
-
-/** The family of an address; throws for anything else. */
-function familyOf(addr: string): Family {
-  const f = ipFamily(addr);
-  if (f === null || addr.includes("/")) throw new Error(`"${addr}" is not an IP address`);
-  return f;
-}
-
-/** A prefix; throws for anything else. */
-function cidrOf(s: string) {
-  const c = parseCidr(s);
-  if (!c) throw new Error(`"${s}" is not a prefix such as 10.0.0.0/24`);
-  return c;
-}
-
-/** A route destination in canonical CIDR form and its family ("default" follows `gw`, else IPv4). */
-function routeDst(dst: string, gw: string | undefined): { dst: string; family: Family } {
-  if (dst === "default") {
-    const family = gw ? familyOf(gw) : 4;
-    return { dst: family === 4 ? "0.0.0.0/0" : "::/0", family };
-  }
-  const c = cidrOf(dst);
-  return { dst: canonicalCidr(c), family: c.ip.family };
-}
-
-/**
- * The `ip` commands that configure a freshly moved interface: mtu, up, addresses
- * (IPv6 with nodad: the ENI address is unique in the VPC), then exactly the routes
- * given (`gw` absent: on-link). The device layer derives no route of its own.
- */
-export function configureCommands(p: {
-  ifName: string;
-  addresses: AddressSpec[];
-  routes: RouteSpec[];
-  mtu?: number;
-}): string[][] {
-  const dev = p.ifName;
-  const cmds: string[][] = [];
-  try {
-    if (p.mtu !== undefined) {
-      if (!Number.isInteger(p.mtu) || p.mtu < 68 || p.mtu > 65535) {
-        throw new Error(`Invalid MTU ${p.mtu}`);
-      }
-      cmds.push(["link", "set", "dev", dev, "mtu", String(p.mtu)]);
-    }
-    cmds.push(["link", "set", "dev", dev, "up"]);
-    for (const a of p.addresses) {
-      const c = cidrOf(a.cidr);
-      const cidr = `${normalizeIp(a.cidr.split("/")[0])}/${c.prefix}`;
-      cmds.push(["addr", "add", cidr, "dev", dev, ...(c.ip.family === 6 ? ["nodad"] : [])]);
-    }
-    for (const r of p.routes) {
-      const { dst, family } = routeDst(r.dst, r.gw);
-      const gw = r.gw ? normalizeIp(r.gw) : undefined;
-      if (gw && familyOf(gw) !== family) {
-        throw new Error(`Gateway "${gw}" is not of the family of "${r.dst}"`);
-      }
-      cmds.push(["route", "add", dst, ...(gw ? ["via", gw] : []), "dev", dev]);
-    }
-  } catch (err) {
-    throw new DeviceError(
-      "validate",
-      "failed",
-      `Invalid interface configuration: ${errText(err)}`,
-      {
-        cause: err,
-      },
-    );
-  }
-  return cmds;
 }

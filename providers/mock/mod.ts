@@ -21,256 +21,44 @@
  * ever handed to two owners whatever runs concurrently: an ENI being attached is
  * reserved for its owner (`attaching`) before the latency wait.
  *
+ * Why one file: `MockProvider` is one state machine over one table (`store.ts`);
+ * its config, store and address plan live beside it, and its methods share the
+ * transaction helpers and the attach bookkeeping.
+ *
  * @module
  */
-import * as z from "zod/mini";
-import "../../lib/zod_locale.ts";
-import {
-  type Cidr,
-  contains,
-  formatIp,
-  isCidr,
-  normalizeIp,
-  nthAddress as nthOf,
-  parseCidr,
-  parseIp,
-  prefixSize,
-} from "../../lib/ip.ts";
 import type { DatabaseSync } from "node:sqlite";
+import { contains, normalizeIp, parseIp, prefixSize } from "../../lib/ip.ts";
 import {
   type AllocationRequestInput,
   AllocationRequestSchema,
   DEFAULT_PROFILE,
-  type Eni,
   eniMatches,
   isEnterpriseGroup,
   type Owner,
   type ProfileInfo,
-  ProfileNameSchema,
   type Provider,
   type ProviderContext,
   ProviderError,
   type ProviderModule,
   type ProviderStatus,
-  SecurityGroupIdSchema,
   unmatchedIps,
 } from "../contract.ts";
-import {
-  hasColumn,
-  migrateComponent,
-  type Migration,
-  prepared,
-  transaction,
-} from "../../lib/sqlite.ts";
+import type { Eni } from "../contract.ts";
+import { migrateComponent, prepared, transaction } from "../../lib/sqlite.ts";
 import { mulberry32 } from "../../lib/rng.ts";
+import { type MockConfig, MockConfigSchema } from "./config.ts";
+import { hex, MIGRATIONS, type Row, RowSchema, rowToEni, sameOwner } from "./store.ts";
+import { addressPlan, cidrOf, type MockProfile, nthAddress, type Plan } from "./plan.ts";
 
-/** One simulated subnet: CIDR and gateway (default: the first host). */
-export const MockSubnetSchema = z.strictObject({
-  cidr: z.string().check(z.refine(isCidr, "Expected a CIDR such as 10.99.0.0/24")),
-  gateway: z.optional(z.union([z.ipv4(), z.ipv6()])),
-});
-
-const SubnetsSchema = z.strictObject({
-  ipv4: z.optional(MockSubnetSchema),
-  ipv6: z.optional(MockSubnetSchema),
-}).check(z.refine((s) => s.ipv4 || s.ipv6, "Expected at least one of ipv4 and ipv6"));
-
-/** What each profile has: its subnets, groups, inventory and who may use it. */
-const profileFields = {
-  /** How many ENIs the simulated cloud has for this profile on this node. */
-  enis: z._default(z.number().check(z.int(), z.minimum(0), z.maximum(4096)), 8),
-  /** How many are attached when the inventory is first created (default: all, to the limit). */
-  preattached: z.optional(z.number().check(z.int(), z.minimum(0))),
-  /** The regular security groups of the profile's ENIs. */
-  securityGroupIds: z._default(z.array(SecurityGroupIdSchema), ["g-mockdefault"]),
-  /** The enterprise security groups of the profile's ENIs. */
-  enterpriseSecurityGroupIds: z._default(z.array(SecurityGroupIdSchema), []),
-  /** The Kubernetes namespaces whose pods may use the profile (default: all). */
-  namespaces: z.optional(z.array(z.string().check(z.minLength(1)))),
-  /** The groups a pod may name inline (default: none, so inline groups are off). */
-  allowedSecurityGroupIds: z._default(z.array(SecurityGroupIdSchema), []),
-};
-
-/** A named profile of the mock cloud. */
-export const MockProfileSchema = z.strictObject({
-  ...profileFields,
-  subnets: SubnetsSchema,
-});
-
-/** The mock provider's config (`provider.mock` in the agent config). */
-export const MockConfigSchema = z.strictObject({
-  ...profileFields,
-  /** How many can be attached to the node at once, all profiles together (default: all). */
-  maxEnisPerNode: z.optional(z.number().check(z.int(), z.minimum(0))),
-  subnets: z._default(SubnetsSchema, { ipv4: { cidr: "10.99.0.0/24" } }),
-  /** Named profiles besides `default` (the top-level settings). */
-  profiles: z._default(
-    z.record(ProfileNameSchema, MockProfileSchema).check(
-      z.refine((p) => !(DEFAULT_PROFILE in p), 'The "default" profile is the top-level settings'),
-    ),
-    {},
-  ),
-  /** The first three bytes of every MAC. */
-  macPrefix: z._default(
-    z.string().check(
-      z.regex(/^[0-9a-f]{2}(:[0-9a-f]{2}){2}$/, 'Expected three bytes like "02:e1:0a"'),
-    ),
-    "02:e1:0a",
-  ),
-  /** Id prefix; ids are the prefix and a 4-digit number. */
-  idPrefix: z._default(z.string().check(z.minLength(1), z.maxLength(32)), "eni-mock-"),
-  /** How long attaching a new ENI takes. */
-  attachLatencyMs: z._default(z.number().check(z.int(), z.minimum(0), z.maximum(600_000)), 0),
-  /** Probability that an allocate or deallocate fails with reason "unavailable". */
-  errorRate: z._default(z.number().check(z.minimum(0), z.maximum(1)), 0),
-  /** Probability that an allocate or deallocate fails with reason "throttled". */
-  throttleRate: z._default(z.number().check(z.minimum(0), z.maximum(1)), 0),
-  /** Seed of the failure injection's random numbers (reproducible runs). */
-  seed: z._default(z.number().check(z.int()), 1),
-});
-/** The mock provider's config, defaults applied. */
-export type MockConfig = z.output<typeof MockConfigSchema>;
-/** The mock provider's config as written (defaults optional). */
-export type MockConfigInput = z.input<typeof MockConfigSchema>;
-
-/** The tables of the mock cloud, by version (`migrateComponent`, component `mock`). */
-const MIGRATIONS: Migration[] = [
-  `CREATE TABLE IF NOT EXISTS mock_enis (
-    id TEXT PRIMARY KEY,
-    idx INTEGER NOT NULL UNIQUE,
-    mac TEXT NOT NULL UNIQUE,
-    ipv4 TEXT, ipv4_prefix INTEGER, ipv4_gw TEXT,
-    ipv6 TEXT, ipv6_prefix INTEGER, ipv6_gw TEXT,
-    subnet_id TEXT,
-    attach TEXT NOT NULL CHECK (attach IN ('detached', 'attaching', 'attached')),
-    owner_pod TEXT, owner_container TEXT, owner_if TEXT,
-    CHECK ((owner_container IS NULL) = (owner_if IS NULL) AND (owner_if IS NULL) = (owner_pod IS NULL)),
-    CHECK (attach <> 'detached' OR owner_container IS NULL)
-  );
-  CREATE UNIQUE INDEX IF NOT EXISTS mock_enis_owner
-    ON mock_enis (owner_container, owner_if) WHERE owner_container IS NOT NULL;`,
-  (db) => {
-    // Profiles, security groups and descriptions (tables of older agents lack them).
-    const add = (col: string, decl: string) => {
-      if (!hasColumn(db, "mock_enis", col)) {
-        db.exec(`ALTER TABLE mock_enis ADD COLUMN ${col} ${decl}`);
-      }
-    };
-    add("profile", "TEXT NOT NULL DEFAULT 'default'");
-    add("security_groups", "TEXT NOT NULL DEFAULT '[]'");
-    add("enterprise_security_groups", "TEXT NOT NULL DEFAULT '[]'");
-    add("description", "TEXT");
-  },
-];
-
-const Groups = z.pipe(z.string(), z.transform((s): string[] => JSON.parse(s)));
-
-const RowSchema = z.object({
-  id: z.string(),
-  idx: z.number(),
-  mac: z.string(),
-  ipv4: z.nullable(z.string()),
-  ipv4_prefix: z.nullable(z.number()),
-  ipv4_gw: z.nullable(z.string()),
-  ipv6: z.nullable(z.string()),
-  ipv6_prefix: z.nullable(z.number()),
-  ipv6_gw: z.nullable(z.string()),
-  subnet_id: z.nullable(z.string()),
-  attach: z.enum(["detached", "attaching", "attached"]),
-  owner_pod: z.nullable(z.string()),
-  owner_container: z.nullable(z.string()),
-  owner_if: z.nullable(z.string()),
-  profile: z.string(),
-  security_groups: Groups,
-  enterprise_security_groups: Groups,
-  description: z.nullable(z.string()),
-});
-type Row = z.infer<typeof RowSchema>;
-
-function cidrOf(cidr: string): Cidr {
-  const c = parseCidr(cidr);
-  if (!c) throw new RangeError(`"${cidr}" is not a prefix`);
-  return c;
-}
-
-/** The `n`-th address of a subnet (0 = the network address). */
-export function nthAddress(cidr: string, n: number): string {
-  return formatIp(nthOf(cidrOf(cidr), n));
-}
-
-/** How many host addresses a subnet offers ENIs (minus network, gateway and, for IPv4, broadcast). */
-function hostCapacity(cidr: string): number {
-  const c = cidrOf(cidr);
-  return prefixSize(c) - (c.ip.family === 4 ? 3 : 2);
-}
-
-/** One subnet of a profile, resolved: prefix length, gateway, and its prefix. */
-interface Plan {
-  cidr: string;
-  prefixLength: number;
-  gateway: string;
-  /** The addresses of the inventory, in order (the n-th ENI gets the n-th). */
-  addrs: string[];
-}
-
-/** The address table of one subnet: ENI number i (1-based) gets the i-th host after the gateway. */
-function addressPlan(
-  subnet: { cidr: string; gateway?: string } | undefined,
-  count: number,
-): Plan | null {
-  if (!subnet) return null;
-  const c = cidrOf(subnet.cidr);
-  if (count > hostCapacity(subnet.cidr)) {
-    throw new RangeError(`Subnet "${subnet.cidr}" is too small for ${count} ENIs`);
-  }
-  const gateway = subnet.gateway ? normalizeIp(subnet.gateway) : nthAddress(subnet.cidr, 1);
-  const addrs: string[] = [];
-  for (let n = 1; addrs.length < count; n++) {
-    const a = nthAddress(subnet.cidr, n);
-    if (a !== gateway) addrs.push(a);
-  }
-  return { cidr: subnet.cidr, prefixLength: c.prefix, gateway, addrs };
-}
-
-/** A profile as the mock runs it. */
-interface MockProfile {
-  name: string;
-  /** Its number: the MAC's fourth byte and the high bits of `idx`. */
-  number: number;
-  enis: number;
-  preattached: number | undefined;
-  v4: Plan | null;
-  v6: Plan | null;
-  securityGroupIds: string[];
-  enterpriseSecurityGroupIds: string[];
-  namespaces: string[] | null;
-  allowedSecurityGroupIds: string[];
-}
-
-function rowToEni(r: Row): Eni {
-  return {
-    id: r.id,
-    mac: r.mac,
-    ipv4: r.ipv4 ? { address: r.ipv4, prefixLength: r.ipv4_prefix!, gateway: r.ipv4_gw! } : null,
-    ipv6: r.ipv6 ? { address: r.ipv6, prefixLength: r.ipv6_prefix!, gateway: r.ipv6_gw! } : null,
-    subnetId: r.subnet_id,
-    state: r.owner_container ? "owned" : "free",
-    owner: r.owner_container
-      ? { pod: r.owner_pod!, containerId: r.owner_container, ifName: r.owner_if! }
-      : null,
-    profile: r.profile,
-    securityGroupIds: r.security_groups,
-    enterpriseSecurityGroupIds: r.enterprise_security_groups,
-    description: r.description,
-    cloudState: "ok",
-  };
-}
-
-function sameOwner(r: Row, o: Owner): boolean {
-  return r.owner_container === o.containerId && r.owner_if === o.ifName;
-}
-
-const hex = (b: number) => (b & 0xff).toString(16).padStart(2, "0");
+export {
+  type MockConfig,
+  type MockConfigInput,
+  MockConfigSchema,
+  MockProfileSchema,
+  MockSubnetSchema,
+} from "./config.ts";
+export { nthAddress } from "./plan.ts";
 
 /** The mock provider (exported for tests that call its extras: `detach`). */
 export class MockProvider implements Provider {

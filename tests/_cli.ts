@@ -6,8 +6,9 @@
  */
 import { createHandler, serveUnix } from "../manager/server.ts";
 import { FakeManager } from "../manager/_fake_manager.ts";
-import { withRunDir } from "../tests/_run_dir.ts";
-import { runCli } from "./mod.ts";
+import { withRunDir } from "./_run_dir.ts";
+import { runCli } from "../cli/mod.ts";
+import { processIo } from "../cli/io.ts";
 
 /** The outcome of one CLI run. */
 export interface CliRun {
@@ -19,7 +20,11 @@ export interface CliRun {
 /** Runs `enim <argv>` in process with captured output. */
 export async function cli(argv: string[]): Promise<CliRun> {
   const r = { code: 0, out: "", err: "" };
-  r.code = await runCli(argv, { out: (t) => (r.out += t), err: (t) => (r.err += t) });
+  r.code = await runCli(argv, {
+    out: (t) => (r.out += t),
+    err: (t) => (r.err += t),
+    agent: processIo.agent,
+  });
   return r;
 }
 

@@ -3,9 +3,9 @@
  * of one real plugin process answering VERSION (startup included).
  */
 import { nullLogger } from "../lib/log.ts";
-import { runEnim } from "../tests/_enim.ts";
-import { FakeAgent } from "./_fake_agent.ts";
-import { runPlugin } from "./plugin.ts";
+import { runEnim } from "./_enim.ts";
+import { FakeAgent } from "../cni/_fake_agent.ts";
+import { runPlugin } from "../cni/plugin.ts";
 
 const agent = new FakeAgent();
 const stdin = JSON.stringify({ cniVersion: "1.1.0", name: "enimnet", type: "enim" });
