@@ -13,7 +13,8 @@
 import { runEnim, type RunEnimResult } from "./_enim.ts";
 import { type AgentProcess, spawnAgent } from "./_agent_proc.ts";
 import { EnimSandbox } from "./_sandbox.ts";
-import { gatewayOf, SimulatedVpc, type SimulatedVpcOptions } from "./vpc.ts";
+import { gatewayOf, type NetnsHandle, SimulatedVpc, type SimulatedVpcOptions } from "./vpc.ts";
+import * as z from "zod/mini";
 import { SocketAgentClient } from "../manager/client.ts";
 
 /** Options for {@linkcode SimulatedNode.start}. */
@@ -59,6 +60,40 @@ export interface CniCall {
 /** A CNI call's outcome with stdout parsed. */
 export interface CniOutcome extends RunEnimResult {
   json: Record<string, unknown> | null;
+}
+
+/** A successful ADD's result as the plugin printed it, in any spec version. */
+export const AddResultSchema = z.looseObject({
+  cniVersion: z.string(),
+  interfaces: z.array(z.object({
+    name: z.string(),
+    mac: z.string(),
+    sandbox: z.optional(z.string()),
+  })),
+  ips: z.array(z.object({
+    address: z.string(),
+    gateway: z.optional(z.string()),
+    interface: z.optional(z.number()),
+    /** 0.x results only. */
+    version: z.optional(z.enum(["4", "6"])),
+  })),
+  routes: z._default(z.array(z.object({ dst: z.string(), gw: z.optional(z.string()) })), []),
+});
+/** A successful ADD's result. */
+export type AddResult = z.infer<typeof AddResultSchema>;
+
+/** What {@linkcode SimulatedNode.add} and `del` take besides the pod. */
+export interface PodCall {
+  /** Default `c-<pod name>`. */
+  containerId?: string;
+  /** Default `eth0`. */
+  ifName?: string;
+  /** CNI_ARGS; default the pod as `default/<pod name>`. */
+  args?: string;
+  /** The network config; default {@linkcode SimulatedNode.netconf} of `version`. */
+  config?: Record<string, unknown>;
+  /** The spec version of the default config (default 1.1.0). */
+  version?: string;
 }
 
 /** A simulated node (VPC + node namespace) with an agent on the mock provider. */
@@ -195,6 +230,35 @@ export class SimulatedNode implements AsyncDisposable {
       json = res.stdout.trim() ? JSON.parse(res.stdout) : null;
     } catch { /* left null: the test asserts on stdout */ }
     return { ...res, json };
+  }
+
+  /** The CNI call for `pod` with the defaults of {@linkcode PodCall}. */
+  podCall(pod: NetnsHandle, o: PodCall = {}): CniCall {
+    const short = pod.name.split("-").at(-1)!;
+    return {
+      containerId: o.containerId ?? `c-${short}`,
+      ifName: o.ifName ?? "eth0",
+      netns: pod.path,
+      args: o.args ?? `K8S_POD_NAMESPACE=default;K8S_POD_NAME=${short};IgnoreUnknown=1`,
+      config: o.config ?? this.netconf(o.version),
+    };
+  }
+
+  /** ADD through the plugin; fails the test unless it succeeded; the result parsed. */
+  async add(pod: NetnsHandle, o: PodCall = {}): Promise<AddResult> {
+    const r = await this.cni("ADD", this.podCall(pod, o));
+    if (r.code !== 0 || !r.json) {
+      throw new Error(`ADD for ${pod.name} failed (exit ${r.code}): ${r.stdout}${r.stderr}`);
+    }
+    return AddResultSchema.parse(r.json);
+  }
+
+  /** DEL through the plugin; fails the test unless it succeeded. */
+  async del(pod: NetnsHandle, o: PodCall = {}): Promise<void> {
+    const r = await this.cni("DEL", this.podCall(pod, o));
+    if (r.code !== 0) {
+      throw new Error(`DEL for ${pod.name} failed (exit ${r.code}): ${r.stdout}${r.stderr}`);
+    }
   }
 
   /** A network config for this node: interface mode unless `ipam` is set. */

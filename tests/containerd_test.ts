@@ -127,7 +127,6 @@ Deno.test({
   name:
     "containerd CRI with the installed conflist: RunPodSandbox gives the pod its ENI, Stop and Remove free it",
   ignore: DEPS.skip !== null,
-  sanitizeResources: false,
   async fn() {
     // enim's previous conflist ("cniVersion": "1.1.0" alone) as a second runtime handler.
     const oldConf = await tempDir("enim-cri-v110");
@@ -286,7 +285,6 @@ Deno.test({
   name:
     "containerd CRI: 8 sandboxes in parallel get 8 distinct ENIs; more than the pool fail with no ENI available and leak nothing",
   ignore: DEPS.skip !== null,
-  sanitizeResources: false,
   async fn() {
     const c = await cluster("containerd_test", { enis: 8 });
     const { node, cd } = c;
@@ -360,7 +358,6 @@ Deno.test({
 Deno.test({
   name: "containerd CRI: RunPodSandbox and Stop+Remove with enim and with host-device + static",
   ignore: DEPS.skip !== null,
-  sanitizeResources: false,
   async fn() {
     const refDir = await tempDir("enim-cri-ref");
     let c: Cluster | null = null;
@@ -407,7 +404,6 @@ Deno.test({
   name:
     "containerd CRI with pod annotations: the default, profile b and a fixed IP each get their ENI; refused choices leave nothing",
   ignore: DEPS.skip !== null,
-  sanitizeResources: false,
   async fn() {
     const c = await cluster("containerd_test", {
       enis: 3,
@@ -506,7 +502,6 @@ Deno.test({
   name:
     "containerd CRI: a sticky pod re-created gets the same ENI, MAC and IP; a plain one does not; the hold expires",
   ignore: DEPS.skip !== null,
-  sanitizeResources: false,
   async fn() {
     const c = await cluster("containerd_test", {
       enis: 3,

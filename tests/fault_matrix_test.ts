@@ -102,7 +102,6 @@ const DEL_MOVE_BACK = String.raw`dev\seth0\snetns\s`;
 Deno.test({
   name: "fault matrix: ip failing at each step of ADD, DEL and CHECK",
   ignore: !ROOT,
-  sanitizeResources: false,
   async fn(t) {
     await withNode(async (node, faults) => {
       await t.step(
@@ -194,7 +193,6 @@ Deno.test({
 Deno.test({
   name: "fault matrix: the pod's namespace deleted or replaced at each step",
   ignore: !ROOT,
-  sanitizeResources: false,
   async fn(t) {
     await withNode(async (node, faults) => {
       /** Runs `verb` paused at `regex` in `where`, and does `act` to the pod meanwhile. */
@@ -261,7 +259,6 @@ Deno.test({
 Deno.test({
   name: "fault matrix: the provider failing at ADD and at DEL",
   ignore: !ROOT,
-  sanitizeResources: false,
   async fn(t) {
     await using node = await SimulatedNode.start({
       mock: { enis: 2 },
@@ -306,7 +303,6 @@ Deno.test({
 Deno.test({
   name: "fault matrix: SIGTERM in the middle of a batch of ADDs",
   ignore: !ROOT,
-  sanitizeResources: false,
   async fn() {
     await using node = await SimulatedNode.start({
       mock: { enis: 6, preattached: 0, attachLatencyMs: 400 },

@@ -103,7 +103,6 @@ async function nodeNameOf(node: SimulatedNode, containerId: string): Promise<str
 Deno.test({
   name: "GC recovers the ENI of a pod namespace deleted without DEL, and a new ADD gets it",
   ignore: !ROOT,
-  sanitizeResources: false,
   async fn(t) {
     await using node = await SimulatedNode.start({ mock: { enis: 1 }, gc: { graceSeconds: 0 } });
 
@@ -164,7 +163,6 @@ Deno.test({
 Deno.test({
   name: "GC reclaims the ENI of a namespace path deleted and recreated (same path, new inode)",
   ignore: !ROOT,
-  sanitizeResources: false,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 2 }, gc: { graceSeconds: 0 } });
     const pod = await node.vpc.pod("reborn");
@@ -200,7 +198,6 @@ Deno.test({
 Deno.test({
   name: "GC reclaims a recycling ENI (owner ADDed again) after the grace period, not before",
   ignore: !ROOT,
-  sanitizeResources: false,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 2 }, gc: { graceSeconds: 3 } });
     const oldNs = await node.vpc.pod("web-old");
@@ -236,7 +233,6 @@ Deno.test({
 Deno.test({
   name: "a CNI GC call reclaims exactly the attachments of its network not in valid-attachments",
   ignore: !ROOT,
-  sanitizeResources: false,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 5 }, gc: { graceSeconds: 0 } });
     const pods: Record<string, NetnsHandle> = {};
@@ -298,7 +294,6 @@ Deno.test({
   name:
     "enim gc --dry-run lists exactly the 3 dead of 5 and changes nothing; enim gc reclaims them",
   ignore: !ROOT,
-  sanitizeResources: false,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 5 }, gc: { graceSeconds: 0 } });
     const gone = await node.vpc.pod("gone");
@@ -414,7 +409,6 @@ Deno.test({
 Deno.test({
   name: "the agent GCs once at start-up after reconcile and then every interval",
   ignore: !ROOT,
-  sanitizeResources: false,
   async fn(t) {
     await t.step("at start-up: a pod that died while the agent was down", async () => {
       await using node = await SimulatedNode.start({

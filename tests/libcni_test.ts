@@ -163,7 +163,6 @@ async function natRules(node: SimulatedNode, family: 4 | 6): Promise<string> {
 Deno.test({
   name: "libcni: enim chained with tuning and portmap, add/check/del",
   ignore: DEPS.skip !== null,
-  sanitizeResources: false,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 2 } });
     const lc = await Libcni.create(node);
@@ -265,7 +264,6 @@ Deno.test({
 Deno.test({
   name: "libcni: enim then tuning with runtimeConfig.mac, CHECK takes the prevResult as the truth",
   ignore: DEPS.skip !== null,
-  sanitizeResources: false,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 2 } });
     const lc = await Libcni.create(node);
@@ -317,7 +315,6 @@ Deno.test({
 Deno.test({
   name: "libcni: enim as the IPAM plugin of host-device, add/check/del",
   ignore: DEPS.skip !== null,
-  sanitizeResources: false,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 2 } });
     const lc = await Libcni.create(node);
@@ -395,7 +392,6 @@ Deno.test({
 Deno.test({
   name: "libcni: profile, inline groups, a fixed IP and stickiness through CNI_ARGS",
   ignore: DEPS.skip !== null,
-  sanitizeResources: false,
   async fn() {
     await using node = await SimulatedNode.start({
       mock: { enis: 3 },

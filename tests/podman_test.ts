@@ -177,7 +177,6 @@ function netnsEntries(): string[] {
 Deno.test({
   name: "podman (CNI backend): run gets the ENI, the container pings its gateway, rm frees it",
   ignore: DEPS.skip !== null,
-  sanitizeResources: false,
   async fn() {
     // libcni inside podman caches results under /var/lib/cni; remove what it creates.
     const cniCacheExisted = exists("/var/lib/cni");

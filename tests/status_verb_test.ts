@@ -10,7 +10,6 @@ const ROOT = Deno.uid() === 0;
 Deno.test({
   name: "STATUS returns 0, then 50 once the pool is exhausted, then 50 after the agent stops",
   ignore: !ROOT,
-  sanitizeResources: false,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 2, maxEnisPerNode: 2 } });
     const status = () => node.cni("STATUS", { config: node.netconf("1.1.0") });
