@@ -35,6 +35,7 @@
  * @module
  */
 import {
+  answer,
   answerVersion,
   CNI_CALL_PATH,
   CNI_CODES,
@@ -136,17 +137,8 @@ export async function forward(io: ForwardIo): Promise<number> {
   }
   if (env.CNI_NETNS) record.netns = env.CNI_NETNS;
 
-  const finish = (exit: number, out: string | undefined): number => {
-    if (out !== undefined) {
-      try {
-        io.stdout(out);
-      } catch (err) {
-        record.code = CNI_CODES.IO_FAILURE;
-        record.msg = `Cannot write to stdout: ${err instanceof Error ? err.message : String(err)}`;
-        exit = 1;
-      }
-    }
-    record.durationMs = Math.round((performance.now() - started) * 100) / 100;
+  const finish = (code: number, out: string | undefined): number => {
+    const exit = answer(io.stdout, out, code, record, started);
     io.log(
       route.logFile,
       JSON.stringify({

@@ -34,6 +34,7 @@ import { DEFAULT_LOG_FILE, type ParsedConfig, parseNetworkConfig } from "./confi
 import { type CniEnv, type CniVerb, parseCniEnv } from "./env.ts";
 import { CNI_CODES, CniError, toCniError } from "./errors.ts";
 import {
+  answer,
   answerVersion,
   type Decoded,
   decodeFailure,
@@ -143,17 +144,7 @@ export async function runPlugin(io: PluginIo): Promise<number> {
     output = JSON.stringify(obj);
     exit = 1;
   }
-  if (output !== undefined) {
-    try {
-      io.stdout(output);
-    } catch (err) {
-      // stdout is gone (the runtime died or closed the pipe): nobody can read an error either.
-      record.code = CNI_CODES.IO_FAILURE;
-      record.msg = `Cannot write to stdout: ${err instanceof Error ? err.message : String(err)}`;
-      exit = 1;
-    }
-  }
-  record.durationMs = Math.round((performance.now() - started) * 100) / 100;
+  exit = answer(io.stdout, output, exit, record, started);
   if (warnings.length > 0) record.warnings = warnings;
   try {
     const log = io.log ?? io.openLog?.(logFile) ?? nullLogger;

@@ -241,3 +241,28 @@ export interface InvocationRecord {
   warnings?: string[];
   durationMs: number;
 }
+
+/**
+ * Writes a call's answer to stdout, and finishes its record: a stdout that is gone
+ * (the runtime died or closed the pipe: nobody can read an error either) makes the
+ * call an I/O failure. Returns the exit code, `exit` or 1.
+ */
+export function answer(
+  write: (s: string) => void,
+  out: string | undefined,
+  exit: number,
+  record: InvocationRecord,
+  started: number,
+): number {
+  if (out !== undefined) {
+    try {
+      write(out);
+    } catch (err) {
+      record.code = CNI_CODES.IO_FAILURE;
+      record.msg = `Cannot write to stdout: ${err instanceof Error ? err.message : String(err)}`;
+      exit = 1;
+    }
+  }
+  record.durationMs = Math.round((performance.now() - started) * 100) / 100;
+  return exit;
+}

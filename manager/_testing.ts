@@ -15,7 +15,7 @@ import mock, {
 import type { AllocationRequestInput, Eni, Owner, Provider } from "../providers/contract.ts";
 import { FakeDeviceLayer } from "../netns/fake.ts";
 import { createManager, type Manager } from "./manager.ts";
-import { AddRequestSchema, DelRequestSchema } from "./api_schema.ts";
+import { AddRequestSchema, type AddResponse, DelRequestSchema } from "./api_schema.ts";
 import type { AddInput, DelInput } from "./types.ts";
 import type { LivenessSource } from "./gc.ts";
 
@@ -205,4 +205,28 @@ export function delReq(i: number | string, over: Record<string, unknown> = {}): 
 /** Lets pending promise callbacks and zero timers run. */
 export function settle(): Promise<void> {
   return new Promise((r) => setTimeout(r, 0));
+}
+
+/** Runs `fn` on a fresh node (see {@linkcode makeNode}) and closes it. */
+export async function withNode(
+  fn: (n: Node) => Promise<void>,
+  opts: NodeOptions = {},
+): Promise<void> {
+  const n = await makeNode(opts);
+  try {
+    await fn(n);
+  } finally {
+    await n.close();
+  }
+}
+
+/** ADD for pod `i` (see {@linkcode addReq}), creating its namespace in the fake devices first. */
+export async function add(
+  n: Node,
+  i: number | string,
+  over: Record<string, unknown> = {},
+): Promise<AddResponse> {
+  const req = addReq(i, over);
+  if (!n.devices.snapshot()[req.netns]) n.devices.addNetns(req.netns);
+  return await n.mgr.add(req);
 }

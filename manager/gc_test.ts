@@ -1,4 +1,4 @@
-import { addReq, makeNode, type Node } from "./_testing.ts";
+import { add, addReq, type Node, type NodeOptions, withNode } from "./_testing.ts";
 import { NODE } from "../netns/fake.ts";
 import type { LivenessSource } from "./gc.ts";
 import { GcReportSchema } from "./api_schema.ts";
@@ -7,23 +7,8 @@ import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
 
 const GRACE = 60_000;
 
-async function withNode(
-  fn: (n: Node) => Promise<void>,
-  opts: Parameters<typeof makeNode>[0] = {},
-): Promise<void> {
-  const n = await makeNode({ graceMs: GRACE, mock: { enis: 8 }, ...opts });
-  try {
-    await fn(n);
-  } finally {
-    await n.close();
-  }
-}
-
-async function add(n: Node, i: number | string, over: Record<string, unknown> = {}) {
-  const req = addReq(i, over);
-  if (!n.devices.snapshot()[req.netns]) n.devices.addNetns(req.netns);
-  return await n.mgr.add(req);
-}
+const withDefaults = (fn: (n: Node) => Promise<void>, opts: NodeOptions = {}) =>
+  withNode(fn, { graceMs: GRACE, mock: { enis: 8 }, ...opts });
 
 /** State, devices and provider, for before/after comparisons. */
 async function snapshot(n: Node) {
@@ -50,7 +35,7 @@ async function threeDeadTwoLive(n: Node) {
 }
 
 Deno.test("gc() dry run lists exactly the dead attachments and changes nothing", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     const { gone, replaced, old } = await threeDeadTwoLive(n);
     const before = await snapshot(n);
     const callsBefore = n.devices.calls.length;
@@ -78,7 +63,7 @@ Deno.test("gc() dry run lists exactly the dead attachments and changes nothing",
   }));
 
 Deno.test("gc() reclaims the dead attachments and leaves the live ones", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     const { gone, replaced, old } = await threeDeadTwoLive(n);
     const rep = await n.mgr.gc({ dryRun: false });
     assertEquals(rep.items.map((i) => [i.containerId, i.outcome]).sort(), [
@@ -103,7 +88,7 @@ Deno.test("gc() reclaims the dead attachments and leaves the live ones", () =>
   }));
 
 Deno.test("gc() reclaims a netns recreated at the same path even when the kernel reused its inode", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     const reused = await add(n, "reused");
     const live = await add(n, "live");
     const before = n.devices.snapshot()["/run/netns/preused"].identity;
@@ -125,7 +110,7 @@ Deno.test("gc() reclaims a netns recreated at the same path even when the kernel
   }));
 
 Deno.test("gc() keeps a pod whose interface a chained plugin gave another MAC", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     const tuned = await add(n, "tuned");
     n.devices.editPodLink("/run/netns/ptuned", "eth0", (l) => l.mac = "02:00:00:00:00:99");
     n.clock.advance(GRACE);
@@ -137,7 +122,7 @@ Deno.test("gc() keeps a pod whose interface a chained plugin gave another MAC", 
   }));
 
 Deno.test("gc() renames and scrubs a vanished device the provider brings back under another name", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     const dead = await add(n, "dead");
     // A veth dies with its namespace; the provider's repair plugs it back as sim<N>.
     n.devices.removeLink(dead.mac);
@@ -156,7 +141,7 @@ Deno.test("gc() renames and scrubs a vanished device the provider brings back un
   }));
 
 Deno.test("gc() never reclaims inside the grace period", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     await add(n, 1);
     await add(n, "web", { containerId: "web-old", netns: "/run/netns/web-old" });
     await add(n, "web", { containerId: "web-new", netns: "/run/netns/web-new" });
@@ -170,7 +155,7 @@ Deno.test("gc() never reclaims inside the grace period", () =>
   }));
 
 Deno.test("gc() for a CNI GC call reclaims exactly the attachments not listed", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     for (const i of [1, 2, 3]) await add(n, i);
     await add(n, 4, { network: "other" });
     n.clock.advance(GRACE);
@@ -185,7 +170,7 @@ Deno.test("gc() for a CNI GC call reclaims exactly the attachments not listed", 
   }));
 
 Deno.test("a CNI GC call removes only its network's unlisted attachments, however young, and no orphans", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     for (const i of [1, 2]) await add(n, i);
     await add(n, 3, { network: "other" });
     // An ENI owned in the provider by an attachment nobody recorded: not this network's.
@@ -206,7 +191,7 @@ Deno.test("a CNI GC call removes only its network's unlisted attachments, howeve
   }));
 
 Deno.test("gc() records a failed reclaim, goes on with the pass and retries next time", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     await add(n, 1);
     await add(n, 2);
     n.devices.deleteNetns("/run/netns/p1");
@@ -229,7 +214,7 @@ Deno.test("gc() records a failed reclaim, goes on with the pass and retries next
   }));
 
 Deno.test("gc() frees ENIs the provider shows owned by attachments the agent does not know", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     const ghost = { pod: "default/ghost", containerId: "ghost", ifName: "eth0" };
     const e = await n.mock.allocateNextENI(ghost, { ips: [], ranges: [] });
     const dry = await n.mgr.gc({ dryRun: true });
@@ -253,7 +238,7 @@ Deno.test("gc() takes further liveness sources (e.g. Kubernetes) without other c
       );
     },
   };
-  await withNode(async (n) => {
+  await withDefaults(async (n) => {
     await add(n, 1);
     await add(n, 2);
     n.clock.advance(GRACE);
@@ -266,7 +251,7 @@ Deno.test("gc() takes further liveness sources (e.g. Kubernetes) without other c
 });
 
 Deno.test("gc() leaves an ADD in flight alone, even past the grace period", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     n.devices.addNetns("/run/netns/p1");
     const pending = n.mgr.add(addReq(1));
     await new Promise((r) => setTimeout(r, 5));

@@ -1,22 +1,10 @@
-import { addReq, delReq, makeNode, type Node, settle } from "./_testing.ts";
+import { addReq, delReq, type Node, settle, withNode } from "./_testing.ts";
 import { ApiError, AttachmentSchema, CheckRequestSchema, StatusSchema } from "./api_schema.ts";
 import { NODE } from "../netns/fake.ts";
 import { DeviceError } from "../netns/types.ts";
 import { ProviderError } from "../providers/contract.ts";
 import { assert, assertEquals, assertRejects, assertStringIncludes } from "../lib/assert.ts";
 import type { AddInput } from "./types.ts";
-
-async function withNode(
-  fn: (n: Node) => Promise<void>,
-  opts: Parameters<typeof makeNode>[0] = {},
-): Promise<void> {
-  const n = await makeNode(opts);
-  try {
-    await fn(n);
-  } finally {
-    await n.close();
-  }
-}
 
 async function add(n: Node, i: number | string, over: Record<string, unknown> = {}) {
   const req = addReq(i, over);

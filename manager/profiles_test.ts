@@ -3,7 +3,7 @@
  * the operator's rules, profile pools, inline groups, fixed IPs, sticky holds,
  * the shared node limit and the cloud descriptions.
  */
-import { addReq, delReq, makeNode, type Node, type NodeOptions } from "./_testing.ts";
+import { add, delReq, type Node, type NodeOptions, withNode } from "./_testing.ts";
 import { ApiError } from "./api_schema.ts";
 import { NODE } from "../netns/fake.ts";
 import { assert, assertEquals, assertNotEquals, assertRejects } from "../lib/assert.ts";
@@ -27,23 +27,8 @@ const PROFILES = {
   },
 };
 
-async function withNode(
-  fn: (n: Node) => Promise<void>,
-  opts: NodeOptions = {},
-): Promise<void> {
-  const n = await makeNode({ mock: PROFILES, ...opts });
-  try {
-    await fn(n);
-  } finally {
-    await n.close();
-  }
-}
-
-async function add(n: Node, i: number | string, over: Record<string, unknown> = {}) {
-  const req = addReq(i, over);
-  if (!n.devices.snapshot()[req.netns]) n.devices.addNetns(req.netns);
-  return await n.mgr.add(req);
-}
+const withDefaults = (fn: (n: Node) => Promise<void>, opts: NodeOptions = {}) =>
+  withNode(fn, { mock: PROFILES, ...opts });
 
 /** Asserts `fn` is refused with `code` and that nothing was recorded or allocated. */
 async function refused(n: Node, code: string, fn: () => Promise<unknown>): Promise<string> {
@@ -61,7 +46,7 @@ async function eni(n: Node, id: string) {
 }
 
 Deno.test("a pod of profile b gets an ENI of b's subnet and groups; the pools stay apart", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     const a = await add(n, 1);
     const b = await add(n, 2, { profile: "b" });
     assertEquals(a.ips[0], { address: "10.99.0.2/24", gateway: "10.99.0.1" });
@@ -81,7 +66,7 @@ Deno.test("a pod of profile b gets an ENI of b's subnet and groups; the pools st
   }));
 
 Deno.test("a choice the operator did not allow is refused before anything is allocated", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     let m = await refused(n, "not_allowed", () => add(n, 1, { profile: "nope" }));
     assert(m.includes('"nope" is not configured') && m.includes('"default", "b", "locked"'), m);
     m = await refused(n, "not_allowed", () => add(n, 1, { profile: "locked" }));
@@ -113,7 +98,7 @@ Deno.test("a choice the operator did not allow is refused before anything is all
   }));
 
 Deno.test("inline security groups replace the ENI's while the pod owns it, then go back", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     const r = await add(n, 1, { profile: "b", securityGroupIds: ["g-inline1", "g-inline2"] });
     assertEquals((await eni(n, r.eniId)).securityGroupIds, ["g-inline1", "g-inline2"]);
     assertEquals((await eni(n, r.eniId)).enterpriseSecurityGroupIds, []);
@@ -126,7 +111,7 @@ Deno.test("inline security groups replace the ENI's while the pod owns it, then 
   }));
 
 Deno.test("a fixed IP no pooled ENI carries gets a new ENI with exactly that IP", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     const r = await add(n, 1, { profile: "b", ips: ["10.98.0.77"] });
     assertEquals(r.ips[0], { address: "10.98.0.77/24", gateway: "10.98.0.1" });
     assert(r.eniId.startsWith("eni-mock-b-"), r.eniId);
@@ -143,7 +128,7 @@ Deno.test("a fixed IP no pooled ENI carries gets a new ENI with exactly that IP"
   }));
 
 Deno.test("a sticky pod gets its ENI back after a delete and re-create; others do not", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     const pod = { namespace: "default", name: "db-0" };
     const first = await add(n, "a1", { pod, sticky: true });
     await n.mgr.del(delReq("a1"));
@@ -176,7 +161,7 @@ Deno.test("a sticky pod gets its ENI back after a delete and re-create; others d
   }));
 
 Deno.test("a hold expires and GC frees the ENI; the pod then gets a fresh one", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     const pod = { namespace: "default", name: "db-0" };
     const first = await add(n, "a1", { pod, sticky: true });
     await n.mgr.del(delReq("a1"));
@@ -196,7 +181,7 @@ Deno.test("a hold expires and GC frees the ENI; the pod then gets a fresh one", 
   }, { stickyHoldMs: 120_000 }));
 
 Deno.test("CNI GC never reclaims a held ENI: it is no attachment of the runtime", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     const first = await add(n, "a1", { pod: { namespace: "default", name: "db-0" }, sticky: true });
     await n.mgr.del(delReq("a1"));
     const r = await n.mgr.gc({ dryRun: false, network: "enim", validAttachments: [] });
@@ -205,7 +190,7 @@ Deno.test("CNI GC never reclaims a held ENI: it is no attachment of the runtime"
   }));
 
 Deno.test("a sticky pod's hold survives an agent restart and is taken back after it", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     const pod = { namespace: "default", name: "db-0" };
     const first = await add(n, "a1", { pod, sticky: true });
     await n.mgr.del(delReq("a1"));
@@ -217,7 +202,7 @@ Deno.test("a sticky pod's hold survives an agent restart and is taken back after
   }));
 
 Deno.test("the node limit is shared: a pod of one profile makes room from another's idle pool", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     // 2 default ENIs attached; b's are not, and the node takes 3 at most.
     const before = await n.mgr.status();
     assertEquals(before.pool.profiles.default.free, 2);
@@ -245,7 +230,7 @@ Deno.test("the node limit is shared: a pod of one profile makes room from anothe
   }));
 
 Deno.test("the cloud description names the owning pod and node, and is restored when freed", () =>
-  withNode(async (n) => {
+  withDefaults(async (n) => {
     const r = await add(n, 1);
     await n.mgr.descriptionsIdle();
     assertEquals((await eni(n, r.eniId)).description, "default/pod-1 on node-7");

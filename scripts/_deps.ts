@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { existsSync as exists } from "../lib/fs.ts";
 
 /** A package and the file that shows it is installed. */
 export interface AptNeed {
@@ -18,15 +19,6 @@ export const BASE_NEEDS: AptNeed[] = [
   { pkg: "iputils-ping", file: "/usr/bin/ping" },
   { pkg: "util-linux", file: "/usr/bin/nsenter" },
 ];
-
-function exists(path: string): boolean {
-  try {
-    Deno.statSync(path);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 /**
  * A program found on first use, not when a module loads: the demo, the tests and the bench

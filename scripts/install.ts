@@ -21,6 +21,7 @@
  *
  * @module
  */
+import { existsSync as exists } from "../lib/fs.ts";
 import { parseArgs } from "node:util";
 import { z } from "zod";
 import { dirname, join, resolve, ROOT } from "./_paths.ts";
@@ -114,15 +115,6 @@ export function conflistProblem(text: string): string | undefined {
   return `its "cniVersion" ${JSON.stringify(cniVersion)} fails every pod on containerd 1.6/1.7 ` +
     `(libcni < 1.2); use "cniVersion": "1.0.0", "cniVersions": ["1.0.0", "1.1.0"] as ` +
     `deploy/10-enim.conflist does`;
-}
-
-function exists(path: string): boolean {
-  try {
-    Deno.lstatSync(path);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 function sameBytes(a: Uint8Array, b: Uint8Array): boolean {

@@ -6,6 +6,8 @@
  *
  * @module
  */
+import { existsSync as exists } from "../lib/fs.ts";
+export { exists };
 import { z } from "zod";
 import { type AptNeed, ensureApt, isRoot } from "../scripts/_deps.ts";
 import { writeLauncher } from "../scripts/launcher.ts";
@@ -96,16 +98,6 @@ export async function tempDir(prefix: string): Promise<string> {
   const dir = `/tmp/${prefix}-${crypto.randomUUID().slice(0, 8)}`;
   await Deno.mkdir(dir, { mode: 0o700 });
   return dir;
-}
-
-/** Whether a path exists (without following a final symlink). */
-export function exists(path: string): boolean {
-  try {
-    Deno.lstatSync(path);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 /** Removes the empty directories `paths` (deepest first); a non-empty or missing one is left. */

@@ -14,6 +14,7 @@
  *
  * @module
  */
+import { exists } from "../lib/fs.ts";
 import type { SimulatedNode } from "./_node.ts";
 
 const IP = "/usr/sbin/ip";
@@ -125,15 +126,6 @@ export class IpFaults {
   async uninstall(): Promise<void> {
     await this.clear();
     await sandboxRun(this.#node, ["/usr/bin/umount", IP]).catch(() => {});
-  }
-}
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await Deno.stat(path);
-    return true;
-  } catch {
-    return false;
   }
 }
 

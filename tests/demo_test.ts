@@ -3,18 +3,10 @@
  * The demo prints every namespace, its sandbox and the agent's PID; each must be
  * gone afterwards (checked by name, so other work on the machine cannot interfere).
  */
+import { existsSync as exists } from "../lib/fs.ts";
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
 import { ROOT } from "./_enim.ts";
 import { listNetns } from "../netns/sim.ts";
-
-function exists(path: string): boolean {
-  try {
-    Deno.statSync(path);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 Deno.test({
   name: "deno task demo passes and leaves no namespaces, sandbox or agent process behind",

@@ -20,6 +20,7 @@
  *
  * @module
  */
+import { existsSync as exists } from "../../lib/fs.ts";
 import type { SimulatedNode } from "../_node.ts";
 import { removeEmptyDirs, runInNode, tempDir } from "../_clients.ts";
 import { buildPauseImage } from "./image.ts";
@@ -48,15 +49,6 @@ export interface ContainerdOptions {
   env?: Record<string, string>;
   /** A label for progress lines and error messages. */
   label?: string;
-}
-
-function exists(path: string): boolean {
-  try {
-    Deno.lstatSync(path);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 function entries(dir: string): string[] {
