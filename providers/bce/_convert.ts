@@ -1,8 +1,9 @@
 /**
- * Subnets and conversion: the CIDRs of the subnets ENIs live in (from the config
- * or one subnet lookup each, then cached), and BCE's ENI (or a stored row) as the
- * provider contract's {@linkcode Eni}. The gateway is the subnet's first host,
- * as in CCE's exclusive mode (reference §2.3).
+ * Subnets, groups and conversion: the CIDRs of the subnets ENIs live in (from
+ * the config or one subnet lookup each, then cached), an ENI's security groups
+ * compared with its profile's, and BCE's ENI (or a stored row) as the provider
+ * contract's {@linkcode Eni}. The gateway is the subnet's first host, as in
+ * CCE's exclusive mode (reference §2.3).
  *
  * @module
  */
@@ -12,11 +13,12 @@ import {
   type Eni,
   type EniAddress,
   EniAddressSchema,
+  isEnterpriseGroup,
   type Owner,
 } from "../contract.ts";
 import type { BceEni } from "./client.ts";
-import type { EniRow } from "./_store.ts";
-import type { BceCore } from "./_core.ts";
+import type { EniRecord, EniRow, Groups } from "./_store.ts";
+import type { BceCore, BceProfile } from "./_core.ts";
 
 /** The subnet's IPv4 CIDR (looked up once when not configured). */
 export async function cidrOf(core: BceCore, subnetId: string): Promise<string> {
@@ -44,18 +46,95 @@ async function lookupSubnet(core: BceCore, subnetId: string): Promise<void> {
   core.cidrs6.set(subnetId, s.ipv6Cidr || null);
 }
 
-/** Whether new ENIs ask for an IPv6 address. */
-export async function wantIpv6(core: BceCore): Promise<boolean> {
+/** Whether new ENIs in the subnet ask for an IPv6 address. */
+export async function wantIpv6(core: BceCore, subnetId: string): Promise<boolean> {
   if (core.o.ipv6 === "never") return false;
   if (core.o.ipv6 === "always") return true;
-  return (await cidr6Of(core, core.o.subnetId)) !== null;
+  return (await cidr6Of(core, subnetId)) !== null;
 }
 
-/** An ENI from BCE's detail (or list entry), free or owned by `owner`. */
+// ---- groups ---------------------------------------------------------------------------
+
+/** A profile's own groups; null when it has none (then BCE's choice is never replaced). */
+export function profileGroups(p: BceProfile): Groups | null {
+  if (p.securityGroupIds.length + p.enterpriseSecurityGroupIds.length === 0) return null;
+  return {
+    securityGroupIds: [...p.securityGroupIds],
+    enterpriseSecurityGroupIds: [...p.enterpriseSecurityGroupIds],
+  };
+}
+
+/** Inline groups (all of one kind, the manager checked) as an ENI's groups. */
+export function inlineGroups(ids: string[]): Groups {
+  return {
+    securityGroupIds: ids.filter((g) => !isEnterpriseGroup(g)),
+    enterpriseSecurityGroupIds: ids.filter(isEnterpriseGroup),
+  };
+}
+
+/** The groups BCE reports on an ENI. */
+export function groupsOfDetail(d: BceEni): Groups {
+  return {
+    securityGroupIds: d.securityGroupIds ?? [],
+    enterpriseSecurityGroupIds: d.enterpriseSecurityGroupIds ?? [],
+  };
+}
+
+/** The groups on a stored ENI: what the row records, else its profile's. */
+export function rowGroups(core: BceCore, r: EniRow): Groups | null {
+  if (r.security_groups !== null || r.enterprise_security_groups !== null) {
+    return {
+      securityGroupIds: r.security_groups ?? [],
+      enterpriseSecurityGroupIds: r.enterprise_security_groups ?? [],
+    };
+  }
+  const p = core.profiles.get(r.profile);
+  return p ? profileGroups(p) : null;
+}
+
+/** Whether two sets of groups are the same (order aside); null is "unknown" and equals nothing. */
+export function sameGroups(a: Groups | null, b: Groups | null): boolean {
+  if (a === null || b === null) return false;
+  const key = (g: Groups) =>
+    JSON.stringify([[...g.securityGroupIds].sort(), [...g.enterpriseSecurityGroupIds].sort()]);
+  return key(a) === key(b);
+}
+
+/** What a row records of an ENI's groups: null when they are its profile's. */
+export function groupsToRecord(core: BceCore, profile: string, g: Groups): Groups | null {
+  const p = core.profiles.get(profile);
+  return p && sameGroups(profileGroups(p), g) ? null : g;
+}
+
+/**
+ * The profile an ENI of ours belongs to, from its subnet and groups (an adopted
+ * ENI: its intent is gone): the profile with both, else the first with its
+ * subnet (`default` first); null when no profile uses its subnet.
+ */
+export function profileOfDetail(core: BceCore, d: BceEni): BceProfile | null {
+  const inSubnet = [...core.profiles.values()].filter((p) => p.subnetId === d.subnetId);
+  return inSubnet.find((p) => sameGroups(profileGroups(p), groupsOfDetail(d))) ??
+    inSubnet[0] ?? null;
+}
+
+// ---- ENIs ------------------------------------------------------------------------------
+
+/** What a row records of a new (or adopted) ENI of `profile`. */
+export async function recordOf(core: BceCore, d: BceEni, profile: string): Promise<EniRecord> {
+  const eni = await eniFromDetail(core, d, null, profile);
+  return {
+    ...eni,
+    name: d.name || null,
+    groups: groupsToRecord(core, profile, groupsOfDetail(d)),
+  };
+}
+
+/** An ENI of `profile` from BCE's detail (or list entry), free or owned by `owner`. */
 export async function eniFromDetail(
   core: BceCore,
   d: BceEni,
   owner: Owner | null,
+  profile: string = DEFAULT_PROFILE,
 ): Promise<Eni> {
   const v4 = d.privateIpSet.find((p) => p.primary) ?? d.privateIpSet[0];
   const v6 = d.ipv6PrivateIpSet[0];
@@ -94,7 +173,7 @@ export async function eniFromDetail(
     subnetId: d.subnetId || null,
     state: owner ? "owned" : "free",
     owner,
-    profile: DEFAULT_PROFILE,
+    profile,
     securityGroupIds: d.securityGroupIds ?? [],
     enterpriseSecurityGroupIds: d.enterpriseSecurityGroupIds ?? [],
     description: d.description ?? null,
@@ -107,6 +186,7 @@ export function toEni(core: BceCore, r: EniRow): Eni {
   const owner = r.pod && r.container_id && r.if_name
     ? { pod: r.pod, containerId: r.container_id, ifName: r.if_name }
     : null;
+  const groups = rowGroups(core, r);
   return {
     id: r.eni_id,
     mac: r.mac,
@@ -115,10 +195,10 @@ export function toEni(core: BceCore, r: EniRow): Eni {
     subnetId: r.subnet_id,
     state: owner ? "owned" : "free",
     owner,
-    profile: DEFAULT_PROFILE,
-    securityGroupIds: [...core.o.securityGroupIds],
-    enterpriseSecurityGroupIds: [...core.o.enterpriseSecurityGroupIds],
-    description: null,
+    profile: r.profile,
+    securityGroupIds: [...groups?.securityGroupIds ?? []],
+    enterpriseSecurityGroupIds: [...groups?.enterpriseSecurityGroupIds ?? []],
+    description: r.description,
     cloudState: r.lost_reason !== null ? "lost" : "ok",
   };
 }

@@ -4,18 +4,20 @@
  * few helpers they all use. {@linkcode BceProvider} owns one; the rooms are
  * functions that take it:
  *
- * - `_slots.ts`: the node limit, counting slots, reserving one, handing one back;
- * - `_allocate.ts`: giving an owner an ENI (a free one, or a new one);
+ * - `_slots.ts`: the node limit shared by the profiles, counting slots, reserving
+ *   one (making room for a pod), handing one back;
+ * - `_allocate.ts`: giving an owner an ENI (its sticky one, a free one, or a new one);
+ * - `_groups.ts`: a pod's inline security groups, and its profile's put back;
  * - `_lifecycle.ts`: create, attach, detach, delete, escalation and quarantine;
  * - `_reconcile.ts`: the list, ENIs that left the node, adoption, resuming intents;
  * - `_orphans.ts`: the whole-VPC scan for leftovers of this node;
- * - `_pool.ts`: the pool pass (warm pool growth and shrinkage);
+ * - `_pool.ts`: the pool pass (each profile's warm pool grows or shrinks);
  * - `_status.ts`: the status counts and details;
  * - `_convert.ts`: subnets, and BCE's ENI to the contract's.
  *
  * @module
  */
-import { type Owner, type ProviderContext, ProviderError } from "../contract.ts";
+import { DEFAULT_PROFILE, type Owner, type ProviderContext, ProviderError } from "../contract.ts";
 import type { Logger } from "../../lib/log.ts";
 import type { BceClient } from "./client.ts";
 import { BceStore } from "./_store.ts";
@@ -37,25 +39,39 @@ export interface BceTimings {
   jitter: number;
 }
 
+/** A profile as the provider runs it: where its ENIs live, their groups, its warm pool. */
+export interface BceProfile {
+  name: string;
+  /** The subnet its ENIs are created in. */
+  subnetId: string;
+  /** The groups its ENIs have (one kind; both empty: whatever BCE gives, never replaced). */
+  securityGroupIds: string[];
+  enterpriseSecurityGroupIds: string[];
+  /** Its free ENIs: refilled up to minIdle, released down to maxIdle. */
+  warmPool: { minIdle: number; maxIdle: number };
+  /** The namespaces whose pods may use it; null: every namespace. */
+  namespaces: string[] | null;
+  /** The groups a pod may name inline (empty: inline groups are off). */
+  allowedSecurityGroupIds: string[];
+}
+
 /** Settings of the BCE provider (resolved from the config). */
 export interface BceProviderOptions {
   client: BceClient;
   instanceId: string;
   vpcId: string;
-  subnetId: string;
+  /** The profiles, `default` first. */
+  profiles: BceProfile[];
   /** Known subnet CIDRs (id → CIDR); others are looked up. */
   subnetCidrs?: Record<string, string>;
   /** Known subnet IPv6 CIDRs (id → CIDR). */
   subnetIpv6Cidrs?: Record<string, string>;
-  securityGroupIds: string[];
-  enterpriseSecurityGroupIds: string[];
   namePrefix: string;
   description: string;
   /** A cap on the node limit, and its fallback when BCE does not tell. */
   maxEnisPerNode?: number;
   /** IPv6 on new ENIs. */
   ipv6: "auto" | "always" | "never";
-  warmPool: { minIdle: number; maxIdle: number };
   timings: BceTimings;
   /** The jitter source (tests seed it). */
   random?: () => number;
@@ -113,6 +129,13 @@ export class BceCore {
   readonly cidrs = new Map<string, string>();
   /** Known subnet IPv6 CIDRs (null: the subnet has none), by subnet id. */
   readonly cidrs6 = new Map<string, string | null>();
+  /**
+   * Allocations that found no free ENI and are on their way to reserve a slot for
+   * a new one: warm pool refills leave that many slots to them (`_slots.ts`).
+   */
+  demand = 0;
+  /** The profiles, by name (`default` first). */
+  readonly profiles: ReadonlyMap<string, BceProfile>;
   /** Asks for a pool pass soon (set by the provider once its loop runs). */
   kick: () => void = () => {};
 
@@ -125,6 +148,10 @@ export class BceCore {
     for (const [k, v] of Object.entries(opts.subnetCidrs ?? {})) this.cidrs.set(k, v);
     for (const [k, v] of Object.entries(opts.subnetIpv6Cidrs ?? {})) this.cidrs6.set(k, v);
     this.store = new BceStore(ctx.db);
+    this.profiles = new Map(opts.profiles.map((p) => [p.name, p]));
+    if (!this.profiles.has(DEFAULT_PROFILE)) {
+      throw new Error(`The BCE provider needs a "${DEFAULT_PROFILE}" profile`);
+    }
     this.limit = {
       max: opts.maxEnisPerNode ?? 0,
       source: opts.maxEnisPerNode ? "config" : "unresolved",
@@ -134,6 +161,25 @@ export class BceCore {
       instanceCpuCount: null,
       errors: [],
     };
+  }
+
+  /** The default profile (the top-level settings). */
+  get defaultProfile(): BceProfile {
+    return this.profiles.get(DEFAULT_PROFILE)!;
+  }
+
+  /** A profile by name; a ProviderError when it is not configured. */
+  profile(name: string): BceProfile {
+    const p = this.profiles.get(name);
+    if (!p) {
+      throw new ProviderError(
+        "other",
+        `The BCE provider has no profile "${name}" (configured: ${
+          [...this.profiles.keys()].map((n) => `"${n}"`).join(", ")
+        })`,
+      );
+    }
+    return p;
   }
 
   /** Runs `p` in the background; `close()` waits for it. */

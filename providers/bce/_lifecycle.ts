@@ -3,7 +3,8 @@
  * detached and deleted (disposed of), and what happens when it gets stuck.
  *
  * **Creating.** A create intent carries its clientToken and the ENI's name, so a
- * retry or a restart repeats the *same* create. A not-found right after the
+ * retry or a restart repeats the *same* create; and its profile (the subnet, the
+ * groups), a pod's inline groups and fixed IPs, which the create asks for. A not-found right after the
  * create is BCE catching up: retried for `createVisibilityMs`. An ENI still
  * `attaching` after `attachMs` (counted from the intent) is stuck: the intent is
  * cleaned up, which escalates.
@@ -20,26 +21,43 @@ import { type BceEni, sleep } from "./client.ts";
 import { BceApiError, isEniGone } from "./errors.ts";
 import type { IntentRow } from "./_store.ts";
 import { type BceCore, BceStuckError, type Disposal } from "./_core.ts";
-import { eniFromDetail, wantIpv6 } from "./_convert.ts";
+import { profileGroups, recordOf, wantIpv6 } from "./_convert.ts";
 import { slotsUsed } from "./_slots.ts";
 
 /**
  * Creates (or finds, via its clientToken), attaches and readies the ENI of an intent.
+ * The attach waits for `beforeAttach` (the release of an ENI this one displaces).
  * On failure the intent is abandoned (the ENI cleaned up) and the error thrown.
  */
-export async function materialize(core: BceCore, intent: IntentRow): Promise<BceEni> {
+export async function materialize(
+  core: BceCore,
+  intent: IntentRow,
+  beforeAttach?: Promise<unknown>,
+): Promise<BceEni> {
   core.active.add(intent.id);
   const c = core.client;
   try {
+    const profile = core.profiles.get(intent.profile);
+    if (!profile) {
+      throw new ProviderError(
+        "other",
+        `Profile "${intent.profile}" of the ENI being created is not configured any more`,
+      );
+    }
     let eniId = intent.eni_id;
     let visibleFrom = intent.created_ms;
     if (!eniId) {
-      const ipv6 = await wantIpv6(core);
+      const inline = intent.security_groups !== null ||
+        intent.enterprise_security_groups !== null;
+      const own = profileGroups(profile);
+      const ipv6 = intent.requested_ip6 ?? await wantIpv6(core, profile.subnetId);
       eniId = await c.createEni({
         name: intent.name,
-        subnetId: core.o.subnetId,
-        securityGroupIds: core.o.securityGroupIds,
-        enterpriseSecurityGroupIds: core.o.enterpriseSecurityGroupIds,
+        subnetId: profile.subnetId,
+        securityGroupIds: inline ? intent.security_groups ?? [] : own?.securityGroupIds ?? [],
+        enterpriseSecurityGroupIds: inline
+          ? intent.enterprise_security_groups ?? []
+          : own?.enterpriseSecurityGroupIds ?? [],
         privateIpAddress: intent.requested_ip ?? undefined,
         ipv6,
         description: core.o.description,
@@ -47,12 +65,20 @@ export async function materialize(core: BceCore, intent: IntentRow): Promise<Bce
       intent.eni_id = eniId;
       visibleFrom = Date.now();
       core.store.setIntentEni(intent.id, eniId);
-      core.log.info("Created an ENI", { eniId, clientToken: intent.client_token, ipv6 });
+      core.log.info("Created an ENI", {
+        eniId,
+        clientToken: intent.client_token,
+        profile: profile.name,
+        subnetId: profile.subnetId,
+        ipv6,
+        ...(intent.requested_ip ? { privateIpAddress: intent.requested_ip } : {}),
+      });
     }
     const id = eniId;
     const visibleBy = visibleFrom + core.t.createVisibilityMs;
     let d = await untilVisible(core, id, visibleBy, () => c.getEni(id));
     if (d.status === "available") {
+      if (beforeAttach) await beforeAttach;
       try {
         await untilVisible(
           core,
@@ -99,7 +125,10 @@ export async function materialize(core: BceCore, intent: IntentRow): Promise<Bce
     if (core.ctx.waitForDevice) {
       await core.ctx.waitForDevice(d.macAddress, core.t.deviceMs);
     }
-    if (d.ipv6PrivateIpSet.length === 0 && await wantIpv6(core)) {
+    if (
+      d.ipv6PrivateIpSet.length === 0 &&
+      (intent.requested_ip6 !== null || await wantIpv6(core, profile.subnetId))
+    ) {
       core.log.warn("Asked BCE for an IPv6 address but the ENI has none", { eniId: id });
     }
     return d;
@@ -139,9 +168,9 @@ async function untilVisible<T>(
 /** Finishes a create intent into the free pool (pool growth, or resuming after a restart). */
 export async function finishCreate(core: BceCore, intent: IntentRow): Promise<void> {
   const d = await materialize(core, intent);
-  core.store.insert(await eniFromDetail(core, d, null), null, Date.now(), intent.id);
+  core.store.insert(await recordOf(core, d, intent.profile), null, Date.now(), intent.id);
   core.active.delete(intent.id);
-  core.log.info("ENI joined the free pool", { eniId: d.eniId });
+  core.log.info("ENI joined the free pool", { eniId: d.eniId, profile: intent.profile });
 }
 
 /** After a failed create/attach: undo what the cloud did, or leave it for the loop. */
@@ -186,12 +215,13 @@ export async function cleanup(core: BceCore, intent: IntentRow): Promise<void> {
 export async function release(core: BceCore, intent: IntentRow): Promise<void> {
   core.active.add(intent.id);
   try {
+    const why = intent.purpose === "owner" ? "released for a pod" : "surplus";
     const outcome = intent.eni_id
-      ? await dispose(core, intent.eni_id, intent.client_token, "surplus")
+      ? await dispose(core, intent.eni_id, intent.client_token, why)
       : "gone";
     core.store.deleteIntent(intent.id);
     core.quotaBlockedUntil = 0; // a slot freed up
-    core.log.info("Released a surplus ENI", { eniId: intent.eni_id, outcome });
+    core.log.info("Released an ENI", { eniId: intent.eni_id, outcome, why });
   } finally {
     core.active.delete(intent.id);
   }

@@ -7,9 +7,11 @@
  *    available); an owned one is kept, marked *lost*, so the manager still sees
  *    the attachment (an error line names the pod; its DEL or GC forgets it);
  * 2. untracked ENIs on the node: ours (by the name marker) are adopted into the
- *    free pool, others are counted against the node limit;
+ *    free pool of the profile their subnet (and groups) say, or released when no
+ *    profile uses their subnet; others are counted against the node limit;
  * 3. quarantined ENIs are tried again now and then (in the background);
- * 4. intents nobody works on (a crash, a failed cleanup) are finished or cleaned up;
+ * 4. intents nobody works on (a crash, a failed cleanup) are finished or cleaned up
+ *    (a create that waits for the release of the ENI it displaces, after it);
  * 5. orphans (whole-VPC list only, `_orphans.ts`).
  *
  * @module
@@ -18,9 +20,10 @@ import type { BceEni } from "./client.ts";
 import { isEniGone } from "./errors.ts";
 import type { EniRow } from "./_store.ts";
 import type { BceCore } from "./_core.ts";
-import { eniFromDetail } from "./_convert.ts";
+import { profileOfDetail, recordOf } from "./_convert.ts";
 import { cleanup, dispose, finishCreate, readEni, release } from "./_lifecycle.ts";
 import { collectOrphans } from "./_orphans.ts";
+import { releaseUntracked } from "./_slots.ts";
 
 /** Runs one sync, or joins the one running; resolves to whether anything changed. */
 export function sync(core: BceCore, scan: boolean): Promise<boolean> {
@@ -58,6 +61,7 @@ async function reconcile(core: BceCore, scan: boolean): Promise<boolean> {
   // from it without having left; the detail call below tells (it is cheap to skip).
   for (const r of core.store.rows()) {
     const e = byId.get(r.eni_id);
+    if (e && r.name === null && e.name) core.store.learnName(r.eni_id, e.name);
     if (e?.status === "inuse") {
       if (r.lost_reason) {
         core.store.clearLost(r.eni_id, Date.now());
@@ -132,6 +136,10 @@ async function reconcile(core: BceCore, scan: boolean): Promise<boolean> {
   // 4. Intents nobody works on (a crash, a failed cleanup): finish or clean up.
   for (const intent of core.store.intents()) {
     if (core.active.has(intent.id)) continue;
+    if (
+      intent.kind === "create" && intent.phase === "active" && intent.after_release !== null &&
+      core.store.intent(intent.after_release) !== null
+    ) continue;
     const task = intent.kind === "release"
       ? release(core, intent)
       : intent.phase === "cleanup"
@@ -188,19 +196,42 @@ export function loseOrDrop(
   );
 }
 
-/** Adopts an attached ENI with our marker into the free pool (from a list entry: no call). */
+/**
+ * Adopts an attached ENI with our marker into the free pool of its profile (from a
+ * list entry: no call), or releases it when no profile uses its subnet.
+ */
 async function adopt(core: BceCore, e: BceEni): Promise<boolean> {
   if (e.status !== "inuse" || e.instanceId !== core.o.instanceId || !core.isOurs(e)) {
     return false;
   }
   if (!e.macAddress) return false;
-  const eni = await eniFromDetail(core, e, null);
+  const profile = profileOfDetail(core, e);
+  if (!profile) {
+    const intent = releaseUntracked(core, e.eniId);
+    if (intent) {
+      core.log.warn("An attached ENI of ours is in no configured profile's subnet; released", {
+        eniId: e.eniId,
+        subnetId: e.subnetId,
+      });
+      core.track(
+        release(core, intent).catch((err) => {
+          core.log.warn("Releasing an ENI of no profile failed; will retry", {
+            eniId: e.eniId,
+            error: err,
+          });
+        }),
+      );
+    }
+    return true;
+  }
+  const record = await recordOf(core, e, profile.name);
   if (core.store.row(e.eniId) || core.store.intents().some((i) => i.eni_id === e.eniId)) {
     return true;
   }
-  core.store.insert(eni, null, Date.now());
+  core.store.insert(record, null, Date.now());
   core.log.info("Adopted an attached ENI with our marker into the free pool", {
     eniId: e.eniId,
+    profile: profile.name,
   });
   return true;
 }

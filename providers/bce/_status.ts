@@ -1,12 +1,13 @@
 /**
- * The provider's status: pool counts for STATUS and `enim status`, and details
+ * The provider's status: pool counts for STATUS and `enim status` (in all and
+ * per profile: the node limit is shared, so `attachable` is one figure), and details
  * an operator (and the metrics) read: the node limit and where it came from,
  * work in flight, lost and quarantined ENIs with what to do about them, and
  * the API calls made so far.
  *
  * @module
  */
-import { DEFAULT_PROFILE, type ProviderStatus } from "../contract.ts";
+import type { ProviderStatus } from "../contract.ts";
 import type { BceCore } from "./_core.ts";
 import { slotsUsed } from "./_slots.ts";
 
@@ -21,12 +22,36 @@ export function providerStatus(
   const intents = core.store.intents();
   const quarantined = core.store.quarantined();
   const now = Date.now();
+  const profiles: ProviderStatus["profiles"] = {};
+  const profileDetails: Record<string, unknown> = {};
+  for (const p of core.profiles.values()) {
+    const mine = rows.filter((r) => r.profile === p.name);
+    const ownedHere = mine.filter((r) => r.pod !== null).length;
+    profiles[p.name] = { free: mine.length - ownedHere, owned: ownedHere };
+    profileDetails[p.name] = {
+      subnetId: p.subnetId,
+      subnetCidr: core.cidrs.get(p.subnetId) ?? null,
+      subnetIpv6Cidr: core.cidrs6.get(p.subnetId) ?? null,
+      warmPool: p.warmPool,
+      creating: intents.filter((i) =>
+        i.kind === "create" && i.phase === "active" && i.profile === p.name
+      ).length,
+    };
+  }
+  // ENIs of a profile no longer configured (until released) are counted under their old name.
+  for (const r of rows) {
+    if (core.profiles.has(r.profile)) continue;
+    const c = profiles[r.profile] ?? { free: 0, owned: 0 };
+    if (r.pod !== null) c.owned++;
+    else c.free++;
+    profiles[r.profile] = c;
+  }
   return {
     name: "bce",
     free: rows.length - owned,
     owned,
     attachable: Math.max(0, core.limit.max - slotsUsed(core)),
-    profiles: { [DEFAULT_PROFILE]: { free: rows.length - owned, owned } },
+    profiles,
     details: {
       instanceId: core.o.instanceId,
       maxEnisPerNode: core.limit.max,
@@ -59,7 +84,11 @@ export function providerStatus(
         ? new Date(core.quotaBlockedUntil).toISOString()
         : null,
       ipv6: core.o.ipv6,
-      warmPool: core.o.warmPool,
+      /** The default profile's warm pool (each profile's is under `profiles`). */
+      warmPool: core.defaultProfile.warmPool,
+      profiles: profileDetails,
+      /** Allocations waiting for a slot (warm pool refills leave them room). */
+      demand: core.demand,
       passes: scheduler.passes,
       passIntervalMs: scheduler.intervalMs,
       apiCalls: core.client.callCounts(),

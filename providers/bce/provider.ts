@@ -6,13 +6,19 @@
  * The provider is split into rooms that share one {@linkcode BceCore}
  * (`_core.ts` lists them):
  *
- * - **Node limit** (`_slots.ts`): ENIs in the table (lost ones excepted) + intents
- *   + other ENIs attached to the node never exceed the limit; the check and the
- *   reservation run in one synchronous section.
- * - **Allocation** (`_allocate.ts`): a free ENI, else a new one for the owner.
+ * - **Profiles**: the top-level settings are the `default` profile; named ones
+ *   each have their subnet, groups and warm pool, and every ENI (row and intent)
+ *   belongs to one. A pod gets an ENI of its profile only.
+ * - **Node limit** (`_slots.ts`), shared by the profiles: ENIs in the table (lost
+ *   ones excepted) + intents + other ENIs attached to the node never exceed it;
+ *   the check and the reservation run in one synchronous section. Pods go before
+ *   warm pools (the rule is in `_slots.ts`).
+ * - **Allocation** (`_allocate.ts`): a sticky pod's ENI back, a free ENI, else a
+ *   new one for the owner (with its fixed IPs); inline security groups and the
+ *   profile's put back at release (`_groups.ts`).
  * - **The pool pass** (`_pool.ts`, scheduled by `_schedule.ts`): one list of ENIs
- *   (`_reconcile.ts`, with an orphan scan now and then: `_orphans.ts`), then the
- *   warm pool grows or shrinks.
+ *   (`_reconcile.ts`, with an orphan scan now and then: `_orphans.ts`), then each
+ *   profile's warm pool grows or shrinks.
  * - **Lifecycle** (`_lifecycle.ts`): create and attach, detach and delete; an ENI
  *   stuck in `attaching` or `detaching` is escalated once (detach, then delete
  *   anyway) and, if BCE refuses, quarantined with a status field and an error
@@ -21,6 +27,8 @@
  *   kept, marked *lost*, until its owner's DEL or GC release forgets it (a device
  *   that vanished with it cannot be repaired: {@linkcode BceProvider.repairDevice}
  *   says so at once).
+ * - **Descriptions** ({@linkcode BceProvider.describeENI}): one `modifyAttribute`
+ *   call names the owning pod; another puts the configured description back.
  * - **Status** (`_status.ts`).
  *
  * @module
@@ -28,7 +36,6 @@
 import {
   type AllocationRequestInput,
   AllocationRequestSchema,
-  defaultProfile,
   type Eni,
   type Owner,
   OwnerSchema,
@@ -42,16 +49,15 @@ import type { BceEni } from "./client.ts";
 import { isEniGone } from "./errors.ts";
 import { PassScheduler } from "./_schedule.ts";
 import { BceCore, type BceProviderOptions, ownerKey } from "./_core.ts";
-import { toEni } from "./_convert.ts";
-import { allocate } from "./_allocate.ts";
-import { dispose } from "./_lifecycle.ts";
+import { cidr6Of, cidrOf, toEni } from "./_convert.ts";
+import { allocate, deallocate } from "./_allocate.ts";
 import { ensureSynced, loseOrDrop, sync } from "./_reconcile.ts";
 import { poolPass } from "./_pool.ts";
 import { resolveLimit } from "./_slots.ts";
 import { providerStatus } from "./_status.ts";
 
 export { BceStuckError } from "./_core.ts";
-export type { BceProviderOptions, BceTimings } from "./_core.ts";
+export type { BceProfile, BceProviderOptions, BceTimings } from "./_core.ts";
 
 /** The BCE exclusive-mode provider. */
 export class BceProvider implements Provider {
@@ -89,9 +95,25 @@ export class BceProvider implements Provider {
     return this.#scheduler.passes;
   }
 
-  /** Resolves the node limit (never fatal) and syncs with the cloud once. */
+  /**
+   * Resolves the node limit and the profiles' subnet CIDRs (what `profiles()`
+   * reports; one lookup per subnet not configured), neither fatal, and syncs with
+   * the cloud once.
+   */
   async init(): Promise<void> {
-    await resolveLimit(this.#core);
+    const core = this.#core;
+    await resolveLimit(core);
+    for (const subnetId of new Set([...core.profiles.values()].map((p) => p.subnetId))) {
+      try {
+        await cidrOf(core, subnetId);
+        if (core.o.ipv6 !== "never") await cidr6Of(core, subnetId);
+      } catch (e) {
+        core.log.warn("Cannot read a profile's subnet; its CIDR is looked up again on use", {
+          subnetId,
+          error: e,
+        });
+      }
+    }
     try {
       await ensureSynced(this.#core);
     } catch (e) {
@@ -117,51 +139,60 @@ export class BceProvider implements Provider {
       return await p;
     } finally {
       this.#ownerOps.delete(key);
-      if (this.#core.store.freeRows().length < this.#core.o.warmPool.minIdle) this.#core.kick();
+      const p = this.#core.profiles.get(req.profile);
+      if (p && this.#core.store.freeRows(p.name).length < p.warmPool.minIdle) this.#core.kick();
     }
   }
 
   async deallocateENI(owner: Owner): Promise<void> {
-    const core = this.#core;
     const o = OwnerSchema.parse(owner);
     const running = this.#ownerOps.get(ownerKey(o));
     if (running) await running.catch(() => {});
-    const row = core.store.rowOf(o);
-    if (!row) return;
-    if (row.lost_reason) {
-      core.store.drop(row.eni_id);
-      core.log.info("Forgot a lost ENI at its owner's release", {
-        eniId: row.eni_id,
-        owner: o,
-        lost: row.lost_reason,
-      });
-      // Detached (not deleted) out of band: it may still exist, ours and available.
-      core.track(
-        dispose(core, row.eni_id, crypto.randomUUID(), "lost ENI released").catch((e) =>
-          core.log.warn("Cannot clean up a lost ENI; the orphan scan will retry", {
-            eniId: row.eni_id,
-            error: e,
-          })
-        ),
-      );
-      core.kick();
-      return;
-    }
-    core.store.unassign(row.eni_id, Date.now());
-    core.log.info("ENI returned to the free pool", { eniId: row.eni_id, owner: o });
-    if (core.store.freeRows().length > core.o.warmPool.maxIdle) core.kick();
+    await deallocate(this.#core, o);
   }
 
-  /** One profile for now: the provider's own subnet and groups, open to every namespace. */
+  /**
+   * Each profile (`default` first) with its subnet CIDRs (configured, or looked up
+   * at start: a subnet BCE did not answer for shows none until a later lookup).
+   */
   profiles(): ProfileInfo[] {
-    const o = this.#core.o;
-    return [defaultProfile({
-      subnets: {
-        ...(o.subnetCidrs?.[o.subnetId] ? { ipv4: o.subnetCidrs[o.subnetId] } : {}),
-      },
-      securityGroupIds: [...o.securityGroupIds],
-      enterpriseSecurityGroupIds: [...o.enterpriseSecurityGroupIds],
-    })];
+    const core = this.#core;
+    return [...core.profiles.values()].map((p) => {
+      const v4 = core.cidrs.get(p.subnetId);
+      const v6 = core.cidrs6.get(p.subnetId);
+      return {
+        name: p.name,
+        subnets: { ...(v4 ? { ipv4: v4 } : {}), ...(v6 ? { ipv6: v6 } : {}) },
+        securityGroupIds: [...p.securityGroupIds],
+        enterpriseSecurityGroupIds: [...p.enterpriseSecurityGroupIds],
+        namespaces: p.namespaces === null ? null : [...p.namespaces],
+        allowedSecurityGroupIds: [...p.allowedSecurityGroupIds],
+      };
+    });
+  }
+
+  /**
+   * Sets the ENI's description in BCE (`PUT /v1/eni/{id}?modifyAttribute`): `text`
+   * while a pod owns it, the configured description again when `text` is null.
+   * No call when BCE shows that text already, or when the ENI is not the
+   * provider's any more (released, or lost).
+   */
+  async describeENI(eniId: string, text: string | null): Promise<void> {
+    const core = this.#core;
+    const row = core.store.row(eniId);
+    const description = text ?? core.o.description;
+    if (!row || row.lost_reason !== null) {
+      core.log.debug("No description change: the ENI is not tracked (released or lost)", {
+        eniId,
+      });
+      return;
+    }
+    if (row.description === description) return;
+    await core.client.updateEni(eniId, {
+      ...(row.name !== null ? { name: row.name } : {}),
+      description,
+    }, crypto.randomUUID());
+    core.store.setDescription(eniId, description);
   }
 
   status(): Promise<ProviderStatus> {
