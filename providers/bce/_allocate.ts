@@ -168,7 +168,19 @@ export async function allocate(core: BceCore, owner: Owner, req: AllocationReque
   core.store.insert(record, owner, Date.now(), intent.id);
   core.active.delete(intent.id);
   core.log.info("Allocated a new ENI", { eniId: detail.eniId, owner, profile: profile.name });
-  return toEni(core, core.store.row(detail.eniId)!);
+  return ownedEni(core, detail.eniId);
+}
+
+/** The ENI just assigned, as the contract's (an error if the reconcile dropped it meanwhile). */
+function ownedEni(core: BceCore, eniId: string): Eni {
+  const r = core.store.row(eniId);
+  if (!r) {
+    throw new ProviderError(
+      "unavailable",
+      `ENI "${eniId}" left this node while it was being assigned; try again`,
+    );
+  }
+  return toEni(core, r);
 }
 
 /** The fixed IPs of a create intent, as text (null when none). */
@@ -261,7 +273,7 @@ async function pickFree(
     if (!core.store.assign(row.eni_id, owner, Date.now())) continue;
     core.log.info("Allocated a free ENI", { eniId: row.eni_id, owner, profile: profile.name });
     await claimGroups(core, row, owner, wanted);
-    return toEni(core, core.store.row(row.eni_id)!);
+    return ownedEni(core, row.eni_id);
   }
   return null;
 }
@@ -282,7 +294,7 @@ async function takeOver(
   core.log.info("A sticky pod takes its ENI back", { eniId, owner, from });
   const profile = core.profiles.get(row.profile);
   if (profile) await claimGroups(core, row, owner, wantedGroups(profile, inline));
-  return toEni(core, core.store.row(eniId)!);
+  return ownedEni(core, eniId);
 }
 
 /** Takes back what `owner` holds (see the module doc); succeeds when it holds nothing. */
