@@ -77,8 +77,14 @@ export async function materialize(
     const id = eniId;
     const visibleBy = visibleFrom + core.t.createVisibilityMs;
     let d = await untilVisible(core, id, visibleBy, () => c.getEni(id));
+    // The attach gets its full `attachMs`, counted from the intent (a restart does not
+    // restart the clock), or from the end of the wait for a displaced ENI's release.
+    let attachFrom = intent.created_ms;
     if (d.status === "available") {
-      if (beforeAttach) await beforeAttach;
+      if (beforeAttach) {
+        await beforeAttach;
+        attachFrom = Date.now();
+      }
       try {
         await untilVisible(
           core,
@@ -116,12 +122,7 @@ export async function materialize(
         `ENI "${id}" is attached to instance "${d.instanceId}", not "${core.o.instanceId}"`,
       );
     }
-    d = await waitStatus(
-      core,
-      id,
-      "inuse",
-      Math.max(intent.created_ms + core.t.attachMs, Date.now()),
-    );
+    d = await waitStatus(core, id, "inuse", Math.max(attachFrom + core.t.attachMs, Date.now()));
     if (core.ctx.waitForDevice) {
       await core.ctx.waitForDevice(d.macAddress, core.t.deviceMs);
     }

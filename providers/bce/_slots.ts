@@ -147,6 +147,8 @@ export function reserveForOwner(
       core.active.add(intent.id);
       return { intent, evicted: null };
     }
+    // With the limit unknown nothing is replaced either (no new ENI until it is known).
+    if (core.limit.source === "unresolved") return null;
     const victim = pickVictim(core, spec.profile, specific);
     if (!victim) return null;
     const evicted = takeFreeForRelease(core, { eniId: victim }, "owner");

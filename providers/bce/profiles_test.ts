@@ -720,3 +720,68 @@ Deno.test("a provider on a database from before profiles serves its ENIs as prof
     await fake.close();
   }
 });
+
+Deno.test("an untracked ENI of ours is adopted into the pool of the profile its subnet says, or released", async () => {
+  const fake = startFake({ subnets: SUBNETS, ...GROUPS, attachDelayMs: 1 });
+  const client = testClient(fake);
+  try {
+    const attached = async (name: string, subnetId: string, groups: string[]) => {
+      const id = await client.createEni({
+        name,
+        subnetId,
+        securityGroupIds: groups,
+        enterpriseSecurityGroupIds: [],
+      }, crypto.randomUUID());
+      await client.attachEni(id, INSTANCE, crypto.randomUUID());
+      await eventually(() => fake.enis.get(id)?.status === "inuse", 2000, "attached");
+      return id;
+    };
+    // An agent that lost its database: its ENIs are attached, with our marker.
+    const inB = await attached(`enim/${INSTANCE}/aaa001`, "sbn-fakeb001", ["g-b0001"]);
+    const inDefault = await attached(`enim/${INSTANCE}/aaa002`, "sbn-fake0001", ["g-inline01"]);
+    const nowhere = await attached(`enim/${INSTANCE}/aaa003`, "sbn-fakec001", ["g-test0001"]);
+    const env = await withProfiles({
+      withFake: fake,
+      config: { profiles: { b: PROFILES.b } },
+    });
+    try {
+      const listed = await env.provider.list();
+      assertEquals(
+        listed.map((e) => [e.id, e.profile, e.state]).sort(),
+        [[inB, "b", "free"], [inDefault, "default", "free"]].sort(),
+      );
+      // Its groups are recorded as BCE has them: the next default pod gets the profile's.
+      const e = await env.provider.allocateNextENI(owner(1), any);
+      assertEquals(e.id, inDefault);
+      assertEquals(fake.enis.get(inDefault)!.securityGroupIds, ["g-test0001"]);
+      // No profile uses sbn-fakec001 now: that ENI is detached and deleted.
+      await eventually(() => !fake.enis.has(nowhere), 5000, "the ENI of no profile to go");
+    } finally {
+      await env.close();
+    }
+  } finally {
+    client.close();
+    await fake.close();
+  }
+});
+
+Deno.test("free ENIs of a profile removed from the config are released; an owned one at its release", async () => {
+  const env = await withProfiles();
+  try {
+    const c1 = await env.provider.allocateNextENI(owner(1), { ...any, profile: "c" });
+    const c2 = await env.provider.allocateNextENI(owner(2), { ...any, profile: "c" });
+    await env.provider.deallocateENI(owner(1));
+    await env.provider.close();
+    // The operator drops profile c.
+    const p = await env.restart({ profiles: { b: PROFILES.b } });
+    assertEquals(p.profiles().map((x) => x.name), ["default", "b"]);
+    await p.maintainPool();
+    await eventually(() => !env.fake.enis.has(c1.id), 5000, "the free ENI of c to go");
+    assertEquals((await p.status()).profiles.c, { free: 0, owned: 1 });
+    await p.deallocateENI(owner(2));
+    await eventually(() => !env.fake.enis.has(c2.id), 5000, "the owned ENI of c to go");
+    assertEquals((await p.list()).filter((e) => e.profile === "c"), []);
+  } finally {
+    await env.close();
+  }
+});
