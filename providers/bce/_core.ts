@@ -13,7 +13,8 @@
  * - `_orphans.ts`: the whole-VPC scan for leftovers of this node;
  * - `_pool.ts`: the pool pass (each profile's warm pool grows or shrinks);
  * - `_status.ts`: the status counts and details;
- * - `_convert.ts`: subnets, and BCE's ENI to the contract's.
+ * - `_convert.ts`: subnets, groups compared, and BCE's ENI to the contract's;
+ * - `_store.ts` (queries) and `_tables.ts` (DDL, migrations, row schemas): the tables.
  *
  * @module
  */
