@@ -9,6 +9,10 @@
  * nodes (1000 nodes × 8), so an orphan scan reads 8 pages of 1000, as it would
  * in a region with 1000 such nodes.
  *
+ * Each pod's life costs what the agent makes it cost: the ADD, then (after the
+ * ADD has answered, as the manager queues it) the description naming the pod;
+ * the DEL, then the description put back. Two `modifyAttribute` calls per pod.
+ *
  * Scenarios, each one simulated hour after a warm-up:
  * - steady: no pod comes or goes;
  * - rolling churn: a pod every minute, each living 5 minutes (60 ADD + 60 DEL);
@@ -36,7 +40,9 @@ const TIMEOUTS = {
   maxAttempts: 5,
   baseDelayMs: S(1),
   maxDelayMs: S(10),
-  attachMs: S(60),
+  // Not scaled: a bound on a stuck attach, not a period. Scaled to 60 ms, a busy
+  // event loop (six parallel ADDs) made a healthy attach look stuck now and then.
+  attachMs: 60_000,
   detachMs: S(60),
   escalateMs: S(15),
   createVisibilityMs: S(10),
@@ -57,7 +63,12 @@ function opOf(r: FakeRequestRecord): string {
   }
   if (r.path === "/v1/eni" && r.method === "POST") return "CreateEni";
   if (r.path.startsWith("/v1/eni/") && r.method === "GET") return "GetEniDetail";
-  if (r.method === "PUT") return "attach" in r.query ? "AttachEni" : "DetachEni";
+  if (r.method === "PUT") {
+    if ("attach" in r.query) return "AttachEni";
+    if ("detach" in r.query) return "DetachEni";
+    if ("modifyAttribute" in r.query) return "UpdateEni(description)";
+    if ("bindSg" in r.query || "bindEsg" in r.query) return "UpdateEniSecurityGroup";
+  }
   if (r.method === "DELETE") return "DeleteEni";
   return `${r.method} ${r.path.replace(/\/[^/]+$/, "/{id}")}`;
 }
@@ -69,6 +80,7 @@ interface Figures {
   passes: number;
   nodeLists: number;
   scans: number;
+  descriptions: number;
   adds: number;
 }
 
@@ -101,10 +113,28 @@ async function measure(
     await sleep(S(900));
     const from = fake.requests.length;
     const passes0 = env.provider.passes;
+    // Descriptions are queued per ENI, after the ADD or DEL has answered, as the
+    // manager's Describer does: never on the pod's path.
+    const held = new Map<string, string>();
+    const tails = new Map<string, Promise<void>>();
+    const describe = (id: string, text: string | null) =>
+      tails.set(
+        id,
+        (tails.get(id) ?? Promise.resolve()).then(() => env.provider.describeENI(id, text)),
+      );
     const adds = await drive(
-      async (o) => void await env.provider.allocateNextENI(o, { ips: [], ranges: [] }),
-      (o) => env.provider.deallocateENI(o),
+      async (o) => {
+        const eni = await env.provider.allocateNextENI(o, { ips: [], ranges: [] });
+        held.set(o.containerId, eni.id);
+        describe(eni.id, `${o.pod} on node-1`);
+      },
+      async (o) => {
+        await env.provider.deallocateENI(o);
+        const id = held.get(o.containerId);
+        if (id) describe(id, null);
+      },
     );
+    await Promise.all(tails.values());
     const window = fake.requests.slice(from);
     const byOp: Record<string, number> = {};
     for (const r of window) byOp[opOf(r)] = (byOp[opOf(r)] ?? 0) + 1;
@@ -116,6 +146,7 @@ async function measure(
       nodeLists: window.filter((r) => opOf(r) === "ListEni(node)").length,
       scans: window.filter((r) => opOf(r) === "ListEni(VPC scan page)" && !("marker" in r.query))
         .length,
+      descriptions: window.filter((r) => opOf(r) === "UpdateEni(description)").length,
       adds,
     };
   } finally {
@@ -185,6 +216,7 @@ Deno.test({
     }
     lines.push(
       `  before issue 14: 2 lists per 30 s pass = 240 lists/node/hour → ×${NODES}: 240000/hour = 66.7/s`,
+      `  before issue 18 (no descriptions): steady 19, rolling churn 76, bursty churn 365 calls/node/hour`,
     );
     console.log(lines.join("\n"));
 
@@ -195,6 +227,10 @@ Deno.test({
         r.nodeLists + r.scans <= r.passes + 1,
         `${r.scenario}: ${r.nodeLists} node lists + ${r.scans} scans for ${r.passes} passes`,
       );
+    }
+    for (const r of results) {
+      // Two description calls per pod: set after the ADD, put back after the DEL.
+      assertEquals(r.descriptions, 2 * r.adds, `${r.scenario}: description calls`);
     }
     const steady = results[0];
     assertEquals(

@@ -6,7 +6,11 @@
  *
  * The subnet is dual-stack (the fake's subnet has an `ipv6Cidr`), so the
  * provider asks BCE for an IPv6 address on each new ENI and the pod gets both
- * families. One ENI is deleted behind enim's back while its pod owns it.
+ * families. One ENI is deleted behind enim's back while its pod owns it. A
+ * second profile, `b`, has its own (IPv4-only) subnet and security group: a pod
+ * that asks for it (`ENIM_PROFILE=b`) gets an ENI there, named in BCE's
+ * description while it owns it, and the next pod of `b` names an inline group,
+ * which replaces the ENI's until its DEL puts `b`'s back.
  */
 import { z } from "zod";
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
@@ -20,6 +24,9 @@ const SUBNET = "10.99.0.0/24";
 const GATEWAY = "10.99.0.1";
 const SUBNET6 = "fd00:99::/64";
 const GATEWAY6 = "fd00:99::1";
+/** Profile b's subnet (its gateway is added to the VPC bridge by the test). */
+const SUBNET_B = "10.98.0.0/24";
+const GATEWAY_B = "10.98.0.1";
 const INSTANCE = "i-e2enode01";
 const AK = "AKIDenimE2E00000001";
 /** Must never appear in any log line. */
@@ -27,8 +34,8 @@ const SECRET = "SK-e2e-secret-DO-NOT-LOG-5b1e9c0a44f2";
 /** Must never appear in any log line. */
 const SESSION_TOKEN = "ST-e2e-token-DO-NOT-LOG+Sess/ion==";
 
-function podArgs(name: string): string {
-  return `K8S_POD_NAMESPACE=default;K8S_POD_NAME=${name};IgnoreUnknown=1`;
+function podArgs(name: string, extra = ""): string {
+  return `K8S_POD_NAMESPACE=default;K8S_POD_NAME=${name};IgnoreUnknown=1${extra}`;
 }
 
 /** The requests of `state` matching a method, a path and (optionally) a bare query key. */
@@ -75,7 +82,7 @@ async function readLines(path: string): Promise<string[]> {
 
 Deno.test({
   name:
-    "bce end to end: dual-stack ADD on a fresh ENI, DEL pools it, reuse, GC, an ENI deleted out of band, no secret logged",
+    "bce end to end: dual-stack ADD on a fresh ENI, DEL pools it, reuse, GC, an ENI deleted out of band, a pod of a second profile with an inline group, no secret logged",
   ignore: !ROOT,
   sanitizeResources: false,
   async fn(t) {
@@ -94,6 +101,14 @@ Deno.test({
           securityGroupIds: ["g-e2e0001"],
           warmPool: { minIdle: 0, maxIdle: 4 },
           maxEnisPerNode: 4,
+          profiles: {
+            b: {
+              subnetId: "sbn-e2e0002",
+              securityGroupIds: ["g-e2e0002"],
+              warmPool: { minIdle: 0, maxIdle: 2 },
+              allowedSecurityGroupIds: ["g-e2einl1"],
+            },
+          },
           timeouts: {
             requestMs: 5000,
             totalMs: 20_000,
@@ -122,6 +137,8 @@ Deno.test({
       vpcNetns: node.vpc.vpc.name,
       bridge: node.vpc.bridge,
       subnet: { subnetId: "sbn-e2e0001", cidr: SUBNET, ipv6Cidr: SUBNET6, zoneName: "cn-bj-a" },
+      otherSubnets: [{ subnetId: "sbn-e2e0002", cidr: SUBNET_B, zoneName: "cn-bj-a" }],
+      securityGroups: ["g-e2e0001", "g-e2e0002", "g-e2einl1"],
       instanceId: INSTANCE,
       eniQuota: 8,
       credentials: [{ accessKeyId: AK, secretAccessKey: SECRET, sessionToken: SESSION_TOKEN }],
@@ -332,6 +349,100 @@ Deno.test({
         assert(!s.enis.some((e) => e.eniId === owned.id));
         assertEquals((await node.cni("DEL", call2)).code, 0);
         await node.vpc.deletePod(pod2);
+      },
+    );
+
+    let eniB = "";
+    let macB = "";
+    await t.step(
+      "a pod of profile b gets an ENI in b's subnet with b's group, named in BCE while it owns it",
+      async () => {
+        // The simulated VPC routes b's subnet too: its gateway on the bridge.
+        const gw = await node.vpc.exec(node.vpc.vpc, [
+          "/usr/sbin/ip",
+          "addr",
+          "add",
+          `${GATEWAY_B}/24`,
+          "dev",
+          node.vpc.bridge,
+        ]);
+        assertEquals(gw.code, 0, gw.stderr);
+        const pod = await node.vpc.pod("bce-f");
+        const call = {
+          containerId: "c-bce-f",
+          ifName: "eth0",
+          netns: pod.path,
+          args: podArgs("bce-f", ";ENIM_PROFILE=b"),
+          config: node.netconf(),
+        };
+        const add = await node.cni("ADD", call);
+        assertEquals(add.code, 0, add.stdout + add.stderr + (await node.agentLog()));
+        const ips = add.json!.ips as { address: string; gateway: string }[];
+        assertEquals(ips.length, 1, "b's subnet is IPv4 only");
+        assertStringIncludes(ips[0].address, "10.98.0.");
+        assertEquals(ips[0].gateway, GATEWAY_B);
+        macB = (add.json!.interfaces as { mac: string }[])[0].mac;
+        assert(await node.vpc.ping(pod, GATEWAY_B), "the pod of b pings b's gateway");
+        const s = await fake.state();
+        const eni = s.enis.find((e) => e.macAddress === macB)!;
+        eniB = eni.eniId;
+        assertEquals(
+          [eni.subnetId, eni.securityGroupIds, eni.status, eni.instanceId],
+          ["sbn-e2e0002", ["g-e2e0002"], "inuse", INSTANCE],
+        );
+        const b = (await node.client.status()).pool.profiles.b;
+        assertEquals([b.free, b.owned], [0, 1]);
+        // The description names the pod once the ADD has answered.
+        await waitFor(
+          "the description to name the pod",
+          async () =>
+            (await fake.state()).enis.find((e) => e.eniId === eniB)?.description.startsWith(
+              "default/bce-f on ",
+            ) ?? false,
+        );
+        const del = await node.cni("DEL", call);
+        assertEquals(del.code, 0, del.stdout + del.stderr);
+        await node.vpc.deletePod(pod);
+        await waitFor(
+          "the configured description to come back",
+          async () =>
+            (await fake.state()).enis.find((e) => e.eniId === eniB)?.description ===
+              "created by enim, do not modify",
+        );
+        const after = (await node.client.status()).pool.profiles.b;
+        assertEquals([after.free, after.owned], [1, 0]);
+      },
+    );
+
+    await t.step(
+      "the next pod of b names an inline group: it replaces the pooled ENI's until the DEL",
+      async () => {
+        const pod = await node.vpc.pod("bce-g");
+        const call = {
+          containerId: "c-bce-g",
+          ifName: "eth0",
+          netns: pod.path,
+          args: podArgs("bce-g", ";ENIM_PROFILE=b;ENIM_SECURITY_GROUP_IDS=g-e2einl1"),
+          config: node.netconf(),
+        };
+        const add = await node.cni("ADD", call);
+        assertEquals(add.code, 0, add.stdout + add.stderr + (await node.agentLog()));
+        assertEquals((add.json!.interfaces as { mac: string }[])[0].mac, macB, "the pooled ENI");
+        assert(await node.vpc.ping(pod, GATEWAY_B), "the pod pings b's gateway");
+        let s = await fake.state();
+        assertEquals(s.enis.find((e) => e.eniId === eniB)?.securityGroupIds, ["g-e2einl1"]);
+        const binds = calls(s, "PUT", `/v1/eni/${eniB}`, "bindSg");
+        assertEquals(binds.map((r) => r.body), [{ securityGroupIds: ["g-e2einl1"] }]);
+        const del = await node.cni("DEL", call);
+        assertEquals(del.code, 0, del.stdout + del.stderr);
+        await node.vpc.deletePod(pod);
+        s = await fake.state();
+        assertEquals(s.enis.find((e) => e.eniId === eniB)?.securityGroupIds, ["g-e2e0002"]);
+        // A default pod never got b's ENI, nor b's pod a default one.
+        assertEquals(
+          s.enis.filter((e) => e.subnetId === "sbn-e2e0002").map((e) => e.eniId),
+          [eniB],
+        );
       },
     );
 

@@ -10,6 +10,17 @@
  *   delete only when available) with asynchronous attach/detach, per-instance
  *   ENI quotas, list pagination (maxKeys, marker/nextMarker), clientToken
  *   idempotency on every write, IPv6 addresses from a subnet's `ipv6Cidr`.
+ * - Several subnets (each with its CIDR and optional IPv6 range) and a registry
+ *   of security groups (regular `g-…` and enterprise `esg-…`): a create honours
+ *   a chosen `privateIpAddress` (primary IPv4) and IPv6 address, refusing one
+ *   outside the subnet or in use; `?bindSg` / `?bindEsg` *replace* the ENI's
+ *   groups (every group of either kind, as BCE's docs say) and refuse a group of
+ *   the other kind; `?modifyAttribute` sets the name and description.
+ * - Request bodies are checked field by field, with the field names of the
+ *   reference (`/work/shared/bce-eni-api.md` §1.2): an unknown field, a missing
+ *   one or a wrong type is refused with 400 `InappropriateJSON`. (Whether BCE
+ *   ignores unknown fields is unverified; the fake is strict so a misspelt field
+ *   cannot pass unnoticed.)
  * - Error codes as BCE's public sources give them (see {@linkcode CODES}); where no
  *   source gives one, the constant says so.
  * - Faults on demand, each optionally matched to requests: an error status,
@@ -68,6 +79,25 @@ export const CODES = {
   subnetFull: { status: 400, code: "SubnetHasNoMoreIpException" },
   /** The requested IP is taken: `PrivateIpInUseException` (CCE error.go); status not given (400 here). */
   ipInUse: { status: 400, code: "PrivateIpInUseException" },
+  /**
+   * A requested IP outside the ENI's subnet. No public source names the code: the
+   * fake answers a plain 400 `BadRequest`, so enim must not depend on it (it checks
+   * the subnet itself before asking).
+   */
+  ipNotInSubnet: { status: 400, code: "BadRequest" },
+  /**
+   * An unknown security group. No source names the code for an ENI call; the fake
+   * uses BCE's common `NoSuchObject` (404 "The specified object is not found or
+   * resource do not exist"), which BCE's docs list for the same group replacement
+   * on service NICs (reference §1.2, "Security-group update").
+   */
+  noSuchGroup: { status: 404, code: "NoSuchObject" },
+  /**
+   * Regular and enterprise groups together on one ENI: refused ("bind either
+   * regular SGs or enterprise SGs, not both", reference §1.2); no source names the
+   * code: 400 `BadRequest` here.
+   */
+  mixedGroups: { status: 400, code: "BadRequest" },
   /**
    * The instance cannot take more ENIs. No source gives the code; CCE classes
    * `QuotaLimitExceeded` (and any `…LimitExceeded`) as a quota (CCE error.go).
@@ -168,6 +198,13 @@ export interface FakeBceOptions {
   instances?: Record<string, { eniQuota: number; cpuCount?: number }>;
   attachDelayMs?: number;
   detachDelayMs?: number;
+  /**
+   * The regular security groups (`g-…`) that exist in the VPC; absent: every
+   * well-formed id exists.
+   */
+  securityGroups?: string[];
+  /** The enterprise security groups (`esg-…`) that exist; absent: every well-formed id. */
+  enterpriseSecurityGroups?: string[];
   /** The server's cap on `maxKeys` (small values force pagination). */
   maxKeysCap?: number;
   /** How the list's `name` filter matches (default exact). */
@@ -203,22 +240,43 @@ type Reply = (status: number, body: unknown, code?: string) => Response;
 type Fail = (e: { status: number; code: string }, message: string) => Response;
 
 const BodySchema = z.record(z.string(), z.unknown());
-const CreateBodySchema = z.object({
+/** A private IP of a create body (reference §1.2, PrivateIp). */
+const PrivateIpBodySchema = z.strictObject({
+  privateIpAddress: z.string().default(""),
+  primary: z.boolean().default(false),
+  publicIpAddress: z.string().optional(),
+});
+/** The create body (reference §1.2, Create). */
+const CreateBodySchema = z.strictObject({
   name: z.string().regex(/^[A-Za-z][A-Za-z0-9\-_/.]{0,64}$/),
   subnetId: z.string(),
   securityGroupIds: z.array(z.string()).default([]),
   enterpriseSecurityGroupIds: z.array(z.string()).default([]),
-  privateIpSet: z.array(
-    z.object({
-      privateIpAddress: z.string().default(""),
-      primary: z.boolean().default(false),
-    }).loose(),
-  ).default([]),
-  ipv6PrivateIpSet: z.array(z.object({ privateIpAddress: z.string().default("") }).loose())
-    .optional(),
+  privateIpSet: z.array(PrivateIpBodySchema).min(1),
+  ipv6PrivateIpSet: z.array(PrivateIpBodySchema).optional(),
   description: z.string().default(""),
+  /** In the SDK only (reference §1.2); accepted, and ignored as CCE's use suggests. */
+  instanceId: z.string().optional(),
 });
-const InstanceBodySchema = z.object({ instanceId: z.string() });
+/** Attach and detach (reference §1.2): the instance, and (attach, newer docs) its type. */
+const AttachBodySchema = z.strictObject({
+  instanceId: z.string().min(1),
+  instanceType: z.enum(["server", "hpas"]).optional(),
+});
+const DetachBodySchema = z.strictObject({ instanceId: z.string().min(1) });
+/** `?bindSg`: the regular groups that replace the ENI's (at least one). */
+const BindSgBodySchema = z.strictObject({ securityGroupIds: z.array(z.string()).min(1) });
+/** `?bindEsg`: the enterprise groups that replace the ENI's (at least one). */
+const BindEsgBodySchema = z.strictObject({
+  enterpriseSecurityGroupIds: z.array(z.string()).min(1),
+});
+/** `?modifyAttribute`: name and description, both optional, not both empty (BCE doc "更新弹性网卡"). */
+const ModifyBodySchema = z.strictObject({
+  name: z.string().regex(/^[A-Za-z][A-Za-z0-9\-_/.]{0,64}$/).optional(),
+  description: z.string().max(200).optional(),
+}).refine((b) => (b.name ?? "") !== "" || (b.description ?? "") !== "", {
+  message: "name and description cannot both be empty",
+});
 const SdkAuthorizationSchema = z.string();
 
 /** The fake BCE server. */
@@ -231,7 +289,11 @@ export class FakeBce {
   readonly requests: FakeRequestRecord[] = [];
   /** The highest number of ENIs attached or attaching to each instance at any moment. */
   readonly maxAttached = new Map<string, number>();
-  opts: Required<Omit<FakeBceOptions, "onAttach" | "onDetach">> & FakeBceOptions;
+  opts:
+    & Required<
+      Omit<FakeBceOptions, "onAttach" | "onDetach" | "securityGroups" | "enterpriseSecurityGroups">
+    >
+    & FakeBceOptions;
 
   #server: Deno.HttpServer;
   #faults: FakeFault[] = [];
@@ -595,8 +657,13 @@ export class FakeBce {
     }
     if (method === "PUT") {
       const action = pairs.find(([k, v]) => (v === null || v === "") && k !== "clientToken")?.[0];
-      const parsed = InstanceBodySchema.safeParse(body);
-      if (!parsed.success) return fail(CODES.inappropriateJson, "instanceId is required");
+      if (action === "bindSg" || action === "bindEsg" || action === "modifyAttribute") {
+        return this.#update(eni, action, body, tokenKey(`${action}:${eni.eniId}`), reply, fail);
+      }
+      const parsed = (action === "attach" ? AttachBodySchema : DetachBodySchema).safeParse(body);
+      if (!parsed.success) {
+        return fail(CODES.inappropriateJson, `Invalid ${action} body: ${parsed.error.message}`);
+      }
       const instanceId = parsed.data.instanceId;
       if (action === "attach") {
         const key = tokenKey(`attach:${eni.eniId}`);
@@ -713,33 +780,49 @@ export class FakeBce {
     const b = parsed.data;
     const subnet = this.opts.subnets.find((s) => s.subnetId === b.subnetId);
     if (!subnet) return fail(CODES.noSuchObject, `subnet ${b.subnetId} does not exist`);
-    const wanted = b.privateIpSet.find((p) => p.primary)?.privateIpAddress || undefined;
-    let ip: string;
-    const used = this.#used(subnet.subnetId);
-    if (wanted) {
-      if (!inCidr(wanted, subnet.cidr)) {
-        // No source names a code for "not in the subnet".
-        return fail(CODES.wrongState, `The ip ${wanted} is invalid`);
-      }
-      if (used.has(wanted)) return fail(CODES.ipInUse, `The ip ${wanted} is in use`);
-      ip = wanted;
-    } else {
-      const free = freeIp(subnet.cidr, used);
-      if (!free) return fail(CODES.subnetFull, `Subnet ${subnet.subnetId} has no more ip`);
-      ip = free;
+    const groupsErr = this.#checkGroups(b.securityGroupIds, b.enterpriseSecurityGroupIds, fail);
+    if (groupsErr) return groupsErr;
+    // Exactly one IPv4 entry is primary, the others secondary; IPv6 ones are all
+    // secondary (reference §1.2, PrivateIp). The fake makes the primary only.
+    const primaries = b.privateIpSet.filter((p) => p.primary);
+    if (primaries.length !== 1) {
+      return fail(CODES.inappropriateJson, "Exactly one entry of privateIpSet must be primary");
     }
+    if (b.ipv6PrivateIpSet?.some((p) => p.primary)) {
+      return fail(CODES.inappropriateJson, "IPv6 private IPs must not be primary");
+    }
+    const used = this.#used(subnet.subnetId);
+    const pick = (wanted: string, cidr: string, family: string): string | Response => {
+      if (wanted) {
+        if (!inCidr(wanted, cidr)) {
+          return fail(
+            CODES.ipNotInSubnet,
+            `The ${family} ${wanted} is not in subnet ${subnet.subnetId} (${cidr})`,
+          );
+        }
+        if (used.has(wanted) || wanted === firstHostOf(cidr)) {
+          return fail(CODES.ipInUse, `The ip ${wanted} is in use`);
+        }
+        return wanted;
+      }
+      const free = freeIp(cidr, used);
+      if (!free) return fail(CODES.subnetFull, `Subnet ${subnet.subnetId} has no more ip`);
+      return free;
+    };
+    const ip = pick(primaries[0].privateIpAddress, subnet.cidr, "ip");
+    if (ip instanceof Response) return ip;
     let ip6: string | undefined;
     if (b.ipv6PrivateIpSet?.length) {
       // IPv6 needs the subnet to have an IPv6 range (reference §1.2).
       if (!subnet.ipv6Cidr) {
         return fail(CODES.inappropriateJson, `Subnet ${subnet.subnetId} has no ipv6 cidr`);
       }
-      const free6 = freeIp(subnet.ipv6Cidr, used);
-      if (!free6) return fail(CODES.subnetFull, `Subnet ${subnet.subnetId} has no more ipv6`);
-      ip6 = free6;
-      used.add(ip6);
+      const got = pick(b.ipv6PrivateIpSet[0].privateIpAddress, subnet.ipv6Cidr, "ipv6 address");
+      if (got instanceof Response) return got;
+      ip6 = got;
     }
     used.add(ip);
+    if (ip6) used.add(ip6);
     const eni = this.#newEni(b.name, subnet.subnetId, ip, ip6);
     eni.description = b.description;
     eni.securityGroupIds = b.securityGroupIds;
@@ -747,6 +830,72 @@ export class FakeBce {
     this.enis.set(eni.eniId, eni);
     if (key) this.#tokens.set(key, eni.eniId);
     return reply(200, { eniId: eni.eniId });
+  }
+
+  /** Refuses unknown groups, a group of the wrong kind, and both kinds together. */
+  #checkGroups(regular: string[], enterprise: string[], fail: Fail): Response | null {
+    if (regular.length > 0 && enterprise.length > 0) {
+      return fail(
+        CODES.mixedGroups,
+        "An eni binds either securityGroupIds or enterpriseSecurityGroupIds, not both",
+      );
+    }
+    const known = (id: string, kind: "g" | "esg") => {
+      const list = kind === "g" ? this.opts.securityGroups : this.opts.enterpriseSecurityGroups;
+      const form = kind === "g" ? /^g-[A-Za-z0-9]+$/ : /^esg-[A-Za-z0-9]+$/;
+      return form.test(id) && (list === undefined || list.includes(id));
+    };
+    for (
+      const [ids, kind, what] of [
+        [regular, "g", "security group"],
+        [enterprise, "esg", "enterprise security group"],
+      ] as const
+    ) {
+      const bad = ids.find((id) => !known(id, kind));
+      if (bad !== undefined) return fail(CODES.noSuchGroup, `The ${what} ${bad} does not exist`);
+    }
+    return null;
+  }
+
+  /** `?bindSg`, `?bindEsg` (replace every group) and `?modifyAttribute` (name, description). */
+  #update(
+    eni: FakeEni,
+    action: "bindSg" | "bindEsg" | "modifyAttribute",
+    body: Record<string, unknown>,
+    key: string | null,
+    reply: Reply,
+    fail: Fail,
+  ): Response {
+    if (key && this.#tokens.has(key)) return reply(200, {});
+    if (action === "modifyAttribute") {
+      const parsed = ModifyBodySchema.safeParse(body);
+      if (!parsed.success) {
+        return fail(
+          CODES.inappropriateJson,
+          `Invalid modifyAttribute body: ${parsed.error.message}`,
+        );
+      }
+      if (parsed.data.name) eni.name = parsed.data.name;
+      if (parsed.data.description !== undefined) eni.description = parsed.data.description;
+    } else {
+      const parsed = action === "bindSg"
+        ? BindSgBodySchema.safeParse(body)
+        : BindEsgBodySchema.safeParse(body);
+      if (!parsed.success) {
+        return fail(CODES.inappropriateJson, `Invalid ${action} body: ${parsed.error.message}`);
+      }
+      const regular = "securityGroupIds" in parsed.data ? parsed.data.securityGroupIds : [];
+      const enterprise = "enterpriseSecurityGroupIds" in parsed.data
+        ? parsed.data.enterpriseSecurityGroupIds
+        : [];
+      const err = this.#checkGroups(regular, enterprise, fail);
+      if (err) return err;
+      // Both replace every group the ENI had, of either kind (BCE docs).
+      eni.securityGroupIds = [...regular];
+      eni.enterpriseSecurityGroupIds = [...enterprise];
+    }
+    if (key) this.#tokens.set(key, eni.eniId);
+    return reply(200, {});
   }
 
   #metadata(path: string): Response {
@@ -914,6 +1063,14 @@ function inCidr(ip: string, cidr: string): boolean {
   } catch {
     return false;
   }
+}
+
+/** The first host of a CIDR (the subnet's gateway). */
+function firstHostOf(cidr: string): string {
+  const [net] = ipaddr.parseCIDR(cidr);
+  const b = net.toByteArray();
+  b[b.length - 1] += 1;
+  return ipaddr.fromByteArray(b).toString();
 }
 
 /** The lowest free host of a CIDR, skipping the network address, the first host (gateway) and (IPv4) broadcast. */

@@ -48,6 +48,16 @@ export const FakeBceProcessSettingsSchema = z.object({
     ipv6Cidr: z.string().optional(),
     zoneName: z.string().optional(),
   }),
+  /** More subnets of the VPC (other profiles'), each with its CIDRs. */
+  otherSubnets: z.array(z.object({
+    subnetId: z.string(),
+    cidr: z.string(),
+    ipv6Cidr: z.string().optional(),
+    zoneName: z.string().optional(),
+  })).optional(),
+  /** The regular and enterprise security groups that exist (default: any well-formed id). */
+  securityGroups: z.array(z.string()).optional(),
+  enterpriseSecurityGroups: z.array(z.string()).optional(),
   vpcId: z.string().optional(),
   /** The node's instance (the metadata describes it) and its ENI quota. */
   instanceId: z.string(),
@@ -115,7 +125,9 @@ async function main(): Promise<void> {
   const fake: FakeBce = FakeBce.start({
     credentials,
     vpcId: settings.vpcId ?? "vpc-e2e0001",
-    subnets: [settings.subnet],
+    subnets: [settings.subnet, ...settings.otherSubnets ?? []],
+    securityGroups: settings.securityGroups,
+    enterpriseSecurityGroups: settings.enterpriseSecurityGroups,
     instances: { [settings.instanceId]: { eniQuota: settings.eniQuota } },
     metadataInstanceId: settings.instanceId,
     attachDelayMs: settings.attachDelayMs ?? 30,

@@ -355,6 +355,140 @@ Deno.test("the fake models stuck ENIs, late visibility, out-of-band changes and 
   }
 });
 
+Deno.test("the fake replaces groups with bindSg/bindEsg, sets descriptions and checks every field", async (t) => {
+  const fake = startFake({
+    subnets: [
+      { subnetId: "sbn-fake0001", cidr: "10.0.1.0/24" },
+      { subnetId: "sbn-fake0002", cidr: "10.0.2.0/24", ipv6Cidr: "fd00:2::/64" },
+    ],
+    securityGroups: ["g-a", "g-b"],
+    enterpriseSecurityGroups: ["esg-a"],
+  });
+  const c = testClient(fake, { maxAttempts: 1 });
+  const fail = <T>(p: Promise<T>) => p.then(() => null, (e: BceApiError) => e);
+  try {
+    const id = await c.createEni({
+      name: "enim/g/1",
+      subnetId: "sbn-fake0002",
+      securityGroupIds: ["g-a"],
+      enterpriseSecurityGroupIds: [],
+      privateIpAddress: "10.0.2.9",
+      ipv6: "fd00:2::9",
+      description: "pool",
+    }, crypto.randomUUID());
+    const eni = () => fake.enis.get(id)!;
+    await t.step("a create honours the chosen IPv4 and IPv6 in the subnet", () => {
+      assertEquals(eni().privateIpSet.map((p) => p.privateIpAddress), ["10.0.2.9"]);
+      assertEquals(eni().ipv6PrivateIpSet.map((p) => p.privateIpAddress), ["fd00:2::9"]);
+      assertEquals([eni().subnetId, eni().securityGroupIds, eni().description], [
+        "sbn-fake0002",
+        ["g-a"],
+        "pool",
+      ]);
+    });
+    await t.step("bindSg and bindEsg replace every group, of either kind", async () => {
+      await c.bindEnterpriseSecurityGroups(id, ["esg-a"], crypto.randomUUID());
+      assertEquals([eni().securityGroupIds, eni().enterpriseSecurityGroupIds], [[], ["esg-a"]]);
+      await c.bindSecurityGroups(id, ["g-a", "g-b"], crypto.randomUUID());
+      assertEquals([eni().securityGroupIds, eni().enterpriseSecurityGroupIds], [
+        ["g-a", "g-b"],
+        [],
+      ]);
+    });
+    await t.step("a group of the other kind, an unknown one or none is refused", async () => {
+      const wrongKind = await fail(c.bindSecurityGroups(id, ["esg-a"], crypto.randomUUID()));
+      assertEquals([wrongKind?.status, wrongKind?.code], [404, "NoSuchObject"]);
+      const unknown = await fail(
+        c.bindEnterpriseSecurityGroups(id, ["esg-zz"], crypto.randomUUID()),
+      );
+      assertEquals(unknown?.code, "NoSuchObject");
+      const none = await fail(c.bindSecurityGroups(id, [], crypto.randomUUID()));
+      assertEquals(none?.code, "InappropriateJSON");
+      assertEquals(eni().securityGroupIds, ["g-a", "g-b"], "nothing changed");
+    });
+    await t.step("a create with both kinds of groups is refused", async () => {
+      const e = await fail(c.createEni({
+        name: "enim/g/2",
+        subnetId: "sbn-fake0001",
+        securityGroupIds: ["g-a"],
+        enterpriseSecurityGroupIds: ["esg-a"],
+      }, crypto.randomUUID()));
+      assertEquals([e?.status, e?.code], [400, "BadRequest"]);
+    });
+    await t.step("a misspelt or missing field is refused with InappropriateJSON", async () => {
+      for (
+        const [query, body] of [
+          [[["bindSg", null]], { securityGroupId: ["g-a"] }],
+          [[["bindEsg", null]], { securityGroupIds: ["esg-a"] }],
+          [[["modifyAttribute", null]], { desc: "x" }],
+          [[["modifyAttribute", null]], {}],
+          [[["attach", null]], { instanceID: INSTANCE }],
+          [[["detach", null]], {}],
+        ] as [Query, Record<string, unknown>][]
+      ) {
+        const res = await sendJson(fake.url, "PUT", `/v1/eni/${id}`, query, body);
+        assertEquals([res.status, res.body.code], [400, "InappropriateJSON"], JSON.stringify(body));
+      }
+      const res = await sendJson(fake.url, "POST", "/v1/eni", [], {
+        name: "enim/g/3",
+        subnetId: "sbn-fake0001",
+        privateIpSet: [{ primary: true, privateIpAddress: "" }],
+        securityGroupId: ["g-a"],
+      });
+      assertEquals([res.status, res.body.code], [400, "InappropriateJSON"]);
+    });
+    await t.step("modifyAttribute sets the description (and the name when given)", async () => {
+      await c.updateEni(id, { description: "default/web-0 on node-1" }, crypto.randomUUID());
+      assertEquals([eni().name, eni().description], ["enim/g/1", "default/web-0 on node-1"]);
+      await c.updateEni(id, { name: "enim/g/1", description: "pool" }, crypto.randomUUID());
+      assertEquals([eni().name, eni().description], ["enim/g/1", "pool"]);
+      const bad = await fail(
+        c.updateEni(id, { name: "1bad", description: "x" }, crypto.randomUUID()),
+      );
+      assertEquals(bad?.code, "InappropriateJSON");
+    });
+  } finally {
+    c.close();
+    await fake.close();
+  }
+});
+
+/** Sends one signed request with a JSON body. */
+async function sendJson(
+  url: string,
+  method: string,
+  path: string,
+  query: Query,
+  body: unknown,
+): Promise<{ status: number; body: Record<string, unknown> }> {
+  const u = new URL(url);
+  const ts = bceTimestamp(new Date());
+  const headers: Record<string, string> = {
+    host: u.host,
+    "content-type": "application/json;charset=utf-8",
+    "x-bce-date": ts,
+    "x-bce-security-token": SESSION_TOKEN,
+  };
+  const { authorization } = sign({
+    method,
+    path,
+    query,
+    headers,
+    accessKeyId: AK,
+    secretAccessKey: SECRET,
+    timestamp: ts,
+  });
+  const qs = wireQuery(query);
+  // fetch sends the URL's authority as Host: the value signed above.
+  const { host: _, ...sent } = headers;
+  const res = await fetch(`${url}${path}${qs ? "?" + qs : ""}`, {
+    method,
+    headers: { ...sent, authorization },
+    body: JSON.stringify(body),
+  });
+  return { status: res.status, body: await res.json() };
+}
+
 Deno.test("the fake tests logged no secret", () => {
   assertNoSecretsLogged();
 });

@@ -91,6 +91,8 @@ export interface SetupOptions {
   config?: Record<string, unknown>;
   /** Reuse a running fake instead of starting one. */
   withFake?: FakeBce;
+  /** The agent's database (default: a fresh in-memory one); closed by `close()`. */
+  db?: DatabaseSync;
 }
 
 /** Starts a fake BCE and a provider wired to it (metadata included). */
@@ -113,7 +115,7 @@ export async function setup(opts: SetupOptions = {}): Promise<TestEnv> {
       devices.delete(eni.macAddress);
     };
   }
-  const db = new DatabaseSync(":memory:");
+  const db = opts.db ?? new DatabaseSync(":memory:");
   const providers: BceProvider[] = [];
   const env = (n: string) =>
     ({

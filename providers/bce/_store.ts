@@ -13,112 +13,41 @@
  * - `bce_quarantine`: ENIs stuck in `attaching` or `detaching` that could not be
  *   detached or deleted; retried now and then, and shown in the status.
  *
+ * Each ENI and each create intent belongs to a profile (`profile`; rows of a
+ * database from before profiles migrate as `default`). An ENI row records the
+ * groups BCE has on it when they differ from its profile's (a pod's inline
+ * groups), NULL meaning "its profile's own, as created"; and its name (the
+ * marker, sent along with a description change) and description.
+ *
+ * The DDL, the migrations and the row schemas are in `_tables.ts`.
+ *
  * @module
  */
 import type { DatabaseSync } from "node:sqlite";
 import * as z from "zod/mini";
 import "../../lib/zod_locale.ts";
-import { prepared, transaction } from "../../lib/sqlite.ts";
+import { migrateComponent, prepared, transaction } from "../../lib/sqlite.ts";
 import type { Owner } from "../contract.ts";
+import {
+  EniRowSchema,
+  fillIntent,
+  type IntentInput,
+  type IntentRow,
+  IntentRowSchema,
+  MIGRATIONS,
+  QuarantineRowSchema,
+} from "./_tables.ts";
+import type { EniRecord, EniRow, Groups, QuarantineRow } from "./_tables.ts";
 
-const SCHEMA = `
-CREATE TABLE IF NOT EXISTS bce_enis (
-  eni_id TEXT PRIMARY KEY,
-  mac TEXT NOT NULL,
-  subnet_id TEXT,
-  ipv4 TEXT,
-  ipv6 TEXT,
-  pod TEXT,
-  container_id TEXT,
-  if_name TEXT,
-  updated_ms INTEGER NOT NULL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS bce_enis_owner ON bce_enis(pod, container_id, if_name)
-  WHERE pod IS NOT NULL;
-CREATE TABLE IF NOT EXISTS bce_intents (
-  id TEXT PRIMARY KEY,
-  kind TEXT NOT NULL,
-  client_token TEXT NOT NULL,
-  name TEXT NOT NULL,
-  eni_id TEXT,
-  requested_ip TEXT,
-  purpose TEXT NOT NULL,
-  phase TEXT NOT NULL DEFAULT 'active',
-  created_ms INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS bce_quarantine (
-  eni_id TEXT PRIMARY KEY,
-  status TEXT NOT NULL,
-  reason TEXT NOT NULL,
-  since_ms INTEGER NOT NULL,
-  last_try_ms INTEGER NOT NULL,
-  tries INTEGER NOT NULL DEFAULT 1
-);
-`;
-
-/** Columns added after the first release (a database from then is migrated in place). */
-const ADDED_COLUMNS: readonly [table: string, column: string, type: string][] = [
-  ["bce_enis", "lost_reason", "TEXT"],
-  ["bce_enis", "lost_ms", "INTEGER"],
-];
-
-const nullableString = z.nullable(z.string());
-
-/** One row of `bce_enis`. */
-export const EniRowSchema = z.object({
-  eni_id: z.string(),
-  mac: z.string(),
-  subnet_id: nullableString,
-  /** JSON of an {@linkcode EniAddress}, or null. */
-  ipv4: nullableString,
-  ipv6: nullableString,
-  pod: nullableString,
-  container_id: nullableString,
-  if_name: nullableString,
-  updated_ms: z.number(),
-  /** Why an owned ENI is lost (deleted or detached out of band), null when it is not. */
-  lost_reason: z._default(nullableString, null),
-  lost_ms: z._default(z.nullable(z.number()), null),
-});
-/** One row of `bce_enis`. */
-export type EniRow = z.infer<typeof EniRowSchema>;
-
-/** One row of `bce_intents`. */
-export const IntentRowSchema = z.object({
-  id: z.string(),
-  kind: z.enum(["create", "release"]),
-  client_token: z.string(),
-  name: z.string(),
-  eni_id: nullableString,
-  requested_ip: nullableString,
-  purpose: z.enum(["owner", "pool"]),
-  phase: z.enum(["active", "cleanup"]),
-  created_ms: z.number(),
-});
-/** One row of `bce_intents`. */
-export type IntentRow = z.infer<typeof IntentRowSchema>;
-
-/** One row of `bce_quarantine`. */
-export const QuarantineRowSchema = z.object({
-  eni_id: z.string(),
-  /** The VPC status it was stuck in. */
-  status: z.string(),
-  reason: z.string(),
-  since_ms: z.number(),
-  last_try_ms: z.number(),
-  tries: z.number(),
-});
-/** One row of `bce_quarantine`. */
-export type QuarantineRow = z.infer<typeof QuarantineRowSchema>;
-
-/** What a row records of a ready ENI. */
-export interface EniRecord {
-  id: string;
-  mac: string;
-  subnetId: string | null;
-  ipv4: unknown;
-  ipv6: unknown;
-}
+export type {
+  EniRecord,
+  EniRow,
+  Groups,
+  IntentInput,
+  IntentRow,
+  QuarantineRow,
+} from "./_tables.ts";
+export { MIGRATIONS } from "./_tables.ts";
 
 /** The provider's tables. All methods are synchronous, so each is atomic against the others. */
 export class BceStore {
@@ -126,15 +55,7 @@ export class BceStore {
 
   constructor(db: DatabaseSync) {
     this.#db = db;
-    db.exec(SCHEMA);
-    for (const [table, column, type] of ADDED_COLUMNS) {
-      const cols = z.array(z.looseObject({ name: z.string() })).parse(
-        db.prepare(`PRAGMA table_info(${table})`).all(),
-      );
-      if (!cols.some((c) => c.name === column)) {
-        db.exec(`ALTER TABLE ${table} ADD COLUMN ${column} ${type}`);
-      }
-    }
+    migrateComponent(db, "bce", MIGRATIONS);
   }
 
   // ---- ENIs ---------------------------------------------------------------------
@@ -159,11 +80,15 @@ export class BceStore {
     return r === undefined ? null : EniRowSchema.parse(r);
   }
 
-  /** Free rows (never a lost one), by id. */
-  freeRows(): EniRow[] {
-    return z.array(EniRowSchema).parse(
-      prepared(this.#db, "SELECT * FROM bce_enis WHERE pod IS NULL ORDER BY eni_id").all(),
-    );
+  /** Free rows (never a lost one), by id; of one profile when given. */
+  freeRows(profile?: string): EniRow[] {
+    const rows = profile === undefined
+      ? prepared(this.#db, "SELECT * FROM bce_enis WHERE pod IS NULL ORDER BY eni_id").all()
+      : prepared(
+        this.#db,
+        "SELECT * FROM bce_enis WHERE pod IS NULL AND profile = ? ORDER BY eni_id",
+      ).all(profile);
+    return z.array(EniRowSchema).parse(rows);
   }
 
   /** Assigns a free ENI to `owner`; false when someone else took it first. */
@@ -173,6 +98,48 @@ export class BceStore {
       "UPDATE bce_enis SET pod = ?, container_id = ?, if_name = ?, updated_ms = ? WHERE eni_id = ? AND pod IS NULL",
     ).run(owner.pod, owner.containerId, owner.ifName, now, eniId);
     return Number(r.changes) === 1;
+  }
+
+  /** Gives the ENI `from` holds to `to` (a sticky pod's comeback); false when `from` holds none. */
+  reassign(from: Owner, to: Owner, now: number): string | null {
+    return transaction(this.#db, () => {
+      const r = this.rowOf(from);
+      if (!r || r.lost_reason !== null) return null;
+      prepared(
+        this.#db,
+        "UPDATE bce_enis SET pod = ?, container_id = ?, if_name = ?, updated_ms = ? WHERE eni_id = ?",
+      ).run(to.pod, to.containerId, to.ifName, now, r.eni_id);
+      return r.eni_id;
+    });
+  }
+
+  /** Records the groups BCE has on the ENI (null: its profile's). */
+  setGroups(eniId: string, groups: Groups | null, now: number): void {
+    prepared(
+      this.#db,
+      "UPDATE bce_enis SET security_groups = ?, enterprise_security_groups = ?, updated_ms = ? WHERE eni_id = ?",
+    ).run(
+      groups ? JSON.stringify(groups.securityGroupIds) : null,
+      groups ? JSON.stringify(groups.enterpriseSecurityGroupIds) : null,
+      now,
+      eniId,
+    );
+  }
+
+  /** Records the description BCE shows. */
+  setDescription(eniId: string, description: string): void {
+    prepared(this.#db, "UPDATE bce_enis SET description = ? WHERE eni_id = ?").run(
+      description,
+      eniId,
+    );
+  }
+
+  /** Records the ENI's name where it is not known yet (rows from before profiles). */
+  learnName(eniId: string, name: string): void {
+    prepared(this.#db, "UPDATE bce_enis SET name = ? WHERE eni_id = ? AND name IS NULL").run(
+      name,
+      eniId,
+    );
   }
 
   /** Returns an owned ENI to the free pool. */
@@ -188,7 +155,10 @@ export class BceStore {
     transaction(this.#db, () => {
       prepared(
         this.#db,
-        "INSERT OR REPLACE INTO bce_enis (eni_id, mac, subnet_id, ipv4, ipv6, pod, container_id, if_name, updated_ms, lost_reason, lost_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
+        `INSERT OR REPLACE INTO bce_enis (eni_id, mac, subnet_id, ipv4, ipv6, pod, container_id,
+           if_name, updated_ms, lost_reason, lost_ms, profile, name, security_groups,
+           enterprise_security_groups, description)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?, ?, ?)`,
       ).run(
         eni.id,
         eni.mac,
@@ -199,6 +169,11 @@ export class BceStore {
         owner?.containerId ?? null,
         owner?.ifName ?? null,
         now,
+        eni.profile,
+        eni.name,
+        eni.groups ? JSON.stringify(eni.groups.securityGroupIds) : null,
+        eni.groups ? JSON.stringify(eni.groups.enterpriseSecurityGroupIds) : null,
+        eni.description,
       );
       if (intentId) prepared(this.#db, "DELETE FROM bce_intents WHERE id = ?").run(intentId);
     });
@@ -238,16 +213,35 @@ export class BceStore {
     );
   }
 
+  /** Intents in flight. */
   intentCount(): number {
     return z.object({ n: z.number() }).parse(
       prepared(this.#db, "SELECT COUNT(*) AS n FROM bce_intents").get(),
     ).n;
   }
 
-  insertIntent(i: IntentRow): void {
+  /**
+   * Intents that hold a node slot: all of them, except a create that waits for the
+   * release of the ENI it displaces (the two share that ENI's slot while both exist).
+   */
+  intentSlots(): number {
+    return z.object({ n: z.number() }).parse(
+      prepared(
+        this.#db,
+        `SELECT COUNT(*) AS n FROM bce_intents i WHERE NOT (i.after_release IS NOT NULL
+           AND EXISTS (SELECT 1 FROM bce_intents r WHERE r.id = i.after_release))`,
+      ).get(),
+    ).n;
+  }
+
+  insertIntent(input: IntentInput): void {
+    const i = fillIntent(input);
     prepared(
       this.#db,
-      "INSERT INTO bce_intents (id, kind, client_token, name, eni_id, requested_ip, purpose, phase, created_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+      `INSERT INTO bce_intents (id, kind, client_token, name, eni_id, requested_ip, purpose, phase,
+         created_ms, profile, requested_ip6, security_groups, enterprise_security_groups,
+         after_release)
+       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
     ).run(
       i.id,
       i.kind,
@@ -258,7 +252,17 @@ export class BceStore {
       i.purpose,
       i.phase,
       i.created_ms,
+      i.profile,
+      i.requested_ip6,
+      i.security_groups ? JSON.stringify(i.security_groups) : null,
+      i.enterprise_security_groups ? JSON.stringify(i.enterprise_security_groups) : null,
+      i.after_release,
     );
+  }
+
+  intent(id: string): IntentRow | null {
+    const r = prepared(this.#db, "SELECT * FROM bce_intents WHERE id = ?").get(id);
+    return r === undefined ? null : IntentRowSchema.parse(r);
   }
 
   setIntentEni(id: string, eniId: string): void {
@@ -273,19 +277,47 @@ export class BceStore {
     prepared(this.#db, "DELETE FROM bce_intents WHERE id = ?").run(id);
   }
 
-  /** Moves the most recently freed ENI into a release intent; null when none is free. */
-  takeFreeForRelease(intent: Omit<IntentRow, "eni_id">): IntentRow | null {
+  /**
+   * Moves a free ENI into a release intent, in one transaction: the one named by
+   * `eniId`, else the most recently freed one (of `profile`, when given). Null when
+   * there is none (or it was taken first).
+   */
+  takeFreeForRelease(
+    intent: Omit<IntentInput, "eni_id">,
+    which: { eniId?: string; profile?: string } = {},
+  ): IntentRow | null {
     return transaction(this.#db, () => {
-      const r = prepared(
-        this.#db,
-        "SELECT * FROM bce_enis WHERE pod IS NULL ORDER BY updated_ms DESC, eni_id LIMIT 1",
-      ).get();
+      const r = which.eniId !== undefined
+        ? prepared(this.#db, "SELECT * FROM bce_enis WHERE eni_id = ? AND pod IS NULL").get(
+          which.eniId,
+        )
+        : which.profile !== undefined
+        ? prepared(
+          this.#db,
+          "SELECT * FROM bce_enis WHERE pod IS NULL AND profile = ? ORDER BY updated_ms DESC, eni_id LIMIT 1",
+        ).get(which.profile)
+        : prepared(
+          this.#db,
+          "SELECT * FROM bce_enis WHERE pod IS NULL ORDER BY updated_ms DESC, eni_id LIMIT 1",
+        ).get();
       if (r === undefined) return null;
       const row = EniRowSchema.parse(r);
       const del = prepared(this.#db, "DELETE FROM bce_enis WHERE eni_id = ? AND pod IS NULL")
         .run(row.eni_id);
       if (Number(del.changes) !== 1) return null;
-      const full: IntentRow = { ...intent, eni_id: row.eni_id };
+      const full = fillIntent({ ...intent, eni_id: row.eni_id, profile: row.profile });
+      this.insertIntent(full);
+      return full;
+    });
+  }
+
+  /** Moves an owned ENI out of the pool into a release intent (it must not serve another pod). */
+  releaseOwned(eniId: string, intent: Omit<IntentInput, "eni_id">): IntentRow | null {
+    return transaction(this.#db, () => {
+      const row = this.row(eniId);
+      if (!row) return null;
+      this.drop(eniId);
+      const full = fillIntent({ ...intent, eni_id: eniId, profile: row.profile });
       this.insertIntent(full);
       return full;
     });

@@ -1,6 +1,7 @@
 /**
  * The BCE ENI API client for exclusive mode (reference §1, §4): list, get,
  * create, attach, detach, delete, status, quota, subnet and instance detail,
+ * replacing an ENI's security groups and setting its description,
  * every response parsed with zod, every request signed with `bce-auth-v1`.
  *
  * Retries (classification in `errors.ts`): network errors, 500/502/503/504,
@@ -145,9 +146,19 @@ export interface CreateEniArgs {
   enterpriseSecurityGroupIds: string[];
   /** A fixed primary IPv4, or undefined for auto-assignment. */
   privateIpAddress?: string;
-  /** Ask for one auto-assigned IPv6 address too (the subnet needs an IPv6 range). */
-  ipv6?: boolean;
+  /**
+   * An IPv6 address too (the subnet needs an IPv6 range): `true` for an
+   * auto-assigned one, a string for that fixed address.
+   */
+  ipv6?: boolean | string;
   description?: string;
+}
+
+/** Arguments of {@linkcode BceClient.updateEni}. */
+export interface UpdateEniArgs {
+  /** The ENI's current name, sent along so it can never be lost (the marker). */
+  name?: string;
+  description: string;
 }
 
 /** Filters of {@linkcode BceClient.listEnis}. */
@@ -262,7 +273,11 @@ export class BceClient {
     // IPv6 entries are all secondary; "" asks for an automatic address (reference §1.2,
     // bce-sdk-go services/eni/model.go CreateEniArgs.Ipv6PrivateIpSet).
     if (args.ipv6) {
-      body.ipv6PrivateIpSet = [{ publicIpAddress: "", primary: false, privateIpAddress: "" }];
+      body.ipv6PrivateIpSet = [{
+        publicIpAddress: "",
+        primary: false,
+        privateIpAddress: typeof args.ipv6 === "string" ? args.ipv6 : "",
+      }];
     }
     return CreateResultSchema.parse(
       await this.#call({
@@ -294,6 +309,63 @@ export class BceClient {
       query: [["detach", null], ["clientToken", clientToken]],
       body: { instanceId },
       op: "DetachEni",
+    });
+  }
+
+  /**
+   * Replaces the ENI's groups with these regular groups (`PUT /v1/eni/{id}?bindSg`,
+   * body `securityGroupIds`): BCE removes every other group, regular or enterprise,
+   * and keeps at least one (reference §1.2; BCE doc "弹性网卡更新普通安全组").
+   */
+  async bindSecurityGroups(
+    eniId: string,
+    securityGroupIds: string[],
+    clientToken: string,
+  ): Promise<void> {
+    await this.#call({
+      method: "PUT",
+      path: `/v1/eni/${eniId}`,
+      query: [["bindSg", null], ["clientToken", clientToken]],
+      body: { securityGroupIds },
+      op: "UpdateEniSecurityGroup",
+    });
+  }
+
+  /**
+   * Replaces the ENI's groups with these enterprise groups (`PUT /v1/eni/{id}?bindEsg`,
+   * body `enterpriseSecurityGroupIds`): BCE removes every other group, regular or
+   * enterprise (bce-sdk-go UpdateEniEnterpriseSecurityGroup; BCE doc "弹性网卡更新企业安全组").
+   */
+  async bindEnterpriseSecurityGroups(
+    eniId: string,
+    enterpriseSecurityGroupIds: string[],
+    clientToken: string,
+  ): Promise<void> {
+    await this.#call({
+      method: "PUT",
+      path: `/v1/eni/${eniId}`,
+      query: [["bindEsg", null], ["clientToken", clientToken]],
+      body: { enterpriseSecurityGroupIds },
+      op: "UpdateEniEnterpriseSecurityGroup",
+    });
+  }
+
+  /**
+   * Sets the ENI's description (`PUT /v1/eni/{id}?modifyAttribute`, body `name`,
+   * `description`). BCE's doc marks both optional but not both empty; the name is
+   * sent when known, unchanged, so the marker survives whatever BCE makes of an
+   * absent one (bce-sdk-go UpdateEni always sends both).
+   */
+  async updateEni(eniId: string, args: UpdateEniArgs, clientToken: string): Promise<void> {
+    await this.#call({
+      method: "PUT",
+      path: `/v1/eni/${eniId}`,
+      query: [["modifyAttribute", null], ["clientToken", clientToken]],
+      body: {
+        ...(args.name !== undefined ? { name: args.name } : {}),
+        description: args.description,
+      },
+      op: "UpdateEni",
     });
   }
 

@@ -1,6 +1,12 @@
 /**
  * The `bce` provider's config schema and credential loading.
  *
+ * Profiles: the top-level subnet, security groups, warm pool, `namespaces` and
+ * `allowedSecurityGroupIds` are the `default` profile (a config written before
+ * profiles means exactly what it did); `profiles` adds named ones, each with its
+ * own subnet, groups (regular or enterprise, one kind) and warm pool. The node
+ * limit is shared by all of them (see `_slots.ts`).
+ *
  * Credentials come from a JSON file (`{accessKeyId, secretAccessKey,
  * sessionToken?}`) that must not be readable or writable by group or others,
  * or from `ENIM_BCE_ACCESS_KEY_ID` / `ENIM_BCE_SECRET_ACCESS_KEY` /
@@ -10,9 +16,89 @@
  */
 import * as z from "zod/mini";
 import "../../lib/zod_locale.ts";
-import { ProviderError } from "../contract.ts";
+import {
+  DEFAULT_PROFILE,
+  isEnterpriseGroup,
+  NetworkCidrSchema,
+  ProfileNameSchema,
+  ProviderError,
+  SecurityGroupIdSchema,
+} from "../contract.ts";
 import type { Credentials } from "./signer.ts";
 import { DEFAULT_METADATA_URL } from "./metadata.ts";
+
+/** ENIs of one profile kept attached and free. */
+const WarmPoolSchema = z._default(
+  z.object({
+    minIdle: z._default(z.number().check(z.int(), z.minimum(0)), 0),
+    maxIdle: z._default(z.number().check(z.int(), z.minimum(0)), 2),
+  }),
+  { minIdle: 0, maxIdle: 2 },
+).check(z.refine((w) => w.minIdle <= w.maxIdle, {
+  message: "warmPool.minIdle must not exceed warmPool.maxIdle",
+}));
+
+/** The Kubernetes namespaces whose pods may use a profile (absent: every namespace). */
+const NamespacesSchema = z.optional(z.array(z.string().check(z.minLength(1))));
+
+/**
+ * The groups a pod of a profile may name inline (`enim.dev/security-group-ids`);
+ * empty (the default): inline groups are off for the profile.
+ */
+const AllowedGroupsSchema = z._default(z.array(SecurityGroupIdSchema), []);
+
+/** Whether a profile's own groups are set when inline groups are allowed (they are restored after the pod). */
+function groupsToRestore(
+  p: {
+    securityGroupIds: string[];
+    enterpriseSecurityGroupIds: string[];
+    allowedSecurityGroupIds: string[];
+  },
+): boolean {
+  return p.allowedSecurityGroupIds.length === 0 ||
+    p.securityGroupIds.length + p.enterpriseSecurityGroupIds.length > 0;
+}
+const RESTORE_MESSAGE =
+  "allowedSecurityGroupIds needs the profile's own securityGroupIds or enterpriseSecurityGroupIds: they are put back on the ENI when the pod leaves";
+
+/** A CIDR of one family. */
+function cidrOfFamily(family: 4 | 6) {
+  return NetworkCidrSchema.check(z.refine(
+    (s) => (family === 6) === s.includes(":"),
+    `Expected an IPv${family} prefix`,
+  ));
+}
+
+/** A named profile (`profiles.<name>`): its subnet, groups, warm pool and who may use it. */
+export const ProfileConfigSchema = z.strictObject({
+  /** The subnet the profile's ENIs are created in. */
+  subnetId: z.string().check(z.minLength(1)),
+  /** The subnet's CIDR, to skip the subnet lookup. */
+  subnetCidr: z.optional(cidrOfFamily(4)),
+  /** The subnet's IPv6 CIDR, to skip the subnet lookup. */
+  subnetIpv6Cidr: z.optional(cidrOfFamily(6)),
+  /** The regular groups (`g-…`) of the profile's ENIs; or set enterpriseSecurityGroupIds. */
+  securityGroupIds: z._default(z.array(SecurityGroupIdSchema), []),
+  /** The enterprise groups (`esg-…`) of the profile's ENIs; or set securityGroupIds. */
+  enterpriseSecurityGroupIds: z._default(z.array(SecurityGroupIdSchema), []),
+  warmPool: WarmPoolSchema,
+  namespaces: NamespacesSchema,
+  allowedSecurityGroupIds: AllowedGroupsSchema,
+}).check(
+  z.refine(
+    (p) => (p.securityGroupIds.length > 0) !== (p.enterpriseSecurityGroupIds.length > 0),
+    "Set securityGroupIds or enterpriseSecurityGroupIds (one kind: an ENI has one)",
+  ),
+  z.refine(
+    (p) =>
+      !p.securityGroupIds.some(isEnterpriseGroup) &&
+      p.enterpriseSecurityGroupIds.every(isEnterpriseGroup),
+    'Expected regular groups ("g-…") in securityGroupIds and enterprise groups ("esg-…") in enterpriseSecurityGroupIds',
+  ),
+  z.refine(groupsToRestore, RESTORE_MESSAGE),
+);
+/** A named profile's config. */
+export type ProfileConfig = z.infer<typeof ProfileConfigSchema>;
 
 /** The `provider.bce` object of the agent config. */
 export const configSchema = z.object({
@@ -33,16 +119,25 @@ export const configSchema = z.object({
   /** This node's instance id; from metadata when absent. */
   instanceId: z.optional(z.string().check(z.minLength(1))),
   metadataUrl: z._default(z.url(), DEFAULT_METADATA_URL),
-  /** ENIs kept attached and free. */
-  warmPool: z._default(
-    z.object({
-      minIdle: z._default(z.number().check(z.int(), z.minimum(0)), 0),
-      maxIdle: z._default(z.number().check(z.int(), z.minimum(0)), 2),
-    }),
-    { minIdle: 0, maxIdle: 2 },
-  ).check(z.refine((w) => w.minIdle <= w.maxIdle, {
-    message: "warmPool.minIdle must not exceed warmPool.maxIdle",
-  })),
+  /** ENIs of the default profile kept attached and free. */
+  warmPool: WarmPoolSchema,
+  /** The namespaces whose pods may use the default profile (absent: every namespace). */
+  namespaces: NamespacesSchema,
+  /** The groups a pod of the default profile may name inline (empty: inline groups are off). */
+  allowedSecurityGroupIds: AllowedGroupsSchema,
+  /**
+   * Named profiles besides `default` (the top-level subnet, groups and warm pool),
+   * each with its own subnet, groups and warm pool; the node limit is shared.
+   */
+  profiles: z._default(
+    z.record(ProfileNameSchema, ProfileConfigSchema).check(
+      z.refine(
+        (p) => !(DEFAULT_PROFILE in p),
+        'The "default" profile is the top-level settings; name the others differently',
+      ),
+    ),
+    {},
+  ),
   /**
    * The most ENIs this node may have attached (the primary NIC not counted). The
    * provider also asks BCE (`/v1/eni/quota`, else the instance's `eniQuota`) and uses
@@ -94,9 +189,12 @@ export const configSchema = z.object({
     }),
     {},
   ),
-}).check(z.refine((c) => !(c.securityGroupIds.length && c.enterpriseSecurityGroupIds.length), {
-  message: "Set securityGroupIds or enterpriseSecurityGroupIds, not both",
-}));
+}).check(
+  z.refine((c) => !(c.securityGroupIds.length && c.enterpriseSecurityGroupIds.length), {
+    message: "Set securityGroupIds or enterpriseSecurityGroupIds, not both",
+  }),
+  z.refine(groupsToRestore, RESTORE_MESSAGE),
+);
 /** The `bce` provider config. */
 export type BceConfig = z.infer<typeof configSchema>;
 

@@ -78,3 +78,74 @@ Deno.test("loadCredentials() reads the ENIM_BCE_* environment and says what is m
   const e = assertThrows(() => loadCredentials(undefined, env({ ENIM_BCE_ACCESS_KEY_ID: "A" })));
   assertStringIncludes(e.message, "ENIM_BCE_SECRET_ACCESS_KEY");
 });
+
+Deno.test("configSchema reads profiles; the top-level settings stay the default profile", async (t) => {
+  await t.step("a config from before profiles parses as before", () => {
+    const c = configSchema.parse({ region: "bj", subnetId: "sbn-a", securityGroupIds: ["g-1"] });
+    assertEquals([c.profiles, c.allowedSecurityGroupIds, c.namespaces], [{}, [], undefined]);
+    assertEquals(c.securityGroupIds, ["g-1"]);
+  });
+  await t.step("named profiles with their subnet, groups, warm pool and rules", () => {
+    const c = configSchema.parse({
+      securityGroupIds: ["g-def"],
+      allowedSecurityGroupIds: ["g-extra"],
+      namespaces: ["default"],
+      profiles: {
+        db: {
+          subnetId: "sbn-db",
+          subnetCidr: "10.1.0.0/24",
+          subnetIpv6Cidr: "fd00:1::/64",
+          securityGroupIds: ["g-db"],
+          warmPool: { minIdle: 1, maxIdle: 3 },
+          namespaces: ["data"],
+        },
+        edge: { subnetId: "sbn-edge", enterpriseSecurityGroupIds: ["esg-edge"] },
+      },
+    });
+    assertEquals(c.profiles.db.warmPool, { minIdle: 1, maxIdle: 3 });
+    assertEquals(c.profiles.edge.warmPool, { minIdle: 0, maxIdle: 2 });
+    assertEquals(c.profiles.edge.allowedSecurityGroupIds, []);
+    assertEquals(c.profiles.edge.namespaces, undefined);
+    assertEquals([c.allowedSecurityGroupIds, c.namespaces], [["g-extra"], ["default"]]);
+  });
+  const refused: [string, unknown][] = [
+    ['"default" as a profile name', {
+      profiles: { default: { subnetId: "s", securityGroupIds: ["g-a"] } },
+    }],
+    ["a name that is no DNS label", {
+      profiles: { Bad_Name: { subnetId: "s", securityGroupIds: ["g-a"] } },
+    }],
+    ["a profile without groups", { profiles: { b: { subnetId: "s" } } }],
+    [
+      "both kinds of groups",
+      {
+        profiles: {
+          b: { subnetId: "s", securityGroupIds: ["g-a"], enterpriseSecurityGroupIds: ["esg-a"] },
+        },
+      },
+    ],
+    ["an enterprise group among the regular ones", {
+      profiles: { b: { subnetId: "s", securityGroupIds: ["esg-a"] } },
+    }],
+    ["an unknown field (a typo)", {
+      profiles: { b: { subnetId: "s", securityGroupIds: ["g-a"], securityGroupId: "g-b" } },
+    }],
+    ["a subnetCidr of the wrong family", {
+      profiles: { b: { subnetId: "s", securityGroupIds: ["g-a"], subnetCidr: "fd00::/64" } },
+    }],
+    ["minIdle above maxIdle", {
+      profiles: {
+        b: { subnetId: "s", securityGroupIds: ["g-a"], warmPool: { minIdle: 3, maxIdle: 1 } },
+      },
+    }],
+    ["inline groups allowed without the default profile's own groups", {
+      allowedSecurityGroupIds: ["g-x"],
+    }],
+    ["a malformed allowed group", { securityGroupIds: ["g-a"], allowedSecurityGroupIds: ["sg x"] }],
+  ];
+  for (const [what, config] of refused) {
+    await t.step(`refused: ${what}`, () => {
+      assert(!configSchema.safeParse(config).success, JSON.stringify(config));
+    });
+  }
+});

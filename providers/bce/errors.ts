@@ -45,7 +45,10 @@ export type BceOp =
   | "DeleteEni"
   | "GetEniQuota"
   | "GetSubnet"
-  | "GetInstance";
+  | "GetInstance"
+  | "UpdateEniSecurityGroup"
+  | "UpdateEniEnterpriseSecurityGroup"
+  | "UpdateEni";
 
 /** What a not-found error says is missing. */
 export type MissingTarget = "eni" | "instance" | "subnet" | "ambiguous";
@@ -156,7 +159,8 @@ function noSuchObjectTarget(op: BceOp): MissingTarget {
       return "subnet";
     default:
       // Attach and detach name the ENI and the instance; create names the subnet and
-      // the security groups. The caller re-reads the ENI to tell.
+      // the security groups, and so do the group replacements. The caller re-reads the
+      // ENI to tell.
       return "ambiguous";
   }
 }

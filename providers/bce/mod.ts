@@ -13,7 +13,8 @@ import type { ProviderContext, ProviderModule } from "../contract.ts";
 import { type BceConfig, configSchema, endpointFor, loadCredentials } from "./config.ts";
 import { BceClient } from "./client.ts";
 import { MetadataClient } from "./metadata.ts";
-import { BceProvider } from "./provider.ts";
+import { type BceProfile, BceProvider } from "./provider.ts";
+import { DEFAULT_PROFILE } from "../contract.ts";
 
 export { configSchema };
 export type { BceConfig };
@@ -63,21 +64,46 @@ export async function createBce(
     instanceId,
     vpcId,
     subnetId,
+    profiles: Object.keys(cfg.profiles).sort(),
   });
+  // The top-level settings are the default profile; the named ones follow by name.
+  const profiles: BceProfile[] = [{
+    name: DEFAULT_PROFILE,
+    subnetId,
+    securityGroupIds: cfg.securityGroupIds,
+    enterpriseSecurityGroupIds: cfg.enterpriseSecurityGroupIds,
+    warmPool: cfg.warmPool,
+    namespaces: cfg.namespaces ?? null,
+    allowedSecurityGroupIds: cfg.allowedSecurityGroupIds,
+  }];
+  const subnetCidrs: Record<string, string> = {};
+  const subnetIpv6Cidrs: Record<string, string> = {};
+  if (cfg.subnetCidr) subnetCidrs[subnetId] = cfg.subnetCidr;
+  if (cfg.subnetIpv6Cidr) subnetIpv6Cidrs[subnetId] = cfg.subnetIpv6Cidr;
+  for (const [name, p] of Object.entries(cfg.profiles).sort(([a], [b]) => a < b ? -1 : 1)) {
+    profiles.push({
+      name,
+      subnetId: p.subnetId,
+      securityGroupIds: p.securityGroupIds,
+      enterpriseSecurityGroupIds: p.enterpriseSecurityGroupIds,
+      warmPool: p.warmPool,
+      namespaces: p.namespaces ?? null,
+      allowedSecurityGroupIds: p.allowedSecurityGroupIds,
+    });
+    if (p.subnetCidr) subnetCidrs[p.subnetId] = p.subnetCidr;
+    if (p.subnetIpv6Cidr) subnetIpv6Cidrs[p.subnetId] = p.subnetIpv6Cidr;
+  }
   const provider = new BceProvider({
     client,
     instanceId,
     vpcId,
-    subnetId,
-    subnetCidrs: cfg.subnetCidr ? { [subnetId]: cfg.subnetCidr } : undefined,
-    subnetIpv6Cidrs: cfg.subnetIpv6Cidr ? { [subnetId]: cfg.subnetIpv6Cidr } : undefined,
-    securityGroupIds: cfg.securityGroupIds,
-    enterpriseSecurityGroupIds: cfg.enterpriseSecurityGroupIds,
+    profiles,
+    subnetCidrs,
+    subnetIpv6Cidrs,
     namePrefix: cfg.namePrefix,
     description: cfg.description,
     maxEnisPerNode: cfg.maxEnisPerNode,
     ipv6: cfg.ipv6,
-    warmPool: cfg.warmPool,
     timings: {
       attachMs: t.attachMs,
       detachMs: t.detachMs,
