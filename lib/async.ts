@@ -6,9 +6,18 @@
  * @module
  */
 
-/** Resolves after `ms`. */
-export function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms));
+/** Waits `ms`, or less when `signal` aborts (then resolves, never rejects). */
+export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal?.aborted) return resolve();
+    const done = () => {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal?.addEventListener("abort", done, { once: true });
+  });
 }
 
 /**
@@ -57,6 +66,6 @@ export async function poll<T>(
     if (v !== null && v !== undefined) return v;
     const left = until - Date.now();
     if (left <= 0 || o.signal?.aborted) return null;
-    await sleep(Math.min(wait, left));
+    await sleep(Math.min(wait, left), o.signal);
   }
 }

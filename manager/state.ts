@@ -143,16 +143,8 @@ export const AttachmentRowSchema = z.object({
 /** A row of `attachments`. */
 export type AttachmentRow = z.infer<typeof AttachmentRowSchema>;
 
-/** An attachment's key. */
-export interface AttachmentKey {
-  containerId: string;
-  ifName: string;
-}
-
-/** The key as one string (for maps and locks). */
-export function keyOf(k: AttachmentKey): string {
-  return `${k.containerId}/${k.ifName}`;
-}
+export { type AttachmentKey, keyOf } from "../providers/schema.ts";
+import type { AttachmentKey } from "../providers/schema.ts";
 
 const COLUMNS: Record<keyof AttachmentRow, string> = {
   containerId: "container_id",

@@ -12,6 +12,7 @@ import {
   type AllocationRequestInput,
   type Eni,
   EniSchema,
+  keyOf,
   type Owner,
   type Provider,
   ProviderError,
@@ -31,10 +32,6 @@ function owner(i: number, c = "c"): Owner {
   return { pod: `ns/pod-${i}`, containerId: `${c}${i}`, ifName: "eth0" };
 }
 
-function ownerKey(o: Owner): string {
-  return `${o.containerId}/${o.ifName}`;
-}
-
 /** Asserts no ENI is owned twice and no owner holds two ENIs. */
 function assertOwnershipSound(enis: Eni[]): void {
   const ids = new Set<string>();
@@ -45,7 +42,7 @@ function assertOwnershipSound(enis: Eni[]): void {
     ids.add(e.id);
     assertEquals(e.state === "owned", e.owner !== null, `ENI "${e.id}" state and owner disagree`);
     if (e.owner) {
-      const k = ownerKey(e.owner);
+      const k = keyOf(e.owner);
       assert(!owners.has(k), `Owner "${k}" holds "${owners.get(k)}" and "${e.id}"`);
       owners.set(k, e.id);
     }

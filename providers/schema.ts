@@ -56,6 +56,17 @@ export const OwnerSchema = z.object({
 /** Who holds an ENI. */
 export type Owner = z.infer<typeof OwnerSchema>;
 
+/** What identifies one CNI attachment (the spec's key): the container and the interface. */
+export interface AttachmentKey {
+  containerId: string;
+  ifName: string;
+}
+
+/** An attachment's key as one string, `<containerId>/<ifName>` (for maps, locks and logs). */
+export function keyOf(k: AttachmentKey): string {
+  return `${k.containerId}/${k.ifName}`;
+}
+
 /** The profile every provider has: its top-level settings, and what a pod gets by default. */
 export const DEFAULT_PROFILE = "default";
 

@@ -23,7 +23,7 @@
  */
 import { assert, assertEquals } from "../lib/assert.ts";
 import type { Owner } from "../providers/contract.ts";
-import { INSTANCE, setup, startFake } from "../providers/bce/_harness.ts";
+import { INSTANCE, setup, startFake } from "./bce_harness.ts";
 import type { FakeBce, FakeRequestRecord } from "./bce_fake.ts";
 
 /** Real milliseconds per simulated second. */

@@ -12,7 +12,7 @@ import {
   SESSION_TOKEN,
   startFake,
   testClient,
-} from "../providers/bce/_harness.ts";
+} from "./bce_harness.ts";
 
 type Query = [string, string | null][];
 

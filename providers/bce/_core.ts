@@ -18,7 +18,7 @@
  *
  * @module
  */
-import { DEFAULT_PROFILE, type Owner, type ProviderContext, ProviderError } from "../contract.ts";
+import { DEFAULT_PROFILE, type ProviderContext, ProviderError } from "../contract.ts";
 import type { Logger } from "../../lib/log.ts";
 import type { BceClient } from "./client.ts";
 import { BceStore } from "./_store.ts";
@@ -193,9 +193,4 @@ export class BceCore {
   isOurs(e: { name: string }): boolean {
     return e.name.startsWith(`${this.o.namePrefix}/`);
   }
-}
-
-/** The key of an owner in maps of work in flight. */
-export function ownerKey(o: Owner): string {
-  return JSON.stringify([o.pod, o.containerId, o.ifName]);
 }

@@ -17,7 +17,8 @@
  * @module
  */
 import { ProviderError } from "../contract.ts";
-import { type BceEni, sleep } from "./client.ts";
+import type { BceEni } from "./client.ts";
+import { sleep } from "../../lib/async.ts";
 import { BceApiError, isEniGone } from "./errors.ts";
 import type { IntentRow } from "./_store.ts";
 import { type BceCore, BceStuckError, type Disposal } from "./_core.ts";

@@ -15,91 +15,34 @@
  * The client counts the requests it sends, per operation ({@linkcode BceClient.calls}):
  * the provider's status shows them and the budget test reads them.
  *
+ * Why one file: `BceClient` is one class whose operations (a few lines each) all go
+ * through its one call machinery (sign, send, classify, retry, count); the wire
+ * schemas are in `wire.ts`.
+ *
  * @module
  */
-import * as z from "zod/mini";
-import "../../lib/zod_locale.ts";
+import { sleep } from "../../lib/async.ts";
 import type { Logger } from "../../lib/log.ts";
 import { bceTimestamp, type Credentials, type QueryPair, sign, wireQuery } from "./signer.ts";
 import { BceApiError, type BceOp, classifyError, codeForEmptyBody } from "./errors.ts";
+import {
+  type BceEni,
+  BceEniSchema,
+  type BceInstance,
+  type BceSubnet,
+  type CreateEniArgs,
+  CreateResultSchema,
+  ErrorBodySchema,
+  InstanceResultSchema,
+  type ListEnisArgs,
+  ListResultSchema,
+  QuotaResultSchema,
+  StatusResultSchema,
+  SubnetResultSchema,
+  type UpdateEniArgs,
+} from "./wire.ts";
 
-/** One private IP of an ENI. */
-export const BcePrivateIpSchema = z.object({
-  privateIpAddress: z.string(),
-  primary: z._default(z.boolean(), false),
-  publicIpAddress: z.nullish(z.string()),
-});
-
-/** An ENI as the BCE API returns it (§2.1). */
-export const BceEniSchema = z.object({
-  eniId: z.string().check(z.minLength(1)),
-  name: z._default(z.string(), ""),
-  description: z.nullish(z.string()),
-  zoneName: z.nullish(z.string()),
-  instanceId: z.nullish(z.string()),
-  macAddress: z._default(z.string(), ""),
-  vpcId: z.nullish(z.string()),
-  subnetId: z._default(z.string(), ""),
-  status: z.string(),
-  privateIpSet: z.pipe(
-    z.nullish(z.array(BcePrivateIpSchema)),
-    z.transform((v) => v ?? []),
-  ),
-  ipv6PrivateIpSet: z.pipe(
-    z.nullish(z.array(BcePrivateIpSchema)),
-    z.transform((v) => v ?? []),
-  ),
-  securityGroupIds: z.nullish(z.array(z.string())),
-  enterpriseSecurityGroupIds: z.nullish(z.array(z.string())),
-  createdTime: z.nullish(z.string()),
-  networkInterfaceTrafficMode: z.nullish(z.string()),
-});
-/** An ENI as the BCE API returns it. */
-export type BceEni = z.infer<typeof BceEniSchema>;
-
-const ListResultSchema = z.object({
-  enis: z.pipe(z.nullish(z.array(BceEniSchema)), z.transform((v) => v ?? [])),
-  marker: z.nullish(z.string()),
-  isTruncated: z._default(z.boolean(), false),
-  nextMarker: z.nullish(z.string()),
-  maxKeys: z.nullish(z.number()),
-});
-const CreateResultSchema = z.object({ eniId: z.string().check(z.minLength(1)) });
-const StatusResultSchema = z.object({ status: z.string() });
-const QuotaResultSchema = z.object({
-  totalQuantity: z.number().check(z.int()),
-  availableQuantity: z.number().check(z.int()),
-});
-/** A subnet's detail (`GET /v1/subnet/{id}`; bce-sdk-go services/vpc model.go Subnet). */
-export const BceSubnetSchema = z.object({
-  subnetId: z.string(),
-  cidr: z.string(),
-  ipv6Cidr: z.nullish(z.string()),
-  zoneName: z.nullish(z.string()),
-  vpcId: z.nullish(z.string()),
-});
-/** A subnet's detail. */
-export type BceSubnet = z.infer<typeof BceSubnetSchema>;
-const SubnetResultSchema = z.object({ subnet: BceSubnetSchema });
-/**
- * The fields of an instance's detail the provider reads (`GET /v2/instance/{id}?isDeploySet=false`;
- * bce-sdk-go services/bcc/api/instance.go GetInstanceDetail, model.go InstanceModel: `id`,
- * `eniQuota`, `cpuCount`). CCE reads `eniQuota` from it (cce-network-v2/pkg/bce/vpceni/node_bcc.go).
- */
-export const BceInstanceSchema = z.object({
-  id: z.nullish(z.string()),
-  eniQuota: z.nullish(z.number().check(z.int(), z.minimum(0))),
-  cpuCount: z.nullish(z.number().check(z.int(), z.minimum(0))),
-  status: z.nullish(z.string()),
-});
-/** An instance's detail (the fields the provider reads). */
-export type BceInstance = z.infer<typeof BceInstanceSchema>;
-const InstanceResultSchema = z.object({ instance: BceInstanceSchema });
-const ErrorBodySchema = z.object({
-  code: z._default(z.string(), ""),
-  message: z._default(z.string(), ""),
-  requestId: z.nullish(z.string()),
-});
+export * from "./wire.ts";
 
 /** Retry and timeout settings. */
 export interface RetryOptions {
@@ -136,42 +79,6 @@ export interface BceClientOptions {
   expirationSeconds?: number;
   /** The jitter source, in [0, 1) (tests seed it). */
   random?: () => number;
-}
-
-/** Arguments of {@linkcode BceClient.createEni}. */
-export interface CreateEniArgs {
-  name: string;
-  subnetId: string;
-  securityGroupIds: string[];
-  enterpriseSecurityGroupIds: string[];
-  /** A fixed primary IPv4, or undefined for auto-assignment. */
-  privateIpAddress?: string;
-  /**
-   * An IPv6 address too (the subnet needs an IPv6 range): `true` for an
-   * auto-assigned one, a string for that fixed address.
-   */
-  ipv6?: boolean | string;
-  description?: string;
-}
-
-/** Arguments of {@linkcode BceClient.updateEni}. */
-export interface UpdateEniArgs {
-  /** The ENI's current name, sent along so it can never be lost (the marker). */
-  name?: string;
-  description: string;
-}
-
-/** Filters of {@linkcode BceClient.listEnis}. */
-export interface ListEnisArgs {
-  vpcId: string;
-  /** Sent to the server (`instanceId`): only ENIs attached to this instance. */
-  instanceId?: string;
-  /**
-   * Matched on our side only. BCE's `name` filter is never sent: whether it matches
-   * names exactly, by prefix or fuzzily is unverified (reference §1.2).
-   */
-  namePrefix?: string;
-  maxKeys?: number;
 }
 
 interface Call {
@@ -603,18 +510,4 @@ function scrub(message: string, creds: Credentials): string {
 
 function errText(e: unknown): string {
   return e instanceof Error ? e.message : String(e);
-}
-
-/** Waits `ms`, or less when `signal` aborts (then resolves, never rejects). */
-export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal?.aborted) return resolve();
-    const done = () => {
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal?.addEventListener("abort", done, { once: true });
-  });
 }

@@ -12,7 +12,7 @@ import {
   startFake,
   testClient,
   testLogger,
-} from "./_harness.ts";
+} from "../../tests/bce_harness.ts";
 
 const VPC = "vpc-fake0001";
 const SUBNET = "sbn-fake0001";

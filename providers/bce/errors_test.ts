@@ -10,7 +10,7 @@ import {
   startFake,
   testClient,
   testLogger,
-} from "./_harness.ts";
+} from "../../tests/bce_harness.ts";
 
 type Row = [status: number, code: string, message: string, op: BceOp, want: {
   reason: string;

@@ -17,7 +17,7 @@ import {
   type SetupOptions,
   startFake,
   testClient,
-} from "./_harness.ts";
+} from "../../tests/bce_harness.ts";
 
 const owner = (i: number, pod = `default/p-${i}`): Owner => ({
   pod,

@@ -37,6 +37,7 @@ import {
   type AllocationRequestInput,
   AllocationRequestSchema,
   type Eni,
+  keyOf,
   type Owner,
   OwnerSchema,
   type ProfileInfo,
@@ -48,7 +49,7 @@ import {
 import type { BceEni } from "./client.ts";
 import { isEniGone } from "./errors.ts";
 import { PassScheduler } from "./_schedule.ts";
-import { BceCore, type BceProviderOptions, ownerKey } from "./_core.ts";
+import { BceCore, type BceProviderOptions } from "./_core.ts";
 import { cidr6Of, cidrOf, toEni } from "./_convert.ts";
 import { allocate, deallocate } from "./_allocate.ts";
 import { ensureSynced, loseOrDrop, sync } from "./_reconcile.ts";
@@ -130,7 +131,7 @@ export class BceProvider implements Provider {
   async allocateNextENI(owner: Owner, request: AllocationRequestInput): Promise<Eni> {
     const o = OwnerSchema.parse(owner);
     const req = AllocationRequestSchema.parse(request);
-    const key = ownerKey(o);
+    const key = keyOf(o);
     const running = this.#ownerOps.get(key);
     if (running) return await running;
     const p = allocate(this.#core, o, req);
@@ -146,7 +147,7 @@ export class BceProvider implements Provider {
 
   async deallocateENI(owner: Owner): Promise<void> {
     const o = OwnerSchema.parse(owner);
-    const running = this.#ownerOps.get(ownerKey(o));
+    const running = this.#ownerOps.get(keyOf(o));
     if (running) await running.catch(() => {});
     await deallocate(this.#core, o);
   }

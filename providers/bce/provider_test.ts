@@ -12,7 +12,7 @@ import {
   setup,
   startFake,
   testClient,
-} from "./_harness.ts";
+} from "../../tests/bce_harness.ts";
 
 const owner = (i: number): Owner => ({
   pod: `default/p-${i}`,
@@ -237,7 +237,7 @@ Deno.test("an auth failure names the access key id and never the secret", async 
     const wrong = new BceClient({
       endpoint: fake.url,
       credentials: { accessKeyId: AK, secretAccessKey: SECRET + "x", sessionToken: SESSION_TOKEN },
-      log: (await import("./_harness.ts")).testLogger(),
+      log: (await import("../../tests/bce_harness.ts")).testLogger(),
     });
     const err = await wrong.getEni("eni-abcdefabcdef").then(() => null, (e) => e);
     assert(err instanceof ProviderError);
@@ -250,7 +250,7 @@ Deno.test("an auth failure names the access key id and never the secret", async 
     const unknown = new BceClient({
       endpoint: fake.url,
       credentials: { accessKeyId: "AKIDunknown", secretAccessKey: SECRET },
-      log: (await import("./_harness.ts")).testLogger(),
+      log: (await import("../../tests/bce_harness.ts")).testLogger(),
     });
     const err2 = await unknown.getEni("eni-abcdefabcdef").then(() => null, (e) => e);
     assertEquals(err2?.reason, "auth_failed");

@@ -6,7 +6,14 @@
 import { z } from "zod";
 import { assert, assertEquals, assertStringIncludes } from "../../lib/assert.ts";
 import { type Owner, ProviderError } from "../contract.ts";
-import { INSTANCE, LOG_LINES, recordError, setup, startFake, testClient } from "./_harness.ts";
+import {
+  INSTANCE,
+  LOG_LINES,
+  recordError,
+  setup,
+  startFake,
+  testClient,
+} from "../../tests/bce_harness.ts";
 
 const owner = (i: number): Owner => ({
   pod: `default/p-${i}`,

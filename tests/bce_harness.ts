@@ -6,12 +6,12 @@
  * @module
  */
 import { DatabaseSync } from "node:sqlite";
-import { Logger } from "../../lib/log.ts";
-import { FakeBce, type FakeBceOptions } from "../../tests/bce_fake.ts";
-import { BceClient, type RetryOptions } from "./client.ts";
-import { configSchema } from "./config.ts";
-import { createBce } from "./mod.ts";
-import type { BceProvider } from "./provider.ts";
+import { Logger } from "../lib/log.ts";
+import { FakeBce, type FakeBceOptions } from "./bce_fake.ts";
+import { BceClient, type RetryOptions } from "../providers/bce/client.ts";
+import { configSchema } from "../providers/bce/config.ts";
+import { createBce } from "../providers/bce/mod.ts";
+import type { BceProvider } from "../providers/bce/provider.ts";
 
 /** Test credentials; the secret and the token must never appear in a log line or error. */
 export const AK = "AKIDenimTest0001";
