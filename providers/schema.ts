@@ -2,7 +2,7 @@
  * The provider contract's values: pure zod schemas and the error type, with no
  * other dependency, so the CNI plugin's import graph (which parses ENIs and IPs
  * in API answers) stays small. `contract.ts` re-exports everything here and adds
- * the interfaces and the ipaddr.js-based helpers only the agent needs.
+ * the interfaces and the helpers only the agent needs.
  *
  * @module
  */

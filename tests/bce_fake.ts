@@ -36,7 +36,15 @@
  *
  * @module
  */
-import ipaddr from "ipaddr.js";
+import {
+  type Cidr,
+  contains,
+  formatIp,
+  nthAddress,
+  parseCidr,
+  parseIp,
+  prefixSize,
+} from "../lib/ip.ts";
 import { z } from "zod";
 // The official SDK's signer (CommonJS, untyped): the fake's check owes nothing to enim's signer.
 import SdkAuth from "@baiducloud/sdk/src/auth.js";
@@ -1006,13 +1014,10 @@ export function toContractEni(subnets: FakeSubnet[], eni: FakeEni): Eni {
   const addr = (set: FakeEni["privateIpSet"], cidr: string | undefined) => {
     const ip = set.find((p) => p.primary) ?? set[0];
     if (!ip || !cidr) return null;
-    const [net, len] = ipaddr.parseCIDR(cidr);
-    const b = net.toByteArray();
-    b[b.length - 1] += 1;
     return {
       address: ip.privateIpAddress,
-      prefixLength: len,
-      gateway: ipaddr.fromByteArray(b).toString(),
+      prefixLength: cidrOf(cidr).prefix,
+      gateway: firstHostOf(cidr),
     };
   };
   return makeEni({
@@ -1055,40 +1060,28 @@ function randomId(n: number): string {
   return [...bytes].map((b) => abc[b % abc.length]).join("");
 }
 
+function cidrOf(cidr: string): Cidr {
+  const c = parseCidr(cidr);
+  if (!c) throw new RangeError(`"${cidr}" is not a prefix`);
+  return c;
+}
+
 function inCidr(ip: string, cidr: string): boolean {
-  try {
-    const [net, len] = ipaddr.parseCIDR(cidr);
-    const a = ipaddr.parse(ip);
-    return a.kind() === net.kind() && a.match(net, len);
-  } catch {
-    return false;
-  }
+  const c = parseCidr(cidr), a = parseIp(ip);
+  return c !== null && a !== null && contains(c, a);
 }
 
 /** The first host of a CIDR (the subnet's gateway). */
 function firstHostOf(cidr: string): string {
-  const [net] = ipaddr.parseCIDR(cidr);
-  const b = net.toByteArray();
-  b[b.length - 1] += 1;
-  return ipaddr.fromByteArray(b).toString();
+  return formatIp(nthAddress(cidrOf(cidr), 1));
 }
 
 /** The lowest free host of a CIDR, skipping the network address, the first host (gateway) and (IPv4) broadcast. */
 function freeIp(cidr: string, used: Set<string>): string | null {
-  const [net, len] = ipaddr.parseCIDR(cidr);
-  const bytes = net.toByteArray();
-  const bits = bytes.length * 8;
-  const hostBits = bits - len;
-  const limit = hostBits >= 20 ? 2 ** 20 : 2 ** hostBits - (bytes.length === 4 ? 1 : 0);
+  const c = cidrOf(cidr);
+  const limit = Math.min(prefixSize(c), 2 ** 20) - (c.ip.family === 4 ? 1 : 0);
   for (let i = 2; i < limit; i++) {
-    const b = [...bytes];
-    let carry = i;
-    for (let j = b.length - 1; j >= 0 && carry > 0; j--) {
-      const v = b[j] + (carry & 0xff);
-      b[j] = v & 0xff;
-      carry = (carry >>> 8) + (v >> 8);
-    }
-    const ip = ipaddr.fromByteArray(b).toString();
+    const ip = formatIp(nthAddress(c, i));
     if (!used.has(ip)) return ip;
   }
   return null;

@@ -22,7 +22,7 @@
  *
  * @module
  */
-import ipaddr from "ipaddr.js";
+import { type Cidr, formatIp, nthAddress, parseCidr } from "../lib/ip.ts";
 import { netnsExec } from "../netns/ip.ts";
 import {
   createBridge,
@@ -74,26 +74,20 @@ export const pingPath: () => string = lazyTool(
 );
 
 interface Subnet {
-  net: ipaddr.IPv4 | ipaddr.IPv6;
+  net: Cidr;
   prefixLength: number;
   gateway: string;
 }
 
 function subnet(cidr: string): Subnet {
-  const [net, prefixLength] = ipaddr.parseCIDR(cidr);
-  return { net, prefixLength, gateway: hostAddress(net, 1) };
+  const net = parseCidr(cidr);
+  if (!net) throw new RangeError(`"${cidr}" is not a prefix`);
+  return { net, prefixLength: net.prefix, gateway: hostAddress(net, 1) };
 }
 
 /** The `n`th address of a network (n small). */
-function hostAddress(net: ipaddr.IPv4 | ipaddr.IPv6, n: number): string {
-  const bytes = net.toByteArray();
-  let carry = n;
-  for (let i = bytes.length - 1; i >= 0 && carry > 0; i--) {
-    const v = bytes[i] + carry;
-    bytes[i] = v & 0xff;
-    carry = v >> 8;
-  }
-  return ipaddr.fromByteArray(bytes).toString();
+function hostAddress(net: Cidr, n: number): string {
+  return formatIp(nthAddress(net, n));
 }
 
 /** The gateway the simulated VPC gives a subnet: its first host. */

@@ -21,7 +21,7 @@
  *
  * @module
  */
-import ipaddr from "ipaddr.js";
+import { familyOf } from "../../lib/ip.ts";
 import {
   type AllocationRequest,
   type Eni,
@@ -206,7 +206,7 @@ async function checkRequest(
   profile: BceProfile,
 ): Promise<{ ip4: string | null; ip6: string | null }> {
   const cidr = await cidrOf(core, profile.subnetId);
-  const cidr6 = req.ips.some((ip) => ipaddr.IPv6.isValid(ip)) ||
+  const cidr6 = req.ips.some((ip) => familyOf(ip) === 6) ||
       req.ranges.some((set) => set.some((r) => r.subnet.includes(":")))
     ? await cidr6Of(core, profile.subnetId)
     : null;
@@ -224,8 +224,8 @@ async function checkRequest(
       } and it does not overlap ${where}`,
     );
   }
-  const ip4 = req.ips.find((ip) => ipaddr.IPv4.isValid(ip)) ?? null;
-  const ip6 = req.ips.find((ip) => !ipaddr.IPv4.isValid(ip) && ipaddr.IPv6.isValid(ip)) ?? null;
+  const ip4 = req.ips.find((ip) => familyOf(ip) === 4) ?? null;
+  const ip6 = req.ips.find((ip) => familyOf(ip) === 6) ?? null;
   for (const [ip, range] of [[ip4, cidr], [ip6, cidr6]] as const) {
     if (ip !== null && (range === null || !inCidr(ip, range))) {
       throw new ProviderError(

@@ -7,7 +7,15 @@
  *
  * @module
  */
-import ipaddr from "ipaddr.js";
+import {
+  contains,
+  formatIp,
+  networkOf,
+  nthAddress,
+  parseCidr,
+  parseIp,
+  prefixSize,
+} from "../../lib/ip.ts";
 import {
   DEFAULT_PROFILE,
   type Eni,
@@ -205,49 +213,27 @@ export function toEni(core: BceCore, r: EniRow): Eni {
 
 /** Whether `ip` lies in `cidr` (false when either does not parse). */
 export function inCidr(ip: string, cidr: string): boolean {
-  try {
-    const [net, len] = ipaddr.parseCIDR(cidr);
-    const a = ipaddr.parse(ip);
-    return a.kind() === net.kind() && a.match(net, len);
-  } catch {
-    return false;
-  }
+  const c = parseCidr(cidr), a = parseIp(ip);
+  return c !== null && a !== null && contains(c, a);
 }
 
 /** Whether two CIDRs share an address (one contains the other's network address). */
 export function overlaps(a: string, b: string): boolean {
-  try {
-    const [na, la] = ipaddr.parseCIDR(a);
-    const [nb, lb] = ipaddr.parseCIDR(b);
-    if (na.kind() !== nb.kind()) return false;
-    return na.match(nb, lb) || nb.match(na, la);
-  } catch {
-    return false;
-  }
+  const ca = parseCidr(a), cb = parseCidr(b);
+  if (!ca || !cb || ca.ip.family !== cb.ip.family) return false;
+  return contains(ca, networkOf(cb)) || contains(cb, networkOf(ca));
 }
 
 function prefixOf(cidr: string): number {
-  return ipaddr.parseCIDR(cidr)[1];
+  const c = parseCidr(cidr);
+  if (!c) throw new RangeError(`"${cidr}" is not a prefix`);
+  return c.prefix;
 }
 
 /** The first host of a CIDR (network address + 1): BCE's subnet gateway. */
 export function firstHost(cidr: string): string {
-  const [net, len] = ipaddr.parseCIDR(cidr);
-  const bytes = net.toByteArray();
-  const bits = bytes.length * 8;
-  // Zero the host part, then add one.
-  for (let i = 0; i < bytes.length; i++) {
-    const keep = Math.max(0, Math.min(8, len - i * 8));
-    bytes[i] &= (0xff << (8 - keep)) & 0xff;
-  }
-  if (len < bits) {
-    for (let i = bytes.length - 1; i >= 0; i--) {
-      if (bytes[i] < 255) {
-        bytes[i]++;
-        break;
-      }
-      bytes[i] = 0;
-    }
-  }
-  return ipaddr.fromByteArray(bytes).toString();
+  const c = parseCidr(cidr);
+  if (!c) throw new RangeError(`"${cidr}" is not a prefix`);
+  // A single-address prefix has no other host: its only address.
+  return formatIp(prefixSize(c) > 1 ? nthAddress(c, 1) : networkOf(c));
 }
