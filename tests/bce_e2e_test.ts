@@ -84,7 +84,6 @@ Deno.test({
   name:
     "bce end to end: dual-stack ADD on a fresh ENI, DEL pools it, reuse, GC, an ENI deleted out of band, a pod of a second profile with an inline group, no secret logged",
   ignore: !ROOT,
-  sanitizeResources: false,
   async fn(t) {
     await using node = await SimulatedNode.start({
       subnets: { ipv4: SUBNET, ipv6: SUBNET6 },
