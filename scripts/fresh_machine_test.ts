@@ -75,7 +75,7 @@ Deno.test({
       const stderr = new TextDecoder().decode(out.stderr);
       assertEquals(out.code, 0, `${stdout}\n${stderr}`);
       assertMatch(stdout, /demo passed in [\d.]+ s/);
-      assertMatch(stdout, /web → gateway 10\.99\.0\.1/);
+      assertMatch(stdout, /web → its gateway 10\.99\.0\.1/);
       assertStringIncludes(stderr, "installing through apt: iputils-ping");
       const apt = await Deno.readTextFile(`${dir}/apt.log`);
       assert(/^install .*iputils-ping/m.test(apt), `apt-get was asked for iputils-ping:\n${apt}`);

@@ -216,9 +216,13 @@ export class SimulatedVpc implements AsyncDisposable {
     return netnsExec(typeof netns === "string" ? netns : netns.name, argv);
   }
 
-  /** Whether one ping from `netns` to `address` gets an answer within a second. */
+  /**
+   * Whether a ping from `netns` to `address` gets an answer: up to three echoes
+   * 0.2 s apart, each waited for a second (a first echo can be lost to neighbour
+   * discovery on a loaded machine); any answer counts.
+   */
   async ping(netns: NetnsHandle | string, address: string): Promise<boolean> {
-    const out = await this.exec(netns, [pingPath(), "-c1", "-W1", "-n", address]);
+    const out = await this.exec(netns, [pingPath(), "-c3", "-i0.2", "-W1", "-n", address]);
     return out.code === 0;
   }
 
