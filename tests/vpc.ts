@@ -217,12 +217,12 @@ export class SimulatedVpc implements AsyncDisposable {
   }
 
   /**
-   * Whether a ping from `netns` to `address` gets an answer: up to three echoes
-   * 0.2 s apart, each waited for a second (a first echo can be lost to neighbour
-   * discovery on a loaded machine); any answer counts.
+   * Whether a ping from `netns` to `address` gets an answer within 3 s: echoes go
+   * out every 0.2 s until one is answered (a first one can be lost to neighbour
+   * discovery on a loaded machine).
    */
   async ping(netns: NetnsHandle | string, address: string): Promise<boolean> {
-    const out = await this.exec(netns, [pingPath(), "-c3", "-i0.2", "-W1", "-n", address]);
+    const out = await this.exec(netns, [pingPath(), "-c1", "-w3", "-i0.2", "-n", address]);
     return out.code === 0;
   }
 
