@@ -71,7 +71,8 @@ export async function spawnAgent(sb: EnimSandbox, o: SpawnAgentOptions): Promise
   const child = new Deno.Command(cmd, {
     args,
     clearEnv: true,
-    env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", NO_COLOR: "1" },
+    // The agent's environment as deploy/enim-agent.service and the DaemonSet set it.
+    env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", NO_COLOR: "1", MALLOC_ARENA_MAX: "2" },
     stdin: "null",
     stdout: "null",
     stderr: "piped",
