@@ -85,6 +85,21 @@ export function routeConflict(err: unknown, config: string[][]): string | undefi
   }`;
 }
 
+/**
+ * The alternative name enim gives an ENI's device (`enim` and its MAC's hex
+ * digits): unique per ENI, it follows the device between namespaces, and lets a
+ * DEL address its device in the pod directly, with no lookup (`ip link set dev
+ * <altname> …` finds no other device).
+ */
+export function altnameOf(mac: string): string {
+  return `enim${normalizeMac(mac).replaceAll(":", "")}`;
+}
+
+/** The lines of an `ip -batch` that failed (1-based), as its stderr names them. */
+export function failedLines(stderr: string): number[] {
+  return [...stderr.matchAll(/Command failed \S+:(\d+)/g)].map((m) => Number(m[1]));
+}
+
 export function errText(err: unknown): string {
   if (err instanceof IpError) return err.stderr || err.message;
   return err instanceof Error ? err.message : String(err);

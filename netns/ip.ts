@@ -40,7 +40,14 @@ export class IpError extends Error {
   readonly argv: string[];
   readonly code: number;
   readonly stderr: string;
-  constructor(argv: string[], code: number, stderr: string, options?: { cause?: unknown }) {
+  /** What it printed before failing (`ip -batch -force` goes on past a failed line). */
+  readonly stdout: string;
+  constructor(
+    argv: string[],
+    code: number,
+    stderr: string,
+    options?: { cause?: unknown; stdout?: string },
+  ) {
     super(
       `Command "${argv.join(" ")}" failed with exit code ${code}: ${stderr.trim() || "no output"}`,
       options,
@@ -49,6 +56,7 @@ export class IpError extends Error {
     this.argv = argv;
     this.code = code;
     this.stderr = stderr.trim();
+    this.stdout = options?.stdout ?? "";
   }
 }
 
@@ -108,7 +116,7 @@ export async function exec(
 /** Runs any argv (binary first) once; throws {@linkcode IpError} on a non-zero exit. */
 export async function spawn(argv: string[]): Promise<RunOutput> {
   const { code, stdout, stderr } = await exec(argv);
-  if (code !== 0) throw new IpError(argv, code, stderr);
+  if (code !== 0) throw new IpError(argv, code, stderr, { stdout });
   return { stdout, stderr };
 }
 
@@ -187,6 +195,11 @@ export interface BatchOptions {
   json?: boolean;
   /** Where the batch file goes (default {@linkcode DEFAULT_SCRATCH_DIR}). */
   scratchDir?: string;
+  /**
+   * `-force`: run every line even after one failed (the exit code still says one
+   * did; `IpError.stderr` names each failed line, `IpError.stdout` has the output).
+   */
+  force?: boolean;
 }
 
 /**
@@ -201,7 +214,7 @@ export async function ipBatch(
 ): Promise<unknown[]> {
   if (commands.length === 0) return [];
   const lines = commands.map(batchLine);
-  const flags = opts.json ? ["-j"] : [];
+  const flags = [...(opts.json ? ["-j"] : []), ...(opts.force ? ["-force"] : [])];
   if (commands.length === 1) {
     const { stdout } = await runIp([...flags, ...commands[0].map(String)], opts);
     return opts.json ? parseJsonLines(stdout) : [];

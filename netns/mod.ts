@@ -4,9 +4,12 @@
  *
  * Spawns per operation (named namespaces such as /run/netns/x; a /proc/<pid>/ns/net
  * path costs one extra exec of nsenter for each command run inside it):
- * - plug: 3 (find by MAC on the node, one move+rename+alias, one configure batch in the pod),
- *   2 when the caller passes the device's node name it has just looked up;
- * - unplug from the pod: 2 (find by MAC in the pod, one batch: down, flush, move back renamed);
+ * - plug: 3 (find by MAC on the node, one move+rename+alias, one configure batch in the pod,
+ *   which also gives the device its altname `enim<MAC hex>`), 2 when the device's node name
+ *   is known (the name cache, or the caller's fresh lookup);
+ * - unplug of a device a plug placed (`podName` given): 1, a batch addressed by the altname
+ *   (down, its own MAC, home renamed); when that fails (no altname, a driver's refusal), 2
+ *   more: find it in the pod (by MAC, alias or name), then the batch by its name;
  * - unplug when the device is already on the node: 1 (plus 1 only when it needs scrubbing);
  * - inspect: 1 batch.
  *
@@ -45,9 +48,11 @@ import "../lib/zod_locale.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
 import { netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
 import {
+  altnameOf,
   checkIfName,
   configureCommands,
   errText,
+  failedLines,
   normalizeMac,
   noSuchDevice,
   pickDevice,
@@ -61,6 +66,7 @@ import {
   ipJson,
   netnsPath,
   type NetnsRef,
+  parseJsonLines,
   RouteEntrySchema,
   runIp,
 } from "./ip.ts";
@@ -113,6 +119,8 @@ export class IpDeviceLayer implements DeviceLayer {
   readonly #home: string;
   readonly #log: Logger;
   readonly #scratch: string | undefined;
+  /** False once a driver refused to change a MAC: then nothing can have changed one. */
+  #macSettable = true;
   /**
    * The node-side name of each device last seen on the node, by MAC: `plug` moves by
    * this name without listing the node first. Refreshed by every listing of the node
@@ -128,8 +136,13 @@ export class IpDeviceLayer implements DeviceLayer {
     this.#scratch = opts.scratchDir;
   }
 
-  #batch(commands: (string | number)[][], netns: NetnsRef, json = false): Promise<unknown[]> {
-    return ipBatch(commands, { netns, json, scratchDir: this.#scratch });
+  #batch(
+    commands: (string | number)[][],
+    netns: NetnsRef,
+    json = false,
+    force = false,
+  ): Promise<unknown[]> {
+    return ipBatch(commands, { netns, json, force, scratchDir: this.#scratch });
   }
 
   /** Lists the node's links with their addresses and refreshes the name cache. */
@@ -265,11 +278,24 @@ export class IpDeviceLayer implements DeviceLayer {
   ): Promise<number | null> {
     const timed = stepTimer(p.timing);
     let shown: Link[];
+    // Last, and allowed to fail (the device has it already from an earlier pod, or the
+    // kernel predates altnames): the name a DEL finds the device by without a lookup.
+    const alt = ["link", "property", "add", "dev", p.ifName, "altname", altnameOf(p.mac)];
+    const lines = [["link", "show", "dev", p.ifName], ...config, alt];
     try {
-      const out = await timed(
-        "configure",
-        () => this.#batch([["link", "show", "dev", p.ifName], ...config], ns.ref, true),
-      );
+      let out: unknown[];
+      try {
+        out = await timed("configure", () => this.#batch(lines, ns.ref, true, true));
+      } catch (err) {
+        // -force ran every line: only the altname's failing is fine.
+        if (!(err instanceof IpError)) throw err;
+        const failed = failedLines(err.stderr);
+        if (failed.length !== 1 || failed[0] !== lines.length) throw err;
+        if (!/File exists/i.test(err.stderr)) {
+          this.#log.debug("No altname on the device; DEL looks it up", { error: errText(err) });
+        }
+        out = parseJsonLines(err.stdout);
+      }
       shown = z.array(LinkSchema).parse(out[0]);
       if (shown.length !== 1) {
         throw new Error(`Expected one link "${p.ifName}", got ${shown.length}`);
@@ -315,6 +341,33 @@ export class IpDeviceLayer implements DeviceLayer {
     const timed = stepTimer(p.timing);
     const mac = normalizeMac(p.mac);
     const ns = p.netns ? await this.#usableNetns(p.netns) : null;
+    // The one-spawn way: the device placed by an ADD carries its altname, which names
+    // no other device. Its own MAC again (a chained plugin may have changed it; a driver
+    // that cannot change a MAC cannot have had it changed), then home. Anything else
+    // (no such device, a driver's refusal) takes the way below, which looks first.
+    if (ns && p.podName !== undefined) {
+      const alt = altnameOf(mac);
+      try {
+        await timed("move", () =>
+          this.#batch([
+            ["link", "set", "dev", alt, "down"],
+            ...(this.#macSettable ? [["link", "set", "dev", alt, "address", mac]] : []),
+            ["link", "set", "dev", alt, "netns", this.#home, "name", p.nodeName],
+          ], ns.ref));
+        this.#names.set(mac, p.nodeName);
+        return "pod";
+      } catch (err) {
+        if (err instanceof IpError && /Operation not supported/i.test(err.stderr)) {
+          this.#macSettable = false;
+        }
+        if (!noSuchDevice(err)) {
+          this.#log.debug("The direct way home failed; looking the device up", {
+            mac,
+            error: errText(err),
+          });
+        }
+      }
+    }
     if (ns) {
       let inPod: Link | null = null;
       try {

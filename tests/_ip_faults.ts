@@ -6,7 +6,7 @@
  * bind-mounted over by a small shell script that runs the real `ip` (a copy in
  * the sandbox's directory) unless a one-shot rule matches the call. A rule
  * names where the call runs (`pod`: any namespace but the node's; `node`; or
- * `any`) and an extended regex matched against the arguments and, for
+ * `any`), how many calls it hits, and an extended regex matched against the arguments and, for
  * `ip -batch FILE`, the batch's lines. Its action is `fail` (exit 2 with an
  * RTNETLINK-like message, as a real failure prints) or `pause` (signal the test
  * and wait until it says go: the test then deletes or replaces the pod's
@@ -31,13 +31,19 @@ if [ -f "$D/rule" ]; then
 $(cat "$a")"; fi
     prev="$a"
   done
-  read -r action where regex < "$D/rule"
+  read -r action where count regex < "$D/rule"
   me=$(readlink /proc/self/ns/net)
   node=$(cat "$D/node-ns")
   here=pod
   [ "$me" = "$node" ] && here=node
   if { [ "$where" = any ] || [ "$where" = "$here" ]; } && printf '%s\\n' "$text" | grep -Eq -- "$regex"; then
-    if mv "$D/rule" "$D/fired" 2>/dev/null; then
+    if [ "$count" -gt 1 ]; then
+      printf '%s %s %s %s\n' "$action" "$where" "$((count - 1))" "$regex" > "$D/rule.next" &&
+        mv "$D/rule.next" "$D/rule" && : > "$D/fired" && fired=1
+    elif mv "$D/rule" "$D/fired" 2>/dev/null; then
+      fired=1
+    fi
+    if [ "$fired" = 1 ]; then
       if [ "$action" = fail ]; then
         echo "RTNETLINK answers: Input/output error (injected by the test)" >&2
         exit 2
@@ -82,20 +88,20 @@ export class IpFaults {
     return new IpFaults(node, dir);
   }
 
-  /** The next `ip` call in `where` matching `regex` fails. */
-  async fail(where: Where, regex: string): Promise<void> {
-    await this.#arm("fail", where, regex);
+  /** The next `times` `ip` calls in `where` matching `regex` fail. */
+  async fail(where: Where, regex: string, times = 1): Promise<void> {
+    await this.#arm("fail", where, regex, times);
   }
 
   /** The next `ip` call in `where` matching `regex` waits for {@linkcode go}; {@linkcode hit} tells when. */
   async pause(where: Where, regex: string): Promise<void> {
-    await this.#arm("pause", where, regex);
+    await this.#arm("pause", where, regex, 1);
   }
 
-  async #arm(action: string, where: Where, regex: string): Promise<void> {
+  async #arm(action: string, where: Where, regex: string, times: number): Promise<void> {
     if (/\s/.test(regex)) throw new TypeError("Use \\s, not spaces, in a fault regex");
     for (const f of ["fired", "hit", "go"]) await Deno.remove(`${this.#dir}/${f}`).catch(() => {});
-    await Deno.writeTextFile(`${this.#dir}/rule`, `${action} ${where} ${regex}\n`);
+    await Deno.writeTextFile(`${this.#dir}/rule`, `${action} ${where} ${times} ${regex}\n`);
   }
 
   /** Whether the armed rule has fired. */

@@ -97,7 +97,8 @@ const ADD_MOVE = String.raw`netns\s\S+\sname\seth0\salias`;
 const ADD_CONFIGURE = String.raw`addr\sadd\s`;
 /** DEL's device steps: the lookup in the pod, and the move back to the node. */
 const DEL_LOOKUP = String.raw`^-j\slink\sshow$`;
-const DEL_MOVE_BACK = String.raw`dev\seth0\snetns\s`;
+/** The move back to the node: first by the device's altname, then, when that fails, after a lookup. */
+const DEL_MOVE_BACK = String.raw`link\sset\sdev\s\S+\snetns\s\S+\sname\s`;
 
 Deno.test({
   name: "fault matrix: ip failing at each step of ADD, DEL and CHECK",
@@ -129,13 +130,21 @@ Deno.test({
           await clean(node);
         },
       );
+      await t.step("DEL, the move back fails once → the looked-up way brings it home", async () => {
+        const p = await newPod(node, "m3a");
+        await succeeded(node, await call(node, "ADD", p));
+        await faults.fail("pod", DEL_MOVE_BACK);
+        await succeeded(node, await call(node, "DEL", p));
+        assert(await faults.fired());
+        await clean(node);
+      });
       await t.step(
-        "DEL, the move back fails → DEL answers 0, the record stays deleting, GC finishes",
+        "DEL, the move back fails both ways → DEL answers 0, the record stays deleting, GC finishes",
         async () => {
           const p = await newPod(node, "m3");
           await succeeded(node, await call(node, "ADD", p));
           const mac = (await node.client.attachments())[0].mac!;
-          await faults.fail("pod", DEL_MOVE_BACK);
+          await faults.fail("pod", DEL_MOVE_BACK, 2);
           await succeeded(node, await call(node, "DEL", p));
           assertEquals(await left(node), { records: [`${p.id}:deleting`], owned: [p.id] });
           assert(
@@ -154,7 +163,8 @@ Deno.test({
           const p = await newPod(node, "m4");
           await succeeded(node, await call(node, "ADD", p));
           const mac = (await node.client.attachments())[0].mac!;
-          await faults.fail("pod", DEL_LOOKUP);
+          // The direct way fails, then the lookup does.
+          await faults.fail("pod", `(${DEL_MOVE_BACK})|(${DEL_LOOKUP})`, 2);
           await succeeded(node, await call(node, "DEL", p));
           // The device could not be accounted for: the ENI stays held, the record says
           // why, and the next GC pass finishes.
