@@ -1,0 +1,637 @@
+/**
+ * The stress clients: each loops over random operations on random pods (one
+ * operation per pod at a time, as a runtime serializes a sandbox's calls), half
+ * of them through the real plugin process (some SIGKILLed mid-call), half
+ * through the agent's API. Every answer updates the clients' {@linkcode Model};
+ * an answer outside what the situation allows is a violation.
+ *
+ * @module
+ */
+import { z } from "zod";
+import {
+  type AddResponse,
+  ApiError,
+  type ApiErrorCode,
+  GcReportSchema,
+} from "../../manager/api_schema.ts";
+import { AgentUnreachableError } from "../../manager/client.ts";
+import { prng } from "../_agent_proc.ts";
+import type { StressContext } from "./_context.ts";
+import type { KeyRecord, PodRecord } from "./_model.ts";
+import { DEFAULT_OP_WEIGHTS, type OpName } from "./_options.ts";
+import { CniErrorSchema, runPlugin } from "./_plugin.ts";
+
+/** The network name every call uses. */
+export const NETWORK = "enim-stress";
+/** The Kubernetes namespace of every pod. */
+export const K8S_NAMESPACE = "stress";
+
+/** How a client reaches the agent. */
+export type Via = "plugin" | "api";
+
+/** A normalized answer: a CNI code (0 = success; 11 also for an unreachable or busy agent). */
+export interface Answer {
+  code: number | "killed" | "crash" | "hang";
+  /** The result (ADD) when code is 0. */
+  json?: unknown;
+  msg?: string;
+}
+
+/** The CNI code each API error code maps to (as `cni/errors.ts` maps them). */
+const API_TO_CNI: Record<ApiErrorCode, number> = {
+  bad_request: 7,
+  not_found: 3,
+  no_eni_available: 100,
+  requested_ip_unavailable: 101,
+  ifname_exists: 102,
+  netns_invalid: 103,
+  check_failed: 106,
+  provider_error: 104,
+  device_error: 105,
+  busy: 11,
+  internal: 110,
+};
+
+/** The parts of a plugin ADD result the checks use. */
+const PluginAddResultSchema = z.looseObject({
+  cniVersion: z.string(),
+  interfaces: z.array(
+    z.looseObject({ name: z.string(), mac: z.string(), sandbox: z.string().optional() }),
+  )
+    .min(1),
+  ips: z.array(z.looseObject({
+    address: z.string(),
+    gateway: z.string().optional(),
+    interface: z.number().int().optional(),
+  })),
+  routes: z.array(z.looseObject({ dst: z.string(), gw: z.string().optional() })).default([]),
+});
+
+/** One client. */
+export interface Client {
+  index: number;
+  via: Via;
+  rand: () => number;
+}
+
+/** The outcome label counted in the figures. */
+function label(a: Answer): string {
+  return typeof a.code === "number" ? (a.code === 0 ? "ok" : `code ${a.code}`) : a.code;
+}
+
+const pick = <T>(rand: () => number, xs: T[]): T => xs[Math.floor(rand() * xs.length)];
+
+function podArgs(pod: PodRecord, containerId: string): string {
+  return `K8S_POD_NAMESPACE=${K8S_NAMESPACE};K8S_POD_NAME=${pod.name};K8S_POD_INFRA_CONTAINER_ID=${containerId}`;
+}
+
+function netconf(extra: Record<string, unknown> = {}): Record<string, unknown> {
+  return { cniVersion: "1.1.0", name: NETWORK, type: "enim", ...extra };
+}
+
+/** Whether to kill this plugin call, and when: a budget spread over the remaining agent kills. */
+function pluginKillDelay(ctx: StressContext, rand: () => number): number | undefined {
+  const f = ctx.figures;
+  const left = ctx.opts.pluginKills - f.pluginKills;
+  if (left <= 0) return undefined;
+  const roundsLeft = Math.max(1, ctx.opts.kills - f.killsTotal);
+  const perRound = f.rounds > 0 ? f.pluginCalls / f.rounds : 6;
+  const p = Math.min(0.5, left / Math.max(1, roundsLeft * perRound));
+  if (rand() >= p) return undefined;
+  // The plugin lives ~50–150 ms: before it connects, while the agent works, as it answers.
+  return Math.floor(5 + rand() * 140);
+}
+
+/** Runs a plugin call and normalizes its answer. */
+async function viaPlugin(
+  ctx: StressContext,
+  rand: () => number,
+  verb: string,
+  call: Parameters<typeof runPlugin>[2],
+): Promise<Answer> {
+  const killAfterMs = pluginKillDelay(ctx, rand);
+  ctx.figures.pluginCalls++;
+  const r = await runPlugin(ctx.node, verb, call, { killAfterMs });
+  if (r.killed) {
+    ctx.figures.pluginKills++;
+    return { code: "killed" };
+  }
+  if (r.timedOut) {
+    return { code: "hang", msg: `no answer in 60 s; stderr: ${r.stderr.slice(-300)}` };
+  }
+  if (r.signal) {
+    return { code: "crash", msg: `signal ${r.signal}; stderr: ${r.stderr.slice(-300)}` };
+  }
+  if (r.code === 0) {
+    try {
+      return { code: 0, json: r.stdout.trim() ? JSON.parse(r.stdout) : null };
+    } catch {
+      return {
+        code: "crash",
+        msg: `exit 0 with stdout that is not JSON: ${r.stdout.slice(0, 300)}`,
+      };
+    }
+  }
+  if (r.code === 1) {
+    try {
+      const e = CniErrorSchema.parse(JSON.parse(r.stdout));
+      return { code: e.code, msg: e.msg + (e.details ? ` (${e.details.slice(0, 300)})` : "") };
+    } catch {
+      return { code: "crash", msg: `exit 1 without a CNI error object: ${r.stdout.slice(0, 300)}` };
+    }
+  }
+  return {
+    code: "crash",
+    msg: `exit ${r.code}; stdout ${r.stdout.slice(0, 200)}; stderr ${r.stderr.slice(-300)}`,
+  };
+}
+
+/** Runs an API call and normalizes its answer. */
+async function viaApi(fn: () => Promise<unknown>): Promise<Answer> {
+  try {
+    return { code: 0, json: await fn() };
+  } catch (err) {
+    if (err instanceof ApiError) {
+      return { code: API_TO_CNI[err.code] ?? 110, msg: `${err.code}: ${err.message}` };
+    }
+    if (err instanceof AgentUnreachableError) return { code: 11, msg: err.message };
+    return { code: "crash", msg: err instanceof Error ? err.message : String(err) };
+  }
+}
+
+/** Turns an ADD answer into what the pod must now hold. */
+function addedFrom(a: Answer, via: Via, pod: PodRecord, ifName: string): KeyRecord["added"] {
+  if (via === "plugin") {
+    const r = PluginAddResultSchema.parse(a.json);
+    return {
+      mac: r.interfaces[0].mac.toLowerCase(),
+      ips: r.ips.map((i) => i.address),
+      routes: r.ips.filter((i) => i.gateway).map((i) => `default via ${i.gateway}`),
+      prevResult: r as Record<string, unknown>,
+    };
+  }
+  const r = a.json as AddResponse;
+  return {
+    mac: r.mac.toLowerCase(),
+    ips: r.ips.map((i) => i.address),
+    routes: r.ips.map((i) => `default via ${i.gateway}`),
+    prevResult: {
+      cniVersion: "1.1.0",
+      interfaces: [{ name: ifName, mac: r.mac, sandbox: pod.path }],
+      ips: r.ips.map((i) => ({ address: i.address, gateway: i.gateway, interface: 0 })),
+      routes: r.routes,
+    },
+  };
+}
+
+/** The operations of the stress run, over one {@linkcode StressContext}. */
+export class Operations {
+  readonly ctx: StressContext;
+
+  constructor(ctx: StressContext) {
+    this.ctx = ctx;
+  }
+
+  /** Creates (or re-creates) the pod's namespace: a new generation and a new container. */
+  async createPod(pod: PodRecord): Promise<void> {
+    if (this.ctx.opts.freshPaths) {
+      // A new sandbox, a new path (as containerd's cni-<uuid>): a stale path names nothing.
+      pod.short = `p${pod.index}g${pod.gen + 1}`;
+      pod.nsName = `${this.ctx.prefix}-${pod.short}`;
+      pod.path = `/run/netns/${pod.nsName}`;
+    }
+    const h = await this.ctx.node.vpc.pod(pod.short);
+    pod.gen++;
+    pod.ctr++;
+    pod.exists = true;
+    pod.ino = (await Deno.stat(h.path)).ino;
+  }
+
+  /** Deletes the pod's namespace (whatever is in it dies with it, as a veth does). */
+  async deletePod(pod: PodRecord, why: string): Promise<void> {
+    if (!pod.exists) return;
+    this.ctx.model.podNamespaceGone(pod, why);
+    await this.ctx.node.vpc.deletePod({ name: pod.nsName, path: pod.path });
+    pod.exists = false;
+    pod.ino = null;
+  }
+
+  /** Replaces the pod's namespace: deleted and created again at the same path. */
+  async replacePod(pod: PodRecord, why = "netns replaced"): Promise<void> {
+    await this.deletePod(pod, why);
+    await this.createPod(pod);
+  }
+
+  /** ADD of the pod's current container (a retry when it is ADDed already). */
+  async add(c: Client, pod: PodRecord, race = false): Promise<void> {
+    const { ctx } = this;
+    const m = ctx.model;
+    if (!pod.exists) await this.createPod(pod);
+    let k = m.key(pod, m.containerId(pod));
+    if (k.status === "deleted") {
+      // Its DEL came: the pod's next container.
+      pod.ctr++;
+      k = m.key(pod, m.containerId(pod));
+    }
+    const prev = k.status;
+    const wasIntact = m.mustBeIntact(k);
+    if (prev !== "added") {
+      k.netnsGen = pod.gen;
+      k.netns = pod.path;
+    }
+    k.status = "pending";
+    const verb = `ADD/${c.via}`;
+    m.note(
+      k,
+      `${race ? "racing " : ""}ADD via ${c.via} into ${pod.path} (generation ${pod.gen})${
+        prev === "added" ? " (retry)" : ""
+      }`,
+    );
+    let racer: Promise<void> | undefined;
+    if (race) {
+      k.reclaimable = "its namespace was replaced while its ADD ran";
+      const delay = Math.floor(c.rand() * 90);
+      racer = new Promise<void>((r) => setTimeout(r, delay)).then(() =>
+        this.replacePod(pod, "netns replaced during an ADD")
+      );
+    }
+    const answer = c.via === "plugin"
+      ? await viaPlugin(ctx, c.rand, "ADD", {
+        containerId: k.containerId,
+        ifName: k.ifName,
+        netns: pod.path,
+        args: podArgs(pod, k.containerId),
+        config: netconf(),
+      })
+      : await viaApi(() =>
+        ctx.node.client.add({
+          containerId: k.containerId,
+          ifName: k.ifName,
+          netns: pod.path,
+          network: NETWORK,
+          pod: { namespace: K8S_NAMESPACE, name: pod.name },
+          mode: "interface",
+        })
+      );
+    await racer;
+    ctx.count(verb, label(answer));
+    m.note(k, `→ ${label(answer)}${answer.msg ? `: ${answer.msg.slice(0, 200)}` : ""}`);
+    const keep = prev === "added" ? "added" : "unknown";
+    if (answer.code === 0) {
+      let added: KeyRecord["added"];
+      try {
+        added = addedFrom(answer, c.via, pod, k.ifName);
+      } catch (err) {
+        ctx.violation(
+          "unexpected_answer",
+          `${k.containerId}/${k.ifName}`,
+          `ADD answered a result that does not parse: ${err}`,
+          {
+            answer: answer.json,
+          },
+        );
+        k.status = keep;
+        return;
+      }
+      if (prev === "added" && wasIntact && k.added && k.added.mac !== added!.mac) {
+        ctx.violation(
+          "retry_add_changed",
+          `${k.containerId}/${k.ifName}`,
+          `A retried ADD of "${k.containerId}/${k.ifName}" answered MAC ${
+            added!.mac
+          }, the first ADD ${k.added.mac}`,
+          { history: k.history.map((e) => `r${e.round} +${e.t}ms ${e.what}`) },
+        );
+      }
+      k.status = "added";
+      k.added = added;
+      // Left out of a CNI GC, then ADDed again: the new attachment must be intact.
+      if (!race && k.reclaimable?.startsWith("left out of a CNI GC")) k.reclaimable = null;
+      m.note(k, `ADD acknowledged: ${added!.mac} [${added!.ips.join(" ")}]`);
+    } else if (answer.code === 100) {
+      k.status = prev === "added" ? "added" : "refused";
+    } else {
+      k.status = keep;
+      const allowed = race ? [11, 102, 103, 105, "killed"] : [11, "killed"];
+      if (!allowed.includes(answer.code)) {
+        ctx.violation(
+          "unexpected_answer",
+          `${k.containerId}/${k.ifName}`,
+          `${verb} answered ${label(answer)}: ${answer.msg ?? ""}`,
+          {
+            history: k.history.map((e) => `r${e.round} +${e.t}ms ${e.what}`),
+          },
+        );
+      }
+    }
+    if (race) pod.ctr++; // the namespace is new: the pod's next ADD is a new container
+  }
+
+  /** DEL of the pod's current container, or of an older one still held. */
+  async del(c: Client, pod: PodRecord): Promise<void> {
+    const { ctx } = this;
+    const m = ctx.model;
+    const held = m.keysOfPod(pod).filter((k) => k.status === "added" || k.status === "unknown");
+    const current = m.key(pod, m.containerId(pod));
+    const k = held.length && c.rand() < 0.8 ? pick(c.rand, held) : current;
+    const live = pod.exists && k.netnsGen === pod.gen;
+    // A runtime passes the sandbox's path; for a gone sandbox, sometimes nothing.
+    const netns = live ? pod.path : c.rand() < 0.5 ? "" : k.netns;
+    const prev = k.status;
+    k.status = "pending";
+    const verb = `DEL/${c.via}`;
+    m.note(
+      k,
+      `DEL via ${c.via} with CNI_NETNS="${netns}"${live ? "" : " (its namespace is gone)"}`,
+    );
+    const answer = c.via === "plugin"
+      ? await viaPlugin(ctx, c.rand, "DEL", {
+        containerId: k.containerId,
+        ifName: k.ifName,
+        netns,
+        args: podArgs(pod, k.containerId),
+        config: netconf(),
+      })
+      : await viaApi(() =>
+        ctx.node.client.del({
+          containerId: k.containerId,
+          ifName: k.ifName,
+          netns,
+          network: NETWORK,
+        })
+      );
+    ctx.count(verb, label(answer));
+    m.note(k, `→ ${label(answer)}${answer.msg ? `: ${answer.msg.slice(0, 200)}` : ""}`);
+    if (answer.code === 0) {
+      k.status = "deleted";
+      if (k.containerId === m.containerId(pod)) pod.ctr++;
+      return;
+    }
+    k.status = prev === "deleted" || prev === "refused" ? prev : "unknown";
+    if (answer.code !== 11 && answer.code !== "killed") {
+      ctx.violation(
+        "unexpected_answer",
+        `${k.containerId}/${k.ifName}`,
+        `${verb} answered ${label(answer)}: ${answer.msg ?? ""}`,
+        {
+          history: k.history.map((e) => `r${e.round} +${e.t}ms ${e.what}`),
+        },
+      );
+    }
+  }
+
+  /** CHECK of an intact attachment of the pod (nothing when it has none). */
+  async check(c: Client, pod: PodRecord): Promise<boolean> {
+    const { ctx } = this;
+    const m = ctx.model;
+    const k = m.keysOfPod(pod).find((x) => m.mustBeIntact(x));
+    if (!k || !k.added) return false;
+    const verb = `CHECK/${c.via}`;
+    m.note(k, `CHECK via ${c.via}`);
+    const answer = c.via === "plugin"
+      ? await viaPlugin(ctx, c.rand, "CHECK", {
+        containerId: k.containerId,
+        ifName: k.ifName,
+        netns: pod.path,
+        args: podArgs(pod, k.containerId),
+        config: netconf({ prevResult: k.added.prevResult }),
+      })
+      : await viaApi(() =>
+        ctx.node.client.check({
+          containerId: k.containerId,
+          ifName: k.ifName,
+          netns: pod.path,
+          network: NETWORK,
+          mode: "interface",
+          expected: { mac: k.added!.mac, addresses: k.added!.ips, routes: [] },
+        })
+      );
+    ctx.count(verb, label(answer));
+    m.note(k, `→ ${label(answer)}${answer.msg ? `: ${answer.msg.slice(0, 200)}` : ""}`);
+    if (answer.code === 0 || answer.code === 11 || answer.code === "killed") return true;
+    const intact = m.mustBeIntact(k);
+    const cls = answer.code === 106 && intact
+      ? "check_failed_intact"
+      : answer.code === 106
+      ? null
+      : "unexpected_answer";
+    if (cls) {
+      ctx.violation(
+        cls,
+        `${k.containerId}/${k.ifName}`,
+        `${verb} answered ${label(answer)}: ${answer.msg ?? ""}`,
+        {
+          history: k.history.map((e) => `r${e.round} +${e.t}ms ${e.what}`),
+        },
+      );
+    }
+    return true;
+  }
+
+  /** The CNI GC verb: every key the clients used is valid, except sometimes one left out. */
+  async cniGc(c: Client): Promise<void> {
+    const { ctx } = this;
+    const m = ctx.model;
+    let dropped: KeyRecord | undefined;
+    let droppedPod: PodRecord | undefined;
+    if (c.rand() < 0.4) {
+      const candidates = [...m.keys.values()].filter((k) =>
+        m.mustBeIntact(k) && !m.pods[k.pod].busy
+      );
+      if (candidates.length) {
+        dropped = pick(c.rand, candidates);
+        droppedPod = m.pods[dropped.pod];
+        droppedPod.busy = true;
+        dropped.reclaimable = "left out of a CNI GC's valid attachments";
+        m.note(dropped, `left out of a CNI GC via ${c.via}`);
+      }
+    }
+    try {
+      // Every key a runtime would still know (not DELeted, not refused), and the next
+      // containers of every pod (an ADD may start while the GC runs).
+      const ids = new Set(
+        [...m.keys.values()].filter((k) =>
+          k !== dropped && k.status !== "deleted" && k.status !== "refused"
+        )
+          .map((k) => k.containerId),
+      );
+      for (const p of m.pods) {
+        for (let i = 0; i <= 3; i++) ids.add(`${m.runId}-p${p.index}-c${p.ctr + i}`);
+      }
+      if (dropped) ids.delete(dropped.containerId);
+      const valid = [...ids].map((id) => ({ containerID: id, ifname: "eth0" }));
+      const verb = `CNI-GC/${c.via}`;
+      const answer = c.via === "plugin"
+        ? await viaPlugin(ctx, c.rand, "GC", {
+          config: netconf({ "cni.dev/valid-attachments": valid }),
+        })
+        : await viaApi(() =>
+          ctx.node.client.gc({
+            network: NETWORK,
+            validAttachments: valid.map((v) => ({ containerId: v.containerID, ifName: v.ifname })),
+          }).then((r) => {
+            const failed = r.items.filter((i) => i.outcome === "failed");
+            if (failed.length) {
+              throw new ApiError("internal", `GC_INCOMPLETE ${JSON.stringify(failed)}`);
+            }
+            return r;
+          })
+        );
+      if (dropped) m.note(dropped, `→ CNI GC ${label(answer)}`);
+      if (answer.code === 110 && answer.msg?.includes("GC_INCOMPLETE")) {
+        ctx.count(verb, "code 107");
+        ctx.anomaly("gc_reclaim_failed", answer.msg.slice(0, 400));
+        return;
+      }
+      ctx.count(verb, label(answer));
+      if (answer.code === 107) ctx.anomaly("gc_reclaim_failed", answer.msg ?? "");
+      else if (answer.code !== 0 && answer.code !== 11 && answer.code !== "killed") {
+        ctx.violation(
+          "unexpected_answer",
+          "CNI GC",
+          `${verb} answered ${label(answer)}: ${answer.msg ?? ""}`,
+          {},
+        );
+      }
+    } finally {
+      if (droppedPod) droppedPod.busy = false;
+    }
+  }
+
+  /** A GC pass: `enim gc` (plugin-side clients, the operator command) or `POST /v1/gc`. */
+  async gc(c: Client): Promise<void> {
+    const { ctx } = this;
+    const verb = c.via === "plugin" ? "GC/enim-gc" : "GC/api";
+    let answer: Answer;
+    if (c.via === "plugin") {
+      const r = await ctx.node.enim(["gc", "--json"]);
+      if (r.code === 0 || r.stdout.trim().startsWith("{")) {
+        try {
+          const report = GcReportSchema.parse(JSON.parse(r.stdout));
+          const failed = report.items.filter((i) => i.outcome === "failed");
+          answer = failed.length
+            ? { code: 107, msg: JSON.stringify(failed).slice(0, 400) }
+            : { code: 0 };
+        } catch {
+          answer = { code: "crash", msg: `enim gc printed: ${r.stdout.slice(0, 300)}` };
+        }
+      } else {
+        answer = /reach|connect|refused|No such file/i.test(r.stderr)
+          ? { code: 11, msg: r.stderr.trim().slice(0, 200) }
+          : { code: "crash", msg: `exit ${r.code}: ${r.stderr.slice(-300)}` };
+      }
+    } else {
+      answer = await viaApi(() => ctx.node.client.gc({ dryRun: false }));
+      if (answer.code === 0) {
+        const failed = GcReportSchema.parse(answer.json).items.filter((i) =>
+          i.outcome === "failed"
+        );
+        if (failed.length) answer = { code: 107, msg: JSON.stringify(failed).slice(0, 400) };
+      }
+    }
+    ctx.count(verb, label(answer));
+    if (answer.code === 107) ctx.anomaly("gc_reclaim_failed", answer.msg ?? "");
+    else if (answer.code !== 0 && answer.code !== 11) {
+      ctx.violation(
+        "unexpected_answer",
+        "GC",
+        `${verb} answered ${label(answer)}: ${answer.msg ?? ""}`,
+        {},
+      );
+    }
+  }
+
+  /** One random operation (returns false when there was nothing to do). */
+  async one(c: Client, op: OpName): Promise<boolean> {
+    const { ctx } = this;
+    if (op === "cni_gc") {
+      await this.cniGc(c);
+      return true;
+    }
+    if (op === "gc") {
+      await this.gc(c);
+      return true;
+    }
+    const free = ctx.model.pods.filter((p) => !p.busy);
+    const wanted = op === "replace" || op === "delete_pod" || op === "check"
+      ? free.filter((p) => p.exists)
+      : free;
+    if (wanted.length === 0) return false;
+    const pod = pick(c.rand, wanted);
+    pod.busy = true;
+    try {
+      switch (op) {
+        case "add":
+          await this.add(c, pod);
+          return true;
+        case "add_race":
+          if (pod.exists) await this.replacePod(pod, "netns replaced before a racing ADD");
+          else await this.createPod(pod);
+          await this.add(c, pod, true);
+          return true;
+        case "del":
+          await this.del(c, pod);
+          return true;
+        case "check":
+          return await this.check(c, pod);
+        case "replace":
+          await this.replacePod(pod);
+          ctx.count("REPLACE-POD", "ok");
+          return true;
+        case "delete_pod":
+          await this.deletePod(pod, "netns deleted without DEL");
+          ctx.count("DELETE-POD", "ok");
+          return true;
+      }
+    } finally {
+      pod.busy = false;
+    }
+  }
+}
+
+/** Picks an operation by weight. */
+export function pickOp(rand: () => number, weights: Record<OpName, number>): OpName {
+  const entries = (Object.keys(DEFAULT_OP_WEIGHTS) as OpName[]).map((k) =>
+    [k, weights[k] ?? 0] as const
+  );
+  const total = entries.reduce((s, [, w]) => s + w, 0);
+  let x = rand() * total;
+  for (const [k, w] of entries) {
+    if ((x -= w) < 0) return k;
+  }
+  return "add";
+}
+
+/** One client's loop: operations while resumed, until stopped. */
+export async function clientLoop(ops: Operations, c: Client): Promise<void> {
+  const { ctx } = ops;
+  while (!ctx.stopped) {
+    if (ctx.paused) {
+      await ctx.whenResumed();
+      continue;
+    }
+    const op = pickOp(c.rand, ctx.opts.ops);
+    const done = ctx.begin();
+    let did = false;
+    try {
+      did = await ops.one(c, op);
+    } catch (err) {
+      ctx.anomaly(
+        "harness_error",
+        `${op} via ${c.via}: ${err instanceof Error ? err.stack ?? err.message : err}`,
+      );
+    } finally {
+      done();
+    }
+    await new Promise((r) => setTimeout(r, Math.floor(c.rand() * (did ? 8 : 20))));
+  }
+}
+
+/** The clients: even-numbered ones through the plugin, odd ones through the API. */
+export function makeClients(n: number, seed: number): Client[] {
+  return Array.from({ length: n }, (_, i) => ({
+    index: i,
+    via: i % 2 === 0 ? "plugin" : "api",
+    rand: prng((seed ^ Math.imul(i + 1, 0x9e3779b1)) >>> 0),
+  }));
+}

@@ -1,0 +1,216 @@
+/**
+ * The stress checker on synthetic views (no root): a consistent node passes, and
+ * each kind of divergence is reported with its class and subject.
+ */
+import { assertEquals } from "../../lib/assert.ts";
+import type { Attachment } from "../../manager/api_schema.ts";
+import type { Eni } from "../../providers/schema.ts";
+import { checkInvariants, type ViolationClass } from "./_checker.ts";
+import type { KernelLink, KernelView, NamespaceView } from "./_kernel.ts";
+import { Model, type PodRecord } from "./_model.ts";
+
+const MAC1 = "02:e1:0a:00:00:01";
+const MAC2 = "02:e1:0a:00:00:02";
+const POD0 = "/run/netns/t-p0";
+
+function eni(n: number, owner: string | null): Eni {
+  return {
+    id: `eni-mock-000${n}`,
+    mac: `02:e1:0a:00:00:0${n}`,
+    ipv4: { address: `10.99.0.${n + 1}`, prefixLength: 24, gateway: "10.99.0.1" },
+    ipv6: null,
+    subnetId: "subnet-mock",
+    state: owner ? "owned" : "free",
+    owner: owner ? { pod: "stress/pod-0", containerId: owner, ifName: "eth0" } : null,
+  };
+}
+
+function attachment(containerId: string, n: number, over: Partial<Attachment> = {}): Attachment {
+  return {
+    containerId,
+    ifName: "eth0",
+    pod: "stress/pod-0",
+    podUid: null,
+    network: "enim-stress",
+    netns: POD0,
+    mode: "interface",
+    state: "ready",
+    eniId: `eni-mock-000${n}`,
+    mac: `02:e1:0a:00:00:0${n}`,
+    nodeName: `en02e10a00000${n}`,
+    createdAt: "2026-01-01T00:00:00.000Z",
+    updatedAt: "2026-01-01T00:00:00.000Z",
+    ...over,
+  };
+}
+
+function link(mac: string, over: Partial<KernelLink> = {}): KernelLink {
+  return {
+    ifname: `en${mac.replaceAll(":", "")}`,
+    mac,
+    alias: null,
+    up: false,
+    addrs: [],
+    globalAddrs: [],
+    routes: [],
+    ...over,
+  };
+}
+
+function podLink(mac: string, n: number): KernelLink {
+  return link(mac, {
+    ifname: "eth0",
+    up: true,
+    addrs: [`10.99.0.${n + 1}/24`, "fe80::1/64"],
+    globalAddrs: [`10.99.0.${n + 1}/24`],
+    routes: ["default via 10.99.0.1", "10.99.0.0/24"],
+  });
+}
+
+function ns(path: string, links: KernelLink[], exists = true): NamespaceView {
+  return { name: path.split("/").pop()!, path, exists, ino: exists ? 1 : null, links };
+}
+
+/** A node where pod 0 holds ENI 1 (ADD acknowledged) and ENI 2 is free on the node. */
+function fixture() {
+  const pod: PodRecord = {
+    index: 0,
+    name: "pod-0",
+    short: "p0",
+    nsName: "t-p0",
+    path: POD0,
+    gen: 1,
+    exists: true,
+    ino: 1,
+    ctr: 1,
+    busy: false,
+  };
+  const model = new Model("s1", [pod]);
+  const k = model.key(pod, "s1-p0-c1");
+  k.status = "added";
+  k.added = { mac: MAC1, ips: ["10.99.0.2/24"], routes: ["default via 10.99.0.1"], prevResult: {} };
+  const kernel: KernelView = {
+    node: ns("/run/netns/t-node", [link(MAC2)]),
+    pods: new Map([[POD0, ns(POD0, [podLink(MAC1, 1)])]]),
+    vpcEnds: new Set([MAC1, MAC2]),
+  };
+  return {
+    model,
+    key: k,
+    pod,
+    attachments: [attachment("s1-p0-c1", 1)],
+    enis: [eni(1, "s1-p0-c1"), eni(2, null)],
+    kernel,
+  };
+}
+
+function classes(v: ReturnType<typeof checkInvariants>): [ViolationClass, string][] {
+  return v.map((x) => [x.class, x.subject]);
+}
+
+Deno.test("checkInvariants() finds nothing wrong with a consistent node", () => {
+  assertEquals(checkInvariants(fixture()), []);
+});
+
+Deno.test("checkInvariants() reports each kind of divergence", async (t) => {
+  await t.step("an attachment left deleting", () => {
+    const f = fixture();
+    f.attachments[0].state = "deleting";
+    assertEquals(classes(checkInvariants(f)), [["half_done", "s1-p0-c1/eth0"]]);
+  });
+
+  await t.step("the provider shows an attachment's ENI free (issue 17 hole a)", () => {
+    const f = fixture();
+    f.enis[0] = eni(1, null);
+    assertEquals(classes(checkInvariants(f)), [["attachment_eni_not_owned", "s1-p0-c1/eth0"]]);
+  });
+
+  await t.step("the provider shows an ENI owned by a key without an attachment", () => {
+    const f = fixture();
+    f.enis[1] = eni(2, "ghost");
+    assertEquals(classes(checkInvariants(f)), [["provider_owner_unrecorded", "eni-mock-0002"]]);
+  });
+
+  await t.step("an attachment's device is nowhere while its pod exists (issue 17 hole b)", () => {
+    const f = fixture();
+    f.key.reclaimable = "netns replaced";
+    f.attachments[0].state = "recycling";
+    f.kernel.pods.set(POD0, ns(POD0, []));
+    f.kernel.vpcEnds.delete(MAC1);
+    assertEquals(classes(checkInvariants(f)), [["attachment_device_missing", "s1-p0-c1/eth0"]]);
+  });
+
+  await t.step("an acknowledged ADD lost, and its device left in the pod", () => {
+    const f = fixture();
+    f.attachments = [];
+    f.enis[0] = eni(1, null);
+    assertEquals(classes(checkInvariants(f)), [
+      ["free_eni_not_on_node", "eni-mock-0001"],
+      ["stray_device_in_pod", "eni-mock-0001"],
+      ["ack_add_lost", "s1-p0-c1/eth0"],
+    ]);
+  });
+
+  await t.step("an acknowledged ADD's device moved out of the pod", () => {
+    const f = fixture();
+    f.kernel.pods.set(POD0, ns(POD0, []));
+    f.kernel.node.links.push(link(MAC1, { ifname: "eth0" }));
+    assertEquals(classes(checkInvariants(f)), [["ack_add_device", "s1-p0-c1/eth0"]]);
+  });
+
+  await t.step("an acknowledged ADD's device without its address or route", () => {
+    const f = fixture();
+    f.kernel.pods.set(POD0, ns(POD0, [link(MAC1, { ifname: "eth0", up: true })]));
+    assertEquals(classes(checkInvariants(f)), [["ack_add_device", "s1-p0-c1/eth0"]]);
+  });
+
+  await t.step("an acknowledged DEL whose attachment is recorded", () => {
+    const f = fixture();
+    f.key.status = "deleted";
+    assertEquals(classes(checkInvariants(f)), [["ack_del_undone", "s1-p0-c1/eth0"]]);
+  });
+
+  await t.step("a free ENI's device up with an address on the node, and one nowhere", () => {
+    const f = fixture();
+    f.kernel.node.links = [link(MAC2, { up: true, addrs: ["10.99.0.3/24"] })];
+    f.enis.push(eni(3, null));
+    assertEquals(classes(checkInvariants(f)), [
+      ["node_device_dirty", "eni-mock-0002"],
+      ["free_eni_not_on_node", "eni-mock-0003"],
+    ]);
+  });
+
+  await t.step("a MAC on two links, and a device alive in an unknown namespace", () => {
+    const f = fixture();
+    f.kernel.node.links.push(link(MAC2, { ifname: "eth9" }));
+    assertEquals(classes(checkInvariants({ ...f, unaccounted: ["02:e1:0a:00:00:09"] })), [
+      ["device_in_unknown_namespace", "02:e1:0a:00:00:09"],
+      ["device_duplicated", "eni-mock-0002"],
+    ]);
+  });
+
+  await t.step("two attachments on one ENI", () => {
+    const f = fixture();
+    f.model.key(f.pod, "s1-p0-c2");
+    f.attachments.push(attachment("s1-p0-c2", 1, { netns: "/run/netns/t-p9" }));
+    const found = classes(checkInvariants(f));
+    assertEquals(found[0], ["eni_held_twice", "eni-mock-0001"]);
+    // The second attachment is not the provider's owner, and its device is not in its pod.
+    assertEquals(found.slice(1), [
+      ["attachment_eni_not_owned", "s1-p0-c2/eth0"],
+      ["attachment_device_missing", "s1-p0-c2/eth0"],
+    ]);
+  });
+
+  await t.step("after the final GC, anything left is a leak", () => {
+    const f = fixture();
+    f.pod.exists = false;
+    f.kernel.pods.set(POD0, ns(POD0, [], false));
+    f.kernel.node.links.push(link(MAC1));
+    assertEquals(classes(checkInvariants({ ...f, final: { leftoverNetns: ["t-p3"] } })), [
+      ["leak_attachment", "s1-p0-c1/eth0"],
+      ["leak_owned_eni", "eni-mock-0001"],
+      ["leak_netns", "t-p3"],
+    ]);
+  });
+});
