@@ -205,6 +205,7 @@ export async function settleKernel(
   vpcName: string,
   podNames: () => string[],
   timeoutMs = 3000,
+  stuck: Set<string> = new Set(),
 ): Promise<string[]> {
   const until = Date.now() + timeoutMs;
   for (;;) {
@@ -213,7 +214,8 @@ export async function settleKernel(
     for (const l of view.node.links) seen.add(l.mac);
     for (const p of view.pods.values()) for (const l of p.links) seen.add(l.mac);
     const pending = [...view.vpcEnds].filter((m) => !seen.has(m));
-    if (pending.length === 0 || Date.now() > until) return pending;
+    // Devices found astray at an earlier check are not waited for again.
+    if (pending.every((m) => stuck.has(m)) || Date.now() > until) return pending;
     await new Promise((r) => setTimeout(r, 20));
   }
 }

@@ -102,6 +102,19 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
   const aborted = () => io.signal?.aborted ?? false;
   const deadline = opts.minutes > 0 ? Date.now() + opts.minutes * 60_000 : Infinity;
   const podNames = () => pods.filter((p) => p.exists).map((p) => p.nsName);
+  /** MACs found astray at a check: later settles do not wait for them again. */
+  const stuck = new Set<string>();
+  const settle = async () => {
+    const pending = await settleKernel(
+      node.vpc.node.name,
+      node.vpc.vpc.name,
+      podNames,
+      3000,
+      stuck,
+    );
+    for (const m of pending) stuck.add(m);
+    return pending;
+  };
 
   const start = async (): Promise<AgentRun> => {
     const a = new AgentRun(node, await logSize(node.logPath));
@@ -141,7 +154,7 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
         await sleep(delay);
         await a.readTimes();
         await kill(0);
-        await settleKernel(node.vpc.node.name, node.vpc.vpc.name, podNames);
+        await settle();
         continue;
       }
       try {
@@ -167,7 +180,7 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
   const views = async (final?: { leftoverNetns: string[] }): Promise<Violation[]> => {
     // Queue behind the start-up GC pass (the GC lock is FIFO): nothing moves after this.
     await node.client.gc({ dryRun: true });
-    const unaccounted = await settleKernel(node.vpc.node.name, node.vpc.vpc.name, podNames);
+    const unaccounted = await settle();
     const [attachments, enis, kernel] = await Promise.all([
       node.client.attachments(),
       node.client.enis(),
@@ -211,7 +224,7 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
       const inFlight = ctx.inFlight;
       const phase = await kill(inFlight);
       await ctx.idle();
-      await settleKernel(node.vpc.node.name, node.vpc.vpc.name, podNames);
+      await settle();
       await restart();
       const fresh = await checkAndReport(`after kill ${ctx.figures.killsTotal} (${phase})`);
       if (opts.verbose) {
@@ -284,7 +297,7 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
       // The final pass: every pod deleted without DEL, one GC pass, nothing may be left.
       model.round = ++ctx.figures.rounds;
       for (const p of pods) await ops.deletePod(p, "all pods deleted for the final GC");
-      await settleKernel(node.vpc.node.name, node.vpc.vpc.name, podNames);
+      await settle();
       if (opts.graceSeconds > 0) {
         await agent!.stop();
         agent = null;
