@@ -89,17 +89,27 @@ function netconf(extra: Record<string, unknown> = {}): Record<string, unknown> {
   return { cniVersion: "1.1.0", name: NETWORK, type: "enim", ...extra };
 }
 
-/** Whether to kill this plugin call, and when: a budget spread over the remaining agent kills. */
+/**
+ * Whether to kill this plugin call, and when: the remaining budget spread over the
+ * remaining agent kills, corrected for the kills that land after the plugin exited,
+ * at a moment inside the typical plugin call (before it connects, while the agent
+ * works, as it answers).
+ */
 function pluginKillDelay(ctx: StressContext, rand: () => number): number | undefined {
   const f = ctx.figures;
   const left = ctx.opts.pluginKills - f.pluginKills;
   if (left <= 0) return undefined;
-  const roundsLeft = Math.max(1, ctx.opts.kills - f.killsTotal);
+  const roundsLeft = Math.max(1, (ctx.opts.kills - f.killsTotal) / 1.3);
   const perRound = f.rounds > 0 ? f.pluginCalls / f.rounds : 6;
-  const p = Math.min(0.5, left / Math.max(1, roundsLeft * perRound));
+  const landed = f.pluginKillAttempts > 5
+    ? Math.max(0.2, f.pluginKills / f.pluginKillAttempts)
+    : 0.6;
+  const p = Math.min(0.6, left / Math.max(1, roundsLeft * perRound * landed));
   if (rand() >= p) return undefined;
-  // The plugin lives ~50–150 ms: before it connects, while the agent works, as it answers.
-  return Math.floor(5 + rand() * 140);
+  f.pluginKillAttempts++;
+  const ms = f.pluginMs.slice(-200).sort((a, b) => a - b);
+  const typical = ms.length >= 10 ? ms[Math.floor(ms.length / 2)] : 80;
+  return Math.floor(3 + rand() * typical);
 }
 
 /** Runs a plugin call and normalizes its answer. */
@@ -112,6 +122,10 @@ async function viaPlugin(
   const killAfterMs = pluginKillDelay(ctx, rand);
   ctx.figures.pluginCalls++;
   const r = await runPlugin(ctx.node, verb, call, { killAfterMs });
+  if (!r.killed && !r.timedOut) {
+    ctx.figures.pluginMs.push(r.ms);
+    if (ctx.figures.pluginMs.length > 1000) ctx.figures.pluginMs.splice(0, 500);
+  }
   if (r.killed) {
     ctx.figures.pluginKills++;
     return { code: "killed" };

@@ -28,7 +28,11 @@ export interface Figures {
   kills: Record<KillPhase, number>;
   killsTotal: number;
   pluginKills: number;
+  /** Plugin calls the harness chose to kill (some exit before the kill lands). */
+  pluginKillAttempts: number;
   pluginCalls: number;
+  /** Each plugin call's duration (ms), for aiming the kills. */
+  pluginMs: number[];
   /** Invariant checks run (one per restart, plus the planted and final ones). */
   checks: number;
   /** Operations by `VERB/via` and outcome (`ok`, `code N`, `killed`, …). */
@@ -51,7 +55,9 @@ export class StressContext {
     kills: { boot: 0, reconcile: 0, post_reconcile: 0, serving_in_flight: 0, serving_idle: 0 },
     killsTotal: 0,
     pluginKills: 0,
+    pluginKillAttempts: 0,
     pluginCalls: 0,
+    pluginMs: [],
     checks: 0,
     ops: {},
     restartMs: [],

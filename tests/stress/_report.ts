@@ -50,7 +50,11 @@ export function formatReport(r: StressReport): string {
     `agent SIGKILLs: ${f.killsTotal} (serving with calls in flight ${k.serving_in_flight}, serving idle ${k.serving_idle}, ` +
       `boot ${k.boot}, start-up/reconcile ${k.reconcile}, after reconcile before serving ${k.post_reconcile})`,
   );
-  lines.push(`plugin SIGKILLs mid-call: ${f.pluginKills} of ${f.pluginCalls} plugin calls`);
+  lines.push(
+    `plugin SIGKILLs mid-call: ${f.pluginKills} of ${f.pluginCalls} plugin calls` +
+      ` (${f.pluginKillAttempts - f.pluginKills} more aimed at calls that ended first; ` +
+      `plugin call median ${pct(f.pluginMs, 0.5).toFixed(0)} ms)`,
+  );
   lines.push(
     `restart to healthy: median ${pct(f.restartMs, 0.5)} ms, p90 ${pct(f.restartMs, 0.9)} ms, max ${
       pct(f.restartMs, 1)
