@@ -291,7 +291,7 @@ export function checkInvariants(v: CheckViews): Violation[] {
   for (const [k, r] of model.keys) {
     const a = byKey.get(k);
     if (model.mustBeIntact(r)) checkIntact(k, r, a);
-    else if (r.status === "deleted" && a) {
+    else if (r.status === "deleted" && a && !r.delDeferred) {
       add(
         "ack_del_undone",
         k,

@@ -353,6 +353,7 @@ export class Operations {
     const netns = live ? pod.path : c.rand() < 0.5 ? "" : k.netns;
     const prev = k.status;
     k.status = "pending";
+    const epoch = ctx.agentEpoch;
     const verb = `DEL/${c.via}`;
     m.note(
       k,
@@ -378,6 +379,13 @@ export class Operations {
     m.note(k, `→ ${label(answer)}${answer.msg ? `: ${answer.msg.slice(0, 200)}` : ""}`);
     if (answer.code === 0) {
       k.status = "deleted";
+      // The plugin answers a DEL alone when the agent is down and the namespace gone
+      // (README, "Errors"): nothing is undone then, and the agent's GC reclaims the ENI.
+      k.delDeferred = c.via === "plugin" && !live && ctx.agentEpoch !== epoch;
+      if (k.delDeferred) {
+        ctx.figures.delDeferred++;
+        m.note(k, "DEL acknowledged by the plugin alone (the agent was killed meanwhile)");
+      }
       if (k.containerId === m.containerId(pod)) pod.ctr++;
       return;
     }

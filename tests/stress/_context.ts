@@ -39,6 +39,8 @@ export interface Figures {
   ops: Record<string, Record<string, number>>;
   /** Milliseconds from spawn to the first healthy answer, per successful start. */
   restartMs: number[];
+  /** DELs the plugin acknowledged alone (agent down, namespace gone; GC reclaims later). */
+  delDeferred: number;
   /** Things worth knowing that are not violations (GC reclaims that failed, slow calls). */
   anomalies: Record<string, number>;
 }
@@ -61,6 +63,7 @@ export class StressContext {
     checks: 0,
     ops: {},
     restartMs: [],
+    delDeferred: 0,
     anomalies: {},
   };
   readonly violations = new Map<string, FoundViolation>();
@@ -72,6 +75,8 @@ export class StressContext {
   stopped = false;
   /** Operations in flight. */
   inFlight = 0;
+  /** Bumped at every agent kill: an operation that sees it change was in flight at a kill. */
+  agentEpoch = 0;
   #gate: { promise: Promise<void>; open: () => void };
   #idleWaiters: (() => void)[] = [];
 

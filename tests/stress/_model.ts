@@ -61,6 +61,11 @@ export interface KeyRecord {
   added: AddedDevice | null;
   /** Why the agent may have reclaimed it since (null: it must be intact while `added`). */
   reclaimable: string | null;
+  /**
+   * Its DEL was acknowledged by the plugin alone: the agent was down and the namespace
+   * gone, so by design nothing was undone and the agent's GC reclaims the ENI later.
+   */
+  delDeferred: boolean;
   history: HistoryEntry[];
 }
 
@@ -123,6 +128,7 @@ export class Model {
         status: "unknown",
         added: null,
         reclaimable: null,
+        delDeferred: false,
         history: [],
       };
       this.keys.set(k, r);

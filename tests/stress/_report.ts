@@ -61,6 +61,11 @@ export function formatReport(r: StressReport): string {
     } ms (${f.restartMs.length} starts)`,
   );
   lines.push(`invariant checks: ${f.checks}`);
+  if (f.delDeferred) {
+    lines.push(
+      `DELs the plugin acknowledged alone (agent down, namespace gone; left to the GC): ${f.delDeferred}`,
+    );
+  }
   if (r.logDir) lines.push(`the agent's and the plugin's logs are kept in ${r.logDir}`);
   if (r.finalGc) {
     lines.push(`final GC: reclaimed ${r.finalGc.reclaimed}, failed ${r.finalGc.failed}`);

@@ -123,6 +123,8 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
   };
   const kill = async (phaseHint: number): Promise<KillPhase> => {
     const a = agent!;
+    // Before the signal: an operation that ends after it has seen the agent die.
+    ctx.agentEpoch++;
     const phase = await a.kill(phaseHint);
     const t = a.times;
     if (t.started !== undefined && t.reconciled !== undefined) {
@@ -160,6 +162,7 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
       try {
         await a.waitHealthy(node.socket, 60_000);
       } catch (err) {
+        agent = null;
         ctx.violation(
           "agent_start_failed",
           `pid ${a.pid}`,
@@ -168,7 +171,7 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
             log: (await a.logLines()).slice(-20).map((l) => l.raw),
           },
         );
-        throw err;
+        throw new AgentStartError(err);
       }
       await a.readTimes();
       ctx.figures.restartMs.push(a.times.healthy!);
@@ -197,6 +200,29 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
       );
     }
     return fresh;
+  };
+
+  /** Runs every planted violation; one the checker misses is a violation itself. */
+  const plantAll = async () => {
+    for (const p of PLANTS) {
+      const res = await runPlant(ctx, ops, p, () => views());
+      plants.push(res);
+      if (res.caught === false) {
+        ctx.violation(
+          "plant_missed",
+          p.name,
+          `The checker did not report the planted ${p.name} (${p.expect} of ${res.subject}); ` +
+            `it reported: ${res.reported.join("; ") || "nothing"}`,
+          {},
+        );
+      }
+      io.log(
+        `planted ${p.name}: ${
+          res.caught === null ? `not set up (${res.note})` : res.caught ? "caught" : "MISSED"
+        }`,
+      );
+      await checkAndReport(`after undoing the planted ${p.name}`);
+    }
   };
 
   try {
@@ -247,48 +273,10 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
       }
       if (!plantsDone && ctx.figures.rounds >= plantRound) {
         plantsDone = true;
-        for (const p of PLANTS) {
-          const res = await runPlant(ctx, ops, p, () => views());
-          plants.push(res);
-          if (res.caught === false) {
-            ctx.violation(
-              "plant_missed",
-              p.name,
-              `The checker did not report the planted ${p.name} (${p.expect} of ${res.subject}); it reported: ${
-                res.reported.join("; ") || "nothing"
-              }`,
-              {},
-            );
-          }
-          io.log(
-            `planted ${p.name}: ${
-              res.caught === null ? `not set up (${res.note})` : res.caught ? "caught" : "MISSED"
-            }`,
-          );
-          await checkAndReport(`after undoing the planted ${p.name}`);
-        }
+        await plantAll();
       }
     }
-    if (!plantsDone && !aborted()) {
-      for (const p of PLANTS) {
-        const res = await runPlant(ctx, ops, p, () => views());
-        plants.push(res);
-        if (res.caught === false) {
-          ctx.violation(
-            "plant_missed",
-            p.name,
-            `The checker did not report the planted ${p.name}`,
-            { reported: res.reported },
-          );
-        }
-        io.log(
-          `planted ${p.name}: ${
-            res.caught === null ? `not set up (${res.note})` : res.caught ? "caught" : "MISSED"
-          }`,
-        );
-        await checkAndReport(`after undoing the planted ${p.name}`);
-      }
-    }
+    if (!plantsDone && !aborted()) await plantAll();
     ctx.stop();
     await Promise.all(loops);
     loops = [];
@@ -330,7 +318,7 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
     }
     if (aborted()) stoppedBy = "signal";
   } catch (err) {
-    if (!ctx.violations.size || !(err instanceof Error && /agent/.test(err.message))) throw err;
+    if (!(err instanceof AgentStartError)) throw err;
     stoppedBy = "agent";
   } finally {
     ctx.stop();
@@ -352,6 +340,16 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
     finalGc,
     logDir,
   };
+}
+
+/** The agent did not come back after a kill: the run ends (reported as a violation). */
+class AgentStartError extends Error {
+  constructor(cause: unknown) {
+    super(`The agent did not come back: ${cause instanceof Error ? cause.message : cause}`, {
+      cause,
+    });
+    this.name = "AgentStartError";
+  }
 }
 
 /** Copies the agent's log, its stderr and the plugin's log out of the sandbox before it goes. */
