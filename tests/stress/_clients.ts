@@ -207,8 +207,8 @@ export class Operations {
   }
 
   /** Creates (or re-creates) the pod's namespace: a new generation and a new container. */
-  async createPod(pod: PodRecord): Promise<void> {
-    if (this.ctx.opts.freshPaths) {
+  async createPod(pod: PodRecord, freshPath = this.ctx.opts.freshPaths): Promise<void> {
+    if (freshPath) {
       // A new sandbox, a new path (as containerd's cni-<uuid>): a stale path names nothing.
       pod.short = `p${pod.index}g${pod.gen + 1}`;
       pod.nsName = `${this.ctx.prefix}-${pod.short}`;
@@ -228,6 +228,31 @@ export class Operations {
     await this.ctx.node.vpc.deletePod({ name: pod.nsName, path: pod.path });
     pod.exists = false;
     pod.ino = null;
+  }
+
+  /**
+   * A new sandbox for the pod while the old one's namespace stays (a kubelet recreating a
+   * sandbox): a new namespace at a new path and the pod's next container ADDed there; the
+   * old attachments enter recycling.
+   */
+  async newSandbox(c: Client, pod: PodRecord): Promise<void> {
+    if (!pod.exists) {
+      await this.add(c, pod);
+      return;
+    }
+    pod.old.push({ nsName: pod.nsName, path: pod.path, gen: pod.gen });
+    this.ctx.model.generationGone(pod, pod.gen, "a newer sandbox of its pod was started");
+    await this.createPod(pod, true);
+    await this.add(c, pod);
+  }
+
+  /** Deletes an older sandbox's namespace. */
+  async deleteOldSandbox(pod: PodRecord, gen: number, why: string): Promise<void> {
+    const i = pod.old.findIndex((o) => o.gen === gen);
+    if (i < 0) return;
+    const [o] = pod.old.splice(i, 1);
+    this.ctx.model.generationGone(pod, o.gen, why);
+    await this.ctx.node.vpc.deletePod({ name: o.nsName, path: o.path });
   }
 
   /** Replaces the pod's namespace: deleted and created again at the same path. */
@@ -348,9 +373,10 @@ export class Operations {
     const held = m.keysOfPod(pod).filter((k) => k.status === "added" || k.status === "unknown");
     const current = m.key(pod, m.containerId(pod));
     const k = held.length && c.rand() < 0.8 ? pick(c.rand, held) : current;
-    const live = pod.exists && k.netnsGen === pod.gen;
+    const livePath = m.liveNetns(k);
+    const live = livePath !== null;
     // A runtime passes the sandbox's path; for a gone sandbox, sometimes nothing.
-    const netns = live ? pod.path : c.rand() < 0.5 ? "" : k.netns;
+    const netns = livePath ?? (c.rand() < 0.5 ? "" : k.netns);
     const prev = k.status;
     k.status = "pending";
     const epoch = ctx.agentEpoch;
@@ -387,6 +413,11 @@ export class Operations {
         m.note(k, "DEL acknowledged by the plugin alone (the agent was killed meanwhile)");
       }
       if (k.containerId === m.containerId(pod)) pod.ctr++;
+      // An older sandbox, stopped: its namespace goes after its DEL (mostly).
+      const old = pod.old.find((o) => o.gen === k.netnsGen);
+      if (old && c.rand() < 0.7) {
+        await this.deleteOldSandbox(pod, old.gen, "its sandbox was removed after DEL");
+      }
       return;
     }
     k.status = prev === "deleted" || prev === "refused" ? prev : "unknown";
@@ -575,8 +606,10 @@ export class Operations {
       return true;
     }
     const free = ctx.model.pods.filter((p) => !p.busy);
-    const wanted = op === "replace" || op === "delete_pod" || op === "check"
+    const wanted = op === "replace" || op === "check"
       ? free.filter((p) => p.exists)
+      : op === "delete_pod"
+      ? free.filter((p) => p.exists || p.old.length)
       : free;
     if (wanted.length === 0) return false;
     const pod = pick(c.rand, wanted);
@@ -601,8 +634,20 @@ export class Operations {
           ctx.count("REPLACE-POD", "ok");
           return true;
         case "delete_pod":
-          await this.deletePod(pod, "netns deleted without DEL");
-          ctx.count("DELETE-POD", "ok");
+          if (pod.old.length && c.rand() < 0.5) {
+            await this.deleteOldSandbox(
+              pod,
+              pick(c.rand, pod.old).gen,
+              "an older sandbox's netns deleted without DEL",
+            );
+            ctx.count("DELETE-OLD-SANDBOX", "ok");
+          } else {
+            await this.deletePod(pod, "netns deleted without DEL");
+            ctx.count("DELETE-POD", "ok");
+          }
+          return true;
+        case "new_sandbox":
+          await this.newSandbox(c, pod);
           return true;
       }
     } finally {

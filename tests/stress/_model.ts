@@ -69,6 +69,13 @@ export interface KeyRecord {
   history: HistoryEntry[];
 }
 
+/** An older sandbox of a pod: its namespace still exists after a newer one was made. */
+export interface OldSandbox {
+  nsName: string;
+  path: string;
+  gen: number;
+}
+
 /** One pod: a named network namespace the harness creates, deletes and replaces. */
 export interface PodRecord {
   index: number;
@@ -88,6 +95,11 @@ export interface PodRecord {
   ctr: number;
   /** An operation on this pod is in flight (pod operations are serialized). */
   busy: boolean;
+  /**
+   * Older sandboxes whose namespace still exists (a kubelet recreating a pod's sandbox
+   * starts the new one before the old one's DEL): their attachments enter recycling.
+   */
+  old: OldSandbox[];
 }
 
 /** The clients' whole knowledge. */
@@ -144,12 +156,36 @@ export class Model {
 
   /** Marks every key ADDed into the pod's current namespace generation as reclaimable. */
   podNamespaceGone(pod: PodRecord, why: string): void {
+    this.generationGone(pod, pod.gen, why);
+  }
+
+  /** Marks every key ADDed into one namespace generation of the pod as reclaimable. */
+  generationGone(pod: PodRecord, gen: number, why: string): void {
     for (const k of this.keys.values()) {
-      if (k.pod === pod.index && k.netnsGen === pod.gen && k.reclaimable === null) {
+      if (k.pod === pod.index && k.netnsGen === gen && k.reclaimable === null) {
         k.reclaimable = why;
         this.note(k, `reclaimable: ${why}`);
       }
     }
+  }
+
+  /** The path of the namespace the key was ADDed into, while that namespace exists. */
+  liveNetns(k: KeyRecord): string | null {
+    const pod = this.pods[k.pod];
+    if (pod.exists && pod.gen === k.netnsGen) return pod.path;
+    return pod.old.find((o) => o.gen === k.netnsGen)?.path ?? null;
+  }
+
+  /** Every pod namespace that exists (current and older sandboxes), by name. */
+  namespaceNames(): string[] {
+    return this.pods.flatMap((
+      p,
+    ) => [...(p.exists ? [p.nsName] : []), ...p.old.map((o) => o.nsName)]);
+  }
+
+  /** The names to read: every existing namespace and every pod's current one. */
+  namesToRead(): string[] {
+    return [...new Set([...this.pods.map((p) => p.nsName), ...this.namespaceNames()])];
   }
 
   /** Whether an acknowledged ADD must still be intact (device in its live pod, recorded). */

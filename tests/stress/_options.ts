@@ -21,8 +21,10 @@ export const DEFAULT_OP_WEIGHTS = {
   gc: 4,
   /** Delete the pod's namespace and create a new one at the same path. */
   replace: 8,
-  /** Delete the pod's namespace without DEL. */
+  /** Delete the pod's namespace (or an older sandbox's) without DEL. */
   delete_pod: 6,
+  /** A new sandbox (new namespace, new container) while the old one still exists. */
+  new_sandbox: 5,
   /** ADD into a fresh namespace that is replaced while the ADD runs (issue 17 point 4). */
   add_race: 3,
 } as const;

@@ -76,7 +76,7 @@ export function formatReport(r: StressReport): string {
       `${o} ${n}`
     );
     const total = Object.values(f.ops[verb]).reduce((s, n) => s + n, 0);
-    lines.push(`  ${verb.padEnd(14)} ${String(total).padStart(6)}  ${outs.join(", ")}`);
+    lines.push(`  ${verb.padEnd(18)} ${String(total).padStart(6)}  ${outs.join(", ")}`);
   }
   if (r.plants.length) {
     lines.push("planted violations:");

@@ -88,6 +88,7 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
     ino: null,
     ctr: 0,
     busy: false,
+    old: [],
   }));
   const model = new Model(runId, pods);
   const ctx = new StressContext(node, model, opts);
@@ -101,7 +102,7 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
   const lastTimes: { started?: number; reconciled?: number } = {};
   const aborted = () => io.signal?.aborted ?? false;
   const deadline = opts.minutes > 0 ? Date.now() + opts.minutes * 60_000 : Infinity;
-  const podNames = () => pods.filter((p) => p.exists).map((p) => p.nsName);
+  const podNames = () => model.namespaceNames();
   /** MACs found astray at a check: later settles do not wait for them again. */
   const stuck = new Set<string>();
   const settle = async () => {
@@ -187,7 +188,7 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
     const [attachments, enis, kernel] = await Promise.all([
       node.client.attachments(),
       node.client.enis(),
-      readKernel(node.vpc.node.name, node.vpc.vpc.name, pods.map((p) => p.nsName)),
+      readKernel(node.vpc.node.name, node.vpc.vpc.name, model.namesToRead()),
     ]);
     ctx.figures.checks++;
     return checkInvariants({ attachments, enis, kernel, model, unaccounted, final });
@@ -284,7 +285,12 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
     if (!aborted()) {
       // The final pass: every pod deleted without DEL, one GC pass, nothing may be left.
       model.round = ++ctx.figures.rounds;
-      for (const p of pods) await ops.deletePod(p, "all pods deleted for the final GC");
+      for (const p of pods) {
+        await ops.deletePod(p, "all pods deleted for the final GC");
+        for (const o of [...p.old]) {
+          await ops.deleteOldSandbox(p, o.gen, "all pods deleted for the final GC");
+        }
+      }
       await settle();
       if (opts.graceSeconds > 0) {
         await agent!.stop();

@@ -84,6 +84,7 @@ function fixture() {
     ino: 1,
     ctr: 1,
     busy: false,
+    old: [],
   };
   const model = new Model("s1", [pod]);
   const k = model.key(pod, "s1-p0-c1");
