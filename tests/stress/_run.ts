@@ -163,6 +163,7 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
       try {
         await a.waitHealthy(node.socket, 60_000);
       } catch (err) {
+        await a.kill(0);
         agent = null;
         ctx.violation(
           "agent_start_failed",
