@@ -5,7 +5,7 @@
  * nothing is known to have had a checker that works.
  *
  * - `device_moved`: an intact attachment's device is moved out of its pod onto the
- *   node (the kernel's side); undone by a DEL, which must cope.
+ *   node under another name (the kernel's side); undone by a DEL, which must cope.
  * - `provider_freed`: the mock cloud's table shows an ENI an attachment holds as
  *   free (the shape of issue 17's hole a); undone by restoring the owner.
  * - `provider_ghost`: the mock cloud's table shows a free ENI owned by a key the
@@ -105,7 +105,18 @@ export async function runPlant(
     res.subject = `${k.containerId}/${k.ifName}`;
     m.note(k, `PLANT: its device is moved out of the pod behind the agent's back`);
     const out = await new Deno.Command("/usr/sbin/ip", {
-      args: ["-n", pod.nsName, "link", "set", "dev", k.ifName, "netns", ctx.node.vpc.node.path],
+      args: [
+        "-n",
+        pod.nsName,
+        "link",
+        "set",
+        "dev",
+        k.ifName,
+        "netns",
+        ctx.node.vpc.node.path,
+        "name",
+        "stressplant0",
+      ],
       stdout: "null",
       stderr: "piped",
     }).output();
