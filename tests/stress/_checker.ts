@@ -59,6 +59,9 @@ export interface Violation {
   context: Record<string, unknown>;
 }
 
+/** States in which an attachment holds its ENI (`held`: a sticky pod's, device on the node). */
+const HOLDING = new Set(["ready", "recycling", "held"]);
+
 /** What {@linkcode checkInvariants} reads. */
 export interface CheckViews {
   attachments: Attachment[];
@@ -180,7 +183,7 @@ export function checkInvariants(v: CheckViews): Violation[] {
     }
   }
   for (const a of attachments) {
-    if (a.state !== "ready" && a.state !== "recycling") continue;
+    if (!HOLDING.has(a.state)) continue;
     const e = a.eniId ? eniById.get(a.eniId) : undefined;
     if (!e?.owner || keyOf(e.owner) !== keyOf(a)) {
       add(
@@ -242,10 +245,11 @@ export function checkInvariants(v: CheckViews): Violation[] {
     }
   }
   for (const a of attachments) {
-    if (a.state !== "ready" && a.state !== "recycling") continue;
+    if (!HOLDING.has(a.state)) continue;
     if (!a.mac) continue;
     const at = locate(kernel, a.mac);
-    const usable = at.filter((l) => l.ns === "node" || l.ns === a.netns);
+    // A held ENI waits for its sticky pod on the node; the others are in their pod or back.
+    const usable = at.filter((l) => l.ns === "node" || (l.ns === a.netns && a.state !== "held"));
     if (usable.length === 0) {
       const pod = kernel.pods.get(a.netns);
       add(
@@ -267,7 +271,9 @@ export function checkInvariants(v: CheckViews): Violation[] {
   }
   for (const pod of kernel.pods.values()) {
     for (const l of pod.links) {
-      const rec = attachments.find((a) => a.mac === l.mac && a.netns === pod.path);
+      const rec = attachments.find((a) =>
+        a.mac === l.mac && a.netns === pod.path && a.state !== "held"
+      );
       if (!rec) {
         const e = eniByMac.get(l.mac);
         const elsewhere = attachments.filter((a) => a.mac === l.mac);

@@ -46,9 +46,11 @@ const API_TO_CNI: Record<ApiErrorCode, number> = {
   ifname_exists: 102,
   netns_invalid: 103,
   check_failed: 106,
+  not_allowed: 7,
   provider_error: 104,
   device_error: 105,
   busy: 11,
+  state_unavailable: 5,
   internal: 110,
 };
 

@@ -22,6 +22,11 @@ function eni(n: number, owner: string | null): Eni {
     subnetId: "subnet-mock",
     state: owner ? "owned" : "free",
     owner: owner ? { pod: "stress/pod-0", containerId: owner, ifName: "eth0" } : null,
+    profile: "default",
+    securityGroupIds: [],
+    enterpriseSecurityGroupIds: [],
+    description: null,
+    cloudState: "ok",
   };
 }
 
@@ -40,6 +45,9 @@ function attachment(containerId: string, n: number, over: Partial<Attachment> = 
     nodeName: `en02e10a00000${n}`,
     createdAt: "2026-01-01T00:00:00.000Z",
     updatedAt: "2026-01-01T00:00:00.000Z",
+    profile: "default",
+    sticky: false,
+    holdUntil: null,
     ...over,
   };
 }
