@@ -33,7 +33,7 @@ export const VIOLATION_CLASSES = {
   ack_add_changed: "an acknowledged ADD's attachment now records another ENI",
   ack_add_device:
     "an acknowledged ADD's device is not in its pod as configured (name, up, addresses, routes)",
-  ack_del_undone: "an acknowledged DEL's attachment is recorded again",
+  ack_del_undone: "an acknowledged DEL's attachment still holds its ENI (ready, recycling or held)",
   refused_add_recorded: "a refused ADD left an attachment",
   unexpected_answer: "an operation got an answer outside the set its situation allows",
   check_failed_intact: "CHECK failed (106) on an attachment that is intact",
@@ -297,7 +297,9 @@ export function checkInvariants(v: CheckViews): Violation[] {
   for (const [k, r] of model.keys) {
     const a = byKey.get(k);
     if (model.mustBeIntact(r)) checkIntact(k, r, a);
-    else if (r.status === "deleted" && a && !r.delDeferred) {
+    // A DEL whose release failed answers 0 and leaves the record `deleting` with the error for
+    // the agent to finish (README, "Faults"): only a record still holding the ENI is undone.
+    else if (r.status === "deleted" && a && !r.delDeferred && a.state !== "deleting") {
       add(
         "ack_del_undone",
         k,

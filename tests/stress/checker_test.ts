@@ -173,10 +173,13 @@ Deno.test("checkInvariants() reports each kind of divergence", async (t) => {
     assertEquals(classes(checkInvariants(f)), [["ack_add_device", "s1-p0-c1/eth0"]]);
   });
 
-  await t.step("an acknowledged DEL whose attachment is recorded", () => {
+  await t.step("an acknowledged DEL whose attachment still holds the ENI", () => {
     const f = fixture();
     f.key.status = "deleted";
     assertEquals(classes(checkInvariants(f)), [["ack_del_undone", "s1-p0-c1/eth0"]]);
+    // Left `deleting` for the agent to finish (a failed release): only half done.
+    f.attachments[0].state = "deleting";
+    assertEquals(classes(checkInvariants(f)), [["half_done", "s1-p0-c1/eth0"]]);
   });
 
   await t.step("a free ENI's device up with an address on the node, and one nowhere", () => {
