@@ -149,7 +149,13 @@ export class FakeManager implements EniManager {
 
   reconcile(): Promise<ReconcileReport> {
     this.#maybeFail("reconcile");
-    return Promise.resolve({ rolledBack: 0, finished: 0, orphansFreed: 0, errors: [] });
+    return Promise.resolve({
+      rolledBack: 0,
+      finished: 0,
+      orphansFreed: 0,
+      repaired: 0,
+      errors: [],
+    });
   }
 
   status(): Promise<Status> {

@@ -57,6 +57,9 @@ export class AgentFakeDevices implements DeviceLayer {
     this.#ensure(netns);
     return this.fake.findByMac(mac, netns);
   }
+  nodeLinks(): Promise<Link[]> {
+    return this.fake.nodeLinks();
+  }
   plug(p: PlugParams): Promise<PlugResult> {
     this.#ensure(p.netns);
     return this.fake.plug(p);

@@ -514,16 +514,75 @@ Deno.test("reconcile() fixes every half-done state a crash leaves", async (t) =>
         assertEquals((await n.owned()).size, 0);
       }),
   );
+  // Issue 17.0's first hole: an ENI the provider shows free while the state holds it
+  // could go to a second owner. Reconcile used to report it only; it claims it back.
   await t.step(
-    "a ready attachment whose ENI the provider lost is reported",
+    "a ready attachment whose ENI the provider shows free gets it back",
     () =>
       withNode(async (n) => {
-        await add(n, 1);
+        const r = await add(n, 1);
         await n.mock.deallocateENI({ pod: "default/pod-1", containerId: "c1", ifName: "eth0" });
         const rep = await n.mgr.reconcile();
+        assertEquals({ repaired: rep.repaired, errors: rep.errors }, { repaired: 1, errors: [] });
+        assertEquals([...(await n.owned())], [[r.eniId, "c1/eth0"]]);
+        assert((await add(n, 2)).eniId !== r.eniId, "the next pod gets another ENI");
+        await assertConsistent(n);
+      }),
+  );
+  await t.step(
+    "a ready attachment whose ENI the provider shows held by an unknown key gets it back",
+    () =>
+      withNode(async (n) => {
+        const r = await add(n, 1);
+        await n.mock.deallocateENI({ pod: "default/pod-1", containerId: "c1", ifName: "eth0" });
+        const ghost = { pod: "default/ghost", containerId: "ghost", ifName: "eth0" };
+        await n.mock.allocateNextENI(ghost, { eniId: r.eniId });
+        const rep = await n.mgr.reconcile();
+        assertEquals({ repaired: rep.repaired, errors: rep.errors }, { repaired: 1, errors: [] });
+        assertEquals([...(await n.owned())], [[r.eniId, "c1/eth0"]]);
+        await assertConsistent(n);
+      }),
+  );
+  await t.step(
+    "a ready attachment whose ENI the provider lost is reported and kept",
+    () =>
+      withNode(async (n) => {
+        const r = await add(n, 1);
+        // Deleted out of band: the cloud lists it no more.
+        const list = n.mock.list.bind(n.mock);
+        n.mock.list = async () => (await list()).filter((e) => e.id !== r.eniId);
+        const rep = await n.mgr.reconcile();
         assertEquals(rep.errors.length, 1);
-        assertStringIncludes(rep.errors[0], "free");
+        assertStringIncludes(rep.errors[0], "missing");
         assertEquals(n.mgr.attachments().length, 1, "reconcile never drops a ready attachment");
+      }),
+  );
+  // Issue 17.0's second hole: an attachment whose device exists nowhere while its pod
+  // namespace still exists. Its device is asked back from the provider, on the node,
+  // where the attachment's DEL (or GC) finds it.
+  await t.step(
+    "an attachment whose device is nowhere gets it back on the node",
+    () =>
+      withNode(async (n) => {
+        const r = await add(n, 1);
+        n.devices.removeLink(r.mac);
+        const rep = await n.mgr.reconcile();
+        assertEquals({ repaired: rep.repaired, errors: rep.errors }, { repaired: 1, errors: [] });
+        assertEquals(n.devices.where(r.mac)?.ns, NODE);
+        await n.mgr.del(delReq(1));
+        assertEquals((await n.owned()).size, 0);
+        await assertConsistent(n);
+      }),
+  );
+  await t.step(
+    "a free ENI whose device is not on the node gets it back",
+    () =>
+      withNode(async (n) => {
+        const free = (await n.mock.list()).find((e) => !e.owner && e.state === "free")!;
+        n.devices.removeLink(free.mac);
+        const rep = await n.mgr.reconcile();
+        assertEquals({ repaired: rep.repaired, errors: rep.errors }, { repaired: 1, errors: [] });
+        assertEquals(n.devices.where(free.mac)?.ns, NODE);
       }),
   );
 });

@@ -36,6 +36,8 @@ export interface ReconcileReport {
   finished: number;
   /** Provider ENIs owned by nobody the state knows, freed. */
   orphansFreed: number;
+  /** Divergences between the provider, the state and the kernel repaired (each logged). */
+  repaired: number;
   /** Problems that could not be fixed now (retried by the next GC pass). */
   errors: string[];
 }

@@ -27,7 +27,11 @@ export function noSuchDevice(err: unknown): boolean {
 /**
  * The ENI's device among `links`: by MAC; else by the alias enim set when it moved
  * the device (its node name: a chained plugin or a pod with NET_ADMIN may have
- * changed the MAC); else, inside the pod, the interface enim named `podName`.
+ * changed the MAC); else, inside the pod, the interface enim named `podName`, but
+ * only when it carries no mark of another ENI (an alias other than `nodeName`, an
+ * `enim<MAC>` altname of another MAC): a namespace deleted and created again at the
+ * same path can get the same inode, so a DEL of the older container must not take
+ * the newer container's device that happens to have the same name.
  */
 export function pickDevice<L extends Link>(
   links: L[],
@@ -38,8 +42,17 @@ export function pickDevice<L extends Link>(
   const want = normalizeMac(mac);
   return links.find((l) => l.address?.toLowerCase() === want) ??
     links.find((l) => l.ifalias === nodeName && l.ifname !== nodeName) ??
-    (podName === undefined ? undefined : links.find((l) => l.ifname === podName)) ??
+    (podName === undefined
+      ? undefined
+      : links.find((l) => l.ifname === podName && !markedForAnother(l, want, nodeName))) ??
     null;
+}
+
+/** Whether a link carries enim's marks for another ENI than the one of MAC `mac`. */
+function markedForAnother(l: Link, mac: string, nodeName: string): boolean {
+  if (l.ifalias && l.ifalias !== nodeName) return true;
+  const own = altnameOf(mac);
+  return (l.altnames ?? []).some((a) => a.startsWith("enim") && a !== own);
 }
 
 /** Wraps steps so each reports its duration to `timing` (when given), success or not. */

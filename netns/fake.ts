@@ -246,6 +246,12 @@ export class FakeDeviceLayer implements DeviceLayer {
 
   // ---- DeviceLayer ----
 
+  async nodeLinks(): Promise<Link[]> {
+    this.calls.push({ op: "nodeLinks", args: {} });
+    await this.#step("findByMac");
+    return this.#node.map((l) => this.#toLink(l));
+  }
+
   async findByMac(mac: string, netns?: string): Promise<Link | null> {
     this.calls.push({ op: "findByMac", args: { mac, netns } });
     await this.#step("findByMac");

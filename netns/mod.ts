@@ -158,6 +158,10 @@ export class IpDeviceLayer implements DeviceLayer {
     return links;
   }
 
+  async nodeLinks(): Promise<Link[]> {
+    return await this.#nodeLinks();
+  }
+
   /** Finds a link by MAC in the node namespace, or in `netns` when given. */
   async findByMac(mac: string, netns?: string): Promise<Link | null> {
     const want = normalizeMac(mac);

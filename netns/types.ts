@@ -15,6 +15,7 @@ export const LinkSchema = z.looseObject({
   ifname: z.string(),
   address: z.optional(z.string()),
   ifalias: z.optional(z.string()),
+  altnames: z.optional(z.array(z.string())),
   operstate: z.optional(z.string()),
   flags: z._default(z.array(z.string()), []),
   link_type: z.optional(z.string()),
@@ -139,6 +140,8 @@ export interface UnplugParams {
 export interface DeviceLayer {
   /** Finds a link by MAC in the node namespace, or in `netns` when given. */
   findByMac(mac: string, netns?: string): Promise<Link | null>;
+  /** The node namespace's links, in one listing (reconcile's look at the kernel). */
+  nodeLinks(): Promise<Link[]>;
   /**
    * Moves the node device with `mac` into `netns` renamed to `ifName` (the node-side
    * name kept in its alias), brings it up and configures addresses and routes.

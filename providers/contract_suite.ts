@@ -125,6 +125,22 @@ export async function providerContractSuite(
     assert(again.id !== b.id, "An owned ENI was handed out again");
   });
 
+  await step("allocateNextENI() with eniId claims exactly that free ENI, or fails", async (p) => {
+    const a = await p.allocateNextENI(owner(1), ANY);
+    await p.deallocateENI(owner(1));
+    // Reconcile's repair: the state still records `a` for owner 2.
+    const back = await p.allocateNextENI(owner(2), { ...ANY, eniId: a.id });
+    assertEquals(back.id, a.id);
+    assertEquals((await p.list()).find((e) => e.id === a.id)?.owner, owner(2));
+    const err = await p.allocateNextENI(owner(3), { ...ANY, eniId: a.id }).then(
+      () => null,
+      (e: unknown) => e,
+    );
+    assert(err instanceof ProviderError, `Claiming an owned ENI must fail, got ${err}`);
+    assertEquals(err.reason, "wrong_state");
+    assertEquals((await p.list()).filter((e) => e.owner).map((e) => e.id), [a.id]);
+  });
+
   await step("exhaustion gives no_eni_available, and freeing makes room", async (p) => {
     const n = await capacity(p);
     const got: Eni[] = [];

@@ -199,6 +199,12 @@ export const AllocationRequestSchema = z.object({
    * an ENI is allocated as usual.
    */
   takeOver: z.optional(OwnerSchema),
+  /**
+   * Reconcile's repair: the state records this ENI for `owner` while the provider
+   * shows it free. Exactly this ENI goes to `owner` (with its profile's groups), or
+   * the call fails with `wrong_state` and nothing else is allocated.
+   */
+  eniId: z.optional(z.string().check(z.minLength(1))),
 });
 /** What an ADD asks for. */
 export type AllocationRequest = z.infer<typeof AllocationRequestSchema>;

@@ -58,6 +58,7 @@ export async function allocate(core: BceCore, owner: Owner, req: AllocationReque
   if (held) return toEni(core, held);
   const inline = req.securityGroupIds ? inlineGroups(req.securityGroupIds) : null;
   const wanted = wantedGroups(profile, inline);
+  if (req.eniId !== undefined) return await claimBack(core, owner, req.eniId, wanted);
   if (req.takeOver) {
     const kept = await takeOver(core, owner, req.takeOver, inline);
     if (kept) return kept;
@@ -276,6 +277,30 @@ async function pickFree(
     return ownedEni(core, row.eni_id);
   }
   return null;
+}
+
+/**
+ * Reconcile's repair: exactly `eniId`, free in the tables while the manager's state
+ * records it for `owner`, becomes `owner`'s again; anything else fails `wrong_state`.
+ */
+async function claimBack(
+  core: BceCore,
+  owner: Owner,
+  eniId: string,
+  wanted: Groups | null,
+): Promise<Eni> {
+  const row = core.store.row(eniId);
+  if (!row || row.lost_reason !== null || !core.store.assign(eniId, owner, Date.now())) {
+    throw new ProviderError(
+      "wrong_state",
+      `ENI "${eniId}" is ${
+        !row ? "not tracked on this node" : row.lost_reason ?? "not free"
+      }; it cannot be claimed back`,
+    );
+  }
+  core.log.info("Claimed an ENI back for the attachment that holds it", { eniId, owner });
+  await claimGroups(core, row, owner, wanted);
+  return ownedEni(core, eniId);
 }
 
 /**

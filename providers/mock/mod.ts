@@ -251,6 +251,18 @@ export class MockProvider implements Provider {
         );
         return this.#rows("WHERE id = ?", r.id)[0];
       };
+      if (req.eniId !== undefined) {
+        const it = all.find((r) => r.id === req.eniId);
+        if (!it || it.attach !== "attached" || it.owner_container) {
+          throw new ProviderError(
+            "wrong_state",
+            `ENI "${req.eniId}" is ${
+              !it ? "not in the mock cloud" : it.owner_container ? "owned" : "not attached"
+            }; it cannot be claimed back`,
+          );
+        }
+        return { eni: claim(it) };
+      }
       // A sticky pod's comeback: its previous container's ENI becomes this one's.
       if (req.takeOver) {
         const kept = all.find((r) => sameOwner(r, req.takeOver!));

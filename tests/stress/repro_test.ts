@@ -1,13 +1,14 @@
 /**
  * Deterministic reproductions of what the stress run found, one kill-free
- * sequence each (root). They fail on the code they were found on, so they are
- * opt-in until fixed: `ENIM_REPRO=1 deno test -A tests/stress/repro_test.ts`.
+ * sequence each (root), kept as regression tests once fixed.
  *
  * 1. A namespace deleted and created again at the same path can get the same nsfs
  *    inode (the kernel reuses proc inode numbers), so the identity recorded at ADD
  *    (device and inode) matches a different namespace. A DEL of the older
  *    container, with that path, then takes the newer container's `eth0` (found by
- *    name, its MAC "restored" to the older ENI's) out of the live pod.
+ *    name, its MAC "restored" to the older ENI's) out of the live pod. Fixed: a
+ *    device found only by its pod name must carry no mark of another ENI (its
+ *    alias, its `enim<MAC>` altname; `netns/commands.ts` pickDevice).
  */
 import { z } from "zod";
 import { assertEquals } from "../../lib/assert.ts";
@@ -15,13 +16,12 @@ import { ipJson } from "../../netns/ip.ts";
 import { SimulatedNode } from "../_node.ts";
 
 const ROOT = Deno.uid() === 0;
-const ENABLED = Deno.env.get("ENIM_REPRO") === "1";
 
 const Links = z.array(z.looseObject({ ifname: z.string(), address: z.string().optional() }));
 
 Deno.test({
   name: "a DEL through a path re-created with the same inode leaves the newer pod's eth0 alone",
-  ignore: !ROOT || !ENABLED,
+  ignore: !ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 3 }, gc: { graceSeconds: 3600 } });
     const add = (containerId: string, netns: string) =>
