@@ -8,13 +8,9 @@
  * @module
  */
 import { z } from "zod";
-import {
-  type AddResponse,
-  ApiError,
-  type ApiErrorCode,
-  GcReportSchema,
-} from "../../manager/api_schema.ts";
+import { type AddResponse, ApiError, GcReportSchema } from "../../manager/api_schema.ts";
 import { AgentUnreachableError } from "../../manager/client.ts";
+import { toCniError } from "../../cni/errors.ts";
 import { prng } from "../_agent_proc.ts";
 import type { StressContext } from "./_context.ts";
 import type { KeyRecord, PodRecord } from "./_model.ts";
@@ -36,23 +32,6 @@ export interface Answer {
   json?: unknown;
   msg?: string;
 }
-
-/** The CNI code each API error code maps to (as `cni/errors.ts` maps them). */
-const API_TO_CNI: Record<ApiErrorCode, number> = {
-  bad_request: 7,
-  not_found: 3,
-  no_eni_available: 100,
-  requested_ip_unavailable: 101,
-  ifname_exists: 102,
-  netns_invalid: 103,
-  check_failed: 106,
-  not_allowed: 7,
-  provider_error: 104,
-  device_error: 105,
-  busy: 11,
-  state_unavailable: 5,
-  internal: 110,
-};
 
 /** The parts of a plugin ADD result the checks use. */
 const PluginAddResultSchema = z.looseObject({
@@ -167,10 +146,11 @@ async function viaApi(fn: () => Promise<unknown>): Promise<Answer> {
   try {
     return { code: 0, json: await fn() };
   } catch (err) {
-    if (err instanceof ApiError) {
-      return { code: API_TO_CNI[err.code] ?? 110, msg: `${err.code}: ${err.message}` };
+    // The code a plugin would answer for it (the mapping is cni/errors.ts's, tested there).
+    if (err instanceof ApiError || err instanceof AgentUnreachableError) {
+      const msg = err instanceof ApiError ? `${err.code}: ${err.message}` : err.message;
+      return { code: toCniError(err, "1.1.0").code, msg };
     }
-    if (err instanceof AgentUnreachableError) return { code: 11, msg: err.message };
     return { code: "crash", msg: err instanceof Error ? err.message : String(err) };
   }
 }
