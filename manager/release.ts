@@ -97,7 +97,7 @@ export async function release(
         // Held for this release; a path that names another namespace than the one the
         // ADD recorded leads to someone else's pod, not to the device.
         let pinned = o.netnsUsable && podSide
-          ? await ctx.devices.pin(row.netns).catch(() => null)
+          ? await t.time("netns_check", () => ctx.devices.pin(row.netns)).catch(() => null)
           : null;
         if (
           pinned && row.netnsIno !== null &&
