@@ -200,6 +200,7 @@ export class Operations {
     pod.gen++;
     pod.ctr++;
     pod.exists = true;
+    pod.racedInto = false;
     pod.ino = (await Deno.stat(h.path)).ino;
   }
 
@@ -333,7 +334,11 @@ export class Operations {
       k.status = prev === "added" ? "added" : "refused";
     } else {
       k.status = keep;
-      const allowed = race ? [11, 102, 103, 105, "killed"] : [11, "killed"];
+      const allowed = race
+        ? [11, 102, 103, 105, "killed"]
+        : pod.racedInto
+        ? [11, 102, "killed"]
+        : [11, "killed"];
       if (!allowed.includes(answer.code)) {
         ctx.violation(
           "unexpected_answer",
@@ -345,7 +350,10 @@ export class Operations {
         );
       }
     }
-    if (race) pod.ctr++; // the namespace is new: the pod's next ADD is a new container
+    if (race) {
+      pod.ctr++; // the namespace is new: the pod's next ADD is a new container
+      if (answer.code === 0) pod.racedInto = true;
+    }
   }
 
   /** DEL of the pod's current container, or of an older one still held. */

@@ -100,6 +100,12 @@ export interface PodRecord {
    * starts the new one before the old one's DEL): their attachments enter recycling.
    */
   old: OldSandbox[];
+  /**
+   * A racing ADD answered 0 since the namespace was (re)created: it may have landed in
+   * this namespace (the replacement) rather than the one it was aimed at, so another
+   * container's ADD of the same interface may find the name taken (102).
+   */
+  racedInto?: boolean;
 }
 
 /** The clients' whole knowledge. */
