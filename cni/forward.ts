@@ -54,6 +54,7 @@ import {
   LATEST_VERSION,
   LOG_FILE_ENV,
   missingEnv,
+  statNetns,
   verbProblem,
 } from "./spec.ts";
 import {
@@ -104,16 +105,6 @@ function routeOf(env: Record<string, string | undefined>, value: unknown): Route
       : DEFAULT_LOG_FILE,
     cniVersion: typeof raw.cniVersion === "string" ? raw.cniVersion : LATEST_VERSION,
   };
-}
-
-/** Default {@linkcode ForwardIo.netnsExists}. */
-function statNetns(path: string): boolean | undefined {
-  try {
-    Deno.statSync(path);
-    return true;
-  } catch (err) {
-    return err instanceof Deno.errors.NotFound ? false : undefined;
-  }
 }
 
 /**

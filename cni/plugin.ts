@@ -42,6 +42,7 @@ import {
   enimSection,
   type InvocationRecord,
   isPlainObject,
+  statNetns,
 } from "./spec.ts";
 
 export type { InvocationRecord };
@@ -80,16 +81,6 @@ const MIN_VERSION: Partial<Record<CniVerb, SupportedVersion>> = {
   GC: "1.1.0",
   STATUS: "1.1.0",
 };
-
-/** Default {@linkcode PluginIo.netnsExists}. */
-function statNetns(path: string): boolean | undefined {
-  try {
-    Deno.statSync(path);
-    return true;
-  } catch (err) {
-    return err instanceof Deno.errors.NotFound ? false : undefined;
-  }
-}
 
 /** The per-invocation state the verbs fill in for the log line. */
 interface Invocation {

@@ -266,3 +266,16 @@ export function answer(
   record.durationMs = Math.round((performance.now() - started) * 100) / 100;
   return exit;
 }
+
+/**
+ * Whether a netns path exists (for the DEL rule when the agent is down): true, false
+ * when it does not, undefined when that cannot be told (no permission, another error).
+ */
+export function statNetns(path: string): boolean | undefined {
+  try {
+    Deno.statSync(path);
+    return true;
+  } catch (err) {
+    return err instanceof Deno.errors.NotFound ? false : undefined;
+  }
+}
