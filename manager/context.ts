@@ -36,6 +36,12 @@ export interface ManagerContext {
   readonly holdMs: number;
   /** Maps what a step threw to the error a client sees (naming the state's path). */
   apiError(err: unknown): ApiError;
+  /**
+   * When an ADD last answered success for each attachment key (`performance.now()`),
+   * retries from the record included: a GC pass that began before it works from older
+   * facts than the runtime's, and leaves that attachment alone. Dropped at release.
+   */
+  readonly addAnswered: Map<string, number>;
 }
 
 /** The provider-level owner of an attachment row. */

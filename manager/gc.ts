@@ -67,6 +67,8 @@ export interface GcDeps {
   release(row: AttachmentRow, opts: { netnsUsable: boolean }): Promise<void>;
   /** Frees an ENI the provider shows owned by an attachment the state does not know. */
   freeOrphan(owner: Owner, eni: { id: string; mac: string }): Promise<boolean>;
+  /** When an ADD last answered success for the key (`performance.now()`), if known. */
+  addAnsweredAt?(key: string): number | undefined;
 }
 
 interface PlanItem {
@@ -176,13 +178,14 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<PlanItem[]> {
 
 /** Runs one GC pass (or plans it, for a dry run). */
 export async function runGc(deps: GcDeps, req: GcInput): Promise<GcReport> {
+  const began = performance.now();
   const plan = await planGc(deps, req);
   if (req.dryRun) return { dryRun: true, items: plan.map((p) => p.item) };
   const items: GcItem[] = [];
   const queue = [...plan];
   const worker = async () => {
     for (let p = queue.shift(); p; p = queue.shift()) {
-      const item = await reclaim(deps, p);
+      const item = await reclaim(deps, p, began);
       if (item) items.push(item);
     }
   };
@@ -196,8 +199,13 @@ export async function runGc(deps: GcDeps, req: GcInput): Promise<GcReport> {
   return { dryRun: false, items };
 }
 
-/** Reclaims one planned item under its attachment's lock; null when it went away meanwhile. */
-async function reclaim(deps: GcDeps, p: PlanItem): Promise<GcItem | null> {
+/**
+ * Reclaims one planned item under its attachment's lock; null when it went away
+ * meanwhile, or when an ADD for it answered success after the pass `began` (the
+ * runtime asserted it after the facts the pass works from: a CNI GC whose plugin
+ * process was killed, then the runtime's ADD retry, must not take it away).
+ */
+async function reclaim(deps: GcDeps, p: PlanItem, began: number): Promise<GcItem | null> {
   const key = keyOf(p.owner);
   return await deps.locks.run(`att:${key}`, async () => {
     const row = deps.state.get(p.owner);
@@ -205,6 +213,15 @@ async function reclaim(deps: GcDeps, p: PlanItem): Promise<GcItem | null> {
       if (p.row) {
         // Released or replaced by a DEL/ADD while we planned: not ours any more.
         if (!row || row.createdAt !== p.row.createdAt || row.state === "adding") return null;
+        const answered = deps.addAnsweredAt?.(key);
+        if (row.state !== "deleting" && answered !== undefined && answered > began) {
+          deps.log.info("GC leaves an attachment an ADD confirmed after the pass began", {
+            key,
+            eniId: p.item.eniId,
+            reason: p.item.reason,
+          });
+          return null;
+        }
         await deps.release(row, { netnsUsable: p.netnsUsable });
       } else {
         if (row) return null;

@@ -262,3 +262,19 @@ Deno.test("gc() leaves an ADD in flight alone, even past the grace period", () =
     assertEquals(n.devices.where(res.mac)?.ns, "/run/netns/p1");
     assertEquals(n.mgr.state.all().map((r) => r.state), ["ready"]);
   }, { mock: { enis: 2, preattached: 0, attachLatencyMs: 40 } }));
+
+// Found by `deno task stress` (seed 1702): a CNI GC whose plugin process was killed goes
+// on in the agent; the runtime's ADD retry answered success meanwhile, and the pass then
+// took the attachment away. An ADD answered after a pass began outranks the pass's facts.
+Deno.test("a GC pass leaves an attachment that an ADD confirmed after the pass began", () =>
+  withDefaults(async (n) => {
+    const first = await add(n, 1);
+    const gc = n.mgr.gc({ dryRun: false, network: "enim", validAttachments: [] });
+    const retry = await n.mgr.add(addReq(1));
+    assertEquals(retry.eniId, first.eniId);
+    assertEquals((await gc).items, []);
+    assertEquals(n.mgr.attachments().map((a) => [a.containerId, a.state]), [["c1", "ready"]]);
+    // The next pass, begun after that ADD, works from newer facts: it reclaims.
+    const next = await n.mgr.gc({ dryRun: false, network: "enim", validAttachments: [] });
+    assertEquals(next.items.map((i) => i.containerId), ["c1"]);
+  }));

@@ -129,6 +129,7 @@ class ManagerImpl implements Manager {
         ? new Describer(o.provider, o.log.child({ op: "describe" }), o.describeAs, o.metrics)
         : null,
       apiError: (err) => toApiError(err, state.db.location() ?? "the state database"),
+      addAnswered: new Map(),
     };
   }
 
@@ -157,7 +158,13 @@ class ManagerImpl implements Manager {
   }
 
   add(req: AddInput): Promise<AddResponse> {
-    return this.#keyed("add", keyOf(req), (t) => add(this.#ctx, req, t));
+    const key = keyOf(req);
+    return this.#keyed("add", key, async (t) => {
+      const r = await add(this.#ctx, req, t);
+      // Still under the attachment's lock: a GC reclaim waiting for it sees this.
+      this.#ctx.addAnswered.set(key, performance.now());
+      return r;
+    });
   }
 
   del(req: DelInput): Promise<void> {
@@ -220,6 +227,7 @@ class ManagerImpl implements Manager {
           graceMs: this.#graceMs,
           sources: this.#sources,
           release: (row, o) => release(ctx, row, o),
+          addAnsweredAt: (key) => ctx.addAnswered.get(key),
           freeOrphan: (owner, eni) => freeOrphan(ctx, owner, eni),
         }, req));
       for (const i of report.items) {

@@ -14,7 +14,7 @@
 import { ProviderError } from "../providers/contract.ts";
 import { DeviceError, type Link, type PinnedNetns } from "../netns/types.ts";
 import type { Phase } from "../lib/metrics.ts";
-import type { AttachmentKey, AttachmentRow } from "./state.ts";
+import { type AttachmentKey, type AttachmentRow, keyOf } from "./state.ts";
 import { type ManagerContext, message, ownerOf } from "./context.ts";
 import { OpTimer } from "./op_timer.ts";
 import { poll } from "../lib/async.ts";
@@ -121,6 +121,7 @@ export async function release(
       await t.time("provider", () => ctx.provider.deallocateENI(ownerOf(row)));
     }
     t.sync("state_write", () => ctx.state.delete(key));
+    ctx.addAnswered.delete(keyOf(key));
     if (row.eniId && !o.skipProvider) ctx.describer?.freed(row.eniId);
   } catch (err) {
     t.sync("state_write", () => ctx.state.recordFailure(key, message(err)));
