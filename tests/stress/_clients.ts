@@ -182,6 +182,7 @@ function addedFrom(a: Answer, via: Via, pod: PodRecord, ifName: string): KeyReco
 
 /** The operations of the stress run, over one {@linkcode StressContext}. */
 export class Operations {
+  readonly #gate = new GcGate();
   readonly ctx: StressContext;
 
   constructor(ctx: StressContext) {
@@ -352,7 +353,10 @@ export class Operations {
     }
     if (race) {
       pod.ctr++; // the namespace is new: the pod's next ADD is a new container
-      if (answer.code === 0) pod.racedInto = true;
+      // Answered, or cut off (the agent or the plugin killed): it may have completed.
+      if (answer.code === 0 || answer.code === 11 || answer.code === "killed") {
+        pod.racedInto = true;
+      }
     }
   }
 
@@ -588,7 +592,7 @@ export class Operations {
   async one(c: Client, op: OpName): Promise<boolean> {
     const { ctx } = this;
     if (op === "cni_gc") {
-      await this.cniGc(c);
+      await this.#gate.gc(() => this.cniGc(c));
       return true;
     }
     if (op === "gc") {
@@ -605,43 +609,87 @@ export class Operations {
     const pod = pick(c.rand, wanted);
     pod.busy = true;
     try {
-      switch (op) {
-        case "add":
-          await this.add(c, pod);
-          return true;
-        case "add_race":
-          if (pod.exists) await this.replacePod(pod, "netns replaced before a racing ADD");
-          else await this.createPod(pod);
-          await this.add(c, pod, true);
-          return true;
-        case "del":
-          await this.del(c, pod);
-          return true;
-        case "check":
-          return await this.check(c, pod);
-        case "replace":
-          await this.replacePod(pod);
-          ctx.count("REPLACE-POD", "ok");
-          return true;
-        case "delete_pod":
-          if (pod.old.length && c.rand() < 0.5) {
-            await this.deleteOldSandbox(
-              pod,
-              pick(c.rand, pod.old).gen,
-              "an older sandbox's netns deleted without DEL",
-            );
-            ctx.count("DELETE-OLD-SANDBOX", "ok");
-          } else {
-            await this.deletePod(pod, "netns deleted without DEL");
-            ctx.count("DELETE-POD", "ok");
-          }
-          return true;
-        case "new_sandbox":
-          await this.newSandbox(c, pod);
-          return true;
+      if (op === "add" || op === "add_race" || op === "del" || op === "new_sandbox") {
+        return await this.#gate.op(() => this.#podOp(c, op, pod));
       }
+      return await this.#podOp(c, op, pod);
     } finally {
       pod.busy = false;
+    }
+  }
+
+  /** One operation on `pod` (held busy by the caller). */
+  async #podOp(c: Client, op: OpName, pod: PodRecord): Promise<boolean> {
+    const { ctx } = this;
+    switch (op) {
+      case "add":
+        await this.add(c, pod);
+        return true;
+      case "add_race":
+        if (pod.exists) await this.replacePod(pod, "netns replaced before a racing ADD");
+        else await this.createPod(pod);
+        await this.add(c, pod, true);
+        return true;
+      case "del":
+        await this.del(c, pod);
+        return true;
+      case "check":
+        return await this.check(c, pod);
+      case "replace":
+        await this.replacePod(pod);
+        ctx.count("REPLACE-POD", "ok");
+        return true;
+      case "delete_pod":
+        if (pod.old.length && c.rand() < 0.5) {
+          await this.deleteOldSandbox(
+            pod,
+            pick(c.rand, pod.old).gen,
+            "an older sandbox's netns deleted without DEL",
+          );
+          ctx.count("DELETE-OLD-SANDBOX", "ok");
+        } else {
+          await this.deletePod(pod, "netns deleted without DEL");
+          ctx.count("DELETE-POD", "ok");
+        }
+        return true;
+      case "new_sandbox":
+        await this.newSandbox(c, pod);
+        return true;
+    }
+    return false;
+  }
+}
+
+/**
+ * The spec's rule for runtimes (SPEC.md, "GC"): GC runs exclusively of ADD and DEL;
+ * none in progress when it starts, none issued until it ends. A GC whose plugin
+ * process is killed ends for the runtime then, while the agent may still be at it.
+ */
+class GcGate {
+  #ops = 0;
+  #gc: Promise<void> | null = null;
+  #idle: (() => void)[] = [];
+
+  async op<T>(fn: () => Promise<T>): Promise<T> {
+    while (this.#gc) await this.#gc;
+    this.#ops++;
+    try {
+      return await fn();
+    } finally {
+      if (--this.#ops === 0) { for (const wake of this.#idle.splice(0)) wake(); }
+    }
+  }
+
+  async gc<T>(fn: () => Promise<T>): Promise<T> {
+    while (this.#gc) await this.#gc;
+    let done!: () => void;
+    this.#gc = new Promise<void>((r) => (done = r));
+    try {
+      while (this.#ops > 0) await new Promise<void>((r) => this.#idle.push(r));
+      return await fn();
+    } finally {
+      this.#gc = null;
+      done();
     }
   }
 }
