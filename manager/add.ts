@@ -212,7 +212,10 @@ export async function takeOverHeld(
   }
   return await ctx.locks.run(`att:${keyOf(candidate)}`, () => {
     const held = ctx.state.takeOver(candidate, key);
-    if (held) log.info("Taking back the sticky pod's held ENI", { eniId: held.eniId });
+    if (held) {
+      ctx.addAnswered.delete(keyOf(candidate));
+      log.info("Taking back the sticky pod's held ENI", { eniId: held.eniId });
+    }
     return Promise.resolve(held);
   });
 }
