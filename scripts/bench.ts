@@ -43,6 +43,7 @@ import { SimulatedNode } from "../tests/_node.ts";
 import type { NetnsHandle } from "../tests/vpc.ts";
 import { vethNames } from "../netns/sim.ts";
 import type { Eni } from "../providers/schema.ts";
+import { runCommand } from "../tests/_command.ts";
 
 const { values: flags } = parseArgs({
   args: Deno.args,
@@ -133,9 +134,6 @@ interface ExecResult {
   stderr: string;
 }
 
-const dec = new TextDecoder();
-const enc = new TextEncoder();
-
 /** Spawns `argv` inside the node's sandbox (the one wrapper both contenders share) and times it. */
 async function execInNode(
   node: SimulatedNode,
@@ -143,22 +141,14 @@ async function execInNode(
   env: Record<string, string>,
   stdin: string,
 ): Promise<ExecResult> {
-  const [cmd, ...args] = node.sandbox.wrap(argv);
+  const wrapped = node.sandbox.wrap(argv);
   const t0 = performance.now();
-  const child = new Deno.Command(cmd, {
-    args,
-    clearEnv: true,
-    env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", NO_COLOR: "1", ...env },
-    stdin: "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  const w = child.stdin.getWriter();
-  await w.write(enc.encode(stdin));
-  await w.close();
-  const out = await child.output();
-  const ms = performance.now() - t0;
-  return { code: out.code, ms, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+  const out = await runCommand(
+    wrapped,
+    { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", NO_COLOR: "1", ...env },
+    stdin,
+  );
+  return { ...out, ms: performance.now() - t0 };
 }
 
 /** One contender: how to run its ADD, DEL and VERSION for a pod. */

@@ -1,29 +1,16 @@
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
 import { enimArgv, runEnim } from "../tests/_enim.ts";
 import { currentDenoDir, launcherScript, shQuote, writeLauncher } from "./launcher.ts";
-
-const dec = new TextDecoder();
+import { type CommandOutput, runCommand } from "../tests/_command.ts";
 
 /** Runs `path args…` with exactly `env`, feeding `stdin`. */
-async function runScript(
+function runScript(
   path: string,
   args: string[],
   env: Record<string, string>,
   stdin = "",
-): Promise<{ code: number; stdout: string; stderr: string }> {
-  const child = new Deno.Command(path, {
-    args,
-    clearEnv: true,
-    env,
-    stdin: "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  const w = child.stdin.getWriter();
-  await w.write(new TextEncoder().encode(stdin));
-  await w.close();
-  const out = await child.output();
-  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+): Promise<CommandOutput> {
+  return runCommand([path, ...args], env, stdin);
 }
 
 Deno.test("shQuote() leaves plain words alone and single-quotes the rest", async (t) => {

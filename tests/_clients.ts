@@ -12,6 +12,7 @@ import { z } from "zod";
 import { type AptNeed, ensureApt, isRoot } from "../scripts/_deps.ts";
 import { writeLauncher } from "../scripts/launcher.ts";
 import type { SimulatedNode } from "./_node.ts";
+import { type CommandOutput, runCommand } from "./_command.ts";
 
 /** Where Debian's containernetworking-plugins puts the reference plugins. */
 export const DEBIAN_CNI_DIR = "/usr/lib/cni";
@@ -61,11 +62,7 @@ export async function pluginDir(dir: string, reference: string[]): Promise<void>
 }
 
 /** The output of one program run. */
-export interface RunOutput {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
+export type RunOutput = CommandOutput;
 
 /** Runs `argv` inside the node's sandbox (its /run/enim and its network namespace). */
 export async function runInNode(
@@ -74,23 +71,11 @@ export async function runInNode(
   env: Record<string, string> = {},
   stdin?: string,
 ): Promise<RunOutput> {
-  const [cmd, ...args] = node.sandbox.wrap(argv);
-  const child = new Deno.Command(cmd, {
-    args,
-    clearEnv: true,
-    env: { PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", ...env },
-    stdin: stdin === undefined ? "null" : "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  if (stdin !== undefined) {
-    const w = child.stdin.getWriter();
-    await w.write(new TextEncoder().encode(stdin));
-    await w.close();
-  }
-  const out = await child.output();
-  const dec = new TextDecoder();
-  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+  return await runCommand(
+    node.sandbox.wrap(argv),
+    { PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", ...env },
+    stdin,
+  );
 }
 
 /** A fresh temp directory under /tmp named `<prefix>-<random>`. */

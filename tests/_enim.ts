@@ -10,6 +10,7 @@
 import { fileURLToPath } from "node:url";
 import type { EnimSandbox } from "./_sandbox.ts";
 import { bundleArgv, ensureBuiltSync } from "../scripts/build.ts";
+import { type CommandOutput, runCommand } from "./_command.ts";
 
 /** The repository root. */
 export const ROOT: string = fileURLToPath(new URL("..", import.meta.url)).replace(/\/$/, "");
@@ -35,11 +36,7 @@ export interface RunEnimOptions {
 }
 
 /** The result of one enim run. */
-export interface RunEnimResult {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
+export type RunEnimResult = CommandOutput;
 
 /** Builds the command line, wrapped in `ip netns exec` when asked. */
 export function enimCommandLine(args: string[], netns?: string): string[] {
@@ -49,21 +46,9 @@ export function enimCommandLine(args: string[], netns?: string): string[] {
 
 /** Runs enim once (plugin or command) and collects its output. */
 export async function runEnim(args: string[], opts: RunEnimOptions = {}): Promise<RunEnimResult> {
-  const [cmd, ...rest] = opts.sandbox ? opts.sandbox.enim(args) : enimCommandLine(args, opts.netns);
-  const child = new Deno.Command(cmd, {
-    args: rest,
-    clearEnv: true,
-    env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", NO_COLOR: "1", ...opts.env },
-    stdin: opts.stdin === undefined ? "null" : "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
-  if (opts.stdin !== undefined) {
-    const w = child.stdin.getWriter();
-    await w.write(new TextEncoder().encode(opts.stdin));
-    await w.close();
-  }
-  const out = await child.output();
-  const dec = new TextDecoder();
-  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+  return await runCommand(
+    opts.sandbox ? opts.sandbox.enim(args) : enimCommandLine(args, opts.netns),
+    { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", NO_COLOR: "1", ...opts.env },
+    opts.stdin,
+  );
 }

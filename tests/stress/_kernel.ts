@@ -10,6 +10,7 @@
  */
 import { z } from "zod";
 import { vethNames } from "../../netns/sim.ts";
+import { type CommandOutput, runCommand } from "../_command.ts";
 
 const IP = "/usr/sbin/ip";
 
@@ -86,26 +87,8 @@ export function macOfVpcEnd(ifname: string): string | null {
   return m ? m[1].match(/../g)!.join(":") : null;
 }
 
-async function ipOut(
-  args: string[],
-  stdin?: string,
-): Promise<{ code: number; stdout: string; stderr: string }> {
-  const child = new Deno.Command(IP, {
-    args,
-    stdin: stdin === undefined ? "null" : "piped",
-    stdout: "piped",
-    stderr: "piped",
-    clearEnv: true,
-    env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", LC_ALL: "C" },
-  }).spawn();
-  if (stdin !== undefined) {
-    const w = child.stdin.getWriter();
-    await w.write(new TextEncoder().encode(stdin));
-    await w.close();
-  }
-  const out = await child.output();
-  const dec = new TextDecoder();
-  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+function ipOut(args: string[], stdin?: string): Promise<CommandOutput> {
+  return runCommand([IP, ...args], { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", LC_ALL: "C" }, stdin);
 }
 
 function jsonLines(stdout: string): unknown[] {
