@@ -15,7 +15,7 @@
  * @module
  */
 import { type Eni, EniSchema, type Owner } from "../providers/contract.ts";
-import { keyOf } from "./state.ts";
+import { type AttachmentState, keyOf } from "./state.ts";
 import type { ReconcileReport } from "./types.ts";
 import { type ManagerContext, message, ownerOf } from "./context.ts";
 import { release, repairDevice } from "./release.ts";
@@ -120,7 +120,7 @@ export async function freeOrphan(
 }
 
 /** States in which an attachment holds its ENI. */
-const HOLDING = new Set(["ready", "recycling", "held"]);
+const HOLDING: AttachmentState[] = ["ready", "recycling", "held"];
 
 /** Provider vs state: what the state holds, the provider must show held by that attachment. */
 async function repairOwnership(
@@ -130,8 +130,8 @@ async function repairOwnership(
   log: ManagerContext["log"],
 ): Promise<void> {
   const byId = new Map(enis.map((e) => [e.id, e]));
-  for (const r of ctx.state.all()) {
-    if (!HOLDING.has(r.state) || !r.eniId) continue;
+  for (const r of ctx.state.inState(...HOLDING)) {
+    if (!r.eniId) continue;
     const e = byId.get(r.eniId);
     if (e?.owner && keyOf(e.owner) === keyOf(r)) continue;
     const stranger = e?.owner && !ctx.state.get(e.owner) ? e.owner : null;
@@ -147,7 +147,7 @@ async function repairOwnership(
     // second owner. It is this attachment's (its device is where the state says).
     await ctx.locks.run(`att:${keyOf(r)}`, async () => {
       const now = ctx.state.get(r);
-      if (!now || now.eniId !== e.id || !HOLDING.has(now.state)) return;
+      if (!now || now.eniId !== e.id || !HOLDING.includes(now.state)) return;
       try {
         await ctx.locks.run(`eni:${e.id}`, async () => {
           if (stranger) await ctx.provider.deallocateENI(stranger);
@@ -201,23 +201,25 @@ async function repairDevices(
     return;
   }
   const missing: { eniId: string; mac: string; key?: string }[] = [];
-  const rows = ctx.state.all();
-  const recorded = new Set(rows.map((r) => r.eniId));
+  const recorded = new Set(ctx.state.all().map((r) => r.eniId));
   for (const e of enis) {
     if (!e.owner && !recorded.has(e.id) && !onNode.has(e.mac.toLowerCase())) {
       missing.push({ eniId: e.id, mac: e.mac.toLowerCase() });
     }
   }
-  await Promise.all(rows.map(async (r) => {
-    if (!HOLDING.has(r.state) || !r.eniId || !r.mac || onNode.has(r.mac)) return;
-    if (r.state !== "held" && (r.mode === "interface" || r.netnsIno !== null)) {
-      const inPod = await ctx.devices.findByMac(r.mac, r.netns).catch(() => null);
-      if (inPod) return;
-    }
-    missing.push({ eniId: r.eniId, mac: r.mac, key: keyOf(r) });
-  }));
-  for (const m of missing) {
-    await ctx.locks.run(`eni:${m.eniId}`, async () => {
+  await Promise.all(
+    ctx.state.inState(...HOLDING).map(async (r) => {
+      if (!r.eniId || !r.mac || onNode.has(r.mac)) return;
+      if (r.state !== "held" && (r.mode === "interface" || r.netnsIno !== null)) {
+        const inPod = await ctx.devices.findByMac(r.mac, r.netns).catch(() => null);
+        if (inPod) return;
+      }
+      missing.push({ eniId: r.eniId, mac: r.mac, key: keyOf(r) });
+    }),
+  );
+  // Each waits up to repairDevice's bound for its device; start-up waits for the slowest only.
+  await Promise.all(missing.map((m) =>
+    ctx.locks.run(`eni:${m.eniId}`, async () => {
       const outcome = await repairDevice(ctx, m.eniId, m.mac);
       if (outcome === "back") {
         report.repaired++;
@@ -236,6 +238,6 @@ async function repairDevices(
           }) is neither on the node nor in its pod (${outcome})`,
         );
       }
-    });
-  }
+    })
+  ));
 }
