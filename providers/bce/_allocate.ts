@@ -271,12 +271,27 @@ async function pickFree(
     .filter((r) => eniMatches(toEni(core, r), req))
     .sort((a, b) => Number(ready(b)) - Number(ready(a)));
   for (const row of candidates) {
-    if (!core.store.assign(row.eni_id, owner, Date.now())) continue;
-    core.log.info("Allocated a free ENI", { eniId: row.eni_id, owner, profile: profile.name });
-    await claimGroups(core, row, owner, wanted);
-    return ownedEni(core, row.eni_id);
+    const eni = await take(core, row, owner, wanted, "Allocated a free ENI");
+    if (eni) return eni;
   }
   return null;
+}
+
+/**
+ * Gives the free `row` to `owner` with the wanted groups, logging `what`; null when
+ * someone else took it first.
+ */
+async function take(
+  core: BceCore,
+  row: EniRow,
+  owner: Owner,
+  wanted: Groups | null,
+  what: string,
+): Promise<Eni | null> {
+  if (!core.store.assign(row.eni_id, owner, Date.now())) return null;
+  core.log.info(what, { eniId: row.eni_id, owner, profile: row.profile });
+  await claimGroups(core, row, owner, wanted);
+  return ownedEni(core, row.eni_id);
 }
 
 /**
@@ -290,17 +305,16 @@ async function claimBack(
   wanted: Groups | null,
 ): Promise<Eni> {
   const row = core.store.row(eniId);
-  if (!row || row.lost_reason !== null || !core.store.assign(eniId, owner, Date.now())) {
-    throw new ProviderError(
-      "wrong_state",
-      `ENI "${eniId}" is ${
-        !row ? "not tracked on this node" : row.lost_reason ?? "not free"
-      }; it cannot be claimed back`,
-    );
-  }
-  core.log.info("Claimed an ENI back for the attachment that holds it", { eniId, owner });
-  await claimGroups(core, row, owner, wanted);
-  return ownedEni(core, eniId);
+  const eni = row && row.lost_reason === null
+    ? await take(core, row, owner, wanted, "Claimed an ENI back for the attachment that holds it")
+    : null;
+  if (eni) return eni;
+  throw new ProviderError(
+    "wrong_state",
+    `ENI "${eniId}" is ${
+      !row ? "not tracked on this node" : row.lost_reason ?? "not free"
+    }; it cannot be claimed back`,
+  );
 }
 
 /**
