@@ -95,6 +95,27 @@ export interface SetupOptions {
   db?: DatabaseSync;
 }
 
+/** The provider timeouts the harness runs with: fast, so failures and retries take milliseconds. */
+export const HARNESS_TIMEOUTS = {
+  requestMs: 2000,
+  totalMs: 10_000,
+  maxAttempts: 5,
+  baseDelayMs: 5,
+  maxDelayMs: 40,
+  attachMs: 5000,
+  detachMs: 2000,
+  escalateMs: 300,
+  createVisibilityMs: 2000,
+  deviceMs: 2000,
+  pollMs: 5,
+  poolIntervalMs: 50,
+  idleIntervalMs: 400,
+  orphanScanIntervalMs: 60_000,
+  quarantineRetryMs: 60_000,
+  minPassGapMs: 10,
+  jitter: 0.2,
+};
+
 /** Starts a fake BCE and a provider wired to it (metadata included). */
 export async function setup(opts: SetupOptions = {}): Promise<TestEnv> {
   const devices = new Set<string>();
@@ -130,26 +151,7 @@ export async function setup(opts: SetupOptions = {}): Promise<TestEnv> {
       maxEnisPerNode: opts.maxEnisPerNode,
       warmPool: opts.warmPool ?? { minIdle: 0, maxIdle: 100 },
       securityGroupIds: ["g-test0001"],
-      timeouts: {
-        requestMs: 2000,
-        totalMs: 10_000,
-        maxAttempts: 5,
-        baseDelayMs: 5,
-        maxDelayMs: 40,
-        attachMs: 5000,
-        detachMs: 2000,
-        escalateMs: 300,
-        createVisibilityMs: 2000,
-        deviceMs: 2000,
-        pollMs: 5,
-        poolIntervalMs: 50,
-        idleIntervalMs: 400,
-        orphanScanIntervalMs: 60_000,
-        quarantineRetryMs: 60_000,
-        minPassGapMs: 10,
-        jitter: 0.2,
-        ...opts.timeouts,
-      },
+      timeouts: { ...HARNESS_TIMEOUTS, ...opts.timeouts },
       ...opts.config,
       ...extra,
     });

@@ -10,6 +10,7 @@ import { type Owner, ProviderError } from "../contract.ts";
 import type { FakeSubnet } from "../../tests/bce_fake.ts";
 import { DatabaseSync } from "node:sqlite";
 import {
+  HARNESS_TIMEOUTS,
   INSTANCE,
   LOG_LINES,
   recordError,
@@ -551,7 +552,7 @@ Deno.test("the node limit is shared: a pod of b at the limit releases an idle de
     try {
       await env.provider.close();
       env.fake.inject({ kind: "status", status: 500, match: { method: "GET", path: "/v1/eni" } });
-      const p = await env.restart({ timeouts: { ...RESTART_TIMEOUTS, maxAttempts: 1 } });
+      const p = await env.restart({ timeouts: { ...HARNESS_TIMEOUTS, maxAttempts: 1 } });
       env.fake.inject({ kind: "slow", delayMs: 100, match: { method: "GET", path: "/v1/eni" } });
       const pass = p.maintainPool();
       const pod = p.allocateNextENI(owner(1), { ...any, profile: "b" }).then(
@@ -569,26 +570,6 @@ Deno.test("the node limit is shared: a pod of b at the limit releases an idle de
     }
   });
 });
-
-/** The harness's timeouts (a restart passes its own). */
-const RESTART_TIMEOUTS = {
-  requestMs: 2000,
-  totalMs: 10_000,
-  baseDelayMs: 5,
-  maxDelayMs: 40,
-  attachMs: 5000,
-  detachMs: 2000,
-  escalateMs: 300,
-  createVisibilityMs: 2000,
-  deviceMs: 2000,
-  pollMs: 5,
-  poolIntervalMs: 50,
-  idleIntervalMs: 400,
-  orphanScanIntervalMs: 60_000,
-  quarantineRetryMs: 60_000,
-  minPassGapMs: 10,
-  jitter: 0.2,
-};
 
 Deno.test("takeOver: the sticky pod's comeback gets the ENI its previous container held", async (t) => {
   const env = await withProfiles();
