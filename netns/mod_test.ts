@@ -28,6 +28,14 @@ async function assertHome(vpc: SimulatedVpc, eni: Eni) {
   assertEquals(link.addr_info, []);
 }
 
+/** A device layer on `vpc`'s node, one ENI plugged and pod "a": where most tests start. */
+async function onePod(vpc: SimulatedVpc) {
+  const devices = new IpDeviceLayer({ node: vpc.node.name });
+  const eni = vpc.newEni();
+  await vpc.plugEni(eni);
+  return { devices, eni, pod: await vpc.pod("a") };
+}
+
 function plugArgs(eni: Eni, netns: string, ifName = "eth0") {
   return { mac: eni.mac, netns, ifName, ...SimulatedVpc.plugSpec(eni) };
 }
@@ -142,10 +150,7 @@ Deno.test({
   ignore: !root,
   async fn() {
     await using vpc = await SimulatedVpc.create();
-    const devices = new IpDeviceLayer({ node: vpc.node.name });
-    const eni = vpc.newEni();
-    await vpc.plugEni(eni);
-    const pod = await vpc.pod("a");
+    const { devices, eni, pod } = await onePod(vpc);
     const { nodeName } = await devices.plug({
       ...plugArgs(eni, pod.path),
       routes: [{ dst: "192.168.0.0/16" }],
@@ -170,10 +175,7 @@ Deno.test({
   ignore: !root,
   async fn() {
     await using vpc = await SimulatedVpc.create();
-    const devices = new IpDeviceLayer({ node: vpc.node.name });
-    const eni = vpc.newEni();
-    await vpc.plugEni(eni);
-    const pod = await vpc.pod("a");
+    const { devices, eni, pod } = await onePod(vpc);
     await ipBatch([["link", "add", "eth0", "type", "veth", "peer", "name", "other"]], {
       netns: pod.name,
     });
@@ -191,10 +193,7 @@ Deno.test({
   ignore: !root,
   async fn() {
     await using vpc = await SimulatedVpc.create();
-    const devices = new IpDeviceLayer({ node: vpc.node.name });
-    const eni = vpc.newEni();
-    await vpc.plugEni(eni);
-    const pod = await vpc.pod("a");
+    const { devices, eni, pod } = await onePod(vpc);
     // A gateway outside every connected subnet: the kernel refuses the route.
     const err = await assertRejects(() =>
       devices.plug({
@@ -233,10 +232,7 @@ Deno.test({
   ignore: !root,
   async fn() {
     await using vpc = await SimulatedVpc.create();
-    const devices = new IpDeviceLayer({ node: vpc.node.name });
-    const eni = vpc.newEni();
-    await vpc.plugEni(eni);
-    const pod = await vpc.pod("a");
+    const { devices, eni, pod } = await onePod(vpc);
     const { nodeName } = await devices.plug(plugArgs(eni, pod.path));
     await vpc.deletePod(pod);
     // The kernel destroys the whole veth pair with the namespace (asynchronously,
@@ -285,10 +281,7 @@ Deno.test({
   ignore: !root,
   async fn() {
     await using vpc = await SimulatedVpc.create();
-    const devices = new IpDeviceLayer({ node: vpc.node.name });
-    const eni = vpc.newEni();
-    await vpc.plugEni(eni);
-    const pod = await vpc.pod("a");
+    const { devices, eni, pod } = await onePod(vpc);
     await devices.plug(plugArgs(eni, pod.path));
     await runIp(["addr", "del", `${eni.ipv4!.address}/24`, "dev", "eth0"], { netns: pod.name });
     const s = await devices.inspect({ netns: pod.path, ifName: "eth0" });
@@ -307,10 +300,7 @@ Deno.test({
   ignore: !root,
   async fn() {
     await using vpc = await SimulatedVpc.create();
-    const devices = new IpDeviceLayer({ node: vpc.node.name });
-    const eni = vpc.newEni();
-    await vpc.plugEni(eni);
-    const pod = await vpc.pod("a");
+    const { devices, eni, pod } = await onePod(vpc);
     // `ip netns exec` execs the program: the child's pid is the sleeper in the pod.
     const sleeper = new Deno.Command("/usr/sbin/ip", {
       args: ["netns", "exec", pod.name, "/usr/bin/sleep", "30"],
@@ -386,10 +376,7 @@ Deno.test({
   ignore: !root,
   async fn() {
     await using vpc = await SimulatedVpc.create();
-    const devices = new IpDeviceLayer({ node: vpc.node.name });
-    const eni = vpc.newEni();
-    await vpc.plugEni(eni);
-    const pod = await vpc.pod("a");
+    const { devices, eni, pod } = await onePod(vpc);
     let { nodeName } = await devices.plug(plugArgs(eni, pod.path));
     const inPod = await linkByMac(pod.name, eni.mac);
     assertEquals(
@@ -435,10 +422,7 @@ Deno.test({
   ignore: !root,
   async fn() {
     await using vpc = await SimulatedVpc.create();
-    const devices = new IpDeviceLayer({ node: vpc.node.name });
-    const eni = vpc.newEni();
-    await vpc.plugEni(eni);
-    const pod = await vpc.pod("a");
+    const { devices, eni, pod } = await onePod(vpc);
     const times: number[] = [];
     const spawns: number[] = [];
     for (let i = 0; i < 20; i++) {
