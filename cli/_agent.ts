@@ -4,8 +4,9 @@
  *
  * @module
  */
-import { ApiError, DEFAULT_SOCKET } from "../manager/api_schema.ts";
-import { AgentUnreachableError } from "../manager/client.ts";
+import { DEFAULT_SOCKET } from "../api/wire.ts";
+import { ApiError } from "../api/schema.ts";
+import { AgentUnreachableError } from "../api/client.ts";
 import type { CliIo } from "./io.ts";
 
 /** The socket: `--socket`, else `ENIM_SOCKET`, else the default. */

@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { DEFAULT_SOCKET } from "../api/wire.ts";
 import { Command } from "@commander-js/extra-typings";
 import type { CliIo } from "./io.ts";
 import {
@@ -13,8 +14,7 @@ import {
   DEFAULT_STATE_PATH,
   enimEnv,
   loadConfig,
-} from "../manager/config.ts";
-import { DEFAULT_SOCKET } from "../manager/api_schema.ts";
+} from "../agent/config.ts";
 import { LEVELS, Logger, type Sink, stderrSink } from "../lib/log.ts";
 import { privateDir, privateFile } from "../lib/private_fs.ts";
 import { dirname } from "node:path";
@@ -39,8 +39,8 @@ async function openSink(cfg: AgentConfig): Promise<{ sink: Sink; close(): void }
 
 /** Runs the agent until SIGTERM or SIGINT; returns the exit code. */
 export async function runAgentProcess(cfg: AgentConfig): Promise<number> {
-  const { runAgent } = await import("../manager/agent.ts");
-  const { defaultDeps } = await import("../manager/agent_deps.ts");
+  const { runAgent } = await import("../agent/agent.ts");
+  const { defaultDeps } = await import("../agent/deps.ts");
   let out: { sink: Sink; close(): void };
   try {
     out = await openSink(cfg);
@@ -114,7 +114,7 @@ export function agentCommand(io: CliIo, exit: { code: number }) {
       try {
         cfg = await loadConfig(opts, enimEnv());
         if (opts.checkConfig) {
-          const { checkConfig } = await import("../manager/agent.ts");
+          const { checkConfig } = await import("../agent/agent.ts");
           const { loadProvider } = await import("../providers/registry.ts");
           await checkConfig(cfg, { loadProvider });
           io.out(

@@ -8,7 +8,7 @@
  * @module
  */
 import { Command } from "@commander-js/extra-typings";
-import type { GcReport } from "../manager/api_schema.ts";
+import type { GcReport } from "../api/schema.ts";
 import type { CliIo } from "./io.ts";
 import { type Column, renderTable, shortId } from "./_table.ts";
 import { reportAgentError, SOCKET_HELP, socketPath } from "./_agent.ts";

@@ -1,8 +1,8 @@
 import { assertEquals, assertMatch } from "../lib/assert.ts";
-import { GcReportSchema } from "../manager/api_schema.ts";
-import { withRunDir } from "../tests/_run_dir.ts";
-import { cli, withFakeAgent } from "../tests/_cli.ts";
-import type { FakeManager } from "../manager/_fake_manager.ts";
+import { GcReportSchema } from "../api/schema.ts";
+import { withRunDir } from "../tests/support/run_dir.ts";
+import { cli, withFakeAgent } from "../tests/support/cli.ts";
+import type { FakeManager } from "../tests/support/fake_manager.ts";
 
 async function seed(m: FakeManager) {
   for (const [i, name] of ["web-0", "web-1", "web-2"].entries()) {

@@ -1,11 +1,11 @@
 /**
  * What the operator commands take from the outside, as parameters (the shape of
- * the plugin's `PluginIo`): where output goes and how to reach the agent. Tests
+ * the dispatcher's `DispatchIo`): where output goes and how to reach the agent. Tests
  * pass their own; `processIo` is the real process.
  *
  * @module
  */
-import { type AgentClient, SocketAgentClient } from "../manager/client.ts";
+import { type AgentClient, SocketAgentClient } from "../api/client.ts";
 
 /** Output streams and the agent, injectable for tests. */
 export interface CliIo {

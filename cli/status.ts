@@ -4,7 +4,7 @@
  * @module
  */
 import { Command } from "@commander-js/extra-typings";
-import type { Status } from "../manager/api_schema.ts";
+import type { Status } from "../api/schema.ts";
 import type { CliIo } from "./io.ts";
 import { type Column, formatAge, renderTable, shortId } from "./_table.ts";
 import { reportAgentError, SOCKET_HELP, socketPath } from "./_agent.ts";

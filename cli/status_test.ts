@@ -1,8 +1,8 @@
 import { assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { StatusSchema } from "../manager/api_schema.ts";
-import { runEnim } from "../tests/_enim.ts";
-import { withRunDir, withSandbox } from "../tests/_run_dir.ts";
-import { cli, withFakeAgent } from "../tests/_cli.ts";
+import { StatusSchema } from "../api/schema.ts";
+import { runEnim } from "../tests/support/enim.ts";
+import { withRunDir, withSandbox } from "../tests/support/run_dir.ts";
+import { cli, withFakeAgent } from "../tests/support/cli.ts";
 import { renderStatus } from "./status.ts";
 import { formatAge } from "./_table.ts";
 

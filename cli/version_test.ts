@@ -1,6 +1,6 @@
 import { assertEquals, assertMatch } from "../lib/assert.ts";
 import { runCli } from "./mod.ts";
-import { runEnim } from "../tests/_enim.ts";
+import { runEnim } from "../tests/support/enim.ts";
 
 Deno.test("version prints enim's version and the CNI versions", async () => {
   let out = "";

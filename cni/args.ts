@@ -18,7 +18,7 @@
  *
  * @module
  */
-import { type Pod, PodSchema } from "../manager/api_schema.ts";
+import { type Pod, PodSchema } from "../api/schema.ts";
 import { CNI_CODES, CniError } from "./errors.ts";
 import { isIpMaybePrefix, type NetworkConfig } from "./config.ts";
 
@@ -164,9 +164,4 @@ export function podOf(args: CniArgs, containerId: string): Pod {
     );
   }
   return parsed.data;
-}
-
-/** `namespace/name`, the owner as the logs and the agent show it. */
-export function ownerString(pod: Pod): string {
-  return `${pod.namespace}/${pod.name}`;
 }

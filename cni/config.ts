@@ -21,6 +21,7 @@
  *
  * @module
  */
+import { DEFAULT_SOCKET } from "../api/wire.ts";
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import { IpRangeSchema, NetworkCidrSchema, routeFamilyCheck } from "../providers/schema.ts";
@@ -28,7 +29,7 @@ import { isCidr, isIp, isIpMaybePrefix } from "../lib/ip.ts";
 
 export { isCidr, isIp, isIpMaybePrefix };
 import { CNI_CODES, CniError, formatZodIssues } from "./errors.ts";
-import { DEFAULT_LOG_FILE, DEFAULT_SOCKET, DEFAULT_TIMEOUT_SECONDS } from "./spec.ts";
+import { DEFAULT_LOG_FILE, DEFAULT_TIMEOUT_SECONDS } from "./spec.ts";
 
 export { DEFAULT_LOG_FILE, DEFAULT_TIMEOUT_SECONDS };
 
@@ -115,8 +116,8 @@ export const NetworkConfigSchema = z.looseObject({
 /** The top-level network config. */
 export type NetworkConfig = z.infer<typeof NetworkConfigSchema>;
 
-export type { Mode } from "../manager/api_schema.ts";
-import type { Mode } from "../manager/api_schema.ts";
+export type { Mode } from "../api/schema.ts";
+import type { Mode } from "../api/schema.ts";
 
 /** A parsed config: the whole object, the mode, and enim's section. */
 export interface ParsedConfig {

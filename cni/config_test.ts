@@ -1,5 +1,5 @@
 import { assert, assertEquals, assertStringIncludes, assertThrows } from "../lib/assert.ts";
-import { DEFAULT_SOCKET } from "../manager/api_schema.ts";
+import { DEFAULT_SOCKET } from "../api/wire.ts";
 import { DEFAULT_LOG_FILE, detectMode, parseNetworkConfig } from "./config.ts";
 import { CniError } from "./errors.ts";
 

@@ -16,20 +16,12 @@
  *
  * @module
  */
+import type { CniEnvName } from "../api/wire.ts";
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
-import { IfNameSchema, NetnsPathSchema } from "../manager/api_schema.ts";
+import { IfNameSchema, NetnsPathSchema } from "../api/schema.ts";
 import { CNI_CODES, CniError } from "./errors.ts";
-import {
-  CNI_ENV_NAMES,
-  CNI_VERBS,
-  type CniEnvName,
-  type CniVerb,
-  REQUIRED_ENV,
-  verbProblem,
-} from "./spec.ts";
-
-export { CNI_ENV_NAMES, CNI_VERBS, type CniEnvName, type CniVerb, REQUIRED_ENV };
+import { CNI_VERBS, type CniVerb, REQUIRED_ENV, verbProblem } from "./spec.ts";
 
 /** Which variables each verb reads (and so validates when they are set). */
 const USED_ENV: Record<CniVerb, readonly CniEnvName[]> = {

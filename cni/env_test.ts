@@ -1,6 +1,7 @@
 import { assert, assertEquals, assertStringIncludes, assertThrows } from "../lib/assert.ts";
 import { CniError } from "./errors.ts";
-import { CNI_VERBS, parseCniEnv, REQUIRED_ENV } from "./env.ts";
+import { parseCniEnv } from "./env.ts";
+import { CNI_VERBS, REQUIRED_ENV } from "./spec.ts";
 
 const FULL = {
   CNI_COMMAND: "ADD",

@@ -9,13 +9,14 @@
  *
  * @module
  */
+import { DEFAULT_SOCKET } from "../api/wire.ts";
 import * as z from "zod/mini";
 // By name: a run-time `z.core.$ZodError` would keep all of zod's core in the bundle.
 import { $ZodError } from "zod/v4/core";
 import "../lib/zod_locale.ts";
-import { ApiError, type ApiErrorCode } from "../manager/api_schema.ts";
-import { AgentUnreachableError } from "../manager/client.ts";
-import { CNI_CODES, type CniCode, DEFAULT_SOCKET, errorObject } from "./spec.ts";
+import { ApiError, type ApiErrorCode } from "../api/schema.ts";
+import { AgentUnreachableError } from "../api/client.ts";
+import { CNI_CODES, type CniCode, errorObject } from "./spec.ts";
 import { userMessage } from "../lib/message.ts";
 
 export { CNI_CODES, type CniCode };

@@ -1,7 +1,7 @@
 import { z } from "zod";
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
-import { API_ERROR_CODES, ApiError, type ApiErrorCode } from "../manager/api_schema.ts";
-import { AgentUnreachableError } from "../manager/client.ts";
+import { API_ERROR_CODES, ApiError, type ApiErrorCode } from "../api/schema.ts";
+import { AgentUnreachableError } from "../api/client.ts";
 import { CNI_CODES, CniError, CniErrorObjectSchema, toCniError } from "./errors.ts";
 
 Deno.test("CNI codes are unique, the spec's below 100 and enim's from 100 up", () => {

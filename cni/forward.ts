@@ -2,7 +2,7 @@
  * The CNI plugin process: what a container runtime execs for every CNI call.
  *
  * It forwards the raw call (the CNI_* environment and stdin) to the agent,
- * which runs the whole CNI protocol (`cni/plugin.ts`: env, config, CNI_ARGS,
+ * which runs the whole CNI protocol (`cni/dispatch.ts`: env, config, CNI_ARGS,
  * versions, results, error codes) with its schemas already compiled, and
  * prints what the agent answers. So the process loads nothing but
  * `cni/spec.ts`, `lib/http1.ts`, `cni/log_file.ts` and this file: no zod, no
@@ -35,24 +35,26 @@
  * @module
  */
 import {
+  CNI_CALL_PATH,
+  CNI_ENV_NAMES,
+  DEFAULT_SOCKET,
+  EXIT_HEADER,
+  LOG_FILE_ENV,
+} from "../api/wire.ts";
+import {
   answer,
   answerVersion,
-  CNI_CALL_PATH,
   CNI_CODES,
-  CNI_ENV_NAMES,
   type CniErrorObject,
   decodeFailure,
   decodeStdin,
   DEFAULT_LOG_FILE,
-  DEFAULT_SOCKET,
   DEFAULT_TIMEOUT_SECONDS,
   enimSection,
   errorObject,
-  EXIT_HEADER,
   type InvocationRecord,
   isPlainObject,
   LATEST_VERSION,
-  LOG_FILE_ENV,
   missingEnv,
   statNetns,
   verbProblem,

@@ -3,9 +3,9 @@
  * faked: what it forwards, how it passes the agent's answer through, and what
  * it answers alone.
  */
+import { CNI_CALL_PATH, EXIT_HEADER } from "../api/wire.ts";
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
 import { forward, type ForwardIo } from "./forward.ts";
-import { CNI_CALL_PATH, EXIT_HEADER } from "./spec.ts";
 import { type HttpResponse, UnixHttpError } from "../lib/http1.ts";
 
 const CONFIG = JSON.stringify({
@@ -141,9 +141,15 @@ Deno.test("without the agent forward() answers by the module's rules", async (t)
     assertEquals(code(await run({}, CONFIG, unreachable())), 4);
     assertEquals(code(await run(ADD_ENV, "{", unreachable())), 6);
   });
-  await t.step("STATUS → 50", async () => {
+  await t.step("STATUS → 50 naming the socket", async () => {
     const r = await run({ CNI_COMMAND: "STATUS" }, CONFIG, unreachable());
     assertEquals(code(r), 50);
+    assertStringIncludes(JSON.parse(r.stdout).msg, "/run/enim/other.sock");
+  });
+  await t.step("GC and CHECK → 11", async () => {
+    const gc = await run({ CNI_COMMAND: "GC", CNI_PATH: "/opt/cni/bin" }, CONFIG, unreachable());
+    assertEquals(code(gc), 11);
+    assertEquals(code(await run({ ...ADD_ENV, CNI_COMMAND: "CHECK" }, CONFIG, unreachable())), 11);
   });
   await t.step("DEL with the namespace gone → success; still there → 11", async () => {
     const del = { ...ADD_ENV, CNI_COMMAND: "DEL" };

@@ -5,7 +5,7 @@
  * ships (`dist/bundle`), where its chunk must import nothing at all.
  */
 import { assert, assertEquals } from "../lib/assert.ts";
-import { ROOT } from "../tests/_enim.ts";
+import { ROOT } from "../scripts/_paths.ts";
 import { ensureBuiltSync } from "../scripts/build.ts";
 import { dirname, join } from "node:path";
 
@@ -26,6 +26,7 @@ async function moduleGraph(entry: string): Promise<string[]> {
 Deno.test("the plugin process's sources load only the wire, the spec and the log file", async () => {
   const graph = (await moduleGraph(`${ROOT}/cni/forward.ts`)).sort();
   assertEquals(graph, [
+    "api/wire.ts",
     "cni/forward.ts",
     "cni/log_file.ts",
     "cni/spec.ts",

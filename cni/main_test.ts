@@ -4,7 +4,11 @@
  * What the process answers alone (cni/forward.ts); with an agent, the e2e tests.
  */
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
-import { runEnim as runEnimRaw, type RunEnimOptions, type RunEnimResult } from "../tests/_enim.ts";
+import {
+  runEnim as runEnimRaw,
+  type RunEnimOptions,
+  type RunEnimResult,
+} from "../tests/support/enim.ts";
 import { CniErrorObjectSchema } from "./errors.ts";
 
 /** A path the permission set cannot write: logging fails, silently, and the host log stays clean. */

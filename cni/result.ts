@@ -21,8 +21,8 @@
  *
  * @module
  */
-import type { AddResponse, Mode } from "../manager/api_schema.ts";
-import type { CniResult } from "./version.ts";
+import type { AddResponse, Mode } from "../api/schema.ts";
+import type { CniResult } from "./negotiate.ts";
 
 /** What the result needs beyond the agent's answer. */
 export interface ResultContext {

@@ -1,7 +1,7 @@
 import { assertEquals } from "../lib/assert.ts";
-import { SAMPLE_ADD_RESPONSE } from "./_fake_agent.ts";
+import { SAMPLE_ADD_RESPONSE } from "../tests/support/fake_agent.ts";
 import { buildAddResult } from "./result.ts";
-import { convertResult, negotiateVersion, SUPPORTED_VERSIONS } from "./version.ts";
+import { convertResult, negotiateVersion, SUPPORTED_VERSIONS } from "./negotiate.ts";
 
 const ctx = { ifName: "eth0", netns: "/run/netns/pod1" };
 

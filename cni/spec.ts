@@ -3,32 +3,21 @@
  * verbs and variable names, the spec versions, the error codes, decoding
  * stdin, the VERSION answer and the error object's shape.
  *
- * This module imports nothing, on purpose: the plugin process
- * (`cni/forward.ts`) loads only this, `lib/http1.ts` and itself, so that every
+ * This module imports only the wire constants (`api/wire.ts`), on purpose: the
+ * plugin process (`cni/forward.ts`) loads only these, `lib/http1.ts` and itself, so that every
  * CNI call costs little more than Deno's own start-up. Everything that needs a
  * schema (the network config, CNI_ARGS, results, the agent's API) runs in the
- * agent, where the schemas are already compiled; `cni/plugin.ts` builds on
+ * agent, where the schemas are already compiled; `cni/dispatch.ts` builds on
  * this module, so both sides answer with the same codes and messages.
  *
  * @module
  */
+import type { CniEnvName } from "../api/wire.ts";
 
 /** The CNI verbs enim serves. */
 export const CNI_VERBS = ["ADD", "DEL", "CHECK", "VERSION", "STATUS", "GC"] as const;
 /** A CNI verb. */
 export type CniVerb = typeof CNI_VERBS[number];
-
-/** The environment variable names the plugin reads (and the only ones it looks up). */
-export const CNI_ENV_NAMES = [
-  "CNI_COMMAND",
-  "CNI_CONTAINERID",
-  "CNI_NETNS",
-  "CNI_IFNAME",
-  "CNI_ARGS",
-  "CNI_PATH",
-] as const;
-/** One of {@linkcode CNI_ENV_NAMES}. */
-export type CniEnvName = typeof CNI_ENV_NAMES[number];
 
 /** Which variables each verb requires, per SPEC.md. */
 export const REQUIRED_ENV: Record<CniVerb, readonly CniEnvName[]> = {
@@ -40,16 +29,6 @@ export const REQUIRED_ENV: Record<CniVerb, readonly CniEnvName[]> = {
   VERSION: [],
 };
 
-/** The variable that sends the plugin's log line to another file (tests, debugging). */
-export const LOG_FILE_ENV = "ENIM_LOG_FILE";
-
-/** The API path the plugin process posts a raw call to (`cni/forward.ts`). */
-export const CNI_CALL_PATH = "/v1/cni";
-/** The header of the agent's answer to a raw call that carries the plugin's exit code. */
-export const EXIT_HEADER = "enim-cni-exit";
-/** The largest stdin a raw call may carry (a GC's valid attachments can be long). */
-export const MAX_CALL_STDIN = 4 * 1024 * 1024;
-
 /** The spec versions enim speaks, oldest first. */
 export const SUPPORTED_VERSIONS = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] as const;
 /** A spec version enim speaks. */
@@ -57,8 +36,6 @@ export type SupportedVersion = typeof SUPPORTED_VERSIONS[number];
 /** The newest version, used when the request carries none (VERSION) or none can be read. */
 export const LATEST_VERSION: SupportedVersion = "1.1.0";
 
-/** The default agent socket. */
-export const DEFAULT_SOCKET = "/run/enim/enim.sock";
 /** Where the plugin logs by default. */
 export const DEFAULT_LOG_FILE = "/var/log/enim/cni.log";
 /** How long the plugin waits for the agent by default. */
@@ -232,7 +209,8 @@ export interface InvocationRecord {
   containerId?: string;
   ifName?: string;
   netns?: string;
-  owner?: string;
+  /** The pod, `namespace/name` ({@linkcode podKeyOf} in providers/schema.ts). */
+  pod?: string;
   /** The pod's profile, when not `default`. */
   profile?: string;
   eniId?: string;

@@ -46,7 +46,7 @@ Deno.test("the DaemonSet runs the agent in the node's network namespace on every
   assertEquals(pod.priorityClassName, "system-node-critical");
   assert(pod.tolerations.some((t: Obj) => t.operator === "Exists" && t.key === undefined));
   assertEquals(agent.command.slice(1), ["agent", "--config", "/etc/enim/agent.jsonc"]);
-  // The environment the tests and the bench run the agent with (tests/_agent_proc.ts).
+  // The environment the tests and the bench run the agent with (tests/support/agent_proc.ts).
   assertEquals(agent.env, [{ name: "MALLOC_ARENA_MAX", value: "2" }]);
 });
 

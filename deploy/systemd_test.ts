@@ -137,7 +137,7 @@ Deno.test("the unit grants what the agent needs and nothing V8 cannot live with"
   const one = (k: string) => s.get(k)?.join(" ");
   assertEquals(one("ExecStart"), "/opt/cni/bin/enim agent --config /etc/enim/agent.jsonc");
   assertEquals(one("Type"), "simple");
-  // The environment the tests and the bench run the agent with (tests/_agent_proc.ts).
+  // The environment the tests and the bench run the agent with (tests/support/agent_proc.ts).
   assertEquals(one("Environment"), "MALLOC_ARENA_MAX=2");
   assertEquals(one("Restart"), "on-failure");
   assertEquals(

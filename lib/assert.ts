@@ -7,20 +7,24 @@ import assert from "node:assert/strict";
 
 /** Deep strict equality. */
 export function assertEquals<T>(actual: unknown, expected: T, msg?: string): asserts actual is T {
-  assert.deepStrictEqual(actual, expected, msg);
+  if (msg === undefined) assert.deepStrictEqual(actual, expected);
+  else assert.deepStrictEqual(actual, expected, msg);
 }
 /** Strict inequality. */
 export function assertNotEquals(actual: unknown, expected: unknown, msg?: string): void {
-  assert.notDeepStrictEqual(actual, expected, msg);
+  if (msg === undefined) assert.notDeepStrictEqual(actual, expected);
+  else assert.notDeepStrictEqual(actual, expected, msg);
 }
 /** Truthiness. */
 export function assert_(value: unknown, msg?: string): asserts value {
-  assert.ok(value, msg);
+  if (msg === undefined) assert.ok(value);
+  else assert.ok(value, msg);
 }
 export { assert_ as assert };
 /** A string matches a pattern. */
 export function assertMatch(actual: string, re: RegExp, msg?: string): void {
-  assert.match(actual, re, msg);
+  if (msg === undefined) assert.match(actual, re);
+  else assert.match(actual, re, msg);
 }
 /** A string contains a substring. */
 export function assertStringIncludes(actual: string, expected: string, msg?: string): void {

@@ -4,7 +4,7 @@
  * Classic zod installs its English locale when it builds its first schema;
  * `zod/mini` installs none, so without this module every default message would
  * be "Invalid input". Every module that uses zod/mini at run time imports it
- * for its side effect (`import "../lib/zod_locale.ts";`), so the messages are
+ * for its side effect (`import "./zod_locale.ts";`), so the messages are
  * the same whichever module a process loads first, and whether classic zod (the
  * BCE provider, the tests) is loaded too.
  *

@@ -10,9 +10,10 @@
 import { type Eni, EniSchema, type Owner } from "../providers/contract.ts";
 import { DeviceError, type PinnedNetns, type PlugResult, type RouteSpec } from "../netns/types.ts";
 import type { Logger } from "../lib/log.ts";
-import { type AddResponse, AddResponseSchema, ApiError } from "./api_schema.ts";
+import { type AddResponse, AddResponseSchema, ApiError } from "../api/schema.ts";
 import type { AddInput } from "./types.ts";
-import { type AttachmentKey, type AttachmentRow, keyOf } from "./state.ts";
+import type { AttachmentRow } from "./state.ts";
+import { type AttachmentKey, keyOf, podKeyOf } from "../providers/schema.ts";
 import { checkChoice } from "./profiles.ts";
 import { buildResult } from "./result.ts";
 import { type ManagerContext, message, ownerOf } from "./context.ts";
@@ -20,7 +21,7 @@ import type { OpTimer } from "./op_timer.ts";
 import { findDevice, release } from "./release.ts";
 
 export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promise<AddResponse> {
-  const pod = `${req.pod.namespace}/${req.pod.name}`;
+  const pod = podKeyOf(req.pod);
   const key: AttachmentKey = { containerId: req.containerId, ifName: req.ifName };
   const existing = ctx.state.get(key);
   if (existing) {

@@ -21,8 +21,8 @@
  */
 import { normalizeIp } from "../providers/contract.ts";
 import type { Link, NetnsIdentity, PinnedNetns, RouteSpec } from "../netns/types.ts";
-import { AddResponseSchema, ApiError, type Mode } from "./api_schema.ts";
-import { keyOf } from "./state.ts";
+import { AddResponseSchema, ApiError, type Mode } from "../api/schema.ts";
+import { keyOf } from "../providers/schema.ts";
 import type { CheckInput } from "./types.ts";
 import { type ManagerContext, message } from "./context.ts";
 

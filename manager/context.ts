@@ -11,7 +11,7 @@ import type { DeviceLayer } from "../netns/types.ts";
 import type { Logger } from "../lib/log.ts";
 import type { PhaseRecorder } from "../lib/metrics.ts";
 import { userMessage } from "../lib/message.ts";
-import type { ApiError } from "./api_schema.ts";
+import type { ApiError } from "../api/schema.ts";
 import type { AttachmentRow, StateStore } from "./state.ts";
 import type { KeyedMutex } from "./mutex.ts";
 import type { Describer, DescriptionRecorder } from "./descriptions.ts";

@@ -3,10 +3,10 @@
  * "killed" at a random step (the step never returns), then a restart on the
  * same database file and reconcile; the invariants are checked after each.
  */
-import { addReq, delReq, makeNode, type Node, settle } from "./_testing.ts";
+import { addReq, delReq, makeNode, type Node, settle } from "../tests/support/manager_fixtures.ts";
 import type { FakeStep } from "../netns/fake.ts";
 import { NODE } from "../netns/fake.ts";
-import type { ProviderHang } from "./_testing.ts";
+import type { ProviderHang } from "../tests/support/manager_fixtures.ts";
 import { mulberry32 } from "../lib/rng.ts";
 import { assert, assertEquals } from "../lib/assert.ts";
 

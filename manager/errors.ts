@@ -1,6 +1,6 @@
 /**
  * How a failure becomes the API error a client sees: storage failures, provider
- * reasons and device errors each get their stable code (`api_schema.ts`), anything
+ * reasons and device errors each get their stable code (`api/schema.ts`), anything
  * else is `internal`.
  *
  * @module
@@ -9,7 +9,7 @@ import { ProviderError } from "../providers/contract.ts";
 import { DeviceError } from "../netns/types.ts";
 import { storageFailure, storageFailureMessage } from "../lib/sqlite.ts";
 import { userMessage as message } from "../lib/message.ts";
-import { ApiError } from "./api_schema.ts";
+import { ApiError } from "../api/schema.ts";
 
 /**
  * Maps anything thrown by a step to the API error a client sees. `statePath`

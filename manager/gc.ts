@@ -35,8 +35,9 @@
 import type { DeviceLayer } from "../netns/types.ts";
 import type { Owner, Provider } from "../providers/contract.ts";
 import type { Logger } from "../lib/log.ts";
-import type { GcItemSchema, GcReport } from "./api_schema.ts";
-import { type AttachmentRow, keyOf, type StateStore } from "./state.ts";
+import type { GcItemSchema, GcReport } from "../api/schema.ts";
+import type { AttachmentRow, StateStore } from "./state.ts";
+import { keyOf } from "../providers/schema.ts";
 import type { GcInput } from "./types.ts";
 import type { KeyedMutex } from "./mutex.ts";
 import type * as z from "zod/mini";

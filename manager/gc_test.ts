@@ -1,8 +1,14 @@
-import { add, addReq, type Node, type NodeOptions, withNode } from "./_testing.ts";
+import {
+  add,
+  addReq,
+  type Node,
+  type NodeOptions,
+  withNode,
+} from "../tests/support/manager_fixtures.ts";
 import { NODE } from "../netns/fake.ts";
 import type { LivenessSource } from "./gc.ts";
-import { GcReportSchema } from "./api_schema.ts";
-import { keyOf } from "./state.ts";
+import { GcReportSchema } from "../api/schema.ts";
+import { keyOf } from "../providers/schema.ts";
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
 
 const GRACE = 60_000;

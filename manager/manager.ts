@@ -37,7 +37,7 @@ import type { Eni, Provider } from "../providers/contract.ts";
 import type { DeviceLayer } from "../netns/types.ts";
 import type { Logger } from "../lib/log.ts";
 import type { PhaseRecorder } from "../lib/metrics.ts";
-import { type AddResponse, ApiError, type GcReport, type Status } from "./api_schema.ts";
+import { type AddResponse, ApiError, type GcReport, type Status } from "../api/schema.ts";
 import type {
   AddInput,
   CheckInput,
@@ -46,7 +46,8 @@ import type {
   GcInput,
   ReconcileReport,
 } from "./types.ts";
-import { keyOf, StateStore } from "./state.ts";
+import { StateStore } from "./state.ts";
+import { keyOf } from "../providers/schema.ts";
 import { KeyedMutex } from "./mutex.ts";
 import { checkAttachment } from "./check.ts";
 import { type LivenessSource, runGc } from "./gc.ts";

@@ -1,5 +1,5 @@
-import { addReq, delReq, type Node, settle, withNode } from "./_testing.ts";
-import { ApiError, AttachmentSchema, CheckRequestSchema, StatusSchema } from "./api_schema.ts";
+import { addReq, delReq, type Node, settle, withNode } from "../tests/support/manager_fixtures.ts";
+import { ApiError, AttachmentSchema, CheckRequestSchema, StatusSchema } from "../api/schema.ts";
 import { NODE } from "../netns/fake.ts";
 import { DeviceError } from "../netns/types.ts";
 import { ProviderError } from "../providers/contract.ts";

@@ -5,7 +5,7 @@
  */
 import type { Phase, PhaseRecorder } from "../lib/metrics.ts";
 import type { Logger } from "../lib/log.ts";
-import { ApiError } from "./api_schema.ts";
+import { ApiError } from "../api/schema.ts";
 
 /**
  * The phases of one operation: durations summed per phase (a phase may run more

@@ -11,7 +11,7 @@
  */
 import { contains, parseCidr, parseIp } from "../lib/ip.ts";
 import { isEnterpriseGroup, type ProfileInfo } from "../providers/contract.ts";
-import { ApiError } from "./api_schema.ts";
+import { ApiError } from "../api/schema.ts";
 
 /** What a pod asks for. */
 export interface Choice {

@@ -3,8 +3,14 @@
  * the operator's rules, profile pools, inline groups, fixed IPs, sticky holds,
  * the shared node limit and the cloud descriptions.
  */
-import { add, delReq, type Node, type NodeOptions, withNode } from "./_testing.ts";
-import { ApiError } from "./api_schema.ts";
+import {
+  add,
+  delReq,
+  type Node,
+  type NodeOptions,
+  withNode,
+} from "../tests/support/manager_fixtures.ts";
+import { ApiError } from "../api/schema.ts";
 import { NODE } from "../netns/fake.ts";
 import { assert, assertEquals, assertNotEquals, assertRejects } from "../lib/assert.ts";
 

@@ -15,7 +15,8 @@
  * @module
  */
 import { type Eni, EniSchema, type Owner } from "../providers/contract.ts";
-import { type AttachmentState, keyOf } from "./state.ts";
+import type { AttachmentState } from "../api/schema.ts";
+import { keyOf } from "../providers/schema.ts";
 import type { ReconcileReport } from "./types.ts";
 import { type ManagerContext, message, ownerOf } from "./context.ts";
 import { release, repairDevice } from "./release.ts";

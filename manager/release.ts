@@ -14,7 +14,8 @@
 import { ProviderError } from "../providers/contract.ts";
 import { DeviceError, type Link, type PinnedNetns } from "../netns/types.ts";
 import type { Phase } from "../lib/metrics.ts";
-import { type AttachmentKey, type AttachmentRow, keyOf } from "./state.ts";
+import type { AttachmentRow } from "./state.ts";
+import { type AttachmentKey, keyOf } from "../providers/schema.ts";
 import { type ManagerContext, message, ownerOf } from "./context.ts";
 import { OpTimer } from "./op_timer.ts";
 import { poll } from "../lib/async.ts";

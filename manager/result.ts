@@ -9,7 +9,7 @@
  */
 import type { Eni } from "../providers/contract.ts";
 import type { RouteSpec } from "../netns/types.ts";
-import type { AddResponse } from "./api_schema.ts";
+import type { AddResponse } from "../api/schema.ts";
 import type { AddInput } from "./types.ts";
 
 /** Whether a route's destination is IPv6. */

@@ -22,9 +22,7 @@ import {
   AttachmentStateSchema,
   type Mode,
   ModeSchema,
-} from "./api_schema.ts";
-
-export { type AttachmentState, AttachmentStateSchema } from "./api_schema.ts";
+} from "../api/schema.ts";
 
 /** The first schema (version 1), as agents before per-component versions made it. */
 const V1 = `CREATE TABLE attachments (
@@ -143,7 +141,6 @@ export const AttachmentRowSchema = z.object({
 /** A row of `attachments`. */
 export type AttachmentRow = z.infer<typeof AttachmentRowSchema>;
 
-export { type AttachmentKey, keyOf } from "../providers/schema.ts";
 import type { AttachmentKey } from "../providers/schema.ts";
 
 const COLUMNS: Record<keyof AttachmentRow, string> = {

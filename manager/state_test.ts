@@ -1,6 +1,6 @@
 import { openDatabase } from "../lib/sqlite.ts";
 import { SCHEMA_VERSION, StateStore, toAttachment } from "./state.ts";
-import { AttachmentSchema } from "./api_schema.ts";
+import { AttachmentSchema } from "../api/schema.ts";
 import { assert, assertEquals, assertThrows } from "../lib/assert.ts";
 
 async function withDbFile(fn: (path: string) => Promise<void> | void) {

@@ -5,7 +5,7 @@
  * @module
  */
 import { VERSION } from "../lib/version.ts";
-import type { Status } from "./api_schema.ts";
+import type { Status } from "../api/schema.ts";
 import { toAttachment } from "./state.ts";
 import type { ManagerContext } from "./context.ts";
 import type { PoolCounts } from "../lib/metrics.ts";

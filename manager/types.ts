@@ -1,7 +1,7 @@
 /**
  * The ENI manager's public face, as the API server and the agent command see it.
  *
- * The manager throws {@linkcode ApiError} (from `api_schema.ts`) for every failure a
+ * The manager throws {@linkcode ApiError} (from `api/schema.ts`) for every failure a
  * client should see with a stable code; anything else becomes `internal`.
  *
  * @module
@@ -16,7 +16,7 @@ import type {
   GcReport,
   GcRequestSchema,
   Status,
-} from "./api_schema.ts";
+} from "../api/schema.ts";
 import type { Eni } from "../providers/contract.ts";
 
 /** A parsed ADD request (defaults applied). */

@@ -1,8 +1,8 @@
-import { type DeviceHarness, deviceLayerContract } from "./contract_suite.ts";
+import { type DeviceHarness, deviceLayerContract } from "../tests/support/device_contract.ts";
 import { FakeDeviceLayer } from "./fake.ts";
 import { IpDeviceLayer } from "./mod.ts";
 import { ipBatch } from "./ip.ts";
-import { SimulatedVpc } from "../tests/vpc.ts";
+import { SimulatedVpc } from "../tests/support/vpc.ts";
 
 Deno.test("the fake device layer keeps the device-layer contract", async (t) => {
   await deviceLayerContract(t, () => {

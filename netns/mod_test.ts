@@ -4,7 +4,7 @@ import { configureCommands, DeviceError, IpDeviceLayer, netnsIdentity } from "./
 import { vethNames } from "./sim.ts";
 import { AddrInfoSchema } from "./ip.ts";
 import { LinkSchema } from "./types.ts";
-import { SimulatedVpc } from "../tests/vpc.ts";
+import { SimulatedVpc } from "../tests/support/vpc.ts";
 import type { Eni } from "../providers/contract.ts";
 import { z } from "zod";
 

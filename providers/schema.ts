@@ -62,9 +62,23 @@ export interface AttachmentKey {
   ifName: string;
 }
 
-/** An attachment's key as one string, `<containerId>/<ifName>` (for maps, locks and logs). */
+/**
+ * An attachment's key as one string, `<containerId>/<ifName>` (for maps, locks and logs).
+ *
+ * The CNI spec keys a plugin's state by network name, container and interface. enim leaves
+ * the network out on purpose: an interface name is unique inside a container's namespace,
+ * so (container, interface) already names one attachment whatever the network, and two
+ * networks can never both hold `eth0` of one container. The network name is recorded on the
+ * attachment (CNI GC reclaims by it) and a DEL or CHECK that names another network for the
+ * same key reaches the same one attachment, which is what the runtime meant.
+ */
 export function keyOf(k: AttachmentKey): string {
   return `${k.containerId}/${k.ifName}`;
+}
+
+/** A pod as one string, `namespace/name`: what {@linkcode Owner.pod}, the state and the logs hold. */
+export function podKeyOf(pod: { namespace: string; name: string }): string {
+  return `${pod.namespace}/${pod.name}`;
 }
 
 /** The profile every provider has: its top-level settings, and what a pod gets by default. */

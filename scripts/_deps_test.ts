@@ -52,9 +52,9 @@ Deno.test("importing the fixtures looks no program up; ping is looked up on firs
       const orig = Deno[name].bind(Deno);
       Deno[name] = (p, ...rest) => { seen.push(String(p)); return orig(p, ...rest); };
     }
-    await import(${JSON.stringify(`${ROOT}/tests/_node.ts`)});
-    await import(${JSON.stringify(`${ROOT}/tests/_clients.ts`)});
-    const vpc = await import(${JSON.stringify(`${ROOT}/tests/vpc.ts`)});
+    await import(${JSON.stringify(`${ROOT}/tests/support/node.ts`)});
+    await import(${JSON.stringify(`${ROOT}/tests/support/clients.ts`)});
+    const vpc = await import(${JSON.stringify(`${ROOT}/tests/support/vpc.ts`)});
     const atLoad = [...seen];
     let used = null;
     try { used = vpc.pingPath(); } catch (err) { used = String(err.message); }

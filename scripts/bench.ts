@@ -1,6 +1,6 @@
 /**
  * `deno task bench` (root): enim's CNI ADD/DEL against the CNI reference plugins,
- * in one run, on a simulated node (tests/_node.ts) with warm ENIs.
+ * in one run, on a simulated node (tests/support/node.ts) with warm ENIs.
  *
  * Contenders, alternated per iteration (the order flips every iteration):
  * - enim: the launcher (scripts/launcher.ts, what `deno task install` puts at
@@ -26,7 +26,7 @@
  * round against the reference's); a soak with agent RSS and fd samples and a
  * leftover check; the agent's per-phase histograms (from GET /metrics); and,
  * unless `--no-cri`, RunPodSandbox and Stop+Remove through containerd's CRI for
- * enim and the reference (tests/cri/timing.ts). Everything also goes to
+ * enim and the reference (tests/support/cri/timing.ts). Everything also goes to
  * bench-results.json (or `--out FILE`).
  *
  * Flags: `--quick` (a short run), `--iterations N`, `--soak N` (0 skips it),
@@ -36,14 +36,14 @@
  */
 import { parseArgs } from "node:util";
 import { ensureApt, isRoot } from "./_deps.ts";
-import { ROOT } from "../tests/_enim.ts";
+import { ROOT } from "./_paths.ts";
 import { writeLauncher } from "./launcher.ts";
-import type { Containerd as ContainerdType } from "../tests/cri/containerd.ts";
-import { SimulatedNode } from "../tests/_node.ts";
-import type { NetnsHandle } from "../tests/vpc.ts";
+import type { Containerd as ContainerdType } from "../tests/support/cri/containerd.ts";
+import { SimulatedNode } from "../tests/support/node.ts";
+import type { NetnsHandle } from "../tests/support/vpc.ts";
 import { vethNames } from "../netns/sim.ts";
 import type { Eni } from "../providers/schema.ts";
-import { runCommand } from "../tests/_command.ts";
+import { runCommand } from "../tests/support/command.ts";
 
 const { values: flags } = parseArgs({
   args: Deno.args,
@@ -838,16 +838,16 @@ async function linkSummary(node: SimulatedNode, netns: string): Promise<string[]
 
 /**
  * RunPodSandbox and Stop+Remove through containerd's CRI, enim against host-device +
- * static on a pre-made veth (tests/cri/timing.ts), as two runtime handlers of one
+ * static on a pre-made veth (tests/support/cri/timing.ts), as two runtime handlers of one
  * containerd inside the node. The conflist is the one `deno task install` stages.
  */
 async function criTimes(node: SimulatedNode, rounds: number) {
-  const { Containerd } = await import("../tests/cri/containerd.ts");
+  const { Containerd } = await import("../tests/support/cri/containerd.ts");
   const { makeReferenceVeth, referenceConflist, timeSandboxes } = await import(
-    "../tests/cri/timing.ts"
+    "../tests/support/cri/timing.ts"
   );
   const { install } = await import("./install.ts");
-  const { pluginDir } = await import("../tests/_clients.ts");
+  const { pluginDir } = await import("../tests/support/clients.ts");
   const dir = await Deno.makeTempDir({ prefix: "enim-bench-cri-" });
   let cd: ContainerdType | null = null;
   try {

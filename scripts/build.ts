@@ -32,6 +32,8 @@ const SOURCES = [
   "main.ts",
   "deno.json",
   "deno.lock",
+  "agent",
+  "api",
   "cni",
   "manager",
   "providers",

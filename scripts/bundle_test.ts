@@ -170,7 +170,7 @@ Deno.test("the agent's chunks, the providers' included, hold no classic zod and 
   // The walk reached the agent, the providers' registry and both providers.
   for (
     const source of [
-      "manager/agent.ts",
+      "agent/agent.ts",
       "providers/registry.ts",
       "providers/mock/mod.ts",
       "providers/bce/mod.ts",

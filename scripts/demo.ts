@@ -10,8 +10,8 @@
  * @module
  */
 import { BASE_NEEDS, ensureApt, isRoot } from "./_deps.ts";
-import { SimulatedNode } from "../tests/_node.ts";
-import type { NetnsHandle } from "../tests/vpc.ts";
+import { SimulatedNode } from "../tests/support/node.ts";
+import type { NetnsHandle } from "../tests/support/vpc.ts";
 
 const bold = (s: string) => Deno.noColor ? s : `\x1b[1m${s}\x1b[0m`;
 const ok = (s: string) => (Deno.noColor ? "ok " : "\x1b[32mok\x1b[0m ") + s;

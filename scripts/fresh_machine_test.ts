@@ -9,7 +9,7 @@
  * absent while the modules load and present once the demo's apt step has run.
  *
  * Everything runs on CPU 0 (taskset): the demo's sandbox pins a mount namespace to a file
- * (tests/_sandbox.ts), which the kernel refuses ("Invalid argument") unless the pinned
+ * (tests/support/sandbox.ts), which the kernel refuses ("Invalid argument") unless the pinned
  * namespace is newer than the pinning one, by namespace id. On these machines' kernel (6.18)
  * those ids are not in creation order across CPUs, so inside this test's own mount namespace
  * the pin failed in about a third of runs; on one CPU it never did (measured: 0 of 120).

@@ -1,7 +1,7 @@
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
-import { enimArgv, runEnim } from "../tests/_enim.ts";
+import { enimArgv, runEnim } from "../tests/support/enim.ts";
 import { currentDenoDir, launcherScript, shQuote, writeLauncher } from "./launcher.ts";
-import { type CommandOutput, runCommand } from "../tests/_command.ts";
+import { type CommandOutput, runCommand } from "../tests/support/command.ts";
 
 /** Runs `path args…` with exactly `env`, feeding `stdin`. */
 function runScript(

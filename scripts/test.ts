@@ -6,7 +6,7 @@
  *
  * @module
  */
-import { dirname, fromFileUrl } from "./_paths.ts";
+import { dirname, fromFileUrl, join } from "./_paths.ts";
 import { BASE_NEEDS, ensureApt } from "./_deps.ts";
 import { build } from "./build.ts";
 
@@ -17,12 +17,12 @@ if (unmet.length > 0) {
   console.error(`not installed (tests that need them skip): ${unmet.join(", ")}`);
 }
 
-// The artifact every subprocess test runs (tests/_enim.ts), built once, fresh.
+// The artifact every subprocess test runs (tests/support/enim.ts), built once, fresh.
 const built = performance.now();
 console.error(`built ${await build()} in ${((performance.now() - built) / 1000).toFixed(1)} s`);
 
 const cmd = new Deno.Command(Deno.execPath(), {
-  args: ["test", "-A", "--no-prompt", ...Deno.args],
+  args: ["test", "-A", "--no-prompt", "--config", join(root, "tests", "deno.json"), ...Deno.args],
   cwd: root,
   env: { NO_COLOR: "1" },
   stdout: "piped",

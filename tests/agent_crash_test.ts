@@ -14,10 +14,10 @@
  * @module
  */
 import { assert, assertEquals } from "../lib/assert.ts";
-import { type AddRequest, ApiError } from "../manager/api_schema.ts";
-import { AgentUnreachableError, SocketAgentClient } from "../manager/client.ts";
-import { type AgentProcess, prng, startAgent } from "./_agent_proc.ts";
-import { withSandbox } from "./_run_dir.ts";
+import { type AddRequest, ApiError } from "../api/schema.ts";
+import { AgentUnreachableError, SocketAgentClient } from "../api/client.ts";
+import { type AgentProcess, prng, startAgent } from "./support/agent_proc.ts";
+import { withSandbox } from "./support/run_dir.ts";
 
 const SEED = Number(Deno.env.get("ENIM_CRASH_SEED") ?? 20261122);
 const KILLS = Number(Deno.env.get("ENIM_CRASH_KILLS") ?? 60);

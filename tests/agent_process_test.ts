@@ -1,9 +1,9 @@
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
-import { type AddRequest, ApiError } from "../manager/api_schema.ts";
-import { SocketAgentClient, unixRequest } from "../manager/client.ts";
-import { agentCommandLine, startAgent } from "./_agent_proc.ts";
-import { withSandbox } from "./_run_dir.ts";
-import { runEnim } from "./_enim.ts";
+import { type AddRequest, ApiError } from "../api/schema.ts";
+import { SocketAgentClient, unixRequest } from "../api/client.ts";
+import { agentCommandLine, startAgent } from "./support/agent_proc.ts";
+import { withSandbox } from "./support/run_dir.ts";
+import { runEnim } from "./support/enim.ts";
 
 function agentConfig(dir: string, enis: number) {
   return {

@@ -23,8 +23,8 @@
  */
 import { assert, assertEquals } from "../lib/assert.ts";
 import type { Owner } from "../providers/contract.ts";
-import { INSTANCE, setup, startFake } from "./bce_harness.ts";
-import type { FakeBce, FakeRequestRecord } from "./bce_fake.ts";
+import { INSTANCE, setup, startFake } from "./support/bce_harness.ts";
+import type { FakeBce, FakeRequestRecord } from "./support/bce_fake.ts";
 
 /** Real milliseconds per simulated second. */
 const MS_PER_S = 1;

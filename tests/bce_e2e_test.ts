@@ -1,7 +1,7 @@
 /**
  * End to end on the real kernel with the BCE provider: the agent (bce provider,
  * production permission set) and the plugin in a simulated node, against the
- * fake BCE server running inside the node namespace (tests/bce_fake_main.ts),
+ * fake BCE server running inside the node namespace (tests/support/bce_fake_main.ts),
  * which plugs a veth device with the ENI's MAC when an ENI is attached.
  *
  * The subnet is dual-stack (the fake's subnet has an `ipv6Cidr`), so the
@@ -15,11 +15,11 @@
 import { z } from "zod";
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
 import { AddrInfoSchema } from "../netns/ip.ts";
-import { SimulatedNode } from "./_node.ts";
-import { FakeBceProcess, type FakeBceState } from "./bce_fake_main.ts";
-import type { NetnsHandle } from "./vpc.ts";
+import { SimulatedNode } from "./support/node.ts";
+import { FakeBceProcess, type FakeBceState } from "./support/bce_fake_main.ts";
+import type { NetnsHandle } from "./support/vpc.ts";
 
-const ROOT = Deno.uid() === 0;
+const AS_ROOT = Deno.uid() === 0;
 const SUBNET = "10.99.0.0/24";
 const GATEWAY = "10.99.0.1";
 const SUBNET6 = "fd00:99::/64";
@@ -83,7 +83,7 @@ async function readLines(path: string): Promise<string[]> {
 Deno.test({
   name:
     "bce end to end: dual-stack ADD on a fresh ENI, DEL pools it, reuse, GC, an ENI deleted out of band, a pod of a second profile with an inline group, no secret logged",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn(t) {
     await using node = await SimulatedNode.start({
       subnets: { ipv4: SUBNET, ipv6: SUBNET6 },

@@ -2,7 +2,7 @@ import { createHmac } from "node:crypto";
 import { assert, assertEquals } from "../lib/assert.ts";
 import { bceTimestamp, sign, uriEncode, wireQuery } from "../providers/bce/signer.ts";
 import SdkAuth from "@baiducloud/sdk/src/auth.js";
-import { CODES, type FakeEni, toContractEni } from "./bce_fake.ts";
+import { CODES, type FakeEni, toContractEni } from "./support/bce_fake.ts";
 import { BceApiError } from "../providers/bce/errors.ts";
 import {
   AK,
@@ -12,7 +12,7 @@ import {
   SESSION_TOKEN,
   startFake,
   testClient,
-} from "./bce_harness.ts";
+} from "./support/bce_harness.ts";
 
 type Query = [string, string | null][];
 
@@ -58,7 +58,7 @@ Deno.test("the fake checks signatures with the official SDK's signer, not enim's
   const fake = startFake();
   try {
     await t.step("the fake's source does not import enim's signer", async () => {
-      const src = await Deno.readTextFile(new URL("./bce_fake.ts", import.meta.url));
+      const src = await Deno.readTextFile(new URL("./support/bce_fake.ts", import.meta.url));
       const imports = [...src.matchAll(/^import .* from "([^"]+)";$/gm)].map((m) => m[1]);
       assert(!imports.some((i) => i.includes("signer")), JSON.stringify(imports));
       assert(imports.includes("@baiducloud/sdk/src/auth.js"), JSON.stringify(imports));

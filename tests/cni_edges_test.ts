@@ -6,10 +6,10 @@
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
 import { SUPPORTED_VERSIONS } from "../cni/spec.ts";
-import { SimulatedNode } from "./_node.ts";
-import type { NetnsHandle } from "./vpc.ts";
+import { SimulatedNode } from "./support/node.ts";
+import type { NetnsHandle } from "./support/vpc.ts";
 
-const ROOT = Deno.uid() === 0;
+const AS_ROOT = Deno.uid() === 0;
 
 function podArgs(name: string): string {
   return `K8S_POD_NAMESPACE=default;K8S_POD_NAME=${name};IgnoreUnknown=1`;
@@ -40,7 +40,7 @@ async function inPod(node: SimulatedNode, pod: NetnsHandle, argv: string[]): Pro
 Deno.test({
   name:
     "GC: only its own network, cni.dev/attachments read too, unlisted attachments go however young",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 4 } });
     const a = await node.vpc.pod("ga"), b = await node.vpc.pod("gb"), c = await node.vpc.pod("gc");
@@ -71,7 +71,7 @@ Deno.test({
 Deno.test({
   name:
     "two enim interfaces in one pod: the second with defaultRoutes false; without it a clear 105",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 3 } });
     const pod = await node.vpc.pod("two");
@@ -114,7 +114,7 @@ Deno.test({
 
 Deno.test({
   name: "bad route and range values are refused with 7 before anything is allocated, every version",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn(t) {
     await using node = await SimulatedNode.start({ mock: { enis: 2 } });
     const pod = await node.vpc.pod("bad");
@@ -156,7 +156,7 @@ Deno.test({
 
 Deno.test({
   name: "CHECK takes the prevResult as the truth, for every version that has CHECK",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn(t) {
     await using node = await SimulatedNode.start({ mock: { enis: 4 } });
     for (const v of SUPPORTED_VERSIONS.filter((s) => !s.startsWith("0.3"))) {

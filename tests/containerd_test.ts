@@ -16,18 +16,30 @@
  * Stop+Remove with enim against Debian's host-device + static (printed, never asserted).
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { SimulatedNode, type SimulatedNodeOptions } from "./_node.ts";
-import { pingPath } from "./vpc.ts";
-import { clientDeps, pluginDir, readCalls, recordCalls, runInNode, tempDir } from "./_clients.ts";
-import { Containerd } from "./cri/containerd.ts";
+import { SimulatedNode, type SimulatedNodeOptions } from "./support/node.ts";
+import { pingPath } from "./support/vpc.ts";
+import {
+  clientDeps,
+  pluginDir,
+  readCalls,
+  recordCalls,
+  runInNode,
+  tempDir,
+} from "./support/clients.ts";
+import { Containerd } from "./support/cri/containerd.ts";
 import {
   containerdSandboxInfo,
   CriError,
   KUBELET_POD_LABELS,
   type PodSpec,
   sandboxNetns,
-} from "./cri/client.ts";
-import { makeReferenceVeth, referenceConflist, summary, timeSandboxes } from "./cri/timing.ts";
+} from "./support/cri/client.ts";
+import {
+  makeReferenceVeth,
+  referenceConflist,
+  summary,
+  timeSandboxes,
+} from "./support/cri/timing.ts";
 import { install, PREVIOUS_CONFLISTS } from "../scripts/install.ts";
 
 const DEPS = await clientDeps("containerd_test", [

@@ -5,7 +5,7 @@
  */
 import { existsSync as exists } from "../lib/fs.ts";
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
-import { ROOT } from "./_enim.ts";
+import { ROOT } from "../scripts/_paths.ts";
 import { listNetns } from "../netns/sim.ts";
 
 Deno.test({

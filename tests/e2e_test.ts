@@ -3,14 +3,14 @@
  * agent (mock provider) in a simulated node and VPC.
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { AddResultSchema, SimulatedNode } from "./_node.ts";
-import { SUPPORTED_VERSIONS } from "../cni/version.ts";
-import type { NetnsHandle } from "./vpc.ts";
+import { AddResultSchema, SimulatedNode } from "./support/node.ts";
+import { SUPPORTED_VERSIONS } from "../cni/negotiate.ts";
+import type { NetnsHandle } from "./support/vpc.ts";
 import { ipJson } from "../netns/ip.ts";
 import { LinkSchema } from "../netns/types.ts";
 import { z } from "zod";
 
-const ROOT = Deno.uid() === 0;
+const AS_ROOT = Deno.uid() === 0;
 
 const AddrList = z.array(z.looseObject({
   ifname: z.string(),
@@ -35,7 +35,7 @@ async function globalAddrs(netns: string, dev: string): Promise<string[]> {
 
 Deno.test({
   name: "ADD puts the ENI in the pod, configured and reachable, for every spec version",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn(t) {
     await using node = await SimulatedNode.start({ mock: { enis: 8 } });
     for (const version of SUPPORTED_VERSIONS) {
@@ -136,7 +136,7 @@ Deno.test({
 
 Deno.test({
   name: "DEL after the pod namespace was deleted succeeds and the ENI is usable again",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 1 } });
     const pod = await node.vpc.pod("gone");
@@ -158,7 +158,7 @@ Deno.test({
 
 Deno.test({
   name: "ADD with an interface name that exists in the pod fails and leaves nothing behind",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 2 } });
     const pod = await node.vpc.pod("clash");
@@ -198,7 +198,7 @@ Deno.test({
 
 Deno.test({
   name: "CHECK fails after someone removes an address inside the pod",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 1 } });
     const pod = await node.vpc.pod("chk");
@@ -234,7 +234,7 @@ Deno.test({
 
 Deno.test({
   name: "the seed README's IPAM example (CNI_NETNS=/dev/null) prints the seed's IPAM result",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 1 } });
     const config = {
@@ -274,7 +274,7 @@ Deno.test({
 
 Deno.test({
   name: "through the plugin process the agent validates env, config and version as the spec says",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn(t) {
     await using node = await SimulatedNode.start({ mock: { enis: 2 } });
     const pod = await node.vpc.pod("v");
@@ -303,7 +303,7 @@ Deno.test({
 
 Deno.test({
   name: "DEL after the pod changed the interface's MAC brings the device back with its own MAC",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 1 } });
     const pod = await node.vpc.pod("m");
@@ -337,7 +337,7 @@ Deno.test({
 
 Deno.test({
   name: "every requested IP must be on the chosen ENI, or the ADD fails with 101 naming the others",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn(t) {
     await using node = await SimulatedNode.start({ mock: { enis: 3 } });
     const pod = await node.vpc.pod("ips");

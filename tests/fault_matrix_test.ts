@@ -9,11 +9,11 @@
  * `deno task stress`.
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { type CniOutcome, SimulatedNode } from "./_node.ts";
-import { IpFaults } from "./_ip_faults.ts";
-import type { NetnsHandle } from "./vpc.ts";
+import { type CniOutcome, SimulatedNode } from "./support/node.ts";
+import { IpFaults } from "./support/ip_faults.ts";
+import type { NetnsHandle } from "./support/vpc.ts";
 
-const ROOT = Deno.uid() === 0;
+const AS_ROOT = Deno.uid() === 0;
 const IP = "/usr/sbin/ip";
 
 interface Pod {
@@ -102,7 +102,7 @@ const DEL_MOVE_BACK = String.raw`link\sset\sdev\s\S+\snetns\s\S+\sname\s`;
 
 Deno.test({
   name: "fault matrix: ip failing at each step of ADD, DEL and CHECK",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn(t) {
     await withNode(async (node, faults) => {
       await t.step(
@@ -202,7 +202,7 @@ Deno.test({
 
 Deno.test({
   name: "fault matrix: the pod's namespace deleted or replaced at each step",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn(t) {
     await withNode(async (node, faults) => {
       /** Runs `verb` paused at `regex` in `where`, and does `act` to the pod meanwhile. */
@@ -268,7 +268,7 @@ Deno.test({
 
 Deno.test({
   name: "fault matrix: the provider failing at ADD and at DEL",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn(t) {
     await using node = await SimulatedNode.start({
       mock: { enis: 2 },
@@ -312,7 +312,7 @@ Deno.test({
 
 Deno.test({
   name: "fault matrix: SIGTERM in the middle of a batch of ADDs",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({
       mock: { enis: 6, preattached: 0, attachLatencyMs: 400 },

@@ -6,10 +6,10 @@
  * nothing outside.
  */
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
-import { SimulatedNode } from "./_node.ts";
-import type { NetnsHandle } from "./vpc.ts";
+import { SimulatedNode } from "./support/node.ts";
+import type { NetnsHandle } from "./support/vpc.ts";
 
-const ROOT = Deno.uid() === 0;
+const AS_ROOT = Deno.uid() === 0;
 const STATE_DIR = "/run/enim/lib";
 
 function podArgs(name: string): string {
@@ -67,7 +67,7 @@ async function podLinks(node: SimulatedNode, pod: NetnsHandle): Promise<string> 
 Deno.test({
   name:
     "a full state disk: DEL and ADD fail with 5 naming the state, change nothing, and work once there is room",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await nodeWithSmallState();
     const a = await node.vpc.pod("fa");
@@ -105,7 +105,7 @@ Deno.test({
 Deno.test({
   name:
     "a read-only state: the agent refuses to start naming the path, the plugin answers 11, nothing changes",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await nodeWithSmallState();
     const a = await node.vpc.pod("ra");

@@ -9,15 +9,15 @@
  * the device out of the pod under such a name to show it is found by MAC.
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { type CniOutcome, SimulatedNode } from "./_node.ts";
-import type { NetnsHandle } from "./vpc.ts";
+import { type CniOutcome, SimulatedNode } from "./support/node.ts";
+import type { NetnsHandle } from "./support/vpc.ts";
 import { ipJson, runIp } from "../netns/ip.ts";
 import { vethNames } from "../netns/sim.ts";
-import { GcReportSchema } from "../manager/api_schema.ts";
+import { GcReportSchema } from "../api/schema.ts";
 import { shortId } from "../cli/_table.ts";
 import { z } from "zod";
 
-const ROOT = Deno.uid() === 0;
+const AS_ROOT = Deno.uid() === 0;
 
 const AddrLinks = z.array(z.looseObject({
   ifname: z.string(),
@@ -102,7 +102,7 @@ async function nodeNameOf(node: SimulatedNode, containerId: string): Promise<str
 
 Deno.test({
   name: "GC recovers the ENI of a pod namespace deleted without DEL, and a new ADD gets it",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn(t) {
     await using node = await SimulatedNode.start({ mock: { enis: 1 }, gc: { graceSeconds: 0 } });
 
@@ -162,7 +162,7 @@ Deno.test({
 
 Deno.test({
   name: "GC reclaims the ENI of a namespace path deleted and recreated (same path, new inode)",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 2 }, gc: { graceSeconds: 0 } });
     const pod = await node.vpc.pod("reborn");
@@ -197,7 +197,7 @@ Deno.test({
 
 Deno.test({
   name: "GC reclaims a recycling ENI (owner ADDed again) after the grace period, not before",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 2 }, gc: { graceSeconds: 3 } });
     const oldNs = await node.vpc.pod("web-old");
@@ -232,7 +232,7 @@ Deno.test({
 
 Deno.test({
   name: "a CNI GC call reclaims exactly the attachments of its network not in valid-attachments",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 5 }, gc: { graceSeconds: 0 } });
     const pods: Record<string, NetnsHandle> = {};
@@ -293,7 +293,7 @@ async function snapshot(node: SimulatedNode, pods: NetnsHandle[]) {
 Deno.test({
   name:
     "enim gc --dry-run lists exactly the 3 dead of 5 and changes nothing; enim gc reclaims them",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 5 }, gc: { graceSeconds: 0 } });
     const gone = await node.vpc.pod("gone");
@@ -408,7 +408,7 @@ Deno.test({
 
 Deno.test({
   name: "the agent GCs once at start-up after reconcile and then every interval",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn(t) {
     await t.step("at start-up: a pod that died while the agent was down", async () => {
       await using node = await SimulatedNode.start({

@@ -1,15 +1,15 @@
 /**
- * libcni as the CNI client: tests/libcni/driver.go, a small program over Debian's libcni
+ * libcni as the CNI client: tests/support/libcni/driver.go, a small program over Debian's libcni
  * (golang-github-appc-cni-dev, built with golang-go in GOPATH mode), runs AddNetworkList,
  * CheckNetworkList and DelNetworkList as containerd and CRI-O do, inside the simulated
  * node's sandbox (so the enim launcher it execs reaches the node's agent), against
  * conflists that chain enim with Debian's reference plugins.
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { SimulatedNode } from "./_node.ts";
-import type { NetnsHandle } from "./vpc.ts";
-import { clientDeps, pluginDir, runInNode, tempDir } from "./_clients.ts";
-import { ROOT } from "./_enim.ts";
+import { SimulatedNode } from "./support/node.ts";
+import type { NetnsHandle } from "./support/vpc.ts";
+import { clientDeps, pluginDir, runInNode, tempDir } from "./support/clients.ts";
+import { ROOT } from "../scripts/_paths.ts";
 
 const GOPATH_CNI = "/usr/share/gocode/src/github.com/containernetworking/cni/libcni/api.go";
 const DEPS = await clientDeps("libcni_test", [
@@ -22,7 +22,7 @@ const DEPS = await clientDeps("libcni_test", [
 /** The conflists' spec version: Debian's libcni (1.1.2) knows up to 1.0.0. */
 const CNI_VERSION = "1.0.0";
 
-/** A driver request (see tests/libcni/driver.go). */
+/** A driver request (see tests/support/libcni/driver.go). */
 interface DriverRequest {
   op: "add" | "check" | "del";
   containerId: string;
@@ -61,7 +61,7 @@ class Libcni {
       await Deno.mkdir(`${lc.dir}/tuning`);
       const t0 = performance.now();
       const build = await new Deno.Command("/usr/bin/go", {
-        args: ["build", "-o", `${lc.dir}/driver`, `${ROOT}/tests/libcni/driver.go`],
+        args: ["build", "-o", `${lc.dir}/driver`, `${ROOT}/tests/support/libcni/driver.go`],
         clearEnv: true,
         env: {
           PATH: "/usr/bin:/bin",

@@ -6,10 +6,10 @@
  * namespace replaced during an ADD never receives the device.
  */
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
-import { ApiError } from "../manager/api_schema.ts";
-import { SimulatedNode } from "./_node.ts";
+import { ApiError } from "../api/schema.ts";
+import { SimulatedNode } from "./support/node.ts";
 
-const ROOT = Deno.uid() === 0;
+const AS_ROOT = Deno.uid() === 0;
 const ARGS = "K8S_POD_NAMESPACE=default;K8S_POD_NAME=p;IgnoreUnknown=1";
 /** Whether this machine lets root read PID 1's namespaces. */
 const INIT_READABLE = (() => {
@@ -23,7 +23,7 @@ const INIT_READABLE = (() => {
 
 Deno.test({
   name: "a path that is not a pod's network namespace gets 103 naming it, and nothing moves",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn(t) {
     await using node = await SimulatedNode.start({ mock: { enis: 2 } });
     // Fixtures under /run/netns, seen by the agent (the sandbox propagates /run/netns).
@@ -100,7 +100,7 @@ Deno.test({
 
 Deno.test({
   name: "a namespace replaced during the ADD never receives the device: 103, nothing kept",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     // The ENI is attached on demand, 1.5 s: time enough to replace the pod's namespace.
     await using node = await SimulatedNode.start({

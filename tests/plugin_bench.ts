@@ -3,9 +3,9 @@
  * of one real plugin process answering VERSION (startup included).
  */
 import { nullLogger } from "../lib/log.ts";
-import { runEnim } from "./_enim.ts";
-import { FakeAgent } from "../cni/_fake_agent.ts";
-import { runPlugin } from "../cni/plugin.ts";
+import { runEnim } from "./support/enim.ts";
+import { FakeAgent } from "./support/fake_agent.ts";
+import { dispatchCall } from "../cni/dispatch.ts";
 
 const agent = new FakeAgent();
 const stdin = JSON.stringify({ cniVersion: "1.1.0", name: "enimnet", type: "enim" });
@@ -17,8 +17,8 @@ const env = {
   CNI_ARGS: "K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=web-0",
 };
 
-Deno.bench("runPlugin() ADD in process (fake agent)", async () => {
-  await runPlugin({ env, stdin, stdout: () => {}, agent: agent.factory, log: nullLogger });
+Deno.bench("dispatchCall() ADD in process (fake agent)", async () => {
+  await dispatchCall({ env, stdin, stdout: () => {}, agent, log: nullLogger });
 });
 
 Deno.bench("plugin process: VERSION (startup included)", { n: 20, warmup: 2 }, async () => {

@@ -15,7 +15,7 @@
  * cgroups go under a parent named for the test, removed at the end.
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { SimulatedNode } from "./_node.ts";
+import { SimulatedNode } from "./support/node.ts";
 import {
   clientDeps,
   exists,
@@ -24,7 +24,7 @@ import {
   runInNode,
   type RunOutput,
   tempDir,
-} from "./_clients.ts";
+} from "./support/clients.ts";
 
 const DEPS = await clientDeps("podman_test", [
   { pkg: "podman", file: "/usr/bin/podman" },

@@ -6,14 +6,14 @@
  * with the mock provider and the fake device layer.
  */
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
-import type { AddRequest } from "../manager/api_schema.ts";
-import { SocketAgentClient, unixRequest } from "../manager/client.ts";
-import { startAgent } from "./_agent_proc.ts";
-import { withSandbox } from "./_run_dir.ts";
-import { runEnim } from "./_enim.ts";
-import type { EnimSandbox } from "./_sandbox.ts";
+import type { AddRequest } from "../api/schema.ts";
+import { SocketAgentClient, unixRequest } from "../api/client.ts";
+import { startAgent } from "./support/agent_proc.ts";
+import { withSandbox } from "./support/run_dir.ts";
+import { runEnim } from "./support/enim.ts";
+import type { EnimSandbox } from "./support/sandbox.ts";
 
-const ROOT = Deno.uid() === 0;
+const AS_ROOT = Deno.uid() === 0;
 
 function config(dir: string, extra: Record<string, unknown> = {}) {
   return {
@@ -51,7 +51,7 @@ const readLog = (sb: EnimSandbox) => Deno.readTextFile(sb.host("log/agent.log"))
 
 Deno.test({
   name: "a second agent refuses at once and touches nothing while the first is mid-ADD",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await withSandbox(async (dir, sb) => {
       // A 1.5 s attach: the ADD is in flight when the second agent starts.
@@ -86,7 +86,7 @@ Deno.test({
 
 Deno.test({
   name: "a new agent waits for the lock and takes over once the old one stops (rolling update)",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await withSandbox(async (dir, sb) => {
       const old = await startAgent(sb, config(dir));
@@ -142,7 +142,7 @@ function fdCount(pid: number): number {
 
 Deno.test({
   name: "clients that send half a request are answered 408 or 503 and the agent's fds come back",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await withSandbox(async (dir, sb) => {
       const agent = await startAgent(
@@ -203,7 +203,7 @@ const mode = (path: string) => (Deno.statSync(path).mode! & 0o777).toString(8);
 for (const layout of ["systemd", "daemonset"] as const) {
   Deno.test({
     name: `in the ${layout} layout nothing of enim's is readable or connectable by a non-root user`,
-    ignore: !ROOT,
+    ignore: !AS_ROOT,
     async fn() {
       await withSandbox(async (dir, sb) => {
         if (layout === "daemonset") {

@@ -3,13 +3,13 @@
  * ADD can be served, 50 once the pool is exhausted, 50 when the agent is gone.
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { SimulatedNode } from "./_node.ts";
+import { SimulatedNode } from "./support/node.ts";
 
-const ROOT = Deno.uid() === 0;
+const AS_ROOT = Deno.uid() === 0;
 
 Deno.test({
   name: "STATUS returns 0, then 50 once the pool is exhausted, then 50 after the agent stops",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 2, maxEnisPerNode: 2 } });
     const status = () => node.cni("STATUS", { config: node.netconf("1.1.0") });

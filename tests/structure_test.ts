@@ -5,10 +5,19 @@
  * file.
  */
 import { assertEquals } from "../lib/assert.ts";
-import { ROOT } from "./_enim.ts";
+import { ROOT } from "../scripts/_paths.ts";
 
 /** The folders whose modules ship. */
-const PRODUCTION = ["cli", "cni", "manager", "providers", "netns", "lib"];
+const PRODUCTION = [
+  "agent",
+  "api",
+  "cli",
+  "cni",
+  "manager",
+  "providers",
+  "netns",
+  "lib",
+];
 
 async function* productionFiles(): AsyncGenerator<string> {
   for (const dir of PRODUCTION) yield* walk(`${ROOT}/${dir}`);
@@ -19,7 +28,9 @@ async function* walk(dir: string): AsyncGenerator<string> {
   for await (const e of Deno.readDir(dir)) {
     const p = `${dir}/${e.name}`;
     if (e.isDirectory) yield* walk(p);
-    else if (e.name.endsWith(".ts") && !/_(test|bench)\.ts$/.test(e.name)) yield p;
+    else if (e.name.endsWith(".ts") && !/_(test|bench)\.ts$/.test(e.name)) {
+      yield p;
+    }
   }
 }
 
@@ -28,7 +39,9 @@ Deno.test("no production module imports from tests/", async () => {
   for await (const f of productionFiles()) {
     const text = await Deno.readTextFile(f);
     for (const m of text.matchAll(/(?:from|import)\s*\(?\s*"([^"]+)"/g)) {
-      if (/(^|\/)tests\//.test(m[1])) offenders.push(`${f.slice(ROOT.length + 1)} → ${m[1]}`);
+      if (/(^|\/)tests\//.test(m[1])) {
+        offenders.push(`${f.slice(ROOT.length + 1)} → ${m[1]}`);
+      }
     }
   }
   assertEquals(offenders, []);
@@ -43,7 +56,10 @@ Deno.test("the module graph of main.ts has no import cycle", async () => {
   const info = JSON.parse(new TextDecoder().decode(out.stdout)) as {
     modules: {
       specifier: string;
-      dependencies?: { code?: { specifier?: string }; type?: { specifier?: string } }[];
+      dependencies?: {
+        code?: { specifier?: string };
+        type?: { specifier?: string };
+      }[];
     }[];
   };
   const graph = new Map<string, string[]>();
@@ -51,7 +67,9 @@ Deno.test("the module graph of main.ts has no import cycle", async () => {
     if (!m.specifier.startsWith("file://")) continue;
     graph.set(
       m.specifier,
-      (m.dependencies ?? []).flatMap((d) => [d.code?.specifier, d.type?.specifier])
+      (m.dependencies ?? []).flatMap((
+        d,
+      ) => [d.code?.specifier, d.type?.specifier])
         .filter((s): s is string => s?.startsWith("file://") ?? false),
     );
   }
@@ -64,7 +82,8 @@ Deno.test("the module graph of main.ts has no import cycle", async () => {
     for (const v of graph.get(u) ?? []) {
       if (state.get(v) === "open") {
         cycles.push(
-          [...stack.slice(stack.indexOf(v)), v].map((s) => s.split("/main/")[1]).join(" → "),
+          [...stack.slice(stack.indexOf(v)), v].map((s) => s.split("/main/")[1])
+            .join(" → "),
         );
       } else if (!state.has(v)) visit(v);
     }
@@ -87,4 +106,118 @@ Deno.test("a production file over 400 lines says at its top why it is one file",
     }
   }
   assertEquals(unexplained, []);
+});
+
+/** The top-level folder of a repository-relative path (`main.ts` for the entry point). */
+function room(rel: string): string {
+  return rel.includes("/") ? rel.slice(0, rel.indexOf("/")) : rel;
+}
+
+/** Every relative import of every production file, as [from, to] repository-relative paths. */
+async function productionEdges(): Promise<[string, string][]> {
+  const edges: [string, string][] = [];
+  for await (const f of productionFiles()) {
+    const rel = f.slice(ROOT.length + 1);
+    const text = await Deno.readTextFile(f);
+    for (
+      const m of text.matchAll(/(?:from|import)\s*\(?\s*"(\.{1,2}\/[^"]+)"/g)
+    ) {
+      const target = new URL(m[1], `file:///${rel}`).pathname.slice(1);
+      edges.push([rel, target]);
+    }
+  }
+  return edges;
+}
+
+Deno.test("no two production folders import each other (the rooms have floors)", async () => {
+  const pairs = new Set<string>();
+  for (const [from, to] of await productionEdges()) {
+    if (room(from) !== room(to)) pairs.add(`${room(from)} → ${room(to)}`);
+  }
+  const both = [...pairs].filter((p) => {
+    const [a, b] = p.split(" → ");
+    return a < b && pairs.has(`${b} → ${a}`);
+  });
+  assertEquals(both, []);
+});
+
+Deno.test("api/ is below its users: it imports none of cni/, cli/, agent/ or manager/", async () => {
+  const up = (await productionEdges()).filter(([from, to]) =>
+    room(from) === "api" &&
+    ["cni", "cli", "agent", "manager"].includes(room(to))
+  );
+  assertEquals(up, []);
+});
+
+/** The npm package a specifier names (`npm:/@scope/name@1.2.3/sub` → `@scope/name`). */
+function npmPackage(specifier: string): string {
+  const bare = specifier.replace(/^npm:\/?/, "");
+  const parts = bare.split("/");
+  const name = bare.startsWith("@") ? `${parts[0]}/${parts[1]}` : parts[0];
+  return name.replace(/(.)@.*$/, "$1");
+}
+
+/** The npm packages `deno info` resolves from `entry` under the root config. */
+async function npmPackagesOf(entry: string): Promise<string[]> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "info",
+      "--json",
+      "--config",
+      `${ROOT}/deno.json`,
+      `${ROOT}/${entry}`,
+    ],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const info = JSON.parse(new TextDecoder().decode(out.stdout)) as {
+    modules: { specifier: string }[];
+  };
+  return [
+    ...new Set(
+      info.modules.map((m) => m.specifier).filter((s) => s.startsWith("npm:"))
+        .map(npmPackage),
+    ),
+  ].sort();
+}
+
+Deno.test("one import map per audience: production, and the tests' superset of it", async () => {
+  const root = JSON.parse(await Deno.readTextFile(`${ROOT}/deno.json`)) as {
+    imports: Record<string, string>;
+  };
+  const tests = JSON.parse(
+    await Deno.readTextFile(`${ROOT}/tests/deno.json`),
+  ) as {
+    imports: Record<string, string>;
+  };
+  // The tests' map holds the production map unchanged (one version of each package).
+  for (const [k, v] of Object.entries(root.imports)) {
+    assertEquals(tests.imports[k], v, k);
+  }
+  // Every production entry is loaded by the shipped program or the demo: nothing test-only.
+  const used = new Set([
+    ...await npmPackagesOf("main.ts"),
+    ...await npmPackagesOf("scripts/demo.ts"),
+  ]);
+  const unused = Object.values(root.imports).map(npmPackage).filter((p) => !used.has(p));
+  assertEquals(unused, []);
+  // The production lockfile, which the demo installs whole, holds only those packages' trees.
+  const lock = JSON.parse(await Deno.readTextFile(`${ROOT}/deno.lock`)) as {
+    specifiers: Record<string, string>;
+  };
+  assertEquals(
+    [...new Set(Object.keys(lock.specifiers).map(npmPackage))].sort(),
+    [...new Set(Object.values(root.imports).map(npmPackage))].sort(),
+  );
+});
+
+Deno.test("test support lives under tests/: no shipped folder holds a fake, a fixture or a suite", async () => {
+  const misplaced: string[] = [];
+  for await (const f of productionFiles()) {
+    const name = f.slice(f.lastIndexOf("/") + 1);
+    if (/^_(testing|fake|run)|contract_suite/.test(name)) {
+      misplaced.push(f.slice(ROOT.length + 1));
+    }
+  }
+  assertEquals(misplaced, []);
 });

@@ -2,7 +2,7 @@ import { assert, assertEquals } from "../lib/assert.ts";
 import { ipJson } from "../netns/ip.ts";
 import { listNetns, vethNames } from "../netns/sim.ts";
 import { LinkSchema } from "../netns/types.ts";
-import { SimulatedVpc } from "./vpc.ts";
+import { SimulatedVpc } from "./support/vpc.ts";
 import { z } from "zod";
 
 const root = Deno.uid() === 0;
@@ -105,7 +105,7 @@ Deno.test({
     await using vpc = await SimulatedVpc.create();
     const pod = await vpc.pod("a");
     const eni = vpc.newEni();
-    const probe = new URL("./_device_probe.ts", import.meta.url).pathname;
+    const probe = new URL("./support/device_probe.ts", import.meta.url).pathname;
     const arg = JSON.stringify({
       vpcNetns: vpc.vpc.name,
       bridge: vpc.bridge,

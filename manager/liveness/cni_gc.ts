@@ -3,7 +3,7 @@
  *
  * @module
  */
-import { keyOf } from "../state.ts";
+import { keyOf } from "../../providers/schema.ts";
 import type { LivenessSource, Verdict } from "./types.ts";
 
 /** (b) A CNI GC call for the attachment's network does not list it in its valid attachments. */

@@ -4,7 +4,8 @@
  * @module
  */
 import type { DeviceLayer } from "../../netns/types.ts";
-import { type AttachmentRow, keyOf } from "../state.ts";
+import type { AttachmentRow } from "../state.ts";
+import { keyOf } from "../../providers/schema.ts";
 import type { LivenessSource, Verdict } from "./types.ts";
 
 /**

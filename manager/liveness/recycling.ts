@@ -3,7 +3,7 @@
  *
  * @module
  */
-import { keyOf } from "../state.ts";
+import { keyOf } from "../../providers/schema.ts";
 import type { LivenessSource, Verdict } from "./types.ts";
 
 /** (c) The seed's recycling rule: the pod has a newer container, and this DEL did not come in time. */

@@ -3,7 +3,7 @@
  *
  * @module
  */
-import { keyOf } from "../state.ts";
+import { keyOf } from "../../providers/schema.ts";
 import type { LivenessSource, Verdict } from "./types.ts";
 
 /** Releases that failed half way (state `deleting`): finish them. */

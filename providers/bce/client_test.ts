@@ -12,7 +12,7 @@ import {
   startFake,
   testClient,
   testLogger,
-} from "../../tests/bce_harness.ts";
+} from "../../tests/support/bce_harness.ts";
 
 const VPC = "vpc-fake0001";
 const SUBNET = "sbn-fake0001";

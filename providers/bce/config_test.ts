@@ -2,7 +2,7 @@ import { assert, assertEquals, assertStringIncludes, assertThrows } from "../../
 import type { ProviderError } from "../contract.ts";
 import { configSchema, endpointFor, loadCredentials } from "./config.ts";
 import { bceModule, configSchema as modSchema, create } from "./mod.ts";
-import { SECRET } from "../../tests/bce_harness.ts";
+import { SECRET } from "../../tests/support/bce_harness.ts";
 
 Deno.test("mod.ts exports configSchema, create and bceModule", () => {
   assertEquals(modSchema, configSchema);

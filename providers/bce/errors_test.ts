@@ -10,7 +10,7 @@ import {
   startFake,
   testClient,
   testLogger,
-} from "../../tests/bce_harness.ts";
+} from "../../tests/support/bce_harness.ts";
 
 type Row = [status: number, code: string, message: string, op: BceOp, want: {
   reason: string;

@@ -1,7 +1,7 @@
 import { assertEquals, assertRejects } from "../../lib/assert.ts";
 import type { ProviderError } from "../contract.ts";
 import { MetadataClient } from "./metadata.ts";
-import { startFake } from "../../tests/bce_harness.ts";
+import { startFake } from "../../tests/support/bce_harness.ts";
 
 Deno.test("MetadataClient reads and trims instance, region, zone, VPC, subnet and MACs", async () => {
   const fake = startFake();

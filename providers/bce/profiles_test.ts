@@ -7,7 +7,7 @@
 import { z } from "zod";
 import { assert, assertEquals, assertStringIncludes } from "../../lib/assert.ts";
 import { type Owner, ProviderError } from "../contract.ts";
-import type { FakeSubnet } from "../../tests/bce_fake.ts";
+import type { FakeSubnet } from "../../tests/support/bce_fake.ts";
 import { DatabaseSync } from "node:sqlite";
 import {
   HARNESS_TIMEOUTS,
@@ -18,7 +18,7 @@ import {
   type SetupOptions,
   startFake,
   testClient,
-} from "../../tests/bce_harness.ts";
+} from "../../tests/support/bce_harness.ts";
 
 const owner = (i: number, pod = `default/p-${i}`): Owner => ({
   pod,

@@ -1,6 +1,6 @@
 import { assert, assertEquals, assertStringIncludes } from "../../lib/assert.ts";
 import { type Owner, ProviderError } from "../contract.ts";
-import { providerContractSuite } from "../contract_suite.ts";
+import { providerContractSuite } from "../../tests/support/provider_contract.ts";
 import {
   AK,
   assertNoSecretsLogged,
@@ -12,7 +12,7 @@ import {
   setup,
   startFake,
   testClient,
-} from "../../tests/bce_harness.ts";
+} from "../../tests/support/bce_harness.ts";
 
 const owner = (i: number): Owner => ({
   pod: `default/p-${i}`,
@@ -237,7 +237,7 @@ Deno.test("an auth failure names the access key id and never the secret", async 
     const wrong = new BceClient({
       endpoint: fake.url,
       credentials: { accessKeyId: AK, secretAccessKey: SECRET + "x", sessionToken: SESSION_TOKEN },
-      log: (await import("../../tests/bce_harness.ts")).testLogger(),
+      log: (await import("../../tests/support/bce_harness.ts")).testLogger(),
     });
     const err = await wrong.getEni("eni-abcdefabcdef").then(() => null, (e) => e);
     assert(err instanceof ProviderError);
@@ -250,7 +250,7 @@ Deno.test("an auth failure names the access key id and never the secret", async 
     const unknown = new BceClient({
       endpoint: fake.url,
       credentials: { accessKeyId: "AKIDunknown", secretAccessKey: SECRET },
-      log: (await import("../../tests/bce_harness.ts")).testLogger(),
+      log: (await import("../../tests/support/bce_harness.ts")).testLogger(),
     });
     const err2 = await unknown.getEni("eni-abcdefabcdef").then(() => null, (e) => e);
     assertEquals(err2?.reason, "auth_failed");

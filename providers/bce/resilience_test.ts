@@ -13,7 +13,7 @@ import {
   setup,
   startFake,
   testClient,
-} from "../../tests/bce_harness.ts";
+} from "../../tests/support/bce_harness.ts";
 
 const owner = (i: number): Owner => ({
   pod: `default/p-${i}`,

@@ -1,5 +1,5 @@
 import { DatabaseSync } from "node:sqlite";
-import { providerContractSuite } from "../contract_suite.ts";
+import { providerContractSuite } from "../../tests/support/provider_contract.ts";
 import mock, { MockConfigSchema, type MockProvider, nthAddress } from "./mod.ts";
 import { type Eni, ProviderError } from "../contract.ts";
 import { nullLogger } from "../../lib/log.ts";

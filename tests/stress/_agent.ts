@@ -10,9 +10,9 @@
  * @module
  */
 import { z } from "zod";
-import { agentCommandLine } from "../_agent_proc.ts";
-import type { SimulatedNode } from "../_node.ts";
-import { unixRequest } from "../../manager/client.ts";
+import { agentCommandLine } from "../support/agent_proc.ts";
+import type { SimulatedNode } from "../support/node.ts";
+import { unixRequest } from "../../api/client.ts";
 
 /** Where in its life the agent was when it was killed. */
 export type KillPhase =

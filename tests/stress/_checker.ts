@@ -7,7 +7,7 @@
  *
  * @module
  */
-import type { Attachment } from "../../manager/api_schema.ts";
+import type { Attachment } from "../../api/schema.ts";
 import type { Eni } from "../../providers/schema.ts";
 import { type KernelLink, type KernelView, locate } from "./_kernel.ts";
 import type { KeyRecord, Model } from "./_model.ts";

@@ -8,10 +8,10 @@
  * @module
  */
 import { z } from "zod";
-import { type AddResponse, ApiError, GcReportSchema } from "../../manager/api_schema.ts";
-import { AgentUnreachableError } from "../../manager/client.ts";
+import { type AddResponse, ApiError, GcReportSchema } from "../../api/schema.ts";
+import { AgentUnreachableError } from "../../api/client.ts";
 import { toCniError } from "../../cni/errors.ts";
-import { prng } from "../_agent_proc.ts";
+import { prng } from "../support/agent_proc.ts";
 import type { StressContext } from "./_context.ts";
 import type { KeyRecord, PodRecord } from "./_model.ts";
 import { DEFAULT_OP_WEIGHTS, type OpName } from "./_options.ts";

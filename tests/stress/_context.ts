@@ -5,7 +5,7 @@
  *
  * @module
  */
-import type { SimulatedNode } from "../_node.ts";
+import type { SimulatedNode } from "../support/node.ts";
 import type { Model } from "./_model.ts";
 import type { StressOptions } from "./_options.ts";
 import type { Violation, ViolationClass } from "./_checker.ts";

@@ -37,9 +37,9 @@
  */
 import fc from "fast-check";
 import { z } from "zod";
-import type { SimulatedNode } from "../_node.ts";
-import { ApiErrorBodySchema } from "../../manager/api_schema.ts";
-import { unixRequest } from "../../manager/client.ts";
+import type { SimulatedNode } from "../support/node.ts";
+import { ApiErrorBodySchema } from "../../api/schema.ts";
+import { unixRequest } from "../../api/client.ts";
 import { CniErrorSchema, runPlugin } from "./_plugin.ts";
 
 /** The oracle classes. */
@@ -1118,7 +1118,7 @@ export interface FuzzNodeOptions extends FuzzOptions {
  * batch and removes everything.
  */
 export async function fuzzOnNewNode(o: FuzzNodeOptions): Promise<FuzzReport> {
-  const { SimulatedNode } = await import("../_node.ts");
+  const { SimulatedNode } = await import("../support/node.ts");
   const node = await SimulatedNode.start({ mock: { enis: 4, seed: o.seed } });
   let selfLink: string | null = null;
   try {

@@ -10,7 +10,7 @@
  */
 import { z } from "zod";
 import { vethNames } from "../../netns/sim.ts";
-import { type CommandOutput, runCommand } from "../_command.ts";
+import { type CommandOutput, runCommand } from "../support/command.ts";
 
 const IP = "/usr/sbin/ip";
 

@@ -21,7 +21,7 @@ import { z } from "zod";
 import type { Violation, ViolationClass } from "./_checker.ts";
 import type { StressContext } from "./_context.ts";
 import type { Operations } from "./_clients.ts";
-import { prng } from "../_agent_proc.ts";
+import { prng } from "../support/agent_proc.ts";
 
 /** A planted violation. */
 export interface Plant {

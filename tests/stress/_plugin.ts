@@ -8,7 +8,7 @@
  * @module
  */
 import { z } from "zod";
-import type { CniCall, SimulatedNode } from "../_node.ts";
+import type { CniCall, SimulatedNode } from "../support/node.ts";
 
 /** PIDs of plugin processes still running (killed by PID on an interrupted run). */
 export const livePlugins: Set<number> = new Set();

@@ -15,9 +15,9 @@
  *
  * @module
  */
-import { SimulatedNode } from "../_node.ts";
-import { prng } from "../_agent_proc.ts";
-import { GcReportSchema } from "../../manager/api_schema.ts";
+import { SimulatedNode } from "../support/node.ts";
+import { prng } from "../support/agent_proc.ts";
+import { GcReportSchema } from "../../api/schema.ts";
 import { AgentRun, type KillPhase, logSize } from "./_agent.ts";
 import { checkInvariants, type Violation } from "./_checker.ts";
 import { clientLoop, makeClients, Operations } from "./_clients.ts";

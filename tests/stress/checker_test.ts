@@ -3,7 +3,7 @@
  * each kind of divergence is reported with its class and subject.
  */
 import { assertEquals } from "../../lib/assert.ts";
-import type { Attachment } from "../../manager/api_schema.ts";
+import type { Attachment } from "../../api/schema.ts";
 import type { Eni } from "../../providers/schema.ts";
 import { checkInvariants, type ViolationClass } from "./_checker.ts";
 import type { KernelLink, KernelView, NamespaceView } from "./_kernel.ts";

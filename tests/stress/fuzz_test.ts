@@ -15,7 +15,7 @@ import {
   KNOWN_FAILING,
 } from "./_fuzz.ts";
 
-const ROOT = Deno.uid() === 0;
+const AS_ROOT = Deno.uid() === 0;
 const ALL = Deno.env.get("ENIM_FUZZ_ALL") === "1";
 
 const pluginCase: Extract<FuzzCase, { target: "plugin" }> = {
@@ -94,7 +94,7 @@ Deno.test({
   name: `seeded fuzz of the plugin and the API: the oracle holds, state and kernel unchanged${
     ALL ? " (every class)" : ""
   }`,
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   sanitizeResources: false,
   sanitizeOps: false,
   async fn() {

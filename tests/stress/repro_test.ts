@@ -13,15 +13,15 @@
 import { z } from "zod";
 import { assertEquals } from "../../lib/assert.ts";
 import { ipJson } from "../../netns/ip.ts";
-import { SimulatedNode } from "../_node.ts";
+import { SimulatedNode } from "../support/node.ts";
 
-const ROOT = Deno.uid() === 0;
+const AS_ROOT = Deno.uid() === 0;
 
 const Links = z.array(z.looseObject({ ifname: z.string(), address: z.string().optional() }));
 
 Deno.test({
   name: "a DEL through a path re-created with the same inode leaves the newer pod's eth0 alone",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 3 }, gc: { graceSeconds: 3600 } });
     const add = (containerId: string, netns: string) =>

@@ -8,11 +8,11 @@
 import { assert, assertEquals } from "../../lib/assert.ts";
 import { defaultOptions, formatReport, runStress } from "./mod.ts";
 
-const ROOT = Deno.uid() === 0;
+const AS_ROOT = Deno.uid() === 0;
 
 Deno.test({
   name: "a small stress run catches every planted violation and finds no real one",
-  ignore: !ROOT,
+  ignore: !AS_ROOT,
   sanitizeResources: false,
   sanitizeOps: false,
   async fn() {

@@ -1,0 +1,337 @@
+/**
+ * The agent's configuration: a JSONC file (default `/etc/enim/agent.jsonc`),
+ * overridden by `ENIM_*` environment variables, overridden in turn by flags.
+ *
+ * The file is parsed with jsonc-parser (comments and trailing commas allowed;
+ * syntax errors reported with line and column) and validated with zod; every
+ * error names the field path and, for an override, where the value came from.
+ * The provider's own section (`provider.<name>`) is validated afterwards by the
+ * provider module's `configSchema` ({@linkcode validateProviderConfig}).
+ *
+ * See `deploy/agent.jsonc` for an example with every option.
+ *
+ * @module
+ */
+import { DEFAULT_SOCKET } from "../api/wire.ts";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
+import { parse as parseJsonc, type ParseError, printParseErrorCode } from "jsonc-parser";
+import { LEVELS } from "../lib/log.ts";
+import type { ProviderModule } from "../providers/contract.ts";
+import { PROVIDER_NAMES, type ProviderName } from "../providers/registry.ts";
+
+/** The default config file. */
+export const DEFAULT_CONFIG_PATH = "/etc/enim/agent.jsonc";
+/** The default state database. */
+export const DEFAULT_STATE_PATH = "/var/lib/enim/enim.db";
+
+export { PROVIDER_NAMES };
+
+/** Each provider's own section (`provider.<name>`), validated later by its module's schema. */
+const providerSections = Object.fromEntries(
+  PROVIDER_NAMES.map((n) => [n, z.optional(z.record(z.string(), z.unknown()))]),
+) as Record<ProviderName, z.ZodMiniOptional<z.ZodMiniRecord<z.ZodMiniString, z.ZodMiniUnknown>>>;
+
+const AbsolutePath = z.string().check(
+  z.minLength(1),
+  z.refine(
+    (s) => s.startsWith("/") && !s.split("/").some((p) => p === ".."),
+    "Expected an absolute path without '..'",
+  ),
+);
+
+/** The agent configuration, as the file holds it (every field optional but `provider.name`). */
+export const AgentConfigSchema = z.strictObject({
+  /** The API's unix socket. */
+  socket: z._default(AbsolutePath, DEFAULT_SOCKET),
+  /** The SQLite state database. */
+  statePath: z._default(AbsolutePath, DEFAULT_STATE_PATH),
+  provider: z.strictObject({
+    name: z.enum(PROVIDER_NAMES),
+    ...providerSections,
+  }),
+  gc: z.prefault(
+    z.strictObject({
+      intervalSeconds: z._default(z.number().check(z.positive(), z.maximum(86_400)), 30),
+      graceSeconds: z._default(z.number().check(z.minimum(0), z.maximum(86_400)), 30),
+    }),
+    {},
+  ),
+  log: z.prefault(
+    z.strictObject({
+      level: z._default(z.enum(LEVELS), "info"),
+      format: z._default(z.literal("json"), "json"),
+      /** A file to append log lines to; stderr when absent. */
+      file: z.optional(AbsolutePath),
+    }),
+    {},
+  ),
+  timeouts: z.prefault(
+    z.strictObject({
+      /** How long the API waits for one ADD before answering `busy`. */
+      addSeconds: z._default(z.number().check(z.positive(), z.maximum(3600)), 120),
+      /** How long one provider call may take before it fails as `unavailable`. */
+      providerSeconds: z._default(z.number().check(z.positive(), z.maximum(3600)), 60),
+    }),
+    {},
+  ),
+  /** The API server's limits: what one client can hold. */
+  api: z.prefault(
+    z.strictObject({
+      /** The most connections served at once; one more is answered 503 at once. */
+      maxConnections: z._default(z.int().check(z.minimum(1), z.maximum(4096)), 64),
+      /** How long a client has to send its whole request; then 408 and it is closed. */
+      requestTimeoutSeconds: z._default(z.number().check(z.positive(), z.maximum(3600)), 10),
+    }),
+    {},
+  ),
+  /** Sticky pods (`enim.dev/sticky`): how long a deleted pod's ENI waits for it to come back. */
+  sticky: z.prefault(
+    z.strictObject({
+      holdSeconds: z._default(z.number().check(z.positive(), z.maximum(7 * 86_400)), 300),
+    }),
+    {},
+  ),
+  /**
+   * Whether an owned ENI's description in the cloud names its pod and node (set
+   * after the ADD answered, restored when the ENI is freed; one provider call each).
+   */
+  cloudDescriptions: z._default(z.boolean(), true),
+  /**
+   * How long a starting agent waits for another agent on the node to release the
+   * lock beside the state (a DaemonSet's rolling update), before it gives up.
+   */
+  lockWaitSeconds: z._default(z.number().check(z.minimum(0), z.maximum(3600)), 60),
+  /** `ip`: the real device layer. `fake`: in-memory, for tests and dry demos only. */
+  devices: z._default(z.enum(["ip", "fake"]), "ip"),
+  /**
+   * Test and demo only: makes the mock provider's attached ENIs appear as veth
+   * devices whose peers sit on `bridge` in the `vpcNetns` namespace.
+   */
+  deviceSimulator: z.optional(z.strictObject({
+    vpcNetns: z.string().check(
+      z.minLength(1),
+      z.maxLength(255),
+      z.regex(/^[A-Za-z0-9_.-]+$/, "Expected a netns name"),
+    ),
+    bridge: z.string().check(
+      z.minLength(1),
+      z.maxLength(15),
+      z.regex(/^[A-Za-z0-9_.-]+$/, "Expected a device name"),
+    ),
+  })),
+});
+/** The validated agent configuration (defaults applied). */
+export type AgentConfig = z.output<typeof AgentConfigSchema>;
+
+/** Overrides from flags (`enim agent --socket …`); undefined means "not given". */
+export interface ConfigFlags {
+  config?: string;
+  socket?: string;
+  state?: string;
+  provider?: string;
+  logLevel?: string;
+  gcInterval?: string | number;
+  gcGrace?: string | number;
+  lockWait?: string | number;
+}
+
+/** One override: the flag or variable, the field it sets, and whether it is a number. */
+interface Override {
+  flag: keyof ConfigFlags;
+  flagName: string;
+  env: string;
+  path: string[];
+  numeric?: boolean;
+}
+
+/** The overridable fields: flag ↔ environment variable ↔ config path. */
+export const OVERRIDES: readonly Override[] = [
+  { flag: "socket", flagName: "--socket", env: "ENIM_SOCKET", path: ["socket"] },
+  { flag: "state", flagName: "--state", env: "ENIM_STATE", path: ["statePath"] },
+  { flag: "provider", flagName: "--provider", env: "ENIM_PROVIDER", path: ["provider", "name"] },
+  { flag: "logLevel", flagName: "--log-level", env: "ENIM_LOG_LEVEL", path: ["log", "level"] },
+  {
+    flag: "gcInterval",
+    flagName: "--gc-interval",
+    env: "ENIM_GC_INTERVAL",
+    path: ["gc", "intervalSeconds"],
+    numeric: true,
+  },
+  {
+    flag: "lockWait",
+    flagName: "--lock-wait",
+    env: "ENIM_LOCK_WAIT",
+    path: ["lockWaitSeconds"],
+    numeric: true,
+  },
+  {
+    flag: "gcGrace",
+    flagName: "--gc-grace",
+    env: "ENIM_GC_GRACE",
+    path: ["gc", "graceSeconds"],
+    numeric: true,
+  },
+];
+
+/** The configuration could not be read or is invalid; `problems` lists each one. */
+export class ConfigError extends Error {
+  readonly problems: string[];
+  constructor(source: string, problems: string[], options?: { cause?: unknown }) {
+    super(`Invalid agent configuration in ${source}:\n  ${problems.join("\n  ")}`, options);
+    this.name = "ConfigError";
+    this.problems = problems;
+  }
+}
+
+/** Where the raw values come from: the file's text, the environment and the flags. */
+export interface ConfigSources {
+  /** The file's path (for messages) and text; text undefined means "no file". */
+  file?: { path: string; text: string };
+  env?: Record<string, string | undefined>;
+  flags?: ConfigFlags;
+}
+
+/** Line and column (1-based) of an offset in `text`. */
+function lineCol(text: string, offset: number): { line: number; col: number } {
+  const before = text.slice(0, offset).split("\n");
+  return { line: before.length, col: before[before.length - 1].length + 1 };
+}
+
+/** Parses JSONC text into a value, or throws a {@linkcode ConfigError} with line/column. */
+export function parseConfigText(path: string, text: string): unknown {
+  const errors: ParseError[] = [];
+  const value = parseJsonc(text, errors, { allowTrailingComma: true, disallowComments: false });
+  if (errors.length > 0) {
+    throw new ConfigError(
+      `"${path}"`,
+      errors.map((e) => {
+        const { line, col } = lineCol(text, e.offset);
+        return `line ${line}, column ${col}: ${printParseErrorCode(e.error)}`;
+      }),
+    );
+  }
+  if (value === undefined) return {};
+  return value;
+}
+
+/** Formats a zod issue path as `a.b[0].c`. */
+export function formatPath(path: readonly PropertyKey[]): string {
+  let out = "";
+  for (const p of path) {
+    if (typeof p === "number") out += `[${p}]`;
+    else out += out === "" ? String(p) : `.${String(p)}`;
+  }
+  return out;
+}
+
+/** Formats zod issues as `path: message` lines, prefixing each path with `prefix`. */
+export function formatIssues(
+  issues: readonly z.core.$ZodIssue[],
+  prefix: readonly PropertyKey[] = [],
+  sourceOf: (path: string) => string | undefined = () => undefined,
+): string[] {
+  return issues.map((i) => {
+    const keys = i.code === "unrecognized_keys" ? ` (${i.keys.join(", ")})` : "";
+    const path = formatPath([...prefix, ...i.path]) || "(top level)";
+    const from = sourceOf(path);
+    return `${path}${from ? ` (from ${from})` : ""}: ${i.message}${keys}`;
+  });
+}
+
+function setPath(obj: Record<string, unknown>, path: string[], value: unknown): void {
+  let cur = obj;
+  for (const key of path.slice(0, -1)) {
+    const next = cur[key];
+    if (next === null || typeof next !== "object" || Array.isArray(next)) cur[key] = {};
+    cur = cur[key] as Record<string, unknown>;
+  }
+  cur[path[path.length - 1]] = value;
+}
+
+/**
+ * Builds the configuration from its sources (no I/O): file, then env, then flags.
+ * Throws {@linkcode ConfigError}.
+ */
+export function resolveConfig(sources: ConfigSources): AgentConfig {
+  const fileLabel = sources.file ? `"${sources.file.path}"` : "the defaults";
+  let raw: unknown = sources.file ? parseConfigText(sources.file.path, sources.file.text) : {};
+  if (raw === null || typeof raw !== "object" || Array.isArray(raw)) {
+    throw new ConfigError(fileLabel, ["(top level): Expected an object"]);
+  }
+  raw = structuredClone(raw);
+  const origin = new Map<string, string>();
+  for (const o of OVERRIDES) {
+    const fromEnv = sources.env?.[o.env];
+    const fromFlag = sources.flags?.[o.flag];
+    let value: string | number | undefined;
+    let label: string | undefined;
+    if (fromEnv !== undefined && fromEnv !== "") [value, label] = [fromEnv, o.env];
+    if (fromFlag !== undefined) [value, label] = [fromFlag, o.flagName];
+    if (value === undefined || label === undefined) continue;
+    let v: unknown = value;
+    if (o.numeric && typeof value === "string" && value.trim() !== "") {
+      const n = Number(value);
+      if (!Number.isNaN(n)) v = n;
+    }
+    setPath(raw as Record<string, unknown>, o.path, v);
+    origin.set(o.path.join("."), label);
+  }
+  const parsed = AgentConfigSchema.safeParse(raw);
+  if (!parsed.success) {
+    throw new ConfigError(
+      fileLabel,
+      formatIssues(parsed.error.issues, [], (p) => origin.get(p)),
+    );
+  }
+  return parsed.data;
+}
+
+/**
+ * Reads and resolves the configuration. The file is `flags.config`, else
+ * `ENIM_CONFIG`, else {@linkcode DEFAULT_CONFIG_PATH}; a missing default file
+ * is not an error (defaults, env and flags apply), a missing named one is.
+ */
+export async function loadConfig(
+  flags: ConfigFlags,
+  env: Record<string, string | undefined>,
+): Promise<AgentConfig> {
+  const named = flags.config ?? (env.ENIM_CONFIG || undefined);
+  const path = named ?? DEFAULT_CONFIG_PATH;
+  let text: string | undefined;
+  try {
+    text = await Deno.readTextFile(path);
+  } catch (err) {
+    if (!(err instanceof Deno.errors.NotFound) || named !== undefined) {
+      const why = err instanceof Error ? err.message : String(err);
+      throw new ConfigError(`"${path}"`, [`Cannot read the config file: ${why}`], { cause: err });
+    }
+  }
+  return resolveConfig({ file: text === undefined ? undefined : { path, text }, env, flags });
+}
+
+/** The environment variables the agent reads (`ENIM_*` only). */
+export function enimEnv(): Record<string, string | undefined> {
+  const out: Record<string, string | undefined> = {};
+  for (const name of ["ENIM_CONFIG", ...OVERRIDES.map((o) => o.env)]) {
+    out[name] = Deno.env.get(name);
+  }
+  return out;
+}
+
+/**
+ * Validates the provider's own section (`provider.<name>`, `{}` when absent) with
+ * the provider module's schema; errors are prefixed with the section's path.
+ */
+export function validateProviderConfig<C>(cfg: AgentConfig, module: ProviderModule<C>): C {
+  const name = cfg.provider.name;
+  const section = cfg.provider[name] ?? {};
+  const parsed = z.safeParse(module.configSchema, section);
+  if (!parsed.success) {
+    throw new ConfigError(
+      `the "provider.${name}" section`,
+      formatIssues(parsed.error.issues, ["provider", name]),
+    );
+  }
+  return parsed.data;
+}

@@ -1,0 +1,130 @@
+import { assert, assertEquals, assertMatch, assertRejects } from "../lib/assert.ts";
+import { ApiError } from "../api/schema.ts";
+import { SocketAgentClient } from "../api/client.ts";
+import { createHandler, serveUnix, SocketInUseError } from "./server.ts";
+import { Metrics } from "../lib/metrics.ts";
+import { FakeManager } from "../tests/support/fake_manager.ts";
+import { withRunDir } from "../tests/support/run_dir.ts";
+
+Deno.test("the API over a real unix socket: modes, client, stale and live sockets", async (t) => {
+  await withRunDir(async (root) => {
+    const dir = `${root}/sock`;
+    const path = `${dir}/enim.sock`;
+    const m = new FakeManager();
+    const metrics = new Metrics();
+    const server = await serveUnix(
+      path,
+      createHandler({ manager: m, metrics: () => metrics.text() }),
+    );
+    try {
+      await t.step("the directory is created 0700 and the socket is 0600", async () => {
+        assertEquals((await Deno.stat(dir)).mode! & 0o777, 0o700);
+        const st = await Deno.lstat(path);
+        assert(st.isSocket);
+        assertEquals(st.mode! & 0o777, 0o600);
+      });
+
+      await t.step("SocketAgentClient drives every endpoint", async () => {
+        const c = new SocketAgentClient(path);
+        const add = await c.add({
+          containerId: "c1",
+          ifName: "eth0",
+          netns: "/run/netns/p1",
+          network: "net",
+          pod: { namespace: "default", name: "web-0" },
+          mode: "interface",
+        });
+        assertEquals(add.eniId, "eni-mock-0001");
+        await c.check({
+          containerId: "c1",
+          ifName: "eth0",
+          netns: "/run/netns/p1",
+          network: "net",
+          mode: "interface",
+          expected: {},
+        });
+        assertEquals((await c.status()).pool.owned, 1);
+        assertEquals((await c.attachments()).length, 1);
+        assertEquals((await c.enis()).length, 3);
+        assertEquals((await c.gc({ dryRun: true })).items, []);
+        assertMatch(await c.metrics(), /enim_agent_up 1/);
+        await c.del({ containerId: "c1", ifName: "eth0" });
+        assertEquals(m.atts.size, 0);
+      });
+
+      await t.step("errors arrive as ApiError with their code", async () => {
+        const c = new SocketAgentClient(path);
+        const err = await assertRejects(() =>
+          c.add({
+            containerId: "c1",
+            ifName: "eth0",
+            netns: "/run/netns/../../etc",
+            network: "net",
+            pod: { namespace: "default", name: "web-0" },
+            mode: "interface",
+          })
+        );
+        assert(err instanceof ApiError);
+        assertEquals(err.code, "bad_request");
+        assertMatch(err.message, /netns/);
+      });
+
+      await t.step("a live socket is refused", async () => {
+        const err = await assertRejects(() =>
+          serveUnix(path, createHandler({ manager: new FakeManager() }))
+        );
+        assert(err instanceof SocketInUseError, String(err));
+        assertMatch(err.message, /Another enim agent is already serving/);
+        // The live server still answers.
+        assertEquals((await new SocketAgentClient(path).status()).ready, true);
+      });
+    } finally {
+      await server.shutdown();
+    }
+    await t.step("shutdown removes the socket file", async () => {
+      await assertRejects(() => Deno.lstat(path));
+    });
+
+    await t.step("a stale socket left by a dead agent is replaced", async () => {
+      // A socket file nobody listens on: what an agent killed with SIGKILL leaves.
+      await leaveStaleSocket(path);
+      assert((await Deno.lstat(path)).isSocket, "expected a stale socket file");
+      const s2 = await serveUnix(path, createHandler({ manager: new FakeManager() }));
+      try {
+        assertEquals((await new SocketAgentClient(path).status()).provider, "mock");
+        assertEquals((await Deno.lstat(path)).mode! & 0o777, 0o600);
+      } finally {
+        await s2.shutdown();
+      }
+    });
+
+    await t.step("a path that is not a socket is refused", async () => {
+      await Deno.writeTextFile(path, "x");
+      const err = await assertRejects(() =>
+        serveUnix(path, createHandler({ manager: new FakeManager() }))
+      );
+      assertMatch(err.message, /exists and is not a socket/);
+    });
+  });
+});
+
+/** Starts a child that listens on `path`, then kills it with SIGKILL (by its PID). */
+async function leaveStaleSocket(path: string): Promise<void> {
+  const code = `Deno.listen({ transport: "unix", path: ${JSON.stringify(path)} });` +
+    `console.log("ready"); setInterval(() => {}, 1000);`;
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["eval", code],
+    stdout: "piped",
+    stderr: "null",
+    stdin: "null",
+  }).spawn();
+  try {
+    const reader = child.stdout.getReader();
+    await reader.read();
+    reader.releaseLock();
+  } finally {
+    Deno.kill(child.pid, "SIGKILL");
+    await child.status;
+    await child.stdout.cancel().catch(() => {});
+  }
+}

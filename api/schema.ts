@@ -1,0 +1,359 @@
+/**
+ * The agent's HTTP+JSON API: request and response schemas shared by the agent,
+ * the CNI plugin and the operator commands.
+ *
+ * Paths (all under the unix socket):
+ * - `POST /v1/add` {@linkcode AddRequestSchema} → {@linkcode AddResponseSchema}
+ * - `POST /v1/del` {@linkcode DelRequestSchema} → `{}`
+ * - `POST /v1/check` {@linkcode CheckRequestSchema} → `{}`
+ * - `POST /v1/gc` {@linkcode GcRequestSchema} → {@linkcode GcReportSchema}
+ * - `GET /v1/status` → {@linkcode StatusSchema}
+ * - `GET /v1/attachments` → `{attachments: Attachment[]}`
+ * - `GET /v1/enis` → `{enis: Eni[]}`
+ * - `GET /v1/healthz` → `{ok: true}` (the agent is serving)
+ * - `GET /metrics` → Prometheus text
+ *
+ * Errors are `{error: {code, message, details?}}` with an HTTP status from
+ * {@linkcode HTTP_STATUS}.
+ *
+ * @module
+ */
+import { CNI_ENV_NAMES, LOG_FILE_ENV, MAX_CALL_STDIN } from "./wire.ts";
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
+import {
+  DEFAULT_PROFILE,
+  EniSchema,
+  IpRangeSchema,
+  IpSchema,
+  NetworkCidrSchema,
+  ProfileNameSchema,
+  routeFamilyCheck,
+  SecurityGroupIdSchema,
+} from "../providers/schema.ts";
+
+/** A Kubernetes namespace (DNS label). */
+const K8sNamespace = z.string().check(z.regex(
+  /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/,
+  "Expected a DNS label (lower-case letters, digits and '-', at most 63)",
+));
+/** A Kubernetes object name (DNS subdomain), relaxed to what runtimes pass. */
+const K8sName = z.string().check(z.regex(
+  /^[A-Za-z0-9]([-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?$/,
+  "Expected a name of letters, digits, '-', '_' and '.', at most 253",
+));
+
+/** `interface`: enim moves the ENI into the pod; `ipam`: another plugin moves the device. */
+export const ModeSchema = z.enum(["interface", "ipam"]);
+/** How enim was configured for an attachment. */
+export type Mode = z.infer<typeof ModeSchema>;
+
+/**
+ * The attachment states: the intent (adding, deleting) or the outcome (ready,
+ * recycling; held: a sticky pod's ENI kept for it after its DEL, device on the node).
+ */
+export const AttachmentStateSchema = z.enum(["adding", "ready", "recycling", "deleting", "held"]);
+/** An attachment state. */
+export type AttachmentState = z.infer<typeof AttachmentStateSchema>;
+
+/** The pod that owns an attachment. */
+export const PodSchema = z.object({
+  namespace: K8sNamespace,
+  name: K8sName,
+  uid: z.optional(z.string().check(z.maxLength(128))),
+});
+/** The pod that owns an attachment. */
+export type Pod = z.infer<typeof PodSchema>;
+
+/** A CNI container id (the spec's charset). */
+export const ContainerIdSchema = z.string().check(z.regex(
+  /^[A-Za-z0-9][A-Za-z0-9_.\-]{0,255}$/,
+  "Expected alphanumerics followed by alphanumerics, '_', '.' or '-'",
+));
+/** A Linux interface name. */
+export const IfNameSchema = z.string().check(
+  z.minLength(1),
+  z.maxLength(15),
+  z.refine(
+    (s) =>
+      s !== "." && s !== ".." && !/[\/:\s]/.test(s) && new TextEncoder().encode(s).length <= 15,
+    "Expected a Linux interface name: at most 15 bytes, no '/', ':' or whitespace",
+  ),
+);
+/** A network namespace path: absolute, normalized, no traversal. */
+export const NetnsPathSchema = z.string().check(
+  z.maxLength(4096),
+  z.refine(
+    (s) => s.startsWith("/") && !s.split("/").some((p) => p === ".." || p === "."),
+    "Expected an absolute path without '.' or '..' components",
+  ),
+);
+
+/** A route from the network config. */
+export const RouteSchema = z.object({
+  dst: NetworkCidrSchema,
+  gw: z.optional(IpSchema),
+}).check(routeFamilyCheck());
+
+/** Fields that identify one CNI attachment. */
+const AttachmentKey = {
+  containerId: ContainerIdSchema,
+  ifName: IfNameSchema,
+};
+
+/** POST /v1/add. */
+export const AddRequestSchema = z.object({
+  ...AttachmentKey,
+  netns: NetnsPathSchema,
+  /** The network config's `name`. */
+  network: z.string().check(z.minLength(1), z.maxLength(256)),
+  pod: PodSchema,
+  /** `interface`: enim moves the device into the pod; `ipam`: the device stays on the node. */
+  mode: ModeSchema,
+  ips: z._default(z.array(IpSchema), []),
+  ranges: z._default(z.array(z.array(IpRangeSchema)), []),
+  routes: z._default(z.array(RouteSchema), []),
+  mtu: z.optional(z.number().check(z.int(), z.minimum(68), z.maximum(65535))),
+  /** Whether the pod gets a default route per family via the ENI's gateways (absent: yes). */
+  defaultRoutes: z.optional(z.boolean()),
+  /** The profile whose ENI the pod gets (its subnet, groups and pool). */
+  profile: z._default(ProfileNameSchema, DEFAULT_PROFILE),
+  /** Inline security groups: the ENI's groups while the pod owns it (all of one kind). */
+  securityGroupIds: z.optional(
+    z.array(SecurityGroupIdSchema).check(z.minLength(1), z.maxLength(10)),
+  ),
+  /** Whether the pod keeps its ENI through a delete and re-create of the same pod. */
+  sticky: z._default(z.boolean(), false),
+});
+/** POST /v1/add. */
+export type AddRequest = z.input<typeof AddRequestSchema>;
+
+/** An address in an ADD result: CIDR address and the subnet gateway. */
+export const ResultIpSchema = z.object({ address: z.string(), gateway: IpSchema });
+
+/** The agent's answer to an ADD; the CNI side turns it into a versioned CNI result. */
+export const AddResponseSchema = z.object({
+  eniId: z.string(),
+  mac: z.string(),
+  /** The device's ifindex: in the pod (interface mode) or on the node (IPAM mode). */
+  ifindex: z.number().check(z.int()),
+  /** The device's node-side name. */
+  nodeName: z.string(),
+  ips: z.array(ResultIpSchema),
+  routes: z.array(z.object({ dst: z.string(), gw: z.optional(z.string()) })),
+});
+/** The agent's answer to an ADD. */
+export type AddResponse = z.infer<typeof AddResponseSchema>;
+
+/**
+ * POST /v1/cni: a CNI call as the plugin process received it, run by the
+ * agent's CNI dispatcher. The answer is 200 with the plugin's stdout as the
+ * body and its exit code in the `enim-cni-exit` header (see `cni/forward.ts`).
+ */
+export const CniCallSchema = z.strictObject({
+  env: z.partialRecord(
+    z.enum([...CNI_ENV_NAMES, LOG_FILE_ENV]),
+    z.string().check(z.maxLength(128 * 1024, "Expected at most 128 KiB")),
+  ),
+  stdin: z.string().check(
+    z.maxLength(MAX_CALL_STDIN, `Expected at most ${MAX_CALL_STDIN} characters`),
+  ),
+});
+/** POST /v1/cni. */
+export type CniCall = z.infer<typeof CniCallSchema>;
+
+/** POST /v1/del. `netns` may be empty: the runtime may not know it any more. */
+export const DelRequestSchema = z.object({
+  ...AttachmentKey,
+  netns: z._default(z.union([NetnsPathSchema, z.literal("")]), ""),
+  network: z._default(z.string().check(z.maxLength(256)), ""),
+});
+/** POST /v1/del. */
+export type DelRequest = z.input<typeof DelRequestSchema>;
+
+/** POST /v1/check: the agent compares the live pod with its record and `expected`. */
+export const CheckRequestSchema = z.object({
+  ...AttachmentKey,
+  netns: NetnsPathSchema,
+  network: z.string().check(z.minLength(1), z.maxLength(256)),
+  mode: ModeSchema,
+  /** What the prevResult says: addresses (CIDR), MAC, routes. */
+  expected: z.object({
+    mac: z.optional(z.string()),
+    addresses: z._default(z.array(z.string()), []),
+    routes: z._default(z.array(z.object({ dst: z.string(), gw: z.optional(z.string()) })), []),
+  }),
+});
+/** POST /v1/check. */
+export type CheckRequest = z.input<typeof CheckRequestSchema>;
+
+/** POST /v1/gc. */
+export const GcRequestSchema = z.object({
+  dryRun: z._default(z.boolean(), false),
+  /** For the CNI GC verb: the network whose attachments are checked against `validAttachments`. */
+  network: z.optional(z.string().check(z.minLength(1), z.maxLength(256))),
+  validAttachments: z.optional(
+    z.array(z.object({ containerId: z.string(), ifName: z.string() })),
+  ),
+});
+/** POST /v1/gc. */
+export type GcRequest = z.input<typeof GcRequestSchema>;
+
+/** One ENI that GC reclaims (or would). */
+export const GcItemSchema = z.object({
+  eniId: z.string(),
+  mac: z.string(),
+  device: z.string(),
+  pod: z.string(),
+  containerId: z.string(),
+  ifName: z.string(),
+  netns: z.string(),
+  reason: z.string(),
+  action: z.string(),
+  outcome: z.enum(["planned", "reclaimed", "failed"]),
+  error: z.optional(z.string()),
+  /**
+   * `dead`: the attachment's pod is gone; `orphan`: the provider shows the ENI
+   * owned by an attachment the agent does not know; `hold`: a sticky pod's held
+   * ENI whose hold expired.
+   */
+  kind: z._default(z.enum(["dead", "orphan", "hold"]), "dead"),
+  /** The profile of the ENI (`default` when the agent does not know it). */
+  profile: z._default(z.string(), "default"),
+});
+/** The GC report. */
+export const GcReportSchema = z.object({
+  dryRun: z.boolean(),
+  items: z.array(GcItemSchema),
+});
+/** The GC report. */
+export type GcReport = z.infer<typeof GcReportSchema>;
+
+/** A recorded attachment, as `GET /v1/attachments` and `enim status` show it. */
+export const AttachmentSchema = z.object({
+  containerId: z.string(),
+  ifName: z.string(),
+  pod: z.string(),
+  podUid: z.nullable(z.string()),
+  network: z.string(),
+  netns: z.string(),
+  mode: ModeSchema,
+  state: AttachmentStateSchema,
+  eniId: z.nullable(z.string()),
+  mac: z.nullable(z.string()),
+  nodeName: z.nullable(z.string()),
+  createdAt: z.string(),
+  updatedAt: z.string(),
+  /** The profile whose ENI it holds. */
+  profile: z._default(z.string(), "default"),
+  /** Whether the pod keeps its ENI through a delete and re-create. */
+  sticky: z._default(z.boolean(), false),
+  /** Until when a held ENI waits for its pod (state `held`). */
+  holdUntil: z._default(z.nullable(z.string()), null),
+});
+/** A recorded attachment. */
+export type Attachment = z.infer<typeof AttachmentSchema>;
+
+/** GET /v1/status. */
+export const StatusSchema = z.object({
+  version: z.string(),
+  provider: z.string(),
+  ready: z.boolean(),
+  /** Whether an ADD can be served now: a free ENI or room to attach one. */
+  canAllocate: z.boolean(),
+  pool: z.object({
+    free: z.number().check(z.int()),
+    /** Owned in the provider: by pods, recycling and held ENIs included. */
+    owned: z.number().check(z.int()),
+    recycling: z.number().check(z.int()),
+    /** Sticky pods' ENIs held after their DEL. */
+    held: z._default(z.number().check(z.int()), 0),
+    /** How many more ENIs the node can attach (shared by every profile). */
+    attachable: z.number().check(z.int()),
+    /** The same counts per profile. */
+    profiles: z._default(
+      z.record(
+        z.string(),
+        z.object({
+          free: z.number().check(z.int()),
+          owned: z.number().check(z.int()),
+          recycling: z.number().check(z.int()),
+          held: z.number().check(z.int()),
+        }),
+      ),
+      {},
+    ),
+  }),
+  enis: z.array(z.extend(EniSchema, {
+    device: z.nullable(z.string()),
+    attachment: z.nullable(AttachmentSchema),
+  })),
+  /** The provider's own details (BCE: limit source, lost and quarantined ENIs, intents). */
+  providerDetails: z._default(z.record(z.string(), z.unknown()), {}),
+});
+/** GET /v1/status. */
+export type Status = z.infer<typeof StatusSchema>;
+
+/** Stable API error codes; the CNI side maps them to CNI codes in `cni/errors.ts`. */
+export const API_ERROR_CODES = [
+  "bad_request",
+  "not_found",
+  "no_eni_available",
+  "requested_ip_unavailable",
+  "ifname_exists",
+  "netns_invalid",
+  "check_failed",
+  "not_allowed",
+  "provider_error",
+  "device_error",
+  "busy",
+  "state_unavailable",
+  "internal",
+] as const;
+/** A stable API error code. */
+export type ApiErrorCode = typeof API_ERROR_CODES[number];
+
+/** The HTTP status each API error code is sent with. */
+export const HTTP_STATUS: Record<ApiErrorCode, number> = {
+  bad_request: 400,
+  not_found: 404,
+  no_eni_available: 409,
+  requested_ip_unavailable: 409,
+  ifname_exists: 409,
+  netns_invalid: 400,
+  check_failed: 412,
+  not_allowed: 403,
+  provider_error: 502,
+  device_error: 500,
+  busy: 503,
+  state_unavailable: 507,
+  internal: 500,
+};
+
+/** An API error body. */
+export const ApiErrorBodySchema = z.object({
+  error: z.object({
+    code: z.enum(API_ERROR_CODES),
+    message: z.string(),
+    details: z.optional(z.string()),
+  }),
+});
+
+/** An error the agent answered with. */
+export class ApiError extends Error {
+  readonly code: ApiErrorCode;
+  readonly details?: string;
+  constructor(
+    code: ApiErrorCode,
+    message: string,
+    details?: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+    this.name = "ApiError";
+    this.code = code;
+    this.details = details;
+  }
+}
+
+/** The default socket path. */

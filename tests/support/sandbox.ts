@@ -1,0 +1,115 @@
+/**
+ * A private /run/enim for each test node, so tests run enim with exactly the
+ * production permission set and default paths.
+ *
+ * Deno grants unix sockets by exact path only, and the `enim` permission set
+ * allows just `/run/enim/enim.sock`. Rather than widening the set for tests, each
+ * sandbox is a mount namespace (persisted to a file) in which a private
+ * directory is bind-mounted over /run/enim, joined, when given, with the node's
+ * network namespace. The agent and every plugin call run inside it through
+ * `nsenter --mount=… --net=…`, the same single exec `ip netns exec` costs, and
+ * see a node of their own: `/run/enim/enim.sock`, `/run/enim/enim.db`.
+ *
+ * From the test process the same files are at {@linkcode EnimSandbox.host}.
+ * Mounts under /run/netns propagate into the sandbox (it is a slave), so pod
+ * namespaces created later are visible to the agent.
+ *
+ * @module
+ */
+import { enimArgv } from "./enim.ts";
+
+const NSENTER = "/usr/bin/nsenter";
+const UNSHARE = "/usr/bin/unshare";
+const MOUNT = "/usr/bin/mount";
+const UMOUNT = "/usr/bin/umount";
+/** Where /run/enim is, inside the sandbox. */
+export const INNER = "/run/enim";
+
+async function run(cmd: string, args: string[]): Promise<void> {
+  const out = await new Deno.Command(cmd, { args, stdout: "null", stderr: "piped" }).output();
+  if (!out.success) {
+    throw new Error(
+      `${cmd} ${args.join(" ")} failed: ${new TextDecoder().decode(out.stderr).trim()}`,
+    );
+  }
+}
+
+/** A private /run/enim (and optionally a network namespace) for enim processes. */
+export class EnimSandbox implements AsyncDisposable {
+  /** The sandbox's base directory, seen from the test process. */
+  readonly base: string;
+  /** The network namespace path processes join, or null for the current one. */
+  readonly netns: string | null;
+  #closed = false;
+
+  private constructor(base: string, netns: string | null) {
+    this.base = base;
+    this.netns = netns;
+  }
+
+  /** Creates the sandbox; `netns` is a path such as /run/netns/<node>. */
+  static async create(netns: string | null = null): Promise<EnimSandbox> {
+    const base = `/tmp/enim-sbx-${crypto.randomUUID().slice(0, 8)}`;
+    const sb = new EnimSandbox(base, netns);
+    await Deno.mkdir(`${base}/run`, { recursive: true, mode: 0o700 });
+    try {
+      // The file a mount namespace is pinned to must not be on a shared mount.
+      await run(MOUNT, ["--bind", base, base]);
+      await run(MOUNT, ["--make-private", base]);
+      await Deno.mkdir(INNER, { recursive: true, mode: 0o755 });
+      await Deno.writeTextFile(`${base}/mnt`, "");
+      await run(UNSHARE, [
+        `--mount=${base}/mnt`,
+        "--propagation",
+        "slave",
+        MOUNT,
+        "--bind",
+        `${base}/run`,
+        INNER,
+      ]);
+    } catch (err) {
+      await sb.close().catch(() => {});
+      throw err;
+    }
+    return sb;
+  }
+
+  /** A path inside the sandbox's /run/enim, as the test process sees it. */
+  host(rel = ""): string {
+    return rel ? `${this.base}/run/${rel}` : `${this.base}/run`;
+  }
+
+  /** The same path as enim processes inside the sandbox see it. */
+  inner(rel = ""): string {
+    return rel ? `${INNER}/${rel}` : INNER;
+  }
+
+  /** The argv that runs `argv` inside the sandbox. */
+  wrap(argv: string[]): string[] {
+    return [
+      NSENTER,
+      `--mount=${this.base}/mnt`,
+      ...(this.netns ? [`--net=${this.netns}`] : []),
+      "--",
+      ...argv,
+    ];
+  }
+
+  /** The argv that runs enim (main.ts with the enim permission set) inside the sandbox. */
+  enim(args: string[]): string[] {
+    return this.wrap([...enimArgv(), ...args]);
+  }
+
+  /** Releases the mount namespace and removes the directory; idempotent. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    await run(UMOUNT, [`${this.base}/mnt`]).catch(() => {});
+    await run(UMOUNT, [this.base]).catch(() => {});
+    await Deno.remove(this.base, { recursive: true }).catch(() => {});
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}

@@ -1,0 +1,257 @@
+/**
+ * The simulated node and VPC that integration tests, the demo, the bench and the
+ * fake BCE server build on (see design.md, "The node, as the tests see it").
+ *
+ * - a "node" namespace where the agent and plugin run;
+ * - a "VPC" namespace with bridge `br0` holding each subnet's gateway (.1 and ::1);
+ * - per ENI a veth pair ({@linkcode VethDeviceSimulator}): one end on the bridge, the
+ *   other in the node namespace with the ENI's MAC;
+ * - pods are further namespaces.
+ *
+ * Every namespace is named `enim-t-<random>-…`; deleting the namespaces removes
+ * every device (veth pairs die with their namespace). Nothing is created in the
+ * machine's root namespace.
+ *
+ * @example
+ * ```ts ignore
+ * await using vpc = await SimulatedVpc.create();
+ * const eni = vpc.newEni();
+ * await vpc.plugEni(eni);
+ * const pod = await vpc.pod("a");
+ * ```
+ *
+ * @module
+ */
+import { type Cidr, formatIp, nthAddress, parseCidr } from "../../lib/ip.ts";
+import { netnsExec } from "../../netns/ip.ts";
+import {
+  createBridge,
+  createNetns,
+  deleteNetns,
+  uniqueName,
+  VethDeviceSimulator,
+} from "../../netns/sim.ts";
+import type { AddressSpec, RouteSpec } from "../../netns/types.ts";
+import { buildResult } from "../../manager/result.ts";
+import { type Eni, makeEni } from "../../providers/contract.ts";
+import { lazyTool } from "../../scripts/_deps.ts";
+
+/** A named network namespace and its path. */
+export interface NetnsHandle {
+  /** The name under /run/netns (for `ip -n` and `ip netns exec`). */
+  name: string;
+  /** /run/netns/<name> (what CNI_NETNS would carry). */
+  path: string;
+}
+
+/** The subnets of the simulated VPC. */
+export interface VpcSubnets {
+  ipv4?: string;
+  ipv6?: string;
+}
+
+/** Options for {@linkcode SimulatedVpc.create}. */
+export interface SimulatedVpcOptions {
+  /** Defaults to 10.99.0.0/24 and fd00:99::/64; leave one out for a single-stack VPC. */
+  subnets?: VpcSubnets;
+  /** Name prefix of every namespace (default `enim-t`). */
+  prefix?: string;
+  /**
+   * More subnets of the VPC (per-pod profiles): each gets its gateway (first host)
+   * on the bridge, so a pod with an ENI of that subnet reaches its own gateway.
+   */
+  extraSubnets?: string[];
+}
+
+/**
+ * The ping binary (iputils), looked up on first use: callers install iputils-ping
+ * (scripts/_deps.ts) after importing this module.
+ */
+export const pingPath: () => string = lazyTool(
+  "ping",
+  ["/usr/bin/ping", "/bin/ping"],
+  "iputils-ping",
+);
+
+interface Subnet {
+  net: Cidr;
+  prefixLength: number;
+  gateway: string;
+}
+
+function subnet(cidr: string): Subnet {
+  const net = parseCidr(cidr);
+  if (!net) throw new RangeError(`"${cidr}" is not a prefix`);
+  return { net, prefixLength: net.prefix, gateway: hostAddress(net, 1) };
+}
+
+/** The `n`th address of a network (n small). */
+function hostAddress(net: Cidr, n: number): string {
+  return formatIp(nthAddress(net, n));
+}
+
+/** The gateway the simulated VPC gives a subnet: its first host. */
+export function gatewayOf(cidr: string): string {
+  return subnet(cidr).gateway;
+}
+
+/** A simulated node + VPC; dispose it (or call `close()`) to remove everything. */
+export class SimulatedVpc implements AsyncDisposable {
+  /** The node namespace (where the agent runs). */
+  readonly node: NetnsHandle;
+  /** The VPC namespace (holding the gateways). */
+  readonly vpc: NetnsHandle;
+  /** The bridge in the VPC namespace. */
+  readonly bridge = "br0";
+  /** The device simulator for a provider (ENI ends go to the node namespace). */
+  readonly simulator: VethDeviceSimulator;
+  /** Gateways of the subnets. */
+  readonly gateways: { ipv4: string | null; ipv6: string | null };
+  readonly #prefix: string;
+  readonly #v4: Subnet | null;
+  readonly #v6: Subnet | null;
+  readonly #pods = new Map<string, NetnsHandle>();
+  #nextHost = 10;
+  #closed = false;
+
+  private constructor(prefix: string, subnets: VpcSubnets) {
+    this.#prefix = prefix;
+    this.node = handle(`${prefix}-node`);
+    this.vpc = handle(`${prefix}-vpc`);
+    this.#v4 = subnets.ipv4 ? subnet(subnets.ipv4) : null;
+    this.#v6 = subnets.ipv6 ? subnet(subnets.ipv6) : null;
+    this.gateways = { ipv4: this.#v4?.gateway ?? null, ipv6: this.#v6?.gateway ?? null };
+    this.simulator = new VethDeviceSimulator({
+      vpcNetns: this.vpc.name,
+      bridge: this.bridge,
+      nodeNetns: this.node.name,
+    });
+  }
+
+  /** Builds the node and VPC namespaces; removes what it made if a step fails. */
+  static async create(opts: SimulatedVpcOptions = {}): Promise<SimulatedVpc> {
+    const subnets = opts.subnets ?? { ipv4: "10.99.0.0/24", ipv6: "fd00:99::/64" };
+    const vpc = new SimulatedVpc(uniqueName(opts.prefix ?? "enim-t"), subnets);
+    try {
+      await createNetns(vpc.node.name);
+      await createNetns(vpc.vpc.name);
+      const cidrs = [vpc.#v4, vpc.#v6, ...(opts.extraSubnets ?? []).map(subnet)]
+        .filter((s): s is Subnet => s !== null)
+        .map((s) => `${s.gateway}/${s.prefixLength}`);
+      await createBridge(vpc.vpc.name, vpc.bridge, cidrs);
+    } catch (err) {
+      await vpc.close().catch(() => {});
+      throw err;
+    }
+    return vpc;
+  }
+
+  /** Every namespace this fixture has created and not yet removed. */
+  get namespaces(): string[] {
+    return [this.node.name, this.vpc.name, ...[...this.#pods.values()].map((p) => p.name)];
+  }
+
+  /** Creates a pod namespace `<prefix>-<name>` (loopback up). */
+  async pod(name: string): Promise<NetnsHandle> {
+    if (!/^[a-z0-9-]{1,32}$/.test(name)) throw new TypeError(`Invalid pod name "${name}"`);
+    const h = handle(`${this.#prefix}-${name}`);
+    if (this.#pods.has(h.name)) throw new Error(`Pod "${name}" exists already`);
+    this.#pods.set(h.name, h);
+    try {
+      await createNetns(h.name);
+    } catch (err) {
+      this.#pods.delete(h.name);
+      throw err;
+    }
+    return h;
+  }
+
+  /** Deletes a pod namespace (whatever is in it: a veth ENI in it is destroyed with it). */
+  async deletePod(pod: NetnsHandle): Promise<void> {
+    await deleteNetns(pod.name);
+    this.#pods.delete(pod.name);
+  }
+
+  /** A new ENI in this VPC (unique MAC and addresses), not yet plugged. */
+  newEni(): Eni {
+    const n = this.#nextHost++;
+    const rand = Array.from(crypto.getRandomValues(new Uint8Array(2)), hex);
+    const mac = ["02", "e0", ...rand, hex(n >> 8 & 0xff), hex(n & 0xff)].join(":");
+    const addr = (s: Subnet | null) =>
+      s
+        ? { address: hostAddress(s.net, n), prefixLength: s.prefixLength, gateway: s.gateway }
+        : null;
+    return makeEni({
+      id: `eni-${rand.join("")}${n.toString().padStart(4, "0")}`,
+      mac,
+      ipv4: addr(this.#v4),
+      ipv6: addr(this.#v6),
+      subnetId: "sbn-sim",
+      state: "free",
+      owner: null,
+    });
+  }
+
+  /** Makes the ENI's device appear in the node namespace (idempotent). */
+  plugEni(eni: Eni): Promise<void> {
+    return this.simulator.plug(eni);
+  }
+
+  /** Removes the ENI's device (idempotent). */
+  unplugEni(eni: Eni): Promise<void> {
+    return this.simulator.unplug(eni);
+  }
+
+  /**
+   * What `IpDeviceLayer.plug` takes for this ENI: its addresses and the routes the
+   * manager's route policy gives it (`manager/result.ts`, the one owner).
+   */
+  static plugSpec(eni: Eni): { addresses: AddressSpec[]; routes: RouteSpec[] } {
+    const { ips, routes } = buildResult(eni, { routes: [] });
+    return { addresses: ips.map((i) => ({ cidr: i.address })), routes };
+  }
+
+  /** Runs a program in a namespace of this fixture (`ip netns exec`). */
+  exec(netns: NetnsHandle | string, argv: string[]) {
+    return netnsExec(typeof netns === "string" ? netns : netns.name, argv);
+  }
+
+  /**
+   * Whether a ping from `netns` to `address` gets an answer within 3 s: echoes go
+   * out every 0.2 s until one is answered (a first one can be lost to neighbour
+   * discovery on a loaded machine).
+   */
+  async ping(netns: NetnsHandle | string, address: string): Promise<boolean> {
+    const out = await this.exec(netns, [pingPath(), "-c1", "-w3", "-i0.2", "-n", address]);
+    return out.code === 0;
+  }
+
+  /** Removes every namespace (pods, node, VPC) and with them every device; idempotent. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    const errors: unknown[] = [];
+    for (const name of [...this.#pods.keys(), this.node.name, this.vpc.name]) {
+      try {
+        await deleteNetns(name);
+      } catch (err) {
+        errors.push(err);
+      }
+    }
+    this.#pods.clear();
+    if (errors.length > 0) throw new AggregateError(errors, "Cannot remove the simulated VPC");
+  }
+
+  /** Same as {@linkcode close}. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}
+
+function handle(name: string): NetnsHandle {
+  return { name, path: `/run/netns/${name}` };
+}
+
+function hex(b: number): string {
+  return b.toString(16).padStart(2, "0");
+}
