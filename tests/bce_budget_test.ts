@@ -19,7 +19,7 @@
  * - bursty churn: 6 pods at once every 10 minutes, each living 5 minutes (the
  *   warm pool, minIdle 1 / maxIdle 2, grows and shrinks each time).
  *
- * Run: `deno test -A tests/bce_budget_test.ts` (the figures are printed).
+ * Run: `deno test -A --config tests/deno.json tests/bce_budget_test.ts` (the figures are printed).
  */
 import { assert, assertEquals } from "../lib/assert.ts";
 import type { Owner } from "../providers/contract.ts";
