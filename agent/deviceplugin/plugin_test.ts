@@ -300,3 +300,30 @@ Deno.test("closing the plugin sends every device Unhealthy, ends the stream and 
     }
   });
 });
+
+Deno.test("without kubelet's folder the plugin waits for it, then serves and registers", async () => {
+  await withRunDir(async (root) => {
+    const dir = `${root}/device-plugins`;
+    const plugin = await startDevicePlugin({
+      dir,
+      capacity: () => Promise.resolve({ limit: 1, forPods: 1, unavailable: [], source: "test" }),
+      ready: () => true,
+      log: new Logger(() => {}, "error"),
+      watchIntervalMs: 20,
+    });
+    let kubelet: FakeKubelet | null = null;
+    try {
+      await until(
+        "the plugin says the folder is missing",
+        () => /folder ".*device-plugins" does not exist yet/.test(plugin.status().reason ?? ""),
+      );
+      assertEquals(plugin.status().state, "registering");
+      await Deno.mkdir(dir);
+      kubelet = await FakeKubelet.start(dir);
+      assertEquals((await kubelet.waitForRegistrations(1)).endpoint, "enim.sock");
+    } finally {
+      await plugin.close();
+      await kubelet?.[Symbol.asyncDispose]();
+    }
+  });
+});
