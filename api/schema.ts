@@ -255,6 +255,42 @@ export const AttachmentSchema = z.object({
 export type Attachment = z.infer<typeof AttachmentSchema>;
 
 /** GET /v1/status. */
+/**
+ * The device plugin (`enim.dev/eni`): whether kubelet has it, what it advertises,
+ * and why devices are Unhealthy.
+ */
+export const DevicePluginStatusSchema = z.object({
+  /**
+   * `off`: not enabled, or kubelet's folder is missing; `registering`: serving, not
+   * registered with kubelet yet (or again); `registered`: kubelet accepted it.
+   */
+  state: z.enum(["off", "registering", "registered"]),
+  /** Why it is off or not registered, or why there is no device list yet. */
+  reason: z.nullable(z.string()),
+  resourceName: z.string(),
+  /** The plugin's socket in kubelet's folder. */
+  socket: z._default(z.nullable(z.string()), null),
+  /** When kubelet last accepted the registration. */
+  registeredAt: z._default(z.nullable(z.string()), null),
+  /** kubelet's ListAndWatch streams open now (one while all is well). */
+  streams: z._default(z.number().check(z.int(), z.minimum(0)), 0),
+  /** The node's ENI limit the devices stand for (null: not known yet). */
+  limit: z._default(z.nullable(z.number().check(z.int(), z.minimum(0))), null),
+  healthy: z._default(z.number().check(z.int(), z.minimum(0)), 0),
+  unhealthy: z._default(z.number().check(z.int(), z.minimum(0)), 0),
+  /** Why devices are Unhealthy: each reason with how many devices and a sentence. */
+  unhealthyReasons: z._default(
+    z.array(z.object({
+      reason: z.string(),
+      devices: z.number().check(z.int(), z.minimum(0)),
+      message: z.string(),
+    })),
+    [],
+  ),
+});
+/** The device plugin's status. */
+export type DevicePluginStatus = z.infer<typeof DevicePluginStatusSchema>;
+
 export const StatusSchema = z.object({
   version: z.string(),
   provider: z.string(),
@@ -290,6 +326,8 @@ export const StatusSchema = z.object({
   })),
   /** The provider's own details (BCE: limit source, lost and quarantined ENIs, intents). */
   providerDetails: z._default(z.record(z.string(), z.unknown()), {}),
+  /** The device plugin, when the agent runs one (absent from older agents). */
+  devicePlugin: z.optional(DevicePluginStatusSchema),
 });
 /** GET /v1/status. */
 export type Status = z.infer<typeof StatusSchema>;

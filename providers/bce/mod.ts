@@ -117,6 +117,7 @@ export async function createBce(
       quarantineRetryMs: t.quarantineRetryMs,
       minPassGapMs: t.minPassGapMs,
       jitter: t.jitter,
+      limitRefreshMs: t.limitRefreshMs,
     },
   }, ctx);
   try {
