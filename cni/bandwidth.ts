@@ -34,6 +34,11 @@
  * bucket may take longer than {@linkcode MAX_BURST_SECONDS} to fill at its rate
  * (tc keeps the bucket as a 32-bit count of 64 ns ticks: 274 s).
  *
+ * **Field names** are matched as Go's `encoding/json` matches them, ignoring case (an
+ * exact match first): containerd 1.6's go-cni sends the capability as
+ * `{"IngressRate": …, "IngressBurst": …}` (its struct has no JSON tags), which every
+ * plugin written in Go reads as `ingressRate`.
+ *
  * `unshapedSubnets` / `shapedSubnets` (the reference plugin's per-subnet
  * exceptions) are refused with code 2: enim shapes all of the ENI's traffic.
  *
@@ -78,6 +83,33 @@ export const BandwidthCapabilitySchema = z.looseObject({
 /** Whether `b` limits either direction. */
 export function limitsAny(b: Bandwidth): boolean {
   return b.ingress !== undefined || b.egress !== undefined;
+}
+
+const FIELDS = [
+  "ingressRate",
+  "ingressBurst",
+  "egressRate",
+  "egressBurst",
+  "unshapedSubnets",
+  "shapedSubnets",
+] as const;
+
+/**
+ * The capability's object with its field names as Go would match them: a key that
+ * differs from a field only in case (`IngressRate`) counts as that field, unless the
+ * exact name is there too.
+ */
+function goFieldNames(raw: unknown): unknown {
+  if (raw === null || typeof raw !== "object" || Array.isArray(raw)) return raw;
+  const out: Record<string, unknown> = { ...raw };
+  for (const [k, v] of Object.entries(raw)) {
+    const field = FIELDS.find((f) => f !== k && f.toLowerCase() === k.toLowerCase());
+    if (field && !(field in raw)) {
+      out[field] = v;
+      delete out[k];
+    }
+  }
+  return out;
 }
 
 /** What {@linkcode podBandwidth} found. */
@@ -150,7 +182,7 @@ export function podBandwidth(
   config: Pick<NetworkConfig, "runtimeConfig">,
   annotations: Record<string, string>,
 ): PodBandwidth {
-  const raw = config.runtimeConfig?.bandwidth;
+  const raw = goFieldNames(config.runtimeConfig?.bandwidth);
   let cap: z.infer<typeof BandwidthCapabilitySchema> | undefined;
   if (raw !== undefined && raw !== null) {
     const r = BandwidthCapabilitySchema.safeParse(raw);

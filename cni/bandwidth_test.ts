@@ -50,6 +50,30 @@ Deno.test("the bandwidth capability gives rates and bursts; a runtime's placehol
   });
 });
 
+Deno.test("capability field names match as in Go, ignoring case: containerd 1.6 sends IngressRate", () => {
+  assertEquals(
+    podBandwidth(
+      cap({
+        IngressRate: 10_000_000,
+        IngressBurst: 2 ** 32 - 1,
+        EgressRate: 20_000_000,
+        EgressBurst: 2 ** 32 - 1,
+      }),
+      {},
+    ).shaping,
+    { ingress: { rate: 10_000_000 }, egress: { rate: 20_000_000 } },
+  );
+  // An exact name wins over another spelling.
+  assertEquals(
+    podBandwidth(cap({ EGRESSRATE: 1_000, egressRate: 5_000 }), {}).shaping,
+    { egress: { rate: 5_000 } },
+  );
+  assertStringIncludes(
+    refused(7, () => podBandwidth(cap({ IngressRate: 5 }), {})),
+    "Invalid runtimeConfig.bandwidth.ingressRate 5",
+  );
+});
+
 Deno.test("the capability wins over an annotation of the same direction, and the log says so", () => {
   const b = podBandwidth(cap({ ingressRate: 20_000_000, ingressBurst: 2 ** 32 - 1 }), {
     [INGRESS]: "10M",
