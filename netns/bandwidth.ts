@@ -32,7 +32,6 @@
  */
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
-import { normalizeMac } from "./commands.ts";
 
 /** One direction's limit: `rate` in bits per second, `burst` (the bucket) in bits. */
 export interface ShapingLimit {
@@ -66,7 +65,7 @@ const FRAME_OVERHEAD = 18;
 
 /** The ifb device that shapes the ingress of the ENI with `mac` (15 bytes, unique per ENI). */
 export function ifbName(mac: string): string {
-  return `ifb${normalizeMac(mac).replaceAll(":", "")}`;
+  return `ifb${mac.trim().toLowerCase().replaceAll(":", "")}`;
 }
 
 /**

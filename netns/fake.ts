@@ -8,6 +8,9 @@
  * injects faults by step name, can hang a step forever (a crash in tests), and
  * provides a {@linkcode DeviceSimulator} so attached ENIs appear on the node.
  *
+ * Why one file: the fake is one in-memory model of the node and its pods; every
+ * method reads and edits the same namespaces, links and fault tables.
+ *
  * @module
  */
 import type { DeviceSimulator, Eni } from "../providers/contract.ts";

@@ -13,11 +13,6 @@
  * - unplug when the device is already on the node: 1 (plus 1 only when it needs scrubbing);
  * - inspect: 1 batch.
  *
- * Bandwidth shaping (`./bandwidth.ts`, when `PlugParams.bandwidth` asks for it) adds
- * one `tc -batch` in the pod to plug (the ifb it needs is created in the configure
- * batch) and nothing to unplug (the ifb's removal rides in the same batch, and the
- * device's qdiscs leave it with the move); CHECK reads it with one `tc -j -batch`.
- *
  * Kernel behaviour this relies on (measured on 6.18 with iproute2 6.1):
  * - `ip link set dev X netns P name N alias A` is one netlink call, but when `N`
  *   exists in `P` the kernel may move the device first and fail the rename with
@@ -45,6 +40,11 @@
  * Why one file: `IpDeviceLayer` is one class whose steps (plug, unplug, inspect,
  * the stray-device recovery) share its node-name cache and namespace handling;
  * its pure parts (commands, device picking, validation) are in `commands.ts`.
+ *
+ * Bandwidth shaping (`./bandwidth.ts`, when `PlugParams.bandwidth` asks for it) adds
+ * one `tc -batch` in the pod to plug (the ifb it needs is created in the configure
+ * batch) and no spawn to unplug (the ifb's removal rides in its batch, and the
+ * device's qdiscs leave it with the move); `inspectShaping` is one `tc -j -batch`.
  *
  * @module
  */
