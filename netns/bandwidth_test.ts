@@ -197,6 +197,15 @@ Deno.test({
     const live = await devices.inspectShaping({ netns: pod.path, ifName: "eth0" });
     assertEquals(shapingProblems(r.shaping!, live, { ...where, mac: eni.mac }), []);
     assert(await vpc.ping(pod, vpc.gateways.ipv4!), "the shaped pod still reaches its gateway");
+    // Without its ingress qdisc (and so its redirect) the pod's ingress is unshaped: CHECK says so.
+    await tcBatch([["qdisc", "del", "dev", "eth0", "ingress"]], { netns: pod.name });
+    const lost = shapingProblems(
+      r.shaping!,
+      await devices.inspectShaping({ netns: pod.path, ifName: "eth0" }),
+      { ...where, mac: eni.mac },
+    );
+    assertEquals(lost.length, 1, lost.join("; "));
+    assert(/lacks its ingress shaping: no ingress qdisc redirects/.test(lost[0]), lost[0]);
 
     const out = await devices.unplug({
       mac: eni.mac,
