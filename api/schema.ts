@@ -101,6 +101,24 @@ const AttachmentKey = {
   ifName: IfNameSchema,
 };
 
+/** A bandwidth limit: `rate` in bits per second (kubelet's range, 1 kbit/s to 1 Pbit/s), `burst` in bits. */
+export const BandwidthLimitSchema = z.object({
+  rate: z.number().check(z.int(), z.minimum(1_000), z.maximum(1_000_000_000_000_000)),
+  /** The bucket; absent: 25 ms of the rate (`netns/bandwidth.ts`). */
+  burst: z.optional(z.number().check(z.int(), z.positive(), z.maximum(8 * (2 ** 32 - 1)))),
+});
+
+/**
+ * The pod's bandwidth limits, enforced on its ENI: `ingress` into the pod, `egress`
+ * out of it (the CNI `bandwidth` capability's directions).
+ */
+export const BandwidthSchema = z.object({
+  ingress: z.optional(BandwidthLimitSchema),
+  egress: z.optional(BandwidthLimitSchema),
+});
+/** The pod's bandwidth limits. */
+export type Bandwidth = z.infer<typeof BandwidthSchema>;
+
 /** POST /v1/add. */
 export const AddRequestSchema = z.object({
   ...AttachmentKey,
@@ -124,6 +142,8 @@ export const AddRequestSchema = z.object({
   ),
   /** Whether the pod keeps its ENI through a delete and re-create of the same pod. */
   sticky: z._default(z.boolean(), false),
+  /** Bandwidth limits to enforce on the ENI in the pod (interface mode). */
+  bandwidth: z.optional(BandwidthSchema),
 });
 /** POST /v1/add. */
 export type AddRequest = z.input<typeof AddRequestSchema>;
@@ -141,6 +161,8 @@ export const AddResponseSchema = z.object({
   nodeName: z.string(),
   ips: z.array(ResultIpSchema),
   routes: z.array(z.object({ dst: z.string(), gw: z.optional(z.string()) })),
+  /** The bandwidth shaping installed, every burst resolved (DEL and CHECK read it). */
+  bandwidth: z.optional(BandwidthSchema),
 });
 /** The agent's answer to an ADD. */
 export type AddResponse = z.infer<typeof AddResponseSchema>;

@@ -117,7 +117,10 @@ Deno.test("the CNI ConfigMap holds a valid conflist of type enim, the same as de
   assertEquals(conflist.cniVersion, "1.0.0");
   assertEquals(conflist.cniVersions, ["1.0.0", "1.1.0"]);
   // containerd passes the pod's annotations in runtimeConfig only when this is declared.
-  assertEquals(conflist.plugins[0].capabilities, { "io.kubernetes.cri.pod-annotations": true });
+  assertEquals(conflist.plugins[0].capabilities, {
+    "io.kubernetes.cri.pod-annotations": true,
+    bandwidth: true,
+  });
   assertEquals(
     conflist,
     JSON.parse(await Deno.readTextFile(`${ROOT}/deploy/10-enim.conflist`)),

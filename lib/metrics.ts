@@ -21,6 +21,7 @@ export type Phase =
   | "device_lookup"
   | "move"
   | "configure"
+  | "shape"
   | "unplug"
   | "inspect"
   | "state_write";
@@ -147,7 +148,7 @@ export class Metrics implements PhaseRecorder {
     this.phaseDuration = new Histogram({
       name: "enim_phase_duration_seconds",
       help:
-        "Time spent in each phase of an operation (queue_wait, netns_check, provider, device_lookup, move, configure, unplug, inspect, state_write)",
+        "Time spent in each phase of an operation (queue_wait, netns_check, provider, device_lookup, move, configure, shape, unplug, inspect, state_write)",
       labelNames: ["op", "phase"],
       buckets: LATENCY_BUCKETS,
       registers,
