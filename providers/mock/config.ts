@@ -46,7 +46,12 @@ export const MockProfileSchema = z.strictObject({
 /** The mock provider's config (`provider.mock` in the agent config). */
 export const MockConfigSchema = z.strictObject({
   ...profileFields,
-  /** How many can be attached to the node at once, all profiles together (default: all). */
+  /**
+   * How many ENIs can be attached to the node at once, all profiles together (default:
+   * every profile's `enis` together). It may exceed the inventory: a pod's fixed IP that
+   * no ENI carries makes the mock create one more ENI, which takes a free slot; only at
+   * the limit is an idle ENI of another profile released for it (and logged).
+   */
   maxEnisPerNode: z.optional(z.number().check(z.int(), z.minimum(0))),
   subnets: z._default(SubnetsSchema, { ipv4: { cidr: "10.99.0.0/24" } }),
   /** Named profiles besides `default` (the top-level settings). */

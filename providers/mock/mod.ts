@@ -103,8 +103,9 @@ export class MockProvider implements Provider {
       }
       return [name, profile];
     }));
-    const total = all.reduce((n, [, p]) => n + p.enis, 0);
-    this.#max = Math.min(cfg.maxEnisPerNode ?? total, total);
+    // The documented limit, as set: a fixed IP no ENI carries makes the mock create one more
+    // ENI, which takes a free slot under the limit before any idle ENI is released for it.
+    this.#max = cfg.maxEnisPerNode ?? all.reduce((n, [, p]) => n + p.enis, 0);
     this.#rand = mulberry32(cfg.seed);
   }
 
@@ -222,7 +223,7 @@ export class MockProvider implements Provider {
     const req = AllocationRequestSchema.parse(request);
     const profile = this.#profile(req.profile);
     const specific = req.ips.length > 0 || req.ranges.length > 0;
-    const step = transaction(this.#db, (): { eni: Row; detach?: Row } => {
+    const step = transaction(this.#db, (): { eni: Row; detach?: Row; why?: string } => {
       const all = this.#rows("ORDER BY idx");
       const held = all.find((r) => sameOwner(r, owner));
       if (held) return { eni: held };
@@ -282,7 +283,10 @@ export class MockProvider implements Provider {
         );
         if (idle) {
           prepared(this.#db, "UPDATE mock_enis SET attach = 'detached' WHERE id = ?").run(idle.id);
-          return { eni: claim(candidate), detach: idle };
+          const why = `the node is at its limit of ${this.#max} ENIs (${onNode} attached, ` +
+            `maxEnisPerNode) and a pod of profile "${profile.name}" needs ${candidate.id}: ` +
+            `pods go before another profile's idle ENIs`;
+          return { eni: claim(candidate), detach: idle, why };
         }
       }
       if (!specific) {
@@ -312,7 +316,17 @@ export class MockProvider implements Provider {
         `${what} cannot be had on one ENI: ${why}`,
       );
     });
-    if (step.detach) await this.#ctx.deviceSimulator?.unplug(rowToEni(step.detach));
+    if (step.detach) {
+      this.#ctx.log.info("Released an idle ENI of another profile to make room", {
+        eniId: step.detach.id,
+        profile: step.detach.profile,
+        forProfile: profile.name,
+        forEni: step.eni.id,
+        pod: owner.pod,
+        reason: step.why,
+      });
+      await this.#ctx.deviceSimulator?.unplug(rowToEni(step.detach));
+    }
     if (step.eni.attach === "attaching") {
       // Either we attach it now, or another call for this owner is attaching it: wait.
       let p = this.#attaching.get(step.eni.id);
