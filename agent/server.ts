@@ -19,6 +19,7 @@ import { type Logger, nullLogger } from "../lib/log.ts";
 import { serveHttp1 } from "../lib/http1_server.ts";
 import { privateDir } from "../lib/private_fs.ts";
 import { userMessage } from "../lib/message.ts";
+import { clip, MESSAGE_CHARS } from "../lib/clip.ts";
 
 /** The default request body limit. */
 export const DEFAULT_MAX_BODY_BYTES = 64 * 1024;
@@ -73,11 +74,12 @@ function json(body: unknown, status = 200): Response {
 export function errorResponse(err: unknown, log: Logger = nullLogger, what = "request"): Response {
   if (err instanceof ApiError) {
     const status = err instanceof HttpError ? err.status : HTTP_STATUS[err.code];
+    // The last guard: a message echoing a huge value still arrives short, its reason first.
     const body = {
       error: {
         code: err.code,
-        message: err.message,
-        ...(err.details !== undefined ? { details: err.details } : {}),
+        message: clip(err.message, MESSAGE_CHARS),
+        ...(err.details !== undefined ? { details: clip(err.details, MESSAGE_CHARS) } : {}),
       },
     };
     if (status >= 500) log.error(`${what} failed`, { code: err.code, error: err });
