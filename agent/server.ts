@@ -251,6 +251,17 @@ export function createHandler(opts: HandlerOptions): Handler {
     },
   };
 
+  // One table of paths and methods for the routing rule (also used on the socket): the
+  // handlers must serve exactly what it lists.
+  for (const path of new Set([...Object.keys(API_ROUTES), ...Object.keys(routes)])) {
+    const served = Object.keys(routes[path] ?? {}).sort().join(", ");
+    if (served !== [...(API_ROUTES[path] ?? [])].sort().join(", ")) {
+      throw new Error(
+        `API_ROUTES and the handlers disagree on "${path}": handlers serve ${served}`,
+      );
+    }
+  }
+
   return async (req: Request): Promise<Response> => {
     const url = new URL(req.url);
     const what = `${req.method} ${url.pathname}`;
