@@ -17,6 +17,7 @@ import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import { parse as parseJsonc, type ParseError, printParseErrorCode } from "jsonc-parser";
 import { LEVELS } from "../lib/log.ts";
+import { clip, listOf } from "../lib/clip.ts";
 import type { ProviderModule } from "../providers/contract.ts";
 import { PROVIDER_NAMES, type ProviderName } from "../providers/registry.ts";
 
@@ -262,7 +263,9 @@ export function formatIssues(
   sourceOf: (path: string) => string | undefined = () => undefined,
 ): string[] {
   return issues.map((i) => {
-    const keys = i.code === "unrecognized_keys" ? ` (${i.keys.join(", ")})` : "";
+    const keys = i.code === "unrecognized_keys"
+      ? ` (${listOf(i.keys.map((k) => clip(k, 100)))})`
+      : "";
     const path = formatPath([...prefix, ...i.path]) || "(top level)";
     const from = sourceOf(path);
     return `${path}${from ? ` (from ${from})` : ""}: ${i.message}${keys}`;

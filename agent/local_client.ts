@@ -30,6 +30,7 @@ import { formatIssues } from "./config.ts";
 import type { EniManager } from "../manager/types.ts";
 import type { Eni } from "../providers/schema.ts";
 import { userMessage } from "../lib/message.ts";
+import { clip, listOf, MESSAGE_CHARS } from "../lib/clip.ts";
 
 /** Options for {@linkcode LocalAgentClient}. */
 export interface LocalClientOptions {
@@ -45,8 +46,8 @@ export function parseRequest<S extends z.core.$ZodType>(schema: S, value: unknow
   if (!parsed.success) {
     throw new ApiError(
       "bad_request",
-      `Invalid request body: ${formatIssues(parsed.error.issues).join("; ")}`,
-      JSON.stringify(parsed.error.issues),
+      `Invalid request body: ${listOf(formatIssues(parsed.error.issues), 5, "; ")}`,
+      clip(JSON.stringify(parsed.error.issues), MESSAGE_CHARS),
     );
   }
   return parsed.data;

@@ -7,6 +7,10 @@
  * schemas before the manager sees them; every error becomes an HTTP response in
  * one place ({@linkcode errorResponse}).
  *
+ * Why one file: the route table, the method checks (405 with `Allow`, 501 for an
+ * unknown method) and the error mapping are one contract with the socket's clients;
+ * split, a route could answer outside it.
+ *
  * @module
  */
 import { CNI_CALL_PATH, EXIT_HEADER, MAX_CALL_STDIN } from "../api/wire.ts";
@@ -25,6 +29,7 @@ import { type Logger, nullLogger } from "../lib/log.ts";
 import { serveHttp1 } from "../lib/http1_server.ts";
 import { privateDir } from "../lib/private_fs.ts";
 import { userMessage } from "../lib/message.ts";
+import { clip, MESSAGE_CHARS } from "../lib/clip.ts";
 
 /** The default request body limit. */
 export const DEFAULT_MAX_BODY_BYTES = 64 * 1024;
@@ -81,11 +86,12 @@ function json(body: unknown, status = 200): Response {
 export function errorResponse(err: unknown, log: Logger = nullLogger, what = "request"): Response {
   if (err instanceof ApiError) {
     const status = err instanceof HttpError ? err.status : HTTP_STATUS[err.code];
+    // The last guard: a message echoing a huge value still arrives short, its reason first.
     const body = {
       error: {
         code: err.code,
-        message: err.message,
-        ...(err.details !== undefined ? { details: err.details } : {}),
+        message: clip(err.message, MESSAGE_CHARS),
+        ...(err.details !== undefined ? { details: clip(err.details, MESSAGE_CHARS) } : {}),
       },
     };
     if (status >= 500) log.error(`${what} failed`, { code: err.code, error: err });
@@ -147,6 +153,68 @@ async function readJson(req: Request, max: number): Promise<unknown> {
 
 type Route = (req: Request) => Promise<Response>;
 
+/** The methods HTTP defines (RFC 9110 §9 and PATCH): others are answered 501. */
+export const KNOWN_METHODS = [
+  "GET",
+  "HEAD",
+  "POST",
+  "PUT",
+  "DELETE",
+  "CONNECT",
+  "OPTIONS",
+  "TRACE",
+  "PATCH",
+] as const;
+
+/** Every API path and the methods it serves. */
+export const API_ROUTES: Readonly<Record<string, readonly string[]>> = {
+  [CNI_CALL_PATH]: ["POST"],
+  "/v1/add": ["POST"],
+  "/v1/del": ["POST"],
+  "/v1/check": ["POST"],
+  "/v1/gc": ["POST"],
+  "/v1/status": ["GET"],
+  "/v1/attachments": ["GET"],
+  "/v1/enis": ["GET"],
+  "/v1/healthz": ["GET"],
+  "/metrics": ["GET"],
+};
+
+/**
+ * Whether `method` on `path` is served: null when it is, else the error to answer with
+ * (501 for a method HTTP does not define, 404 for an unknown path, 405 with `Allow` for
+ * a method the path does not serve). One rule for the handler and for the socket's
+ * early answer (which also covers methods a `Request` cannot carry: TRACE, CONNECT).
+ */
+export function routeError(method: string, path: string): ApiError | null {
+  if (!(KNOWN_METHODS as readonly string[]).includes(method)) {
+    return new HttpError(
+      501,
+      "bad_request",
+      `Method ${JSON.stringify(method.slice(0, 32))} is not implemented by the enim agent ` +
+        `(it serves ${[...new Set(Object.values(API_ROUTES).flat())].join(", ")})`,
+    );
+  }
+  const allowed = API_ROUTES[path];
+  if (!allowed) {
+    return new HttpError(
+      404,
+      "not_found",
+      `No such API path ${JSON.stringify(path.slice(0, 200))}`,
+    );
+  }
+  if (!allowed.includes(method)) {
+    const allow = allowed.join(", ");
+    return new HttpError(
+      405,
+      "bad_request",
+      `Method ${method} is not allowed on "${path}" (allowed: ${allow})`,
+      { allow },
+    );
+  }
+  return null;
+}
+
 /** Builds the API handler over `manager`. */
 export function createHandler(opts: HandlerOptions): Handler {
   const m = opts.manager;
@@ -156,7 +224,7 @@ export function createHandler(opts: HandlerOptions): Handler {
 
   const api = new LocalAgentClient(m, { addTimeoutMs: opts.addTimeoutMs });
 
-  const routes: Record<string, Record<string, Route>> = {
+  const routes: Record<keyof typeof API_ROUTES, Record<string, Route>> = {
     [CNI_CALL_PATH]: {
       POST: async (req) => {
         const call = parseRequest(CniCallSchema, await readJson(req, MAX_REQUEST_BYTES));
@@ -200,25 +268,26 @@ export function createHandler(opts: HandlerOptions): Handler {
     },
   };
 
+  // One table of paths and methods for the routing rule (also used on the socket): the
+  // handlers must serve exactly what it lists.
+  for (const path of new Set([...Object.keys(API_ROUTES), ...Object.keys(routes)])) {
+    const served = Object.keys(routes[path] ?? {}).sort().join(", ");
+    if (served !== [...(API_ROUTES[path] ?? [])].sort().join(", ")) {
+      throw new Error(
+        `API_ROUTES and the handlers disagree on "${path}": handlers serve ${served}`,
+      );
+    }
+  }
+
   return async (req: Request): Promise<Response> => {
     const url = new URL(req.url);
     const what = `${req.method} ${url.pathname}`;
     const started = performance.now();
     let res: Response;
     try {
-      const byMethod = routes[url.pathname];
-      if (!byMethod) throw new HttpError(404, "not_found", `No such API path "${url.pathname}"`);
-      const route = byMethod[req.method];
-      if (!route) {
-        const allow = Object.keys(byMethod).join(", ");
-        throw new HttpError(
-          405,
-          "bad_request",
-          `Method ${req.method} is not allowed on "${url.pathname}" (allowed: ${allow})`,
-          { allow },
-        );
-      }
-      res = await route(req);
+      const refused = routeError(req.method, url.pathname);
+      if (refused) throw refused;
+      res = await routes[url.pathname][req.method](req);
     } catch (err) {
       res = errorResponse(err, log, what);
     }
@@ -331,6 +400,10 @@ export async function serveUnix(
       return errorResponse(err, log, "request");
     }
   }, {
+    precheck: (method, target) => {
+      const refused = routeError(method, new URL(target, "http://enim").pathname);
+      return refused && errorResponse(refused, log, `${method} ${target.slice(0, 200)}`);
+    },
     maxConnections: opts.maxConnections ?? 64,
     requestTimeoutMs: opts.requestTimeoutMs ?? 10_000,
     maxBodyBytes: MAX_REQUEST_BYTES,

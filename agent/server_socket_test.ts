@@ -1,7 +1,7 @@
 import { assert, assertEquals, assertMatch, assertRejects } from "../lib/assert.ts";
 import { ApiError } from "../api/schema.ts";
 import { SocketAgentClient } from "../api/client.ts";
-import { createHandler, serveUnix, SocketInUseError } from "./server.ts";
+import { API_ROUTES, createHandler, KNOWN_METHODS, serveUnix, SocketInUseError } from "./server.ts";
 import { Metrics } from "../lib/metrics.ts";
 import { FakeManager } from "../tests/support/fake_manager.ts";
 import { withRunDir } from "../tests/support/run_dir.ts";
@@ -128,3 +128,95 @@ async function leaveStaleSocket(path: string): Promise<void> {
     await child.stdout.cancel().catch(() => {});
   }
 }
+
+/** One raw HTTP/1.1 exchange on the socket: the request line as given, the whole answer. */
+async function rawExchange(
+  path: string,
+  method: string,
+  target: string,
+): Promise<{ status: number; headers: Map<string, string>; body: string; raw: string }> {
+  const conn = await Deno.connect({ transport: "unix", path });
+  try {
+    const req = `${method} ${target} HTTP/1.1\r\nHost: enim\r\nConnection: close\r\n` +
+      `Content-Length: 0\r\n\r\n`;
+    await conn.write(new TextEncoder().encode(req));
+    const chunks: Uint8Array[] = [];
+    const buf = new Uint8Array(16 * 1024);
+    for (let n = await conn.read(buf); n !== null; n = await conn.read(buf)) {
+      chunks.push(buf.slice(0, n));
+    }
+    const raw = new TextDecoder().decode(
+      chunks.reduce((a, c) => {
+        const out = new Uint8Array(a.length + c.length);
+        out.set(a);
+        out.set(c, a.length);
+        return out;
+      }, new Uint8Array()),
+    );
+    const end = raw.indexOf("\r\n\r\n");
+    const [statusLine, ...lines] = raw.slice(0, Math.max(0, end)).split("\r\n");
+    const status = Number(/^HTTP\/1\.1 (\d{3}) /.exec(statusLine)?.[1] ?? "0");
+    const headers = new Map(lines.map((l) => {
+      const i = l.indexOf(":");
+      return [l.slice(0, i).toLowerCase(), l.slice(i + 1).trim()] as [string, string];
+    }));
+    return { status, headers, body: end < 0 ? "" : raw.slice(end + 4), raw };
+  } finally {
+    conn.close();
+  }
+}
+
+// Issue 25 point 3: `TRACE /v1/status` was closed without an answer.
+Deno.test("every method on every route gets an answer over the real socket: 405 with Allow, 501, never a silent close", async (t) => {
+  await withRunDir(async (root) => {
+    const path = `${root}/sock/enim.sock`;
+    const metrics = new Metrics();
+    const server = await serveUnix(
+      path,
+      createHandler({ manager: new FakeManager(), metrics: () => metrics.text() }),
+    );
+    try {
+      const unknownMethods = ["PROPFIND", "TRACK", "FOO", "get", "M-SEARCH"];
+      for (const target of [...Object.keys(API_ROUTES), "/v1/nope"]) {
+        await t.step(target, async () => {
+          for (const method of [...KNOWN_METHODS, ...unknownMethods]) {
+            const what = `${method} ${target}`;
+            const r = await rawExchange(path, method, target);
+            assert(
+              r.status !== 0,
+              `${what}: an answer, not a silent close (got ${r.raw.length} bytes)`,
+            );
+            const allowed = API_ROUTES[target];
+            const served = allowed?.includes(method);
+            const want = !(KNOWN_METHODS as readonly string[]).includes(method)
+              ? 501
+              : !allowed
+              ? 404
+              : !served
+              ? 405
+              : null;
+            if (want !== null) {
+              assertEquals(r.status, want, `${what}: ${r.raw.slice(0, 300)}`);
+              assertEquals(r.headers.get("content-type"), "application/json", what);
+              if (want === 405) assertEquals(r.headers.get("allow"), allowed!.join(", "), what);
+            } else {
+              // Served: whatever the route says, never a routing error (an empty body is a 400).
+              assert(![404, 405, 501].includes(r.status), `${what}: ${r.status}`);
+            }
+            if (method === "HEAD") {
+              // A response to HEAD carries no content; its length is still announced.
+              assertEquals(r.body, "", what);
+              assert(Number(r.headers.get("content-length")) > 0, what);
+            } else if (r.status >= 400) {
+              const body = JSON.parse(r.body);
+              assertMatch(body.error.code, /^[a-z_]+$/, what);
+              assert(body.error.message.length > 0, what);
+            }
+          }
+        });
+      }
+    } finally {
+      await server.shutdown();
+    }
+  });
+});

@@ -16,6 +16,10 @@
  * Errors are `{error: {code, message, details?}}` with an HTTP status from
  * {@linkcode HTTP_STATUS}.
  *
+ * Why one file: it is the whole wire contract between the agent and its three clients
+ * (plugin, CLI, tests), read top to bottom as the list of routes above; each schema is
+ * short and most reuse the ones before them.
+ *
  * @module
  */
 import { CNI_ENV_NAMES, LOG_FILE_ENV, MAX_CALL_STDIN } from "./wire.ts";

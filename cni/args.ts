@@ -20,6 +20,7 @@
  */
 import { type Pod, PodSchema } from "../api/schema.ts";
 import { CNI_CODES, CniError } from "./errors.ts";
+import { listOf, quote } from "../lib/clip.ts";
 import { isIpMaybePrefix, type NetworkConfig } from "./config.ts";
 
 /** The CNI_ARGS keys enim understands. */
@@ -52,7 +53,7 @@ function parseBool(key: string, value: string): boolean {
   const v = value.toLowerCase();
   if (v === "1" || v === "true") return true;
   if (v === "0" || v === "false") return false;
-  throw bad(`${key} ${JSON.stringify(value)} is not a boolean (1, 0, true or false)`);
+  throw bad(`${key} is not a boolean (1, 0, true or false): got ${quote(value)}`);
 }
 
 /**
@@ -66,7 +67,7 @@ export function parseCniArgs(raw: string): CniArgs {
     if (segment === "") continue;
     const kv = segment.split("=");
     if (kv.length !== 2 || kv[0] === "") {
-      throw bad(`${JSON.stringify(segment.slice(0, 200))} is not a KEY=VALUE pair`);
+      throw bad(`a part is not a KEY=VALUE pair: ${quote(segment, 200)}`);
     }
     pairs.push([kv[0], kv[1]]);
   }
@@ -81,9 +82,9 @@ export function parseCniArgs(raw: string): CniArgs {
   }
   if (unknown.length > 0 && !ignoreUnknown) {
     throw bad(
-      `unknown keys ${
-        unknown.map((k) => JSON.stringify(k.slice(0, 100))).join(", ")
-      } (set IgnoreUnknown=1 to ignore them)`,
+      `unknown keys (set IgnoreUnknown=1 to ignore them): ${
+        listOf(unknown.map((k) => quote(k, 100)))
+      }`,
     );
   }
   return out;
@@ -119,9 +120,9 @@ export function requestedIps(
     const invalid = list.filter((s) => !isIpMaybePrefix(s));
     if (invalid.length > 0) {
       throw bad(
-        `IP ${
-          invalid.map((s) => JSON.stringify(s.slice(0, 100))).join(", ")
-        } is not an IP address (optionally with a prefix length)`,
+        `IP is not an IP address (optionally with a prefix length): ${
+          listOf(invalid.map((s) => quote(s, 100)))
+        }`,
       );
     }
     return { ips: list.map(stripPrefix), source: "CNI_ARGS IP" };
@@ -159,7 +160,7 @@ export function podOf(args: CniArgs, containerId: string): Pod {
       parsed.error.issues.map((i) => {
         const field = String(i.path[0]);
         const value = (candidate as Record<string, string>)[field] ?? "";
-        return `${keyOf[field] ?? field} ${JSON.stringify(value.slice(0, 100))}: ${i.message}`;
+        return `${keyOf[field] ?? field}: ${i.message}; got ${quote(value, 100)}`;
       }).join("; "),
     );
   }

@@ -21,6 +21,7 @@ import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import { IfNameSchema, NetnsPathSchema } from "../api/schema.ts";
 import { CNI_CODES, CniError } from "./errors.ts";
+import { listOf, quote } from "../lib/clip.ts";
 import { CNI_VERBS, type CniVerb, REQUIRED_ENV, verbProblem } from "./spec.ts";
 
 /** Which variables each verb reads (and so validates when they are set). */
@@ -88,8 +89,8 @@ export function parseCniEnv(env: Record<string, string | undefined>): CniEnv {
     if (parsed.success) {
       values[name] = parsed.data;
     } else {
-      const why = parsed.error.issues.map((i) => i.message).join(", ");
-      problems.push(`${name} ${JSON.stringify(raw.slice(0, 300))} is invalid: ${why}`);
+      const why = listOf([...new Set(parsed.error.issues.map((i) => i.message))], 3);
+      problems.push(`${name} is invalid: ${why}; got ${quote(raw, 300)}`);
     }
   }
   if (problems.length > 0) {

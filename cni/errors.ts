@@ -18,6 +18,7 @@ import { ApiError, type ApiErrorCode } from "../api/schema.ts";
 import { AgentUnreachableError } from "../api/client.ts";
 import { CNI_CODES, type CniCode, errorObject } from "./spec.ts";
 import { userMessage } from "../lib/message.ts";
+import { clip, listOf, MESSAGE_CHARS } from "../lib/clip.ts";
 
 export { CNI_CODES, type CniCode };
 
@@ -79,12 +80,16 @@ const API_TO_CNI: Record<ApiErrorCode, { code: number; lead: string }> = {
   internal: { code: CNI_CODES.INTERNAL, lead: "The enim agent failed" },
 };
 
-/** Formats zod issues as `path: message; path: message`. */
+/** Formats zod issues as `path: message; path: message` (the first few, then how many more). */
 export function formatZodIssues(error: $ZodError, prefix: (string | number)[] = []): string {
-  return error.issues.map((i) => {
-    const path = [...prefix, ...i.path.map((p) => String(p))].join(".");
-    return path ? `${path}: ${i.message}` : i.message;
-  }).join("; ");
+  return listOf(
+    error.issues.map((i) => {
+      const path = [...prefix, ...i.path.map((p) => String(p))].join(".");
+      return path ? `${path}: ${i.message}` : i.message;
+    }),
+    5,
+    "; ",
+  );
 }
 
 /** Context for {@linkcode toCniError}: the verb decides what an unreachable agent means. */
@@ -125,8 +130,14 @@ export function toCniError(
   cniVersion: string,
   ctx: ErrorContext = {},
 ): CniErrorObject {
+  // The last guard: whatever a message echoes, a runtime gets its reason and a bounded size.
   const make = (code: number, msg: string, details?: string): CniErrorObject =>
-    errorObject(cniVersion, code, msg, details);
+    errorObject(
+      cniVersion,
+      code,
+      clip(msg, MESSAGE_CHARS),
+      details === undefined ? undefined : clip(details, MESSAGE_CHARS),
+    );
   if (err instanceof CniError) return make(err.code, err.message, err.details);
   if (err instanceof AgentUnreachableError) {
     if (ctx.verb === "STATUS") {

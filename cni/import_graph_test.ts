@@ -30,6 +30,7 @@ Deno.test("the plugin process's sources load only the wire, the spec and the log
     "cni/forward.ts",
     "cni/log_file.ts",
     "cni/spec.ts",
+    "lib/clip.ts",
     "lib/http1.ts",
     "lib/log.ts",
   ]);

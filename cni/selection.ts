@@ -39,6 +39,7 @@ import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import { DEFAULT_PROFILE, ProfileNameSchema, SecurityGroupIdSchema } from "../providers/schema.ts";
 import { isIp, parseIp } from "../lib/ip.ts";
+import { listOf, quote } from "../lib/clip.ts";
 import { CNI_CODES, CniError } from "./errors.ts";
 import type { CniArgs } from "./args.ts";
 import { requestedIps } from "./args.ts";
@@ -96,16 +97,27 @@ const FixedIps = z.array(
 
 const Bool = z.enum(["true", "false"], 'Expected "true" or "false"');
 
+/** The distinct reasons of a parse failure, the first few (one per list item would be thousands). */
 function issue(e: z.core.$ZodError): string {
-  return e.issues.map((i) => i.message).join("; ");
+  return listOf([...new Set(e.issues.map((i) => i.message))], 3, "; ");
 }
 
-/** Parses one value with `schema`, or throws `code` naming `where`. */
-function parse<T>(schema: z.ZodMiniType<T>, value: unknown, where: string, code: number): T {
+/**
+ * Parses one value with `schema`, or throws `code` naming `where`: the reason first,
+ * then the value as given (`raw`, the annotation's text, when the value was split from
+ * it), clipped (runtimes and kubelet events cut long messages short).
+ */
+function parse<T>(
+  schema: z.ZodMiniType<T>,
+  value: unknown,
+  where: string,
+  code: number,
+  raw?: string,
+): T {
   const r = schema.safeParse(value);
   if (r.success) return r.data;
-  const shown = JSON.stringify(typeof value === "string" ? value.slice(0, 200) : value);
-  throw new CniError(code, `Invalid ${where} ${shown}: ${issue(r.error)}`);
+  const text = raw ?? (typeof value === "string" ? value : JSON.stringify(value) ?? String(value));
+  throw new CniError(code, `Invalid ${where}: ${issue(r.error)}; got ${quote(text)}`);
 }
 
 const annotationWhere = (key: string) => `annotation "${key}"`;
@@ -141,7 +153,7 @@ export function podChoice(
     throw new CniError(
       CNI_CODES.INVALID_CONFIG,
       `Unknown annotation${unknown.length > 1 ? "s" : ""} ${
-        unknown.map((k) => `"${k.slice(0, 100)}"`).join(", ")
+        listOf(unknown.map((k) => quote(k, 100)), 3)
       }: enim reads ${[...known].map((k) => `"${k}"`).join(", ")}`,
     );
   }
@@ -211,6 +223,7 @@ export function podChoice(
           commaList(v),
           annotationWhere(ANNOTATIONS.securityGroupIds),
           INVALID_CONFIG,
+          v,
         );
       },
     },
@@ -235,6 +248,7 @@ export function podChoice(
           commaList(v),
           "CNI_ARGS ENIM_SECURITY_GROUP_IDS",
           INVALID_ENV,
+          v,
         );
       },
     },
@@ -281,6 +295,7 @@ export function podChoice(
     commaList(ann[ANNOTATIONS.ip]),
     annotationWhere(ANNOTATIONS.ip),
     INVALID_CONFIG,
+    ann[ANNOTATIONS.ip],
   );
   const others = requestedIps(config, args);
   let ips: { ips: string[]; source: ChoiceSource };

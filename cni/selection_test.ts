@@ -109,7 +109,8 @@ Deno.test("precedence: annotation > args.cni > CNI_ARGS, and the loser is named"
 
 Deno.test("values of the wrong form are refused: 7 from the config, 4 from CNI_ARGS", () => {
   let m = refused(7, () => podChoice(ann({ [ANNOTATIONS.profile]: "Bad_Name" }), {}));
-  assertStringIncludes(m, 'annotation "enim.dev/profile" "Bad_Name"');
+  assertStringIncludes(m, 'annotation "enim.dev/profile": ');
+  assertStringIncludes(m, 'got "Bad_Name"');
   m = refused(7, () => podChoice(ann({ [ANNOTATIONS.securityGroupIds]: "sg-123" }), {}));
   assertStringIncludes(m, "g-SY5smEG9");
   m = refused(7, () => podChoice(ann({ [ANNOTATIONS.securityGroupIds]: " , " }), {}));
@@ -139,4 +140,22 @@ Deno.test("annotations as containerd passes them: null (a Go nil map) is none; n
   );
   const m = refused(7, () => podChoice({ runtimeConfig: { [POD_ANNOTATIONS_KEY]: [1] } }, {}));
   assertStringIncludes(m, POD_ANNOTATIONS_KEY);
+});
+
+// Issue 25 point 4: a 64 KiB annotation made a 65,683-character message whose reason came last.
+Deno.test("a 64 KiB security-group annotation is refused with the reason first and the value clipped", () => {
+  const value = Array.from({ length: 6000 }, (_, i) => `g-${String(i).padStart(8, "0")}`).join(",")
+    .slice(0, 64 * 1024);
+  const m = refused(7, () => podChoice(ann({ [ANNOTATIONS.securityGroupIds]: value }), {}));
+  assert(
+    m.startsWith(
+      'Invalid annotation "enim.dev/security-group-ids": Expected at most 10 security groups',
+    ),
+    m,
+  );
+  assert(m.length < 400, `${m.length} characters: ${m}`);
+  assertStringIncludes(
+    m,
+    `got "${value.slice(0, 120)}"… (${value.length - 120} more bytes left out)`,
+  );
 });

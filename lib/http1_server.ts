@@ -35,7 +35,8 @@ export class HttpRequestError extends Error {
  */
 export function parseRequestHead(bytes: Uint8Array): HttpRequestHead {
   const lines = decoder.decode(bytes).split("\r\n");
-  const m = /^([A-Z]{1,16}) (\/[^\s]*) HTTP\/1\.[01]$/.exec(lines[0]);
+  // A method is any token (RFC 9110 §9.1): the server answers the ones it does not serve.
+  const m = /^([!#$%&'*+\-.^_`|~0-9A-Za-z]{1,32}) (\/[^\s]*) HTTP\/1\.[01]$/.exec(lines[0]);
   if (!m) {
     throw new HttpRequestError(
       400,
@@ -66,6 +67,13 @@ export interface Http1ServerOptions {
   maxBodyBytes: number;
   /** Told about failures of single connections (never fatal). */
   onError?: (err: unknown) => void;
+  /**
+   * Looks at a request's method and target before its body is read; a response it returns
+   * is sent instead of calling the handler (an unknown path, a method the path does not
+   * serve, a method the server does not know: also those `Request` cannot carry, such as
+   * TRACE and CONNECT).
+   */
+  precheck?: (method: string, target: string) => Response | null;
 }
 
 /** A running {@linkcode serveHttp1} server. */
@@ -90,13 +98,23 @@ const STATUS_TEXT: Record<number, string> = {
   413: "Content Too Large",
   431: "Request Header Fields Too Large",
   500: "Internal Server Error",
+  501: "Not Implemented",
   502: "Bad Gateway",
   503: "Service Unavailable",
   507: "Insufficient Storage",
 };
 
-/** Encodes a response: status line, its headers, `Content-Length`, `Connection: close`. */
-export function encodeResponse(status: number, headers: Headers, body: Uint8Array): Uint8Array {
+/**
+ * Encodes a response: status line, its headers, `Content-Length`, `Connection: close`.
+ * For a HEAD request (`headOnly`) the body is left out and `Content-Length` still says
+ * how long it would be (RFC 9110 §9.3.2: a response to HEAD carries no content).
+ */
+export function encodeResponse(
+  status: number,
+  headers: Headers,
+  body: Uint8Array,
+  headOnly = false,
+): Uint8Array {
   let head = `HTTP/1.1 ${status} ${STATUS_TEXT[status] ?? "Status"}\r\n`;
   headers.forEach((v, k) => {
     if (k !== "content-length" && k !== "connection" && k !== "transfer-encoding") {
@@ -105,18 +123,20 @@ export function encodeResponse(status: number, headers: Headers, body: Uint8Arra
   });
   head += `content-length: ${body.length}\r\nconnection: close\r\n\r\n`;
   const h = encoder.encode(head);
-  const out = new Uint8Array(h.length + body.length);
+  const sent = headOnly ? body.subarray(0, 0) : body;
+  const out = new Uint8Array(h.length + sent.length);
   out.set(h);
-  out.set(body, h.length);
+  out.set(sent, h.length);
   return out;
 }
 
 /** A JSON error body in the API's shape. */
-function errorBytes(status: number, code: string, message: string): Uint8Array {
+function errorBytes(status: number, code: string, message: string, headOnly = false): Uint8Array {
   return encodeResponse(
     status,
     new Headers({ "content-type": "application/json" }),
     encoder.encode(JSON.stringify({ error: { code, message } })),
+    headOnly,
   );
 }
 
@@ -180,6 +200,8 @@ export function serveHttp1(
       } catch { /* closed */ }
     }, opts.requestTimeoutMs);
     let closed = false;
+    /** A HEAD request: whatever is answered goes without its body. */
+    let headOnly = false;
     reading.add(conn);
     try {
       let buf = new Uint8Array(0);
@@ -204,7 +226,19 @@ export function serveHttp1(
             continue;
           }
           head = parseRequestHead(buf.subarray(0, end));
+          headOnly = head.method === "HEAD";
           bodyStart = end + 4;
+          const early = opts.precheck?.(head.method, head.target);
+          if (early) {
+            clearTimeout(timer);
+            reading.delete(conn);
+            const out = new Uint8Array(await early.arrayBuffer());
+            await answerAndLinger(
+              conn,
+              encodeResponse(early.status, early.headers, out, headOnly),
+            );
+            return;
+          }
           if (head.headers.has("transfer-encoding")) {
             throw new HttpRequestError(
               411,
@@ -227,21 +261,32 @@ export function serveHttp1(
       clearTimeout(timer);
       reading.delete(conn);
       const body = buf.subarray(bodyStart, bodyStart + need);
-      const req = new Request(`http://enim${head.target}`, {
-        method: head.method,
-        headers: [...head.headers].filter(([k]) => k !== "host" && k !== "connection"),
-        body: head.method === "GET" || head.method === "HEAD" ? undefined : body,
-      });
+      let req: Request;
+      try {
+        req = new Request(`http://enim${head.target}`, {
+          method: head.method,
+          headers: [...head.headers].filter(([k]) => k !== "host" && k !== "connection"),
+          body: head.method === "GET" || head.method === "HEAD" ? undefined : body,
+        });
+      } catch (err) {
+        // A method fetch's Request refuses (CONNECT, TRACE, TRACK) or a target it cannot parse.
+        throw new HttpRequestError(
+          501,
+          `Cannot serve ${head.method} ${JSON.stringify(head.target.slice(0, 100))}: ${
+            err instanceof Error ? err.message : String(err)
+          }`,
+        );
+      }
       const res = await handler(req);
       const out = new Uint8Array(await res.arrayBuffer());
-      await writeAll(conn, encodeResponse(res.status, res.headers, out));
+      await writeAll(conn, encodeResponse(res.status, res.headers, out, headOnly));
     } catch (err) {
       clearTimeout(timer);
       if (timedOut) {
         // The timer closed it: the client sent too little in time.
         closed = true;
       } else if (err instanceof HttpRequestError) {
-        await answerAndLinger(conn, errorBytes(err.status, "bad_request", err.message));
+        await answerAndLinger(conn, errorBytes(err.status, "bad_request", err.message, headOnly));
       } else if (!stopping) {
         opts.onError?.(err);
       }

@@ -156,6 +156,11 @@ export function contains(c: Cidr, ip: Ip): boolean {
   return ip.family === c.ip.family && (ip.value & mask(ip.family, c.prefix)) === networkOf(c).value;
 }
 
+/** Whether two prefixes share an address (one contains the other's network). */
+export function overlaps(a: Cidr, b: Cidr): boolean {
+  return a.ip.family === b.ip.family && (contains(a, networkOf(b)) || contains(b, networkOf(a)));
+}
+
 /**
  * The `n`-th address of a prefix (0 is the network address).
  *

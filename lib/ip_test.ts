@@ -13,6 +13,7 @@ import {
   isIpMaybePrefix,
   normalizeIp,
   nthAddress,
+  overlaps,
   parseCidr,
   parseIp,
 } from "./ip.ts";
@@ -106,4 +107,13 @@ Deno.test("inRange() checks the subnet and the optional bounds", () => {
   assert(!inRange("10.99.0.9", r) && !inRange("10.99.0.21", r) && !inRange("10.98.0.15", r));
   assert(inRange("fd00:99::3", { subnet: "fd00:99::/64" }));
   assert(!inRange("fd00:99::3", { subnet: "garbage" }));
+});
+
+Deno.test("overlaps() is true when two prefixes share an address", () => {
+  const c = (s: string) => parseCidr(s)!;
+  assertEquals(overlaps(c("10.99.0.0/24"), c("10.99.0.128/25")), true);
+  assertEquals(overlaps(c("10.99.0.128/25"), c("10.99.0.0/24")), true);
+  assertEquals(overlaps(c("10.98.0.0/24"), c("10.99.0.0/24")), false);
+  assertEquals(overlaps(c("fd00::/64"), c("fd00::1/128")), true);
+  assertEquals(overlaps(c("10.0.0.0/8"), c("fd00::/8")), false);
 });

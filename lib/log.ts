@@ -8,6 +8,8 @@
  * @module
  */
 
+import { clip, MESSAGE_CHARS } from "./clip.ts";
+
 /** Log levels, in increasing severity. */
 export const LEVELS = ["debug", "info", "warn", "error"] as const;
 /** A log level name. */
@@ -20,13 +22,18 @@ export type Sink = (line: string) => void;
 const SECRET_KEYS =
   /^(authorization|secret.*|.*secretkey|.*secret_key|sk|sessiontoken|session_token|token|password|x-bce-security-token)$/i;
 
-/** Replaces secret values in a structure that is about to be logged. */
+/**
+ * Replaces secret values in a structure that is about to be logged, and clips strings
+ * longer than {@linkcode MESSAGE_CHARS} (a log line echoing a megabyte-long value is
+ * no use to anyone reading it; how many bytes were left out is said).
+ */
 export function redact(value: unknown, depth = 0): unknown {
+  if (typeof value === "string") return clip(value, MESSAGE_CHARS);
   if (depth > 6 || value === null || typeof value !== "object") return value;
   if (value instanceof Error) {
     return {
       name: value.name,
-      message: value.message,
+      message: clip(value.message, MESSAGE_CHARS),
       ...(value.cause ? { cause: redact(value.cause, depth + 1) } : {}),
     };
   }

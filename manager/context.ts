@@ -15,6 +15,7 @@ import type { ApiError } from "../api/schema.ts";
 import type { AttachmentRow, StateStore } from "./state.ts";
 import type { KeyedMutex } from "./mutex.ts";
 import type { Describer, DescriptionRecorder } from "./descriptions.ts";
+import type { AddAnswered } from "./gc.ts";
 
 /** The manager's shared parts. */
 export interface ManagerContext {
@@ -37,11 +38,12 @@ export interface ManagerContext {
   /** Maps what a step threw to the error a client sees (naming the state's path). */
   apiError(err: unknown): ApiError;
   /**
-   * When an ADD last answered success for each attachment key (`performance.now()`),
-   * retries from the record included: a GC pass that began before it works from older
-   * facts than the runtime's, and leaves that attachment alone. Dropped at release.
+   * When an ADD last answered success for each attachment key, retries from the record
+   * included: a GC pass asked for before it works from older facts than the runtime's,
+   * and leaves that attachment alone; a CNI GC's list alone does not take it within the
+   * grace period. Dropped at release.
    */
-  readonly addAnswered: Map<string, number>;
+  readonly addAnswered: Map<string, AddAnswered>;
 }
 
 /** The provider-level owner of an attachment row. */

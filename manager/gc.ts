@@ -15,12 +15,20 @@
  * - a CNI GC call for network N: only N's attachments, and no orphans (their
  *   network is unknown; the agent's own pass covers them). The spec makes the
  *   runtime run GC exclusively of ADD and DEL ("must ensure that no add or
- *   delete operations are in progress before executing gc"), so the valid
- *   list is complete: every attachment of N not in it is dead, however young.
- *   Only what is truly in flight is spared: an `adding` attachment (an ADD of
- *   another runtime or of a retried call the runtime has not recorded), and an
- *   attachment whose operation holds its lock (reclaim waits for the lock and
- *   re-reads the row).
+ *   delete operations are in progress before executing gc"), so from a runtime
+ *   that keeps the rule the valid list is complete. Defence in depth against
+ *   one that does not (a runtime bug, a restarted kubelet, a second tool on the
+ *   node with an older list): the list alone never takes an attachment younger
+ *   than `graceMs` (since its row was made, or an ADD last answered for it),
+ *   which is left for the next pass and logged with the reason; the kernel's
+ *   facts (its netns gone or replaced) and unfinished releases still count at
+ *   any age. What is truly in flight is spared as before: an `adding`
+ *   attachment, and one whose operation holds its lock (reclaim waits for the
+ *   lock and re-reads the row).
+ *
+ * Either kind of pass leaves an attachment for which an ADD answered success
+ * after the pass was asked for: the runtime asserted it after the facts the
+ * pass works from.
  *
  * Sticky pods' held ENIs (state `held`) are no attachment of the runtime: no
  * liveness source sees them (their netns is gone by design, and a CNI GC list
@@ -44,7 +52,12 @@ import type * as z from "zod/mini";
 
 type GcItem = z.infer<typeof GcItemSchema>;
 
-import type { LivenessContext, LivenessSource, Verdict } from "./liveness/mod.ts";
+import {
+  cniGcLiveness,
+  type LivenessContext,
+  type LivenessSource,
+  type Verdict,
+} from "./liveness/mod.ts";
 export type { LivenessContext, LivenessSource, Verdict };
 export {
   cniGcLiveness,
@@ -68,8 +81,20 @@ export interface GcDeps {
   release(row: AttachmentRow, opts: { netnsUsable: boolean }): Promise<void>;
   /** Frees an ENI the provider shows owned by an attachment the state does not know. */
   freeOrphan(owner: Owner, eni: { id: string; mac: string }): Promise<boolean>;
-  /** When an ADD last answered success for the key (`performance.now()`), if known. */
-  addAnsweredAt?(key: string): number | undefined;
+  /** When an ADD last answered success for the key, if known. */
+  addAnsweredAt?(key: string): AddAnswered | undefined;
+}
+
+/** When an ADD answered success: `performance.now()` (ordering) and the clock (`now()`, age). */
+export interface AddAnswered {
+  mono: number;
+  at: number;
+}
+
+/** A pass's request: what it is asked to do, and when the agent received it. */
+export interface GcPassOptions {
+  /** When the request reached the agent (`performance.now()`); default: when the pass begins. */
+  receivedAt?: number;
 }
 
 interface PlanItem {
@@ -96,8 +121,31 @@ function describeAction(r: AttachmentRow, netnsUsable: boolean): string {
   return `${where}, scrub it, ${free}`;
 }
 
+/** An attachment a CNI GC's list left out that the pass leaves alone for now, and why. */
+interface LeftItem {
+  key: string;
+  eniId: string | null;
+  reason: string;
+  ageSeconds: number;
+}
+
+/** What a pass would reclaim, and what a CNI GC's list alone would have taken but is left. */
+interface Plan {
+  items: PlanItem[];
+  left: LeftItem[];
+}
+
+/**
+ * How long ago the attachment was made or an ADD last answered for it (ms): the
+ * younger of the two, so a retried ADD the runtime just saw succeed counts as new.
+ */
+function ageOf(deps: GcDeps, r: AttachmentRow, now: number): number {
+  const answered = deps.addAnsweredAt?.(keyOf(r))?.at;
+  return now - Math.max(r.createdAt, answered ?? -Infinity);
+}
+
 /** Works out what a pass would reclaim (reads only). */
-export async function planGc(deps: GcDeps, req: GcInput): Promise<PlanItem[]> {
+export async function planGc(deps: GcDeps, req: GcInput): Promise<Plan> {
   const now = deps.now();
   // The provider first, then the state: an ENI owned in this snapshot by a key without
   // a row is a real orphan (rows are written before allocating and deleted after freeing).
@@ -110,9 +158,34 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<PlanItem[]> {
   const ctx: LivenessContext = { now, graceMs: deps.graceMs, request: req, devices: deps.devices };
   const attached = candidates.filter((r) => r.state !== "held");
   const verdicts = new Map<string, Verdict[]>();
+  /** Keys some source other than the CNI GC list found dead. */
+  const otherwise = new Set<string>();
   for (const src of deps.sources) {
     const dead = await src.dead(attached, ctx);
-    for (const [k, v] of dead) verdicts.set(k, [...(verdicts.get(k) ?? []), v]);
+    for (const [k, v] of dead) {
+      verdicts.set(k, [...(verdicts.get(k) ?? []), v]);
+      if (src.name !== cniGcLiveness.name) otherwise.add(k);
+    }
+  }
+  const left: LeftItem[] = [];
+  if (cniGc) {
+    // The list alone never takes a young attachment: a stale list (taken before that
+    // ADD answered) would tear the network out of a pod that has just started.
+    for (const r of attached) {
+      const k = keyOf(r);
+      if (!verdicts.has(k) || otherwise.has(k) || r.state === "deleting") continue;
+      const age = ageOf(deps, r, now);
+      if (age >= deps.graceMs) continue;
+      verdicts.delete(k);
+      left.push({
+        key: k,
+        eniId: r.eniId,
+        ageSeconds: Math.round(age / 100) / 10,
+        reason: `not in cni.dev/valid-attachments of network "${req.network}", but made or ` +
+          `confirmed by an ADD ${Math.round(age / 100) / 10} s ago, within the GC grace period ` +
+          `of ${deps.graceMs / 1000} s: the list may predate that ADD; left for the next pass`,
+      });
+    }
   }
   if (!cniGc) {
     for (const r of rows) {
@@ -150,7 +223,7 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<PlanItem[]> {
       },
     });
   }
-  if (cniGc) return plan;
+  if (cniGc) return { items: plan, left };
   const known = new Set(rows.map(keyOf));
   for (const e of enis) {
     if (!e.owner || known.has(keyOf(e.owner))) continue;
@@ -174,14 +247,27 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<PlanItem[]> {
       },
     });
   }
-  return plan;
+  return { items: plan, left };
 }
 
 /** Runs one GC pass (or plans it, for a dry run). */
-export async function runGc(deps: GcDeps, req: GcInput): Promise<GcReport> {
-  const began = performance.now();
-  const plan = await planGc(deps, req);
+export async function runGc(
+  deps: GcDeps,
+  req: GcInput,
+  opts: GcPassOptions = {},
+): Promise<GcReport> {
+  const began = Math.min(opts.receivedAt ?? Infinity, performance.now());
+  const { items: plan, left } = await planGc(deps, req);
   if (req.dryRun) return { dryRun: true, items: plan.map((p) => p.item) };
+  for (const l of left) {
+    deps.log.info("GC leaves a young attachment a CNI GC did not list", {
+      key: l.key,
+      eniId: l.eniId,
+      ageSeconds: l.ageSeconds,
+      graceSeconds: deps.graceMs / 1000,
+      reason: l.reason,
+    });
+  }
   const items: GcItem[] = [];
   const queue = [...plan];
   const worker = async () => {
@@ -202,9 +288,10 @@ export async function runGc(deps: GcDeps, req: GcInput): Promise<GcReport> {
 
 /**
  * Reclaims one planned item under its attachment's lock; null when it went away
- * meanwhile, or when an ADD for it answered success after the pass `began` (the
- * runtime asserted it after the facts the pass works from: a CNI GC whose plugin
- * process was killed, then the runtime's ADD retry, must not take it away).
+ * meanwhile, or when an ADD for it answered success after the pass was asked for
+ * (`began`: the runtime asserted it after the facts the pass works from: a CNI GC
+ * whose plugin process was killed, then the runtime's ADD retry, must not take it
+ * away).
  */
 async function reclaim(deps: GcDeps, p: PlanItem, began: number): Promise<GcItem | null> {
   const key = keyOf(p.owner);
@@ -214,9 +301,9 @@ async function reclaim(deps: GcDeps, p: PlanItem, began: number): Promise<GcItem
       if (p.row) {
         // Released or replaced by a DEL/ADD while we planned: not ours any more.
         if (!row || row.createdAt !== p.row.createdAt || row.state === "adding") return null;
-        const answered = deps.addAnsweredAt?.(key);
+        const answered = deps.addAnsweredAt?.(key)?.mono;
         if (row.state !== "deleting" && answered !== undefined && answered > began) {
-          deps.log.info("GC leaves an attachment an ADD confirmed after the pass began", {
+          deps.log.info("GC leaves an attachment an ADD confirmed after the pass was asked for", {
             key,
             eniId: p.item.eniId,
             reason: p.item.reason,

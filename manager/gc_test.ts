@@ -10,6 +10,7 @@ import type { LivenessSource } from "./gc.ts";
 import { GcReportSchema } from "../api/schema.ts";
 import { keyOf } from "../providers/schema.ts";
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
+import { Logger } from "../lib/log.ts";
 
 const GRACE = 60_000;
 
@@ -175,14 +176,14 @@ Deno.test("gc() for a CNI GC call reclaims exactly the attachments not listed", 
     assertEquals(n.mgr.attachments().map((a) => a.containerId).sort(), ["c2", "c4"]);
   }));
 
-Deno.test("a CNI GC call removes only its network's unlisted attachments, however young, and no orphans", () =>
+Deno.test("a CNI GC call removes only its network's unlisted attachments past the grace period, and no orphans", () =>
   withDefaults(async (n) => {
     for (const i of [1, 2]) await add(n, i);
     await add(n, 3, { network: "other" });
     // An ENI owned in the provider by an attachment nobody recorded: not this network's.
     const ghost = { pod: "default/ghost", containerId: "ghost", ifName: "eth0" };
     await n.mock.allocateNextENI(ghost, { ips: [], ranges: [] });
-    // No clock advance: the spec runs GC exclusively of ADD and DEL, so the list is complete.
+    n.clock.advance(GRACE);
     const rep = await n.mgr.gc({
       dryRun: false,
       network: "enim",
@@ -194,6 +195,64 @@ Deno.test("a CNI GC call removes only its network's unlisted attachments, howeve
     // The agent's own pass still covers the orphan.
     const own = await n.mgr.gc({ dryRun: false });
     assertEquals(own.items.map((i) => i.containerId), ["ghost"]);
+  }));
+
+// Issue 25 point 1: a CNI GC whose valid list was taken before an ADD answered (a runtime
+// that does not keep GC exclusive of ADD, a restarted kubelet, a second tool on the node)
+// must not tear the network out of a pod that has just started.
+Deno.test("a CNI GC's list alone leaves an attachment younger than the grace period, logged with the reason", async () => {
+  const lines: string[] = [];
+  await withDefaults(async (n) => {
+    const old = await add(n, 1);
+    n.clock.advance(GRACE);
+    const young = await add(n, 2);
+    n.clock.advance(GRACE - 1);
+    // A stale list: taken before c2's ADD answered, so it names neither c2 nor (rightly) c1.
+    const rep = await n.mgr.gc({ dryRun: false, network: "enim", validAttachments: [] });
+    assertEquals(rep.items.map((i) => [i.containerId, i.outcome]), [["c1", "reclaimed"]]);
+    assertEquals(n.mgr.attachments().map((a) => [a.containerId, a.state, a.eniId]), [
+      ["c2", "ready", young.eniId],
+    ]);
+    assertEquals(n.devices.where(young.mac)?.ns, "/run/netns/p2", "its device stays in its pod");
+    assertEquals(n.devices.where(old.mac)?.ns, NODE);
+    const left = lines.map((l) => JSON.parse(l)).filter((l) =>
+      l.msg === "GC leaves a young attachment a CNI GC did not list"
+    );
+    assertEquals(left.map((l) => [l.key, l.eniId, l.graceSeconds]), [[
+      "c2/eth0",
+      young.eniId,
+      GRACE / 1000,
+    ]]);
+    assertStringIncludes(left[0].reason, "not in cni.dev/valid-attachments");
+    assertStringIncludes(left[0].reason, "left for the next pass");
+    // The next pass, once it is past the grace period, takes it.
+    n.clock.advance(1);
+    const next = await n.mgr.gc({ dryRun: false, network: "enim", validAttachments: [] });
+    assertEquals(next.items.map((i) => [i.containerId, i.outcome]), [["c2", "reclaimed"]]);
+  }, { log: new Logger((l) => lines.push(l)) });
+});
+
+Deno.test("a retried ADD makes an attachment young again for a CNI GC's list", () =>
+  withDefaults(async (n) => {
+    const first = await add(n, 1);
+    n.clock.advance(GRACE);
+    const retry = await n.mgr.add(addReq(1));
+    assertEquals(retry.eniId, first.eniId);
+    n.clock.advance(GRACE - 1);
+    assertEquals(
+      (await n.mgr.gc({ dryRun: false, network: "enim", validAttachments: [] })).items,
+      [],
+    );
+    assertEquals(n.mgr.attachments().map((a) => a.containerId), ["c1"]);
+  }));
+
+Deno.test("a CNI GC still takes a young attachment whose netns is gone", () =>
+  withDefaults(async (n) => {
+    await add(n, 1);
+    n.devices.deleteNetns("/run/netns/p1");
+    const rep = await n.mgr.gc({ dryRun: false, network: "enim", validAttachments: [] });
+    assertEquals(rep.items.map((i) => [i.containerId, i.outcome]), [["c1", "reclaimed"]]);
+    assertStringIncludes(rep.items[0].reason, "no longer exists");
   }));
 
 Deno.test("gc() records a failed reclaim, goes on with the pass and retries next time", () =>
@@ -273,6 +332,7 @@ Deno.test("gc() leaves an ADD in flight alone, even past the grace period", () =
 // on in the agent; the runtime's ADD retry answered success meanwhile, and the pass then
 // took the attachment away. An ADD answered after a pass began outranks the pass's facts.
 Deno.test("a GC pass leaves an attachment that an ADD confirmed after the pass began", () =>
+  // No grace period: only the order of the ADD's answer and the pass protects it.
   withDefaults(async (n) => {
     const first = await add(n, 1);
     const gc = n.mgr.gc({ dryRun: false, network: "enim", validAttachments: [] });
@@ -283,4 +343,4 @@ Deno.test("a GC pass leaves an attachment that an ADD confirmed after the pass b
     // The next pass, begun after that ADD, works from newer facts: it reclaims.
     const next = await n.mgr.gc({ dryRun: false, network: "enim", validAttachments: [] });
     assertEquals(next.items.map((i) => i.containerId), ["c1"]);
-  }));
+  }, { graceMs: 0 }));

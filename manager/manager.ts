@@ -163,7 +163,7 @@ class ManagerImpl implements Manager {
     return this.#keyed("add", key, async (t) => {
       const r = await add(this.#ctx, req, t);
       // Still under the attachment's lock: a GC reclaim waiting for it sees this.
-      this.#ctx.addAnswered.set(key, performance.now());
+      this.#ctx.addAnswered.set(key, { mono: performance.now(), at: this.#ctx.now() });
       return r;
     });
   }
@@ -215,22 +215,28 @@ class ManagerImpl implements Manager {
   }
 
   gc(req: GcInput): Promise<GcReport> {
+    // When the request came: an ADD answered after it outranks the pass (it may queue).
+    const receivedAt = performance.now();
     return this.#op(async () => {
       const ctx = this.#ctx;
       const report = await ctx.locks.run("gc:pass", () =>
-        runGc({
-          state: ctx.state,
-          provider: ctx.provider,
-          devices: ctx.devices,
-          log: ctx.log.child({ op: "gc" }),
-          locks: ctx.locks,
-          now: ctx.now,
-          graceMs: this.#graceMs,
-          sources: this.#sources,
-          release: (row, o) => release(ctx, row, o),
-          addAnsweredAt: (key) => ctx.addAnswered.get(key),
-          freeOrphan: (owner, eni) => freeOrphan(ctx, owner, eni),
-        }, req));
+        runGc(
+          {
+            state: ctx.state,
+            provider: ctx.provider,
+            devices: ctx.devices,
+            log: ctx.log.child({ op: "gc" }),
+            locks: ctx.locks,
+            now: ctx.now,
+            graceMs: this.#graceMs,
+            sources: this.#sources,
+            release: (row, o) => release(ctx, row, o),
+            addAnsweredAt: (key) => ctx.addAnswered.get(key),
+            freeOrphan: (owner, eni) => freeOrphan(ctx, owner, eni),
+          },
+          req,
+          { receivedAt },
+        ));
       for (const i of report.items) {
         if (i.outcome !== "planned") ctx.metrics?.gcReclaim(i.outcome);
         if (i.kind === "hold" && i.outcome === "reclaimed") ctx.metrics?.holdExpired?.(i.profile);

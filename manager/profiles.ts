@@ -12,6 +12,7 @@
 import { contains, parseCidr, parseIp } from "../lib/ip.ts";
 import { isEnterpriseGroup, type ProfileInfo } from "../providers/contract.ts";
 import { ApiError } from "../api/schema.ts";
+import { listOf, quote } from "../lib/clip.ts";
 
 /** What a pod asks for. */
 export interface Choice {
@@ -22,7 +23,8 @@ export interface Choice {
   ips: string[];
 }
 
-const quoteAll = (xs: string[]) => xs.map((x) => `"${x}"`).join(", ");
+/** Values quoted for a message: the first few, clipped, then how many more. */
+const quoteAll = (xs: string[]) => listOf(xs.map((x) => quote(x)));
 
 /**
  * Checks `choice` against the provider's profiles and returns the profile it

@@ -25,6 +25,7 @@
 import { closeSync, fstatSync, openSync } from "node:fs";
 import { exec } from "./ip.ts";
 import { DeviceError, type NetnsIdentity, type PinnedNetns } from "./types.ts";
+import { quote } from "../lib/clip.ts";
 
 export type { PinnedNetns };
 
@@ -99,7 +100,7 @@ function invalid(
   what: string,
   reason: "netns_invalid" | "netns_node" = "netns_invalid",
 ) {
-  return new DeviceError("netns", reason, `Netns "${path}" ${what}`);
+  return new DeviceError("netns", reason, `Netns ${quote(path, 200)} ${what}`);
 }
 
 /** The sentence for a file that is not a namespace. */

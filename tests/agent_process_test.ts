@@ -1,4 +1,4 @@
-import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
+import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
 import { type AddRequest, ApiError } from "../api/schema.ts";
 import { SocketAgentClient, unixRequest } from "../api/client.ts";
 import { agentCommandLine, startAgent } from "./support/agent_proc.ts";
@@ -148,6 +148,63 @@ Deno.test("enim agent --check-config validates the provider's own section", asyn
     const se = await runEnim(["agent", "--check-config", "--config", syntax], { sandbox: sb });
     assertEquals(se.code, 1);
     assertMatch(se.stderr, /line 2, column 3: CommaExpected/);
+  });
+});
+
+// Issue 25 point 5: a profile's subnet overlapping the default's was accepted.
+Deno.test("enim agent --check-config refuses a profile subnet that overlaps another profile's, naming both", async () => {
+  await withSandbox(async (dir, sb) => {
+    const check = async (name: string, provider: Record<string, unknown>) => {
+      await Deno.writeTextFile(sb.host(name), JSON.stringify({ provider }));
+      return await runEnim(["agent", "--check-config", "--config", `${dir}/${name}`], {
+        sandbox: sb,
+      });
+    };
+    const mock = await check("mock.jsonc", {
+      name: "mock",
+      mock: {
+        subnets: { ipv4: { cidr: "10.99.0.0/24" } },
+        profiles: { pci: { subnets: { ipv4: { cidr: "10.99.0.128/25" } } } },
+      },
+    });
+    assertEquals(mock.code, 1, mock.stdout);
+    assertStringIncludes(
+      mock.stderr,
+      'provider.mock.profiles.pci.subnets.ipv4: Subnet "10.99.0.128/25" of profile "pci" ' +
+        'overlaps subnet "10.99.0.0/24" of profile "default"',
+    );
+    const bce = await check("bce.jsonc", {
+      name: "bce",
+      bce: {
+        subnetId: "sbn-default01",
+        subnetCidr: "10.0.0.0/16",
+        securityGroupIds: ["g-default01"],
+        profiles: {
+          same: {
+            subnetId: "sbn-default01",
+            subnetCidr: "10.0.0.0/16",
+            securityGroupIds: ["g-other001"],
+          },
+          db: {
+            subnetId: "sbn-db000001",
+            subnetCidr: "10.0.8.0/24",
+            securityGroupIds: ["g-db000001"],
+          },
+        },
+      },
+    });
+    assertEquals(bce.code, 1, bce.stdout);
+    assertStringIncludes(
+      bce.stderr,
+      'provider.bce.profiles.db.subnetCidr: subnetCidr "10.0.8.0/24" of profile "db" (subnet ' +
+        '"sbn-db000001") overlaps "10.0.0.0/16" of profile "default" (subnet "sbn-default01")',
+    );
+    assert(!bce.stderr.includes("profiles.same"), "a profile may share the default's subnet");
+    const apart = await check("apart.jsonc", {
+      name: "mock",
+      mock: { profiles: { pci: { subnets: { ipv4: { cidr: "10.98.0.0/24" } } } } },
+    });
+    assertEquals(apart.code, 0, apart.stderr);
   });
 });
 

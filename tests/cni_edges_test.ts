@@ -6,6 +6,8 @@
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
 import { SUPPORTED_VERSIONS } from "../cni/spec.ts";
+import { CNI_CALL_PATH, EXIT_HEADER } from "../api/wire.ts";
+import { encodeRequest, unixRoundTrip } from "../lib/http1.ts";
 import { SimulatedNode } from "./support/node.ts";
 import type { NetnsHandle } from "./support/vpc.ts";
 
@@ -39,17 +41,21 @@ async function inPod(node: SimulatedNode, pod: NetnsHandle, argv: string[]): Pro
 
 Deno.test({
   name:
-    "GC: only its own network, cni.dev/attachments read too, unlisted attachments go however young",
+    "GC: only its own network, cni.dev/attachments read too, unlisted attachments past the grace period go",
   ignore: !AS_ROOT,
   async fn() {
-    await using node = await SimulatedNode.start({ mock: { enis: 4 } });
+    // No grace period: a CNI GC's list alone leaves younger attachments (manager/gc_test.ts).
+    await using node = await SimulatedNode.start({
+      mock: { enis: 4 },
+      gc: { graceSeconds: 0 },
+    });
     const a = await node.vpc.pod("ga"), b = await node.vpc.pod("gb"), c = await node.vpc.pod("gc");
     const netA = node.netconf("1.1.0", { name: "net-a" });
     const netB = node.netconf("1.1.0", { name: "net-b" });
     for (const [pod, id, cfg] of [[a, "cga", netA], [b, "cgb", netA], [c, "cgc", netB]] as const) {
       assertEquals((await add(node, pod, id, cfg)).code, 0);
     }
-    // Right after the ADDs (no grace period), with the key some 1.1.0 texts name.
+    // Right after the ADDs, with the key some 1.1.0 texts name.
     const gc = await node.cni("GC", {
       config: { ...netA, "cni.dev/attachments": [{ containerID: "cga", ifname: "eth0" }] },
     });
@@ -194,5 +200,102 @@ Deno.test({
         assertStringIncludes(String(bad.json!.msg), `lacks address ${v4}`);
       });
     }
+  },
+});
+
+// Issue 25 point 4: a 64 KiB annotation made a 65,683-character CNI error whose reason came
+// last, and a log line as long; runtimes and kubelet events cut messages short.
+Deno.test({
+  name:
+    "a 64 KiB security-group annotation: the CNI error, the API's answers and the log lines put the reason first and clip the value",
+  ignore: !AS_ROOT,
+  async fn() {
+    await using node = await SimulatedNode.start({ mock: { enis: 2 } });
+    const pod = await node.vpc.pod("big");
+    const value = Array.from(
+      { length: 6000 },
+      (_, i) => `g-${String(i).padStart(8, "0")}`,
+    )
+      .join(",").slice(0, 64 * 1024);
+    const config = node.netconf("1.1.0", {
+      runtimeConfig: {
+        "io.kubernetes.cri.pod-annotations": {
+          "enim.dev/security-group-ids": value,
+        },
+      },
+    });
+    const reason = 'Invalid annotation "enim.dev/security-group-ids": Expected at most 10';
+    const leftOut = `(${value.length - 120} more bytes left out)`;
+
+    // The plugin, as a runtime execs it.
+    const r = await add(node, pod, "c-big", config);
+    assertEquals([r.code, r.json?.code], [1, 7], r.stdout);
+    const msg = String(r.json!.msg);
+    assert(msg.startsWith(reason), msg.slice(0, 300));
+    assertStringIncludes(msg, leftOut);
+    assert(r.stdout.length < 1024, `${r.stdout.length} bytes on stdout`);
+
+    // The same call through the API (POST /v1/cni): the same short answer.
+    const call = {
+      env: {
+        CNI_COMMAND: "ADD",
+        CNI_CONTAINERID: "c-big",
+        CNI_IFNAME: "eth0",
+        CNI_NETNS: pod.path,
+        CNI_PATH: "/opt/cni/bin",
+        CNI_ARGS: podArgs(pod.name),
+        ENIM_LOG_FILE: node.sandbox.inner("cni.log"),
+      },
+      stdin: JSON.stringify(config),
+    };
+    const res = await unixRoundTrip(
+      node.socket,
+      encodeRequest(
+        "POST",
+        CNI_CALL_PATH,
+        new TextEncoder().encode(JSON.stringify(call)),
+      ),
+      30_000,
+    );
+    const body = new TextDecoder().decode(res.body);
+    assertEquals(
+      [res.status, res.headers.get(EXIT_HEADER)],
+      [200, "1"],
+      body.slice(0, 300),
+    );
+    assert(body.length < 1024, `${body.length} bytes`);
+    assert(String(JSON.parse(body).msg).startsWith(reason), body.slice(0, 300));
+
+    // An API error naming every one of thousands of bad values: the first few, then a count.
+    const err = await node.client.add({
+      containerId: "c-big",
+      ifName: "eth0",
+      netns: pod.path,
+      network: "enim-test",
+      pod: { namespace: "default", name: "big" },
+      mode: "interface",
+      ips: value.split(",").slice(0, 4000),
+    }).then(() => null, (e) => e as Error);
+    assert(err, "refused");
+    assert(
+      err.message.startsWith("Invalid request body: ips"),
+      err.message.slice(0, 300),
+    );
+    assertMatch(err.message, /and 3995 more$/);
+    assert(err.message.length < 1024, `${err.message.length} characters`);
+
+    // The call's log line (the plugin's log file) and the agent's log: no line echoes it all.
+    const cniLog = await Deno.readTextFile(node.sandbox.host("cni.log"));
+    const lines = [
+      ...cniLog.split("\n"),
+      ...(await node.agentLog()).split("\n"),
+    ];
+    const longest = Math.max(...lines.map((l) => l.length));
+    assert(longest < 8 * 1024, `a log line of ${longest} characters`);
+    const failed = cniLog.split("\n").filter((l) => l !== "").map((l) => JSON.parse(l))
+      .filter((l) => String(l.msg).startsWith(reason));
+    assertEquals(failed.length, 2, "the plugin's and the API's call each log the reason first");
+    for (const l of failed) assertStringIncludes(l.msg, leftOut);
+    assertEquals(await node.client.attachments(), [], "nothing was recorded");
   },
 });

@@ -75,10 +75,12 @@ async function cluster(
     record?: boolean;
     handlers?: Record<string, string>;
     node?: Omit<SimulatedNodeOptions, "mock">;
+    /** More mock settings (the default profile's, `maxEnisPerNode`). */
+    mock?: Record<string, unknown>;
   },
 ): Promise<Cluster> {
   const t0 = performance.now();
-  const node = await SimulatedNode.start({ ...opts.node, mock: { enis: opts.enis } });
+  const node = await SimulatedNode.start({ ...opts.node, mock: { ...opts.mock, enis: opts.enis } });
   let dir = "";
   let cd: Containerd | null = null;
   const close = async () => {
@@ -626,6 +628,116 @@ Deno.test({
       assertEquals((await node.client.status()).pool.owned, 0);
       const metrics = await node.client.metrics();
       assertMatch(metrics, /enim_sticky_hold_expiries_total\{profile="default"\} 1/);
+    } finally {
+      await c.close();
+    }
+  },
+});
+
+// Issue 25 point 2: the mock capped its node limit at the ENIs it started with, so with 12 of
+// 14 slots in use a fixed IP made it drop the free default ENI eni-mock-0001 without a word.
+Deno.test({
+  name:
+    "containerd CRI with two profiles: the mock keeps to maxEnisPerNode, and releases another profile's idle ENI only at the limit, logged",
+  ignore: DEPS.skip !== null,
+  async fn() {
+    const c = await cluster("containerd_test", {
+      enis: 8,
+      mock: { maxEnisPerNode: 14 },
+      node: {
+        profiles: { pci: { subnets: { ipv4: "10.98.0.0/24" }, enis: 4 } },
+      },
+    });
+    const { node, cd } = c;
+    try {
+      const run = (spec: PodSpec) =>
+        cd.cri.runPodSandbox(cd.sandboxConfig(spec)).catch(async (err) => {
+          throw new Error(`${err.message}${await agentDetail(c)}`, {
+            cause: err,
+          });
+        });
+      const attached = async () => (await node.client.enis()).map((e) => e.id).sort();
+      const released = async () =>
+        (await node.agentLog()).split("\n").filter((l) =>
+          l.includes('"Released an idle ENI of another profile to make room"')
+        ).map((l) => JSON.parse(l));
+      const inventory = await attached();
+      assertEquals(
+        inventory.length,
+        12,
+        "every ENI of both profiles attached: 12 of 14 slots",
+      );
+      assert(inventory.includes("eni-mock-0001"));
+
+      // Two fixed IPs no pooled pci ENI carries: two new ENIs, in the two free slots.
+      const ids = [];
+      for (
+        const [name, ip, eni] of [
+          ["db-0", "10.98.0.50", "eni-mock-pci-0005"],
+          ["db-1", "10.98.0.51", "eni-mock-pci-0006"],
+        ]
+      ) {
+        ids.push(
+          await run(
+            pod(name, {
+              annotations: { "enim.dev/profile": "pci", "enim.dev/ip": ip },
+            }),
+          ),
+        );
+        const e = (await cloudEni(node, `cri/${name}`))!;
+        assertEquals([e.id, e.ipv4!.address], [eni, ip]);
+      }
+      const full = await attached();
+      assertEquals(full.length, 14);
+      assertEquals(
+        full.filter((id) => !id.includes("pci")).length,
+        8,
+        "every default ENI stays",
+      );
+      assertEquals(await released(), [], "nothing released below the limit");
+
+      // At the limit: one idle default ENI makes room, and the agent's log says which and why.
+      ids.push(
+        await run(
+          pod("db-2", {
+            annotations: {
+              "enim.dev/profile": "pci",
+              "enim.dev/ip": "10.98.0.52",
+            },
+          }),
+        ),
+      );
+      const e = (await cloudEni(node, "cri/db-2"))!;
+      assertEquals([e.id, e.ipv4!.address], [
+        "eni-mock-pci-0007",
+        "10.98.0.52",
+      ]);
+      const after = await attached();
+      assertEquals(after.length, 14);
+      const gone = full.filter((id) => !after.includes(id));
+      assertEquals(gone.length, 1);
+      const lines = await released();
+      assertEquals(
+        lines.map((l) => [l.eniId, l.profile, l.forProfile, l.forEni, l.pod]),
+        [
+          [gone[0], "default", "pci", "eni-mock-pci-0007", "cri/db-2"],
+        ],
+      );
+      assertStringIncludes(
+        lines[0].reason,
+        "the node is at its limit of 14 ENIs",
+      );
+      const st = await node.client.status();
+      assertEquals(
+        [st.pool.profiles.pci.owned, st.pool.profiles.default.free],
+        [3, 7],
+      );
+
+      for (const id of ids) {
+        await cd.cri.stopPodSandbox(id);
+        await cd.cri.removePodSandbox(id);
+      }
+      assertEquals((await node.client.status()).pool.owned, 0);
     } finally {
       await c.close();
     }

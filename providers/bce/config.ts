@@ -25,6 +25,7 @@ import {
   SecurityGroupIdSchema,
 } from "../contract.ts";
 import type { Credentials } from "./signer.ts";
+import { overlaps, parseCidr } from "../../lib/ip.ts";
 import { DEFAULT_METADATA_URL } from "./metadata.ts";
 
 /** ENIs of one profile kept attached and free. */
@@ -67,6 +68,48 @@ function cidrOfFamily(family: 4 | 6) {
     (s) => (family === 6) === s.includes(":"),
     `Expected an IPv${family} prefix`,
   ));
+}
+
+/** What {@linkcode refuseOverlaps} reads of a profile. */
+interface SubnetOf {
+  subnetId?: string;
+  subnetCidr?: string;
+  subnetIpv6Cidr?: string;
+}
+
+/**
+ * Two profiles may share one subnet (the same `subnetId`, other groups); two different
+ * subnets whose CIDRs, as given, overlap cannot both exist in a VPC: a typo, refused
+ * naming both. The default profile's subnet counts when its `subnetId` is set.
+ */
+function refuseOverlaps(
+  cfg: SubnetOf & { profiles: Record<string, SubnetOf> },
+  ctx: z.core.$RefinementCtx,
+): void {
+  const all: [string, SubnetOf][] = [[DEFAULT_PROFILE, cfg], ...Object.entries(cfg.profiles)];
+  const seen: { profile: string; subnetId: string; cidr: string }[] = [];
+  for (const [profile, p] of all) {
+    if (p.subnetId === undefined) continue;
+    for (const key of ["subnetCidr", "subnetIpv6Cidr"] as const) {
+      const cidr = p[key];
+      const mine = cidr === undefined ? null : parseCidr(cidr);
+      if (!mine) continue;
+      const other = seen.find((o) =>
+        o.subnetId !== p.subnetId && overlaps(parseCidr(o.cidr)!, mine)
+      );
+      if (other) {
+        ctx.addIssue({
+          code: "custom",
+          message: `${key} "${cidr}" of profile "${profile}" (subnet "${p.subnetId}") overlaps ` +
+            `"${other.cidr}" of profile "${other.profile}" (subnet "${other.subnetId}"), another ` +
+            `subnet: a VPC's subnets never overlap`,
+          path: profile === DEFAULT_PROFILE ? [key] : ["profiles", profile, key],
+          input: cidr,
+        });
+      }
+      seen.push({ profile, subnetId: p.subnetId, cidr: cidr! });
+    }
+  }
 }
 
 /** A named profile (`profiles.<name>`): its subnet, groups, warm pool and who may use it. */
@@ -196,6 +239,7 @@ export const configSchema = z.object({
     message: "Set securityGroupIds or enterpriseSecurityGroupIds, not both",
   }),
   z.refine(groupsToRestore, RESTORE_MESSAGE),
+  z.superRefine(refuseOverlaps),
 );
 /** The `bce` provider config. */
 export type BceConfig = z.infer<typeof configSchema>;

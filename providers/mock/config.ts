@@ -7,7 +7,7 @@
  */
 import * as z from "zod/mini";
 import "../../lib/zod_locale.ts";
-import { isCidr } from "../../lib/ip.ts";
+import { isCidr, overlaps, parseCidr } from "../../lib/ip.ts";
 import { DEFAULT_PROFILE, ProfileNameSchema, SecurityGroupIdSchema } from "../contract.ts";
 
 /** One simulated subnet: CIDR and gateway (default: the first host). */
@@ -43,10 +43,54 @@ export const MockProfileSchema = z.strictObject({
   subnets: SubnetsSchema,
 });
 
+/**
+ * Each profile has its own addresses: a profile's subnet that overlaps another profile's
+ * (the default's included) is refused, naming both, as the same addresses would be
+ * handed to ENIs of both.
+ */
+function refuseOverlaps(
+  cfg: {
+    subnets: z.output<typeof SubnetsSchema>;
+    profiles: Record<string, { subnets: z.output<typeof SubnetsSchema> }>;
+  },
+  ctx: z.core.$RefinementCtx,
+): void {
+  const all = [
+    [DEFAULT_PROFILE, cfg.subnets] as const,
+    ...Object.entries(cfg.profiles).map(([n, p]) => [n, p.subnets] as const),
+  ];
+  const seen: { profile: string; fam: "ipv4" | "ipv6"; cidr: string }[] = [];
+  for (const [profile, subnets] of all) {
+    for (const fam of ["ipv4", "ipv6"] as const) {
+      const cidr = subnets[fam]?.cidr;
+      const mine = cidr === undefined ? null : parseCidr(cidr);
+      if (!mine) continue;
+      const other = seen.find((o) => overlaps(parseCidr(o.cidr)!, mine));
+      if (other) {
+        ctx.addIssue({
+          code: "custom",
+          message: `Subnet "${cidr}" of profile "${profile}" overlaps subnet "${other.cidr}" of ` +
+            `profile "${other.profile}": each profile needs addresses of its own`,
+          path: profile === DEFAULT_PROFILE
+            ? ["subnets", fam]
+            : ["profiles", profile, "subnets", fam],
+          input: cidr,
+        });
+      }
+      seen.push({ profile, fam, cidr: cidr! });
+    }
+  }
+}
+
 /** The mock provider's config (`provider.mock` in the agent config). */
 export const MockConfigSchema = z.strictObject({
   ...profileFields,
-  /** How many can be attached to the node at once, all profiles together (default: all). */
+  /**
+   * How many ENIs can be attached to the node at once, all profiles together (default:
+   * every profile's `enis` together). It may exceed the inventory: a pod's fixed IP that
+   * no ENI carries makes the mock create one more ENI, which takes a free slot; only at
+   * the limit is an idle ENI of another profile released for it (and logged).
+   */
   maxEnisPerNode: z.optional(z.number().check(z.int(), z.minimum(0))),
   subnets: z._default(SubnetsSchema, { ipv4: { cidr: "10.99.0.0/24" } }),
   /** Named profiles besides `default` (the top-level settings). */
@@ -73,7 +117,7 @@ export const MockConfigSchema = z.strictObject({
   throttleRate: z._default(z.number().check(z.minimum(0), z.maximum(1)), 0),
   /** Seed of the failure injection's random numbers (reproducible runs). */
   seed: z._default(z.number().check(z.int()), 1),
-});
+}).check(z.superRefine(refuseOverlaps));
 /** The mock provider's config, defaults applied. */
 export type MockConfig = z.output<typeof MockConfigSchema>;
 /** The mock provider's config as written (defaults optional). */

@@ -129,10 +129,13 @@ export class MockProvider implements Provider {
 
   /**
    * How many ENIs the node can have attached: the quota the cloud says now (the
-   * config's `maxEnisPerNode` until it says otherwise), at most the inventory.
+   * config's `maxEnisPerNode` until it says otherwise; the inventory when neither says).
+   * Not capped at the inventory (issue 25): a fixed IP no ENI carries makes the mock
+   * create one more ENI, which takes a free slot under the limit before any idle ENI of
+   * another profile is released for it.
    */
   #limit(node: MockNode): number {
-    return Math.min(node.maxEnis ?? this.#cfg.maxEnisPerNode ?? this.#inventory, this.#inventory);
+    return node.maxEnis ?? this.#cfg.maxEnisPerNode ?? this.#inventory;
   }
 
   /** Fails as a cloud that does not answer, while `mock_node.unreachable` is set. */
@@ -261,7 +264,7 @@ export class MockProvider implements Provider {
     const req = AllocationRequestSchema.parse(request);
     const profile = this.#profile(req.profile);
     const specific = req.ips.length > 0 || req.ranges.length > 0;
-    const step = transaction(this.#db, (): { eni: Row; detach?: Row } => {
+    const step = transaction(this.#db, (): { eni: Row; detach?: Row; why?: string } => {
       const node = readMockNode(this.#db);
       const max = this.#limit(node);
       const all = this.#rows("ORDER BY idx");
@@ -325,7 +328,10 @@ export class MockProvider implements Provider {
         );
         if (idle) {
           prepared(this.#db, "UPDATE mock_enis SET attach = 'detached' WHERE id = ?").run(idle.id);
-          return { eni: claim(candidate), detach: idle };
+          const why = `the node is at its limit of ${max} ENIs (${taken} taken, ` +
+            `maxEnisPerNode) and a pod of profile "${profile.name}" needs ${candidate.id}: ` +
+            `pods go before another profile's idle ENIs`;
+          return { eni: claim(candidate), detach: idle, why };
         }
       }
       if (!specific) {
@@ -357,7 +363,17 @@ export class MockProvider implements Provider {
         `${what} cannot be had on one ENI: ${why}`,
       );
     });
-    if (step.detach) await this.#ctx.deviceSimulator?.unplug(rowToEni(step.detach));
+    if (step.detach) {
+      this.#ctx.log.info("Released an idle ENI of another profile to make room", {
+        eniId: step.detach.id,
+        profile: step.detach.profile,
+        forProfile: profile.name,
+        forEni: step.eni.id,
+        pod: owner.pod,
+        reason: step.why,
+      });
+      await this.#ctx.deviceSimulator?.unplug(rowToEni(step.detach));
+    }
     if (step.eni.attach === "attaching") {
       // Either we attach it now, or another call for this owner is attaching it: wait.
       let p = this.#attaching.get(step.eni.id);
@@ -508,7 +524,9 @@ export class MockProvider implements Provider {
       const foreign = Math.min(node.foreignEnis, limit);
       return {
         limit,
-        forPods: limit - foreign,
+        // The mock creates ENIs only for a fixed IP no pooled ENI carries: a plain pod can
+        // get one of the inventory's, so slots past the inventory are not advertised.
+        forPods: Math.max(0, Math.min(limit, this.#inventory) - foreign),
         unavailable: foreign > 0 ? [{ reason: "foreign", count: foreign }] : [],
         source: node.maxEnis !== null
           ? "cloud"

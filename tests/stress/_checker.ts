@@ -105,6 +105,7 @@ export function checkInvariants(v: CheckViews): Violation[] {
       if (r) {
         h[k] = [
           `status ${r.status}${r.reclaimable ? `, reclaimable (${r.reclaimable})` : ""}` +
+          `${r.staleExcused ? `, ${r.staleExcused}` : ""}` +
           `, ADDed into netns generation ${r.netnsGen} of pod ${r.pod} (now ${
             model.pods[r.pod].exists ? `generation ${model.pods[r.pod].gen}` : "deleted"
           })`,

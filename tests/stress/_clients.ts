@@ -13,7 +13,7 @@ import { AgentUnreachableError } from "../../api/client.ts";
 import { toCniError } from "../../cni/errors.ts";
 import { prng } from "../support/agent_proc.ts";
 import type { StressContext } from "./_context.ts";
-import type { KeyRecord, PodRecord } from "./_model.ts";
+import type { KeyRecord, PodRecord, StaleGcWindow } from "./_model.ts";
 import { DEFAULT_OP_WEIGHTS, type OpName } from "./_options.ts";
 import { CniErrorSchema, runPlugin } from "./_plugin.ts";
 
@@ -262,6 +262,8 @@ export class Operations {
       k.netnsGen = pod.gen;
       k.netns = pod.path;
     }
+    // The first ADD since the key held nothing: its attachment is made after this.
+    k.addSince ??= Date.now();
     k.status = "pending";
     const verb = `ADD/${c.via}`;
     m.note(
@@ -333,6 +335,7 @@ export class Operations {
       m.note(k, `ADD acknowledged: ${added!.mac} [${added!.ips.join(" ")}]`);
     } else if (answer.code === 100) {
       k.status = prev === "added" ? "added" : "refused";
+      if (k.status === "refused") m.released(k);
     } else {
       k.status = keep;
       const allowed = race
@@ -399,6 +402,7 @@ export class Operations {
     m.note(k, `→ ${label(answer)}${answer.msg ? `: ${answer.msg.slice(0, 200)}` : ""}`);
     if (answer.code === 0) {
       k.status = "deleted";
+      m.released(k);
       // The plugin answers a DEL alone when the agent is down and the namespace gone
       // (README, "Errors"): nothing is undone then, and the agent's GC reclaims the ENI.
       k.delDeferred = c.via === "plugin" && !live && ctx.agentEpoch !== epoch;
@@ -475,8 +479,13 @@ export class Operations {
     return true;
   }
 
-  /** The CNI GC verb: every key the clients used is valid, except sometimes one left out. */
-  async cniGc(c: Client): Promise<void> {
+  /**
+   * The CNI GC verb: every key the clients used is valid, except sometimes one left out.
+   * `stale` (the `--stale-gc` schedule, sent beside ADDs and DELs): the list is taken,
+   * then sent a while later with no look-ahead, so it misses what ADDs made meanwhile,
+   * as a runtime that breaks the spec's exclusivity rule (or a second tool) would send.
+   */
+  async cniGc(c: Client, stale = false): Promise<void> {
     const { ctx } = this;
     const m = ctx.model;
     let dropped: KeyRecord | undefined;
@@ -502,12 +511,29 @@ export class Operations {
         )
           .map((k) => k.containerId),
       );
-      for (const p of m.pods) {
-        for (let i = 0; i <= 3; i++) ids.add(`${m.runId}-p${p.index}-c${p.ctr + i}`);
+      if (!stale) {
+        for (const p of m.pods) {
+          for (let i = 0; i <= 3; i++) ids.add(`${m.runId}-p${p.index}-c${p.ctr + i}`);
+        }
       }
       if (dropped) ids.delete(dropped.containerId);
       const valid = [...ids].map((id) => ({ containerID: id, ifname: "eth0" }));
-      const verb = `CNI-GC/${c.via}`;
+      // The acknowledged ADDs its list misses that must stay intact (young, or listed
+      // nowhere else as reclaimable): looked for again right after it answered.
+      const listed = new Set(valid.map((v) => `${v.containerID}/${v.ifname}`));
+      const intactBefore = [...m.keys.values()].filter((k) =>
+        !listed.has(`${k.containerId}/${k.ifName}`)
+      );
+      let window: StaleGcWindow | undefined;
+      if (stale) {
+        // Old by the time it is sent: ADDs go on meanwhile (up to about a plugin call or two).
+        const ms = ctx.figures.pluginMs.slice(-100).sort((a, b) => a - b);
+        const typical = ms.length >= 10 ? ms[Math.floor(ms.length / 2)] : 80;
+        await new Promise((r) => setTimeout(r, Math.floor(c.rand() * 2 * typical)));
+        window = m.staleGcSent(listed);
+      }
+      const epoch = ctx.agentEpoch;
+      const verb = `CNI-GC${stale ? "-stale" : ""}/${c.via}`;
       const answer = c.via === "plugin"
         ? await viaPlugin(ctx, c.rand, "GC", {
           config: netconf({ "cni.dev/valid-attachments": valid }),
@@ -524,7 +550,12 @@ export class Operations {
             return r;
           })
         );
+      // Its pass is over when it answered; cut off with the agent alive, at the next kill.
+      if (window && (answer.code !== "killed" || ctx.agentEpoch !== epoch)) {
+        m.staleGcEnded(window);
+      }
       if (dropped) m.note(dropped, `→ CNI GC ${label(answer)}`);
+      if (answer.code === 0) await this.#afterGc(intactBefore);
       if (answer.code === 110 && answer.msg?.includes("GC_INCOMPLETE")) {
         ctx.count(verb, "code 107");
         ctx.anomaly("gc_reclaim_failed", answer.msg.slice(0, 400));
@@ -542,6 +573,45 @@ export class Operations {
       }
     } finally {
       if (droppedPod) droppedPod.busy = false;
+    }
+  }
+
+  /**
+   * Right after a CNI GC answered: every acknowledged ADD its list did not name that must
+   * still be intact, before and after reading the agent's attachments, is still recorded
+   * (a runtime's CHECK would see it gone at once; the next invariant check may come only
+   * after a DEL or a replacement made the loss invisible). Keys listed are skipped (no list
+   * takes them), and keys whose status changed during the read.
+   */
+  async #afterGc(candidates: KeyRecord[]): Promise<void> {
+    const { ctx } = this;
+    const m = ctx.model;
+    const before = candidates.filter((k) => m.mustBeIntact(k)).map((k) => ({
+      k,
+      added: k.added,
+    }));
+    if (before.length === 0) return;
+    let recorded: Set<string>;
+    try {
+      recorded = new Set(
+        (await ctx.node.client.attachments()).map((a) => `${a.containerId}/${a.ifName}`),
+      );
+    } catch {
+      return; // the agent is down: the invariant check after its restart looks instead
+    }
+    for (const { k, added } of before) {
+      const id = `${k.containerId}/${k.ifName}`;
+      if (recorded.has(id) || !m.mustBeIntact(k) || k.added !== added) continue;
+      m.note(k, "gone right after a CNI GC that did not list it");
+      ctx.violation(
+        "ack_add_lost",
+        id,
+        `ADD of "${id}" was acknowledged (ENI MAC ${k.added?.mac}) but a CNI GC that did not ` +
+          `list it took its attachment (GC grace ${m.graceMs} ms, ${
+            k.addSince === null ? "no ADD time" : `first ADD ${Date.now() - k.addSince} ms ago`
+          })`,
+        { history: k.history.map((e) => `r${e.round} +${e.t}ms ${e.what}`) },
+      );
     }
   }
 
@@ -592,7 +662,10 @@ export class Operations {
   async one(c: Client, op: OpName): Promise<boolean> {
     const { ctx } = this;
     if (op === "cni_gc") {
-      await this.#gate.gc(() => this.cniGc(c));
+      // The stale schedule sends it beside ADDs and DELs (one GC at a time still).
+      if (ctx.opts.staleGc) {
+        await this.#gate.gcBeside(() => this.cniGc(c, true));
+      } else await this.#gate.gc(() => this.cniGc(c));
       return true;
     }
     if (op === "gc") {
@@ -668,6 +741,7 @@ export class Operations {
 class GcGate {
   #ops = 0;
   #gc: Promise<void> | null = null;
+  #beside: Promise<void> = Promise.resolve();
   #idle: (() => void)[] = [];
 
   async op<T>(fn: () => Promise<T>): Promise<T> {
@@ -678,6 +752,13 @@ class GcGate {
     } finally {
       if (--this.#ops === 0) { for (const wake of this.#idle.splice(0)) wake(); }
     }
+  }
+
+  /** A GC that breaks the rule: after the GC before it, but beside ADDs and DELs. */
+  gcBeside<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.#beside.then(fn);
+    this.#beside = run.then(() => {}, () => {});
+    return run;
   }
 
   async gc<T>(fn: () => Promise<T>): Promise<T> {

@@ -43,6 +43,12 @@ export interface Figures {
   delDeferred: number;
   /** Things worth knowing that are not violations (GC reclaims that failed, slow calls). */
   anomalies: Record<string, number>;
+  /**
+   * What GC passes left alone, from the agent's log: young attachments a CNI GC's list
+   * did not name, attachments an ADD confirmed after the pass was asked for; and the
+   * keys the model excused because a stale list may have taken them past the grace period.
+   */
+  gcLeft: { young: number; confirmed: number; excused: number };
 }
 
 /** The shared state of one run. */
@@ -65,6 +71,7 @@ export class StressContext {
     restartMs: [],
     delDeferred: 0,
     anomalies: {},
+    gcLeft: { young: 0, confirmed: 0, excused: 0 },
   };
   readonly violations = new Map<string, FoundViolation>();
   /** Examples of each anomaly (the first few). */

@@ -66,7 +66,28 @@ export interface KeyRecord {
    * gone, so by design nothing was undone and the agent's GC reclaims the ENI later.
    */
   delDeferred: boolean;
+  /**
+   * When (`Date.now()`, the agent's clock) the first ADD since the key last held nothing
+   * was sent: no attachment of the key was made before, so a stale CNI GC list may take
+   * it only once the agent's grace period has passed since then (null: no ADD since).
+   */
+  addSince: number | null;
+  /** Why a stale CNI GC may have taken its attachment since `addSince` (null: none could). */
+  staleExcused: string | null;
   history: HistoryEntry[];
+}
+
+/**
+ * A CNI GC sent with a stale list (the opt-in `--stale-gc` schedule, beside ADDs): the
+ * agent may reclaim an unlisted attachment older than its grace period at the moment
+ * its pass planned, some time between `sentAt` and `endAt` (the answer, or the next
+ * agent kill when the call was cut off with the agent alive; null while neither came).
+ */
+export interface StaleGcWindow {
+  sentAt: number;
+  endAt: number | null;
+  /** The keys (`containerId/ifName`) its valid list named. */
+  valid: Set<string>;
 }
 
 /** An older sandbox of a pod: its namespace still exists after a newer one was made. */
@@ -113,13 +134,23 @@ export class Model {
   readonly runId: string;
   readonly pods: PodRecord[];
   readonly keys = new Map<string, KeyRecord>();
+  /** Stale CNI GCs sent so far (the `--stale-gc` schedule). */
+  readonly staleGcs: StaleGcWindow[] = [];
+  /** The agent's GC grace period (ms): a stale list cannot take a younger attachment. */
+  readonly graceMs: number;
   readonly #t0: number;
   round = 0;
 
-  constructor(runId: string, pods: PodRecord[], t0 = performance.now()) {
+  constructor(
+    runId: string,
+    pods: PodRecord[],
+    t0 = performance.now(),
+    graceMs = 0,
+  ) {
     this.runId = runId;
     this.pods = pods;
     this.#t0 = t0;
+    this.graceMs = graceMs;
   }
 
   /** Milliseconds since the run started. */
@@ -147,6 +178,8 @@ export class Model {
         added: null,
         reclaimable: null,
         delDeferred: false,
+        addSince: null,
+        staleExcused: null,
         history: [],
       };
       this.keys.set(k, r);
@@ -197,7 +230,71 @@ export class Model {
   /** Whether an acknowledged ADD must still be intact (device in its live pod, recorded). */
   mustBeIntact(k: KeyRecord): boolean {
     const pod = this.pods[k.pod];
-    return k.status === "added" && k.reclaimable === null && pod.exists && pod.gen === k.netnsGen;
+    return k.status === "added" && k.reclaimable === null && pod.exists &&
+      pod.gen === k.netnsGen && this.staleExcuse(k) === null;
+  }
+
+  /**
+   * Why a stale CNI GC may have taken the key (null: none could): one that did not list
+   * it and whose pass could have planned when the key's attachment was past the grace
+   * period. A pass plans before its answer (`endAt`), and the attachment was made after
+   * `addSince`; with no answer yet, any time up to now.
+   */
+  staleExcuse(k: KeyRecord, now = Date.now()): string | null {
+    if (k.staleExcused !== null) return k.staleExcused;
+    for (const w of this.staleGcs) {
+      const why = this.#excuse(k, w, w.endAt ?? now);
+      if (why) return why;
+    }
+    return null;
+  }
+
+  #excuse(k: KeyRecord, w: StaleGcWindow, end: number): string | null {
+    if (k.addSince === null || w.valid.has(`${k.containerId}/${k.ifName}`)) {
+      return null;
+    }
+    const age = end - k.addSince;
+    if (age < this.graceMs) return null;
+    return `left out of a stale CNI GC list (sent ${w.sentAt - k.addSince} ms after its first ` +
+      `ADD) whose pass may have planned up to ${age} ms after it, past the grace ${this.graceMs} ms`;
+  }
+
+  /** Records a stale CNI GC being sent (returned so its answer can close it). */
+  staleGcSent(valid: Set<string>): StaleGcWindow {
+    const w: StaleGcWindow = { sentAt: Date.now(), endAt: null, valid };
+    this.staleGcs.push(w);
+    return w;
+  }
+
+  /**
+   * A stale CNI GC's pass is over (answered, or the agent killed): what it may have
+   * taken is marked on the keys (for the rest of their life), and it is forgotten.
+   */
+  staleGcEnded(w: StaleGcWindow, at = Date.now()): void {
+    const i = this.staleGcs.indexOf(w);
+    if (i < 0) return;
+    this.staleGcs.splice(i, 1);
+    w.endAt = at;
+    for (const k of this.keys.values()) {
+      if (k.staleExcused !== null) continue;
+      const why = this.#excuse(k, w, at);
+      if (why) {
+        k.staleExcused = why;
+        this.note(k, `may be reclaimed: ${why}`);
+      }
+    }
+  }
+
+  /** The agent was killed: no pass of a stale GC sent before goes on after this. */
+  agentKilled(): void {
+    const now = Date.now();
+    for (const w of [...this.staleGcs]) this.staleGcEnded(w, now);
+  }
+
+  /** The key's attachment is gone for sure (DEL acknowledged, ADD refused): a new life. */
+  released(k: KeyRecord): void {
+    k.addSince = null;
+    k.staleExcused = null;
   }
 
   /** Every key whose device is known to have been put in `pod`'s current namespace. */

@@ -59,6 +59,12 @@ export const StressOptionsSchema = z.object({
    * it at the pod's one path (the default: a stale path then names a newer namespace).
    */
   freshPaths: z.boolean(),
+  /**
+   * The stale-GC schedule: CNI GC is sent beside ADDs and DELs with a valid list taken a
+   * while before (a runtime that breaks the spec's exclusivity rule, or a second tool);
+   * needs a grace period, which is what protects a young attachment from such a list.
+   */
+  staleGc: z.boolean(),
   /** Run the planted violations (the checker must catch each). */
   plant: z.boolean(),
   /** Stop at the first violation. */
@@ -74,6 +80,10 @@ export const StressOptionsSchema = z.object({
   /** Write the whole report as JSON here. */
   out: z.string().optional(),
   verbose: z.boolean(),
+}).refine((o) => !o.staleGc || o.graceSeconds > 0, {
+  path: ["grace-seconds"],
+  message: "The stale-GC schedule needs a grace period above 0: it is what keeps a stale " +
+    "list from taking an attachment that was just made",
 });
 /** Everything a stress run is told. */
 export type StressOptions = z.infer<typeof StressOptionsSchema>;
@@ -94,6 +104,7 @@ export function defaultOptions(
     startupKillRate: 0.3,
     ops: { ...DEFAULT_OP_WEIGHTS },
     freshPaths: false,
+    staleGc: false,
     plant: true,
     stopOnViolation: false,
     fuzz: false,
@@ -126,6 +137,8 @@ SIGKILLed mid-call; after every restart the state, the provider and the kernel a
   Object.entries(DEFAULT_OP_WEIGHTS).map(([k, v]) => `${k}=${v}`).join(",")
 })
   --fresh-paths       a new path for each new pod namespace (default: re-created at the same path)
+  --stale-gc          send CNI GC beside ADDs and DELs with a list taken a while before (as a
+                      runtime breaking the spec's rule would); --grace-seconds defaults to 2 then
   --no-plant          skip the planted violations the checker must catch
   --stop-on-violation stop at the first violation
   --fuzz              also run the full fuzz after the stress
@@ -155,6 +168,7 @@ export function parseOptions(argv: string[]): StressOptions | "help" {
       ops: { type: "string" },
       "no-plant": { type: "boolean" },
       "fresh-paths": { type: "boolean" },
+      "stale-gc": { type: "boolean" },
       "stop-on-violation": { type: "boolean" },
       fuzz: { type: "boolean" },
       "fuzz-only": { type: "boolean" },
@@ -194,11 +208,13 @@ export function parseOptions(argv: string[]): StressOptions | "help" {
     pods: num("pods", values.pods) ?? d.pods,
     enis: num("enis", values.enis) ?? d.enis,
     minutes: num("minutes", values.minutes) ?? d.minutes,
-    graceSeconds: num("grace-seconds", values["grace-seconds"]) ?? d.graceSeconds,
+    graceSeconds: num("grace-seconds", values["grace-seconds"]) ??
+      (values["stale-gc"] ? 2 : d.graceSeconds),
     startupKillRate: num("startup-kill-rate", values["startup-kill-rate"]) ?? d.startupKillRate,
     ops,
     plant: !values["no-plant"],
     freshPaths: values["fresh-paths"] ?? false,
+    staleGc: values["stale-gc"] ?? false,
     stopOnViolation: values["stop-on-violation"] ?? false,
     fuzz: values.fuzz ?? false,
     fuzzOnly: values["fuzz-only"] ?? false,

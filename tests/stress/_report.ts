@@ -27,6 +27,7 @@ export function reproduce(o: StressOptions): string {
   if (o.pods !== 10) parts.push(`--pods ${o.pods}`);
   if (o.enis !== 6) parts.push(`--enis ${o.enis}`);
   if (o.freshPaths) parts.push("--fresh-paths");
+  if (o.staleGc) parts.push("--stale-gc");
   if (o.graceSeconds !== 0) parts.push(`--grace-seconds ${o.graceSeconds}`);
   if (o.startupKillRate !== 0.3) parts.push(`--startup-kill-rate ${o.startupKillRate}`);
   const ops = Object.entries(o.ops).filter(([k, v]) =>
@@ -61,6 +62,13 @@ export function formatReport(r: StressReport): string {
     } ms (${f.restartMs.length} starts)`,
   );
   lines.push(`invariant checks: ${f.checks}`);
+  if (r.options.staleGc || f.gcLeft.young || f.gcLeft.confirmed) {
+    lines.push(
+      `GC left alone (agent log): ${f.gcLeft.young} young attachments a CNI GC did not list, ` +
+        `${f.gcLeft.confirmed} confirmed by an ADD after the pass was asked for; ` +
+        `keys a stale list may have taken (past the grace period): ${f.gcLeft.excused}`,
+    );
+  }
   if (f.delDeferred) {
     lines.push(
       `DELs the plugin acknowledged alone (agent down, namespace gone; left to the GC): ${f.delDeferred}`,

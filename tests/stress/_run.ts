@@ -90,7 +90,12 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
     busy: false,
     old: [],
   }));
-  const model = new Model(runId, pods);
+  const model = new Model(
+    runId,
+    pods,
+    performance.now(),
+    opts.graceSeconds * 1000,
+  );
   const ctx = new StressContext(node, model, opts);
   const ops = new Operations(ctx);
   const plants: PlantResult[] = [];
@@ -127,6 +132,7 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
     // Before the signal: an operation that ends after it has seen the agent die.
     ctx.agentEpoch++;
     const phase = await a.kill(phaseHint);
+    model.agentKilled();
     const t = a.times;
     if (t.started !== undefined && t.reconciled !== undefined) {
       lastTimes.started = t.started;
@@ -330,6 +336,8 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
   } finally {
     ctx.stop();
     killLivePlugins();
+    await countGcLeft(node.logPath, ctx.figures).catch(() => {});
+    ctx.figures.gcLeft.excused = [...model.keys.values()].filter((k) => k.staleExcused).length;
     if (agent) await (agent as AgentRun).kill(0).catch(() => {});
     await Promise.allSettled(loops);
     if (ctx.violations.size > 0) logDir = await keepLogs(node, opts.seed).catch(() => null);
@@ -347,6 +355,20 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
     finalGc,
     logDir,
   };
+}
+
+/** Counts, in the agent's log, the attachments GC passes left alone and why. */
+async function countGcLeft(logPath: string, figures: Figures): Promise<void> {
+  const text = await Deno.readTextFile(logPath);
+  for (const line of text.split("\n")) {
+    if (line.includes('"GC leaves a young attachment a CNI GC did not list"')) {
+      figures.gcLeft.young++;
+    } else if (
+      line.includes('"GC leaves an attachment an ADD confirmed after the pass')
+    ) {
+      figures.gcLeft.confirmed++;
+    }
+  }
 }
 
 /** The agent did not come back after a kill: the run ends (reported as a violation). */

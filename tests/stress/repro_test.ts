@@ -9,6 +9,11 @@
  *    name, its MAC "restored" to the older ENI's) out of the live pod. Fixed: a
  *    device found only by its pod name must carry no mark of another ENI (its
  *    alias, its `enim<MAC>` altname; `netns/commands.ts` pickDevice).
+ * 2. A CNI GC whose valid list was taken before an ADD answered (sent beside ADDs, as
+ *    `deno task stress --stale-gc` does; issue 25 point 1) took the attachment of a pod
+ *    that had just started: its CHECK then answered "not known to the agent" while the
+ *    pod kept its device. Fixed: the list alone never takes an attachment younger than
+ *    the grace period (`manager/gc.ts`).
  */
 import { z } from "zod";
 import { assertEquals } from "../../lib/assert.ts";
@@ -60,5 +65,47 @@ Deno.test({
     );
     const atts = await node.client.attachments();
     assertEquals(atts.map((a) => [a.containerId, a.state]), [["c-new", "ready"]]);
+  },
+});
+
+Deno.test({
+  name: "a CNI GC whose list predates an ADD leaves the pod that has just started its ENI",
+  ignore: !AS_ROOT,
+  async fn() {
+    await using node = await SimulatedNode.start({
+      mock: { enis: 3 },
+      gc: { graceSeconds: 60 },
+    });
+    const older = await node.vpc.pod("older");
+    await node.add(older);
+    // The runtime's list names the attachments it knew when it took it: only "older".
+    const stale = node.netconf("1.1.0", {
+      "cni.dev/valid-attachments": [{ containerID: "c-older", ifname: "eth0" }],
+    });
+    // Then a pod starts and its ADD answers, and then the GC with that list arrives.
+    const young = await node.vpc.pod("young");
+    const added = await node.add(young);
+    const gc = await node.cni("GC", { config: stale });
+    assertEquals(gc.code, 0, gc.stdout + gc.stderr);
+    const check = await node.cni("CHECK", {
+      ...node.podCall(young),
+      config: node.netconf("1.1.0", { prevResult: added }),
+    });
+    assertEquals(
+      check.code,
+      0,
+      `CHECK of the young pod: ${check.stdout}${check.stderr}`,
+    );
+    assertEquals(
+      (await node.client.attachments()).map((a) => [a.containerId, a.state])
+        .sort(),
+      [["c-older", "ready"], ["c-young", "ready"]],
+    );
+    const log = await node.agentLog();
+    assertEquals(
+      log.includes("GC leaves a young attachment a CNI GC did not list"),
+      true,
+      "the agent logs what it left and why",
+    );
   },
 });

@@ -6,7 +6,7 @@
  */
 import type { DatabaseSync } from "node:sqlite";
 import { openDatabase } from "../../lib/sqlite.ts";
-import { nullLogger } from "../../lib/log.ts";
+import { type Logger, nullLogger } from "../../lib/log.ts";
 import mock, {
   type MockConfigInput,
   MockConfigSchema,
@@ -107,6 +107,8 @@ export interface NodeOptions {
   stickyHoldMs?: number;
   /** The node name in cloud descriptions (default: descriptions off). */
   describeAs?: string;
+  /** The manager's and the provider's logger (default: none). */
+  log?: Logger;
 }
 
 /** Builds a node and runs reconcile once (as the agent does at start-up). */
@@ -120,7 +122,7 @@ export async function makeNode(o: NodeOptions = {}): Promise<Node> {
     const db = openDatabase(path);
     const m = await mock.create(cfg, {
       db,
-      log: nullLogger,
+      log: o.log ?? nullLogger,
       deviceSimulator: devices.simulator(),
     }) as MockProvider;
     const provider = new ControlledProvider(m);
@@ -128,7 +130,7 @@ export async function makeNode(o: NodeOptions = {}): Promise<Node> {
       db,
       provider,
       devices,
-      log: nullLogger,
+      log: o.log ?? nullLogger,
       gcGraceMs: o.graceMs ?? 60_000,
       now: clock.now,
       livenessSources: o.livenessSources,
