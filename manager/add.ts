@@ -110,6 +110,7 @@ export async function addPinned(
           profile: req.profile,
           ...(req.securityGroupIds ? { securityGroupIds: req.securityGroupIds } : {}),
           ...(held ? { takeOver: ownerOf(held) } : {}),
+          ...(req.sticky ? { sticky: true } : {}),
         })),
     );
     allocated = true;

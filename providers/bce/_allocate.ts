@@ -347,6 +347,9 @@ export async function deallocate(core: BceCore, owner: Owner): Promise<void> {
       owner,
       lost: row.lost_reason,
     });
+    // A zone-sticky pod's ENI left with its pod's record (another node took it from
+    // this stopped one): it is the pod's, not ours to clean up.
+    if (row.sticky) return;
     // Detached (not deleted) out of band: it may still exist, ours and available.
     core.track(
       dispose(core, row.eni_id, crypto.randomUUID(), "lost ENI released").catch((e) =>

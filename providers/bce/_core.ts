@@ -18,7 +18,14 @@
  *
  * @module
  */
-import { DEFAULT_PROFILE, type ProviderContext, ProviderError } from "../contract.ts";
+import {
+  DEFAULT_PROFILE,
+  type ProviderContext,
+  ProviderError,
+  type StickyEvent,
+  type StickyPolicy,
+} from "../contract.ts";
+import type { BceEni } from "./client.ts";
 import type { Logger } from "../../lib/log.ts";
 import type { BceClient } from "./client.ts";
 import { BceStore } from "./_store.ts";
@@ -38,6 +45,10 @@ export interface BceTimings {
   quarantineRetryMs: number;
   minPassGapMs: number;
   jitter: number;
+  /** Other nodes delete an expired parked ENI only this long after its expiry (clock skew). */
+  parkedExpiryGraceMs: number;
+  /** How long the shared index of zone-sticky ENIs serves lookups (BCE ignoring the name filter). */
+  stickyIndexTtlMs: number;
 }
 
 /** A profile as the provider runs it: where its ENIs live, their groups, its warm pool. */
@@ -54,6 +65,8 @@ export interface BceProfile {
   namespaces: string[] | null;
   /** The groups a pod may name inline (empty: inline groups are off). */
   allowedSecurityGroupIds: string[];
+  /** How far its sticky pods keep their ENI (`zone`: parked in the VPC, claimed by any node). */
+  sticky: StickyPolicy;
 }
 
 /** Settings of the BCE provider (resolved from the config). */
@@ -69,6 +82,8 @@ export interface BceProviderOptions {
   subnetIpv6Cidrs?: Record<string, string>;
   namePrefix: string;
   description: string;
+  /** The cluster's id in zone-sticky records; null: no profile has zone scope. */
+  clusterId: string | null;
   /** A cap on the node limit, and its fallback when BCE does not tell. */
   maxEnisPerNode?: number;
   /** IPv6 on new ENIs. */
@@ -139,6 +154,18 @@ export class BceCore {
   readonly profiles: ReadonlyMap<string, BceProfile>;
   /** Asks for a pool pass soon (set by the provider once its loop runs). */
   kick: () => void = () => {};
+  /** Known subnet zones (null: the subnet's detail did not say), by subnet id. */
+  readonly zones = new Map<string, string | null>();
+  /** The park or claim (rollback) running on an ENI, by ENI id: a claim of it waits for it. */
+  readonly eniTasks = new Map<string, Promise<void>>();
+  /** Whether BCE was seen ignoring the list's name filter (lookups then use the index). */
+  nameFilterIgnored = false;
+  /** The shared index of this VPC's zone-sticky ENIs, by name (when the name filter is ignored). */
+  stickyIndex: { at: number; map: Map<string, BceEni[]> } | null = null;
+  /** The whole-VPC list that refreshes the index now. */
+  stickyIndexLoading: Promise<Map<string, BceEni[]>> | null = null;
+  /** Counts a zone-wide sticky event (the agent's metrics). */
+  readonly events: { sticky(event: StickyEvent, profile: string | null): void };
 
   constructor(opts: BceProviderOptions, ctx: ProviderContext) {
     this.o = opts;
@@ -149,6 +176,9 @@ export class BceCore {
     for (const [k, v] of Object.entries(opts.subnetCidrs ?? {})) this.cidrs.set(k, v);
     for (const [k, v] of Object.entries(opts.subnetIpv6Cidrs ?? {})) this.cidrs6.set(k, v);
     this.store = new BceStore(ctx.db);
+    this.events = {
+      sticky: (event, profile) => ctx.stickyEvent?.(event, profile ?? DEFAULT_PROFILE),
+    };
     this.profiles = new Map(opts.profiles.map((p) => [p.name, p]));
     if (!this.profiles.has(DEFAULT_PROFILE)) {
       throw new Error(`The BCE provider needs a "${DEFAULT_PROFILE}" profile`);

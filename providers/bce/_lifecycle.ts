@@ -23,6 +23,7 @@ import { BceApiError, isEniGone } from "./errors.ts";
 import type { IntentRow } from "./_store.ts";
 import { type BceCore, BceStuckError, type Disposal } from "./_core.ts";
 import { profileGroups, recordOf, wantIpv6 } from "./_convert.ts";
+import { decodeRecord } from "./_sticky.ts";
 import { slotsUsed } from "./_slots.ts";
 
 /**
@@ -244,6 +245,14 @@ export async function dispose(
   if (!core.isOurs(d)) {
     core.log.warn("Refusing to delete an ENI without our marker", { eniId, name: d.name });
     return "not-ours";
+  }
+  if (d.status === "available" && decodeRecord(d.description)?.state === "parked") {
+    // A zone-sticky pod's parked ENI: kept for its pod, deleted only when its hold expires.
+    core.log.info("Not deleting a parked ENI: it is kept for its pod until its hold expires", {
+      eniId,
+      why,
+    });
+    return "elsewhere";
   }
   const me = core.o.instanceId;
   if (d.instanceId && d.instanceId !== me && d.status !== "available") {

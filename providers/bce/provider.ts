@@ -29,6 +29,10 @@
  *   says so at once).
  * - **Descriptions** ({@linkcode BceProvider.describeENI}): one `modifyAttribute`
  *   call names the owning pod; another puts the configured description back.
+ * - **Zone-wide sticky pods** (`_sticky.ts` the record, `_park.ts`, `_claim.ts`):
+ *   a profile with `sticky.scope: "zone"` parks its sticky pods' ENIs in the VPC
+ *   ({@linkcode BceProvider.parkENI}) and claims them back on any node of the zone
+ *   (`AllocationRequest.sticky`); the cloud's exclusive attach is the arbiter.
  * - **Status** (`_status.ts`).
  *
  * @module
@@ -52,6 +56,7 @@ import { PassScheduler } from "./_schedule.ts";
 import { BceCore, type BceProviderOptions } from "./_core.ts";
 import { cidr6Of, cidrOf, toEni } from "./_convert.ts";
 import { allocate, deallocate } from "./_allocate.ts";
+import { park } from "./_park.ts";
 import { ensureSynced, loseOrDrop, sync } from "./_reconcile.ts";
 import { poolPass } from "./_pool.ts";
 import { resolveLimit } from "./_slots.ts";
@@ -153,6 +158,24 @@ export class BceProvider implements Provider {
   }
 
   /**
+   * Parks the ENI `owner` holds in the VPC for its zone-sticky pod until `until`
+   * (`_park.ts`): recorded at once, detached in the background. A profile of
+   * node scope (or an ENI the cloud no longer has here) just frees it.
+   */
+  async parkENI(owner: Owner, o: { until: number }): Promise<void> {
+    const own = OwnerSchema.parse(owner);
+    const running = this.#ownerOps.get(keyOf(own));
+    if (running) await running.catch(() => {});
+    const row = this.#core.store.rowOf(own);
+    const profile = row ? this.#core.profiles.get(row.profile) : undefined;
+    if (!row || !profile || profile.sticky.scope !== "zone" || this.#core.o.clusterId === null) {
+      await deallocate(this.#core, own);
+      return;
+    }
+    park(this.#core, own, o.until);
+  }
+
+  /**
    * Each profile (`default` first) with its subnet CIDRs (configured, or looked up
    * at start: a subnet BCE did not answer for shows none until a later lookup).
    */
@@ -168,6 +191,7 @@ export class BceProvider implements Provider {
         enterpriseSecurityGroupIds: [...p.enterpriseSecurityGroupIds],
         namespaces: p.namespaces === null ? null : [...p.namespaces],
         allowedSecurityGroupIds: [...p.allowedSecurityGroupIds],
+        sticky: { ...p.sticky },
       };
     });
   }

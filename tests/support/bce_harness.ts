@@ -77,6 +77,8 @@ export interface TestEnv {
   provider: BceProvider;
   /** MACs whose device "appeared" (the fake's onAttach hook). */
   devices: Set<string>;
+  /** Zone-wide sticky events the providers counted, as `<event>:<profile>`. */
+  events: string[];
   /** A second provider on the same database (a restart). */
   restart(config?: Record<string, unknown>): Promise<BceProvider>;
   close(): Promise<void>;
@@ -142,6 +144,7 @@ export async function setup(opts: SetupOptions = {}): Promise<TestEnv> {
     };
   }
   const db = opts.db ?? new DatabaseSync(":memory:");
+  const events: string[] = [];
   const providers: BceProvider[] = [];
   const env = (n: string) =>
     ({
@@ -163,6 +166,7 @@ export async function setup(opts: SetupOptions = {}): Promise<TestEnv> {
     const p = await createBce(config, {
       db,
       log: testLogger(),
+      stickyEvent: (event, profile) => events.push(`${event}:${profile}`),
       waitForDevice: async (mac, timeoutMs) => {
         const deadline = Date.now() + timeoutMs;
         while (!devices.has(mac)) {
@@ -180,6 +184,7 @@ export async function setup(opts: SetupOptions = {}): Promise<TestEnv> {
     db,
     provider,
     devices,
+    events,
     restart: make,
     async close() {
       for (const p of providers) await p.close();
