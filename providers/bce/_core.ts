@@ -213,6 +213,23 @@ export class BceCore {
     return p;
   }
 
+  /**
+   * Runs `fn` after every earlier cloud-record write of the ENI (its name and
+   * description): an owned record written after the ADD never lands after the
+   * parked record of the DEL that followed.
+   */
+  serialRecord<T>(eniId: string, fn: () => Promise<T>): Promise<T> {
+    const prev = this.#records.get(eniId) ?? Promise.resolve();
+    const next = prev.then(fn);
+    const tail = next.then(() => {}, () => {});
+    this.#records.set(eniId, tail);
+    tail.then(() => {
+      if (this.#records.get(eniId) === tail) this.#records.delete(eniId);
+    });
+    return next;
+  }
+  readonly #records = new Map<string, Promise<void>>();
+
   /** Runs `p` in the background; `close()` waits for it. */
   track(p: Promise<unknown>): void {
     this.bg.add(p);

@@ -17,7 +17,8 @@
  * it), or gone; an ENI whose hold has expired is deleted here, by the node that
  * parked it (its own clock, no skew). A node that died with ENIs parked leaves
  * them to the orphan scan of any node ({@linkcode sweepParked}), which deletes
- * expired ones a grace period after their expiry (clocks differ). BCE deletes
+ * expired ones a grace period after their expiry (clocks differ), and parks for
+ * {@linkcode STRAY_HOLD_MS} an ENI left available with an `owned` record. BCE deletes
  * an `available` ENI once: of several nodes sweeping, one delete succeeds and
  * counts the expiry; the others find it gone, or claimed (attaching).
  *
@@ -30,7 +31,14 @@ import type { IntentRow } from "./_store.ts";
 import type { BceCore } from "./_core.ts";
 import { readEni } from "./_lifecycle.ts";
 import { sleep } from "../../lib/async.ts";
-import { decodeRecord, encodeRecord, isStickyName, stickyName, stickyPrefix } from "./_sticky.ts";
+import {
+  decodeRecord,
+  encodeRecord,
+  isStickyName,
+  stickyName,
+  stickyPrefix,
+  type StickyRecord,
+} from "./_sticky.ts";
 
 /**
  * Parks the ENI `owner` holds until `until` (epoch ms): recorded now, carried out
@@ -77,7 +85,7 @@ export function park(core: BceCore, owner: Owner, until: number): void {
 /**
  * Parks again a zone-sticky pod's ENI found attached here with no record of it
  * (a lost database): for the pod its record names, until the record's expiry (an
- * `owned` record: one grace period from now). False when its record is unreadable.
+ * `owned` record: {@linkcode STRAY_HOLD_MS} from now). False when its record is unreadable.
  */
 export function parkStray(core: BceCore, e: BceEni): boolean {
   const r = decodeRecord(e.description);
@@ -90,7 +98,7 @@ export function parkStray(core: BceCore, e: BceEni): boolean {
     return false;
   }
   const token = crypto.randomUUID();
-  const until = r.until ?? Date.now() + core.t.parkedExpiryGraceMs;
+  const until = r.until ?? Date.now() + STRAY_HOLD_MS;
   const intent = core.store.parkUntracked(e.eniId, {
     id: token,
     kind: "park",
@@ -123,11 +131,14 @@ export function runTask(core: BceCore, intent: IntentRow, fn: () => Promise<void
   core.active.add(intent.id);
   const eniId = intent.eni_id!;
   const task = fn().catch((e) => {
-    core.log.warn("A sticky ENI's park did not finish; the next pool pass retries it", {
-      eniId,
-      intent: intent.id,
-      error: e,
-    });
+    core.log.warn(
+      "A sticky ENI's park (or the rollback of its claim) did not finish; the next pool pass retries it",
+      {
+        eniId,
+        intent: intent.id,
+        error: e,
+      },
+    );
   }).finally(() => {
     core.active.delete(intent.id);
     if (core.eniTasks.get(eniId) === task) core.eniTasks.delete(eniId);
@@ -145,11 +156,6 @@ export async function finishPark(core: BceCore, intent: IntentRow): Promise<void
     core.store.endPark(intent.id, eniId, false);
     core.log.info(`The sticky pod's ENI was not parked: ${why}`, { eniId, pod, ...fields });
   };
-  let d = await readEni(core, eniId);
-  if (d === null) return done("it is gone from the cloud");
-  if (d.instanceId && d.instanceId !== me) {
-    return done(`it is attached to instance "${d.instanceId}"`, { instanceId: d.instanceId });
-  }
   const name = await stickyName(core.o.namePrefix, core.o.clusterId!, pod, ifName);
   const description = encodeRecord({
     state: "parked",
@@ -159,8 +165,19 @@ export async function finishPark(core: BceCore, intent: IntentRow): Promise<void
     until,
     by: me,
   });
-  if (d.name !== name || d.description !== description) {
-    await core.client.updateEni(eniId, { name, description }, `${intent.client_token}-record`);
+  // After any owned record still on its way (the ADD's), never before it.
+  let d = await core.serialRecord(eniId, async () => {
+    const d = await readEni(core, eniId);
+    if (d && (!d.instanceId || d.instanceId === me)) {
+      if (d.name !== name || d.description !== description) {
+        await core.client.updateEni(eniId, { name, description }, `${intent.client_token}-record`);
+      }
+    }
+    return d;
+  });
+  if (d === null) return done("it is gone from the cloud");
+  if (d.instanceId && d.instanceId !== me) {
+    return done(`it is attached to instance "${d.instanceId}"`, { instanceId: d.instanceId });
   }
   if (d.status === "inuse" && d.instanceId === me) {
     try {
@@ -256,13 +273,41 @@ export async function sweepParked(core: BceCore, listed: BceEni[]): Promise<bool
   for (const e of listed) {
     if (e.status !== "available" || !e.name.startsWith(prefix)) continue;
     const r = decodeRecord(e.description);
-    if (!r || r.state !== "parked" || r.cluster !== core.o.clusterId) continue;
+    if (!r || r.cluster !== core.o.clusterId) continue;
+    if (r.state === "owned") {
+      await adoptStray(core, e, r);
+      continue;
+    }
     if (r.until! + core.t.parkedExpiryGraceMs > Date.now()) continue;
     if (await expire(core, e, null, `its hold expired at ${new Date(r.until!).toISOString()}`)) {
       found = true;
     }
   }
   return found;
+}
+
+/**
+ * How long an ENI found in the VPC with an `owned` record (its instance was
+ * released with it, or a take from a stopped node was cut short) is kept for its
+ * pod: the first node whose orphan scan sees it parks it for this long.
+ */
+export const STRAY_HOLD_MS = 10 * 60_000;
+
+/** Gives an available ENI with an owned record a parked one (see {@linkcode STRAY_HOLD_MS}). */
+async function adoptStray(core: BceCore, e: BceEni, r: StickyRecord): Promise<void> {
+  const until = Date.now() + STRAY_HOLD_MS;
+  const description = encodeRecord({ ...r, state: "parked", until, by: core.o.instanceId });
+  try {
+    await core.client.updateEni(e.eniId, { name: e.name, description }, crypto.randomUUID());
+    core.log.info("A zone-sticky ENI left in the VPC without a hold is parked for its pod", {
+      eniId: e.eniId,
+      pod: r.pod,
+      ownedBy: r.by,
+      until: new Date(until).toISOString(),
+    });
+  } catch (err) {
+    core.log.warn("Cannot park a zone-sticky ENI left in the VPC", { eniId: e.eniId, error: err });
+  }
 }
 
 /**

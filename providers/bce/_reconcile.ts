@@ -14,7 +14,7 @@
  * 3. quarantined ENIs are tried again now and then (in the background);
  * 4. intents nobody works on (a crash, a failed cleanup) are finished or cleaned up
  *    (a create that waits for the release of the ENI it displaces, after it; a
- *    zone-sticky pod's park is finished);
+ *    zone-sticky pod's park is finished, its claim rolled back: parked again);
  * 5. orphans (whole-VPC list only, `_orphans.ts`).
  *
  * @module
@@ -27,6 +27,7 @@ import { profileOfDetail, recordOf } from "./_convert.ts";
 import { cleanup, dispose, finishCreate, readEni, release } from "./_lifecycle.ts";
 import { collectOrphans } from "./_orphans.ts";
 import { finishPark, parkStray, runTask, stickyNamed } from "./_park.ts";
+import { rollbackClaim } from "./_claim.ts";
 import { releaseUntracked } from "./_slots.ts";
 
 /** Runs one sync, or joins the one running; resolves to whether anything changed. */
@@ -154,8 +155,13 @@ async function reconcile(core: BceCore, scan: boolean): Promise<boolean> {
       intent.kind === "create" && intent.phase === "active" && intent.after_release !== null &&
       core.store.intent(intent.after_release) !== null
     ) continue;
-    if (intent.kind === "park") {
-      runTask(core, intent, () => finishPark(core, intent));
+    if (intent.kind === "park" || intent.kind === "claim") {
+      // A claim left unfinished belongs to an ADD the manager rolls back: so is it.
+      runTask(
+        core,
+        intent,
+        () => intent.kind === "park" ? finishPark(core, intent) : rollbackClaim(core, intent),
+      );
       changed = true;
       continue;
     }

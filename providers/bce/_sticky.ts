@@ -88,6 +88,14 @@ export function decodeRecord(description: string | null | undefined): StickyReco
   return r.data;
 }
 
+/**
+ * Whether a description is a parked record: the ENI is kept for its pod, deleted
+ * only when its hold expires (never as anyone's leftover).
+ */
+export function isParked(description: string | null | undefined): boolean {
+  return decodeRecord(description)?.state === "parked";
+}
+
 /** Whether a record names `pod` (a cut pod name matches by its prefix). */
 export function recordNames(r: StickyRecord, pod: string, ifName: string): boolean {
   if (r.ifName !== ifName) return false;

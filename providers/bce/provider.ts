@@ -57,6 +57,7 @@ import { BceCore, type BceProviderOptions } from "./_core.ts";
 import { cidr6Of, cidrOf, toEni } from "./_convert.ts";
 import { allocate, deallocate } from "./_allocate.ts";
 import { park } from "./_park.ts";
+import { keepFindable, markOwned, zoneScoped } from "./_owned.ts";
 import { ensureSynced, loseOrDrop, sync } from "./_reconcile.ts";
 import { poolPass } from "./_pool.ts";
 import { resolveLimit } from "./_slots.ts";
@@ -139,7 +140,14 @@ export class BceProvider implements Provider {
     const key = keyOf(o);
     const running = this.#ownerOps.get(key);
     if (running) return await running;
-    const p = allocate(this.#core, o, req);
+    const core = this.#core;
+    const p = allocate(core, o, req).then((eni) => {
+      // A zone-sticky pod's ENI stays findable in the cloud while the pod owns it.
+      if (req.sticky && zoneScoped(core, core.profile(req.profile))) {
+        keepFindable(core, eni.id, o.pod);
+      }
+      return eni;
+    });
     this.#ownerOps.set(key, p);
     try {
       return await p;
@@ -198,7 +206,8 @@ export class BceProvider implements Provider {
 
   /**
    * Sets the ENI's description in BCE (`PUT /v1/eni/{id}?modifyAttribute`): `text`
-   * while a pod owns it, the configured description again when `text` is null.
+   * while a pod owns it (a zone-sticky pod's: its owned record and sticky name),
+   * the configured description again when `text` is null.
    * No call when BCE shows that text already, or when the ENI is not the
    * provider's any more (released, or lost).
    */
@@ -212,6 +221,8 @@ export class BceProvider implements Provider {
       });
       return;
     }
+    // A zone-sticky pod's ENI carries its pod's record instead (which names the pod).
+    if (row.sticky && text !== null) return await markOwned(core, eniId);
     if (row.description === description) return;
     await core.client.updateEni(eniId, {
       ...(row.name !== null ? { name: row.name } : {}),
