@@ -29,12 +29,7 @@
  */
 import { assert, assertEquals } from "../lib/assert.ts";
 import type { Owner } from "../providers/contract.ts";
-import {
-  INSTANCE,
-  setup,
-  startFake,
-  type TestEnv,
-} from "./support/bce_harness.ts";
+import { INSTANCE, setup, startFake, type TestEnv } from "./support/bce_harness.ts";
 import type { FakeBce, FakeRequestRecord } from "./support/bce_fake.ts";
 
 /** Real milliseconds per simulated second. */
@@ -143,9 +138,7 @@ async function measure(
     const describe = (id: string, text: string | null) =>
       tails.set(
         id,
-        (tails.get(id) ?? Promise.resolve()).then(() =>
-          env.provider.describeENI(id, text)
-        ),
+        (tails.get(id) ?? Promise.resolve()).then(() => env.provider.describeENI(id, text)),
       );
     const adds = await drive(
       async (o) => {
@@ -172,13 +165,9 @@ async function measure(
       byOp,
       passes: env.provider.passes - passes0,
       nodeLists: window.filter((r) => opOf(r) === "ListEni(node)").length,
-      scans: window.filter((r) =>
-        opOf(r) === "ListEni(VPC scan page)" && !("marker" in r.query)
-      )
+      scans: window.filter((r) => opOf(r) === "ListEni(VPC scan page)" && !("marker" in r.query))
         .length,
-      descriptions: window.filter((r) =>
-        opOf(r) === "UpdateEni(description)"
-      ).length,
+      descriptions: window.filter((r) => opOf(r) === "UpdateEni(description)").length,
       adds,
     };
   } finally {
@@ -450,9 +439,7 @@ Deno.test({
         }]`,
         `    an hour with the pod moving every minute: ${r.moves} moves, ${r.hourTotal} calls for both nodes (${
           (r.hourTotal / 2).toFixed(0)
-        }/node/hour; the same two nodes idle: ${r.idle}/hour) [${
-          showOps(r.hour)
-        }]`,
+        }/node/hour; the same two nodes idle: ${r.idle}/hour) [${showOps(r.hour)}]`,
       );
     }
     console.log(lines.join("\n"));
