@@ -19,6 +19,9 @@ import { FakeBceProcess, type FakeBceState } from "./support/bce_fake_main.ts";
 import { LoopbackRelay } from "./support/loopback_relay.ts";
 import type { NetnsHandle } from "./support/vpc.ts";
 import { decodeRecord } from "../providers/bce/_sticky.ts";
+import { mulberry32 } from "../lib/rng.ts";
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 const ROOT = Deno.uid() === 0;
 const SUBNET = "10.97.0.0/24";
@@ -36,7 +39,7 @@ function bceSettings(extraTimeouts: Record<string, number> = {}) {
     clusterId: "e2e",
     securityGroupIds: ["g-sticky01"],
     warmPool: { minIdle: 0, maxIdle: 4 },
-    maxEnisPerNode: 4,
+    maxEnisPerNode: 8,
     sticky: { scope: "zone", nodeHoldSeconds: 0 },
     timeouts: {
       requestMs: 5000,
@@ -181,11 +184,11 @@ Deno.test({
       subnet: { subnetId: "sbn-sticky01", cidr: SUBNET, zoneName: "cn-bj-a" },
       securityGroups: ["g-sticky01"],
       instanceId: NODE_A,
-      eniQuota: 8,
+      eniQuota: 12,
       otherNodes: [{
         instanceId: NODE_B,
         nodeNetns: b.vpc.node.name,
-        eniQuota: 8,
+        eniQuota: 12,
       }],
       unixSocket: socket,
       credentials: [{ accessKeyId: AK, secretAccessKey: SECRET }],
@@ -243,10 +246,14 @@ Deno.test({
         args: podArgs(name, sticky),
         config: node.netconf(),
       });
-    const macOf = (r: CniOutcome) => (r.json!.interfaces as { mac: string }[])[0].mac;
-    const ipsOf = (r: CniOutcome) => (r.json!.ips as { address: string }[]).map((i) => i.address);
+    const macOf = (r: CniOutcome) =>
+      (r.json!.interfaces as { mac: string }[])[0].mac;
+    const ipsOf = (r: CniOutcome) =>
+      (r.json!.ips as { address: string }[]).map((i) => i.address);
     const eniOfPod = async (node: SimulatedNode, containerId: string) =>
-      (await node.client.status()).enis.find((e) => e.owner?.containerId === containerId)!.id;
+      (await node.client.status()).enis.find((e) =>
+        e.owner?.containerId === containerId
+      )!.id;
     const parkedIn = (eniId: string) =>
       waitFor(`ENI ${eniId} parked in the cloud`, async () => {
         const e = await cloudEni(fake, eniId);
@@ -325,7 +332,9 @@ Deno.test({
         assert(!decodeRecord(e?.description), "no sticky record");
         assertEquals((await a.client.status()).sticky.parked, []);
         assert(
-          (await a.client.enis()).some((x) => x.id === eniId && x.state === "free"),
+          (await a.client.enis()).some((x) =>
+            x.id === eniId && x.state === "free"
+          ),
         );
       },
     );
@@ -352,7 +361,9 @@ Deno.test({
           "The sticky pod's ENI is held elsewhere",
         );
         assertStringIncludes(String(loser.json?.msg), eniId);
-        const [winner, winnerId, lostNode] = ra.code === 0 ? [a, NODE_A, b] : [b, NODE_B, a];
+        const [winner, winnerId, lostNode] = ra.code === 0
+          ? [a, NODE_A, b]
+          : [b, NODE_B, a];
         const state = await fake.state();
         const e = state.enis.find((x) => x.eniId === eniId)!;
         assertEquals([e.status, e.instanceId], ["inuse", winnerId]);
@@ -415,10 +426,14 @@ Deno.test({
         // A boots again: the ENI is no longer its; it records that, and touches nothing.
         await fake.instanceStatus(NODE_A, "Running");
         await a.startAgent();
+        // It shows LOST until the pod's DEL, or until A's GC finds the pod's device gone
+        // (its veth left with the ENI) and forgets it first: either way, not A's any more.
         await waitFor(
           "A to see the ENI gone from it",
           async () =>
-            (await a.client.enis()).some((x) => x.id === eniId && x.cloudState === "lost"),
+            !(await a.client.enis()).some((x) =>
+              x.id === eniId && x.cloudState === "ok"
+            ),
         );
         assertEquals((await del(a, p, "c-db2-a", "db-2")).code, 0);
         assert(!(await a.client.enis()).some((x) => x.id === eniId));
@@ -486,6 +501,102 @@ Deno.test({
     );
 
     await t.step(
+      "seeded kills of either agent at random moments while a sticky pod moves between the nodes: reconcile finishes or rolls back, the invariant holds",
+      async () => {
+        const seed = Number(Deno.env.get("ENIM_STICKY_SEED") ?? 2026);
+        const random = mulberry32(seed);
+        await fake.delays(600, 600);
+        const name = "mv-0";
+        const nodes: [SimulatedNode, string][] = [[a, NODE_A], [b, NODE_B]];
+        // The pod starts on A.
+        let here = 0;
+        let podNs = await pod(a, "mv-start");
+        let cid = "c-mv-start";
+        const first = await add(a, podNs, cid, name);
+        assertEquals(first.code, 0, said(first));
+        const rounds: string[] = [];
+        for (let round = 0; round < 6; round++) {
+          const [from, to] = [nodes[here][0], nodes[1 - here][0]];
+          const toId = nodes[1 - here][1];
+          const target = await pod(to, `mv${round}-${here === 0 ? "b" : "a"}`);
+          const victim = random() < 0.5 ? from : to;
+          const delay = Math.floor(random() * 1500);
+          const oldNs = podNs, oldCid = cid;
+          let attempts = 0;
+          const move = (async () => {
+            // The runtime retries a DEL until it succeeds, and a failed ADD with a new sandbox.
+            while ((await del(from, oldNs, oldCid, name)).code !== 0) {
+              await sleep(200);
+            }
+            for (;; attempts++) {
+              const c = `c-mv${round}-${attempts}`;
+              const r = await add(to, target, c, name);
+              if (r.code === 0) return c;
+              while ((await del(to, target, c, name)).code !== 0) {
+                await sleep(200);
+              }
+              assert(
+                attempts < 60,
+                `the pod never got an ENI on ${toId}: ${said(r)}`,
+              );
+              await sleep(200);
+            }
+          })();
+          await sleep(delay);
+          await victim.stopAgent("SIGKILL");
+          await victim.startAgent();
+          cid = await move;
+          podNs = target;
+          here = 1 - here;
+          const eniId = await eniOfPod(to, cid);
+          await waitFor("the cloud and both agents to settle", async () => {
+            const st = await fake.state();
+            if (
+              st.enis.some((e) =>
+                e.status === "attaching" || e.status === "detaching"
+              )
+            ) {
+              return false;
+            }
+            for (const [n] of nodes) {
+              const s = await n.client.status();
+              if (
+                s.sticky.parked.some((p) => p.state === "parking") ||
+                s.providerDetails.claiming
+              ) {
+                return false;
+              }
+            }
+            return true;
+          });
+          await assertAttachmentsRecorded(fake, nodes);
+          const e = await cloudEni(fake, eniId);
+          assertEquals([e?.status, e?.instanceId], ["inuse", toId]);
+          const holders = [];
+          for (const [n] of nodes) {
+            for (const att of await n.client.attachments()) {
+              if (att.pod === `default/${name}` && att.state === "ready") {
+                holders.push(att.eniId);
+              }
+            }
+          }
+          assertEquals(holders, [eniId], "the pod runs once, with this ENI");
+          assert(
+            await to.vpc.ping(target, GATEWAY),
+            "the moved pod pings its gateway",
+          );
+          rounds.push(
+            `${
+              victim === a ? "A" : "B"
+            } killed ${delay} ms in, ${attempts} retries, ENI ${eniId}`,
+          );
+        }
+        await fake.delays(30, 30);
+        console.log(`seed ${seed} (ENIM_STICKY_SEED): ${rounds.join("; ")}`);
+      },
+    );
+
+    await t.step(
       "a parked ENI whose hold expires with no claim is reclaimed once",
       async () => {
         // A short hold: A restarts with sticky.holdSeconds 2.
@@ -515,7 +626,10 @@ Deno.test({
         );
         await waitFor(
           "A's status to drop it",
-          async () => !(await a.client.status()).sticky.parked.some((x) => x.eniId === eniId),
+          async () =>
+            !(await a.client.status()).sticky.parked.some((x) =>
+              x.eniId === eniId
+            ),
         );
         await assertAttachmentsRecorded(fake, [[a, NODE_A], [b, NODE_B]]);
       },
