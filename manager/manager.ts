@@ -54,7 +54,7 @@ import { type LivenessSource, runGc } from "./gc.ts";
 import { defaultLivenessSources } from "./liveness/mod.ts";
 import { Describer, type DescriptionRecorder } from "./descriptions.ts";
 import type { ManagerContext } from "./context.ts";
-import { message } from "./context.ts";
+import { message, zoneHoldMs } from "./context.ts";
 import { toApiError } from "./errors.ts";
 import { type OpTimer, timed } from "./op_timer.ts";
 import { add } from "./add.ts";
@@ -62,17 +62,6 @@ import { release } from "./release.ts";
 import { freeOrphan, reconcile } from "./reconcile.ts";
 import { status } from "./status.ts";
 import { toAttachment } from "./state.ts";
-
-/**
- * The node hold of a zone-scoped profile, in ms (null: node scope, or a provider
- * that cannot park): how long a sticky pod's ENI stays on the node before it is
- * parked in the VPC.
- */
-function zoneHoldMs(ctx: ManagerContext, profile: string): number | null {
-  if (!ctx.provider.parkENI) return null;
-  const p = ctx.provider.profiles().find((x) => x.name === profile);
-  return p?.sticky?.scope === "zone" ? p.sticky.nodeHoldSeconds * 1000 : null;
-}
 
 export { toApiError } from "./errors.ts";
 export { buildResult } from "./result.ts";

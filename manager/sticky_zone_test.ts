@@ -96,3 +96,17 @@ Deno.test("a node-scope profile keeps today's holds: the DEL holds, the GC frees
     assertEquals(report.items.map((i) => i.kind), ["hold"]);
     assertEquals(n.provider.parks.length, 0);
   }, { stickyHoldMs: HOLD }));
+
+Deno.test("a zone-sticky pod's failed ADD parks its ENI for it again: never pooled for another pod", () =>
+  withNode(async (n) => {
+    n.devices.failOn("plug");
+    const t0 = n.clock.now();
+    const err = await add(n, "a1", { pod, sticky: true }).then(() => null, (e) => e);
+    assertEquals(err?.code, "device_error");
+    assertEquals(n.provider.parks.map((p) => [p.owner.containerId, p.until]), [["ca1", t0 + HOLD]]);
+    assertEquals(n.mgr.state.all(), []);
+    // A plain pod's failed ADD frees its ENI as before.
+    n.devices.failOn("plug");
+    await add(n, "p1", {}).then(() => null, (e) => e);
+    assertEquals(n.provider.parks.length, 1);
+  }, zone(0)));
