@@ -110,3 +110,18 @@ Deno.test("a zone-sticky pod's failed ADD parks its ENI for it again: never pool
     await add(n, "p1", {}).then(() => null, (e) => e);
     assertEquals(n.provider.parks.length, 1);
   }, zone(0)));
+
+Deno.test("a zone-sticky pod's DEL left half done is finished by parking its ENI at restart", () =>
+  withNode(async (n) => {
+    // A DEL left half done (the device could not be moved home): the restart's
+    // reconcile finishes it with a park, not a free.
+    await add(n, "a1", { pod, sticky: true });
+    n.devices.failOn("unplug");
+    await n.mgr.del(delReq("a1")).catch(() => {});
+    assertEquals(n.mgr.state.get({ containerId: "ca1", ifName: "eth0" })?.state, "deleting");
+    await n.restart();
+    const rep = await n.mgr.reconcile();
+    assertEquals(rep.finished, 1);
+    assertEquals(n.provider.parks.map((p) => p.owner.containerId), ["ca1"]);
+    assertEquals(n.mgr.state.all(), []);
+  }, zone(0)));
