@@ -246,14 +246,10 @@ Deno.test({
         args: podArgs(name, sticky),
         config: node.netconf(),
       });
-    const macOf = (r: CniOutcome) =>
-      (r.json!.interfaces as { mac: string }[])[0].mac;
-    const ipsOf = (r: CniOutcome) =>
-      (r.json!.ips as { address: string }[]).map((i) => i.address);
+    const macOf = (r: CniOutcome) => (r.json!.interfaces as { mac: string }[])[0].mac;
+    const ipsOf = (r: CniOutcome) => (r.json!.ips as { address: string }[]).map((i) => i.address);
     const eniOfPod = async (node: SimulatedNode, containerId: string) =>
-      (await node.client.status()).enis.find((e) =>
-        e.owner?.containerId === containerId
-      )!.id;
+      (await node.client.status()).enis.find((e) => e.owner?.containerId === containerId)!.id;
     const parkedIn = (eniId: string) =>
       waitFor(`ENI ${eniId} parked in the cloud`, async () => {
         const e = await cloudEni(fake, eniId);
@@ -332,9 +328,7 @@ Deno.test({
         assert(!decodeRecord(e?.description), "no sticky record");
         assertEquals((await a.client.status()).sticky.parked, []);
         assert(
-          (await a.client.enis()).some((x) =>
-            x.id === eniId && x.state === "free"
-          ),
+          (await a.client.enis()).some((x) => x.id === eniId && x.state === "free"),
         );
       },
     );
@@ -361,9 +355,7 @@ Deno.test({
           "The sticky pod's ENI is held elsewhere",
         );
         assertStringIncludes(String(loser.json?.msg), eniId);
-        const [winner, winnerId, lostNode] = ra.code === 0
-          ? [a, NODE_A, b]
-          : [b, NODE_B, a];
+        const [winner, winnerId, lostNode] = ra.code === 0 ? [a, NODE_A, b] : [b, NODE_B, a];
         const state = await fake.state();
         const e = state.enis.find((x) => x.eniId === eniId)!;
         assertEquals([e.status, e.instanceId], ["inuse", winnerId]);
@@ -430,10 +422,7 @@ Deno.test({
         // (its veth left with the ENI) and forgets it first: either way, not A's any more.
         await waitFor(
           "A to see the ENI gone from it",
-          async () =>
-            !(await a.client.enis()).some((x) =>
-              x.id === eniId && x.cloudState === "ok"
-            ),
+          async () => !(await a.client.enis()).some((x) => x.id === eniId && x.cloudState === "ok"),
         );
         assertEquals((await del(a, p, "c-db2-a", "db-2")).code, 0);
         assert(!(await a.client.enis()).some((x) => x.id === eniId));
@@ -553,9 +542,7 @@ Deno.test({
           await waitFor("the cloud and both agents to settle", async () => {
             const st = await fake.state();
             if (
-              st.enis.some((e) =>
-                e.status === "attaching" || e.status === "detaching"
-              )
+              st.enis.some((e) => e.status === "attaching" || e.status === "detaching")
             ) {
               return false;
             }
@@ -590,16 +577,12 @@ Deno.test({
             "the moved pod pings its gateway",
           );
           rounds.push(
-            `${
-              victim === a ? "A" : "B"
-            } killed ${delay} ms in, ${attempts} retries`,
+            `${victim === a ? "A" : "B"} killed ${delay} ms in, ${attempts} retries`,
           );
         }
         await fake.delays(30, 30);
         console.log(
-          `seed ${seed} (ENIM_STICKY_SEED), ENI ${sticky}: ${
-            rounds.join("; ")
-          }`,
+          `seed ${seed} (ENIM_STICKY_SEED), ENI ${sticky}: ${rounds.join("; ")}`,
         );
       },
     );
@@ -634,10 +617,7 @@ Deno.test({
         );
         await waitFor(
           "A's status to drop it",
-          async () =>
-            !(await a.client.status()).sticky.parked.some((x) =>
-              x.eniId === eniId
-            ),
+          async () => !(await a.client.status()).sticky.parked.some((x) => x.eniId === eniId),
         );
         await assertAttachmentsRecorded(fake, [[a, NODE_A], [b, NODE_B]]);
       },
