@@ -13,6 +13,7 @@ import { privateDir, privateFile, tightenExisting } from "../lib/private_fs.ts";
 import { storageFailure, storageFailureMessage } from "../lib/sqlite.ts";
 import type { DatabaseSync } from "node:sqlite";
 import { type AgentConfig, validateProviderConfig } from "./config.ts";
+import { launchDevicePlugin, type LaunchedPlugin, pluginOff } from "./deviceplugin/launch.ts";
 import { createHandler, serveUnix, type UnixServer } from "./server.ts";
 import { poolCounts } from "../manager/status.ts";
 import { defaultLivenessSources, type LivenessSource } from "../manager/liveness/mod.ts";
@@ -116,6 +117,7 @@ export function withProviderTimeout(p: Provider, ms: number, metrics?: Metrics):
         parkENI: (owner: Owner, o: { until: number }) => limit("park", () => p.parkENI!(owner, o)),
       }
       : {}),
+    ...(p.capacity ? { capacity: () => limit("capacity", () => p.capacity!()) } : {}),
     ...(p.start ? { start: () => p.start!() } : {}),
     close: () => p.close(),
   };
@@ -315,12 +317,15 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
   }
   let server: UnixServer | undefined;
   let gc: { stop(): Promise<void> } | undefined;
+  let devicePlugin: LaunchedPlugin | undefined;
+  let stopping = false;
   try {
     const handler = createHandler({
       manager: parts.manager,
       log: log.child({ component: "api" }),
       metrics: () => parts.metrics.text(),
       addTimeoutMs: cfg.timeouts.addSeconds * 1000,
+      devicePlugin: () => (devicePlugin ?? pluginOff("The agent is starting")).status(),
     });
     server = await serveUnix(cfg.socket, handler, {
       log,
@@ -328,6 +333,12 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
       requestTimeoutMs: cfg.api.requestTimeoutSeconds * 1000,
     });
     opts.onReady?.(server);
+    devicePlugin = await launchDevicePlugin(cfg.devicePlugin, {
+      provider: parts.provider,
+      metrics: parts.metrics,
+      log,
+      ready: () => !stopping,
+    });
     const gcLog = log.child({ component: "gc" });
     // Each pass logs what it reclaimed and what failed itself (manager/gc.ts).
     gc = startPeriodic(cfg.gc.intervalSeconds * 1000, async () => {
@@ -345,6 +356,9 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     }
     log.info("shutting down");
   } finally {
+    // The devices go Unhealthy first: kubelet stops admitting pods before the API goes.
+    stopping = true;
+    await devicePlugin?.close();
     await server?.shutdown();
     await gc?.stop();
     await parts.close();

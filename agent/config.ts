@@ -24,6 +24,14 @@ import { PROVIDER_NAMES, type ProviderName } from "../providers/registry.ts";
 export const DEFAULT_CONFIG_PATH = "/etc/enim/agent.jsonc";
 /** The default state database. */
 export const DEFAULT_STATE_PATH = "/var/lib/enim/enim.db";
+/**
+ * kubelet's device-plugin folder (`DevicePluginPath` of kubernetes/kubelet
+ * pkg/apis/deviceplugin/v1beta1/constants.go): kubelet's `kubelet.sock` and every
+ * plugin's socket.
+ */
+export const DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins";
+/** The extended resource the device plugin advertises: one per ENI a pod can get. */
+export const DEVICE_PLUGIN_RESOURCE = "enim.dev/eni";
 
 export { PROVIDER_NAMES };
 
@@ -102,6 +110,28 @@ export const AgentConfigSchema = z.strictObject({
    * lock beside the state (a DaemonSet's rolling update), before it gives up.
    */
   lockWaitSeconds: z._default(z.number().check(z.minimum(0), z.maximum(3600)), 60),
+  /**
+   * The kubelet device plugin `enim.dev/eni`: the node's ENI capacity advertised to
+   * kubelet, so the scheduler places a pod only where it can get an ENI.
+   */
+  devicePlugin: z.prefault(
+    z.strictObject({
+      /**
+       * `auto`: serve it when kubelet's folder exists at start-up (a Kubernetes node);
+       * `true`: serve it, waiting for the folder if need be; `false`: never.
+       */
+      enabled: z._default(z.union([z.boolean(), z.literal("auto")]), "auto"),
+      /** kubelet's device-plugin folder (the enim permission set allows this one only). */
+      dir: z._default(AbsolutePath, DEFAULT_DEVICE_PLUGIN_DIR),
+      /** How often the provider's capacity is read (a new list goes to kubelet when it changed). */
+      resyncSeconds: z._default(z.number().check(z.minimum(0.05), z.maximum(3600)), 5),
+      /** How long the provider may fail before every device is advertised Unhealthy. */
+      unreachableSeconds: z._default(z.number().check(z.minimum(0), z.maximum(86_400)), 60),
+      /** How long kubelet has to answer a Register before it is tried again. */
+      registerTimeoutSeconds: z._default(z.number().check(z.positive(), z.maximum(600)), 5),
+    }),
+    {},
+  ),
   /** `ip`: the real device layer. `fake`: in-memory, for tests and dry demos only. */
   devices: z._default(z.enum(["ip", "fake"]), "ip"),
   /**

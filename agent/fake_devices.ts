@@ -12,6 +12,7 @@ import { FakeDeviceLayer } from "../netns/fake.ts";
 import type {
   DeviceLayer,
   Link,
+  LiveShaping,
   NetnsIdentity,
   PinnedNetns,
   PlugParams,
@@ -71,6 +72,10 @@ export class AgentFakeDevices implements DeviceLayer {
   inspect(p: { netns: string | PinnedNetns; ifName: string }): Promise<PodInterfaceState> {
     this.#ensure(p.netns);
     return this.fake.inspect(p);
+  }
+  inspectShaping(p: { netns: string | PinnedNetns; ifName: string }): Promise<LiveShaping> {
+    this.#ensure(p.netns);
+    return this.fake.inspectShaping(p);
   }
   async netnsIdentity(path: string): Promise<NetnsIdentity | null> {
     this.#ensure(path);

@@ -11,7 +11,13 @@
  */
 import { CNI_CALL_PATH, EXIT_HEADER, MAX_CALL_STDIN } from "../api/wire.ts";
 import { dirname } from "node:path";
-import { ApiError, type ApiErrorCode, CniCallSchema, HTTP_STATUS } from "../api/schema.ts";
+import {
+  ApiError,
+  type ApiErrorCode,
+  CniCallSchema,
+  type DevicePluginStatus,
+  HTTP_STATUS,
+} from "../api/schema.ts";
 import type { EniManager } from "../manager/types.ts";
 import { LocalAgentClient, parseRequest } from "./local_client.ts";
 import { serveCniCall } from "./cni_call.ts";
@@ -38,6 +44,8 @@ export interface HandlerOptions {
   maxBodyBytes?: number;
   /** How long the API waits for one ADD before answering `busy` (the ADD goes on). */
   addTimeoutMs?: number;
+  /** The device plugin's status, added to `GET /v1/status` when given. */
+  devicePlugin?: () => DevicePluginStatus;
 }
 
 /** An API handler. */
@@ -173,7 +181,12 @@ export function createHandler(opts: HandlerOptions): Handler {
       },
     },
     "/v1/gc": { POST: async (req) => json(await api.gc(await readJson(req, max))) },
-    "/v1/status": { GET: async () => json(await api.status()) },
+    "/v1/status": {
+      GET: async () => {
+        const s = await api.status();
+        return json(opts.devicePlugin ? { ...s, devicePlugin: opts.devicePlugin() } : s);
+      },
+    },
     "/v1/attachments": { GET: async () => json({ attachments: await api.attachments() }) },
     "/v1/enis": { GET: async () => json({ enis: await api.enis() }) },
     "/v1/healthz": { GET: () => Promise.resolve(json({ ok: true })) },

@@ -102,6 +102,24 @@ const AttachmentKey = {
   ifName: IfNameSchema,
 };
 
+/** A bandwidth limit: `rate` in bits per second (kubelet's range, 1 kbit/s to 1 Pbit/s), `burst` in bits. */
+export const BandwidthLimitSchema = z.object({
+  rate: z.number().check(z.int(), z.minimum(1_000), z.maximum(1_000_000_000_000_000)),
+  /** The bucket; absent: 25 ms of the rate (`netns/bandwidth.ts`). */
+  burst: z.optional(z.number().check(z.int(), z.positive(), z.maximum(8 * (2 ** 32 - 1)))),
+});
+
+/**
+ * The pod's bandwidth limits, enforced on its ENI: `ingress` into the pod, `egress`
+ * out of it (the CNI `bandwidth` capability's directions).
+ */
+export const BandwidthSchema = z.object({
+  ingress: z.optional(BandwidthLimitSchema),
+  egress: z.optional(BandwidthLimitSchema),
+});
+/** The pod's bandwidth limits. */
+export type Bandwidth = z.infer<typeof BandwidthSchema>;
+
 /** POST /v1/add. */
 export const AddRequestSchema = z.object({
   ...AttachmentKey,
@@ -125,6 +143,8 @@ export const AddRequestSchema = z.object({
   ),
   /** Whether the pod keeps its ENI through a delete and re-create of the same pod. */
   sticky: z._default(z.boolean(), false),
+  /** Bandwidth limits to enforce on the ENI in the pod (interface mode). */
+  bandwidth: z.optional(BandwidthSchema),
 });
 /** POST /v1/add. */
 export type AddRequest = z.input<typeof AddRequestSchema>;
@@ -142,6 +162,8 @@ export const AddResponseSchema = z.object({
   nodeName: z.string(),
   ips: z.array(ResultIpSchema),
   routes: z.array(z.object({ dst: z.string(), gw: z.optional(z.string()) })),
+  /** The bandwidth shaping installed, every burst resolved (DEL and CHECK read it). */
+  bandwidth: z.optional(BandwidthSchema),
 });
 /** The agent's answer to an ADD. */
 export type AddResponse = z.infer<typeof AddResponseSchema>;
@@ -259,6 +281,42 @@ export const AttachmentSchema = z.object({
 export type Attachment = z.infer<typeof AttachmentSchema>;
 
 /** GET /v1/status. */
+/**
+ * The device plugin (`enim.dev/eni`): whether kubelet has it, what it advertises,
+ * and why devices are Unhealthy.
+ */
+export const DevicePluginStatusSchema = z.object({
+  /**
+   * `off`: not enabled, or kubelet's folder is missing; `registering`: serving, not
+   * registered with kubelet yet (or again); `registered`: kubelet accepted it.
+   */
+  state: z.enum(["off", "registering", "registered"]),
+  /** Why it is off or not registered, or why there is no device list yet. */
+  reason: z.nullable(z.string()),
+  resourceName: z.string(),
+  /** The plugin's socket in kubelet's folder. */
+  socket: z._default(z.nullable(z.string()), null),
+  /** When kubelet last accepted the registration. */
+  registeredAt: z._default(z.nullable(z.string()), null),
+  /** kubelet's ListAndWatch streams open now (one while all is well). */
+  streams: z._default(z.number().check(z.int(), z.minimum(0)), 0),
+  /** The node's ENI limit the devices stand for (null: not known yet). */
+  limit: z._default(z.nullable(z.number().check(z.int(), z.minimum(0))), null),
+  healthy: z._default(z.number().check(z.int(), z.minimum(0)), 0),
+  unhealthy: z._default(z.number().check(z.int(), z.minimum(0)), 0),
+  /** Why devices are Unhealthy: each reason with how many devices and a sentence. */
+  unhealthyReasons: z._default(
+    z.array(z.object({
+      reason: z.string(),
+      devices: z.number().check(z.int(), z.minimum(0)),
+      message: z.string(),
+    })),
+    [],
+  ),
+});
+/** The device plugin's status. */
+export type DevicePluginStatus = z.infer<typeof DevicePluginStatusSchema>;
+
 export const StatusSchema = z.object({
   version: z.string(),
   provider: z.string(),
@@ -296,6 +354,8 @@ export const StatusSchema = z.object({
   providerDetails: z._default(z.record(z.string(), z.unknown()), {}),
   /** Zone-wide sticky pods: the ENIs this node parked in the VPC, and the claims it made. */
   sticky: z._default(StickyStatusSchema, { parked: [], claims: [] }),
+  /** The device plugin, when the agent runs one (absent from older agents). */
+  devicePlugin: z.optional(DevicePluginStatusSchema),
 });
 /** GET /v1/status. */
 export type Status = z.infer<typeof StatusSchema>;

@@ -107,6 +107,24 @@ function providerWarnings(s: Status): string {
   return lines.length ? lines.join("\n") + "\n\n" : "";
 }
 
+/** What the device plugin advertises to kubelet, and why devices are Unhealthy. */
+function devicePluginLines(s: Status): string {
+  const dp = s.devicePlugin;
+  if (!dp) return "";
+  if (dp.state === "off") return `device plugin ${dp.resourceName}: off (${dp.reason})\n\n`;
+  const total = dp.healthy + dp.unhealthy;
+  let out = `device plugin ${dp.resourceName}: ${
+    dp.state === "registered" ? "registered with kubelet" : "NOT REGISTERED with kubelet"
+  }, ${total} device${
+    total === 1 ? "" : "s"
+  } advertised: ${dp.healthy} healthy, ${dp.unhealthy} unhealthy\n`;
+  if (dp.reason) out += `  ${dp.reason}\n`;
+  for (const u of dp.unhealthyReasons) {
+    out += `UNHEALTHY: ${u.devices} device${u.devices === 1 ? "" : "s"}: ${u.message}\n`;
+  }
+  return out + "\n";
+}
+
 /** Renders the Status object as `enim status` prints it. */
 export function renderStatus(s: Status): string {
   const p = s.pool;
@@ -118,6 +136,7 @@ export function renderStatus(s: Status): string {
     `${p.held > 0 ? `${p.held} held, ` : ""}` +
     `${p.attachable} more attachable${several ? " (shared by all profiles)" : ""}\n\n`;
   if (several) head += renderTable(PROFILE_COLUMNS, profiles) + "\n";
+  head += devicePluginLines(s);
   head += providerWarnings(s);
   const columns = several
     ? [

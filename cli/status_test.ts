@@ -224,3 +224,78 @@ Deno.test("enim status lists the ENIs this node parked in the VPC and the claims
   }));
   assertEquals(plain.includes("parked in the VPC"), false);
 });
+
+Deno.test("enim status shows what the device plugin advertises and why devices are Unhealthy", async (t) => {
+  const base = {
+    version: "0.1.0",
+    provider: "mock",
+    ready: true,
+    canAllocate: true,
+    pool: { free: 2, owned: 1, recycling: 0, attachable: 2 },
+    enis: [],
+  };
+  const plugin = {
+    state: "registered",
+    reason: null,
+    resourceName: "enim.dev/eni",
+    socket: "/var/lib/kubelet/device-plugins/enim.sock",
+    registeredAt: "2025-01-01T00:00:00.000Z",
+    streams: 1,
+    limit: 6,
+    healthy: 5,
+    unhealthy: 1,
+    unhealthyReasons: [{
+      reason: "foreign",
+      devices: 1,
+      message: '1 slot of the node\'s ENI limit taken by 1 ENI enim does not own ("eni-x")',
+    }],
+  };
+  await t.step("registered, one device Unhealthy", () => {
+    const lines = renderStatus(StatusSchema.parse({ ...base, devicePlugin: plugin })).split("\n");
+    assertEquals(
+      lines[3],
+      "device plugin enim.dev/eni: registered with kubelet, 6 devices advertised: 5 healthy, 1 unhealthy",
+    );
+    assertEquals(
+      lines[4],
+      'UNHEALTHY: 1 device: 1 slot of the node\'s ENI limit taken by 1 ENI enim does not own ("eni-x")',
+    );
+  });
+  await t.step("not registered: kubelet's silence said", () => {
+    const text = renderStatus(StatusSchema.parse({
+      ...base,
+      devicePlugin: {
+        ...plugin,
+        state: "registering",
+        reason: 'kubelet did not answer Register on "/x/kubelet.sock" within 5 s',
+        unhealthy: 0,
+        healthy: 6,
+        unhealthyReasons: [],
+      },
+    }));
+    assertStringIncludes(
+      text,
+      "device plugin enim.dev/eni: NOT REGISTERED with kubelet, 6 devices advertised: 6 healthy, 0 unhealthy\n" +
+        '  kubelet did not answer Register on "/x/kubelet.sock" within 5 s\n',
+    );
+  });
+  await t.step("off, and why", () => {
+    const text = renderStatus(StatusSchema.parse({
+      ...base,
+      devicePlugin: {
+        ...plugin,
+        state: "off",
+        reason: "devicePlugin.enabled is false",
+        socket: null,
+        limit: null,
+        healthy: 0,
+        unhealthy: 0,
+        unhealthyReasons: [],
+      },
+    }));
+    assertStringIncludes(text, "device plugin enim.dev/eni: off (devicePlugin.enabled is false)\n");
+  });
+  await t.step("an older agent without one: nothing", () => {
+    assertEquals(renderStatus(StatusSchema.parse(base)).includes("device plugin"), false);
+  });
+});

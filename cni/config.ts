@@ -106,6 +106,11 @@ export const NetworkConfigSchema = z.looseObject({
      * by ADD only (cni/selection.ts), so a DEL never fails on them.
      */
     "io.kubernetes.cri.pod-annotations": z.optional(z.unknown()),
+    /**
+     * The `bandwidth` capability (cni/bandwidth.ts). Read by ADD only, so a DEL never
+     * fails on it.
+     */
+    bandwidth: z.optional(z.unknown()),
   })),
   prevResult: z.optional(z.unknown()),
   /** GC's list of still-valid attachments; `null` (a Go nil slice) means none. */

@@ -23,7 +23,8 @@ import { type AddRequest, ApiError, type CheckRequest } from "../api/schema.ts";
 import type { AgentClient } from "../api/client.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
 import { type CniArgs, parseCniArgs, podOf } from "./args.ts";
-import { podChoice } from "./selection.ts";
+import { annotationsOf, podChoice } from "./selection.ts";
+import { limitsAny, podBandwidth } from "./bandwidth.ts";
 import { DEFAULT_PROFILE, podKeyOf } from "../providers/schema.ts";
 import { DEFAULT_LOG_FILE, type ParsedConfig, parseNetworkConfig } from "./config.ts";
 import { type CniEnv, parseCniEnv } from "./env.ts";
@@ -241,6 +242,7 @@ async function addVerb(
     ) => (r.gw === undefined ? { dst: r.dst } : { dst: r.dst, gw: r.gw })),
     defaultRoutes: enim.defaultRoutes,
     ...(enim.mtu !== undefined ? { mtu: enim.mtu } : {}),
+    ...bandwidthFor(inv, config, mode),
   };
   const res = await client.add(req);
   inv.record.eniId = res.eniId;
@@ -252,6 +254,28 @@ async function addVerb(
     prevResult,
   });
   return convertResult(result, version);
+}
+
+/**
+ * The pod's bandwidth limits for the ADD request (cni/bandwidth.ts): shaped on the ENI
+ * in interface mode; in IPAM mode the device is the calling plugin's, so the limits
+ * are checked (a bad value is still a 7) and not enforced, which the call's log line says.
+ */
+function bandwidthFor(
+  inv: Invocation,
+  config: ParsedConfig["config"],
+  mode: ParsedConfig["mode"],
+): Pick<AddRequest, "bandwidth"> {
+  const { shaping, overridden } = podBandwidth(config, annotationsOf(config));
+  for (const o of overridden) inv.warnings.push(`Two sources disagree; ${o}`);
+  if (!limitsAny(shaping)) return {};
+  if (mode === "ipam") {
+    inv.warnings.push(
+      "Bandwidth limits are not enforced in IPAM mode: the device is the calling plugin's",
+    );
+    return {};
+  }
+  return { bandwidth: shaping };
 }
 
 async function delVerb(

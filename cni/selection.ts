@@ -114,7 +114,9 @@ const annotationWhere = (key: string) => `annotation "${key}"`;
 const AnnotationsSchema = z.nullable(z.optional(z.record(z.string(), z.string())));
 
 /** The pod's annotations as the runtime passed them (empty when it passed none). */
-function annotationsOf(config: Pick<NetworkConfig, "runtimeConfig">): Record<string, string> {
+export function annotationsOf(
+  config: Pick<NetworkConfig, "runtimeConfig">,
+): Record<string, string> {
   return parse(
     AnnotationsSchema,
     config.runtimeConfig?.[POD_ANNOTATIONS_KEY],

@@ -117,7 +117,10 @@ Deno.test("the CNI ConfigMap holds a valid conflist of type enim, the same as de
   assertEquals(conflist.cniVersion, "1.0.0");
   assertEquals(conflist.cniVersions, ["1.0.0", "1.1.0"]);
   // containerd passes the pod's annotations in runtimeConfig only when this is declared.
-  assertEquals(conflist.plugins[0].capabilities, { "io.kubernetes.cri.pod-annotations": true });
+  assertEquals(conflist.plugins[0].capabilities, {
+    "io.kubernetes.cri.pod-annotations": true,
+    bandwidth: true,
+  });
   assertEquals(
     conflist,
     JSON.parse(await Deno.readTextFile(`${ROOT}/deploy/10-enim.conflist`)),
@@ -135,4 +138,46 @@ Deno.test("the agent ConfigMap and deploy/agent.jsonc are valid agent configs", 
   const volumeMode = pod.volumes.find((v: Obj) => v.configMap?.name === "enim-agent-config")
     .configMap.defaultMode;
   assertEquals(volumeMode, 0o600);
+});
+
+Deno.test("the DaemonSet's agent serves the device plugin in kubelet's folder", () => {
+  const inCm = jsonc(cm("enim-agent-config").data["agent.jsonc"], "the agent ConfigMap");
+  assertEquals(inCm.devicePlugin.enabled, true);
+  const dir = inCm.devicePlugin.dir ?? "/var/lib/kubelet/device-plugins";
+  assertEquals(hostMount(agent, dir).hostPath, "/var/lib/kubelet/device-plugins");
+});
+
+Deno.test("the admission policies that add enim.dev/eni to pods parse, with the expected kinds", async (t) => {
+  await t.step("MutatingAdmissionPolicy and its binding", async () => {
+    const docs = await load("deploy/kubernetes/eni-request-policy.yaml");
+    assertEquals(docs.map((d) => `${d.apiVersion} ${d.kind}`), [
+      "admissionregistration.k8s.io/v1 MutatingAdmissionPolicy",
+      "admissionregistration.k8s.io/v1 MutatingAdmissionPolicyBinding",
+    ]);
+    const [policy, binding] = docs;
+    assertEquals(binding.spec.policyName, policy.metadata.name);
+    assertEquals(policy.spec.matchConstraints.resourceRules[0].resources, ["pods"]);
+    assertEquals(policy.spec.matchConstraints.resourceRules[0].operations, ["CREATE"]);
+    const conditions = policy.spec.matchConditions.map((c: Obj) => c.expression).join("\n");
+    assert(conditions.includes("object.spec.hostNetwork"), "hostNetwork pods are left alone");
+    const [mutation] = policy.spec.mutations;
+    assertEquals(mutation.patchType, "ApplyConfiguration");
+    assert(mutation.applyConfiguration.expression.includes('"enim.dev/eni": "1"'));
+    assertEquals(binding.spec.matchResources.namespaceSelector.matchLabels, {
+      "enim.dev/eni-pods": "true",
+    });
+  });
+  await t.step("the Kyverno alternative", async () => {
+    const docs = await load("deploy/kubernetes/eni-request-kyverno.yaml");
+    assertEquals(docs.map((d) => `${d.apiVersion} ${d.kind}`), ["kyverno.io/v1 ClusterPolicy"]);
+    const [rule] = docs[0].spec.rules;
+    assertEquals(rule.match.any[0].resources.kinds, ["Pod"]);
+    assertEquals(rule.match.any[0].resources.namespaceSelector.matchLabels, {
+      "enim.dev/eni-pods": "true",
+    });
+    assertEquals(
+      rule.mutate.patchStrategicMerge.spec.containers[0].resources.limits["enim.dev/eni"],
+      "1",
+    );
+  });
 });

@@ -21,6 +21,7 @@ export type Phase =
   | "device_lookup"
   | "move"
   | "configure"
+  | "shape"
   | "unplug"
   | "inspect"
   | "state_write";
@@ -61,6 +62,23 @@ export interface PoolCounts {
   ready?: boolean;
 }
 
+/** What the device plugin shows in the metrics, read at scrape time. */
+export interface DevicePluginCounts {
+  /** Whether kubelet has accepted the registration. */
+  registered: boolean;
+  healthy: number;
+  /** Unhealthy devices by reason. */
+  unhealthy: Partial<Record<typeof UNHEALTHY_REASONS[number], number>>;
+}
+
+/** Why a device plugin device is Unhealthy (the label values of its gauge). */
+export const UNHEALTHY_REASONS = [
+  "foreign",
+  "quarantined",
+  "provider_unreachable",
+  "agent_not_ready",
+] as const;
+
 const LATENCY_BUCKETS = [
   0.0005,
   0.001,
@@ -90,6 +108,9 @@ export class Metrics implements PhaseRecorder {
   readonly holdExpiries: Counter<"profile">;
   readonly stickyZone: Counter<"event" | "profile">;
   readonly descriptions: Counter<"result">;
+  readonly devicePluginRegistrations: Counter<"result">;
+  readonly devicePluginLists: Counter;
+  #devicePlugin: () => DevicePluginCounts | null = () => null;
   #pool: () => Promise<PoolCounts> | PoolCounts = () => ({ attachable: 0, profiles: {} });
 
   /** `started`: when the agent started, epoch milliseconds. */
@@ -128,7 +149,7 @@ export class Metrics implements PhaseRecorder {
     this.phaseDuration = new Histogram({
       name: "enim_phase_duration_seconds",
       help:
-        "Time spent in each phase of an operation (queue_wait, netns_check, provider, device_lookup, move, configure, unplug, inspect, state_write)",
+        "Time spent in each phase of an operation (queue_wait, netns_check, provider, device_lookup, move, configure, shape, unplug, inspect, state_write)",
       labelNames: ["op", "phase"],
       buckets: LATENCY_BUCKETS,
       registers,
@@ -239,6 +260,54 @@ export class Metrics implements PhaseRecorder {
         }
       },
     });
+    this.devicePluginRegistrations = new Counter({
+      name: "enim_device_plugin_registrations_total",
+      help: "Registrations of the enim.dev/eni device plugin with kubelet, by result (ok, failed)",
+      labelNames: ["result"],
+      registers,
+    });
+    this.devicePluginLists = new Counter({
+      name: "enim_device_plugin_lists_sent_total",
+      help: "Device lists sent to kubelet on ListAndWatch streams (one per change of the list)",
+      registers,
+    });
+    const plugin = () => this.#devicePlugin();
+    new Gauge({
+      name: "enim_device_plugin_registered",
+      help: "Whether kubelet has accepted the enim.dev/eni device plugin (0 also when it is off)",
+      registers,
+      collect() {
+        this.set({}, plugin()?.registered ? 1 : 0);
+      },
+    });
+    new Gauge({
+      name: "enim_device_plugin_devices",
+      help: "enim.dev/eni devices advertised to kubelet, by health (Healthy, Unhealthy)",
+      labelNames: ["health"],
+      registers,
+      collect() {
+        const p = plugin();
+        if (!p) return;
+        this.set({ health: "Healthy" }, p.healthy);
+        this.set(
+          { health: "Unhealthy" },
+          Object.values(p.unhealthy).reduce((a, b) => a + b, 0),
+        );
+      },
+    });
+    new Gauge({
+      name: "enim_device_plugin_unhealthy_devices",
+      help:
+        "Unhealthy enim.dev/eni devices by reason (foreign, quarantined, provider_unreachable, agent_not_ready)",
+      labelNames: ["reason"],
+      registers,
+      collect() {
+        const p = plugin();
+        if (!p) return;
+        // Every reason each time, so one that no longer holds reads 0.
+        for (const reason of UNHEALTHY_REASONS) this.set({ reason }, p.unhealthy[reason] ?? 0);
+      },
+    });
     new Gauge({
       name: "enim_node_attachable_enis",
       help: "How many more ENIs the node can attach (the limit is shared by every profile)",
@@ -272,6 +341,21 @@ export class Metrics implements PhaseRecorder {
   /** Records one provider call. */
   providerCall(provider: string, call: string, result: string, ms: number): void {
     this.providerLatency.observe({ provider, call, result }, ms / 1000);
+  }
+
+  /** Records one Register call of the device plugin. */
+  devicePluginRegistration(result: "ok" | "failed"): void {
+    this.devicePluginRegistrations.inc({ result });
+  }
+
+  /** Records one device list sent to kubelet. */
+  devicePluginListSent(): void {
+    this.devicePluginLists.inc({});
+  }
+
+  /** Sets where the device plugin's gauges read from (null while it is off). */
+  setDevicePluginSource(fn: () => DevicePluginCounts | null): void {
+    this.#devicePlugin = fn;
   }
 
   /** Sets where the pool gauges read their counts from. */

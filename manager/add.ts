@@ -8,7 +8,13 @@
  * @module
  */
 import { type Eni, EniSchema, type Owner } from "../providers/contract.ts";
-import { DeviceError, type PinnedNetns, type PlugResult, type RouteSpec } from "../netns/types.ts";
+import {
+  DeviceError,
+  type InstalledShaping,
+  type PinnedNetns,
+  type PlugResult,
+  type RouteSpec,
+} from "../netns/types.ts";
 import type { Logger } from "../lib/log.ts";
 import { type AddResponse, AddResponseSchema, ApiError } from "../api/schema.ts";
 import type { AddInput } from "./types.ts";
@@ -50,6 +56,12 @@ export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promi
     securityGroupIds: req.securityGroupIds,
     ips: req.ips,
   });
+  if (req.mode === "ipam" && req.bandwidth) {
+    throw new ApiError(
+      "bad_request",
+      "Bandwidth limits need interface mode: in IPAM mode the device is the calling plugin's to shape",
+    );
+  }
   const owner: Owner = { pod, containerId: req.containerId, ifName: req.ifName };
   const log = ctx.log.child({ op: "add", key: keyOf(key), pod });
   // The namespace is proven and held before anything is recorded or allocated: every
@@ -136,11 +148,20 @@ export async function addPinned(
     return await ctx.locks.run(`eni:${eni.id}`, async () => {
       t.waited(since);
       const { ips, routes } = buildResult(eni, req);
-      const placed = req.mode === "interface"
-        ? await plugIntoPod(ctx, req, pinned!, key, eni, ips, routes, t)
-        : await findForIpam(ctx, req, key, eni, identity !== null, t);
+      const placed: { ifindex: number; nodeName: string; shaping?: InstalledShaping } =
+        req.mode === "interface"
+          ? await plugIntoPod(ctx, req, pinned!, key, eni, ips, routes, t)
+          : await findForIpam(ctx, req, key, eni, identity !== null, t);
       const { ifindex, nodeName } = placed;
-      const result: AddResponse = { eniId: eni.id, mac: eni.mac, ifindex, nodeName, ips, routes };
+      const result: AddResponse = {
+        eniId: eni.id,
+        mac: eni.mac,
+        ifindex,
+        nodeName,
+        ips,
+        routes,
+        ...shapingOf(placed),
+      };
       const recycled = t.sync("state_write", () =>
         ctx.state.markReady(key, pod, {
           result: JSON.stringify(result),
@@ -244,7 +265,7 @@ export async function plugIntoPod(
   ips: AddResponse["ips"],
   routes: RouteSpec[],
   t: OpTimer,
-): Promise<{ ifindex: number; nodeName: string }> {
+): Promise<{ ifindex: number; nodeName: string; shaping?: InstalledShaping }> {
   const plug = (nodeName?: string) =>
     ctx.devices.plug({
       mac: eni.mac,
@@ -254,6 +275,7 @@ export async function plugIntoPod(
       routes,
       mtu: req.mtu,
       nodeName,
+      ...(req.bandwidth ? { bandwidth: req.bandwidth } : {}),
       beforeMove: (name) =>
         t.sync("state_write", () =>
           ctx.state.update(key, { eniId: eni.id, mac: eni.mac, nodeName: name })),
@@ -284,13 +306,24 @@ export async function plugIntoPod(
       nodeName: r.nodeName,
       netns: pinned,
       podName: req.ifName,
+      shapedIngress: r.shaping?.ingress !== undefined,
     });
     throw new ApiError(
       "netns_invalid",
       `Netns "${req.netns}" was replaced during the ADD (it named another namespace when the device was moved); nothing was kept`,
     );
   }
-  return { ifindex: r.podIfindex, nodeName: r.nodeName };
+  return {
+    ifindex: r.podIfindex,
+    nodeName: r.nodeName,
+    ...(r.shaping ? { shaping: r.shaping } : {}),
+  };
+}
+
+/** The result's `bandwidth`: the shaping the plug installed, when it shaped anything. */
+function shapingOf(placed: { shaping?: InstalledShaping }): Pick<AddResponse, "bandwidth"> {
+  const s = placed.shaping;
+  return s && (s.ingress || s.egress) ? { bandwidth: s } : {};
 }
 
 /**

@@ -10,7 +10,9 @@
  * - interface mode: the namespace is not the one the ENI was added to; the
  *   interface is missing; it is not the ENI's device (neither the ENI's MAC nor
  *   the alias enim gave it); its MAC is not the one the prevResult says; an
- *   address or a route the prevResult lists is missing from the pod;
+ *   address or a route the prevResult lists is missing from the pod; the
+ *   bandwidth shaping the ADD installed is gone or changed (`netns/bandwidth.ts`,
+ *   `shapingProblems`: the tbf of each direction, the ingress redirect to the ifb);
  * - IPAM mode (the calling plugin checks the interface itself): an address the
  *   prevResult attributes to this IPAM is not one of the ENI's; the ENI's device
  *   is found neither on the node nor in the pod.
@@ -21,7 +23,8 @@
  */
 import { normalizeIp } from "../providers/contract.ts";
 import type { Link, NetnsIdentity, PinnedNetns, RouteSpec } from "../netns/types.ts";
-import { AddResponseSchema, ApiError, type Mode } from "../api/schema.ts";
+import { AddResponseSchema, ApiError, type Bandwidth, type Mode } from "../api/schema.ts";
+import { type InstalledShaping, type LiveShaping, shapingProblems } from "../netns/bandwidth.ts";
 import { keyOf } from "../providers/schema.ts";
 import type { CheckInput } from "./types.ts";
 import { type ManagerContext, message } from "./context.ts";
@@ -138,6 +141,13 @@ export function checkProblems(
   return problems;
 }
 
+/** The shaping an ADD recorded, every burst as installed (a record always has them). */
+function installedOf(b: Bandwidth): InstalledShaping {
+  const one = (l: Bandwidth["ingress"]) => l && { rate: l.rate, burst: l.burst ?? 0 };
+  const ingress = one(b.ingress), egress = one(b.egress);
+  return { ...(ingress ? { ingress } : {}), ...(egress ? { egress } : {}) };
+}
+
 /**
  * CHECK against the system: reads the record and the live pod, then applies
  * {@linkcode checkProblems}; throws `check_failed` naming the first problem.
@@ -163,6 +173,7 @@ export async function checkAttachment(ctx: ManagerContext, req: CheckInput): Pro
       : null,
   };
   let live: CheckLive | null = null;
+  let shaping: LiveShaping | null = null;
   if (row.mode === "interface") {
     let pinned: PinnedNetns;
     try {
@@ -180,12 +191,24 @@ export async function checkAttachment(ctx: ManagerContext, req: CheckInput): Pro
         addresses: pod.addresses,
         routes: pod.routes,
       };
+      if (result.bandwidth && pod.link) {
+        shaping = await ctx.devices.inspectShaping({ netns: pinned, ifName: req.ifName })
+          .catch((err) => fail(`Cannot read the pod's bandwidth shaping: ${message(err)}`));
+      }
     } finally {
       pinned.close();
     }
   }
   const problems = checkProblems(record, req.expected, live, req);
   if (problems.length > 0) fail(problems[0]);
+  if (shaping && result.bandwidth) {
+    const wrong = shapingProblems(installedOf(result.bandwidth), shaping, {
+      ifName: req.ifName,
+      netns: req.netns,
+      mac: row.mac,
+    });
+    if (wrong.length > 0) fail(wrong[0]);
+  }
   if (row.mode === "ipam") {
     const mac = row.mac;
     const link = await ctx.devices.findByMac(mac).catch(() => null) ??

@@ -1,7 +1,7 @@
 /**
  * GC pass benchmark: 1000 recorded attachments, provider and device layer faked.
  *
- * `deno bench -A manager/gc_bench.ts`
+ * `deno bench -A --config tests/deno.json manager/gc_bench.ts`
  *
  * @module
  */

@@ -12,6 +12,7 @@
  * @module
  */
 import { ProviderError } from "../providers/contract.ts";
+import { AddResponseSchema } from "../api/schema.ts";
 import { DeviceError, type Link, type PinnedNetns } from "../netns/types.ts";
 import type { Phase } from "../lib/metrics.ts";
 import type { AttachmentRow } from "./state.ts";
@@ -158,9 +159,10 @@ export async function returnDevice(
   // The pod name identifies the device only once the ADD placed it (a later plugin
   // may then have changed its MAC); a failed ADD's pod name may be another device's.
   const podName = row.mode === "interface" && row.result !== null ? row.ifName : undefined;
+  const shapedIngress = shapedIngressOf(row);
   let outcome;
   try {
-    outcome = await ctx.devices.unplug({ mac, nodeName, netns, podName, timing });
+    outcome = await ctx.devices.unplug({ mac, nodeName, netns, podName, timing, shapedIngress });
   } catch (err) {
     if (!(err instanceof DeviceError) || err.reason !== "netns_invalid" || !netns) {
       throw err;
@@ -184,6 +186,20 @@ export async function returnDevice(
     }
     // It may come back under another name (and, physical, up): rename and scrub it.
     await ctx.devices.unplug({ mac, nodeName, netns: null });
+  }
+}
+
+/**
+ * Whether the ADD recorded in `row` shaped the pod's ingress (then an ifb device in
+ * the pod goes with the ENI's device). A record it cannot read says no: the device
+ * layer still finds and removes an ifb left in the pod (`netns/mod.ts`, `unplug`).
+ */
+export function shapedIngressOf(row: AttachmentRow): boolean {
+  if (row.result === null) return false;
+  try {
+    return AddResponseSchema.parse(JSON.parse(row.result)).bandwidth?.ingress !== undefined;
+  } catch {
+    return false;
   }
 }
 

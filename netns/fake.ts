@@ -8,13 +8,18 @@
  * injects faults by step name, can hang a step forever (a crash in tests), and
  * provides a {@linkcode DeviceSimulator} so attached ENIs appear on the node.
  *
+ * Why one file: the fake is one in-memory model of the node and its pods; every
+ * method reads and edits the same namespaces, links and fault tables.
+ *
  * @module
  */
 import type { DeviceSimulator, Eni } from "../providers/contract.ts";
+import { type InstalledShaping, installedShaping, isShaped, liveShapingOf } from "./bandwidth.ts";
 import {
   DeviceError,
   type DeviceLayer,
   type Link,
+  type LiveShaping,
   type NetnsIdentity,
   type PinnedNetns,
   type PlugParams,
@@ -35,6 +40,8 @@ export interface FakeLink {
   mtu: number;
   addresses: string[];
   routes: RouteSpec[];
+  /** The bandwidth shaping a plug installed (dropped when the link leaves the pod). */
+  shaping?: InstalledShaping;
 }
 
 interface FakeNs {
@@ -303,6 +310,11 @@ export class FakeDeviceLayer implements DeviceLayer {
     if (p.mtu) link.mtu = p.mtu;
     timing?.("move", 0);
     timing?.("configure", 0);
+    if (isShaped(p.bandwidth)) {
+      link.shaping = installedShaping(p.bandwidth, link.mtu);
+      timing?.("shape", 0);
+      return { nodeName, podIfindex: link.ifindex, shaping: clone(link.shaping) };
+    }
     return { nodeName, podIfindex: link.ifindex };
   }
 
@@ -337,6 +349,8 @@ export class FakeDeviceLayer implements DeviceLayer {
       link.up = false;
       link.addresses = [];
       link.routes = [];
+      // The kernel drops a device's qdiscs when it changes namespace.
+      delete link.shaping;
     }
     return outcome;
   }
@@ -352,6 +366,19 @@ export class FakeDeviceLayer implements DeviceLayer {
     const l = ns.links.find((x) => x.ifname === p.ifName);
     if (!l) return { link: null, addresses: [], routes: [] };
     return { link: this.#toLink(l), addresses: [...l.addresses], routes: clone(l.routes) };
+  }
+
+  /** The shaping of the pod's interface, as `tc -j` would show it. */
+  async inspectShaping(
+    params: { netns: string | PinnedNetns; ifName: string },
+  ): Promise<LiveShaping> {
+    const p = { ...params, netns: pathOf(params.netns) };
+    this.calls.push({ op: "inspectShaping", args: clone(p) });
+    await this.#step("inspect");
+    const ns = this.#ns.get(p.netns);
+    if (!ns) throw new DeviceError("inspect", "netns_invalid", `Netns "${p.netns}" does not exist`);
+    const l = ns.links.find((x) => x.ifname === p.ifName);
+    return l?.shaping ? liveShapingOf(l.ifname, l.mac, l.shaping) : { qdiscs: [], filters: [] };
   }
 
   /** Like the real layer: the namespace's identity, held (nothing to hold here). */

@@ -18,6 +18,8 @@
  * path; /run/netns/NAME and /var/run/netns/NAME become `ip -n NAME` (one exec),
  * any other path goes through `nsenter --net=PATH ip …` (two execs).
  *
+ * `./tc.ts` runs iproute2's `tc` the same way, with the helpers exported here.
+ *
  * @module
  */
 import * as z from "zod/mini";
@@ -69,12 +71,20 @@ function isName(s: string): boolean {
 
 /** The argv (binary first) that runs `ip <args>` in `netns`. */
 export function ipArgv(args: string[], netns?: NetnsRef): string[] {
-  if (netns === undefined || netns === null) return [IP_BIN, ...args];
+  return iprouteArgv(IP_BIN, args, netns);
+}
+
+/**
+ * The argv that runs an iproute2 program (`ip`, `tc`: both take `-n NAME`) with
+ * `args` in `netns`: `-n` for a named namespace, `nsenter --net=PATH` for a path.
+ */
+export function iprouteArgv(bin: string, args: string[], netns?: NetnsRef): string[] {
+  if (netns === undefined || netns === null) return [bin, ...args];
   const named = netns.match(NAMED)?.[1];
-  if (named !== undefined && isName(named)) return [IP_BIN, "-n", named, ...args];
-  if (isName(netns)) return [IP_BIN, "-n", netns, ...args];
+  if (named !== undefined && isName(named)) return [bin, "-n", named, ...args];
+  if (isName(netns)) return [bin, "-n", netns, ...args];
   if (!netns.startsWith("/")) throw new TypeError(`Invalid netns reference "${netns}"`);
-  return [NSENTER_BIN, `--net=${netns}`, IP_BIN, ...args];
+  return [NSENTER_BIN, `--net=${netns}`, bin, ...args];
 }
 
 /** The path of a namespace reference for `ip link set … netns PATH` (names map to /run/netns). */
@@ -127,7 +137,7 @@ let seq = 0;
 const madeDirs = new Set<string>();
 
 /** Writes `text` to a new file in `dir` (created 0700 once), runs `fn` with its path, removes it. */
-async function withScratchFile<T>(
+export async function withScratchFile<T>(
   dir: string,
   text: string,
   fn: (path: string) => Promise<T>,

@@ -41,6 +41,11 @@
  * the stray-device recovery) share its node-name cache and namespace handling;
  * its pure parts (commands, device picking, validation) are in `commands.ts`.
  *
+ * Bandwidth shaping (`./bandwidth.ts`, when `PlugParams.bandwidth` asks for it) adds
+ * one `tc -batch` in the pod to plug (the ifb it needs is created in the configure
+ * batch) and no spawn to unplug (the ifb's removal rides in its batch, and the
+ * device's qdiscs leave it with the move); `inspectShaping` is one `tc -j -batch`.
+ *
  * @module
  */
 import * as z from "zod/mini";
@@ -59,6 +64,19 @@ import {
   routeConflict,
   stepTimer,
 } from "./commands.ts";
+import {
+  FilterSchema,
+  ifbName,
+  inspectTcCommands,
+  type InstalledShaping,
+  installedShaping,
+  isShaped,
+  type LiveShaping,
+  QdiscSchema,
+  shapingLinkCommands,
+  shapingTcCommands,
+} from "./bandwidth.ts";
+import { tcBatch } from "./tc.ts";
 import {
   AddrInfoSchema,
   ipBatch,
@@ -208,7 +226,7 @@ export class IpDeviceLayer implements DeviceLayer {
   async plug(p: PlugParams): Promise<PlugResult> {
     checkIfName(p.ifName);
     if (p.nodeName !== undefined) checkIfName(p.nodeName);
-    const config = configureCommands(p);
+    const config = [...configureCommands(p), ...shapingLinkCommands(p.mac, p.bandwidth)];
     const ns = await this.#useNetns("netns", p.netns);
     const mac = normalizeMac(p.mac);
     for (let attempt = 0;; attempt++) {
@@ -225,8 +243,13 @@ export class IpDeviceLayer implements DeviceLayer {
         throw err;
       }
       this.#names.delete(mac);
-      const podIfindex = await this.#configure(p, ns, config, nodeName);
-      if (podIfindex !== null) return { nodeName, podIfindex };
+      const shown = await this.#configure(p, ns, config, nodeName);
+      if (shown !== null) {
+        const shaping = isShaped(p.bandwidth)
+          ? await this.#shape(p, ns, nodeName, shown)
+          : undefined;
+        return { nodeName, podIfindex: shown.ifindex, ...(shaping ? { shaping } : {}) };
+      }
       // The name led to another device: it is back on the node; look ours up once.
       if (lookup) {
         throw new DeviceError(
@@ -270,7 +293,7 @@ export class IpDeviceLayer implements DeviceLayer {
   }
 
   /**
-   * Configures the moved link in one batch and returns its ifindex in the pod, or
+   * Configures the moved link in one batch and returns it as it is in the pod, or
    * null when the moved link is not the ENI's (then it is back on the node). Any
    * failure brings the device back and throws.
    */
@@ -279,7 +302,7 @@ export class IpDeviceLayer implements DeviceLayer {
     ns: Ns,
     config: string[][],
     nodeName: string,
-  ): Promise<number | null> {
+  ): Promise<Link | null> {
     const timed = stepTimer(p.timing);
     let shown: Link[];
     // Last, and allowed to fail (the device has it already from an earlier pod, or the
@@ -319,9 +342,39 @@ export class IpDeviceLayer implements DeviceLayer {
       await this.#bringBackLogged(p, ns, nodeName);
       return null;
     }
-    return shown[0].ifindex;
+    return shown[0];
   }
 
+  /**
+   * Shapes the configured link's bandwidth (`./bandwidth.ts`) in one `tc -batch`; the
+   * ifb for ingress exists already (the configure batch made it). A failure brings the
+   * device back, removes the ifb and throws.
+   */
+  async #shape(p: PlugParams, ns: Ns, nodeName: string, link: Link): Promise<InstalledShaping> {
+    const mtu = typeof link.mtu === "number" ? link.mtu : p.mtu ?? 1500;
+    const installed = installedShaping(p.bandwidth!, mtu);
+    try {
+      await stepTimer(p.timing)(
+        "shape",
+        () =>
+          tcBatch(shapingTcCommands(p.ifName, p.mac, installed), {
+            netns: ns.ref,
+            scratchDir: this.#scratch,
+          }),
+      );
+    } catch (err) {
+      await this.#bringBackLogged(p, ns, nodeName);
+      throw new DeviceError(
+        "shape",
+        "failed",
+        `Cannot shape the bandwidth of link "${p.ifName}" in netns "${ns.path}": ${errText(err)}`,
+        { cause: err },
+      );
+    }
+    return installed;
+  }
+
+  /** Rolls a failed plug back: the device home, and the ifb a shaped plug made removed. */
   async #bringBackLogged(p: PlugParams, ns: Ns, nodeName: string): Promise<void> {
     try {
       await this.#bringBack(ns.ref, p.ifName, nodeName);
@@ -332,6 +385,23 @@ export class IpDeviceLayer implements DeviceLayer {
         ifName: p.ifName,
         err: rollbackErr,
       });
+    }
+    if (p.bandwidth?.ingress) await this.#removeIfb(ns, p.mac);
+  }
+
+  /** Removes the ENI's ifb from the pod, if it is there; a failure is only logged. */
+  async #removeIfb(ns: Ns, mac: string): Promise<void> {
+    try {
+      await runIp(["link", "del", "dev", ifbName(mac)], { netns: ns.ref });
+    } catch (err) {
+      if (!noSuchDevice(err)) {
+        this.#log.error("Cannot remove the ifb device of a failed plug", {
+          mac,
+          netns: ns.path,
+          ifb: ifbName(mac),
+          err,
+        });
+      }
     }
   }
 
@@ -354,6 +424,8 @@ export class IpDeviceLayer implements DeviceLayer {
       try {
         await timed("move", () =>
           this.#batch([
+            // First: when it is gone already, nothing else runs and the way below looks.
+            ...(p.shapedIngress ? [["link", "del", "dev", ifbName(mac)]] : []),
             ["link", "set", "dev", alt, "down"],
             ...(this.#macSettable ? [["link", "set", "dev", alt, "address", mac]] : []),
             ["link", "set", "dev", alt, "netns", this.#home, "name", p.nodeName],
@@ -374,12 +446,19 @@ export class IpDeviceLayer implements DeviceLayer {
     }
     if (ns) {
       let inPod: Link | null = null;
+      // The ifb of a shaped ingress, whether or not the caller knows of one (a crash
+      // in the middle of a shaped ADD leaves no record of it): it goes with the device.
+      let ifb: string[][] = [];
       try {
         const links = await timed(
           "device_lookup",
           () => ipJson(z.array(LinkSchema), ["link", "show"], { netns: ns.ref }),
         );
         inPod = pickDevice(links, mac, p.nodeName, p.podName);
+        if (links.some((l) => l.ifname === ifbName(mac))) {
+          ifb = [["link", "del", "dev", ifbName(mac)]];
+          if (!inPod) await this.#removeIfb(ns, mac);
+        }
       } catch (err) {
         // A pinned namespace cannot vanish: the device is there, unreadable. Fail, so the
         // ENI stays held until a retry finds it (never freed while unaccounted for).
@@ -412,7 +491,8 @@ export class IpDeviceLayer implements DeviceLayer {
           () =>
             timed(
               "move",
-              () => this.#bringBack(ns.ref, inPod.ifname, p.nodeName, restore ? mac : undefined),
+              () =>
+                this.#bringBack(ns.ref, inPod.ifname, p.nodeName, restore ? mac : undefined, ifb),
             ),
         );
         this.#names.set(mac, p.nodeName);
@@ -485,6 +565,32 @@ export class IpDeviceLayer implements DeviceLayer {
     };
   }
 
+  /** Reads the namespace's qdiscs and the interface's ingress filters (one `tc -j -batch`). */
+  async inspectShaping(p: { netns: string | PinnedNetns; ifName: string }): Promise<LiveShaping> {
+    checkIfName(p.ifName);
+    const ns = await this.#useNetns("inspect", p.netns);
+    try {
+      const out = await tcBatch(inspectTcCommands(p.ifName), {
+        netns: ns.ref,
+        json: true,
+        scratchDir: this.#scratch,
+      });
+      return {
+        qdiscs: z.array(QdiscSchema).parse(out[0] ?? []),
+        filters: z.array(FilterSchema).parse(out[1] ?? []),
+      };
+    } catch (err) {
+      throw new DeviceError(
+        "inspect",
+        "failed",
+        `Cannot read the bandwidth shaping of link "${p.ifName}" in netns "${ns.path}": ${
+          errText(err)
+        }`,
+        { cause: err },
+      );
+    }
+  }
+
   /** The identity of an nsfs file at an absolute path; null when it is missing or no namespace file. */
   netnsIdentity(path: string): Promise<NetnsIdentity | null> {
     return netnsIdentity(path);
@@ -531,9 +637,19 @@ export class IpDeviceLayer implements DeviceLayer {
     }
   }
 
-  /** Down, flushed (its MAC restored when given), moved home and renamed, in one batch in the pod. */
-  async #bringBack(netns: string, ifName: string, nodeName: string, mac?: string): Promise<void> {
+  /**
+   * Down, flushed (its MAC restored when given), moved home and renamed, in one batch in
+   * the pod, after the `before` lines (an ifb's removal).
+   */
+  async #bringBack(
+    netns: string,
+    ifName: string,
+    nodeName: string,
+    mac?: string,
+    before: string[][] = [],
+  ): Promise<void> {
     await this.#batch([
+      ...before,
       ["link", "set", "dev", ifName, "down"],
       ...(mac ? [["link", "set", "dev", ifName, "address", mac]] : []),
       ["addr", "flush", "dev", ifName],

@@ -8,6 +8,9 @@
  */
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
+import type { InstalledShaping, LiveShaping, Shaping } from "./bandwidth.ts";
+
+export type { InstalledShaping, LiveShaping, Shaping, ShapingLimit } from "./bandwidth.ts";
 
 /** A link as `ip -j link show` reports it (the fields enim uses). */
 export const LinkSchema = z.looseObject({
@@ -47,7 +50,7 @@ export const NetnsIdentitySchema = z.object({
 export type NetnsIdentity = z.infer<typeof NetnsIdentitySchema>;
 
 /** A device-layer step, for per-phase timing. */
-export type DevicePhase = "device_lookup" | "move" | "configure";
+export type DevicePhase = "device_lookup" | "move" | "configure" | "shape";
 
 /** Receives how long each device-layer step took (ms); optional on every call. */
 export type DeviceTiming = (phase: DevicePhase, ms: number) => void;
@@ -58,6 +61,8 @@ export interface PlugResult {
   nodeName: string;
   /** The device's ifindex inside the pod namespace. */
   podIfindex: number;
+  /** The bandwidth shaping installed (`PlugParams.bandwidth`), every burst resolved. */
+  shaping?: InstalledShaping;
 }
 
 /** Where `unplug` found the device. */
@@ -114,8 +119,13 @@ export interface PlugParams {
    * record it first: after a crash, that name is what the device is brought back as.
    */
   beforeMove?: (nodeName: string) => void;
-  /** Called with the duration of each step (lookup, move, configure). */
+  /** Called with the duration of each step (lookup, move, configure, shape). */
   timing?: DeviceTiming;
+  /**
+   * Bandwidth limits to enforce on the interface in the pod (`./bandwidth.ts`), set
+   * up in the same plug and rolled back with it.
+   */
+  bandwidth?: Shaping;
 }
 
 /** What {@linkcode DeviceLayer.unplug} takes. */
@@ -131,6 +141,12 @@ export interface UnplugParams {
    */
   podName?: string;
   timing?: DeviceTiming;
+  /**
+   * The plug shaped the interface's ingress: its ifb device (named after the MAC,
+   * `./bandwidth.ts`) is removed from the pod with the device. (The device's own
+   * qdiscs leave with it: the kernel drops them when it changes namespace.)
+   */
+  shapedIngress?: boolean;
 }
 
 /**
@@ -158,6 +174,12 @@ export interface DeviceLayer {
   unplug(p: UnplugParams): Promise<UnplugOutcome>;
   /** Reads the interface `ifName` in `netns` for CHECK. */
   inspect(p: { netns: string | PinnedNetns; ifName: string }): Promise<PodInterfaceState>;
+  /**
+   * Reads the bandwidth shaping of the interface `ifName` in `netns` for CHECK (the
+   * namespace's qdiscs, the interface's ingress filters); compare with
+   * `shapingProblems` of `./bandwidth.ts`.
+   */
+  inspectShaping(p: { netns: string | PinnedNetns; ifName: string }): Promise<LiveShaping>;
   /**
    * Validates a netns reference (absolute path to an nsfs file: a bind mount such
    * as /run/netns/x or /proc/<pid>/ns/net) and returns its identity; null when it

@@ -15,6 +15,7 @@ import type {
   AllocationRequestInput,
   Eni,
   IpRange,
+  NodeCapacityInput,
   Owner,
   ProfileInfo,
   ProviderStatus,
@@ -104,6 +105,13 @@ export interface Provider {
    * mock re-plugs its simulated device; a cloud provider may detach and re-attach.
    */
   repairDevice?(eniId: string): Promise<void>;
+  /**
+   * How many ENIs pods can get on this node, and what holds the other slots of its
+   * limit (ENIs that are not enim's, quarantined ones). Optional: without it the
+   * device plugin counts the free, owned and attachable ENIs of `status()`. Throws
+   * {@linkcode ProviderError} `unavailable` while the cloud cannot be asked.
+   */
+  capacity?(): Promise<NodeCapacityInput>;
   /** Starts background work (warm pool upkeep). Optional. */
   start?(): Promise<void>;
   /** Stops background work and releases resources. */

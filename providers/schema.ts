@@ -360,3 +360,39 @@ export class ProviderError extends Error {
     this.requestId = options?.requestId;
   }
 }
+
+/** Slots of the node's ENI limit that pods cannot get, and why. */
+export const CapacityHoldSchema = z.object({
+  /**
+   * `foreign`: ENIs attached to the node that are not enim's (another program's, or
+   * attached by hand); `quarantined`: ENIs stuck attaching or detaching that the cloud
+   * would not release.
+   */
+  reason: z.enum(["foreign", "quarantined"]),
+  count: z.number().check(z.int(), z.positive()),
+  /** The ENIs, when the provider knows them (for `enim status`). */
+  eniIds: z._default(z.array(z.string()), []),
+});
+/** Slots pods cannot get. */
+export type CapacityHold = z.infer<typeof CapacityHoldSchema>;
+
+/**
+ * How many ENIs pods can get on this node: what the device plugin advertises to
+ * kubelet (`enim.dev/eni`). ENIs pods hold count as theirs: the figure does not
+ * change when pods take or give back ENIs, only when the node's limit or what
+ * holds slots besides pods changes.
+ */
+export const NodeCapacitySchema = z.object({
+  /** The node's ENI limit: how many ENIs it can have attached besides its primary NIC. */
+  limit: z.number().check(z.int(), z.minimum(0)),
+  /** How many of them pods can get: the limit less the slots in `unavailable`. */
+  forPods: z.number().check(z.int(), z.minimum(0)),
+  /** The slots pods cannot get, by reason. */
+  unavailable: z._default(z.array(CapacityHoldSchema), []),
+  /** Where the limit came from (mock: `config`; BCE: `eni-quota-api`, `instance-eni-quota`, …). */
+  source: z.string(),
+}).check(z.refine((c) => c.forPods <= c.limit, "Expected forPods at most the limit"));
+/** How many ENIs pods can get on this node. */
+export type NodeCapacity = z.infer<typeof NodeCapacitySchema>;
+/** A node capacity as a provider may write it. */
+export type NodeCapacityInput = z.input<typeof NodeCapacitySchema>;

@@ -16,6 +16,7 @@ export interface AptNeed {
 /** What every real-kernel test needs. */
 export const BASE_NEEDS: AptNeed[] = [
   { pkg: "iproute2", file: "/usr/sbin/ip" },
+  { pkg: "iproute2", file: "/usr/sbin/tc" },
   { pkg: "iputils-ping", file: "/usr/bin/ping" },
   { pkg: "util-linux", file: "/usr/bin/nsenter" },
 ];

@@ -22,7 +22,8 @@
  * alternating loop; peak RSS and CPU time (user + sys) of each plugin process
  * (`/usr/bin/time`, separate runs so the wrapper does not skew the latencies);
  * the plugin-side overhead (plugin wall time minus the agent's own operation
- * time); the agent's memory (VmHWM); a 16-way concurrency run (wall time per
+ * time); what bandwidth shaping adds to enim's ADD and DEL (10M limits both ways,
+ * as containerd passes a pod's annotations, against none, alternating); the agent's memory (VmHWM); a 16-way concurrency run (wall time per
  * round against the reference's); a soak with agent RSS and fd samples and a
  * leftover check; the agent's per-phase histograms (from GET /metrics); and,
  * unless `--no-cri`, RunPodSandbox and Stop+Remove through containerd's CRI for
@@ -168,6 +169,24 @@ interface PodSlot {
 }
 
 const ENIM_CONFIG = JSON.stringify({ cniVersion: "1.1.0", name: "bench", type: "enim" });
+/** The same network with 10M limits both ways, as containerd passes a pod's bandwidth annotations. */
+const SHAPED_CONFIG = JSON.stringify({
+  cniVersion: "1.1.0",
+  name: "bench",
+  type: "enim",
+  runtimeConfig: {
+    "io.kubernetes.cri.pod-annotations": {
+      "kubernetes.io/ingress-bandwidth": "10M",
+      "kubernetes.io/egress-bandwidth": "10M",
+    },
+    bandwidth: {
+      ingressRate: 10_000_000,
+      ingressBurst: 2 ** 32 - 1,
+      egressRate: 10_000_000,
+      egressBurst: 2 ** 32 - 1,
+    },
+  },
+});
 
 /** The launcher and an empty program, in a temp dir removed at the end. */
 const BENCH_DIR = await Deno.makeTempDir({ prefix: "enim-bench-" });
@@ -191,6 +210,13 @@ const enimContender: Contender = {
     ENIM_LOG_FILE: "/run/enim/cni.log",
   }),
   config: () => ENIM_CONFIG,
+};
+
+/** enim with the pod's bandwidth shaped (`--bandwidth` section). */
+const shapedContender: Contender = {
+  ...enimContender,
+  name: "enim-shaped",
+  config: () => SHAPED_CONFIG,
 };
 
 const referenceContender: Contender = {
@@ -446,6 +472,26 @@ try {
     }
   }
 
+  // ---- bandwidth shaping: enim's ADD/DEL with 10M limits both ways against the same without
+  const bw = {
+    none: { ADD: [] as number[], DEL: [] as number[] },
+    shaped: { ADD: [] as number[], DEL: [] as number[] },
+  };
+  const bwBefore = parsePhases(await node.client.metrics());
+  for (let i = 0; i < WARMUP + ITER; i++) {
+    const pair = [["none", enimContender], ["shaped", shapedContender]] as const;
+    for (const [k, c] of i % 2 === 0 ? pair : [...pair].reverse()) {
+      enimPod.containerId = newCid(c.name);
+      const add = await cni(node, c, "ADD", enimPod);
+      const del = await cni(node, c, "DEL", enimPod);
+      if (i >= WARMUP) {
+        bw[k].ADD.push(add.ms);
+        bw[k].DEL.push(del.ms);
+      }
+    }
+  }
+  const bwPhases = phaseDelta(bwBefore, parsePhases(await node.client.metrics()));
+
   // ---- peak RSS and CPU time of each plugin process (separate runs: the wrapper adds a fork)
   const rss = { enim: [] as number[], reference: [] as number[] };
   const cpu = {
@@ -610,6 +656,18 @@ try {
     reference: { ADD: stats(cpu.reference.ADD), DEL: stats(cpu.reference.DEL) },
   };
   const directStats = { ADD: stats(direct.ADD), DEL: stats(direct.DEL) };
+  const bwStats = {
+    none: { ADD: stats(bw.none.ADD), DEL: stats(bw.none.DEL) },
+    shaped: { ADD: stats(bw.shaped.ADD), DEL: stats(bw.shaped.DEL) },
+    /** What shaping adds to a call, p50 against p50. */
+    costMs: {
+      ADD: Math.round((pct(bw.shaped.ADD, 50) - pct(bw.none.ADD, 50)) * 10) / 10,
+      DEL: Math.round((pct(bw.shaped.DEL, 50) - pct(bw.none.DEL, 50)) * 10) / 10,
+    },
+    /** The agent's `shape` phase: the one `tc -batch` in the pod. */
+    shapePhase: bwPhases["add/shape"] ?? null,
+    configurePhase: bwPhases["add/configure"] ?? null,
+  };
   // The plugin side: what a CNI call costs beyond the agent's own operation.
   const overhead = {
     ADD: s.enim.ADD.p50 - (agentOp.add ?? NaN),
@@ -683,6 +741,20 @@ try {
     `    ADD p50 / the reference's whole ADD p50: ${
       (directStats.ADD.p50 / s.reference.ADD.p50).toFixed(2)
     }  (goal ≤ 1.0: ${verdict(goals.agentApiAloneAdd)})`,
+  );
+  console.log(
+    `\nbandwidth shaping: enim ADD/DEL with 10M limits both ways against none, alternating (ms)`,
+  );
+  for (const verb of ["ADD", "DEL"] as const) {
+    console.log(`  ${verb} none    ${fmt(bwStats.none[verb])}`);
+    console.log(`  ${verb} shaped  ${fmt(bwStats.shaped[verb])}`);
+  }
+  console.log(
+    `  cost of shaping (p50 − p50): ADD ${bwStats.costMs.ADD.toFixed(1)}, DEL ${
+      bwStats.costMs.DEL.toFixed(1)
+    }; the agent's shape phase (one tc -batch in the pod) p50≈${
+      bwStats.shapePhase?.p50ms.toFixed(2) ?? "?"
+    }, mean ${bwStats.shapePhase?.meanMs.toFixed(2) ?? "?"} (n=${bwStats.shapePhase?.count ?? 0})`,
   );
   console.log(`\nper-phase inside the agent during the serial run (from /metrics; ms)`);
   for (const [k, v] of Object.entries(phases).sort()) {
@@ -793,6 +865,7 @@ try {
     agentOperationMeanMs: agentOp,
     pluginOverheadMs: overhead,
     agentApiAlone: directStats,
+    bandwidth: bwStats,
     rssKb: {
       enimPlugin: rssStats.enim,
       referencePlugin: rssStats.reference,

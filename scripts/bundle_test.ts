@@ -198,3 +198,26 @@ Deno.test("the bundled agent's zod/mini errors read in English", async () => {
     /gc\.intervalSeconds \(from ENIM_GC_INTERVAL\): Too small: expected number to be >0/,
   );
 });
+
+Deno.test("gRPC is in the device plugin's chunk only, which nothing imports statically", () => {
+  const dir = join(dirname(ensureBuiltSync()), "cli");
+  const plugin = chunkOf(dir, "agent/deviceplugin/plugin.ts");
+  // grpc-js's user agent: a string only its code holds, minified or not.
+  const marker = "grpc-node-js";
+  assert(Deno.readTextFileSync(join(dir, plugin)).includes(marker), `${plugin} holds no gRPC`);
+  const agent = chunkOf(dir, "agent/agent.ts");
+  const problems: string[] = [];
+  for (const e of Deno.readDirSync(dir)) {
+    if (!e.name.endsWith(".js") || e.name === plugin) continue;
+    const text = Deno.readTextFileSync(join(dir, e.name));
+    if (text.includes(marker)) problems.push(`cli/${e.name} holds gRPC`);
+    const { static: imports, dynamic } = chunkImports(text);
+    if (imports.includes(`./${plugin}`)) {
+      problems.push(`cli/${e.name} imports ${plugin} statically`);
+    }
+    if (e.name === agent && !dynamic.includes(`./${plugin}`)) {
+      problems.push(`the agent's chunk does not load ${plugin} with import()`);
+    }
+  }
+  assertEquals(problems, []);
+});

@@ -207,6 +207,12 @@ Deno.test("conflistProblem() flags 1.1.0 and later without cniVersions, nothing 
   );
 });
 
+Deno.test("enim's previous conflists are what it shipped before, never the current one", async () => {
+  const current = await Deno.readTextFile(join(ROOT, "deploy/10-enim.conflist"));
+  assert(!PREVIOUS_CONFLISTS.includes(current), "the shipped conflist would be updated forever");
+  for (const prev of PREVIOUS_CONFLISTS) assertEquals(JSON.parse(prev).name, "enim");
+});
+
 Deno.test("install() prefers dist/enim, replaces a changed binary and drops the launcher's drop-in", async () => {
   const repo = await Deno.makeTempDir({ prefix: "enim-repo-" });
   const prefix = await Deno.makeTempDir({ prefix: "enim-install-" });

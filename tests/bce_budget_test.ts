@@ -25,7 +25,7 @@
  * every minute, with BCE's list name filter honoured, and ignored (the lookups
  * then share one index of the VPC).
  *
- * Run: `deno test -A tests/bce_budget_test.ts` (the figures are printed).
+ * Run: `deno test -A --config tests/deno.json tests/bce_budget_test.ts` (the figures are printed).
  */
 import { assert, assertEquals } from "../lib/assert.ts";
 import type { Owner } from "../providers/contract.ts";

@@ -51,6 +51,7 @@ const DEPS = await clientDeps("containerd_test", [
 
 const NSENTER = "/usr/bin/nsenter";
 const IP = "/usr/sbin/ip";
+const TC = "/usr/sbin/tc";
 
 /** A node, its agent, and containerd using the installed conflist. */
 interface Cluster {
@@ -503,6 +504,79 @@ Deno.test({
       assertEquals((await node.client.status()).pool.owned, 0);
       const back = (await node.client.enis()).find((e) => e.id === eB.id)!;
       assertEquals(back.securityGroupIds, ["g-bbbbbbbb"], "b's groups restored when freed");
+      assertEquals(cd.newNetns(), []);
+    } finally {
+      await c.close();
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "containerd CRI with bandwidth annotations: the capability reaches enim, the pod's ENI is shaped both ways, Stop leaves it bare",
+  ignore: DEPS.skip !== null,
+  async fn() {
+    const c = await cluster("containerd_test", { enis: 1, record: true });
+    const { node, cd } = c;
+    try {
+      const annotations = {
+        "kubernetes.io/ingress-bandwidth": "10M",
+        "kubernetes.io/egress-bandwidth": "20M",
+      };
+      const id = await cd.cri.runPodSandbox(
+        cd.sandboxConfig(pod("shaped", { annotations })),
+      )
+        .catch(async (err) => {
+          throw new Error(`${err.message}${await agentDetail(c)}`, {
+            cause: err,
+          });
+        });
+      // What containerd sent: the annotations, and the `bandwidth` capability derived from
+      // them (rates in bit/s; 2^32 − 1 as the burst: Kubernetes has none to give), its field
+      // names capitalised by go-cni 1.1 (Go's JSON reads them in any case; so does enim).
+      const [add] = await readCalls(c.calls);
+      assertEquals(add.config.runtimeConfig?.bandwidth, {
+        IngressRate: 10_000_000,
+        IngressBurst: 2 ** 32 - 1,
+        EgressRate: 20_000_000,
+        EgressBurst: 2 ** 32 - 1,
+      });
+      assertEquals(
+        add.config.runtimeConfig?.["io.kubernetes.cri.pod-annotations"],
+        annotations,
+      );
+      // In the pod: a tbf at 20 Mbit/s on eth0, its ingress redirected to a tbf at 10 Mbit/s.
+      const netns = sandboxNetns(
+        containerdSandboxInfo(await cd.cri.podSandboxStatus(id)),
+      );
+      const shown = JSON.parse(
+        await inPod(node, netns, [TC, "-j", "qdisc", "show"]),
+      ) as {
+        kind: string;
+        dev: string;
+        options?: { rate?: number };
+      }[];
+      const eni = (await cloudEni(node, "cri/shaped"))!;
+      const ifb = `ifb${eni.mac.replaceAll(":", "")}`;
+      const seen = shown.filter((q) => q.kind !== "noqueue").map((q) =>
+        `${q.dev} ${q.kind} ${q.options?.rate ?? ""}`.trim()
+      );
+      assertEquals(
+        seen.sort(),
+        [`eth0 ingress`, `eth0 tbf 2500000`, `${ifb} tbf 1250000`].sort(),
+      );
+
+      await cd.cri.stopPodSandbox(id);
+      await cd.cri.removePodSandbox(id);
+      assertEquals((await node.client.status()).pool.owned, 0);
+      const back = JSON.parse(
+        (await node.vpc.exec(node.vpc.node, [IP, "-j", "link", "show"])).stdout,
+      ) as { ifname: string; address?: string }[];
+      const dev = back.find((l) => l.address === eni.mac)!.ifname;
+      const qdiscs = (await node.vpc.exec(node.vpc.node, [TC, "qdisc", "show", "dev", dev]))
+        .stdout;
+      assert(!/tbf|ingress/.test(qdiscs), `the device is bare: ${qdiscs}`);
+      assertEquals(await node.client.attachments(), []);
       assertEquals(cd.newNetns(), []);
     } finally {
       await c.close();

@@ -49,6 +49,8 @@ export interface BceTimings {
   parkedExpiryGraceMs: number;
   /** How long the shared index of zone-sticky ENIs serves lookups (BCE ignoring the name filter). */
   stickyIndexTtlMs: number;
+  /** How often the node's ENI limit is asked again (BCE may change an instance's quota). */
+  limitRefreshMs: number;
 }
 
 /** A profile as the provider runs it: where its ENIs live, their groups, its warm pool. */
@@ -129,6 +131,8 @@ export class BceCore {
   lastSnapshot = "";
   /** Whether one sync with the cloud has completed. */
   synced = false;
+  /** Since when syncs have failed, and the last failure (null: the last one worked). */
+  syncFailure: { sinceMs: number; message: string } | null = null;
   /** The sync running now. */
   syncing: Promise<boolean> | null = null;
   /** Intent ids and quarantined ENI ids some task is working on now. */

@@ -16,7 +16,7 @@ import type { BceCore } from "./_core.ts";
 import { finishCreate, release } from "./_lifecycle.ts";
 import { sync } from "./_reconcile.ts";
 import { checkParked } from "./_park.ts";
-import { reserveForPool, resolveLimit, takeFreeForRelease } from "./_slots.ts";
+import { refreshLimit, reserveForPool, resolveLimit, takeFreeForRelease } from "./_slots.ts";
 import type { IntentRow } from "./_store.ts";
 
 /** One pass; resolves to whether anything changed (the scheduler backs off when not). */
@@ -24,6 +24,9 @@ export async function poolPass(core: BceCore): Promise<boolean> {
   if (core.closed.signal.aborted) return false;
   let changed = false;
   if (core.limit.source === "unresolved") changed = await resolveLimit(core, true);
+  else if (Date.now() - core.limitTriedAt >= core.t.limitRefreshMs) {
+    changed = await refreshLimit(core);
+  }
   const scan = Date.now() - core.lastOrphanScan >= core.t.orphanScanIntervalMs;
   changed = (await sync(core, scan)) || changed;
   if (core.closed.signal.aborted) return changed;

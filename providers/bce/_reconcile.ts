@@ -35,7 +35,15 @@ export function sync(core: BceCore, scan: boolean): Promise<boolean> {
   if (!core.syncing) {
     core.syncing = reconcile(core, scan).then((changed) => {
       core.synced = true;
+      core.syncFailure = null;
       return changed;
+    }, (err) => {
+      // What capacity() reports while BCE cannot be asked (the device plugin's health).
+      core.syncFailure = {
+        sinceMs: core.syncFailure?.sinceMs ?? Date.now(),
+        message: err instanceof Error ? err.message : String(err),
+      };
+      throw err;
     }).finally(() => {
       core.syncing = null;
     });

@@ -73,6 +73,32 @@ export async function resolveLimit(core: BceCore, retry = false): Promise<boolea
   return limit.max !== before;
 }
 
+/**
+ * Asks BCE for the node limit again (an instance's quota can change); a failure
+ * keeps the limit in force. Resolves to whether it changed.
+ */
+export async function refreshLimit(core: BceCore): Promise<boolean> {
+  core.limitTriedAt = Date.now();
+  const before = core.limit;
+  const limit = await resolveNodeLimit(core.client, core.o.instanceId, core.o.maxEnisPerNode);
+  if (limit.source === "unresolved") {
+    core.log.warn("Cannot ask BCE for the node's ENI limit again; keeping the one in force", {
+      maxEnisPerNode: before.max,
+      source: before.source,
+      problems: limit.errors,
+    });
+    return false;
+  }
+  core.limit = limit;
+  if (limit.max === before.max) return false;
+  core.log.info(`Node ENI limit now ${limit.max} (was ${before.max}), from ${limit.source}`, {
+    maxEnisPerNode: limit.max,
+    before: before.max,
+    source: limit.source,
+  });
+  return true;
+}
+
 /** What a new ENI is to be. */
 export interface CreateSpec {
   profile: BceProfile;

@@ -211,6 +211,8 @@ export const configSchema = z.object({
       quarantineRetryMs: z._default(z.number().check(z.int(), z.minimum(1)), 600_000),
       /** The shortest gap between two passes, even when an allocation asks for one. */
       minPassGapMs: z._default(z.number().check(z.int(), z.minimum(0)), 5_000),
+      /** How often the node's ENI limit is asked again (an instance's quota can change). */
+      limitRefreshMs: z._default(z.number().check(z.int(), z.minimum(1)), 600_000),
       /** Each period is multiplied by a random factor in [1 - jitter, 1 + jitter]. */
       jitter: z._default(z.number().check(z.minimum(0), z.maximum(0.9)), 0.2),
       /**

@@ -122,6 +122,7 @@ export async function createBce(
       jitter: t.jitter,
       parkedExpiryGraceMs: t.parkedExpiryGraceMs,
       stickyIndexTtlMs: t.stickyIndexTtlMs,
+      limitRefreshMs: t.limitRefreshMs,
     },
   }, ctx);
   try {

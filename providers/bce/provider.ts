@@ -33,7 +33,9 @@
  *   a profile with `sticky.scope: "zone"` parks its sticky pods' ENIs in the VPC
  *   ({@linkcode BceProvider.parkENI}) and claims them back on any node of the zone
  *   (`AllocationRequest.sticky`); the cloud's exclusive attach is the arbiter.
- * - **Status** (`_status.ts`).
+ * - **Status** (`_status.ts`) and **capacity** ({@linkcode BceProvider.capacity}): the
+ *   limit (asked again every `limitRefreshMs`) less the ENIs on the node that are not
+ *   ours and the quarantined ones, as of the last list.
  *
  * @module
  */
@@ -42,6 +44,7 @@ import {
   AllocationRequestSchema,
   type Eni,
   keyOf,
+  type NodeCapacityInput,
   type Owner,
   OwnerSchema,
   type ProfileInfo,
@@ -233,6 +236,49 @@ export class BceProvider implements Provider {
 
   status(): Promise<ProviderStatus> {
     return Promise.resolve(providerStatus(this.#core, this.#scheduler));
+  }
+
+  /**
+   * How many ENIs pods can get: the node limit less the ENIs attached to the node
+   * that are not this provider's and the quarantined ones (stuck attaching or
+   * detaching), as of the last list. Fails while the lists fail (BCE unreachable):
+   * the figure would be stale. With the limit unknown, the ENIs the node holds.
+   */
+  capacity(): Promise<NodeCapacityInput> {
+    const core = this.#core;
+    if (core.syncFailure || !core.synced) {
+      const f = core.syncFailure;
+      return Promise.reject(
+        new ProviderError(
+          "unavailable",
+          f
+            ? `BCE has not answered the list of this node's ENIs since ${
+              new Date(f.sinceMs).toISOString()
+            }: ${f.message}`
+            : "The node's ENIs have not been listed from BCE yet",
+        ),
+      );
+    }
+    const quarantined = core.store.quarantined().map((q) => q.eni_id).sort();
+    const stuck = new Set(quarantined);
+    const foreign = [...core.foreign].filter((id) => !stuck.has(id)).sort();
+    const held = foreign.length + quarantined.length;
+    const limit = core.limit.source === "unresolved"
+      ? core.store.slotRows() + core.store.intentSlots() + held
+      : core.limit.max;
+    return Promise.resolve({
+      limit,
+      forPods: Math.max(0, limit - held),
+      unavailable: [
+        ...(foreign.length
+          ? [{ reason: "foreign" as const, count: foreign.length, eniIds: foreign }]
+          : []),
+        ...(quarantined.length
+          ? [{ reason: "quarantined" as const, count: quarantined.length, eniIds: quarantined }]
+          : []),
+      ],
+      source: core.limit.source,
+    });
   }
 
   /**

@@ -1,4 +1,4 @@
-import { assert, assertEquals, assertStringIncludes } from "../../lib/assert.ts";
+import { assert, assertEquals, assertMatch, assertStringIncludes } from "../../lib/assert.ts";
 import { type Owner, ProviderError } from "../contract.ts";
 import { providerContractSuite } from "../../tests/support/provider_contract.ts";
 import {
@@ -34,6 +34,47 @@ Deno.test("bce meets the shared provider contract against the fake BCE server", 
     const env = await setup({ maxEnisPerNode: 4 });
     return { provider: env.provider, cleanup: env.close };
   });
+});
+
+Deno.test("capacity() follows the instance's quota and the ENIs that are not ours, and fails while BCE does not answer", async () => {
+  const fake = startFake({ instances: { [INSTANCE]: { eniQuota: 6 } } });
+  const env = await setup({ withFake: fake, timeouts: { limitRefreshMs: 1 } });
+  try {
+    assertEquals(await env.provider.capacity(), {
+      limit: 6,
+      forPods: 6,
+      unavailable: [],
+      source: "eni-quota-api",
+    });
+    // BCE raises the instance's quota: the next pass asks again.
+    fake.opts.instances[INSTANCE].eniQuota = 8;
+    await env.provider.maintainPool();
+    assertEquals((await env.provider.capacity()).forPods, 8);
+    // Someone attaches an ENI of their own: it takes a slot pods cannot have.
+    const other = fake.seedEni({ name: "someone-else/eni", instanceId: INSTANCE, status: "inuse" });
+    await env.provider.maintainPool();
+    assertEquals(await env.provider.capacity(), {
+      limit: 8,
+      forPods: 7,
+      unavailable: [{ reason: "foreign", count: 1, eniIds: [other.eniId] }],
+      source: "eni-quota-api",
+    });
+    assertEquals((await env.provider.status()).attachable, 7, "status agrees");
+    // BCE stops answering: the figure would be stale, so capacity() says so.
+    fake.inject({ kind: "status", status: 500, code: "InternalError" }, 1000);
+    const pass = await env.provider.maintainPool().then(() => null, (e: unknown) => e);
+    assert(pass instanceof Error, "the pass fails while BCE fails");
+    const err = await env.provider.capacity().then(() => null, (e: unknown) => e);
+    assert(err instanceof ProviderError, String(err));
+    assertEquals(err.reason, "unavailable");
+    assertMatch(err.message, /^BCE has not answered the list of this node's ENIs since \S+Z: /);
+    fake.clearFaults();
+    await env.provider.maintainPool();
+    assertEquals((await env.provider.capacity()).forPods, 7);
+  } finally {
+    await env.close();
+    await fake.close();
+  }
 });
 
 Deno.test("allocateNextENI() creates, attaches and waits for the device, then reuses it without detach", async () => {

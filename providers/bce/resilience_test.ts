@@ -102,6 +102,13 @@ Deno.test("an ENI BCE will neither detach nor delete is quarantined: slot freed,
     assertEquals(q.quarantined, 1);
     assertEquals([q.quarantinedEnis[0].eniId, q.quarantinedEnis[0].status], [stuckId, "attaching"]);
     assertEquals(st.attachable, 2, "a quarantined ENI holds no slot");
+    // The device plugin is told more carefully (BCE may still count it): one slot fewer for pods.
+    assertEquals(await env.provider.capacity(), {
+      limit: 2,
+      forPods: 1,
+      unavailable: [{ reason: "quarantined", count: 1, eniIds: [stuckId] }],
+      source: "config",
+    });
     const lines = logged(from, "ENI quarantined");
     assertEquals(lines.length, 1);
     assertEquals(lines[0].level, "error");
@@ -133,6 +140,7 @@ Deno.test("an ENI BCE will neither detach nor delete is quarantined: slot freed,
     const after = await env.provider.status();
     assertEquals(QuarantineSchema.parse(after.details).quarantined, 0);
     assert((await env.provider.list()).some((e) => e.id === stuckId && e.state === "free"));
+    assertEquals((await env.provider.capacity()).forPods, 2);
   } finally {
     await env.close();
   }

@@ -7,6 +7,13 @@
  * attach latency, seeded failure injection and an optional device simulator
  * (each attached ENI appears as a device with its MAC) make it behave like one.
  *
+ * The node's side of the cloud lives in `mock_node` (`store.ts`): its ENI quota
+ * now (the config's `maxEnisPerNode` until the cloud says otherwise), ENIs
+ * attached to it that are not enim's (each takes a slot), and whether the cloud
+ * answers at all ({@linkcode MockProvider.setNode} and `setMockNode` change it, as
+ * a cloud changes behind the agent's back). {@linkcode MockProvider.capacity}
+ * tells how many ENIs pods can get from that.
+ *
  * Profiles: the top-level settings are the `default` profile; `profiles` adds
  * named ones, each with its own subnets, security groups and inventory (ids
  * `eni-mock-<profile>-0001`, MACs `<prefix>:<profile number>:…`). The node limit
@@ -35,6 +42,7 @@ import {
   DEFAULT_PROFILE,
   eniMatches,
   isEnterpriseGroup,
+  type NodeCapacityInput,
   type Owner,
   type ProfileInfo,
   type Provider,
@@ -48,7 +56,17 @@ import type { Eni } from "../contract.ts";
 import { migrateComponent, prepared, transaction } from "../../lib/sqlite.ts";
 import { mulberry32 } from "../../lib/rng.ts";
 import { type MockConfig, MockConfigSchema } from "./config.ts";
-import { hex, MIGRATIONS, type Row, RowSchema, rowToEni, sameOwner } from "./store.ts";
+import {
+  hex,
+  MIGRATIONS,
+  type MockNode,
+  readMockNode,
+  type Row,
+  RowSchema,
+  rowToEni,
+  sameOwner,
+  setMockNode,
+} from "./store.ts";
 import { addressPlan, cidrOf, type MockProfile, nthAddress, type Plan } from "./plan.ts";
 
 export {
@@ -59,13 +77,15 @@ export {
   MockSubnetSchema,
 } from "./config.ts";
 export { nthAddress } from "./plan.ts";
+export { type MockNode, readMockNode, setMockNode } from "./store.ts";
 
 /** The mock provider (exported for tests that call its extras: `detach`). */
 export class MockProvider implements Provider {
   readonly name = "mock";
   readonly #db: DatabaseSync;
   readonly #cfg: MockConfig;
-  readonly #max: number;
+  /** How many ENIs the inventory has (all profiles). */
+  readonly #inventory: number;
   readonly #ctx: ProviderContext;
   readonly #rand: () => number;
   readonly #profiles: Map<string, MockProfile>;
@@ -103,15 +123,33 @@ export class MockProvider implements Provider {
       }
       return [name, profile];
     }));
-    const total = all.reduce((n, [, p]) => n + p.enis, 0);
-    this.#max = Math.min(cfg.maxEnisPerNode ?? total, total);
+    this.#inventory = all.reduce((n, [, p]) => n + p.enis, 0);
     this.#rand = mulberry32(cfg.seed);
+  }
+
+  /**
+   * How many ENIs the node can have attached: the quota the cloud says now (the
+   * config's `maxEnisPerNode` until it says otherwise), at most the inventory.
+   */
+  #limit(node: MockNode): number {
+    return Math.min(node.maxEnis ?? this.#cfg.maxEnisPerNode ?? this.#inventory, this.#inventory);
+  }
+
+  /** Fails as a cloud that does not answer, while `mock_node.unreachable` is set. */
+  #assertReachable(node: MockNode, op: string): void {
+    if (node.unreachable !== null) {
+      throw new ProviderError(
+        "unavailable",
+        `The mock cloud did not answer "${op}": ${node.unreachable}`,
+      );
+    }
   }
 
   /** Creates the tables and inventory (first start) and settles attaches a crash interrupted. */
   async init(): Promise<void> {
     migrateComponent(this.#db, "mock", MIGRATIONS);
     transaction(this.#db, () => {
+      const max = this.#limit(readMockNode(this.#db));
       let attachedSoFar = (prepared(
         this.#db,
         "SELECT count(*) AS n FROM mock_enis WHERE attach <> 'detached'",
@@ -122,7 +160,7 @@ export class MockProvider implements Provider {
           .get(p.name);
         const pre = Math.min(p.preattached ?? p.enis, p.enis);
         for (let i = 1; i <= p.enis; i++) {
-          const attach = fresh && i <= pre && attachedSoFar < this.#max;
+          const attach = fresh && i <= pre && attachedSoFar < max;
           if (attach) attachedSoFar++;
           this.#insert(p, i, p.v4?.addrs[i - 1] ?? null, p.v6?.addrs[i - 1] ?? null, attach);
         }
@@ -218,11 +256,14 @@ export class MockProvider implements Provider {
 
   async allocateNextENI(owner: Owner, request: AllocationRequestInput): Promise<Eni> {
     this.#assertOpen();
+    this.#assertReachable(readMockNode(this.#db), "allocate");
     this.#inject("allocate");
     const req = AllocationRequestSchema.parse(request);
     const profile = this.#profile(req.profile);
     const specific = req.ips.length > 0 || req.ranges.length > 0;
     const step = transaction(this.#db, (): { eni: Row; detach?: Row } => {
+      const node = readMockNode(this.#db);
+      const max = this.#limit(node);
       const all = this.#rows("ORDER BY idx");
       const held = all.find((r) => sameOwner(r, owner));
       if (held) return { eni: held };
@@ -274,7 +315,9 @@ export class MockProvider implements Provider {
       let candidate = all.find((r) => r.attach === "detached" && fits(r));
       if (!candidate && req.ips.length > 0) candidate = this.#createWithIps(profile, req.ips, all);
       const onNode = all.filter((r) => r.attach !== "detached").length;
-      if (candidate && onNode < this.#max) return { eni: claim(candidate) };
+      // ENIs that are not enim's take slots of the node's quota too.
+      const taken = onNode + node.foreignEnis;
+      if (candidate && taken < max) return { eni: claim(candidate) };
       if (candidate) {
         // At the limit: an idle ENI of another profile makes room (pods go before pools).
         const idle = all.find((r) =>
@@ -293,7 +336,9 @@ export class MockProvider implements Provider {
               r.attach === "attached" && !r.owner_container && r.profile === profile.name
             )
               .length
-          } free, ${onNode} of ${this.#max} attached`,
+          } free, ${onNode} of ${max} attached${
+            node.foreignEnis > 0 ? ` and ${node.foreignEnis} not enim's` : ""
+          }`,
         );
       }
       const matching = all.filter(fits);
@@ -303,7 +348,7 @@ export class MockProvider implements Provider {
           : "no ENI is in range"
         : matching.every((r) => r.owner_container)
         ? `held by ${matching.map((r) => `"${r.owner_pod}"`).join(", ")}`
-        : `the node is at its limit of ${this.#max} ENIs`;
+        : `the node is at its limit of ${max} ENIs`;
       const what = req.ips.length > 0
         ? `The requested IP${req.ips.length > 1 ? "s" : ""} ${req.ips.join(", ")}`
         : `An ENI in the requested ranges ${JSON.stringify(req.ranges)}`;
@@ -390,6 +435,7 @@ export class MockProvider implements Provider {
 
   deallocateENI(owner: Owner): Promise<void> {
     this.#assertOpen();
+    this.#assertReachable(readMockNode(this.#db), "deallocate");
     this.#inject("deallocate");
     const held = this.#rows(
       "WHERE owner_container = ? AND owner_if = ?",
@@ -415,12 +461,15 @@ export class MockProvider implements Provider {
 
   describeENI(eniId: string, text: string | null): Promise<void> {
     this.#assertOpen();
+    this.#assertReachable(readMockNode(this.#db), "describe");
     prepared(this.#db, "UPDATE mock_enis SET description = ? WHERE id = ?").run(text, eniId);
     return Promise.resolve();
   }
 
   status(): Promise<ProviderStatus> {
     this.#assertOpen();
+    const node = readMockNode(this.#db);
+    const max = this.#limit(node);
     const rows = this.#rows("");
     const attached = rows.filter((r) => r.attach === "attached");
     const onNode = rows.filter((r) => r.attach !== "detached").length;
@@ -434,14 +483,45 @@ export class MockProvider implements Provider {
       name: this.name,
       free: attached.filter((r) => !r.owner_container).length,
       owned: attached.filter((r) => r.owner_container).length,
-      attachable: Math.max(0, Math.min(this.#max - onNode, rows.length - onNode)),
+      attachable: Math.max(0, Math.min(max - onNode - node.foreignEnis, rows.length - onNode)),
       details: {
         inventory: rows.length,
-        maxEnisPerNode: this.#max,
+        maxEnisPerNode: max,
+        // ENIs on the node that are not enim's (shown when there are some, as BCE shows them).
+        ...(node.foreignEnis > 0 ? { otherAttached: node.foreignEnis } : {}),
         attaching: rows.filter((r) => r.attach === "attaching").length,
       },
       profiles,
     });
+  }
+
+  /**
+   * How many ENIs pods can get: the node's limit less the ENIs attached to it that
+   * are not enim's. Fails while the cloud does not answer.
+   */
+  capacity(): Promise<NodeCapacityInput> {
+    return Promise.resolve().then((): NodeCapacityInput => {
+      this.#assertOpen();
+      const node = readMockNode(this.#db);
+      this.#assertReachable(node, "capacity");
+      const limit = this.#limit(node);
+      const foreign = Math.min(node.foreignEnis, limit);
+      return {
+        limit,
+        forPods: limit - foreign,
+        unavailable: foreign > 0 ? [{ reason: "foreign", count: foreign }] : [],
+        source: node.maxEnis !== null
+          ? "cloud"
+          : this.#cfg.maxEnisPerNode !== undefined
+          ? "config"
+          : "inventory",
+      };
+    });
+  }
+
+  /** Changes what the cloud says of the node (test and demo extra; see `setMockNode`). */
+  setNode(patch: Partial<MockNode>): void {
+    setMockNode(this.#db, patch);
   }
 
   /** Detaches a free ENI from the node (test and demo extra); the device disappears. */

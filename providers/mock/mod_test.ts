@@ -187,3 +187,72 @@ Deno.test("mock never gives an ENI being attached to anyone else", async () => {
     db.close();
   }
 });
+
+Deno.test("the mock's capacity follows the cloud's quota and the ENIs that are not enim's", async () => {
+  const { provider, db } = await makeMock({ enis: 8, maxEnisPerNode: 4, preattached: 0 });
+  try {
+    assertEquals(await provider.capacity(), {
+      limit: 4,
+      forPods: 4,
+      unavailable: [],
+      source: "config",
+    });
+    provider.setNode({ maxEnis: 6 });
+    assertEquals((await provider.capacity()).forPods, 6);
+    assertEquals((await provider.status()).attachable, 6);
+    // Another program attaches an ENI: it takes a slot pods cannot have.
+    provider.setNode({ foreignEnis: 1 });
+    assertEquals(await provider.capacity(), {
+      limit: 6,
+      forPods: 5,
+      unavailable: [{ reason: "foreign", count: 1 }],
+      source: "cloud",
+    });
+    for (let i = 0; i < 5; i++) {
+      await provider.allocateNextENI({ pod: `ns/p${i}`, containerId: `c${i}`, ifName: "eth0" }, {});
+    }
+    const full = await provider.allocateNextENI(
+      { pod: "ns/p5", containerId: "c5", ifName: "eth0" },
+      {},
+    ).then(() => null, (e: unknown) => e);
+    assert(full instanceof ProviderError);
+    assertEquals(full.reason, "no_eni_available");
+    assertEquals(
+      full.message,
+      'No ENI available for profile "default": 0 free, 5 of 6 attached and 1 not enim\'s',
+    );
+    assertEquals((await provider.status()).details.otherAttached, 1);
+  } finally {
+    await provider.close();
+    db.close();
+  }
+});
+
+Deno.test("an unreachable mock cloud fails allocate, deallocate and capacity, and answers when back", async () => {
+  const { provider, db } = await makeMock({ enis: 2 });
+  const o = { pod: "ns/p", containerId: "c", ifName: "eth0" };
+  try {
+    provider.setNode({ unreachable: "injected outage" });
+    for (
+      const call of [
+        (): Promise<unknown> => provider.capacity(),
+        () => provider.allocateNextENI(o, {}),
+        () => provider.deallocateENI(o),
+      ]
+    ) {
+      const err = await Promise.resolve().then(call).then(() => null, (e: unknown) => e);
+      assert(err instanceof ProviderError, String(err));
+      assertEquals(err.reason, "unavailable");
+      assert(
+        /^The mock cloud did not answer "\w+": injected outage$/.test(err.message),
+        err.message,
+      );
+    }
+    assertEquals((await provider.status()).free, 2, "the pool counts are local");
+    provider.setNode({ unreachable: null });
+    assertEquals((await provider.capacity()).forPods, 2);
+  } finally {
+    await provider.close();
+    db.close();
+  }
+});

@@ -7,7 +7,8 @@
 import * as z from "zod/mini";
 import "../../lib/zod_locale.ts";
 import type { Eni, Owner } from "../contract.ts";
-import { hasColumn, type Migration } from "../../lib/sqlite.ts";
+import type { DatabaseSync } from "node:sqlite";
+import { hasColumn, type Migration, prepared } from "../../lib/sqlite.ts";
 
 /** The tables of the mock cloud, by version (`migrateComponent`, component `mock`). */
 export const MIGRATIONS: Migration[] = [
@@ -37,7 +38,55 @@ export const MIGRATIONS: Migration[] = [
     add("enterprise_security_groups", "TEXT NOT NULL DEFAULT '[]'");
     add("description", "TEXT");
   },
+  // What the simulated cloud says of the node, changed behind the agent's back by tests
+  // (a new quota, another program's ENIs, an outage): one row.
+  `CREATE TABLE IF NOT EXISTS mock_node (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    max_enis INTEGER CHECK (max_enis IS NULL OR max_enis >= 0),
+    foreign_enis INTEGER NOT NULL DEFAULT 0 CHECK (foreign_enis >= 0),
+    unreachable TEXT
+  );
+  INSERT OR IGNORE INTO mock_node (id) VALUES (1);`,
 ];
+
+/**
+ * What the simulated cloud says of the node (`mock_node`), besides its ENIs:
+ * `maxEnis`, the node's ENI quota now (null: `maxEnisPerNode` of the config, or
+ * the inventory); `foreignEnis`, ENIs attached to the node that are not enim's
+ * (each takes a slot of the quota); `unreachable`, set while the cloud does not
+ * answer (the message its calls fail with).
+ */
+export interface MockNode {
+  maxEnis: number | null;
+  foreignEnis: number;
+  unreachable: string | null;
+}
+
+const NodeRowSchema = z.object({
+  max_enis: z.nullable(z.number()),
+  foreign_enis: z.number(),
+  unreachable: z.nullable(z.string()),
+});
+
+/** Reads the node's row. */
+export function readMockNode(db: DatabaseSync): MockNode {
+  const r = NodeRowSchema.parse(
+    prepared(db, "SELECT max_enis, foreign_enis, unreachable FROM mock_node WHERE id = 1").get(),
+  );
+  return { maxEnis: r.max_enis, foreignEnis: r.foreign_enis, unreachable: r.unreachable };
+}
+
+/**
+ * Changes what the simulated cloud says of the node, as a cloud changes behind
+ * the agent's back (tests, the demo): the fields given are set.
+ */
+export function setMockNode(db: DatabaseSync, patch: Partial<MockNode>): void {
+  const now = { ...readMockNode(db), ...patch };
+  prepared(
+    db,
+    "UPDATE mock_node SET max_enis = ?, foreign_enis = ?, unreachable = ? WHERE id = 1",
+  ).run(now.maxEnis, now.foreignEnis, now.unreachable);
+}
 
 const Groups = z.pipe(z.string(), z.transform((s): string[] => JSON.parse(s)));
 

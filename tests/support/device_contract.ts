@@ -9,6 +9,7 @@
  */
 import { assert, assertEquals, assertRejects } from "../../lib/assert.ts";
 import { DeviceError, type DeviceLayer } from "../../netns/types.ts";
+import { installedShaping, shapingProblems } from "../../netns/bandwidth.ts";
 
 /** An ENI's device on the node, ready to be plugged. */
 export interface HarnessEni {
@@ -119,6 +120,36 @@ export async function deviceLayerContract(
       const err = await assertRejects(() => h.layer.pin(h.notANetns));
       assert(err instanceof DeviceError && err.reason === "netns_invalid", String(err));
       assert(await h.layer.findByMac(eni.mac), "nothing moved");
+    },
+  );
+
+  await step(
+    "plug shapes the bandwidth it is given, CHECK's reading matches it, unplug leaves nothing",
+    async (h) => {
+      const eni = await h.eni();
+      const pod = await h.pod();
+      const bandwidth = {
+        ingress: { rate: 10_000_000 },
+        egress: { rate: 20_000_000, burst: 80_000 },
+      };
+      const r = await h.layer.plug({ ...eni, netns: pod, ifName: "eth0", bandwidth });
+      assertEquals(r.shaping, installedShaping(bandwidth, 1500), "the bursts as installed");
+      const live = await h.layer.inspectShaping({ netns: pod, ifName: "eth0" });
+      assertEquals(
+        shapingProblems(r.shaping!, live, { ifName: "eth0", netns: pod, mac: eni.mac }),
+        [],
+      );
+      await h.layer.unplug({
+        mac: eni.mac,
+        nodeName: r.nodeName,
+        netns: pod,
+        podName: "eth0",
+        shapedIngress: true,
+      });
+      // Plugged again without limits, the device carries none of the last pod's shaping.
+      await h.layer.plug({ ...eni, netns: pod, ifName: "eth0" });
+      const again = await h.layer.inspectShaping({ netns: pod, ifName: "eth0" });
+      assertEquals(again.qdiscs.filter((q) => ["tbf", "ingress"].includes(q.kind)), []);
     },
   );
 

@@ -12,6 +12,9 @@
  * and wait until it says go: the test then deletes or replaces the pod's
  * namespace at exactly that step). Nothing outside the sandbox sees the wrapper.
  *
+ * `tc` gets the same wrapper with `IpFaults.install(node, "/usr/sbin/tc")` (its
+ * batches are `tc -batch FILE` too).
+ *
  * @module
  */
 import { exists } from "../../lib/fs.ts";
@@ -66,26 +69,33 @@ export class IpFaults {
   readonly #node: SimulatedNode;
   /** The control directory, as the test process sees it. */
   readonly #dir: string;
+  /** The program wrapped. */
+  readonly #bin: string;
 
-  private constructor(node: SimulatedNode, dir: string) {
+  private constructor(node: SimulatedNode, dir: string, bin: string) {
     this.#node = node;
     this.#dir = dir;
+    this.#bin = bin;
   }
 
-  /** Installs the wrapper in `node`'s sandbox (before its agent starts, or at any time). */
-  static async install(node: SimulatedNode): Promise<IpFaults> {
+  /**
+   * Installs the wrapper over `bin` (default `ip`; `tc` works the same) in `node`'s
+   * sandbox (before its agent starts, or at any time).
+   */
+  static async install(node: SimulatedNode, bin = IP): Promise<IpFaults> {
     const base = node.sandbox.base;
-    const dir = `${base}/ipfault`;
+    const name = bin.split("/").at(-1)!;
+    const dir = `${base}/${name}fault`;
     await Deno.mkdir(dir, { recursive: true, mode: 0o700 });
-    await Deno.copyFile(IP, `${base}/ip.real`);
-    await Deno.chmod(`${base}/ip.real`, 0o755);
-    await Deno.writeTextFile(`${base}/ip.wrapper`, SCRIPT(dir, `${base}/ip.real`), {
+    await Deno.copyFile(bin, `${base}/${name}.real`);
+    await Deno.chmod(`${base}/${name}.real`, 0o755);
+    await Deno.writeTextFile(`${base}/${name}.wrapper`, SCRIPT(dir, `${base}/${name}.real`), {
       mode: 0o755,
     });
-    await sandboxRun(node, ["/usr/bin/mount", "--bind", `${base}/ip.wrapper`, IP]);
+    await sandboxRun(node, ["/usr/bin/mount", "--bind", `${base}/${name}.wrapper`, bin]);
     const ns = await sandboxRun(node, ["/usr/bin/readlink", "/proc/self/ns/net"]);
     await Deno.writeTextFile(`${dir}/node-ns`, ns.trim());
-    return new IpFaults(node, dir);
+    return new IpFaults(node, dir, bin);
   }
 
   /** The next `times` `ip` calls in `where` matching `regex` fail. */
@@ -131,7 +141,7 @@ export class IpFaults {
   /** Removes the wrapper (the sandbox's own teardown would drop it too). */
   async uninstall(): Promise<void> {
     await this.clear();
-    await sandboxRun(this.#node, ["/usr/bin/umount", IP]).catch(() => {});
+    await sandboxRun(this.#node, ["/usr/bin/umount", this.#bin]).catch(() => {});
   }
 }
 

@@ -13,6 +13,7 @@ import {
   type Eni,
   EniSchema,
   keyOf,
+  NodeCapacitySchema,
   type Owner,
   type Provider,
   ProviderError,
@@ -84,6 +85,24 @@ export async function providerContractSuite(
     assertEquals(enis.filter((e) => e.owner).length, 0);
     assert((await capacity(p)) >= 4, "The suite needs at least 4 ENIs");
   });
+
+  await step(
+    "capacity(), where offered, counts every ENI pods can get and stays put while they take them",
+    async (p) => {
+      if (!p.capacity) return;
+      const before = NodeCapacitySchema.parse(await p.capacity());
+      const s = ProviderStatusSchema.parse(await p.status());
+      // Nothing is in flight: what pods can get is what the pool has and can still attach.
+      assertEquals(before.forPods, s.free + s.owned + s.attachable);
+      const held = before.unavailable.reduce((n, u) => n + u.count, 0);
+      assertEquals(before.forPods, Math.max(0, before.limit - held));
+      const n = await capacity(p);
+      for (let i = 0; i < n; i++) await p.allocateNextENI(owner(i), ANY);
+      assertEquals(NodeCapacitySchema.parse(await p.capacity()), before, "pods holding ENIs");
+      for (let i = 0; i < n; i++) await p.deallocateENI(owner(i));
+      assertEquals(NodeCapacitySchema.parse(await p.capacity()), before, "pods gone");
+    },
+  );
 
   await step("allocateNextENI() is idempotent per owner", async (p) => {
     const a = await p.allocateNextENI(owner(1), ANY);

@@ -20,11 +20,15 @@ export async function withRunDir<T>(fn: (dir: string) => Promise<T>): Promise<T>
   }
 }
 
-/** Runs `fn` with a fresh sandbox; `dir` is /run/enim as enim processes see it. */
+/**
+ * Runs `fn` with a fresh sandbox; `dir` is /run/enim as enim processes see it.
+ * `kubelet`: the sandbox has kubelet's device-plugin folder too (`sb.kubeletDir`).
+ */
 export async function withSandbox<T>(
   fn: (dir: string, sb: EnimSandbox) => Promise<T>,
+  opts: { kubelet?: boolean } = {},
 ): Promise<T> {
-  const sb = await EnimSandbox.create();
+  const sb = await EnimSandbox.create(null, opts);
   try {
     return await fn(sb.inner(), sb);
   } finally {

@@ -11,6 +11,12 @@
  * see a node of their own: `/run/enim/enim.sock`, `/run/enim/enim.db`.
  *
  * From the test process the same files are at {@linkcode EnimSandbox.host}.
+ *
+ * With `kubelet: true` the sandbox also has kubelet's device-plugin folder at its
+ * production path, `/var/lib/kubelet/device-plugins` (a private directory bind-mounted
+ * over `/var/lib` inside it), which the test process reaches at
+ * {@linkcode EnimSandbox.kubeletDir}: the agent's device plugin runs with the
+ * production permission set, and nothing on the machine's own /var/lib is touched.
  * Mounts under /run/netns propagate into the sandbox (it is a slave), so pod
  * namespaces created later are visible to the agent.
  *
@@ -47,8 +53,19 @@ export class EnimSandbox implements AsyncDisposable {
     this.netns = netns;
   }
 
-  /** Creates the sandbox; `netns` is a path such as /run/netns/<node>. */
-  static async create(netns: string | null = null): Promise<EnimSandbox> {
+  /** The sandbox's kubelet folder as the test process sees it (with `kubelet: true`). */
+  get kubeletDir(): string {
+    return `${this.base}/varlib/kubelet/device-plugins`;
+  }
+
+  /**
+   * Creates the sandbox; `netns` is a path such as /run/netns/<node>; `kubelet`
+   * gives it kubelet's device-plugin folder (see the module doc).
+   */
+  static async create(
+    netns: string | null = null,
+    opts: { kubelet?: boolean } = {},
+  ): Promise<EnimSandbox> {
     const base = `/tmp/enim-sbx-${crypto.randomUUID().slice(0, 8)}`;
     const sb = new EnimSandbox(base, netns);
     await Deno.mkdir(`${base}/run`, { recursive: true, mode: 0o700 });
@@ -67,6 +84,11 @@ export class EnimSandbox implements AsyncDisposable {
         `${base}/run`,
         INNER,
       ]);
+      if (opts.kubelet) {
+        await Deno.mkdir(sb.kubeletDir, { recursive: true, mode: 0o755 });
+        const inside = [`--mount=${base}/mnt`, "--", MOUNT, "--bind", `${base}/varlib`, "/var/lib"];
+        await run(NSENTER, inside);
+      }
     } catch (err) {
       await sb.close().catch(() => {});
       throw err;
