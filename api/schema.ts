@@ -16,6 +16,10 @@
  * Errors are `{error: {code, message, details?}}` with an HTTP status from
  * {@linkcode HTTP_STATUS}.
  *
+ * Why one file: it is the agent's whole wire contract, schemas and little else;
+ * the plugin, the CLI and the agent each import it as one, and a change to the
+ * API is reviewed in one place (the bodies share their field schemas).
+ *
  * @module
  */
 import { CNI_ENV_NAMES, LOG_FILE_ENV, MAX_CALL_STDIN } from "./wire.ts";
