@@ -251,6 +251,35 @@ Deno.test("a parked ENI is claimed on another node: same ENI, MAC and IPs; the n
   }
 });
 
+Deno.test("capacity() takes no slot from pods for a zone-sticky ENI being parked, parked or claimed", async () => {
+  const a = await nodeA();
+  const b = await nodeOn(a, NODE_B);
+  const forPods = async (env: TestEnv) => {
+    await env.provider.maintainPool();
+    const c = await env.provider.capacity();
+    return [c.limit, c.forPods, c.unavailable];
+  };
+  try {
+    const eni = await a.provider.allocateNextENI(owner("c1"), { ...any, sticky: true });
+    assertEquals(await forPods(a), [8, 8, []], "the pod's own ENI is the pod's");
+    // The detach held back: the ENI is still attached here while its park is recorded.
+    a.fake.inject({ kind: "slow", delayMs: 2000, match: { action: "detach" } });
+    await a.provider.parkENI(owner("c1"), { until: Date.now() + HOUR });
+    assertEquals(await forPods(a), [8, 8, []], "being parked: the pod's, never \"not enim's\"");
+    assertEquals(cloud(a.fake, eni.id)?.instanceId, INSTANCE, "still attached here");
+    assertEquals((await a.provider.status()).sticky?.parked.map((p) => p.state), ["parking"]);
+    await parkedInCloud(a.fake, eni.id);
+    assertEquals(await forPods(a), [8, 8, []], "parked in the VPC");
+    const back = await b.provider.allocateNextENI(owner("c2"), { ...any, sticky: true });
+    assertEquals(back.id, eni.id);
+    assertEquals(await forPods(b), [8, 8, []], "claimed: the pod's");
+    assertEquals(await forPods(a), [8, 8, []], "claimed elsewhere");
+  } finally {
+    await b.close();
+    await a.close();
+  }
+});
+
 Deno.test("a zone-sticky pod's new ENI carries its owned record; freed into the pool, it loses it", async () => {
   const a = await nodeA();
   try {
