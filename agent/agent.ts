@@ -23,6 +23,7 @@ import { Metrics } from "../lib/metrics.ts";
 import { poll, withDeadline } from "../lib/async.ts";
 import {
   type DeviceSimulator,
+  type Owner,
   type Provider,
   type ProviderContext,
   ProviderError,
@@ -111,6 +112,11 @@ export function withProviderTimeout(p: Provider, ms: number, metrics?: Metrics):
     ...(p.repairDevice
       ? { repairDevice: (id: string) => limit("repairDevice", () => p.repairDevice!(id)) }
       : {}),
+    ...(p.parkENI
+      ? {
+        parkENI: (owner: Owner, o: { until: number }) => limit("park", () => p.parkENI!(owner, o)),
+      }
+      : {}),
     ...(p.capacity ? { capacity: () => limit("capacity", () => p.capacity!()) } : {}),
     ...(p.start ? { start: () => p.start!() } : {}),
     close: () => p.close(),
@@ -185,6 +191,7 @@ export async function startParts(
       db,
       log: log.child({ component: "provider", provider: cfg.provider.name }),
       waitForDevice: deviceWaiter(devices),
+      stickyEvent: (event, profile) => metrics.stickyEvent(event, profile),
       ...(simulator ? { deviceSimulator: simulator } : {}),
     };
     const raw = await module.create(providerConfig, ctx);

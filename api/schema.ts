@@ -34,6 +34,7 @@ import {
   ProfileNameSchema,
   routeFamilyCheck,
   SecurityGroupIdSchema,
+  StickyStatusSchema,
 } from "../providers/schema.ts";
 
 /** A Kubernetes namespace (DNS label). */
@@ -241,9 +242,10 @@ export const GcItemSchema = z.object({
   /**
    * `dead`: the attachment's pod is gone; `orphan`: the provider shows the ENI
    * owned by an attachment the agent does not know; `hold`: a sticky pod's held
-   * ENI whose hold expired.
+   * ENI whose hold expired; `park`: a zone-sticky pod's held ENI whose node hold
+   * ended, parked in the VPC for the rest of its hold.
    */
-  kind: z._default(z.enum(["dead", "orphan", "hold"]), "dead"),
+  kind: z._default(z.enum(["dead", "orphan", "hold", "park"]), "dead"),
   /** The profile of the ENI (`default` when the agent does not know it). */
   profile: z._default(z.string(), "default"),
 });
@@ -274,8 +276,10 @@ export const AttachmentSchema = z.object({
   profile: z._default(z.string(), "default"),
   /** Whether the pod keeps its ENI through a delete and re-create. */
   sticky: z._default(z.boolean(), false),
-  /** Until when a held ENI waits for its pod (state `held`). */
+  /** Until when a held ENI waits for its pod on this node (state `held`). */
   holdUntil: z._default(z.nullable(z.string()), null),
+  /** Zone scope: until when, after its node hold, the ENI waits for its pod parked in the VPC. */
+  parkUntil: z._default(z.nullable(z.string()), null),
 });
 /** A recorded attachment. */
 export type Attachment = z.infer<typeof AttachmentSchema>;
@@ -352,6 +356,8 @@ export const StatusSchema = z.object({
   })),
   /** The provider's own details (BCE: limit source, lost and quarantined ENIs, intents). */
   providerDetails: z._default(z.record(z.string(), z.unknown()), {}),
+  /** Zone-wide sticky pods: the ENIs this node parked in the VPC, and the claims it made. */
+  sticky: z._default(StickyStatusSchema, { parked: [], claims: [] }),
   /** The device plugin, when the agent runs one (absent from older agents). */
   devicePlugin: z.optional(DevicePluginStatusSchema),
 });
@@ -364,6 +370,8 @@ export const API_ERROR_CODES = [
   "not_found",
   "no_eni_available",
   "requested_ip_unavailable",
+  "sticky_conflict",
+  "wrong_zone",
   "ifname_exists",
   "netns_invalid",
   "check_failed",
@@ -383,6 +391,8 @@ export const HTTP_STATUS: Record<ApiErrorCode, number> = {
   not_found: 404,
   no_eni_available: 409,
   requested_ip_unavailable: 409,
+  sticky_conflict: 409,
+  wrong_zone: 409,
   ifname_exists: 409,
   netns_invalid: 400,
   check_failed: 412,

@@ -32,9 +32,49 @@ function stateCell(e: Row): string {
   const a = e.attachment;
   if (a?.state === "held" && a.holdUntil) {
     const left = formatAge(new Date().toISOString(), Date.parse(a.holdUntil));
-    return `held (${left} left)`;
+    // Zone scope: after its node hold the ENI is parked in the VPC, not freed.
+    return a.parkUntil ? `held (${left}, then parked)` : `held (${left} left)`;
   }
   return a?.state ?? e.state;
+}
+
+type Parked = Status["sticky"]["parked"][number];
+type Claim = Status["sticky"]["claims"][number];
+
+const PARKED_COLUMNS: Column<Parked>[] = [
+  { header: "PARKED ENI", cell: (p) => p.eniId },
+  { header: "POD", cell: (p) => p.pod },
+  { header: "IFNAME", cell: (p) => p.ifName },
+  { header: "PROFILE", cell: (p) => p.profile },
+  { header: "STATE", cell: (p) => p.state },
+  { header: "SINCE", cell: (p) => formatAge(p.since) },
+  {
+    header: "EXPIRES IN",
+    cell: (p) => formatAge(new Date().toISOString(), Date.parse(p.until)),
+  },
+];
+
+const CLAIM_COLUMNS: Column<Claim>[] = [
+  { header: "CLAIMED ENI", cell: (c) => c.eniId },
+  { header: "POD", cell: (c) => c.pod },
+  { header: "IFNAME", cell: (c) => c.ifName },
+  { header: "FROM", cell: (c) => c.from ?? "-" },
+  { header: "AGO", cell: (c) => formatAge(c.at) },
+];
+
+/** Zone-wide sticky pods: what this node parked in the VPC, and the claims it made. */
+function renderSticky(s: Status): string {
+  let out = "";
+  if (s.sticky.parked.length) {
+    out +=
+      "\nparked in the VPC by this node (any node of the zone can claim them for their pod):\n" +
+      renderTable(PARKED_COLUMNS, s.sticky.parked);
+  }
+  if (s.sticky.claims.length) {
+    out += "\nclaimed by this node from the VPC (most recent first):\n" +
+      renderTable(CLAIM_COLUMNS, s.sticky.claims);
+  }
+  return out;
 }
 
 type ProfileRow = [string, Status["pool"]["profiles"][string]];
@@ -105,7 +145,8 @@ export function renderStatus(s: Status): string {
       ...COLUMNS.slice(1),
     ]
     : COLUMNS;
-  return head + (s.enis.length ? renderTable(columns, s.enis) : "no ENIs attached to this node\n");
+  return head + (s.enis.length ? renderTable(columns, s.enis) : "no ENIs attached to this node\n") +
+    renderSticky(s);
 }
 
 /** The `status` subcommand. */

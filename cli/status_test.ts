@@ -178,6 +178,53 @@ Deno.test("enim status names lost and quarantined ENIs an operator must act on",
   assertStringIncludes(text, "QUARANTINED: 1 ENI(s) stuck");
 });
 
+Deno.test("enim status lists the ENIs this node parked in the VPC and the claims it made", () => {
+  const now = Date.now();
+  const text = renderStatus(StatusSchema.parse({
+    version: "0.1.0",
+    provider: "bce",
+    ready: true,
+    canAllocate: true,
+    pool: { free: 0, owned: 0, recycling: 0, attachable: 4 },
+    enis: [],
+    sticky: {
+      parked: [{
+        eniId: "eni-parked01",
+        pod: "payments/db-0",
+        ifName: "eth0",
+        profile: "db",
+        state: "parked",
+        since: new Date(now - 61_000).toISOString(),
+        until: new Date(now + 4 * 60_000 + 30_000).toISOString(),
+      }],
+      claims: [{
+        eniId: "eni-claimed1",
+        pod: "payments/db-1",
+        ifName: "eth0",
+        from: "i-nodea001",
+        at: new Date(now - 5_000).toISOString(),
+      }],
+    },
+  }));
+  const lines = text.split("\n");
+  const at = lines.findIndex((l) => l.startsWith("parked in the VPC by this node"));
+  assertMatch(lines[at + 1], /^PARKED ENI\s+POD\s+IFNAME\s+PROFILE\s+STATE\s+SINCE\s+EXPIRES IN$/);
+  assertMatch(lines[at + 2], /^eni-parked01\s+payments\/db-0\s+eth0\s+db\s+parked\s+1m\s+4m$/);
+  const c = lines.findIndex((l) => l.startsWith("claimed by this node"));
+  assertMatch(lines[c + 1], /^CLAIMED ENI\s+POD\s+IFNAME\s+FROM\s+AGO$/);
+  assertMatch(lines[c + 2], /^eni-claimed1\s+payments\/db-1\s+eth0\s+i-nodea001\s+5s$/);
+  // Nothing parked and no claim: no such sections.
+  const plain = renderStatus(StatusSchema.parse({
+    version: "0.1.0",
+    provider: "bce",
+    ready: true,
+    canAllocate: true,
+    pool: { free: 0, owned: 0, recycling: 0, attachable: 4 },
+    enis: [],
+  }));
+  assertEquals(plain.includes("parked in the VPC"), false);
+});
+
 Deno.test("enim status shows what the device plugin advertises and why devices are Unhealthy", async (t) => {
   const base = {
     version: "0.1.0",

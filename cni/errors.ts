@@ -72,6 +72,11 @@ const API_TO_CNI: Record<ApiErrorCode, { code: number; lead: string }> = {
     lead: "The pod's ENI choice is not allowed on this node",
   },
   provider_error: { code: CNI_CODES.PROVIDER_ERROR, lead: "The cloud provider failed" },
+  sticky_conflict: {
+    code: CNI_CODES.STICKY_ELSEWHERE,
+    lead: "The sticky pod's ENI is held elsewhere",
+  },
+  wrong_zone: { code: CNI_CODES.WRONG_ZONE, lead: "The sticky pod's ENI is in another zone" },
   device_error: { code: CNI_CODES.DEVICE_ERROR, lead: "Configuring the device failed" },
   busy: { code: CNI_CODES.TRY_AGAIN_LATER, lead: "The enim agent is busy; try again later" },
   state_unavailable: { code: CNI_CODES.IO_FAILURE, lead: "I/O failure" },

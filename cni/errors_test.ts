@@ -9,7 +9,7 @@ Deno.test("CNI codes are unique, the spec's below 100 and enim's from 100 up", (
   assertEquals(new Set(codes).size, codes.length);
   for (const c of [1, 2, 3, 4, 5, 6, 7, 11, 50, 51]) assert(codes.includes(c as never), `${c}`);
   const own = Object.entries(CNI_CODES).filter(([, c]) => c >= 100).map(([k]) => k);
-  assertEquals(own.length, 9);
+  assertEquals(own.length, 11);
 });
 
 Deno.test("toCniError() maps each kind of failure to its CNI code", async (t) => {
@@ -83,6 +83,8 @@ Deno.test("toCniError() maps every agent API error code", async (t) => {
     not_found: 3,
     no_eni_available: 100,
     requested_ip_unavailable: 101,
+    sticky_conflict: 108,
+    wrong_zone: 109,
     ifname_exists: 102,
     netns_invalid: 103,
     check_failed: 106,

@@ -79,6 +79,13 @@ export const CNI_CODES = {
   CHECK_FAILED: 106,
   /** enim: GC ran but some reclaims failed (they are retried by the agent). */
   GC_INCOMPLETE: 107,
+  /**
+   * enim: a zone-sticky pod's ENI is held elsewhere: on a node BCE reports running,
+   * or claimed by another node at the same moment (the message says which).
+   */
+  STICKY_ELSEWHERE: 108,
+  /** enim: a zone-sticky pod's ENI is in another zone than this node (the message names both). */
+  WRONG_ZONE: 109,
   /** enim: an unexpected failure (a bug, or an agent-side internal error). */
   INTERNAL: 110,
 } as const;

@@ -106,6 +106,7 @@ export class Metrics implements PhaseRecorder {
   readonly gcReclaims: Counter<"result">;
   readonly providerLatency: Histogram<"provider" | "call" | "result">;
   readonly holdExpiries: Counter<"profile">;
+  readonly stickyZone: Counter<"event" | "profile">;
   readonly descriptions: Counter<"result">;
   readonly devicePluginRegistrations: Counter<"result">;
   readonly devicePluginLists: Counter;
@@ -183,6 +184,13 @@ export class Metrics implements PhaseRecorder {
       name: "enim_sticky_hold_expiries_total",
       help: "Sticky pods' held ENIs freed because the pod did not come back in time, by profile",
       labelNames: ["profile"],
+      registers,
+    });
+    this.stickyZone = new Counter({
+      name: "enim_sticky_zone_events_total",
+      help:
+        "Zone-wide sticky pods' ENIs: parked in the VPC by this node (park), claimed by it (claim), claims refused because another node has the ENI (claim_conflict), parked ENIs whose hold expired, deleted by this node (expiry); by profile",
+      labelNames: ["event", "profile"],
       registers,
     });
     this.descriptions = new Counter({
@@ -313,6 +321,11 @@ export class Metrics implements PhaseRecorder {
   /** Records a sticky pod's hold that expired. */
   holdExpired(profile: string): void {
     this.holdExpiries.inc({ profile });
+  }
+
+  /** Records a zone-wide sticky event (park, claim, claim_conflict, expiry). */
+  stickyEvent(event: string, profile: string): void {
+    this.stickyZone.inc({ event, profile });
   }
 
   /** Records one ENI description set or restored in the cloud. */

@@ -13,6 +13,9 @@ Deno.test("metrics exposes phase histograms, operation counters and pool gauges"
     details: { quarantined: 2, limitSource: "quota", lostEnis: [] },
   }));
   m.holdExpired("b");
+  m.stickyEvent("park", "db");
+  m.stickyEvent("claim_conflict", "db");
+  m.stickyEvent("claim_conflict", "db");
   m.description("ok");
   await m.time("add", "provider", () => Promise.resolve(1));
   m.phase("add", "move", 2.5);
@@ -27,6 +30,8 @@ Deno.test("metrics exposes phase histograms, operation counters and pool gauges"
   assertMatch(text, /enim_sticky_held_enis\{profile="b"\} 1/);
   assertMatch(text, /enim_sticky_hold_expiries_total\{profile="b"\} 1/);
   assertMatch(text, /enim_eni_descriptions_total\{result="ok"\} 1/);
+  assertMatch(text, /enim_sticky_zone_events_total\{event="park",profile="db"\} 1/);
+  assertMatch(text, /enim_sticky_zone_events_total\{event="claim_conflict",profile="db"\} 2/);
   assertMatch(text, /enim_node_attachable_enis 4/);
   assertMatch(text, /enim_lost_enis 1/);
   assertMatch(text, /enim_provider_status\{field="quarantined"\} 2/);

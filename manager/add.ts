@@ -22,7 +22,7 @@ import type { AttachmentRow } from "./state.ts";
 import { type AttachmentKey, keyOf, podKeyOf } from "../providers/schema.ts";
 import { checkChoice } from "./profiles.ts";
 import { buildResult } from "./result.ts";
-import { type ManagerContext, message, ownerOf } from "./context.ts";
+import { type ManagerContext, message, ownerOf, zoneHoldMs } from "./context.ts";
 import type { OpTimer } from "./op_timer.ts";
 import { findDevice, release } from "./release.ts";
 
@@ -122,6 +122,7 @@ export async function addPinned(
           profile: req.profile,
           ...(req.securityGroupIds ? { securityGroupIds: req.securityGroupIds } : {}),
           ...(held ? { takeOver: ownerOf(held) } : {}),
+          ...(req.sticky ? { sticky: true } : {}),
         })),
     );
     allocated = true;
@@ -193,11 +194,16 @@ export async function addPinned(
           (enis) => enis.some((e) => e.owner !== null && keyOf(e.owner) === keyOf(key)),
           () => true,
         ));
+      // A zone-sticky pod's ENI (perhaps just claimed from the VPC) is not the pool's:
+      // it is parked for the pod again, for a whole hold, instead of freed.
+      const park = req.sticky && zoneHoldMs(ctx, req.profile) !== null
+        ? { park: { until: ctx.now() + ctx.holdMs } }
+        : {};
       try {
         await release(
           ctx,
           row,
-          { netnsUsable: true, skipProvider: !mayHold, leaveCallerDevice: true },
+          { netnsUsable: true, skipProvider: !mayHold, leaveCallerDevice: true, ...park },
           t,
         );
       } catch (rbErr) {

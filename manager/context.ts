@@ -55,3 +55,14 @@ export const ownerOf = (r: AttachmentRow): Owner => ({
 
 /** An error's message for a user (no runtime hints). */
 export const message = userMessage;
+
+/**
+ * The node hold of a zone-scoped profile, in ms (null: node scope, or a provider
+ * that cannot park): how long a sticky pod's ENI stays on the node before it is
+ * parked in the VPC.
+ */
+export function zoneHoldMs(ctx: ManagerContext, profile: string): number | null {
+  if (!ctx.provider.parkENI) return null;
+  const p = ctx.provider.profiles().find((x) => x.name === profile);
+  return p?.sticky?.scope === "zone" ? p.sticky.nodeHoldSeconds * 1000 : null;
+}

@@ -24,7 +24,10 @@ export function toApiError(err: unknown, statePath = "the state database"): ApiE
     });
   }
   if (err instanceof ProviderError) {
-    if (err.reason === "no_eni_available" || err.reason === "requested_ip_unavailable") {
+    if (
+      err.reason === "no_eni_available" || err.reason === "requested_ip_unavailable" ||
+      err.reason === "sticky_conflict" || err.reason === "wrong_zone"
+    ) {
       return new ApiError(err.reason, err.message, undefined, { cause: err });
     }
     return new ApiError(

@@ -32,7 +32,9 @@
  *
  * Sticky pods' held ENIs (state `held`) are no attachment of the runtime: no
  * liveness source sees them (their netns is gone by design, and a CNI GC list
- * never names them). The agent's own pass frees each one when its hold expires.
+ * never names them). The agent's own pass frees each one when its hold expires,
+ * or, for a zone-sticky pod whose node hold ended, parks it in the VPC for the
+ * rest of its hold (`park`).
  *
  * A dry run reads (state, provider list, netns identities) and changes
  * nothing. A reclaim failure is recorded on its row and retried by the next
@@ -78,7 +80,10 @@ export interface GcDeps {
   graceMs: number;
   sources: LivenessSource[];
   /** Releases one attachment (state deleting → device back → deallocate → row deleted). */
-  release(row: AttachmentRow, opts: { netnsUsable: boolean }): Promise<void>;
+  release(
+    row: AttachmentRow,
+    opts: { netnsUsable: boolean; park?: { until: number } },
+  ): Promise<void>;
   /** Frees an ENI the provider shows owned by an attachment the state does not know. */
   freeOrphan(owner: Owner, eni: { id: string; mac: string }): Promise<boolean>;
   /** When an ADD last answered success for the key, if known. */
@@ -102,6 +107,13 @@ interface PlanItem {
   row: AttachmentRow | null;
   owner: Owner;
   netnsUsable: boolean;
+  /** A zone-sticky pod's node hold ended: the ENI is parked until then instead of freed. */
+  park?: { until: number };
+}
+
+/** Whether a held row whose node hold ended is parked (zone scope, hold left) rather than freed. */
+function parks(r: AttachmentRow, now: number): boolean {
+  return r.state === "held" && r.parkUntil !== null && r.parkUntil > now;
 }
 
 /** Whether the grace period protects `r` from GC. */
@@ -111,8 +123,10 @@ function protectedByGrace(r: AttachmentRow, now: number, graceMs: number): boole
   return now - r.createdAt < graceMs;
 }
 
-function describeAction(r: AttachmentRow, netnsUsable: boolean): string {
-  const free = r.eniId ? `free ${r.eniId}` : "forget the attachment";
+function describeAction(r: AttachmentRow, netnsUsable: boolean, park = false): string {
+  const free = r.eniId
+    ? `${park ? "park" : "free"} ${r.eniId}${park ? " in the VPC" : ""}`
+    : "forget the attachment";
   if (!r.mac) return free;
   const name = r.nodeName ? `"${r.nodeName}"` : "its node name";
   const where = r.mode === "interface" && netnsUsable
@@ -191,9 +205,13 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<Plan> {
     for (const r of rows) {
       if (r.state !== "held" || r.holdUntil === null || r.holdUntil > now) continue;
       verdicts.set(keyOf(r), [{
-        reason: `the sticky pod "${r.pod}" did not come back before its hold expired at ${
-          new Date(r.holdUntil).toISOString()
-        }`,
+        reason: parks(r, now)
+          ? `the sticky pod "${r.pod}" did not come back before its node hold ended at ${
+            new Date(r.holdUntil).toISOString()
+          }; its ENI is parked in the VPC for it until ${new Date(r.parkUntil!).toISOString()}`
+          : `the sticky pod "${r.pod}" did not come back before its hold expired at ${
+            new Date(r.holdUntil).toISOString()
+          }`,
         netnsUsable: false,
       }]);
     }
@@ -203,10 +221,12 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<Plan> {
     const vs = verdicts.get(keyOf(r));
     if (!vs) continue;
     const netnsUsable = vs.every((v) => v.netnsUsable !== false);
+    const park = !cniGc && parks(r, now);
     plan.push({
       row: r,
       owner: { pod: r.pod, containerId: r.containerId, ifName: r.ifName },
       netnsUsable,
+      ...(park ? { park: { until: r.parkUntil! } } : {}),
       item: {
         eniId: r.eniId ?? "",
         mac: r.mac ?? "",
@@ -216,9 +236,9 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<Plan> {
         ifName: r.ifName,
         netns: r.netns,
         reason: vs.map((v) => v.reason).join("; "),
-        action: describeAction(r, netnsUsable),
+        action: describeAction(r, netnsUsable, park),
         outcome: "planned",
-        kind: r.state === "held" ? "hold" : "dead",
+        kind: park ? "park" : r.state === "held" ? "hold" : "dead",
         profile: r.profile,
       },
     });
@@ -310,7 +330,10 @@ async function reclaim(deps: GcDeps, p: PlanItem, began: number): Promise<GcItem
           });
           return null;
         }
-        await deps.release(row, { netnsUsable: p.netnsUsable });
+        await deps.release(row, {
+          netnsUsable: p.netnsUsable,
+          ...(p.park ? { park: p.park } : {}),
+        });
       } else {
         if (row) return null;
         if (!(await deps.freeOrphan(p.owner, { id: p.item.eniId, mac: p.item.mac }))) return null;

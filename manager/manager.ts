@@ -54,7 +54,7 @@ import { type LivenessSource, runGc } from "./gc.ts";
 import { defaultLivenessSources } from "./liveness/mod.ts";
 import { Describer, type DescriptionRecorder } from "./descriptions.ts";
 import type { ManagerContext } from "./context.ts";
-import { message } from "./context.ts";
+import { message, zoneHoldMs } from "./context.ts";
 import { toApiError } from "./errors.ts";
 import { type OpTimer, timed } from "./op_timer.ts";
 import { add } from "./add.ts";
@@ -185,17 +185,33 @@ class ManagerImpl implements Manager {
     }
     // A sticky pod keeps its ENI for a while: it comes back with its next container.
     const hold = row.sticky && row.state === "ready" && row.result !== null;
+    // Zone scope: on this node for the node hold (instant same-node re-creates), then
+    // parked in the VPC for the rest of the hold, where any node of the zone takes it.
+    const zone = hold ? zoneHoldMs(ctx, row.profile) : null;
+    const now = ctx.now();
+    const until = now + ctx.holdMs;
+    const how = !hold
+      ? {}
+      : zone === null
+      ? { holdUntil: until }
+      : zone > 0
+      ? { holdUntil: now + Math.min(zone, ctx.holdMs), parkUntil: until }
+      : { park: { until } };
     try {
-      await release(ctx, row, {
-        netnsUsable: true,
-        leaveCallerDevice: true,
-        ...(hold ? { holdUntil: ctx.now() + ctx.holdMs } : {}),
-      }, t);
-      ctx.log.info(hold ? "DEL done; the ENI is held for the sticky pod" : "DEL done", {
-        key: keyOf(req),
-        eniId: row.eniId,
-        ...(hold ? { holdSeconds: Math.round(ctx.holdMs / 1000) } : {}),
-      });
+      await release(ctx, row, { netnsUsable: true, leaveCallerDevice: true, ...how }, t);
+      ctx.log.info(
+        !hold
+          ? "DEL done"
+          : "park" in how
+          ? "DEL done; the ENI is parked in the VPC for the sticky pod"
+          : "DEL done; the ENI is held for the sticky pod",
+        {
+          key: keyOf(req),
+          eniId: row.eniId,
+          ...(hold ? { pod: row.pod, holdSeconds: Math.round(ctx.holdMs / 1000) } : {}),
+          ...(zone !== null ? { scope: "zone", nodeHoldSeconds: Math.round(zone / 1000) } : {}),
+        },
+      );
     } catch (err) {
       const apiErr = ctx.apiError(err);
       // A DEL answers success only when what it did is recorded. The state could not be
@@ -240,6 +256,12 @@ class ManagerImpl implements Manager {
       for (const i of report.items) {
         if (i.outcome !== "planned") ctx.metrics?.gcReclaim(i.outcome);
         if (i.kind === "hold" && i.outcome === "reclaimed") ctx.metrics?.holdExpired?.(i.profile);
+        if (i.kind === "park" && i.outcome === "reclaimed") {
+          ctx.log.info("The sticky pod's node hold ended; its ENI is parked in the VPC", {
+            eniId: i.eniId,
+            pod: i.pod,
+          });
+        }
       }
       return report;
     });

@@ -18,7 +18,7 @@ import { type Eni, EniSchema, type Owner } from "../providers/contract.ts";
 import type { AttachmentState } from "../api/schema.ts";
 import { keyOf } from "../providers/schema.ts";
 import type { ReconcileReport } from "./types.ts";
-import { type ManagerContext, message, ownerOf } from "./context.ts";
+import { type ManagerContext, message, ownerOf, zoneHoldMs } from "./context.ts";
 import { release, repairDevice } from "./release.ts";
 
 /**
@@ -41,7 +41,12 @@ export async function reconcile(
     await ctx.locks.run(`att:${keyOf(row)}`, async () => {
       const was = row.state;
       try {
-        await release(ctx, row, { netnsUsable: true });
+        // A zone-sticky pod's ENI is parked for it (a fresh hold), never pooled: the
+        // DEL that was parking it is finished, the ADD that had claimed it undone.
+        const park = row.sticky && zoneHoldMs(ctx, row.profile) !== null
+          ? { park: { until: ctx.now() + ctx.holdMs } }
+          : {};
+        await release(ctx, row, { netnsUsable: true, ...park });
         if (was === "adding") report.rolledBack++;
         else report.finished++;
         log.info(was === "adding" ? "Rolled back a half-done ADD" : "Finished a half-done DEL", {

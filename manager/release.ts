@@ -62,6 +62,13 @@ export async function release(
     leaveCallerDevice?: boolean;
     /** A sticky pod's DEL: the device comes back, the ENI stays its pod's until then. */
     holdUntil?: number;
+    /** With `holdUntil` (zone scope): after the node hold, parked in the VPC until then. */
+    parkUntil?: number;
+    /**
+     * A zone-sticky pod's DEL (no node hold), or its node hold's end: the device
+     * comes back and the provider parks the ENI in the VPC for the pod until then.
+     */
+    park?: { until: number };
   },
   t: OpTimer = new OpTimer(),
 ): Promise<void> {
@@ -116,15 +123,20 @@ export async function release(
       });
     }
     if (o.holdUntil !== undefined && row.eniId && row.result) {
-      t.sync("state_write", () => ctx.state.markHeld(key, o.holdUntil!));
+      t.sync("state_write", () => ctx.state.markHeld(key, o.holdUntil!, o.parkUntil ?? null));
       return;
     }
-    if (!o.skipProvider) {
+    const parking = o.park !== undefined && !o.skipProvider && ctx.provider.parkENI !== undefined;
+    if (parking) {
+      // The provider records the park before it answers; its cloud record replaces
+      // the description, so no "freed" description follows.
+      await t.time("provider", () => ctx.provider.parkENI!(ownerOf(row), o.park!));
+    } else if (!o.skipProvider) {
       await t.time("provider", () => ctx.provider.deallocateENI(ownerOf(row)));
     }
     t.sync("state_write", () => ctx.state.delete(key));
     ctx.addAnswered.delete(keyOf(key));
-    if (row.eniId && !o.skipProvider) ctx.describer?.freed(row.eniId);
+    if (row.eniId && !o.skipProvider && !parking) ctx.describer?.freed(row.eniId);
   } catch (err) {
     t.sync("state_write", () => ctx.state.recordFailure(key, message(err)));
     throw err;

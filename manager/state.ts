@@ -104,6 +104,9 @@ const MIGRATIONS: Migration[] = [
   CREATE UNIQUE INDEX attachments_eni ON attachments (eni_id) WHERE eni_id IS NOT NULL;
   CREATE INDEX attachments_pod ON attachments (pod);
   CREATE INDEX attachments_state ON attachments (state);`,
+  // Zone-wide sticky pods: a held ENI's node hold ends at hold_until; it is then
+  // parked in the VPC until park_until (null: node scope, freed at hold_until).
+  `ALTER TABLE attachments ADD COLUMN park_until INTEGER;`,
 ];
 
 /** The schema version this code writes. */
@@ -135,8 +138,10 @@ export const AttachmentRowSchema = z.object({
   profile: z.string(),
   /** Whether its pod asked to keep its ENI through a delete and re-create. */
   sticky: z.pipe(z.number(), z.transform((n) => n === 1)),
-  /** When a held ENI goes back to the pool (state `held`). */
+  /** When a held ENI goes back to the pool (state `held`), or is parked (zone scope). */
   holdUntil: z.nullable(z.number()),
+  /** Zone scope: until when a held ENI, parked in the VPC after its node hold, waits for its pod. */
+  parkUntil: z.nullable(z.number()),
 });
 /** A row of `attachments`. */
 export type AttachmentRow = z.infer<typeof AttachmentRowSchema>;
@@ -167,6 +172,7 @@ const COLUMNS: Record<keyof AttachmentRow, string> = {
   profile: "profile",
   sticky: "sticky",
   holdUntil: "hold_until",
+  parkUntil: "park_until",
 };
 const SELECT = `SELECT ${
   Object.entries(COLUMNS).map(([k, c]) => `${c} AS "${k}"`).join(", ")
@@ -345,9 +351,15 @@ export class StateStore {
     });
   }
 
-  /** Records a DEL of a sticky pod: the ENI stays its pod's until `holdUntil`. */
-  markHeld(k: AttachmentKey, holdUntil: number): void {
-    transaction(this.db, () => this.#update(k, { state: "held", holdUntil, lastError: null }));
+  /**
+   * Records a DEL of a sticky pod: the ENI stays its pod's on this node until
+   * `holdUntil`, then (zone scope, `parkUntil` given) parked in the VPC until `parkUntil`.
+   */
+  markHeld(k: AttachmentKey, holdUntil: number, parkUntil: number | null = null): void {
+    transaction(
+      this.db,
+      () => this.#update(k, { state: "held", holdUntil, parkUntil, lastError: null }),
+    );
   }
 
   /** Records a failure of a reclaim or release on the row. */
@@ -394,6 +406,7 @@ export function toAttachment(r: AttachmentRow): Attachment {
     profile: r.profile,
     sticky: r.sticky,
     holdUntil: r.holdUntil === null ? null : new Date(r.holdUntil).toISOString(),
+    parkUntil: r.parkUntil === null ? null : new Date(r.parkUntil).toISOString(),
   };
 }
 

@@ -1,6 +1,7 @@
 /**
  * The node's status: the provider's pool per profile, the recorded attachments
- * (recycling, held) and each ENI with its device and attachment.
+ * (recycling, held), each ENI with its device and attachment, and (zone-wide
+ * sticky pods) the ENIs this node parked in the VPC and the claims it made.
  *
  * @module
  */
@@ -61,5 +62,6 @@ export async function status(ctx: ManagerContext, ready: boolean): Promise<Statu
     },
     enis: out,
     providerDetails: ps.details,
+    sticky: ps.sticky ?? { parked: [], claims: [] },
   };
 }

@@ -35,6 +35,9 @@ export interface DeviceSimulator {
   close?(): Promise<void>;
 }
 
+/** The zone-wide sticky events the agent counts (`enim_sticky_zone_events_total`). */
+export type StickyEvent = "park" | "claim" | "claim_conflict" | "expiry";
+
 /** What the agent hands a provider when it creates it. */
 export interface ProviderContext {
   /** The agent's state database: a provider keeps its own tables in it, prefixed with its name. */
@@ -44,6 +47,8 @@ export interface ProviderContext {
   waitForDevice?(mac: string, timeoutMs: number): Promise<void>;
   /** Set by tests and the demo; absent in production. */
   deviceSimulator?: DeviceSimulator;
+  /** Counts a zone-wide sticky event of a profile (the agent's metrics). Optional. */
+  stickyEvent?(event: StickyEvent, profile: string): void;
 }
 
 /**
@@ -85,6 +90,15 @@ export interface Provider {
    * Called after an ADD has answered (never delaying it). Optional.
    */
   describeENI?(eniId: string, text: string | null): Promise<void>;
+  /**
+   * Parks the ENI `owner` holds (a zone-wide sticky pod's, after its DEL and its
+   * node hold): it leaves this node's pool at once and is detached into the VPC,
+   * recorded in the cloud for the pod until `until` (epoch ms), so that the pod's
+   * next ADD on any node of the zone finds and claims it (`AllocationRequest.sticky`).
+   * Resolves once the park is recorded (a restart finishes it); succeeds when
+   * `owner` holds nothing. Optional: only providers with zone-wide stickiness.
+   */
+  parkENI?(owner: Owner, park: { until: number }): Promise<void>;
   /**
    * Makes the device of an attached ENI reappear on the node after it vanished
    * (the manager calls it when a released device is found nowhere). Optional: the

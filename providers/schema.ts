@@ -219,11 +219,33 @@ export const AllocationRequestSchema = z.object({
    * the call fails with `wrong_state` and nothing else is allocated.
    */
   eniId: z.optional(z.string().check(z.minLength(1))),
+  /**
+   * The pod is sticky. With a profile whose sticky scope is `zone`, the provider
+   * first looks for the pod's ENI in the cloud (parked in the VPC by any node of
+   * the zone, or left on a stopped one) and claims it; failing with
+   * `sticky_conflict` or `wrong_zone` when it may not. Without one, an ENI is
+   * allocated as usual and kept findable for the pod.
+   */
+  sticky: z.optional(z.boolean()),
 });
 /** What an ADD asks for. */
 export type AllocationRequest = z.infer<typeof AllocationRequestSchema>;
 /** What an ADD asks for, as a caller may write it (`profile` defaults to `default`). */
 export type AllocationRequestInput = z.input<typeof AllocationRequestSchema>;
+
+/**
+ * How far a profile's sticky pods keep their ENI: `node` (the node that ran the
+ * pod holds it for the pod's next container there) or `zone` (after a node hold
+ * of `nodeHoldSeconds` the ENI is parked in the VPC, and any node of its zone
+ * takes it for the pod; the provider must implement `parkENI`).
+ */
+export const StickyPolicySchema = z.object({
+  scope: z.enum(["node", "zone"]),
+  /** Zone scope: how long the ENI first stays attached to the node after the pod's DEL. */
+  nodeHoldSeconds: z.number().check(z.minimum(0)),
+});
+/** How far a profile's sticky pods keep their ENI. */
+export type StickyPolicy = z.infer<typeof StickyPolicySchema>;
 
 /** A profile as the provider runs it: what the manager checks a pod's choice against. */
 export const ProfileInfoSchema = z.object({
@@ -236,9 +258,48 @@ export const ProfileInfoSchema = z.object({
   namespaces: z.nullable(z.array(z.string())),
   /** The groups a pod of this profile may name inline (empty: inline groups are off). */
   allowedSecurityGroupIds: z.array(z.string()),
+  /** Its sticky pods' scope; absent: `node`. */
+  sticky: z.optional(StickyPolicySchema),
 });
 /** A profile as the provider runs it. */
 export type ProfileInfo = z.infer<typeof ProfileInfoSchema>;
+
+/** An ENI this node parked in the VPC for a zone-sticky pod, as long as it is there. */
+export const ParkedEniSchema = z.object({
+  eniId: z.string(),
+  pod: z.string(),
+  ifName: z.string(),
+  profile: z.string(),
+  /** `parking`: recorded, not yet detached; `parked`: in the VPC, waiting for its pod. */
+  state: z.enum(["parking", "parked"]),
+  /** When it was parked (ISO 8601). */
+  since: z.string(),
+  /** Until when it is kept for the pod (ISO 8601); then any node reclaims it. */
+  until: z.string(),
+});
+/** An ENI this node parked. */
+export type ParkedEni = z.infer<typeof ParkedEniSchema>;
+
+/** A zone-sticky pod's ENI this node claimed from the VPC (or from a stopped node). */
+export const StickyClaimSchema = z.object({
+  eniId: z.string(),
+  pod: z.string(),
+  ifName: z.string(),
+  /** The instance that parked it or held it, when its record said. */
+  from: z.nullable(z.string()),
+  /** When (ISO 8601). */
+  at: z.string(),
+});
+/** A claim this node made. */
+export type StickyClaim = z.infer<typeof StickyClaimSchema>;
+
+/** Zone-wide sticky pods, as `enim status` shows them. */
+export const StickyStatusSchema = z.object({
+  parked: z.array(ParkedEniSchema),
+  claims: z.array(StickyClaimSchema),
+});
+/** Zone-wide sticky pods, as `enim status` shows them. */
+export type StickyStatus = z.infer<typeof StickyStatusSchema>;
 
 /** One profile's pool. */
 export const ProfilePoolSchema = z.object({
@@ -259,6 +320,8 @@ export const ProviderStatusSchema = z.object({
   details: z._default(z.record(z.string(), z.unknown()), {}),
   /** The pool of each profile (the node limit is shared by all). */
   profiles: z._default(z.record(z.string(), ProfilePoolSchema), {}),
+  /** Zone-wide sticky pods: what this node parked in the VPC, and the claims it made (optional). */
+  sticky: z.optional(StickyStatusSchema),
 });
 /** Pool counts a provider reports. */
 export type ProviderStatus = z.infer<typeof ProviderStatusSchema>;
@@ -276,6 +339,10 @@ export type ProviderErrorReason =
   | "throttled"
   | "auth_failed"
   | "unavailable"
+  /** A zone-sticky pod's ENI is on a running node, or another node claimed it first. */
+  | "sticky_conflict"
+  /** A zone-sticky pod's ENI is in another zone than this node. */
+  | "wrong_zone"
   | "other";
 
 /** A provider failure with a reason the manager maps to an API error code. */

@@ -244,10 +244,11 @@ Deno.test("the fake answers with the codes public sources give", async (t) => {
       const e = await c.getInstance("i-nobody").then(() => null, (e) => e);
       assertEquals([e?.status, e?.code, e?.missing], [404, "NoSuchObject", "instance"]);
     });
-    await t.step("the instance detail carries eniQuota and cpuCount", async () => {
+    await t.step("the instance detail carries eniQuota, cpuCount, status and zone", async () => {
       assertEquals(await c.getInstance(INSTANCE), {
         id: INSTANCE,
         status: "Running",
+        zoneName: "cn-bj-a",
         eniQuota: 16,
         cpuCount: 4,
       });
@@ -491,4 +492,129 @@ async function sendJson(
 
 Deno.test("the fake tests logged no secret", () => {
   assertNoSecretsLogged();
+});
+
+Deno.test("the fake's name filter can match by prefix, or be ignored as an unverified BCE might", async () => {
+  for (const [mode, want] of [["prefix", 2], ["ignore", 3]] as const) {
+    const fake = startFake({ nameFilter: mode });
+    try {
+      fake.seedEni({ name: "enim/z/c1/aaaa" });
+      fake.seedEni({ name: "enim/z/c1/aaaabbbb" });
+      fake.seedEni({ name: `enim/${INSTANCE}/abc123` });
+      const r = await send(fake.url, "GET", "/v1/eni", {
+        query: [["vpcId", "vpc-fake0001"], ["name", "enim/z/c1/aaaa"], ["maxKeys", "10"]],
+      });
+      assertEquals((r.body.enis as FakeEni[]).length, want, mode);
+    } finally {
+      await fake.close();
+    }
+  }
+});
+
+Deno.test("the fake's instances have a zone and a status; an attach is exclusive and zonal", async (t) => {
+  const fake = startFake({
+    subnets: [
+      { subnetId: "sbn-fake0001", cidr: "10.0.1.0/24", zoneName: "cn-bj-a" },
+      { subnetId: "sbn-fake0002", cidr: "10.0.2.0/24", zoneName: "cn-bj-b" },
+    ],
+    instances: {
+      [INSTANCE]: { eniQuota: 4 },
+      "i-fake0002": { eniQuota: 4 },
+      "i-fakezoneb": { eniQuota: 4, zoneName: "cn-bj-b" },
+    },
+    attachDelayMs: 5,
+    detachDelayMs: 5,
+  });
+  const c = testClient(fake, { maxAttempts: 1 });
+  const mk = (subnetId = "sbn-fake0001") =>
+    c.createEni({
+      name: `enim/${INSTANCE}/${crypto.randomUUID().slice(0, 6)}`,
+      subnetId,
+      securityGroupIds: [],
+      enterpriseSecurityGroupIds: [],
+    }, crypto.randomUUID());
+  const settle = () => new Promise((r) => setTimeout(r, 30));
+  try {
+    await t.step(
+      "an instance's detail reports its status and zone, a released one 404",
+      async () => {
+        assertEquals((await c.getInstance(INSTANCE)).status, "Running");
+        assertEquals((await c.getInstance("i-fakezoneb")).zoneName, "cn-bj-b");
+        fake.setInstanceStatus("i-fake0002", "Stopped");
+        assertEquals((await c.getInstance("i-fake0002")).status, "Stopped");
+        const gone = await c.getInstance("i-nosuch").then(() => null, (e) => e);
+        assertEquals([gone?.status, gone?.code, gone?.missing], [404, "NoSuchObject", "instance"]);
+      },
+    );
+    await t.step("of two instances attaching one ENI at once, exactly one wins", async () => {
+      const id = await mk();
+      const outcomes = await Promise.allSettled([
+        c.attachEni(id, INSTANCE, "race-a"),
+        c.attachEni(id, "i-fake0002", "race-b"),
+      ]);
+      assertEquals(outcomes.filter((o) => o.status === "fulfilled").length, 1);
+      const lost = outcomes.find((o) => o.status === "rejected") as PromiseRejectedResult;
+      assert(lost.reason instanceof BceApiError && lost.reason.code === CODES.wrongState.code);
+      await settle();
+      assertEquals(fake.enis.get(id)?.status, "inuse");
+      // A retry of the winner's attach (same token) is idempotent; the loser's is refused again.
+      const winner = fake.enis.get(id)!.instanceId;
+      await c.attachEni(id, winner, winner === INSTANCE ? "race-a" : "race-b");
+    });
+    await t.step(
+      "an ENI on a stopped instance can be detached, and attached elsewhere",
+      async () => {
+        const id = await mk();
+        await c.attachEni(id, "i-fake0002", "s-a");
+        await settle();
+        await c.detachEni(id, "i-fake0002", "s-d");
+        await settle();
+        await c.attachEni(id, INSTANCE, "s-a2");
+        await settle();
+        assertEquals(fake.enis.get(id)?.instanceId, INSTANCE);
+      },
+    );
+    await t.step("an instance neither Running nor Stopped takes no attach", async () => {
+      const id = await mk();
+      fake.setInstanceStatus("i-fake0002", "Stopping");
+      const e = await c.attachEni(id, "i-fake0002", "st-a").then(() => null, (e) => e);
+      assertEquals(e?.status, 400);
+      assertEquals(fake.enis.get(id)?.status, "available");
+      fake.setInstanceStatus("i-fake0002", "Running");
+    });
+    await t.step("an ENI attaches only to an instance of its subnet's zone", async () => {
+      const id = await mk("sbn-fake0001");
+      assertEquals(fake.enis.get(id)?.zoneName, "cn-bj-a");
+      const e = await c.attachEni(id, "i-fakezoneb", "z-a").then(() => null, (e) => e);
+      assertEquals(e?.status, 400);
+      assertEquals(fake.enis.get(id)?.status, "available");
+      const b = await mk("sbn-fake0002");
+      await c.attachEni(b, "i-fakezoneb", "z-b");
+    });
+    await t.step("a released instance's ENIs are left available", async () => {
+      const id = await mk();
+      await c.attachEni(id, "i-fake0002", "r-a");
+      await settle();
+      fake.removeInstance("i-fake0002");
+      assertEquals([fake.enis.get(id)?.status, fake.enis.get(id)?.instanceId], ["available", ""]);
+    });
+  } finally {
+    c.close();
+    await fake.close();
+  }
+});
+
+Deno.test("the fake also answers on a unix socket when asked", async () => {
+  const path = await Deno.makeTempFile({ prefix: "enim-fake-", suffix: ".sock" });
+  await Deno.remove(path);
+  const fake = startFake({ unixSocket: path });
+  const client = Deno.createHttpClient({ proxy: { transport: "unix", path } });
+  try {
+    const res = await fetch("http://fake/1.0/meta-data/instance-shortid", { client });
+    assertEquals((await res.text()).trim(), INSTANCE);
+  } finally {
+    client.close();
+    await fake.close();
+    await Deno.remove(path).catch(() => {});
+  }
 });

@@ -2,7 +2,8 @@
  * Giving an owner an ENI of its profile, and taking it back.
  *
  * In order: the ENI it holds already; the one a sticky pod's previous container
- * holds (`takeOver`); a free ENI of its profile that matches the request
+ * holds (`takeOver`); a zone-sticky pod's ENI from the cloud (`_claim.ts`: parked
+ * in the VPC, or left on a stopped node); a free ENI of its profile that matches the request
  * (assigned synchronously, so atomic against other allocations; one whose
  * groups are the wanted ones first); else a new ENI created in the profile's
  * subnet with the wanted groups, when the node has a slot or room can be made
@@ -50,6 +51,8 @@ import { claimGroups, leavePool, restoreGroups, wantedGroups } from "./_groups.t
 import { dispose, materialize, release } from "./_lifecycle.ts";
 import { ensureSynced } from "./_reconcile.ts";
 import { reserveForOwner, resolveLimit, slotsUsed } from "./_slots.ts";
+import { claimParked } from "./_claim.ts";
+import { unmarkOwned, zoneScoped } from "./_owned.ts";
 
 /** Gives `owner` an ENI (see the module doc). */
 export async function allocate(core: BceCore, owner: Owner, req: AllocationRequest): Promise<Eni> {
@@ -62,6 +65,11 @@ export async function allocate(core: BceCore, owner: Owner, req: AllocationReque
   if (req.takeOver) {
     const kept = await takeOver(core, owner, req.takeOver, inline);
     if (kept) return kept;
+  }
+  // A zone-sticky pod's ENI, parked in the VPC (or left on a stopped node), comes back.
+  if (req.sticky && zoneScoped(core, profile)) {
+    const claimed = await claimParked(core, owner, profile, wanted);
+    if (claimed) return claimed;
   }
   const picked = await pickFree(core, owner, req, profile, wanted);
   if (picked) return picked;
@@ -347,6 +355,9 @@ export async function deallocate(core: BceCore, owner: Owner): Promise<void> {
       owner,
       lost: row.lost_reason,
     });
+    // A zone-sticky pod's ENI left with its pod's record (another node took it from
+    // this stopped one): it is the pod's, not ours to clean up.
+    if (row.sticky) return;
     // Detached (not deleted) out of band: it may still exist, ours and available.
     core.track(
       dispose(core, row.eni_id, crypto.randomUUID(), "lost ENI released").catch((e) =>
@@ -366,6 +377,10 @@ export async function deallocate(core: BceCore, owner: Owner): Promise<void> {
   }
   if (!(await restoreGroups(core, row))) {
     leavePool(core, row.eni_id, `the groups of profile "${row.profile}" could not be put back`);
+    return;
+  }
+  if (!(await unmarkOwned(core, row.eni_id))) {
+    leavePool(core, row.eni_id, "its zone-sticky pod's record could not be taken off");
     return;
   }
   core.store.unassign(row.eni_id, Date.now());

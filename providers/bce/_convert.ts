@@ -52,6 +52,22 @@ async function lookupSubnet(core: BceCore, subnetId: string): Promise<void> {
   const s = await core.client.getSubnet(subnetId);
   core.cidrs.set(subnetId, s.cidr);
   core.cidrs6.set(subnetId, s.ipv6Cidr || null);
+  core.zones.set(subnetId, s.zoneName || null);
+}
+
+/**
+ * The subnet's availability zone (an ENI attaches only to an instance of its
+ * subnet's zone): from its detail, looked up once; null when BCE does not say.
+ */
+export async function zoneOf(core: BceCore, subnetId: string): Promise<string | null> {
+  if (core.zones.has(subnetId)) return core.zones.get(subnetId) ?? null;
+  try {
+    await lookupSubnet(core, subnetId);
+  } catch (e) {
+    core.log.warn("Cannot read the subnet's zone", { subnetId, error: e });
+    return null;
+  }
+  return core.zones.get(subnetId) ?? null;
 }
 
 /** Whether new ENIs in the subnet ask for an IPv6 address. */

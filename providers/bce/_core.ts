@@ -18,7 +18,14 @@
  *
  * @module
  */
-import { DEFAULT_PROFILE, type ProviderContext, ProviderError } from "../contract.ts";
+import {
+  DEFAULT_PROFILE,
+  type ProviderContext,
+  ProviderError,
+  type StickyEvent,
+  type StickyPolicy,
+} from "../contract.ts";
+import type { BceEni } from "./client.ts";
 import type { Logger } from "../../lib/log.ts";
 import type { BceClient } from "./client.ts";
 import { BceStore } from "./_store.ts";
@@ -38,6 +45,10 @@ export interface BceTimings {
   quarantineRetryMs: number;
   minPassGapMs: number;
   jitter: number;
+  /** Other nodes delete an expired parked ENI only this long after its expiry (clock skew). */
+  parkedExpiryGraceMs: number;
+  /** How long the shared index of zone-sticky ENIs serves lookups (BCE ignoring the name filter). */
+  stickyIndexTtlMs: number;
   /** How often the node's ENI limit is asked again (BCE may change an instance's quota). */
   limitRefreshMs: number;
 }
@@ -56,6 +67,8 @@ export interface BceProfile {
   namespaces: string[] | null;
   /** The groups a pod may name inline (empty: inline groups are off). */
   allowedSecurityGroupIds: string[];
+  /** How far its sticky pods keep their ENI (`zone`: parked in the VPC, claimed by any node). */
+  sticky: StickyPolicy;
 }
 
 /** Settings of the BCE provider (resolved from the config). */
@@ -71,6 +84,8 @@ export interface BceProviderOptions {
   subnetIpv6Cidrs?: Record<string, string>;
   namePrefix: string;
   description: string;
+  /** The cluster's id in zone-sticky records; null: no profile has zone scope. */
+  clusterId: string | null;
   /** A cap on the node limit, and its fallback when BCE does not tell. */
   maxEnisPerNode?: number;
   /** IPv6 on new ENIs. */
@@ -143,6 +158,18 @@ export class BceCore {
   readonly profiles: ReadonlyMap<string, BceProfile>;
   /** Asks for a pool pass soon (set by the provider once its loop runs). */
   kick: () => void = () => {};
+  /** Known subnet zones (null: the subnet's detail did not say), by subnet id. */
+  readonly zones = new Map<string, string | null>();
+  /** The park or claim (rollback) running on an ENI, by ENI id: a claim of it waits for it. */
+  readonly eniTasks = new Map<string, Promise<void>>();
+  /** Whether BCE was seen ignoring the list's name filter (lookups then use the index). */
+  nameFilterIgnored = false;
+  /** The shared index of this VPC's zone-sticky ENIs, by name (when the name filter is ignored). */
+  stickyIndex: { at: number; map: Map<string, BceEni[]> } | null = null;
+  /** The whole-VPC list that refreshes the index now. */
+  stickyIndexLoading: Promise<Map<string, BceEni[]>> | null = null;
+  /** Counts a zone-wide sticky event (the agent's metrics). */
+  readonly events: { sticky(event: StickyEvent, profile: string | null): void };
 
   constructor(opts: BceProviderOptions, ctx: ProviderContext) {
     this.o = opts;
@@ -153,6 +180,9 @@ export class BceCore {
     for (const [k, v] of Object.entries(opts.subnetCidrs ?? {})) this.cidrs.set(k, v);
     for (const [k, v] of Object.entries(opts.subnetIpv6Cidrs ?? {})) this.cidrs6.set(k, v);
     this.store = new BceStore(ctx.db);
+    this.events = {
+      sticky: (event, profile) => ctx.stickyEvent?.(event, profile ?? DEFAULT_PROFILE),
+    };
     this.profiles = new Map(opts.profiles.map((p) => [p.name, p]));
     if (!this.profiles.has(DEFAULT_PROFILE)) {
       throw new Error(`The BCE provider needs a "${DEFAULT_PROFILE}" profile`);
@@ -186,6 +216,23 @@ export class BceCore {
     }
     return p;
   }
+
+  /**
+   * Runs `fn` after every earlier cloud-record write of the ENI (its name and
+   * description): an owned record written after the ADD never lands after the
+   * parked record of the DEL that followed.
+   */
+  serialRecord<T>(eniId: string, fn: () => Promise<T>): Promise<T> {
+    const prev = this.#records.get(eniId) ?? Promise.resolve();
+    const next = prev.then(fn);
+    const tail = next.then(() => {}, () => {});
+    this.#records.set(eniId, tail);
+    tail.then(() => {
+      if (this.#records.get(eniId) === tail) this.#records.delete(eniId);
+    });
+    return next;
+  }
+  readonly #records = new Map<string, Promise<void>>();
 
   /** Runs `p` in the background; `close()` waits for it. */
   track(p: Promise<unknown>): void {

@@ -23,6 +23,7 @@ import { BceApiError, isEniGone } from "./errors.ts";
 import type { IntentRow } from "./_store.ts";
 import { type BceCore, BceStuckError, type Disposal } from "./_core.ts";
 import { profileGroups, recordOf, wantIpv6 } from "./_convert.ts";
+import { isParked } from "./_sticky.ts";
 import { slotsUsed } from "./_slots.ts";
 
 /**
@@ -245,6 +246,7 @@ export async function dispose(
     core.log.warn("Refusing to delete an ENI without our marker", { eniId, name: d.name });
     return "not-ours";
   }
+  if (d.status === "available" && isParked(d.description)) return "elsewhere"; // its pod's
   const me = core.o.instanceId;
   if (d.instanceId && d.instanceId !== me && d.status !== "available") {
     core.log.warn("Not touching an ENI of ours attached to another instance", {

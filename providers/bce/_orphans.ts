@@ -6,16 +6,24 @@
  * here (BCE's name filter is never relied on: whether it matches exactly, by
  * prefix or fuzzily is unverified). One that is `available` and known to no row,
  * intent or quarantine entry is a leftover of a crash or of a detach by someone
- * else, and is deleted. Nothing else is ever touched.
+ * else, and is deleted. A zone-sticky pod's parked ENI (its sticky name, not this
+ * node's marker) is never one: the scan leaves it alone until its hold expires,
+ * then deletes it (`_park.ts`, whichever node sweeps first). Nothing else is
+ * ever touched.
  *
  * @module
  */
 import type { BceEni } from "./client.ts";
 import { isEniGone } from "./errors.ts";
 import type { BceCore } from "./_core.ts";
+import { sweepParked } from "./_park.ts";
 
-/** Deletes this node's orphaned ENIs among `listed`; resolves to whether it found any. */
+/**
+ * Deletes this node's orphaned ENIs among `listed`, and the parked ENIs of the
+ * cluster whose hold expired (`_park.ts`); resolves to whether it found any.
+ */
 export async function collectOrphans(core: BceCore, listed: BceEni[]): Promise<boolean> {
+  const expired = await sweepParked(core, listed);
   const mine = `${core.o.namePrefix}/${core.o.instanceId}/`;
   const intents = core.store.intents();
   const known = new Set([
@@ -38,5 +46,5 @@ export async function collectOrphans(core: BceCore, listed: BceEni[]): Promise<b
       }
     }
   }
-  return found;
+  return found || expired;
 }

@@ -1,7 +1,8 @@
 /**
  * The pool pass (`_schedule.ts` decides when): one list of ENIs (this
  * instance's, or the whole VPC's when an orphan scan is due) brings the tables
- * in line with the cloud (`_reconcile.ts`), then each profile's warm pool grows
+ * in line with the cloud (`_reconcile.ts`), one detail call per ENI this node
+ * parked for a zone-sticky pod (`_park.ts`), then each profile's warm pool grows
  * to its `minIdle` free ENIs (new ones in its subnet with its groups, while the
  * node has slots left after pending pods: `_slots.ts`) or shrinks to its
  * `maxIdle` (the most recently freed surplus ENIs are detached and deleted).
@@ -14,6 +15,7 @@
 import type { BceCore } from "./_core.ts";
 import { finishCreate, release } from "./_lifecycle.ts";
 import { sync } from "./_reconcile.ts";
+import { checkParked } from "./_park.ts";
 import { refreshLimit, reserveForPool, resolveLimit, takeFreeForRelease } from "./_slots.ts";
 import type { IntentRow } from "./_store.ts";
 
@@ -28,6 +30,8 @@ export async function poolPass(core: BceCore): Promise<boolean> {
   const scan = Date.now() - core.lastOrphanScan >= core.t.orphanScanIntervalMs;
   changed = (await sync(core, scan)) || changed;
   if (core.closed.signal.aborted) return changed;
+  // What this node parked: still parked, claimed elsewhere, gone, or expired.
+  changed = (await checkParked(core)) || changed;
   const work: Promise<unknown>[] = [];
   const releasing = (intent: IntentRow, why: string) =>
     work.push(

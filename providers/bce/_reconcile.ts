@@ -8,10 +8,13 @@
  *    the attachment (an error line names the pod; its DEL or GC forgets it);
  * 2. untracked ENIs on the node: ours (by the name marker) are adopted into the
  *    free pool of the profile their subnet (and groups) say, or released when no
- *    profile uses their subnet; others are counted against the node limit;
+ *    profile uses their subnet; a zone-sticky pod's (its sticky name) is parked
+ *    in the VPC again for its pod, never pooled; others are counted against the
+ *    node limit;
  * 3. quarantined ENIs are tried again now and then (in the background);
  * 4. intents nobody works on (a crash, a failed cleanup) are finished or cleaned up
- *    (a create that waits for the release of the ENI it displaces, after it);
+ *    (a create that waits for the release of the ENI it displaces, after it; a
+ *    zone-sticky pod's park is finished, its claim rolled back: parked again);
  * 5. orphans (whole-VPC list only, `_orphans.ts`).
  *
  * @module
@@ -23,6 +26,8 @@ import type { BceCore } from "./_core.ts";
 import { profileOfDetail, recordOf } from "./_convert.ts";
 import { cleanup, dispose, finishCreate, readEni, release } from "./_lifecycle.ts";
 import { collectOrphans } from "./_orphans.ts";
+import { finishPark, parkStray, runTask, stickyNamed } from "./_park.ts";
+import { rollbackClaim } from "./_claim.ts";
 import { releaseUntracked } from "./_slots.ts";
 
 /** Runs one sync, or joins the one running; resolves to whether anything changed. */
@@ -115,6 +120,16 @@ async function reconcile(core: BceCore, scan: boolean): Promise<boolean> {
     if (rows.has(e.eniId) || intentEnis.has(e.eniId)) continue;
     const q = quarantined.get(e.eniId);
     if (q && e.status === "attaching") continue;
+    // A zone-sticky pod's ENI here with no record of it (a lost database): it is
+    // the pod's, never the pool's; it goes back to the VPC for the pod.
+    if (stickyNamed(core, e.name)) {
+      if (e.status === "inuse" && parkStray(core, e)) {
+        changed = true;
+        continue;
+      }
+      foreign.add(e.eniId);
+      continue;
+    }
     if (core.isOurs(e) && e.status === "inuse") {
       if (await adopt(core, e)) {
         if (q) {
@@ -148,6 +163,16 @@ async function reconcile(core: BceCore, scan: boolean): Promise<boolean> {
       intent.kind === "create" && intent.phase === "active" && intent.after_release !== null &&
       core.store.intent(intent.after_release) !== null
     ) continue;
+    if (intent.kind === "park" || intent.kind === "claim") {
+      // A claim left unfinished belongs to an ADD the manager rolls back: so is it.
+      runTask(
+        core,
+        intent,
+        () => intent.kind === "park" ? finishPark(core, intent) : rollbackClaim(core, intent),
+      );
+      changed = true;
+      continue;
+    }
     const task = intent.kind === "release"
       ? release(core, intent)
       : intent.phase === "cleanup"

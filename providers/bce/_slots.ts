@@ -35,8 +35,9 @@
  * @module
  */
 import { transaction } from "../../lib/sqlite.ts";
-import { DEFAULT_PROFILE } from "../contract.ts";
+import { DEFAULT_PROFILE, type Owner } from "../contract.ts";
 import type { Groups, IntentRow } from "./_store.ts";
+import { fillIntent } from "./_tables.ts";
 import { resolveNodeLimit } from "./_limit.ts";
 import type { BceCore, BceProfile } from "./_core.ts";
 
@@ -121,7 +122,7 @@ function createIntent(
     crypto.getRandomValues(new Uint8Array(3)),
     (b) => b.toString(16).padStart(2, "0"),
   ).join("");
-  return {
+  return fillIntent({
     id: token,
     kind: "create",
     client_token: token,
@@ -136,7 +137,7 @@ function createIntent(
     security_groups: spec.groups?.securityGroupIds ?? null,
     enterprise_security_groups: spec.groups?.enterpriseSecurityGroupIds ?? null,
     after_release: afterRelease,
-  };
+  });
 }
 
 /** Reserves a slot for a warm pool ENI of `profile` when one is left after pending pods. */
@@ -165,21 +166,67 @@ export function reserveForOwner(
   spec: CreateSpec,
   specific: boolean,
 ): OwnerReservation | null {
+  return reserve(
+    core,
+    spec.profile,
+    specific,
+    (afterRelease) => createIntent(core, "owner", spec, afterRelease),
+  );
+}
+
+/**
+ * Reserves a slot for a zone-sticky pod's parked ENI that this node claims (a
+ * `claim` intent), making room as for a pod's new ENI. Null when there is none.
+ */
+export function reserveClaim(
+  core: BceCore,
+  profile: BceProfile,
+  eniId: string,
+  owner: Owner,
+): OwnerReservation | null {
+  return reserve(core, profile, false, (afterRelease) => {
+    const token = crypto.randomUUID();
+    return fillIntent({
+      id: token,
+      kind: "claim",
+      client_token: token,
+      name: "",
+      eni_id: eniId,
+      requested_ip: null,
+      purpose: "owner",
+      phase: "active",
+      created_ms: Date.now(),
+      profile: profile.name,
+      after_release: afterRelease,
+      owner_pod: owner.pod,
+      owner_container: owner.containerId,
+      owner_if: owner.ifName,
+    });
+  });
+}
+
+/** The reservation of one slot for a pod (rule 1): a free one, else an idle ENI's. */
+function reserve(
+  core: BceCore,
+  profile: BceProfile,
+  specific: boolean,
+  make: (afterRelease: string | null) => IntentRow,
+): OwnerReservation | null {
   if (core.closed.signal.aborted) return null;
   return transaction(core.ctx.db, () => {
     if (slotsUsed(core) < core.limit.max) {
-      const intent = createIntent(core, "owner", spec, null);
+      const intent = make(null);
       core.store.insertIntent(intent);
       core.active.add(intent.id);
       return { intent, evicted: null };
     }
     // With the limit unknown nothing is replaced either (no new ENI until it is known).
     if (core.limit.source === "unresolved") return null;
-    const victim = pickVictim(core, spec.profile, specific);
+    const victim = pickVictim(core, profile, specific);
     if (!victim) return null;
     const evicted = takeFreeForRelease(core, { eniId: victim }, "owner");
     if (!evicted) return null;
-    const intent = createIntent(core, "owner", spec, evicted.id);
+    const intent = make(evicted.id);
     core.store.insertIntent(intent);
     core.active.add(intent.id);
     return { intent, evicted };
@@ -260,7 +307,7 @@ export function releaseUntracked(core: BceCore, eniId: string): IntentRow | null
       return null;
     }
     const token = crypto.randomUUID();
-    const intent: IntentRow = {
+    const intent: IntentRow = fillIntent({
       id: token,
       kind: "release",
       client_token: token,
@@ -275,7 +322,7 @@ export function releaseUntracked(core: BceCore, eniId: string): IntentRow | null
       security_groups: null,
       enterprise_security_groups: null,
       after_release: null,
-    };
+    });
     core.store.insertIntent(intent);
     core.active.add(intent.id);
     return intent;

@@ -46,8 +46,28 @@ export function providerStatus(
     else c.free++;
     profiles[r.profile] = c;
   }
+  const parked = core.store.parked();
+  const claims = core.store.claims();
   return {
     name: "bce",
+    sticky: {
+      parked: parked.map((p) => ({
+        eniId: p.eni_id,
+        pod: p.pod,
+        ifName: p.if_name,
+        profile: p.profile,
+        state: p.state,
+        since: new Date(p.parked_ms).toISOString(),
+        until: new Date(p.until_ms).toISOString(),
+      })),
+      claims: claims.map((c) => ({
+        eniId: c.eni_id,
+        pod: c.pod,
+        ifName: c.if_name,
+        from: c.from_instance,
+        at: new Date(c.at_ms).toISOString(),
+      })),
+    },
     free: rows.length - owned,
     owned,
     attachable: Math.max(0, core.limit.max - slotsUsed(core)),
@@ -58,6 +78,10 @@ export function providerStatus(
       limitSource: core.limit.source,
       creating: intents.filter((i) => i.kind === "create" && i.phase === "active").length,
       releasing: intents.filter((i) => i.kind === "release").length,
+      /** Zone-sticky ENIs this node is parking or has parked in the VPC. */
+      parked: parked.length,
+      /** Parked ENIs being claimed for a pod here now. */
+      claiming: intents.filter((i) => i.kind === "claim").length,
       cleanup: intents.filter((i) => i.phase === "cleanup").length,
       otherAttached: core.foreign.size,
       /** Owned ENIs deleted or detached out of band (a metric: should be 0). */

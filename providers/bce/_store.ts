@@ -19,7 +19,16 @@
  * groups), NULL meaning "its profile's own, as created"; and its name (the
  * marker, sent along with a description change) and description.
  *
+ * Zone-wide sticky pods add a flag and the cloud's name to an ENI row, `park`
+ * and `claim` intents, and two small lists: the ENIs this node parked
+ * (`bce_parked`) and the claims it made (`bce_claims`).
+ *
  * The DDL, the migrations and the row schemas are in `_tables.ts`.
+ *
+ * Why one file: every query over the provider's tables is here, so that each
+ * multi-table change (an ENI leaving the pool for an intent, a claim finished)
+ * is one transaction in one place; the class is long because the tables are
+ * many, not because any method is.
  *
  * @module
  */
@@ -29,22 +38,26 @@ import "../../lib/zod_locale.ts";
 import { migrateComponent, prepared, transaction } from "../../lib/sqlite.ts";
 import type { Owner } from "../contract.ts";
 import {
+  ClaimRowSchema,
   EniRowSchema,
   fillIntent,
   type IntentInput,
   type IntentRow,
   IntentRowSchema,
   MIGRATIONS,
+  ParkedRowSchema,
   QuarantineRowSchema,
 } from "./_tables.ts";
-import type { EniRecord, EniRow, Groups, QuarantineRow } from "./_tables.ts";
+import type { ClaimRow, EniRecord, EniRow, Groups, ParkedRow, QuarantineRow } from "./_tables.ts";
 
 export type {
+  ClaimRow,
   EniRecord,
   EniRow,
   Groups,
   IntentInput,
   IntentRow,
+  ParkedRow,
   QuarantineRow,
 } from "./_tables.ts";
 export { MIGRATIONS } from "./_tables.ts";
@@ -142,12 +155,29 @@ export class BceStore {
     );
   }
 
-  /** Returns an owned ENI to the free pool. */
+  /** Returns an owned ENI to the free pool (no zone-sticky pod owns it any more). */
   unassign(eniId: string, now: number): void {
     prepared(
       this.#db,
-      "UPDATE bce_enis SET pod = NULL, container_id = NULL, if_name = NULL, lost_reason = NULL, lost_ms = NULL, updated_ms = ? WHERE eni_id = ?",
+      "UPDATE bce_enis SET pod = NULL, container_id = NULL, if_name = NULL, lost_reason = NULL, lost_ms = NULL, sticky = 0, updated_ms = ? WHERE eni_id = ?",
     ).run(now, eniId);
+  }
+
+  /** Records whether a zone-sticky pod owns the ENI. */
+  setSticky(eniId: string, sticky: boolean): void {
+    prepared(this.#db, "UPDATE bce_enis SET sticky = ? WHERE eni_id = ?").run(
+      sticky ? 1 : 0,
+      eniId,
+    );
+  }
+
+  /** Records the name (null: the row's own) and description BCE shows. */
+  setCloudRecord(eniId: string, cloudName: string | null, description: string): void {
+    prepared(this.#db, "UPDATE bce_enis SET cloud_name = ?, description = ? WHERE eni_id = ?").run(
+      cloudName,
+      description,
+      eniId,
+    );
   }
 
   /** Records a ready ENI (free, or owned) and drops its intent, in one transaction. */
@@ -240,8 +270,8 @@ export class BceStore {
       this.#db,
       `INSERT INTO bce_intents (id, kind, client_token, name, eni_id, requested_ip, purpose, phase,
          created_ms, profile, requested_ip6, security_groups, enterprise_security_groups,
-         after_release)
-       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+         after_release, owner_pod, owner_container, owner_if, until_ms)
+       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
     ).run(
       i.id,
       i.kind,
@@ -257,6 +287,10 @@ export class BceStore {
       i.security_groups ? JSON.stringify(i.security_groups) : null,
       i.enterprise_security_groups ? JSON.stringify(i.enterprise_security_groups) : null,
       i.after_release,
+      i.owner_pod,
+      i.owner_container,
+      i.owner_if,
+      i.until_ms,
     );
   }
 
@@ -321,6 +355,114 @@ export class BceStore {
       this.insertIntent(full);
       return full;
     });
+  }
+
+  // ---- zone-wide sticky pods ------------------------------------------------------
+
+  /**
+   * Moves an owned ENI into a `park` intent and this node's parked list, in one
+   * transaction (it must serve no other pod). Null when it is not tracked any more.
+   */
+  parkOwned(
+    eniId: string,
+    intent: Omit<IntentInput, "eni_id" | "profile">,
+  ): IntentRow | null {
+    return transaction(this.#db, () => {
+      const row = this.row(eniId);
+      if (!row) return null;
+      this.drop(eniId);
+      const full = fillIntent({ ...intent, eni_id: eniId, profile: row.profile });
+      this.insertIntent(full);
+      prepared(
+        this.#db,
+        `INSERT OR REPLACE INTO bce_parked (eni_id, pod, if_name, profile, state, parked_ms, until_ms)
+         VALUES (?, ?, ?, ?, 'parking', ?, ?)`,
+      ).run(eniId, full.owner_pod!, full.owner_if!, full.profile, full.created_ms, full.until_ms!);
+      return full;
+    });
+  }
+
+  /**
+   * Records a `park` intent (and a parked entry) for an ENI that no row or intent
+   * tracks; null when something does.
+   */
+  parkUntracked(eniId: string, intent: Omit<IntentInput, "eni_id">): IntentRow | null {
+    return transaction(this.#db, () => {
+      if (this.row(eniId) || this.intents().some((i) => i.eni_id === eniId)) return null;
+      const full = fillIntent({ ...intent, eni_id: eniId });
+      this.insertIntent(full);
+      prepared(
+        this.#db,
+        `INSERT OR REPLACE INTO bce_parked (eni_id, pod, if_name, profile, state, parked_ms, until_ms)
+         VALUES (?, ?, ?, ?, 'parking', ?, ?)`,
+      ).run(eniId, full.owner_pod!, full.owner_if!, full.profile, full.created_ms, full.until_ms!);
+      return full;
+    });
+  }
+
+  /** Ends a park intent: the ENI is in the VPC (`parked`), or it was not parked (dropped). */
+  endPark(intentId: string, eniId: string, parked: boolean): void {
+    transaction(this.#db, () => {
+      prepared(this.#db, "DELETE FROM bce_intents WHERE id = ?").run(intentId);
+      if (parked) {
+        prepared(this.#db, "UPDATE bce_parked SET state = 'parked' WHERE eni_id = ?").run(eniId);
+      } else {
+        prepared(this.#db, "DELETE FROM bce_parked WHERE eni_id = ?").run(eniId);
+      }
+    });
+  }
+
+  /** The ENIs this node parked, oldest first. */
+  parked(): ParkedRow[] {
+    return z.array(ParkedRowSchema).parse(
+      prepared(this.#db, "SELECT * FROM bce_parked ORDER BY parked_ms, eni_id").all(),
+    );
+  }
+
+  /** Forgets a parked ENI (claimed, reclaimed, gone); the entry when this node had one. */
+  dropParked(eniId: string): ParkedRow | null {
+    return transaction(this.#db, () => {
+      const r = prepared(this.#db, "SELECT * FROM bce_parked WHERE eni_id = ?").get(eniId);
+      if (r === undefined) return null;
+      prepared(this.#db, "DELETE FROM bce_parked WHERE eni_id = ?").run(eniId);
+      return ParkedRowSchema.parse(r);
+    });
+  }
+
+  /**
+   * A claim done, in one transaction: the ENI's owned row (a zone-sticky pod's,
+   * showing `cloudName`) replaces the claim intent, the claim is listed (the last
+   * 100 kept), and this node's parked entry of it, if any, goes.
+   */
+  finishClaim(
+    intentId: string,
+    eni: EniRecord,
+    owner: Owner,
+    o: { cloudName: string | null; from: string | null; now: number },
+  ): void {
+    transaction(this.#db, () => {
+      this.insert(eni, owner, o.now, intentId);
+      prepared(this.#db, "UPDATE bce_enis SET sticky = 1, cloud_name = ? WHERE eni_id = ?").run(
+        o.cloudName,
+        eni.id,
+      );
+      prepared(
+        this.#db,
+        "INSERT INTO bce_claims (eni_id, pod, if_name, from_instance, at_ms) VALUES (?, ?, ?, ?, ?)",
+      ).run(eni.id, owner.pod, owner.ifName, o.from, o.now);
+      prepared(
+        this.#db,
+        "DELETE FROM bce_claims WHERE seq <= (SELECT MAX(seq) - 100 FROM bce_claims)",
+      ).run();
+      prepared(this.#db, "DELETE FROM bce_parked WHERE eni_id = ?").run(eni.id);
+    });
+  }
+
+  /** The claims this node made, newest first (the last 100). */
+  claims(): ClaimRow[] {
+    return z.array(ClaimRowSchema).parse(
+      prepared(this.#db, "SELECT * FROM bce_claims ORDER BY seq DESC").all(),
+    );
   }
 
   // ---- quarantine ---------------------------------------------------------------

@@ -72,7 +72,7 @@ Deno.test("a database from before profiles migrates in place and keeps its rows 
         const versions = db.prepare(
           "SELECT version FROM enim_migrations WHERE component = 'bce' ORDER BY version",
         ).all().map((r) => r.version);
-        assertEquals(versions, [1, 2]);
+        assertEquals(versions, [1, 2, 3]);
         // Opening it again changes nothing; the new columns work.
         const again = new BceStore(db);
         again.setGroups("eni-free000001", {

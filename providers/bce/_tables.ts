@@ -7,7 +7,13 @@
  * theirs, which has no version yet, is brought to it in place), version 2 adds
  * the profile columns: each ENI and intent belongs to a profile (`default` for
  * the rows of an older database), an ENI row records its name, its description
- * and the groups BCE has on it when they are not its profile's.
+ * and the groups BCE has on it when they are not its profile's. Version 3 adds
+ * zone-wide sticky pods: an ENI row says whether a zone-sticky pod owns it
+ * (`sticky`) and the name the cloud shows (`cloud_name`, its sticky name while
+ * such a pod owns it); `park` and `claim` intents carry the pod, the interface,
+ * the container (a claim) and the hold's expiry; `bce_parked` lists the ENIs
+ * this node parked in the VPC while they are there, `bce_claims` the claims it
+ * made (the last 100).
  *
  * @module
  */
@@ -77,6 +83,33 @@ export const MIGRATIONS: readonly Migration[] = [
     addColumn(db, "bce_intents", "enterprise_security_groups", "TEXT");
     addColumn(db, "bce_intents", "after_release", "TEXT");
   },
+  // 3: zone-wide sticky pods.
+  (db) => {
+    addColumn(db, "bce_enis", "sticky", "INTEGER NOT NULL DEFAULT 0");
+    addColumn(db, "bce_enis", "cloud_name", "TEXT");
+    addColumn(db, "bce_intents", "owner_pod", "TEXT");
+    addColumn(db, "bce_intents", "owner_container", "TEXT");
+    addColumn(db, "bce_intents", "owner_if", "TEXT");
+    addColumn(db, "bce_intents", "until_ms", "INTEGER");
+    db.exec(`
+      CREATE TABLE IF NOT EXISTS bce_parked (
+        eni_id TEXT PRIMARY KEY,
+        pod TEXT NOT NULL,
+        if_name TEXT NOT NULL,
+        profile TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('parking', 'parked')),
+        parked_ms INTEGER NOT NULL,
+        until_ms INTEGER NOT NULL
+      );
+      CREATE TABLE IF NOT EXISTS bce_claims (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        eni_id TEXT NOT NULL,
+        pod TEXT NOT NULL,
+        if_name TEXT NOT NULL,
+        from_instance TEXT,
+        at_ms INTEGER NOT NULL
+      );`);
+  },
 ];
 
 const nullableString = z.nullable(z.string());
@@ -109,6 +142,10 @@ export const EniRowSchema = z.object({
   enterprise_security_groups: z._default(GroupsColumn, null),
   /** The description BCE shows, when known. */
   description: z._default(nullableString, null),
+  /** Whether a zone-sticky pod owns it (its record is kept in the cloud). */
+  sticky: z._default(z.pipe(z.number(), z.transform((n) => n === 1)), false),
+  /** The name BCE shows when it is not `name` (the pod's sticky name); null: `name`. */
+  cloud_name: z._default(nullableString, null),
 });
 /** One row of `bce_enis`. */
 export type EniRow = z.infer<typeof EniRowSchema>;
@@ -116,7 +153,11 @@ export type EniRow = z.infer<typeof EniRowSchema>;
 /** One row of `bce_intents`. */
 export const IntentRowSchema = z.object({
   id: z.string(),
-  kind: z.enum(["create", "release"]),
+  /**
+   * `create`, `release`; `park`: a zone-sticky pod's ENI on its way into the VPC;
+   * `claim`: a parked ENI being attached here for its pod.
+   */
+  kind: z.enum(["create", "release", "park", "claim"]),
   client_token: z.string(),
   name: z.string(),
   eni_id: nullableString,
@@ -135,6 +176,12 @@ export const IntentRowSchema = z.object({
    * limit evicted an idle ENI): the two share one slot while both exist.
    */
   after_release: z._default(nullableString, null),
+  /** A park's or claim's pod, container (a claim) and interface. */
+  owner_pod: z._default(nullableString, null),
+  owner_container: z._default(nullableString, null),
+  owner_if: z._default(nullableString, null),
+  /** A park's expiry: until when the ENI is kept for its pod (epoch ms). */
+  until_ms: z._default(z.nullable(z.number()), null),
 });
 /** One row of `bce_intents`. */
 export type IntentRow = z.infer<typeof IntentRowSchema>;
@@ -144,7 +191,11 @@ type IntentDefaulted =
   | "requested_ip6"
   | "security_groups"
   | "enterprise_security_groups"
-  | "after_release";
+  | "after_release"
+  | "owner_pod"
+  | "owner_container"
+  | "owner_if"
+  | "until_ms";
 /** An intent as written (the profile columns optional). */
 export type IntentInput =
   & Omit<IntentRow, IntentDefaulted>
@@ -158,9 +209,37 @@ export function fillIntent(i: IntentInput): IntentRow {
     security_groups: null,
     enterprise_security_groups: null,
     after_release: null,
+    owner_pod: null,
+    owner_container: null,
+    owner_if: null,
+    until_ms: null,
     ...i,
   };
 }
+
+/** One row of `bce_parked`: an ENI this node parked in the VPC. */
+export const ParkedRowSchema = z.object({
+  eni_id: z.string(),
+  pod: z.string(),
+  if_name: z.string(),
+  profile: z.string(),
+  state: z.enum(["parking", "parked"]),
+  parked_ms: z.number(),
+  until_ms: z.number(),
+});
+/** One row of `bce_parked`. */
+export type ParkedRow = z.infer<typeof ParkedRowSchema>;
+
+/** One row of `bce_claims`: a claim this node made. */
+export const ClaimRowSchema = z.object({
+  eni_id: z.string(),
+  pod: z.string(),
+  if_name: z.string(),
+  from_instance: nullableString,
+  at_ms: z.number(),
+});
+/** One row of `bce_claims`. */
+export type ClaimRow = z.infer<typeof ClaimRowSchema>;
 
 /** One row of `bce_quarantine`. */
 export const QuarantineRowSchema = z.object({

@@ -130,6 +130,7 @@ export class BceClient {
     for (let page = 0; page < 10_000; page++) {
       const query: QueryPair[] = [["vpcId", args.vpcId]];
       if (args.instanceId) query.push(["instanceId", args.instanceId]);
+      if (args.name) query.push(["name", args.name]);
       if (marker) query.push(["marker", marker]);
       query.push(["maxKeys", String(args.maxKeys ?? 1000)]);
       const res = ListResultSchema.parse(

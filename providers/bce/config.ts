@@ -26,6 +26,7 @@ import {
 } from "../contract.ts";
 import type { Credentials } from "./signer.ts";
 import { overlaps, parseCidr } from "../../lib/ip.ts";
+import { ClusterIdSchema } from "./_sticky.ts";
 import { DEFAULT_METADATA_URL } from "./metadata.ts";
 
 /** ENIs of one profile kept attached and free. */
@@ -61,6 +62,22 @@ function groupsToRestore(
 }
 const RESTORE_MESSAGE =
   "allowedSecurityGroupIds needs the profile's own securityGroupIds or enterpriseSecurityGroupIds: they are put back on the ENI when the pod leaves";
+
+/**
+ * How far the profile's sticky pods (`enim.dev/sticky`) keep their ENI: `node`
+ * (the default: the node that ran the pod holds it for its next container there)
+ * or `zone` (after `nodeHoldSeconds` on the node, the ENI is parked in the VPC
+ * and any node of its zone takes it for the pod; the cloud is the record and the
+ * arbiter). The whole hold is the agent's `sticky.holdSeconds`.
+ */
+const StickySchema = z._default(
+  z.strictObject({
+    scope: z._default(z.enum(["node", "zone"]), "node"),
+    /** Zone scope: how long the ENI stays attached to the node first (same-node re-creates stay instant). */
+    nodeHoldSeconds: z._default(z.number().check(z.minimum(0), z.maximum(7 * 86_400)), 30),
+  }),
+  { scope: "node", nodeHoldSeconds: 30 },
+);
 
 /** A CIDR of one family. */
 function cidrOfFamily(family: 4 | 6) {
@@ -127,6 +144,8 @@ export const ProfileConfigSchema = z.strictObject({
   warmPool: WarmPoolSchema,
   namespaces: NamespacesSchema,
   allowedSecurityGroupIds: AllowedGroupsSchema,
+  /** How far its sticky pods keep their ENI (`scope: "zone"` needs `clusterId`). */
+  sticky: StickySchema,
 }).check(
   z.refine(
     (p) => (p.securityGroupIds.length > 0) !== (p.enterpriseSecurityGroupIds.length > 0),
@@ -168,6 +187,14 @@ export const configSchema = z.object({
   namespaces: NamespacesSchema,
   /** The groups a pod of the default profile may name inline (empty: inline groups are off). */
   allowedSecurityGroupIds: AllowedGroupsSchema,
+  /** How far the default profile's sticky pods keep their ENI (`scope: "zone"` needs `clusterId`). */
+  sticky: StickySchema,
+  /**
+   * This cluster's id, in the cloud records of zone-sticky ENIs (their names and
+   * descriptions): it keeps clusters sharing a VPC from taking each other's pods'
+   * ENIs. Needed by a `sticky.scope` of `zone`; the same on every node of the cluster.
+   */
+  clusterId: z.optional(ClusterIdSchema),
   /**
    * Named profiles besides `default` (the top-level subnet, groups and warm pool),
    * each with its own subnet, groups and warm pool; the node limit is shared.
@@ -231,6 +258,16 @@ export const configSchema = z.object({
       limitRefreshMs: z._default(z.number().check(z.int(), z.minimum(1)), 600_000),
       /** Each period is multiplied by a random factor in [1 - jitter, 1 + jitter]. */
       jitter: z._default(z.number().check(z.minimum(0), z.maximum(0.9)), 0.2),
+      /**
+       * A parked ENI whose hold expired is deleted by the node that parked it at once,
+       * by any other node's orphan scan only this long after (clocks differ).
+       */
+      parkedExpiryGraceMs: z._default(z.number().check(z.int(), z.minimum(0)), 60_000),
+      /**
+       * Should BCE ignore the list's name filter: how long the shared index of the VPC's
+       * zone-sticky ENIs serves lookups before it is listed again.
+       */
+      stickyIndexTtlMs: z._default(z.number().check(z.int(), z.minimum(0)), 10_000),
     }),
     {},
   ),
@@ -240,6 +277,17 @@ export const configSchema = z.object({
   }),
   z.refine(groupsToRestore, RESTORE_MESSAGE),
   z.superRefine(refuseOverlaps),
+  z.refine(
+    (c) =>
+      c.clusterId !== undefined ||
+      (c.sticky.scope !== "zone" &&
+        Object.values(c.profiles).every((p) => p.sticky.scope !== "zone")),
+    {
+      message:
+        'A sticky.scope of "zone" needs clusterId (the same on every node of the cluster: it keeps clusters sharing a VPC apart)',
+      path: ["clusterId"],
+    },
+  ),
 );
 /** The `bce` provider config. */
 export type BceConfig = z.infer<typeof configSchema>;

@@ -32,6 +32,24 @@ Deno.test("configSchema fills defaults and rejects contradictions", () => {
   assertEquals([t.attachMs, t.detachMs, t.jitter], [5, 60_000, 0.2]);
 });
 
+Deno.test("sticky scope is node by default; zone needs a cluster id, per profile too", () => {
+  const c = configSchema.parse({});
+  assertEquals(c.sticky, { scope: "node", nodeHoldSeconds: 30 });
+  assertEquals(c.clusterId, undefined);
+  const zone = configSchema.safeParse({ sticky: { scope: "zone" } });
+  assert(!zone.success);
+  assertStringIncludes(JSON.stringify(zone.error.issues), "clusterId");
+  const profile = { subnetId: "sbn-b", securityGroupIds: ["g-b"], sticky: { scope: "zone" } };
+  assert(!configSchema.safeParse({ profiles: { db: profile } }).success);
+  const ok = configSchema.parse({ clusterId: "prod-1", profiles: { db: profile } });
+  assertEquals(ok.profiles.db.sticky, { scope: "zone", nodeHoldSeconds: 30 });
+  assert(
+    !configSchema.safeParse({ clusterId: "a/b" }).success,
+    "a cluster id in BCE's name alphabet",
+  );
+  assert(!configSchema.safeParse({ clusterId: "x".repeat(21) }).success, "at most 20 characters");
+});
+
 Deno.test("endpointFor() defaults to https", () => {
   assertEquals(endpointFor(undefined, "gz"), "https://bcc.gz.baidubce.com");
   assertEquals(endpointFor("bcc.example:8443", "gz"), "https://bcc.example:8443");

@@ -75,6 +75,7 @@ export async function createBce(
     warmPool: cfg.warmPool,
     namespaces: cfg.namespaces ?? null,
     allowedSecurityGroupIds: cfg.allowedSecurityGroupIds,
+    sticky: cfg.sticky,
   }];
   const subnetCidrs: Record<string, string> = {};
   const subnetIpv6Cidrs: Record<string, string> = {};
@@ -89,6 +90,7 @@ export async function createBce(
       warmPool: p.warmPool,
       namespaces: p.namespaces ?? null,
       allowedSecurityGroupIds: p.allowedSecurityGroupIds,
+      sticky: p.sticky,
     });
     if (p.subnetCidr) subnetCidrs[p.subnetId] = p.subnetCidr;
     if (p.subnetIpv6Cidr) subnetIpv6Cidrs[p.subnetId] = p.subnetIpv6Cidr;
@@ -102,6 +104,7 @@ export async function createBce(
     subnetIpv6Cidrs,
     namePrefix: cfg.namePrefix,
     description: cfg.description,
+    clusterId: cfg.clusterId ?? null,
     maxEnisPerNode: cfg.maxEnisPerNode,
     ipv6: cfg.ipv6,
     timings: {
@@ -117,6 +120,8 @@ export async function createBce(
       quarantineRetryMs: t.quarantineRetryMs,
       minPassGapMs: t.minPassGapMs,
       jitter: t.jitter,
+      parkedExpiryGraceMs: t.parkedExpiryGraceMs,
+      stickyIndexTtlMs: t.stickyIndexTtlMs,
       limitRefreshMs: t.limitRefreshMs,
     },
   }, ctx);

@@ -93,6 +93,7 @@ Deno.test("profiles() reports each profile with its subnet CIDRs, groups and rul
         enterpriseSecurityGroupIds: [],
         namespaces: ["default", "web"],
         allowedSecurityGroupIds: ["g-inline01", "esg-inline01"],
+        sticky: { scope: "node", nodeHoldSeconds: 30 },
       },
       {
         name: "b",
@@ -101,6 +102,7 @@ Deno.test("profiles() reports each profile with its subnet CIDRs, groups and rul
         enterpriseSecurityGroupIds: [],
         namespaces: null,
         allowedSecurityGroupIds: ["g-inline01", "g-inline02", "esg-inline01"],
+        sticky: { scope: "node", nodeHoldSeconds: 30 },
       },
       {
         name: "c",
@@ -109,6 +111,7 @@ Deno.test("profiles() reports each profile with its subnet CIDRs, groups and rul
         enterpriseSecurityGroupIds: ["esg-c0001"],
         namespaces: null,
         allowedSecurityGroupIds: [],
+        sticky: { scope: "node", nodeHoldSeconds: 30 },
       },
     ]);
     // One lookup per subnet not configured (c's IPv4 was; its IPv6 range was asked for).

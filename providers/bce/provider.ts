@@ -29,6 +29,10 @@
  *   says so at once).
  * - **Descriptions** ({@linkcode BceProvider.describeENI}): one `modifyAttribute`
  *   call names the owning pod; another puts the configured description back.
+ * - **Zone-wide sticky pods** (`_sticky.ts` the record, `_park.ts`, `_claim.ts`):
+ *   a profile with `sticky.scope: "zone"` parks its sticky pods' ENIs in the VPC
+ *   ({@linkcode BceProvider.parkENI}) and claims them back on any node of the zone
+ *   (`AllocationRequest.sticky`); the cloud's exclusive attach is the arbiter.
  * - **Status** (`_status.ts`) and **capacity** ({@linkcode BceProvider.capacity}): the
  *   limit (asked again every `limitRefreshMs`) less the ENIs on the node that are not
  *   ours and the quarantined ones, as of the last list.
@@ -55,6 +59,8 @@ import { PassScheduler } from "./_schedule.ts";
 import { BceCore, type BceProviderOptions } from "./_core.ts";
 import { cidr6Of, cidrOf, toEni } from "./_convert.ts";
 import { allocate, deallocate } from "./_allocate.ts";
+import { park } from "./_park.ts";
+import { keepFindable, markOwned, zoneScoped } from "./_owned.ts";
 import { ensureSynced, loseOrDrop, sync } from "./_reconcile.ts";
 import { poolPass } from "./_pool.ts";
 import { resolveLimit } from "./_slots.ts";
@@ -137,7 +143,14 @@ export class BceProvider implements Provider {
     const key = keyOf(o);
     const running = this.#ownerOps.get(key);
     if (running) return await running;
-    const p = allocate(this.#core, o, req);
+    const core = this.#core;
+    const p = allocate(core, o, req).then((eni) => {
+      // A zone-sticky pod's ENI stays findable in the cloud while the pod owns it.
+      if (req.sticky && zoneScoped(core, core.profile(req.profile))) {
+        keepFindable(core, eni.id, o.pod);
+      }
+      return eni;
+    });
     this.#ownerOps.set(key, p);
     try {
       return await p;
@@ -156,6 +169,24 @@ export class BceProvider implements Provider {
   }
 
   /**
+   * Parks the ENI `owner` holds in the VPC for its zone-sticky pod until `until`
+   * (`_park.ts`): recorded at once, detached in the background. A profile of
+   * node scope (or an ENI the cloud no longer has here) just frees it.
+   */
+  async parkENI(owner: Owner, o: { until: number }): Promise<void> {
+    const own = OwnerSchema.parse(owner);
+    const running = this.#ownerOps.get(keyOf(own));
+    if (running) await running.catch(() => {});
+    const row = this.#core.store.rowOf(own);
+    const profile = row ? this.#core.profiles.get(row.profile) : undefined;
+    if (!row || !profile || profile.sticky.scope !== "zone" || this.#core.o.clusterId === null) {
+      await deallocate(this.#core, own);
+      return;
+    }
+    park(this.#core, own, o.until);
+  }
+
+  /**
    * Each profile (`default` first) with its subnet CIDRs (configured, or looked up
    * at start: a subnet BCE did not answer for shows none until a later lookup).
    */
@@ -171,13 +202,15 @@ export class BceProvider implements Provider {
         enterpriseSecurityGroupIds: [...p.enterpriseSecurityGroupIds],
         namespaces: p.namespaces === null ? null : [...p.namespaces],
         allowedSecurityGroupIds: [...p.allowedSecurityGroupIds],
+        sticky: { ...p.sticky },
       };
     });
   }
 
   /**
    * Sets the ENI's description in BCE (`PUT /v1/eni/{id}?modifyAttribute`): `text`
-   * while a pod owns it, the configured description again when `text` is null.
+   * while a pod owns it (a zone-sticky pod's: its owned record and sticky name),
+   * the configured description again when `text` is null.
    * No call when BCE shows that text already, or when the ENI is not the
    * provider's any more (released, or lost).
    */
@@ -191,6 +224,8 @@ export class BceProvider implements Provider {
       });
       return;
     }
+    // A zone-sticky pod's ENI carries its pod's record instead (which names the pod).
+    if (row.sticky && text !== null) return await markOwned(core, eniId);
     if (row.description === description) return;
     await core.client.updateEni(eniId, {
       ...(row.name !== null ? { name: row.name } : {}),

@@ -74,7 +74,10 @@ export const BceInstanceSchema = z.object({
   id: z.nullish(z.string()),
   eniQuota: z.nullish(z.number().check(z.int(), z.minimum(0))),
   cpuCount: z.nullish(z.number().check(z.int(), z.minimum(0))),
+  /** `Running`, `Stopped`, … (bce-sdk-go services/bcc/api/model.go InstanceStatus). */
   status: z.nullish(z.string()),
+  /** The instance's availability zone (`zoneName`, bce-sdk-go InstanceModel). */
+  zoneName: z.nullish(z.string()),
 });
 /** An instance's detail (the fields the provider reads). */
 export type BceInstance = z.infer<typeof BceInstanceSchema>;
@@ -114,9 +117,15 @@ export interface ListEnisArgs {
   /** Sent to the server (`instanceId`): only ENIs attached to this instance. */
   instanceId?: string;
   /**
-   * Matched on our side only. BCE's `name` filter is never sent: whether it matches
-   * names exactly, by prefix or fuzzily is unverified (reference §1.2).
+   * Matched on our side only. BCE's `name` filter is not sent for a prefix: whether
+   * it matches names exactly, by prefix or fuzzily is unverified (reference §1.2).
    */
   namePrefix?: string;
+  /**
+   * One exact name, sent as BCE's `name` filter so the answer is small whichever
+   * way BCE matches. Not filtered here: the caller matches the names, and can tell
+   * from what BCE returned whether it ignored the filter.
+   */
+  name?: string;
   maxKeys?: number;
 }

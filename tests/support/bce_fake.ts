@@ -30,7 +30,13 @@
  * - Out-of-band changes: {@linkcode FakeBce.deleteOutOfBand}, {@linkcode FakeBce.detachOutOfBand}.
  * - The list's `name` filter matches exactly by default (whether BCE matches
  *   exactly, by prefix or fuzzily is unverified): a client relying on a prefix
- *   match finds nothing.
+ *   match finds nothing; `nameFilter: "prefix"` and `"ignore"` (the whole VPC
+ *   whatever the filter) test the other readings.
+ * - Instances with a zone and a status as BCE reports them (`Running`,
+ *   `Stopped`, …; a released one answers 404 `NoSuchObject`): an attach is
+ *   exclusive (an ENI that is not `available` is refused, so of two instances
+ *   attaching one ENI at once exactly one succeeds), needs the instance Running
+ *   or Stopped, and the ENI's subnet in the instance's zone.
  * - Metadata under `/1.0/meta-data/`; `onAttach(eni)` / `onDetach(eni)` hooks so a
  *   test can plug a device.
  *
@@ -118,8 +124,29 @@ export const CODES = {
    * ENI to know what happened.
    */
   wrongState: { status: 400, code: "BadRequest" },
+  /**
+   * An attach of an ENI whose subnet is in another zone than the instance. BCE refuses
+   * it (reference §1.2, attach rules); no source names the code: 400 `BadRequest`, so
+   * enim checks the zones itself before it asks.
+   */
+  otherZone: { status: 400, code: "BadRequest" },
+  /** An attach or detach while the instance is neither Running nor Stopped; no code known either. */
+  instanceState: { status: 400, code: "BadRequest" },
   internal: { status: 500, code: "InternalError" },
 } as const;
+
+/**
+ * An instance (a node) of the fake. Its `status` takes BCE's values (bce-sdk-go
+ * services/bcc/api/model.go InstanceStatus: Running, Starting, Stopping, Stopped,
+ * Deleted, Scaling, Expired, Error, …); ENIs attach to and detach from an
+ * instance that is Running or Stopped only (BCE ENI docs, reference §1.2).
+ */
+export interface FakeInstance {
+  eniQuota: number;
+  cpuCount?: number;
+  zoneName?: string;
+  status?: string;
+}
 
 /** One subnet of the fake VPC. */
 export interface FakeSubnet {
@@ -202,8 +229,11 @@ export interface FakeBceOptions {
   credentials: { accessKeyId: string; secretAccessKey: string; sessionToken?: string }[];
   vpcId?: string;
   subnets?: FakeSubnet[];
-  /** Instances: their ENI quota (attached ENIs, primary NIC excluded) and CPU count. */
-  instances?: Record<string, { eniQuota: number; cpuCount?: number }>;
+  /**
+   * Instances: their ENI quota (attached ENIs, primary NIC excluded), CPU count,
+   * zone (default `azone`) and status (default `Running`; see {@linkcode FakeBce.setInstanceStatus}).
+   */
+  instances?: Record<string, FakeInstance>;
   attachDelayMs?: number;
   detachDelayMs?: number;
   /**
@@ -215,8 +245,13 @@ export interface FakeBceOptions {
   enterpriseSecurityGroups?: string[];
   /** The server's cap on `maxKeys` (small values force pagination). */
   maxKeysCap?: number;
-  /** How the list's `name` filter matches (default exact). */
-  nameFilter?: "exact" | "prefix";
+  /**
+   * How the list's `name` filter matches (default exact): BCE's semantics are
+   * unverified, so a client must work with each, `ignore` (the whole VPC) included.
+   */
+  nameFilter?: "exact" | "prefix" | "ignore";
+  /** Also serve the API on this unix socket (other nodes reach it through a relay). */
+  unixSocket?: string;
   region?: string;
   azone?: string;
   /** How long a "lose" fault holds the response back (the client should time out first). */
@@ -299,11 +334,15 @@ export class FakeBce {
   readonly maxAttached = new Map<string, number>();
   opts:
     & Required<
-      Omit<FakeBceOptions, "onAttach" | "onDetach" | "securityGroups" | "enterpriseSecurityGroups">
+      Omit<
+        FakeBceOptions,
+        "onAttach" | "onDetach" | "securityGroups" | "enterpriseSecurityGroups" | "unixSocket"
+      >
     >
     & FakeBceOptions;
 
   #server: Deno.HttpServer;
+  #unixServer: Deno.HttpServer | null = null;
   #faults: FakeFault[] = [];
   #tokens = new Map<string, string>();
   #timers = new Set<ReturnType<typeof setTimeout>>();
@@ -337,6 +376,12 @@ export class FakeBce {
     if (addr.transport !== "tcp") throw new Error("The fake BCE server is not on TCP");
     this.url = `http://127.0.0.1:${addr.port}`;
     this.metadataUrl = `${this.url}/1.0/meta-data/`;
+    if (opts.unixSocket) {
+      this.#unixServer = Deno.serve(
+        { path: opts.unixSocket, onListen: () => {} },
+        (req) => this.#handle(req),
+      );
+    }
   }
 
   /** Starts a fake on a free loopback port. */
@@ -404,6 +449,29 @@ export class FakeBce {
     else this.#finishDetach(eni);
   }
 
+  /**
+   * Sets an instance's status as BCE would report it (`Stopped` when its node is
+   * shut down, `Running` again when it boots). Its ENIs stay attached: BCE keeps
+   * an ENI on a stopped instance.
+   */
+  setInstanceStatus(instanceId: string, status: string): void {
+    const inst = this.opts.instances[instanceId];
+    if (!inst) throw new Error(`The fake has no instance "${instanceId}"`);
+    inst.status = status;
+  }
+
+  /**
+   * Releases an instance: its detail answers 404 `NoSuchObject` from now on and its
+   * ENIs are left `available` (what BCE does with the ENIs of a released instance
+   * is UNVERIFIED; detaching them is the one outcome that lets them be used again).
+   */
+  removeInstance(instanceId: string): void {
+    for (const e of [...this.enis.values()]) {
+      if (e.instanceId === instanceId) this.detachOutOfBand(e.eniId);
+    }
+    delete this.opts.instances[instanceId];
+  }
+
   /** Waits for pending state transitions and hooks, then stops the server. */
   async close(): Promise<void> {
     this.#closing.abort();
@@ -411,6 +479,7 @@ export class FakeBce {
     this.#timers.clear();
     await Promise.allSettled([...this.#hooks]);
     await this.#server.shutdown();
+    await this.#unixServer?.shutdown();
   }
 
   // ---- request handling ----------------------------------------------------
@@ -606,7 +675,8 @@ export class FakeBce {
       return reply(200, {
         instance: {
           id: instance[1],
-          status: "Running",
+          status: inst.status ?? "Running",
+          zoneName: inst.zoneName ?? this.opts.azone,
           eniQuota: inst.eniQuota,
           cpuCount: inst.cpuCount ?? 4,
         },
@@ -678,8 +748,19 @@ export class FakeBce {
         if (key && this.#tokens.has(key)) return reply(200, {});
         const inst = this.opts.instances[instanceId];
         if (!inst) return fail(CODES.noSuchObject, `instanceId ${instanceId} does not exist`);
+        const refused = this.#instanceRefuses(instanceId, inst, fail);
+        if (refused) return refused;
         if (eni.status !== "available") {
           return fail(CODES.wrongState, `The eni ${eni.eniId} status is ${eni.status}`);
+        }
+        // "The ENI and the instance must be in the same VPC, and their subnets in the
+        // same availability zone" (BCE attach docs, reference §1.2).
+        const instanceZone = inst.zoneName ?? this.opts.azone;
+        if (eni.zoneName !== instanceZone) {
+          return fail(
+            CODES.otherZone,
+            `The eni ${eni.eniId} is in zone ${eni.zoneName}, the instance ${instanceId} in zone ${instanceZone}`,
+          );
         }
         if (this.attachedTo(instanceId).length >= inst.eniQuota) {
           return fail(CODES.quota, `Instance ${instanceId} cannot attach more enis`);
@@ -701,6 +782,10 @@ export class FakeBce {
       if (action === "detach") {
         const key = tokenKey(`detach:${eni.eniId}`);
         if (key && this.#tokens.has(key)) return reply(200, {});
+        const inst = this.opts.instances[instanceId];
+        if (!inst) return fail(CODES.noSuchObject, `instanceId ${instanceId} does not exist`);
+        const refused = this.#instanceRefuses(instanceId, inst, fail);
+        if (refused) return refused;
         const stuck = this.#stuck.get(eni.eniId);
         if (stuck) {
           if (stuck.escape !== "detach") {
@@ -737,6 +822,13 @@ export class FakeBce {
     return fail(CODES.invalidUri, `Method ${method} not allowed here`);
   }
 
+  /** Attach and detach need the instance Running or Stopped (BCE ENI docs, reference §1.2). */
+  #instanceRefuses(instanceId: string, inst: FakeInstance, fail: Fail): Response | null {
+    const status = inst.status ?? "Running";
+    if (status === "Running" || status === "Stopped") return null;
+    return fail(CODES.instanceState, `The instance ${instanceId} is ${status}`);
+  }
+
   #finishAttach(eni: FakeEni): void {
     eni.status = "inuse";
     if (this.opts.onAttach) this.#hook(() => this.opts.onAttach!(structuredClone(eni)));
@@ -760,7 +852,8 @@ export class FakeBce {
     const maxKeys = Math.min(Number(q.maxKeys ?? 1000) || 1000, this.opts.maxKeysCap);
     const ips = q.privateIpAddress ? q.privateIpAddress.split(",") : [];
     const nameOk = (n: string) =>
-      !q.name || (this.opts.nameFilter === "prefix" ? n.startsWith(q.name) : n === q.name);
+      !q.name || this.opts.nameFilter === "ignore" ||
+      (this.opts.nameFilter === "prefix" ? n.startsWith(q.name) : n === q.name);
     const all = [...this.enis.values()]
       .filter((e) => e.vpcId === q.vpcId)
       .filter((e) => !q.instanceId || e.instanceId === q.instanceId)
@@ -948,7 +1041,8 @@ export class FakeBce {
       eniId: "eni-" + randomId(12),
       name,
       description: "",
-      zoneName: this.opts.azone,
+      zoneName: this.opts.subnets.find((s) => s.subnetId === subnetId)?.zoneName ??
+        this.opts.azone,
       instanceId: "",
       macAddress: `fa:f6:${hex((n >> 24) & 255)}:${hex((n >> 16) & 255)}:${hex((n >> 8) & 255)}:${
         hex(n & 255)

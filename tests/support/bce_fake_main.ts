@@ -20,6 +20,13 @@
  *   (what a test asserts on: which ENIs exist, which calls were made);
  * - on `oob-delete <eniId>` / `oob-detach <eniId>`, deletes or detaches an ENI
  *   out of band (someone else did it, in the console), answering `{"event":"done"}`;
+ *   on `instance-status <instanceId> <Status>`, reports that instance so from now
+ *   on (`Stopped`: its node went down); on `delays <attachMs> <detachMs>`, makes
+ *   attaches and detaches take that long (a kill can then land in the middle);
+ * - with `otherNodes`, serves several nodes: each instance's ENIs plug into its
+ *   own node namespace, and the other nodes' agents reach the API through
+ *   `unixSocket` (a file, reachable from every namespace) and a loopback relay
+ *   in their namespace (`loopback_relay.ts`);
  * - shuts down and exits when stdin closes.
  *
  * Settings come as one JSON argument ({@linkcode FakeBceProcessSettings});
@@ -66,6 +73,22 @@ export const FakeBceProcessSettingsSchema = z.object({
   detachDelayMs: z.number().optional(),
   /** How often attached ENIs' devices are checked (default 200 ms). */
   devicePeriodMs: z.number().optional(),
+  /** The zone of the node's instance (default: the subnet's). */
+  zoneName: z.string().optional(),
+  /**
+   * More nodes of the VPC: each instance's attached ENIs plug into its own node
+   * namespace (its agent reaches the fake through `unixSocket` and a loopback relay).
+   */
+  otherNodes: z.array(z.object({
+    instanceId: z.string(),
+    nodeNetns: z.string(),
+    eniQuota: z.number().int(),
+    zoneName: z.string().optional(),
+  })).optional(),
+  /** Also serve the API on this unix socket (a file: reachable from every namespace). */
+  unixSocket: z.string().optional(),
+  /** How the list's `name` filter matches (default exact). */
+  nameFilter: z.enum(["exact", "prefix", "ignore"]).optional(),
 });
 /** What the process needs besides the credentials. */
 export type FakeBceProcessSettings = z.infer<typeof FakeBceProcessSettingsSchema>;
@@ -108,11 +131,20 @@ async function main(): Promise<void> {
     JSON.parse(Deno.env.get(CREDENTIALS_ENV) ?? "[]"),
   );
   const print = (event: Record<string, unknown>) => console.log(JSON.stringify(event));
-  const sim = new VethDeviceSimulator({
-    vpcNetns: settings.vpcNetns,
-    bridge: settings.bridge,
-    nodeNetns: settings.nodeNetns,
-  });
+  // One device simulator per node: an ENI's device appears in its instance's node.
+  const nodes = [
+    { instanceId: settings.instanceId, nodeNetns: settings.nodeNetns },
+    ...settings.otherNodes ?? [],
+  ];
+  const sims = new Map(nodes.map((n) => [
+    n.instanceId,
+    new VethDeviceSimulator({
+      vpcNetns: settings.vpcNetns,
+      bridge: settings.bridge,
+      nodeNetns: n.nodeNetns,
+    }),
+  ]));
+  const sim = (instanceId: string) => sims.get(instanceId) ?? sims.get(settings.instanceId)!;
   // Device operations run one at a time, so a re-plug never races an unplug.
   let chain: Promise<void> = Promise.resolve();
   const serial = (what: string, fn: () => Promise<void>): Promise<void> => {
@@ -121,25 +153,39 @@ async function main(): Promise<void> {
     });
     return chain;
   };
-  const attachedHere = (e: FakeEni) => e.instanceId === settings.instanceId && e.status === "inuse";
+  const attachedToANode = (e: FakeEni) => sims.has(e.instanceId) && e.status === "inuse";
   const fake: FakeBce = FakeBce.start({
     credentials,
     vpcId: settings.vpcId ?? "vpc-e2e0001",
     subnets: [settings.subnet, ...settings.otherSubnets ?? []],
     securityGroups: settings.securityGroups,
     enterpriseSecurityGroups: settings.enterpriseSecurityGroups,
-    instances: { [settings.instanceId]: { eniQuota: settings.eniQuota } },
+    instances: Object.fromEntries([
+      [settings.instanceId, { eniQuota: settings.eniQuota, zoneName: settings.zoneName }],
+      ...(settings.otherNodes ?? []).map((n) => [n.instanceId, {
+        eniQuota: n.eniQuota,
+        zoneName: n.zoneName,
+      }]),
+    ]),
+    ...(settings.unixSocket ? { unixSocket: settings.unixSocket } : {}),
+    ...(settings.nameFilter ? { nameFilter: settings.nameFilter } : {}),
+    ...(settings.subnet.zoneName ? { azone: settings.subnet.zoneName } : {}),
     metadataInstanceId: settings.instanceId,
     attachDelayMs: settings.attachDelayMs ?? 30,
     detachDelayMs: settings.detachDelayMs ?? 30,
     onAttach: (eni) =>
       serial(`plug ${eni.eniId}`, async () => {
-        await sim.plug(toContractEni(fake.opts.subnets, eni));
-        print({ event: "plugged", eniId: eni.eniId, mac: eni.macAddress });
+        await sim(eni.instanceId).plug(toContractEni(fake.opts.subnets, eni));
+        print({
+          event: "plugged",
+          eniId: eni.eniId,
+          mac: eni.macAddress,
+          instanceId: eni.instanceId,
+        });
       }),
     onDetach: (eni) =>
       serial(`unplug ${eni.eniId}`, async () => {
-        await sim.unplug(toContractEni(fake.opts.subnets, eni));
+        await sim(eni.instanceId).unplug(toContractEni(fake.opts.subnets, eni));
         print({ event: "unplugged", eniId: eni.eniId, mac: eni.macAddress });
       }),
   });
@@ -152,8 +198,8 @@ async function main(): Promise<void> {
     timer = setTimeout(() => {
       serial("keep devices", async () => {
         for (const eni of fake.enis.values()) {
-          if (stopping || !attachedHere(eni)) continue;
-          await sim.plug(toContractEni(fake.opts.subnets, eni));
+          if (stopping || !attachedToANode(eni)) continue;
+          await sim(eni.instanceId).plug(toContractEni(fake.opts.subnets, eni));
         }
       }).finally(() => {
         if (!stopping) keepDevices();
@@ -180,6 +226,15 @@ async function main(): Promise<void> {
         const [verb, eniId] = command.split(" ");
         if (verb === "oob-delete") fake.deleteOutOfBand(eniId);
         else fake.detachOutOfBand(eniId);
+        print({ event: "done", command });
+      } else if (/^instance-status i-[A-Za-z0-9]+ [A-Za-z]+$/.test(command)) {
+        const [, instanceId, status] = command.split(" ");
+        fake.setInstanceStatus(instanceId, status);
+        print({ event: "done", command });
+      } else if (/^delays \d+ \d+$/.test(command)) {
+        const [, attach, detach] = command.split(" ");
+        fake.opts.attachDelayMs = Number(attach);
+        fake.opts.detachDelayMs = Number(detach);
         print({ event: "done", command });
       } else if (command !== "") {
         print({ event: "error", error: `Unknown command "${command}"` });
@@ -321,8 +376,22 @@ export class FakeBceProcess implements AsyncDisposable {
 
   /** Deletes (or detaches) an ENI behind enim's back, as someone in the console would. */
   outOfBand(verb: "delete" | "detach", eniId: string): Promise<void> {
+    return this.#command(`oob-${verb} ${eniId}`);
+  }
+
+  /** Sets an instance's status as BCE reports it (`Stopped`, `Running`, …). */
+  instanceStatus(instanceId: string, status: string): Promise<void> {
+    return this.#command(`instance-status ${instanceId} ${status}`);
+  }
+
+  /** Sets how long an attach and a detach take from now on. */
+  delays(attachMs: number, detachMs: number): Promise<void> {
+    return this.#command(`delays ${attachMs} ${detachMs}`);
+  }
+
+  #command(line: string): Promise<void> {
     const run = this.#pending.then(async () => {
-      await this.#stdin.write(new TextEncoder().encode(`oob-${verb} ${eniId}\n`));
+      await this.#stdin.write(new TextEncoder().encode(`${line}\n`));
       const ev = await this.#events.next("done");
       if (!ev) throw new Error(`The fake BCE server ended:\n${this.output().join("\n")}`);
     });

@@ -7,7 +7,7 @@
  */
 import { DatabaseSync } from "node:sqlite";
 import { Logger } from "../../lib/log.ts";
-import { FakeBce, type FakeBceOptions } from "./bce_fake.ts";
+import { FakeBce, type FakeBceOptions, type FakeEni } from "./bce_fake.ts";
 import { BceClient, type RetryOptions } from "../../providers/bce/client.ts";
 import { configSchema } from "../../providers/bce/config.ts";
 import { createBce } from "../../providers/bce/mod.ts";
@@ -77,6 +77,8 @@ export interface TestEnv {
   provider: BceProvider;
   /** MACs whose device "appeared" (the fake's onAttach hook). */
   devices: Set<string>;
+  /** Zone-wide sticky events the providers counted, as `<event>:<profile>`. */
+  events: string[];
   /** A second provider on the same database (a restart). */
   restart(config?: Record<string, unknown>): Promise<BceProvider>;
   close(): Promise<void>;
@@ -119,24 +121,30 @@ export const HARNESS_TIMEOUTS = {
 /** Starts a fake BCE and a provider wired to it (metadata included). */
 export async function setup(opts: SetupOptions = {}): Promise<TestEnv> {
   const devices = new Set<string>();
-  const fake = opts.withFake ?? startFake({
-    onAttach: (eni) => {
-      devices.add(eni.macAddress);
-    },
-    onDetach: (eni) => {
-      devices.delete(eni.macAddress);
-    },
-    ...opts.fake,
-  });
+  // This node's instance: a device "appears" for the ENIs attached to it only, so
+  // several providers (nodes) can share one fake.
+  const node = String(opts.config?.instanceId ?? INSTANCE);
+  const onAttach = (eni: FakeEni) => {
+    if (eni.instanceId === node) devices.add(eni.macAddress);
+  };
+  const onDetach = (eni: FakeEni) => {
+    if (eni.instanceId === node) devices.delete(eni.macAddress);
+  };
+  const fake = opts.withFake ?? startFake({ onAttach, onDetach, ...opts.fake });
   if (opts.withFake) {
-    fake.opts.onAttach = (eni) => {
-      devices.add(eni.macAddress);
+    // Chained: the providers already on this fake keep their devices.
+    const [prevAttach, prevDetach] = [fake.opts.onAttach, fake.opts.onDetach];
+    fake.opts.onAttach = async (eni) => {
+      await prevAttach?.(eni);
+      onAttach(eni);
     };
-    fake.opts.onDetach = (eni) => {
-      devices.delete(eni.macAddress);
+    fake.opts.onDetach = async (eni) => {
+      await prevDetach?.(eni);
+      onDetach(eni);
     };
   }
   const db = opts.db ?? new DatabaseSync(":memory:");
+  const events: string[] = [];
   const providers: BceProvider[] = [];
   const env = (n: string) =>
     ({
@@ -158,6 +166,7 @@ export async function setup(opts: SetupOptions = {}): Promise<TestEnv> {
     const p = await createBce(config, {
       db,
       log: testLogger(),
+      stickyEvent: (event, profile) => events.push(`${event}:${profile}`),
       waitForDevice: async (mac, timeoutMs) => {
         const deadline = Date.now() + timeoutMs;
         while (!devices.has(mac)) {
@@ -175,6 +184,7 @@ export async function setup(opts: SetupOptions = {}): Promise<TestEnv> {
     db,
     provider,
     devices,
+    events,
     restart: make,
     async close() {
       for (const p of providers) await p.close();

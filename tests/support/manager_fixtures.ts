@@ -38,6 +38,16 @@ export class ControlledProvider implements Provider {
   hang: ProviderHang = null;
   failNext: Error | null = null;
   allocations = 0;
+  /**
+   * Zone-wide stickiness, simulated over the mock: every profile reports zone scope
+   * with this node hold, and `parkENI` records the park and frees the ENI (it left
+   * the node). Null: the mock as it is (node scope).
+   */
+  zone: { nodeHoldSeconds: number } | null = null;
+  /** The parks asked for, in order. */
+  readonly parks: { owner: Owner; until: number }[] = [];
+  /** The allocation requests received, in order. */
+  readonly requests: AllocationRequestInput[] = [];
   constructor(inner: Provider) {
     this.inner = inner;
     this.name = inner.name;
@@ -53,6 +63,7 @@ export class ControlledProvider implements Provider {
     }
     if (this.hang === "before-allocate") await new Promise(() => {});
     this.allocations++;
+    this.requests.push(req);
     const eni = await this.inner.allocateNextENI(owner, req);
     if (this.hang === "after-allocate") await new Promise(() => {});
     return eni;
@@ -65,7 +76,14 @@ export class ControlledProvider implements Provider {
     return this.inner.status();
   }
   profiles() {
-    return this.inner.profiles();
+    const zone = this.zone;
+    return zone
+      ? this.inner.profiles().map((p) => ({ ...p, sticky: { scope: "zone" as const, ...zone } }))
+      : this.inner.profiles();
+  }
+  async parkENI(owner: Owner, o: { until: number }): Promise<void> {
+    this.parks.push({ owner, until: o.until });
+    await this.inner.deallocateENI(owner);
   }
   describeENI(eniId: string, text: string | null): Promise<void> {
     return this.inner.describeENI?.(eniId, text) ?? Promise.resolve();
@@ -109,6 +127,8 @@ export interface NodeOptions {
   describeAs?: string;
   /** The manager's and the provider's logger (default: none). */
   log?: Logger;
+  /** Zone-wide stickiness with this node hold (see {@linkcode ControlledProvider.zone}). */
+  zone?: { nodeHoldSeconds: number };
 }
 
 /** Builds a node and runs reconcile once (as the agent does at start-up). */
@@ -126,6 +146,7 @@ export async function makeNode(o: NodeOptions = {}): Promise<Node> {
       deviceSimulator: devices.simulator(),
     }) as MockProvider;
     const provider = new ControlledProvider(m);
+    provider.zone = o.zone ?? null;
     const mgr = createManager({
       db,
       provider,

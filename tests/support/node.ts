@@ -36,6 +36,11 @@ export interface SimulatedNodeOptions {
   /** Start the agent right away (default true). */
   startAgent?: boolean;
   /**
+   * Another node of this node's VPC (two agents, one simulated cloud): its own
+   * node namespace and sandbox, the same VPC namespace, bridge and subnets.
+   */
+  joinVpc?: SimulatedVpc;
+  /**
    * Named profiles of the mock provider: each profile's subnets become subnets of the
    * VPC (gateway on the bridge) and the rest is the profile's mock settings.
    */
@@ -122,7 +127,9 @@ export class SimulatedNode implements AsyncDisposable {
     const profileSubnets = Object.values(opts.profiles ?? {}).flatMap((p) =>
       [p.subnets.ipv4, p.subnets.ipv6].filter((s): s is string => s !== undefined)
     );
-    const vpc = await SimulatedVpc.create({ subnets: opts.subnets, extraSubnets: profileSubnets });
+    const vpc = opts.joinVpc
+      ? await SimulatedVpc.join(opts.joinVpc)
+      : await SimulatedVpc.create({ subnets: opts.subnets, extraSubnets: profileSubnets });
     let sandbox: EnimSandbox;
     try {
       sandbox = await EnimSandbox.create(vpc.node.path);

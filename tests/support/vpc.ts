@@ -113,11 +113,14 @@ export class SimulatedVpc implements AsyncDisposable {
   readonly #pods = new Map<string, NetnsHandle>();
   #nextHost = 10;
   #closed = false;
+  /** Whether this fixture made the VPC namespace (a node that joined another's does not). */
+  readonly #ownsVpc: boolean;
 
-  private constructor(prefix: string, subnets: VpcSubnets) {
+  private constructor(prefix: string, subnets: VpcSubnets, sharedVpc?: NetnsHandle) {
     this.#prefix = prefix;
     this.node = handle(`${prefix}-node`);
-    this.vpc = handle(`${prefix}-vpc`);
+    this.vpc = sharedVpc ?? handle(`${prefix}-vpc`);
+    this.#ownsVpc = sharedVpc === undefined;
     this.#v4 = subnets.ipv4 ? subnet(subnets.ipv4) : null;
     this.#v6 = subnets.ipv6 ? subnet(subnets.ipv6) : null;
     this.gateways = { ipv4: this.#v4?.gateway ?? null, ipv6: this.#v6?.gateway ?? null };
@@ -146,9 +149,32 @@ export class SimulatedVpc implements AsyncDisposable {
     return vpc;
   }
 
+  /**
+   * Another node of `vpc`'s VPC: its own node namespace (and pods), the same VPC
+   * namespace and bridge, so its ENIs' devices reach the same gateways and the
+   * other node's pods. Closing it removes its node and pods, never the VPC.
+   */
+  static async join(vpc: SimulatedVpc, opts: { prefix?: string } = {}): Promise<SimulatedVpc> {
+    const joined = new SimulatedVpc(uniqueName(opts.prefix ?? "enim-t"), {
+      ...(vpc.#v4 ? { ipv4: `${formatIp(vpc.#v4.net.ip)}/${vpc.#v4.prefixLength}` } : {}),
+      ...(vpc.#v6 ? { ipv6: `${formatIp(vpc.#v6.net.ip)}/${vpc.#v6.prefixLength}` } : {}),
+    }, vpc.vpc);
+    try {
+      await createNetns(joined.node.name);
+    } catch (err) {
+      await joined.close().catch(() => {});
+      throw err;
+    }
+    return joined;
+  }
+
   /** Every namespace this fixture has created and not yet removed. */
   get namespaces(): string[] {
-    return [this.node.name, this.vpc.name, ...[...this.#pods.values()].map((p) => p.name)];
+    return [
+      this.node.name,
+      ...(this.#ownsVpc ? [this.vpc.name] : []),
+      ...[...this.#pods.values()].map((p) => p.name),
+    ];
   }
 
   /** Creates a pod namespace `<prefix>-<name>` (loopback up). */
@@ -231,7 +257,8 @@ export class SimulatedVpc implements AsyncDisposable {
     if (this.#closed) return;
     this.#closed = true;
     const errors: unknown[] = [];
-    for (const name of [...this.#pods.keys(), this.node.name, this.vpc.name]) {
+    const own = this.#ownsVpc ? [this.vpc.name] : [];
+    for (const name of [...this.#pods.keys(), this.node.name, ...own]) {
       try {
         await deleteNetns(name);
       } catch (err) {
