@@ -11,8 +11,11 @@
 import { FakeDeviceLayer } from "../netns/fake.ts";
 import type {
   DeviceLayer,
+  HostLinkRef,
+  HostLinkState,
   Link,
   NetnsIdentity,
+  NodeAddresses,
   PinnedNetns,
   PlugParams,
   PlugResult,
@@ -71,6 +74,24 @@ export class AgentFakeDevices implements DeviceLayer {
   inspect(p: { netns: string | PinnedNetns; ifName: string }): Promise<PodInterfaceState> {
     this.#ensure(p.netns);
     return this.fake.inspect(p);
+  }
+  inspectHostLink(
+    p: { netns: string | PinnedNetns; hostLink: HostLinkRef },
+  ): Promise<HostLinkState> {
+    this.#ensure(p.netns);
+    return this.fake.inspectHostLink(p);
+  }
+  hostLinks(): Promise<Link[]> {
+    return this.fake.hostLinks();
+  }
+  removeHostLink(nodeIfName: string): Promise<boolean> {
+    return this.fake.removeHostLink(nodeIfName);
+  }
+  nodeAddresses(): Promise<NodeAddresses> {
+    return this.fake.nodeAddresses();
+  }
+  ensureHostLinkTable(): Promise<void> {
+    return this.fake.ensureHostLinkTable();
   }
   async netnsIdentity(path: string): Promise<NetnsIdentity | null> {
     this.#ensure(path);

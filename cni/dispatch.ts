@@ -42,6 +42,7 @@ import {
 
 export type { InvocationRecord };
 import { buildAddResult } from "./result.ts";
+import { hostLinkRequest } from "./host_link.ts";
 import {
   convertResult,
   LATEST_VERSION,
@@ -241,6 +242,7 @@ async function addVerb(
     ) => (r.gw === undefined ? { dst: r.dst } : { dst: r.dst, gw: r.gw })),
     defaultRoutes: enim.defaultRoutes,
     ...(enim.mtu !== undefined ? { mtu: enim.mtu } : {}),
+    ...hostLinkOf(inv, enim, mode, args),
   };
   const res = await client.add(req);
   inv.record.eniId = res.eniId;
@@ -252,6 +254,24 @@ async function addVerb(
     prevResult,
   });
   return convertResult(result, version);
+}
+
+/** The request's `hostLink` (cni/host_link.ts), and the log line's warning when no Service routes. */
+function hostLinkOf(
+  inv: Invocation,
+  enim: ParsedConfig["enim"],
+  mode: ParsedConfig["mode"],
+  args: CniArgs,
+): Pick<AddRequest, "hostLink"> {
+  const hostLink = hostLinkRequest(enim, mode, args, inv.env.ifName!);
+  if (!hostLink) return {};
+  inv.record.hostLink = hostLink.podIfName;
+  if (hostLink.serviceCidrs.length === 0) {
+    inv.warnings.push(
+      'The pod gets a host link but the config lists no "serviceCidrs": Services will not route from it',
+    );
+  }
+  return { hostLink };
 }
 
 async function delVerb(

@@ -15,6 +15,7 @@ import type { ApiError } from "../api/schema.ts";
 import type { AttachmentRow, StateStore } from "./state.ts";
 import type { KeyedMutex } from "./mutex.ts";
 import type { Describer, DescriptionRecorder } from "./descriptions.ts";
+import type { HostLinks } from "./host_link.ts";
 
 /** The manager's shared parts. */
 export interface ManagerContext {
@@ -42,6 +43,8 @@ export interface ManagerContext {
    * facts than the runtime's, and leaves that attachment alone. Dropped at release.
    */
   readonly addAnswered: Map<string, number>;
+  /** The host links' upkeep: the node's addresses, its nftables table, warnings. */
+  readonly hostLinks: HostLinks;
 }
 
 /** The provider-level owner of an attachment row. */

@@ -104,6 +104,9 @@ const MIGRATIONS: Migration[] = [
   CREATE UNIQUE INDEX attachments_eni ON attachments (eni_id) WHERE eni_id IS NOT NULL;
   CREATE INDEX attachments_pod ON attachments (pod);
   CREATE INDEX attachments_state ON attachments (state);`,
+  // The host link (issue 27): its two ends and Service CIDRs, as JSON, written before
+  // the link is made, so a crash leaves what it takes to remove it.
+  `ALTER TABLE attachments ADD COLUMN host_link TEXT;`,
 ];
 
 /** The schema version this code writes. */
@@ -137,6 +140,8 @@ export const AttachmentRowSchema = z.object({
   sticky: z.pipe(z.number(), z.transform((n) => n === 1)),
   /** When a held ENI goes back to the pool (state `held`). */
   holdUntil: z.nullable(z.number()),
+  /** The attachment's host link as JSON ({@linkcode RecordedHostLinkSchema}), or null. */
+  hostLink: z._default(z.nullable(z.string()), null),
 });
 /** A row of `attachments`. */
 export type AttachmentRow = z.infer<typeof AttachmentRowSchema>;
@@ -167,7 +172,22 @@ const COLUMNS: Record<keyof AttachmentRow, string> = {
   profile: "profile",
   sticky: "sticky",
   holdUntil: "hold_until",
+  hostLink: "host_link",
 };
+
+/** What a row records of its host link (the `host_link` column). */
+export const RecordedHostLinkSchema = z.object({
+  nodeIfName: z.string(),
+  podIfName: z.string(),
+  serviceCidrs: z.array(z.string()),
+});
+/** What a row records of its host link. */
+export type RecordedHostLink = z.infer<typeof RecordedHostLinkSchema>;
+
+/** A row's host link, parsed; null when it has none. */
+export function hostLinkOf(r: Pick<AttachmentRow, "hostLink">): RecordedHostLink | null {
+  return r.hostLink === null ? null : RecordedHostLinkSchema.parse(JSON.parse(r.hostLink));
+}
 const SELECT = `SELECT ${
   Object.entries(COLUMNS).map(([k, c]) => `${c} AS "${k}"`).join(", ")
 } FROM attachments`;
@@ -394,6 +414,7 @@ export function toAttachment(r: AttachmentRow): Attachment {
     profile: r.profile,
     sticky: r.sticky,
     holdUntil: r.holdUntil === null ? null : new Date(r.holdUntil).toISOString(),
+    hostLink: hostLinkOf(r),
   };
 }
 

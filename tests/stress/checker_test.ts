@@ -48,6 +48,7 @@ function attachment(containerId: string, n: number, over: Partial<Attachment> = 
     profile: "default",
     sticky: false,
     holdUntil: null,
+    hostLink: null,
     ...over,
   };
 }

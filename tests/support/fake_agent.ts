@@ -40,6 +40,7 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
     pool: { free: 2, owned: 1, recycling: 0, held: 0, attachable: 3, profiles: {} },
     enis: [],
     providerDetails: {},
+    hostLinks: { links: 0, withoutServiceCidrs: [] },
     ...over,
   };
 }

@@ -86,6 +86,7 @@ export class FakeManager implements EniManager {
         profile: "default",
         sticky: false,
         holdUntil: null,
+        hostLink: null,
       });
     }
     return Promise.resolve({
@@ -179,6 +180,7 @@ export class FakeManager implements EniManager {
         return { ...e, device: att?.nodeName ?? `eni${e.id.slice(-4)}`, attachment: att };
       }),
       providerDetails: {},
+      hostLinks: { links: 0, withoutServiceCidrs: [] },
     });
   }
 
