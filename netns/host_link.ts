@@ -31,9 +31,11 @@ export const HOST_LINK_GROUP = 0x656e696d;
 /**
  * The packet and connection mark bit enim uses, on the node (traffic from a node end,
  * to masquerade) and in the pod (connections that arrived through the pod end). Clear
- * of kube-proxy's 0x4000 and 0x8000 and of Calico's upper 16 bits.
+ * of kube-proxy's 0x4000 and 0x8000, of the `portmap` plugin's 0x2000 (its default
+ * `markMasqBit` 13: its masquerade rule would take enim's marked packets too, which the
+ * tests caught), of the AWS VPC CNI's 0x80, Cilium's 0x0f00 and Calico's upper 16 bits.
  */
-export const HOST_LINK_MARK = 0x2000;
+export const HOST_LINK_MARK = 0x1000;
 /** The pod's routing table for answers through the pod end. */
 export const HOST_LINK_TABLE = 2000;
 /** The priority of the pod's rule that sends marked packets to {@linkcode HOST_LINK_TABLE}. */
@@ -176,7 +178,7 @@ function linkRoute(dst: string, v6: boolean, dev: string, src: string): string[]
     : ["route", "add", dst, "via", LINK_GATEWAY.ipv4, "dev", dev, "onlink", "src", src];
 }
 
-/** `0x2000/0x2000`: the mark and its mask as `ip rule` takes them. */
+/** `0x1000/0x1000`: the mark and its mask as `ip rule` takes them. */
 function markMask(): string {
   const m = `0x${HOST_LINK_MARK.toString(16)}`;
   return `${m}/${m}`;

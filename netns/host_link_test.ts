@@ -47,7 +47,7 @@ Deno.test("the pod side routes through the link-local gateway, answers through t
     "route add 10.99.0.2/32 via 169.254.1.1 dev host0 onlink src 10.99.0.11",
     "route add 0.0.0.0/0 via 169.254.1.1 dev host0 onlink src 10.99.0.11 table 2000",
     "route add ::/0 via fe80::1 dev host0 src fd00:99::11 table 2000",
-    "rule add fwmark 0x2000/0x2000 lookup 2000 pref 1000",
+    "rule add fwmark 0x1000/0x1000 lookup 2000 pref 1000",
   ]);
 });
 
@@ -64,10 +64,10 @@ Deno.test("an IPv4-only pod gets no IPv6 route, neighbour or rule", () => {
 
 Deno.test("the rulesets mark by the pod end's name in the pod and by link group on the node", () => {
   const pod = podRuleset("host0");
-  assertStringIncludes(pod, 'iifname "host0" ct state new ct mark set ct mark | 0x2000');
+  assertStringIncludes(pod, 'iifname "host0" ct state new ct mark set ct mark | 0x1000');
   assertStringIncludes(pod, "type route hook output priority mangle");
   const node = nodeTableRuleset();
-  assertStringIncludes(node, `iifgroup ${HOST_LINK_GROUP} meta mark set meta mark | 0x2000`);
+  assertStringIncludes(node, `iifgroup ${HOST_LINK_GROUP} meta mark set meta mark | 0x1000`);
   assertStringIncludes(node, `oifgroup != ${HOST_LINK_GROUP} masquerade`);
   assert(node.startsWith("table inet enim {}\ndelete table inet enim\n"), node);
   assert(isNodeEnd({ group: String(HOST_LINK_GROUP) }));

@@ -633,9 +633,10 @@ export class IpDeviceLayer implements DeviceLayer {
         .filter((r) => (r.table === undefined || r.table === "main") && r.protocol !== "kernel")
         .filter((r) => r.type === undefined || r.type === "unicast")
         .map((r) => {
-          // `ip -j` prints "default" for both families; name the family explicitly.
+          // `ip -j` prints "default" for both families, and a host route without its
+          // prefix length: name both explicitly.
           const dst = r.dst !== "default"
-            ? r.dst
+            ? (r.dst.includes("/") ? r.dst : `${r.dst}/${r.dst.includes(":") ? 128 : 32}`)
             : r.gateway?.includes(":") || r.dst.includes(":")
             ? "::/0"
             : "0.0.0.0/0";
@@ -703,11 +704,12 @@ export class IpDeviceLayer implements DeviceLayer {
       "find",
       "Cannot list the host links on the node",
       () =>
-        ipJson(z.array(LinkSchema), ["link", "show", "group", String(HOST_LINK_GROUP)], {
+        // iproute2 prints `{}` for each link the group filter leaves out: keep the real ones.
+        ipJson(z.array(z.looseObject({})), ["link", "show", "group", String(HOST_LINK_GROUP)], {
           netns: this.#node,
         }),
     );
-    return links.filter(isNodeEnd);
+    return z.array(LinkSchema).parse(links.filter((l) => "ifname" in l)).filter(isNodeEnd);
   }
 
   /** Deletes the node end `nodeIfName` (its pod end goes with it); false when it was not there. */
