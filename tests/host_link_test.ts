@@ -14,7 +14,7 @@
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
 import { type AddResult, SimulatedNode } from "./support/node.ts";
-import type { NetnsHandle, SimulatedVpc, VpcHost } from "./support/vpc.ts";
+import type { NetnsHandle, SimulatedVpc } from "./support/vpc.ts";
 import { ask, Servers, TRAFFIC_NEEDS, who } from "./support/traffic.ts";
 import {
   installKubeProxy,
