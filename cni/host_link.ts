@@ -7,9 +7,11 @@
  * - `hostStackCidrs`: other prefixes the node serves (NodeLocal DNS's
  *   169.254.20.10/32, …);
  * - `hostLink`: `{"enabled", "podIfName", "nodeIfPrefix"}`. `enabled` defaults to on
- *   for a Kubernetes pod (the runtime passes `K8S_POD_NAMESPACE` in CNI_ARGS, as
- *   every CRI runtime does for kubelet) and off otherwise (podman, cnitool: no
- *   kube-proxy, no Services); `false` gives exactly enim's behaviour without it.
+ *   for a Kubernetes pod's primary interface (the runtime passes `K8S_POD_NAMESPACE`
+ *   in CNI_ARGS, as every CRI runtime does for kubelet, and the attachment has the
+ *   pod's default routes) and off otherwise: podman and cnitool (no kube-proxy, no
+ *   Services), a second enim interface with `"defaultRoutes": false` (the first one's
+ *   link serves the pod). `false` gives exactly enim's behaviour without it.
  *   The pod end is `host0` unless `podIfName` says otherwise; node ends are
  *   `nodeIfPrefix` (default `enimh`) and a hash of the attachment, 15 bytes.
  *
@@ -58,6 +60,7 @@ export interface HostLinkConfig {
   hostStackCidrs: string[];
   hostLink?: { enabled?: boolean; podIfName: string; nodeIfPrefix: string };
   routes: { dst: string }[];
+  defaultRoutes: boolean;
 }
 
 function bad(msg: string): CniError {
@@ -90,8 +93,8 @@ export function checkHostLinkCidrs(c: HostLinkConfig, where = ""): void {
 
 /**
  * The ADD request's host link, or undefined when the pod gets none: on by default
- * for a Kubernetes pod in interface mode, off otherwise; `hostLink.enabled` decides
- * when set.
+ * for a Kubernetes pod's primary interface (`defaultRoutes` on) in interface mode,
+ * off otherwise; `hostLink.enabled` decides when set.
  *
  * @throws {CniError} code 7: `hostLink.enabled` in IPAM mode, a pod end named
  *   like `CNI_IFNAME`
@@ -111,7 +114,7 @@ export function hostLinkRequest(
     }
     return undefined;
   }
-  const enabled = c.hostLink?.enabled ?? isKubernetesPod(args);
+  const enabled = c.hostLink?.enabled ?? (isKubernetesPod(args) && c.defaultRoutes);
   if (!enabled) return undefined;
   const podIfName = c.hostLink?.podIfName ?? DEFAULT_POD_IF_NAME;
   if (podIfName === ifName) {

@@ -44,6 +44,7 @@ Deno.test("the host link is off without K8S_POD_NAMESPACE, and with enabled fals
     const [name, args, config] of [
       ["podman-style CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAME=web-0", iface()],
       ["enabled false", K8S, iface({ hostLink: { enabled: false } })],
+      ["a second interface without default routes", K8S, iface({ defaultRoutes: false })],
     ] as const
   ) {
     await t.step(name, async () => {
