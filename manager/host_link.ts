@@ -209,7 +209,7 @@ export class HostLinks {
 /**
  * Removes node ends that no attachment records (a pod gone without DEL, an ADD
  * killed before its rollback): links of the host-link group whose name no row's
- * host link has. The links are listed before the rows are read, and a row records
+ * host link has (a held row's link went with its DEL). The links are listed before the rows are read, and a row records
  * its link before the link is made, so a link in the making is never taken.
  * Returns the names removed.
  */
@@ -220,9 +220,10 @@ export async function sweepHostLinks(
 ): Promise<string[]> {
   const links = await devices.hostLinks();
   if (links.length === 0) return [];
+  // A held row keeps its link's record, but its DEL removed the link.
   const recorded = new Set(
     state.all().flatMap((r) => {
-      const h = hostLinkOf(r);
+      const h = r.state === "held" ? null : hostLinkOf(r);
       return h ? [h.nodeIfName] : [];
     }),
   );

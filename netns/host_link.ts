@@ -132,8 +132,10 @@ export function nodeCommands(s: HostLinkSpec, podNs: string): string[][] {
  * The pod-side `ip` commands, run in the pod's namespace in the same batch as the
  * ENI's configuration (after its addresses, which the routes name as source): the
  * pod end up, the link gateway as a permanent neighbour, every route through the
- * link, the answer table's default routes, and the IPv4 rule (an `ip -batch` runs
- * one family's rules; the IPv6 rule goes with {@linkcode POD_POLICY_SCRIPT}).
+ * link, and the answer table's default routes (they go with the pod end). The rules
+ * that lead to that table are {@linkcode POD_POLICY_SCRIPT}'s: they outlive the link
+ * (a DEL leaves them, inert without it), so a later ADD in the same namespace must
+ * find them there.
  */
 export function podCommands(s: HostLinkSpec): string[][] {
   const dev = s.podIfName;
@@ -153,18 +155,6 @@ export function podCommands(s: HostLinkSpec): string[][] {
   }
   if (v4) cmds.push([...linkRoute("0.0.0.0/0", false, dev, v4), "table", String(HOST_LINK_TABLE)]);
   if (v6) cmds.push([...linkRoute("::/0", true, dev, v6), "table", String(HOST_LINK_TABLE)]);
-  if (v4) {
-    cmds.push([
-      "rule",
-      "add",
-      "fwmark",
-      markMask(),
-      "lookup",
-      String(HOST_LINK_TABLE),
-      "pref",
-      String(HOST_LINK_RULE_PREF),
-    ]);
-  }
   return cmds;
 }
 
@@ -206,6 +196,9 @@ export function resultRoutes(s: Pick<HostLinkSpec, "routes" | "podAddresses">) {
 export function podRuleset(podIfName: string): string {
   const m = `0x${HOST_LINK_MARK.toString(16)}`;
   return [
+    // Replaced as a whole: an earlier ADD in the same namespace may have left it.
+    `table inet ${NFT_TABLE} {}`,
+    `delete table inet ${NFT_TABLE}`,
     `table inet ${NFT_TABLE} {`,
     `\tchain prerouting {`,
     `\t\ttype filter hook prerouting priority mangle; policy accept;`,
@@ -253,16 +246,25 @@ export function nodeTableRuleset(): string {
 
 /**
  * What runs in the pod's namespace after the `ip` batch (through `nsenter --net`,
- * one process): `src_valid_mark` on the pod end (IPv4), the IPv6 rule, then the
- * pod's ruleset. Arguments: `$1` the pod end's name when the pod has IPv4 (else
- * empty), `$2` the mark/mask when it has IPv6 (else empty), `$3` the table, `$4` the
- * rule's priority, `$5` the ruleset file, `$6` the `ip` binary, `$7` the `nft`
- * binary. Nothing of the caller's is interpolated into the script text.
+ * one process): `src_valid_mark` on the pod end (IPv4), the rule per family that sends
+ * marked packets to the answer table (added unless a rule of that priority is there
+ * already: one from an earlier ADD in the same namespace), then the pod's ruleset.
+ * Arguments: `$1` the pod end's name when the pod has IPv4 (else empty), `$2` the
+ * mark/mask, `$3` the table, `$4` the rule's priority, `$5` the ruleset file, `$6`
+ * the `ip` binary, `$7` the `nft` binary, `$8` `6` when the pod has IPv6 (else empty).
+ * Nothing of the caller's is interpolated into the script text.
  */
 export const POD_POLICY_SCRIPT = [
   "set -e",
-  '[ -z "$1" ] || printf 1 > "/proc/sys/net/ipv4/conf/$1/src_valid_mark"',
-  '[ -z "$2" ] || "$6" -6 rule add fwmark "$2" lookup "$3" pref "$4"',
+  'ip="$6" mark="$2" table="$3" pref="$4"',
+  // rule FAMILY: added, or (an earlier ADD's) found there already.
+  'rule() { "$ip" "-$1" rule add fwmark "$mark" lookup "$table" pref "$pref" 2>/dev/null ||' +
+  ' [ -n "$("$ip" "-$1" rule list pref "$pref")" ]; }',
+  'if [ -n "$1" ]; then',
+  '  printf 1 > "/proc/sys/net/ipv4/conf/$1/src_valid_mark"',
+  "  rule 4",
+  "fi",
+  '[ -z "$8" ] || rule 6',
   'exec "$7" -f "$5"',
 ].join("\n");
 
@@ -274,12 +276,13 @@ export function podPolicyArgs(
 ): string[] {
   return [
     s.podAddresses.ipv4 ? s.podIfName : "",
-    s.podAddresses.ipv6 ? markMask() : "",
+    markMask(),
     String(HOST_LINK_TABLE),
     String(HOST_LINK_RULE_PREF),
     rulesetFile,
     bins.ip,
     bins.nft,
+    s.podAddresses.ipv6 ? "6" : "",
   ];
 }
 

@@ -15,7 +15,7 @@
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
 import { type AddResult, SimulatedNode } from "./support/node.ts";
 import type { NetnsHandle, SimulatedVpc } from "./support/vpc.ts";
-import { ask, Servers, TRAFFIC_NEEDS, who } from "./support/traffic.ts";
+import { ask, lastError, Servers, TRAFFIC_NEEDS, who } from "./support/traffic.ts";
 import {
   installKubeProxy,
   KUBE_PROXY_NEEDS,
@@ -153,7 +153,7 @@ Deno.test({
             const clusterIP = fam === 4 ? `172.30.0.${20 + i}` : `fd00:30::${20 + i}`;
             for (const [proto, port] of [["tcp", 80], ["udp", 53]] as const) {
               await t.step(`${mode}: IPv${fam} ${proto} to ${clusterIP} (${backend})`, async () => {
-                assertEquals(who(await ask(a, proto, clusterIP, port)), want[backend]);
+                assertEquals(who(await ask(a, proto, clusterIP, port)), want[backend], lastError);
               });
             }
           }
@@ -218,8 +218,8 @@ Deno.test({
         assertEquals(add.code, 0, add.stdout + add.stderr);
         try {
           // The client's own address reaches the pod, and the answer comes back to it.
-          assertEquals(who(await ask(c.ns, "tcp", N.v4, 7000)), `a ${c.ipv4}`);
-          assertEquals(who(await ask(c.ns, "tcp", N.v6, 7000)), `a ${c.ipv6}`);
+          assertEquals(who(await ask(c.ns, "tcp", N.v4, 7000)), `a ${c.ipv4}`, lastError);
+          assertEquals(who(await ask(c.ns, "tcp", N.v6, 7000)), `a ${c.ipv6}`, lastError);
         } finally {
           const del = await runInNode(node, ["/usr/lib/cni/portmap"], {
             ...env,

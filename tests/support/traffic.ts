@@ -102,8 +102,8 @@ export class Servers implements AsyncDisposable {
 
 /**
  * Asks `addr:port` from `ns` over `proto` and returns the answer line ("" when none
- * came): a TCP connection, or a UDP datagram (sent up to 3 times, one second apart,
- * until one is answered).
+ * came): a TCP connection (tried twice), or a UDP datagram (sent up to 3 times) — a
+ * datapath that is wrong fails every try; a loaded machine may lose a first packet.
  */
 export async function ask(
   ns: NetnsHandle,
@@ -113,7 +113,7 @@ export async function ask(
 ): Promise<string> {
   const fam = family(addr);
   const target = `${proto.toUpperCase()}${fam}:${bracket(addr)}:${port}`;
-  for (let attempt = 0; attempt < (proto === "udp" ? 3 : 1); attempt++) {
+  for (let attempt = 0; attempt < (proto === "udp" ? 3 : 2); attempt++) {
     const child = new Deno.Command(IP, {
       args: [
         "netns",
@@ -138,9 +138,13 @@ export async function ask(
     const out = await child.output();
     const line = decoder.decode(out.stdout).trim();
     if (line !== "") return line;
+    lastError = `${target} from ${ns.name}: exit ${out.code} ${decoder.decode(out.stderr).trim()}`;
   }
   return "";
 }
+
+/** Why the last {@linkcode ask} got no answer (socat's words), for a test's failure message. */
+export let lastError = "";
 
 /**
  * An answer line as `"<name> <peer>"` with the peer address canonical (an IPv4 peer

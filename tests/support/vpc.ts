@@ -45,6 +45,9 @@ export interface NetnsHandle {
   path: string;
 }
 
+/** IPv6 duplicate address detection off for interfaces created from now on in a namespace. */
+const NO_DAD = { "net/ipv6/conf/default/accept_dad": "0", "net/ipv6/conf/all/accept_dad": "0" };
+
 /** A machine on the VPC bridge: its namespace, MAC and addresses (no prefix). */
 export interface VpcHost {
   ns: NetnsHandle;
@@ -144,14 +147,21 @@ export class SimulatedVpc implements AsyncDisposable {
     try {
       await createNetns(vpc.node.name);
       await createNetns(vpc.vpc.name);
+      // A cloud's ports have no duplicate address detection to wait for: an interface's
+      // IPv6 link-local address is usable at once (its first packets are not lost).
+      await vpc.sysctl(vpc.node, NO_DAD);
+      await vpc.sysctl(vpc.vpc, NO_DAD);
       const cidrs = [vpc.#v4, vpc.#v6, ...(opts.extraSubnets ?? []).map(subnet)]
         .filter((s): s is Subnet => s !== null)
         .map((s) => `${s.gateway}/${s.prefixLength}`);
       await createBridge(vpc.vpc.name, vpc.bridge, cidrs);
-      // The VPC routes between its subnets (a Service's endpoint may be in another one).
+      // The VPC routes between its subnets (a Service's endpoint may be in another one), as
+      // a cloud's does: without redirects (its subnets share one bridge here).
       await vpc.sysctl(vpc.vpc, {
         "net/ipv4/ip_forward": "1",
         "net/ipv6/conf/all/forwarding": "1",
+        "net/ipv4/conf/all/send_redirects": "0",
+        "net/ipv4/conf/default/send_redirects": "0",
       });
     } catch (err) {
       await vpc.close().catch(() => {});
@@ -173,6 +183,7 @@ export class SimulatedVpc implements AsyncDisposable {
     this.#pods.set(h.name, h);
     try {
       await createNetns(h.name);
+      await this.sysctl(h, NO_DAD);
     } catch (err) {
       this.#pods.delete(h.name);
       throw err;
@@ -318,6 +329,11 @@ export class SimulatedVpc implements AsyncDisposable {
       ]),
       ...addrs.map((a) => ["route", "add", "default", "via", a.sub.gateway, "dev", ifName]),
     ], { netns: ns.name });
+    // IPv6 has no send_redirects: the machine ignores the VPC's redirects instead.
+    await this.sysctl(ns, {
+      "net/ipv6/conf/all/accept_redirects": "0",
+      [`net/ipv6/conf/${ifName}/accept_redirects`]: "0",
+    });
     const v4 = addrs.find((a) => !a.ip.includes(":"))?.ip;
     const v6 = addrs.find((a) => a.ip.includes(":"))?.ip;
     return { ns, mac, ...(v4 ? { ipv4: v4 } : {}), ...(v6 ? { ipv6: v6 } : {}) };
