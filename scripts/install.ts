@@ -71,7 +71,8 @@ export function launcherDropin(denoDir: string, root: string = ROOT): string {
  * The conflists enim shipped before, exactly as installed: replaced by the current one when
  * found unchanged. The first asked for CNI 1.1.0 only, which libcni < 1.2 (containerd 1.6 and
  * 1.7, CRI-O up to 1.30, podman 4) loads and then fails every pod with: `unsupported CNI
- * result version "1.1.0"`.
+ * result version "1.1.0"`. The second had no `serviceCidrs`: its pods' host links (issue 27)
+ * route no Service.
  */
 export const PREVIOUS_CONFLISTS: readonly string[] = [
   [
@@ -83,6 +84,22 @@ export const PREVIOUS_CONFLISTS: readonly string[] = [
     '      "type": "enim",',
     '      "agentSocket": "/run/enim/enim.sock",',
     '      "logFile": "/var/log/enim/cni.log"',
+    "    }",
+    "  ]",
+    "}",
+    "",
+  ].join("\n"),
+  [
+    "{",
+    '  "cniVersion": "1.0.0",',
+    '  "cniVersions": ["1.0.0", "1.1.0"],',
+    '  "name": "enim",',
+    '  "plugins": [',
+    "    {",
+    '      "type": "enim",',
+    '      "agentSocket": "/run/enim/enim.sock",',
+    '      "logFile": "/var/log/enim/cni.log",',
+    '      "capabilities": { "io.kubernetes.cri.pod-annotations": true }',
     "    }",
     "  ]",
     "}",

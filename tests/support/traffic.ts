@@ -39,6 +39,21 @@ function bracket(addr: string): string {
   return addr.includes(":") ? `[${addr}]` : addr;
 }
 
+/**
+ * Where a server or client runs: a namespace of the simulated VPC (`ip netns exec`), or
+ * any command prefix that enters one (a containerd pod's namespace is seen only inside
+ * the node's sandbox: `node.sandbox.wrap([nsenter, --net=PATH])`).
+ */
+export type Where = NetnsHandle | { label: string; argv: string[] };
+
+function enter(w: Where): string[] {
+  return "argv" in w ? w.argv : [IP, "netns", "exec", w.name];
+}
+
+function label(w: Where): string {
+  return "argv" in w ? w.label : w.name;
+}
+
 /** What one server listens on. */
 export interface Listener {
   proto: Proto;
@@ -58,12 +73,11 @@ export class Servers implements AsyncDisposable {
    * Starts a server in `ns` (`answer_server.ts`) answering `<name> <peer address>` on
    * every listener, living at most `seconds`; resolves once it is listening.
    */
-  async start(ns: NetnsHandle, name: string, listen: Listener[], seconds = 300): Promise<void> {
-    const child = new Deno.Command(IP, {
+  async start(ns: Where, name: string, listen: Listener[], seconds = 300): Promise<void> {
+    const [cmd, ...pre] = enter(ns);
+    const child = new Deno.Command(cmd, {
       args: [
-        "netns",
-        "exec",
-        ns.name,
+        ...pre,
         Deno.execPath(),
         "run",
         "--quiet",
@@ -81,7 +95,7 @@ export class Servers implements AsyncDisposable {
     let text = "";
     while (!text.includes("ready\n")) {
       const { value, done } = await reader.read();
-      if (done) throw new Error(`The server "${name}" in ${ns.name} did not start`);
+      if (done) throw new Error(`The server "${name}" in ${label(ns)} did not start`);
       text += value;
     }
     reader.releaseLock();
@@ -106,19 +120,18 @@ export class Servers implements AsyncDisposable {
  * datapath that is wrong fails every try; a loaded machine may lose a first packet.
  */
 export async function ask(
-  ns: NetnsHandle,
+  ns: Where,
   proto: Proto,
   addr: string,
   port: number,
 ): Promise<string> {
   const fam = family(addr);
   const target = `${proto.toUpperCase()}${fam}:${bracket(addr)}:${port}`;
+  const [cmd, ...pre] = enter(ns);
   for (let attempt = 0; attempt < (proto === "udp" ? 3 : 2); attempt++) {
-    const child = new Deno.Command(IP, {
+    const child = new Deno.Command(cmd, {
       args: [
-        "netns",
-        "exec",
-        ns.name,
+        ...pre,
         TIMEOUT,
         "4",
         socat(),
@@ -138,7 +151,9 @@ export async function ask(
     const out = await child.output();
     const line = decoder.decode(out.stdout).trim();
     if (line !== "") return line;
-    lastError = `${target} from ${ns.name}: exit ${out.code} ${decoder.decode(out.stderr).trim()}`;
+    lastError = `${target} from ${label(ns)}: exit ${out.code} ${
+      decoder.decode(out.stderr).trim()
+    }`;
   }
   return "";
 }
