@@ -158,6 +158,40 @@ export async function ask(
   return "";
 }
 
+const CLIENT = new URL("./answer_client.ts", import.meta.url).pathname;
+
+/**
+ * {@linkcode ask} without socat (`answer_client.ts`, Deno; slower to start): for the
+ * demo, which installs nothing new.
+ */
+export async function askWithDeno(
+  ns: Where,
+  proto: Proto,
+  addr: string,
+  port: number,
+): Promise<string> {
+  const [cmd, ...pre] = enter(ns);
+  const out = await new Deno.Command(cmd, {
+    args: [
+      ...pre,
+      Deno.execPath(),
+      "run",
+      "--quiet",
+      "--allow-net",
+      CLIENT,
+      proto,
+      addr,
+      String(port),
+    ],
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const line = decoder.decode(out.stdout).trim();
+  if (line === "") lastError = `${proto} ${addr}:${port} from ${label(ns)}: exit ${out.code}`;
+  return line;
+}
+
 /** Why the last {@linkcode ask} got no answer (socat's words), for a test's failure message. */
 export let lastError = "";
 
