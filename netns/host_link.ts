@@ -245,11 +245,11 @@ export function nodeTableRuleset(): string {
 }
 
 /**
- * What runs in the pod's namespace after the `ip` batch (through `nsenter --net`,
- * one process): `src_valid_mark` on the pod end (IPv4), the rule per family that sends
+ * What runs in the pod's namespace beside the `ip` batches (through `nsenter --net`,
+ * one process): `src_valid_mark` (IPv4), the rule per family that sends
  * marked packets to the answer table (added unless a rule of that priority is there
  * already: one from an earlier ADD in the same namespace), then the pod's ruleset.
- * Arguments: `$1` the pod end's name when the pod has IPv4 (else empty), `$2` the
+ * Arguments: `$1` the pod end's name when the pod has IPv4 (else empty: no IPv4), `$2` the
  * mark/mask, `$3` the table, `$4` the rule's priority, `$5` the ruleset file, `$6`
  * the `ip` binary, `$7` the `nft` binary, `$8` `6` when the pod has IPv6 (else empty).
  * Nothing of the caller's is interpolated into the script text.
@@ -261,7 +261,9 @@ export const POD_POLICY_SCRIPT = [
   'rule() { "$ip" "-$1" rule add fwmark "$mark" lookup "$table" pref "$pref" 2>/dev/null ||' +
   ' [ -n "$("$ip" "-$1" rule list pref "$pref")" ]; }',
   'if [ -n "$1" ]; then',
-  '  printf 1 > "/proc/sys/net/ipv4/conf/$1/src_valid_mark"',
+  // `all`: the pod end need not exist yet (this runs beside the move). Only packets that
+  // arrived through it carry a mark, so the ENI's own reverse-path check is unchanged.
+  "  printf 1 > /proc/sys/net/ipv4/conf/all/src_valid_mark",
   "  rule 4",
   "fi",
   '[ -z "$8" ] || rule 6',

@@ -237,6 +237,34 @@ export class IpDeviceLayer implements DeviceLayer {
     }
     const config = [...configureCommands(p), ...(link ? podCommands(link) : [])];
     const ns = await this.#useNetns("netns", p.netns);
+    // The link's pod-side policy needs neither the ENI nor the link in the pod: it runs
+    // while the node side moves and creates them (its nft process is the slow part).
+    const policy = link ? this.#podPolicy(link, ns).then(() => null, (err: unknown) => err) : null;
+    try {
+      const placed = await this.#plugDevice(p, ns, config);
+      const started = performance.now();
+      const failed = await policy;
+      p.timing?.("configure", performance.now() - started);
+      if (failed) {
+        await this.#bringBackLogged(p, ns, placed.nodeName);
+        await this.#dropHostLinkLogged(link!);
+        throw new DeviceError(
+          "configure",
+          "failed",
+          `Cannot set the host link's policy in netns "${ns.path}": ${errText(failed)}`,
+          { cause: failed },
+        );
+      }
+      return placed;
+    } catch (err) {
+      await policy;
+      throw err;
+    }
+  }
+
+  /** The device moved (with the host link's node side) and configured; rolled back on failure. */
+  async #plugDevice(p: PlugParams, ns: Ns, config: string[][]): Promise<PlugResult> {
+    const link = p.hostLink;
     const mac = normalizeMac(p.mac);
     for (let attempt = 0;; attempt++) {
       const lookup = attempt > 0;
@@ -255,7 +283,6 @@ export class IpDeviceLayer implements DeviceLayer {
       let podIfindex: number | null;
       try {
         podIfindex = await this.#configure(p, ns, config, nodeName);
-        if (podIfindex !== null && link) await this.#podPolicy(p, link, ns, nodeName);
       } catch (err) {
         if (link) await this.#dropHostLinkLogged(link);
         throw err;
@@ -360,39 +387,24 @@ export class IpDeviceLayer implements DeviceLayer {
   }
 
   /**
-   * The host link's pod-side policy, one process in the pod's namespace:
-   * `src_valid_mark`, the IPv6 rule and the nftables ruleset
-   * (`POD_POLICY_SCRIPT`). A failure brings the ENI back before throwing (the
-   * caller removes the link).
+   * The host link's pod-side policy, one process in the pod's namespace
+   * (`POD_POLICY_SCRIPT`: `src_valid_mark`, the rules, the nftables ruleset); it
+   * needs neither the ENI nor the link there, so it runs beside the move. What it
+   * leaves after a failed plug is inert (`netns/host_link.ts`).
    */
-  async #podPolicy(p: PlugParams, link: HostLinkSpec, ns: Ns, nodeName: string): Promise<void> {
-    const timed = stepTimer(p.timing);
-    try {
-      await timed(
-        "configure",
-        () =>
-          withScratchFile(
-            this.#scratch ?? DEFAULT_SCRATCH_DIR,
-            podRuleset(link.podIfName),
-            (file) =>
-              spawn(inNetnsArgv([
-                SH_BIN,
-                "-c",
-                POD_POLICY_SCRIPT,
-                "enim-host-link",
-                ...podPolicyArgs(link, file, { ip: IP_BIN, nft: NFT_BIN }),
-              ], ns.ref)),
-          ),
-      );
-    } catch (err) {
-      await this.#bringBackLogged(p, ns, nodeName);
-      throw new DeviceError(
-        "configure",
-        "failed",
-        `Cannot set the host link's policy in netns "${ns.path}": ${errText(err)}`,
-        { cause: err },
-      );
-    }
+  async #podPolicy(link: HostLinkSpec, ns: Ns): Promise<void> {
+    await withScratchFile(
+      this.#scratch ?? DEFAULT_SCRATCH_DIR,
+      podRuleset(link.podIfName),
+      (file) =>
+        spawn(inNetnsArgv([
+          SH_BIN,
+          "-c",
+          POD_POLICY_SCRIPT,
+          "enim-host-link",
+          ...podPolicyArgs(link, file, { ip: IP_BIN, nft: NFT_BIN }),
+        ], ns.ref)),
+    );
   }
 
   async #dropHostLinkLogged(link: HostLinkRef): Promise<void> {
