@@ -16,6 +16,10 @@
  * Errors are `{error: {code, message, details?}}` with an HTTP status from
  * {@linkcode HTTP_STATUS}.
  *
+ * Why one file: it is the one wire contract of the agent, read by three audiences (the
+ * plugin, the CLI, the agent); the requests, answers and error codes refer to each
+ * other, and one file is what a client reads to learn the API.
+ *
  * @module
  */
 import { CNI_ENV_NAMES, LOG_FILE_ENV, MAX_CALL_STDIN } from "./wire.ts";

@@ -32,7 +32,6 @@ import {
   type Mode,
   NodeIfPrefixSchema,
 } from "../api/schema.ts";
-import type { CniArgs } from "./args.ts";
 import { CNI_CODES, CniError } from "./errors.ts";
 
 /** The default name of the host link's pod end. */
@@ -102,7 +101,7 @@ export function checkHostLinkCidrs(c: HostLinkConfig, where = ""): void {
 export function hostLinkRequest(
   c: HostLinkConfig,
   mode: Mode,
-  args: CniArgs,
+  args: PodArgs,
   ifName: string,
 ): HostLinkRequest | undefined {
   const where = mode === "ipam" ? "ipam." : "";
@@ -130,7 +129,12 @@ export function hostLinkRequest(
   };
 }
 
+/** What the host link reads of CNI_ARGS (`cni/args.ts` parses them). */
+export interface PodArgs {
+  K8S_POD_NAMESPACE?: string;
+}
+
 /** Whether the runtime says the pod is a Kubernetes pod (CRI runtimes pass its namespace). */
-export function isKubernetesPod(args: CniArgs): boolean {
+export function isKubernetesPod(args: PodArgs): boolean {
   return (args.K8S_POD_NAMESPACE ?? "") !== "";
 }

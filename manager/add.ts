@@ -26,7 +26,7 @@ import { buildResult } from "./result.ts";
 import { type ManagerContext, message, ownerOf } from "./context.ts";
 import type { OpTimer } from "./op_timer.ts";
 import { findDevice, release } from "./release.ts";
-import { checkLinkCidrs, eniSubnets, planHostLink, profileSubnets } from "./host_link.ts";
+import { hostLinkFor, prepareHostLink } from "./host_link.ts";
 
 export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promise<AddResponse> {
   const pod = podKeyOf(req.pod);
@@ -58,7 +58,7 @@ export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promi
     securityGroupIds: req.securityGroupIds,
     ips: req.ips,
   });
-  await prepareHostLink(ctx, req, pod);
+  await prepareHostLink(ctx.hostLinks, ctx.provider.profiles(), req, pod);
   const owner: Owner = { pod, containerId: req.containerId, ifName: req.ifName };
   const log = ctx.log.child({ op: "add", key: keyOf(key), pod });
   // The namespace is proven and held before anything is recorded or allocated: every
@@ -145,7 +145,7 @@ export async function addPinned(
       t.waited(since);
       const { ips, routes } = buildResult(eni, req);
       const link = req.mode === "interface" && req.hostLink
-        ? await hostLinkFor(ctx, req, key, eni)
+        ? await hostLinkFor(ctx.hostLinks, req, key, eni)
         : undefined;
       const placed = req.mode === "interface"
         ? await plugIntoPod(ctx, req, pinned!, key, eni, ips, routes, t, link)
@@ -214,62 +214,6 @@ export async function addPinned(
     }
     throw apiErr;
   }
-}
-
-/**
- * The host link's checks before anything is recorded or allocated (interface mode
- * only; a Service or host-stack CIDR overlapping the profile's subnets is a bad
- * config), the node's nftables table loaded (once per agent run), and the warning
- * when the pod will not reach Services.
- */
-async function prepareHostLink(ctx: ManagerContext, req: AddInput, pod: string): Promise<void> {
-  const hl = req.hostLink;
-  if (!hl) return;
-  if (req.mode !== "interface") {
-    throw new ApiError(
-      "bad_request",
-      'Invalid network config: "hostLink" needs interface mode (enim as the interface plugin); in IPAM mode the calling plugin owns the pod\'s interfaces',
-    );
-  }
-  checkLinkCidrs(hl, profileSubnets(ctx.provider.profiles().find((p) => p.name === req.profile)));
-  if (hl.serviceCidrs.length === 0) ctx.hostLinks.warnNoServiceCidrs(req.network, pod);
-  try {
-    await ctx.hostLinks.ensureTable();
-  } catch (err) {
-    throw new ApiError(
-      "device_error",
-      `Cannot give the pod a host link: ${
-        message(err)
-      } (is nftables installed? "hostLink": {"enabled": false} turns the link off)`,
-      undefined,
-      { cause: err },
-    );
-  }
-  // Listed now (at most every 30 s), so the plug does not wait for it.
-  ctx.hostLinks.nodeAddresses().catch(() => {});
-}
-
-/** The host link of this attachment, its CIDRs checked against the ENI's own subnets. */
-async function hostLinkFor(
-  ctx: ManagerContext,
-  req: AddInput,
-  key: AttachmentKey,
-  eni: Eni,
-): Promise<HostLinkSpec> {
-  const hl = req.hostLink!;
-  checkLinkCidrs(hl, eniSubnets(eni));
-  let node;
-  try {
-    node = await ctx.hostLinks.nodeAddresses();
-  } catch (err) {
-    throw new ApiError(
-      "device_error",
-      `Cannot list the node's addresses for the host link: ${message(err)}`,
-      undefined,
-      { cause: err },
-    );
-  }
-  return planHostLink(eni, hl, key, node);
 }
 
 /**

@@ -21,6 +21,7 @@ import type { DeviceLayer, HostLinkSpec, NodeAddresses } from "../netns/types.ts
 import type { Logger } from "../lib/log.ts";
 import { ApiError, type HostLinkRequest } from "../api/schema.ts";
 import { hostLinkOf, type StateStore } from "./state.ts";
+import { userMessage } from "../lib/message.ts";
 
 /** The attachment key the names and MACs derive from. */
 interface Key {
@@ -239,4 +240,73 @@ export async function sweepHostLinks(
     }
   }
   return removed;
+}
+
+/** What ADD asks of the host link (interface mode, its request and the pod). */
+interface LinkAdd {
+  mode: "interface" | "ipam";
+  network: string;
+  profile: string;
+  hostLink?: HostLinkRequest;
+}
+
+/**
+ * ADD's host link checks before anything is recorded or allocated (interface mode
+ * only; a Service or host-stack CIDR overlapping the profile's subnets is a bad
+ * config), the node's nftables table loaded (once per agent run), and the warning
+ * when the pod will not reach Services.
+ */
+export async function prepareHostLink(
+  links: HostLinks,
+  profiles: ProfileInfo[],
+  req: LinkAdd,
+  pod: string,
+): Promise<void> {
+  const hl = req.hostLink;
+  if (!hl) return;
+  if (req.mode !== "interface") {
+    throw new ApiError(
+      "bad_request",
+      'Invalid network config: "hostLink" needs interface mode (enim as the interface plugin); in IPAM mode the calling plugin owns the pod\'s interfaces',
+    );
+  }
+  checkLinkCidrs(hl, profileSubnets(profiles.find((p) => p.name === req.profile)));
+  if (hl.serviceCidrs.length === 0) links.warnNoServiceCidrs(req.network, pod);
+  try {
+    await links.ensureTable();
+  } catch (err) {
+    throw new ApiError(
+      "device_error",
+      `Cannot give the pod a host link: ${
+        userMessage(err)
+      } (is nftables installed? "hostLink": {"enabled": false} turns the link off)`,
+      undefined,
+      { cause: err },
+    );
+  }
+  // Listed now (at most every 30 s), so the plug does not wait for it.
+  links.nodeAddresses().catch(() => {});
+}
+
+/** ADD's host link for this attachment, its CIDRs checked against the ENI's own subnets. */
+export async function hostLinkFor(
+  links: HostLinks,
+  req: { hostLink?: HostLinkRequest },
+  k: Key,
+  eni: Pick<Eni, "id" | "ipv4" | "ipv6">,
+): Promise<HostLinkSpec> {
+  const hl = req.hostLink!;
+  checkLinkCidrs(hl, eniSubnets(eni));
+  let node;
+  try {
+    node = await links.nodeAddresses();
+  } catch (err) {
+    throw new ApiError(
+      "device_error",
+      `Cannot list the node's addresses for the host link: ${userMessage(err)}`,
+      undefined,
+      { cause: err },
+    );
+  }
+  return planHostLink(eni, hl, k, node);
 }

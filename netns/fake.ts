@@ -8,6 +8,10 @@
  * injects faults by step name, can hang a step forever (a crash in tests), and
  * provides a {@linkcode DeviceSimulator} so attached ENIs appear on the node.
  *
+ * Why one file: `FakeDeviceLayer` is one in-memory model of the kernel (namespaces,
+ * links, host links), and every method of the `DeviceLayer` contract reads and writes
+ * that same model; split, each part would reach into the others' state.
+ *
  * @module
  */
 import type { DeviceSimulator, Eni } from "../providers/contract.ts";
