@@ -30,6 +30,7 @@ import { isCidr, isIp, isIpMaybePrefix } from "../lib/ip.ts";
 export { isCidr, isIp, isIpMaybePrefix };
 import { CNI_CODES, CniError, formatZodIssues } from "./errors.ts";
 import { DEFAULT_LOG_FILE, DEFAULT_TIMEOUT_SECONDS } from "./spec.ts";
+import { checkHostLinkCidrs, hostLinkFields } from "./host_link.ts";
 
 export { DEFAULT_LOG_FILE, DEFAULT_TIMEOUT_SECONDS };
 
@@ -74,6 +75,8 @@ export const EnimSectionSchema = z.looseObject({
    * what `routes` says).
    */
   defaultRoutes: z._default(z.boolean(), true),
+  // The host link (`serviceCidrs`, `hostStackCidrs`, `hostLink`): cni/host_link.ts.
+  ...hostLinkFields,
 });
 /** enim's own section. */
 export type EnimSection = z.infer<typeof EnimSectionSchema>;
@@ -187,5 +190,6 @@ export function parseNetworkConfig(value: unknown): ParsedConfig {
       }`,
     );
   }
+  checkHostLinkCidrs(section.data, mode === "interface" ? "" : "ipam.");
   return { config, mode, enim: section.data };
 }
