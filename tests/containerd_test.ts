@@ -727,7 +727,7 @@ Deno.test({
       enis: 8,
       mock: { maxEnisPerNode: 14 },
       node: {
-        profiles: { pci: { subnets: { ipv4: "10.98.0.0/24" }, enis: 4 } },
+        profiles: { pci: { subnets: { ipv4: "192.168.97.0/24" }, enis: 4 } },
       },
     });
     const { node, cd } = c;
@@ -755,8 +755,8 @@ Deno.test({
       const ids = [];
       for (
         const [name, ip, eni] of [
-          ["db-0", "10.98.0.50", "eni-mock-pci-0005"],
-          ["db-1", "10.98.0.51", "eni-mock-pci-0006"],
+          ["db-0", "192.168.97.50", "eni-mock-pci-0005"],
+          ["db-1", "192.168.97.51", "eni-mock-pci-0006"],
         ]
       ) {
         ids.push(
@@ -784,7 +784,7 @@ Deno.test({
           pod("db-2", {
             annotations: {
               "enim.dev/profile": "pci",
-              "enim.dev/ip": "10.98.0.52",
+              "enim.dev/ip": "192.168.97.52",
             },
           }),
         ),
@@ -792,7 +792,7 @@ Deno.test({
       const e = (await cloudEni(node, "cri/db-2"))!;
       assertEquals([e.id, e.ipv4!.address], [
         "eni-mock-pci-0007",
-        "10.98.0.52",
+        "192.168.97.52",
       ]);
       const after = await attached();
       assertEquals(after.length, 14);
