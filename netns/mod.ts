@@ -243,7 +243,11 @@ export class IpDeviceLayer implements DeviceLayer {
    * Moves the device into the pod renamed `ifName`, and configures it; rolls back on
    * failure. Two spawns when the device's node name is known (the caller's or the
    * cache's): the move (one netlink call: netns, name and alias) and one configure
-   * batch, whose last command shows the moved link so its MAC is checked.
+   * batch, whose last command shows the moved link so its MAC is checked. With a host
+   * link, its node side runs in the move's batch and its pod side in the configure
+   * batch (its policy in one more process, beside them); with bandwidth limits, the
+   * configure batch also makes the ifb and one `tc -batch` shapes. A failure anywhere
+   * brings the device back and removes the ifb and the host link.
    */
   async plug(p: PlugParams): Promise<PlugResult> {
     checkIfName(p.ifName);
@@ -284,7 +288,10 @@ export class IpDeviceLayer implements DeviceLayer {
     }
   }
 
-  /** The device moved (with the host link's node side) and configured; rolled back on failure. */
+  /**
+   * The device moved (with the host link's node side), configured and shaped; rolled
+   * back on failure (the device, its ifb, the host link).
+   */
   async #plugDevice(p: PlugParams, ns: Ns, config: string[][]): Promise<PlugResult> {
     const link = p.hostLink;
     const mac = normalizeMac(p.mac);
