@@ -97,6 +97,8 @@ export interface Manager extends EniManager {
   readonly state: StateStore;
   /** Resolves when every queued cloud description has been tried (tests). */
   descriptionsIdle(): Promise<void>;
+  /** Resolves when every host link left by a DEL has been removed (tests). */
+  hostLinksIdle(): Promise<void>;
 }
 
 /** Creates the ENI manager over a migrated state store in `db`. */
@@ -188,12 +190,17 @@ class ManagerImpl implements Manager {
     }
     // A sticky pod keeps its ENI for a while: it comes back with its next container.
     const hold = row.sticky && row.state === "ready" && row.result !== null;
+    const link = hostLinkOf(row);
     try {
       await release(ctx, row, {
         netnsUsable: true,
         leaveCallerDevice: true,
         ...(hold ? { holdUntil: ctx.now() + ctx.holdMs } : {}),
+        deferHostLink: link !== null,
       }, t);
+      // Queued behind this DEL on the attachment's lock, so an ADD of the same key waits
+      // for it; a crash before it runs leaves a node end no row records: GC removes it.
+      if (link) ctx.hostLinks.removeLater(ctx.locks, `att:${keyOf(req)}`, link.nodeIfName);
       ctx.log.info(hold ? "DEL done; the ENI is held for the sticky pod" : "DEL done", {
         key: keyOf(req),
         eniId: row.eniId,
@@ -295,6 +302,11 @@ class ManagerImpl implements Manager {
     this.#closed = true;
     await Promise.allSettled([...this.#inflight]);
     await this.#ctx.describer?.idle();
+    await this.#ctx.hostLinks.idle();
+  }
+
+  hostLinksIdle(): Promise<void> {
+    return this.#ctx.hostLinks.idle();
   }
 
   descriptionsIdle(): Promise<void> {

@@ -61,6 +61,12 @@ export async function release(
     leaveCallerDevice?: boolean;
     /** A sticky pod's DEL: the device comes back, the ENI stays its pod's until then. */
     holdUntil?: number;
+    /**
+     * DEL: the host link is left to the caller to remove once the DEL has answered
+     * (`HostLinks.removeLater`); a veth pair's removal costs the kernel more than the
+     * rest of the DEL. Any other release removes it with the device.
+     */
+    deferHostLink?: boolean;
   },
   t: OpTimer = new OpTimer(),
 ): Promise<void> {
@@ -108,7 +114,7 @@ export async function release(
           pinned = null;
         }
         try {
-          await returnDevice(ctx, row, mac, nodeName, pinned, t);
+          await returnDevice(ctx, row, mac, nodeName, pinned, t, o.deferHostLink);
         } finally {
           pinned?.close();
         }
@@ -141,13 +147,14 @@ export async function returnDevice(
   nodeName: string,
   netns: PinnedNetns | null,
   t: OpTimer,
+  deferHostLink = false,
 ): Promise<void> {
   const timing = (phase: Phase, ms: number) => t.add(phase, ms);
   // The pod name identifies the device only once the ADD placed it (a later plugin
   // may then have changed its MAC); a failed ADD's pod name may be another device's.
   const podName = row.mode === "interface" && row.result !== null ? row.ifName : undefined;
   // Its host link goes with the device (recorded before it was made, so a rollback finds it).
-  const link = hostLinkOf(row);
+  const link = deferHostLink ? null : hostLinkOf(row);
   const hostLink = link
     ? { hostLink: { nodeIfName: link.nodeIfName, podIfName: link.podIfName } }
     : {};
