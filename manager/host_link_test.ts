@@ -86,6 +86,8 @@ Deno.test("ADD with a host link plugs it with the ENI, records it, and DEL remov
       expected: { addresses: res.ips.map((i) => i.address), routes: res.routes },
     });
     await n.mgr.del(delReq(1));
+    // Removed right after the DEL answered, before any later operation of the attachment.
+    await n.mgr.hostLinksIdle();
     assertEquals(await n.devices.hostLinks(), []);
     assertEquals(
       n.devices.snapshot()["/run/netns/p1"].links.some((l) => l.ifname === "host0"),

@@ -97,6 +97,8 @@ export interface Manager extends EniManager {
   readonly state: StateStore;
   /** Resolves when every queued cloud description has been tried (tests). */
   descriptionsIdle(): Promise<void>;
+  /** Resolves when every host link left by a DEL has been removed (tests). */
+  hostLinksIdle(): Promise<void>;
 }
 
 /** Creates the ENI manager over a migrated state store in `db`. */
@@ -200,8 +202,17 @@ class ManagerImpl implements Manager {
       : zone > 0
       ? { holdUntil: now + Math.min(zone, ctx.holdMs), parkUntil: until }
       : { park: { until } };
+    const link = hostLinkOf(row);
     try {
-      await release(ctx, row, { netnsUsable: true, leaveCallerDevice: true, ...how }, t);
+      await release(ctx, row, {
+        netnsUsable: true,
+        leaveCallerDevice: true,
+        ...how,
+        deferHostLink: link !== null,
+      }, t);
+      // Queued behind this DEL on the attachment's lock, so an ADD of the same key waits
+      // for it; a crash before it runs leaves a node end no row records: GC removes it.
+      if (link) ctx.hostLinks.removeLater(ctx.locks, `att:${keyOf(req)}`, link.nodeIfName);
       ctx.log.info(
         !hold
           ? "DEL done"
@@ -323,6 +334,11 @@ class ManagerImpl implements Manager {
     this.#closed = true;
     await Promise.allSettled([...this.#inflight]);
     await this.#ctx.describer?.idle();
+    await this.#ctx.hostLinks.idle();
+  }
+
+  hostLinksIdle(): Promise<void> {
+    return this.#ctx.hostLinks.idle();
   }
 
   descriptionsIdle(): Promise<void> {

@@ -69,6 +69,12 @@ export async function release(
      * comes back and the provider parks the ENI in the VPC for the pod until then.
      */
     park?: { until: number };
+    /**
+     * DEL: the host link is left to the caller to remove once the DEL has answered
+     * (`HostLinks.removeLater`); a veth pair's removal costs the kernel more than the
+     * rest of the DEL. Any other release removes it with the device.
+     */
+    deferHostLink?: boolean;
   },
   t: OpTimer = new OpTimer(),
 ): Promise<void> {
@@ -116,7 +122,7 @@ export async function release(
           pinned = null;
         }
         try {
-          await returnDevice(ctx, row, mac, nodeName, pinned, t);
+          await returnDevice(ctx, row, mac, nodeName, pinned, t, o.deferHostLink);
         } finally {
           pinned?.close();
         }
@@ -154,6 +160,7 @@ export async function returnDevice(
   nodeName: string,
   netns: PinnedNetns | null,
   t: OpTimer,
+  deferHostLink = false,
 ): Promise<void> {
   const timing = (phase: Phase, ms: number) => t.add(phase, ms);
   // The pod name identifies the device only once the ADD placed it (a later plugin
@@ -161,7 +168,7 @@ export async function returnDevice(
   const podName = row.mode === "interface" && row.result !== null ? row.ifName : undefined;
   const shapedIngress = shapedIngressOf(row);
   // Its host link goes with the device (recorded before it was made, so a rollback finds it).
-  const link = hostLinkOf(row);
+  const link = deferHostLink ? null : hostLinkOf(row);
   const hostLink = link
     ? { hostLink: { nodeIfName: link.nodeIfName, podIfName: link.podIfName } }
     : {};

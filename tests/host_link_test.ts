@@ -25,6 +25,7 @@ import {
 import { clientDeps, runInNode } from "./support/clients.ts";
 import { IpFaults } from "./support/ip_faults.ts";
 import { HOST_LINK_GROUP } from "../netns/host_link.ts";
+import { poll } from "../lib/async.ts";
 
 const DEPS = await clientDeps("host_link_test", [
   ...TRAFFIC_NEEDS,
@@ -265,7 +266,14 @@ Deno.test({
       await t.step("DEL removes the link: no node end, no pod end", async () => {
         await node.del(a, { config: kubeConf(node) });
         await node.del(b, { config: kubeConf(node) });
-        assertEquals(await nodeEnds(vpc), []);
+        // The agent removes a DEL's link right after answering it.
+        assertEquals(
+          await poll(async () => (await nodeEnds(vpc)).length === 0 || null, {
+            timeoutMs: 3000,
+            intervalMs: 20,
+          }),
+          true,
+        );
         const links = await vpc.exec(a, [IP, "-o", "link", "show"]);
         assert(!links.stdout.includes("host0"), links.stdout);
       });
