@@ -10,7 +10,8 @@
  *
  * enim's own fields live in *enim's section*, the object whose `type` is
  * "enim": the top level in interface mode, `ipam` in IPAM mode. They are
- * `agentSocket`, `logFile`, `timeoutSeconds`, `mtu` and `routes`. In IPAM mode
+ * `agentSocket`, `logFile`, `timeoutSeconds`, `mtu`, `routes`, `defaultRoutes`, and the
+ * host link's `serviceCidrs`, `hostStackCidrs` and `hostLink` (`./host_link.ts`). In IPAM mode
  * the top level belongs to the other plugin (its `mtu` or `routes` mean
  * something else), so it is not read. The runtime's fields (`cniVersion`,
  * `name`, `args`, `runtimeConfig`, `prevResult`, `cni.dev/valid-attachments`)
