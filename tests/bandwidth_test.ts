@@ -7,12 +7,7 @@
  * transfers to and from another enim pod of the VPC (`tests/support/throughput.ts`):
  * what is measured is the shaping, not enim's speed.
  */
-import {
-  assert,
-  assertEquals,
-  assertMatch,
-  assertStringIncludes,
-} from "../lib/assert.ts";
+import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
 import { type AddResult, SimulatedNode } from "./support/node.ts";
 import { IpFaults } from "./support/ip_faults.ts";
 import { measureTransfer } from "./support/throughput.ts";
@@ -47,9 +42,7 @@ async function links(netns: string) {
 
 /** The qdiscs a device carries that enim did not put there: none, or the kernel's default. */
 function bare(kinds: string[]): boolean {
-  return kinds.every((k) =>
-    ["noqueue", "pfifo_fast", "mq", "fq_codel"].includes(k)
-  );
+  return kinds.every((k) => ["noqueue", "pfifo_fast", "mq", "fq_codel"].includes(k));
 }
 
 /** The runtimeConfig containerd sends for a pod annotated with `limits` (both capabilities). */
@@ -154,8 +147,7 @@ Deno.test({
     }
 
     // CHECK passes, and names the shaping once it is gone.
-    const check = () =>
-      node.cni("CHECK", { ...call, config: conf({ prevResult: res }) });
+    const check = () => node.cni("CHECK", { ...call, config: conf({ prevResult: res }) });
     assertEquals((await check()).code, 0);
     await node.vpc.exec(shaped, [
       "/usr/sbin/tc",
@@ -184,9 +176,7 @@ Deno.test({
       return names.length === 1 ? names : null;
     }, { timeoutMs: 3000, intervalMs: 20 });
     assertEquals(left, ["lo"]);
-    const home = (await links(node.vpc.node.name)).find((l) =>
-      l.address === mac
-    );
+    const home = (await links(node.vpc.node.name)).find((l) => l.address === mac);
     assert(home, "the device is back on the node");
     assert(
       bare(await qdiscKinds(node.vpc.node.name, home.ifname)),
@@ -199,9 +189,7 @@ Deno.test({
     assert(bare(await qdiscKinds(plain.name, "eth0")));
     const plainRates = await measureBoth(plain, ipv4(plainRes), peer, peerIp);
     console.log(
-      `unshaped: egress ${mbit(plainRates.egress)}, ingress ${
-        mbit(plainRates.ingress)
-      }`,
+      `unshaped: egress ${mbit(plainRates.egress)}, ingress ${mbit(plainRates.ingress)}`,
     );
     for (const [dir, bps] of Object.entries(plainRates)) {
       assert(
@@ -213,8 +201,7 @@ Deno.test({
 });
 
 Deno.test({
-  name:
-    "a shaped pod whose namespace is deleted without DEL leaves nothing once GC has run",
+  name: "a shaped pod whose namespace is deleted without DEL leaves nothing once GC has run",
   ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({
@@ -232,17 +219,13 @@ Deno.test({
       }),
     });
     assert(
-      (await links(pod.name)).some((l) =>
-        l.ifname === ifbName(res.interfaces[0].mac)
-      ),
+      (await links(pod.name)).some((l) => l.ifname === ifbName(res.interfaces[0].mac)),
     );
     await node.vpc.deletePod(pod);
     const gc = await node.enim(["gc", "--json"]);
     assertEquals(gc.code, 0, gc.stdout + gc.stderr);
     assertEquals((await node.client.status()).pool.owned, 0);
-    const home = (await links(node.vpc.node.name)).find((l) =>
-      l.address === res.interfaces[0].mac
-    );
+    const home = (await links(node.vpc.node.name)).find((l) => l.address === res.interfaces[0].mac);
     assert(home, "the ENI's device is on the node again");
     assert(bare(await qdiscKinds(node.vpc.node.name, home.ifname)));
     // It serves the next pod unshaped.
@@ -253,8 +236,7 @@ Deno.test({
 });
 
 Deno.test({
-  name:
-    "a bad bandwidth value is refused with 7 naming it, and nothing is allocated or left",
+  name: "a bad bandwidth value is refused with 7 naming it, and nothing is allocated or left",
   ignore: !AS_ROOT,
   async fn(t) {
     await using node = await SimulatedNode.start({ mock: { enis: 2 } });
@@ -319,8 +301,7 @@ Deno.test({
 });
 
 Deno.test({
-  name:
-    "tc failing in the middle of a shaped ADD rolls the whole ADD back, and the retry works",
+  name: "tc failing in the middle of a shaped ADD rolls the whole ADD back, and the retry works",
   ignore: !AS_ROOT,
   async fn() {
     await using node = await SimulatedNode.start({ mock: { enis: 1 } });
@@ -354,9 +335,7 @@ Deno.test({
       "no device, no ifb",
     );
     const eni = (await node.client.enis())[0];
-    const home = (await links(node.vpc.node.name)).find((l) =>
-      l.address === eni.mac
-    );
+    const home = (await links(node.vpc.node.name)).find((l) => l.address === eni.mac);
     assert(home && bare(await qdiscKinds(node.vpc.node.name, home.ifname)));
     const retry = await node.cni("ADD", call);
     assertEquals(retry.code, 0, retry.stdout);
