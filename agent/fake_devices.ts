@@ -11,9 +11,12 @@
 import { FakeDeviceLayer } from "../netns/fake.ts";
 import type {
   DeviceLayer,
+  HostLinkRef,
+  HostLinkState,
   Link,
   LiveShaping,
   NetnsIdentity,
+  NodeAddresses,
   PinnedNetns,
   PlugParams,
   PlugResult,
@@ -76,6 +79,24 @@ export class AgentFakeDevices implements DeviceLayer {
   inspectShaping(p: { netns: string | PinnedNetns; ifName: string }): Promise<LiveShaping> {
     this.#ensure(p.netns);
     return this.fake.inspectShaping(p);
+  }
+  inspectHostLink(
+    p: { netns: string | PinnedNetns; hostLink: HostLinkRef },
+  ): Promise<HostLinkState> {
+    this.#ensure(p.netns);
+    return this.fake.inspectHostLink(p);
+  }
+  hostLinks(): Promise<Link[]> {
+    return this.fake.hostLinks();
+  }
+  removeHostLink(nodeIfName: string): Promise<boolean> {
+    return this.fake.removeHostLink(nodeIfName);
+  }
+  nodeAddresses(): Promise<NodeAddresses> {
+    return this.fake.nodeAddresses();
+  }
+  ensureHostLinkTable(): Promise<void> {
+    return this.fake.ensureHostLinkTable();
   }
   async netnsIdentity(path: string): Promise<NetnsIdentity | null> {
     this.#ensure(path);

@@ -17,8 +17,9 @@
  * {@linkcode HTTP_STATUS}.
  *
  * Why one file: it is the whole wire contract between the agent and its three clients
- * (plugin, CLI, tests), read top to bottom as the list of routes above; each schema is
- * short and most reuse the ones before them.
+ * (plugin, CLI, tests), read top to bottom as the list of routes above; the requests,
+ * answers and error codes refer to each other, and one file is what a client reads to
+ * learn the API.
  *
  * @module
  */
@@ -100,6 +101,38 @@ export const RouteSchema = z.object({
   gw: z.optional(IpSchema),
 }).check(routeFamilyCheck());
 
+/** The prefix of host-link node-end names: a letter, then letters and digits, 1–7 in all. */
+export const NodeIfPrefixSchema = z.string().check(
+  z.regex(
+    /^[a-z][a-z0-9]{0,6}$/,
+    "Expected a lower-case letter followed by at most 6 lower-case letters or digits",
+  ),
+);
+
+/**
+ * The host link an ADD asks for beside the ENI (interface mode): the pod end's
+ * name, the node end's name prefix, and what the pod routes through it besides the
+ * node's own addresses (which the agent finds).
+ */
+export const HostLinkRequestSchema = z.object({
+  podIfName: IfNameSchema,
+  nodeIfPrefix: NodeIfPrefixSchema,
+  /** The cluster's Service CIDRs (IPv4 and IPv6): ClusterIPs live only in kube-proxy's rules. */
+  serviceCidrs: z._default(z.array(NetworkCidrSchema), []),
+  /** Other prefixes the node serves (NodeLocal DNS at 169.254.20.10/32 and the like). */
+  hostStackCidrs: z._default(z.array(NetworkCidrSchema), []),
+});
+/** The host link an ADD asks for. */
+export type HostLinkRequest = z.output<typeof HostLinkRequestSchema>;
+
+/** The host link an ADD made: its two ends. */
+export const HostLinkResultSchema = z.object({
+  nodeIfName: z.string(),
+  podIfName: z.string(),
+  nodeMac: z.string(),
+  podMac: z.string(),
+});
+
 /** Fields that identify one CNI attachment. */
 const AttachmentKey = {
   containerId: ContainerIdSchema,
@@ -149,6 +182,8 @@ export const AddRequestSchema = z.object({
   sticky: z._default(z.boolean(), false),
   /** Bandwidth limits to enforce on the ENI in the pod (interface mode). */
   bandwidth: z.optional(BandwidthSchema),
+  /** A node-facing veth pair beside the ENI (interface mode); absent: none. */
+  hostLink: z.optional(HostLinkRequestSchema),
 });
 /** POST /v1/add. */
 export type AddRequest = z.input<typeof AddRequestSchema>;
@@ -165,9 +200,12 @@ export const AddResponseSchema = z.object({
   /** The device's node-side name. */
   nodeName: z.string(),
   ips: z.array(ResultIpSchema),
+  /** Every route the pod got: the ENI's, then the host link's (via its link-local gateway). */
   routes: z.array(z.object({ dst: z.string(), gw: z.optional(z.string()) })),
   /** The bandwidth shaping installed, every burst resolved (DEL and CHECK read it). */
   bandwidth: z.optional(BandwidthSchema),
+  /** The host link, when the ADD asked for one. */
+  hostLink: z.optional(HostLinkResultSchema),
 });
 /** The agent's answer to an ADD. */
 export type AddResponse = z.infer<typeof AddResponseSchema>;
@@ -280,6 +318,15 @@ export const AttachmentSchema = z.object({
   holdUntil: z._default(z.nullable(z.string()), null),
   /** Zone scope: until when, after its node hold, the ENI waits for its pod parked in the VPC. */
   parkUntil: z._default(z.nullable(z.string()), null),
+  /** Its host link: the two ends and the Service CIDRs the pod routes through it. */
+  hostLink: z._default(
+    z.nullable(z.object({
+      nodeIfName: z.string(),
+      podIfName: z.string(),
+      serviceCidrs: z.array(z.string()),
+    })),
+    null,
+  ),
 });
 /** A recorded attachment. */
 export type Attachment = z.infer<typeof AttachmentSchema>;
@@ -360,6 +407,20 @@ export const StatusSchema = z.object({
   sticky: z._default(StickyStatusSchema, { parked: [], claims: [] }),
   /** The device plugin, when the agent runs one (absent from older agents). */
   devicePlugin: z.optional(DevicePluginStatusSchema),
+  /**
+   * The host links of the node's attachments, and the networks whose pods have one
+   * but no Service CIDR routed through it (their pods cannot reach Services).
+   */
+  hostLinks: z._default(
+    z.object({
+      links: z.number().check(z.int()),
+      withoutServiceCidrs: z.array(z.object({
+        network: z.string(),
+        pods: z.array(z.string()),
+      })),
+    }),
+    { links: 0, withoutServiceCidrs: [] },
+  ),
 });
 /** GET /v1/status. */
 export type Status = z.infer<typeof StatusSchema>;

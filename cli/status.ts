@@ -104,6 +104,13 @@ function providerWarnings(s: Status): string {
       `QUARANTINED: ${q} ENI(s) stuck attaching or detaching that the cloud would not release (see --json: providerDetails.quarantinedEnis)`,
     );
   }
+  for (const n of s.hostLinks.withoutServiceCidrs) {
+    lines.push(
+      `NO SERVICES: network "${n.network}" gives its pods a host link but no serviceCidrs: Services will not route from ${n.pods.length} pod(s) (${
+        n.pods.slice(0, 5).join(", ")
+      }${n.pods.length > 5 ? ", …" : ""}); set "serviceCidrs" in its CNI config`,
+    );
+  }
   return lines.length ? lines.join("\n") + "\n\n" : "";
 }
 
@@ -134,7 +141,8 @@ export function renderStatus(s: Status): string {
     `${s.ready ? "ready" : "NOT READY"}, ${s.canAllocate ? "can allocate" : "CANNOT ALLOCATE"}\n` +
     `pool: ${p.free} free, ${p.owned} owned, ${p.recycling} recycling, ` +
     `${p.held > 0 ? `${p.held} held, ` : ""}` +
-    `${p.attachable} more attachable${several ? " (shared by all profiles)" : ""}\n\n`;
+    `${p.attachable} more attachable${several ? " (shared by all profiles)" : ""}\n` +
+    (s.hostLinks.links > 0 ? `host links: ${s.hostLinks.links}\n` : "") + "\n";
   if (several) head += renderTable(PROFILE_COLUMNS, profiles) + "\n";
   head += devicePluginLines(s);
   head += providerWarnings(s);

@@ -10,7 +10,8 @@
  *
  * enim's own fields live in *enim's section*, the object whose `type` is
  * "enim": the top level in interface mode, `ipam` in IPAM mode. They are
- * `agentSocket`, `logFile`, `timeoutSeconds`, `mtu` and `routes`. In IPAM mode
+ * `agentSocket`, `logFile`, `timeoutSeconds`, `mtu`, `routes`, `defaultRoutes`, and the
+ * host link's `serviceCidrs`, `hostStackCidrs` and `hostLink` (`./host_link.ts`). In IPAM mode
  * the top level belongs to the other plugin (its `mtu` or `routes` mean
  * something else), so it is not read. The runtime's fields (`cniVersion`,
  * `name`, `args`, `runtimeConfig`, `prevResult`, `cni.dev/valid-attachments`)
@@ -30,6 +31,7 @@ import { isCidr, isIp, isIpMaybePrefix } from "../lib/ip.ts";
 export { isCidr, isIp, isIpMaybePrefix };
 import { CNI_CODES, CniError, formatZodIssues } from "./errors.ts";
 import { DEFAULT_LOG_FILE, DEFAULT_TIMEOUT_SECONDS } from "./spec.ts";
+import { checkHostLinkCidrs, hostLinkFields } from "./host_link.ts";
 
 export { DEFAULT_LOG_FILE, DEFAULT_TIMEOUT_SECONDS };
 
@@ -74,6 +76,8 @@ export const EnimSectionSchema = z.looseObject({
    * what `routes` says).
    */
   defaultRoutes: z._default(z.boolean(), true),
+  // The host link (`serviceCidrs`, `hostStackCidrs`, `hostLink`): cni/host_link.ts.
+  ...hostLinkFields,
 });
 /** enim's own section. */
 export type EnimSection = z.infer<typeof EnimSectionSchema>;
@@ -187,5 +191,6 @@ export function parseNetworkConfig(value: unknown): ParsedConfig {
       }`,
     );
   }
+  checkHostLinkCidrs(section.data, mode === "interface" ? "" : "ipam.");
   return { config, mode, enim: section.data };
 }

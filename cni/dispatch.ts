@@ -43,6 +43,7 @@ import {
 
 export type { InvocationRecord };
 import { buildAddResult } from "./result.ts";
+import { hostLinkRequest } from "./host_link.ts";
 import {
   convertResult,
   LATEST_VERSION,
@@ -243,6 +244,7 @@ async function addVerb(
     defaultRoutes: enim.defaultRoutes,
     ...(enim.mtu !== undefined ? { mtu: enim.mtu } : {}),
     ...bandwidthFor(inv, config, mode),
+    ...hostLinkOf(inv, enim, mode, args),
   };
   const res = await client.add(req);
   inv.record.eniId = res.eniId;
@@ -276,6 +278,24 @@ function bandwidthFor(
     return {};
   }
   return { bandwidth: shaping };
+}
+
+/** The request's `hostLink` (cni/host_link.ts), and the log line's warning when no Service routes. */
+function hostLinkOf(
+  inv: Invocation,
+  enim: ParsedConfig["enim"],
+  mode: ParsedConfig["mode"],
+  args: CniArgs,
+): Pick<AddRequest, "hostLink"> {
+  const hostLink = hostLinkRequest(enim, mode, args, inv.env.ifName!);
+  if (!hostLink) return {};
+  inv.record.hostLink = hostLink.podIfName;
+  if (hostLink.serviceCidrs.length === 0) {
+    inv.warnings.push(
+      'The pod gets a host link but the config lists no "serviceCidrs": Services will not route from it',
+    );
+  }
+  return { hostLink };
 }
 
 async function delVerb(

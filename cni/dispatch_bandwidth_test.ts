@@ -20,6 +20,9 @@ const config = (runtimeConfig: Record<string, unknown>, over: Record<string, unk
   cniVersion: "1.0.0",
   name: "enimnet",
   type: "enim",
+  // A Kubernetes pod gets a host link (issue 27): with a Service CIDR, as shipped, so
+  // the only warnings are the bandwidth's.
+  serviceCidrs: ["10.96.0.0/12"],
   runtimeConfig,
   ...over,
 });

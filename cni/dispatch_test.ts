@@ -118,6 +118,13 @@ Deno.test("ADD sends the request to the agent and prints the converted result", 
         routes: [{ dst: "10.0.0.0/8" }],
         defaultRoutes: true,
         mtu: 9000,
+        // A Kubernetes pod (K8S_POD_NAMESPACE): the host link is on by default.
+        hostLink: {
+          podIfName: "host0",
+          nodeIfPrefix: "enimh",
+          serviceCidrs: [],
+          hostStackCidrs: [],
+        },
       });
       const out = JSON.parse(r.stdout);
       assertEquals(out.cniVersion, v);

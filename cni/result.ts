@@ -10,6 +10,9 @@
  * interface, addresses and routes are appended to it and the index points at
  * enim's interface.
  *
+ * With a host link (issue 27) its node end (no `sandbox`) and pod end follow the
+ * ENI's interface, and its routes (via the link-local gateway) follow the ENI's.
+ *
  * IPAM mode (the seed's format): `interfaces` is `[{mac}]` and
  * `ips[].interface` is the ENI device's Linux ifindex on the node, as an
  * integer. The seed's README printed it as the string "10", but CNI consumers
@@ -63,6 +66,13 @@ export function buildAddResult(res: AddResponse, ctx: ResultContext): CniResult 
         ...(ctx.mtu !== undefined ? { mtu: ctx.mtu } : {}),
         sandbox: ctx.netns,
       },
+      // The host link's two ends, after the ENI's interface (whose index the ips keep).
+      ...(res.hostLink
+        ? [
+          { name: res.hostLink.nodeIfName, mac: res.hostLink.nodeMac },
+          { name: res.hostLink.podIfName, mac: res.hostLink.podMac, sandbox: ctx.netns },
+        ]
+        : []),
     ],
     ips: [
       ...prev.ips,

@@ -220,6 +220,8 @@ export interface InvocationRecord {
   pod?: string;
   /** The pod's profile, when not `default`. */
   profile?: string;
+  /** The host link's pod end, when the pod gets one. */
+  hostLink?: string;
   eniId?: string;
   code: number;
   msg?: string;

@@ -249,7 +249,7 @@ Deno.test("every documented agent config example is valid", async (t) => {
   }
 });
 
-Deno.test("the doc check itself: a key missing from the docs is found", async () => {
+Deno.test("the doc check itself: a key missing from the docs is found", () => {
   // A schema with one more option than documented: the walk finds it, the docs lack it.
   const extra = z.strictObject({
     gc: z.strictObject({ graceSeconds: z.number(), newKnob: z.optional(z.boolean()) }),

@@ -10,11 +10,13 @@
 import { type Eni, EniSchema, type Owner } from "../providers/contract.ts";
 import {
   DeviceError,
+  type HostLinkSpec,
   type InstalledShaping,
   type PinnedNetns,
   type PlugResult,
   type RouteSpec,
 } from "../netns/types.ts";
+import { resultRoutes } from "../netns/host_link.ts";
 import type { Logger } from "../lib/log.ts";
 import { type AddResponse, AddResponseSchema, ApiError } from "../api/schema.ts";
 import type { AddInput } from "./types.ts";
@@ -25,6 +27,7 @@ import { buildResult } from "./result.ts";
 import { type ManagerContext, message, ownerOf, zoneHoldMs } from "./context.ts";
 import type { OpTimer } from "./op_timer.ts";
 import { findDevice, release } from "./release.ts";
+import { hostLinkFor, prepareHostLink } from "./host_link.ts";
 
 export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promise<AddResponse> {
   const pod = podKeyOf(req.pod);
@@ -62,6 +65,7 @@ export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promi
       "Bandwidth limits need interface mode: in IPAM mode the device is the calling plugin's to shape",
     );
   }
+  await prepareHostLink(ctx.hostLinks, ctx.provider.profiles(), req, pod);
   const owner: Owner = { pod, containerId: req.containerId, ifName: req.ifName };
   const log = ctx.log.child({ op: "add", key: keyOf(key), pod });
   // The namespace is proven and held before anything is recorded or allocated: every
@@ -148,9 +152,12 @@ export async function addPinned(
     return await ctx.locks.run(`eni:${eni.id}`, async () => {
       t.waited(since);
       const { ips, routes } = buildResult(eni, req);
+      const link = req.mode === "interface" && req.hostLink
+        ? await hostLinkFor(ctx.hostLinks, req, key, eni)
+        : undefined;
       const placed: { ifindex: number; nodeName: string; shaping?: InstalledShaping } =
         req.mode === "interface"
-          ? await plugIntoPod(ctx, req, pinned!, key, eni, ips, routes, t)
+          ? await plugIntoPod(ctx, req, pinned!, key, eni, ips, routes, t, link)
           : await findForIpam(ctx, req, key, eni, identity !== null, t);
       const { ifindex, nodeName } = placed;
       const result: AddResponse = {
@@ -159,7 +166,17 @@ export async function addPinned(
         ifindex,
         nodeName,
         ips,
-        routes,
+        routes: link ? [...routes, ...resultRoutes(link)] : routes,
+        ...(link
+          ? {
+            hostLink: {
+              nodeIfName: link.nodeIfName,
+              podIfName: link.podIfName,
+              nodeMac: link.nodeMac,
+              podMac: link.podMac,
+            },
+          }
+          : {}),
         ...shapingOf(placed),
       };
       const recycled = t.sync("state_write", () =>
@@ -265,7 +282,16 @@ export async function plugIntoPod(
   ips: AddResponse["ips"],
   routes: RouteSpec[],
   t: OpTimer,
+  hostLink?: HostLinkSpec,
 ): Promise<{ ifindex: number; nodeName: string; shaping?: InstalledShaping }> {
+  // Recorded with the node name, before the link is made: what a rollback removes.
+  const recorded = hostLink
+    ? JSON.stringify({
+      nodeIfName: hostLink.nodeIfName,
+      podIfName: hostLink.podIfName,
+      serviceCidrs: req.hostLink?.serviceCidrs ?? [],
+    })
+    : undefined;
   const plug = (nodeName?: string) =>
     ctx.devices.plug({
       mac: eni.mac,
@@ -276,11 +302,16 @@ export async function plugIntoPod(
       mtu: req.mtu,
       nodeName,
       ...(req.bandwidth ? { bandwidth: req.bandwidth } : {}),
+      ...(hostLink ? { hostLink } : {}),
       beforeMove: (name) =>
         t.sync("state_write", () =>
-          ctx.state.update(key, { eniId: eni.id, mac: eni.mac, nodeName: name })),
-      timing: (phase, ms) =>
-        t.add(phase, ms),
+          ctx.state.update(key, {
+            eniId: eni.id,
+            mac: eni.mac,
+            nodeName: name,
+            ...(recorded ? { hostLink: recorded } : {}),
+          })),
+      timing: (phase, ms) => t.add(phase, ms),
     });
   let r: PlugResult;
   try {
@@ -307,17 +338,15 @@ export async function plugIntoPod(
       netns: pinned,
       podName: req.ifName,
       shapedIngress: r.shaping?.ingress !== undefined,
+      ...(hostLink ? { hostLink } : {}),
     });
     throw new ApiError(
       "netns_invalid",
       `Netns "${req.netns}" was replaced during the ADD (it named another namespace when the device was moved); nothing was kept`,
     );
   }
-  return {
-    ifindex: r.podIfindex,
-    nodeName: r.nodeName,
-    ...(r.shaping ? { shaping: r.shaping } : {}),
-  };
+  const { podIfindex: ifindex, nodeName, shaping } = r;
+  return shaping ? { ifindex, nodeName, shaping } : { ifindex, nodeName };
 }
 
 /** The result's `bandwidth`: the shaping the plug installed, when it shaped anything. */

@@ -13,6 +13,8 @@
  *   address or a route the prevResult lists is missing from the pod; the
  *   bandwidth shaping the ADD installed is gone or changed (`netns/bandwidth.ts`,
  *   `shapingProblems`: the tbf of each direction, the ingress redirect to the ifb);
+ *   the host link the ADD made lacks an end, or the node a route over it to an
+ *   ENI address;
  * - IPAM mode (the calling plugin checks the interface itself): an address the
  *   prevResult attributes to this IPAM is not one of the ENI's; the ENI's device
  *   is found neither on the node nor in the pod.
@@ -22,10 +24,11 @@
  * @module
  */
 import { normalizeIp } from "../providers/contract.ts";
-import type { Link, NetnsIdentity, PinnedNetns, RouteSpec } from "../netns/types.ts";
+import type { HostLinkState, Link, NetnsIdentity, PinnedNetns, RouteSpec } from "../netns/types.ts";
 import { AddResponseSchema, ApiError, type Bandwidth, type Mode } from "../api/schema.ts";
 import { type InstalledShaping, type LiveShaping, shapingProblems } from "../netns/bandwidth.ts";
 import { keyOf } from "../providers/schema.ts";
+import { hostLinkOf } from "./state.ts";
 import type { CheckInput } from "./types.ts";
 import { type ManagerContext, message } from "./context.ts";
 
@@ -40,6 +43,8 @@ export interface CheckRecord {
   addresses: string[];
   /** The namespace's identity at ADD, when it was a namespace file. */
   netns: NetnsIdentity | null;
+  /** The host link the ADD made, and the node's routes over it (the ENI's addresses). */
+  hostLink?: { nodeIfName: string; podIfName: string; nodeRoutes: string[] } | null;
 }
 
 /** What the prevResult says of this attachment. */
@@ -62,6 +67,8 @@ export interface CheckLive {
   addresses: string[];
   /** The pod's routes (main table). */
   routes: RouteSpec[];
+  /** The host link's two ends and the node's routes over it, when the ADD made one. */
+  hostLink?: HostLinkState;
 }
 
 /** The canonical form of a CIDR (`fd00:0::5/64` → `fd00::5/64`). */
@@ -126,6 +133,7 @@ export function checkProblems(
   for (const a of expected.addresses) {
     if (!have.has(cidrKey(a))) problems.push(`${name} lacks address ${a} of the prevResult`);
   }
+  problems.push(...hostLinkProblems(record, live, where));
   const routes = new Set(live.routes.map(routeKey));
   const dsts = new Set(live.routes.map((r) => routeKey({ dst: r.dst })));
   for (const r of expected.routes) {
@@ -148,6 +156,32 @@ function installedOf(b: Bandwidth): InstalledShaping {
   return { ...(ingress ? { ingress } : {}), ...(egress ? { egress } : {}) };
 }
 
+/** What is wrong with the attachment's host link: an end missing, a node route missing. */
+function hostLinkProblems(
+  record: CheckRecord,
+  live: CheckLive,
+  where: { ifName: string; netns: string },
+): string[] {
+  const want = record.hostLink;
+  if (!want) return [];
+  const got = live.hostLink;
+  const problems: string[] = [];
+  if (!got?.podEnd) {
+    problems.push(`Host link "${want.podIfName}" in "${where.netns}" is missing`);
+  }
+  if (!got?.nodeEnd) {
+    problems.push(`The node end "${want.nodeIfName}" of the host link is missing from the node`);
+    return problems;
+  }
+  const have = new Set(got.nodeRoutes.map(cidrKey));
+  for (const r of want.nodeRoutes) {
+    if (!have.has(cidrKey(r))) {
+      problems.push(`The node lacks route ${r} over the host link "${want.nodeIfName}"`);
+    }
+  }
+  return problems;
+}
+
 /**
  * CHECK against the system: reads the record and the live pod, then applies
  * {@linkcode checkProblems}; throws `check_failed` naming the first problem.
@@ -163,7 +197,18 @@ export async function checkAttachment(ctx: ManagerContext, req: CheckInput): Pro
     return fail(`Attachment ${name} is ${row.state}, not ready`);
   }
   const result = AddResponseSchema.parse(JSON.parse(row.result));
+  const link = hostLinkOf(row);
   const record: CheckRecord = {
+    hostLink: link
+      ? {
+        nodeIfName: link.nodeIfName,
+        podIfName: link.podIfName,
+        nodeRoutes: result.ips.map((i) => {
+          const a = i.address.split("/")[0];
+          return `${a}/${a.includes(":") ? 128 : 32}`;
+        }),
+      }
+      : null,
     mode: row.mode,
     mac: row.mac,
     nodeName: row.nodeName,
@@ -185,11 +230,17 @@ export async function checkAttachment(ctx: ManagerContext, req: CheckInput): Pro
       const pod = await ctx.devices.inspect({ netns: pinned, ifName: req.ifName }).catch((
         err,
       ) => fail(`Cannot read the pod's interface: ${message(err)}`));
+      const hostLink = link
+        ? await ctx.devices.inspectHostLink({ netns: pinned, hostLink: link }).catch((err) =>
+          fail(`Cannot read the pod's host link: ${message(err)}`)
+        )
+        : undefined;
       live = {
         netns: pinned.identity,
         link: pod.link,
         addresses: pod.addresses,
         routes: pod.routes,
+        ...(hostLink ? { hostLink } : {}),
       };
       if (result.bandwidth && pod.link) {
         shaping = await ctx.devices.inspectShaping({ netns: pinned, ifName: req.ifName })

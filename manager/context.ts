@@ -16,6 +16,7 @@ import type { AttachmentRow, StateStore } from "./state.ts";
 import type { KeyedMutex } from "./mutex.ts";
 import type { Describer, DescriptionRecorder } from "./descriptions.ts";
 import type { AddAnswered } from "./gc.ts";
+import type { HostLinks } from "./host_link.ts";
 
 /** The manager's shared parts. */
 export interface ManagerContext {
@@ -44,6 +45,8 @@ export interface ManagerContext {
    * grace period. Dropped at release.
    */
   readonly addAnswered: Map<string, AddAnswered>;
+  /** The host links' upkeep: the node's addresses, its nftables table, warnings. */
+  readonly hostLinks: HostLinks;
 }
 
 /** The provider-level owner of an attachment row. */

@@ -61,6 +61,8 @@ import { add } from "./add.ts";
 import { release } from "./release.ts";
 import { freeOrphan, reconcile } from "./reconcile.ts";
 import { status } from "./status.ts";
+import { HostLinks, sweepHostLinks } from "./host_link.ts";
+import { hostLinkOf } from "./state.ts";
 import { toAttachment } from "./state.ts";
 
 export { toApiError } from "./errors.ts";
@@ -95,6 +97,8 @@ export interface Manager extends EniManager {
   readonly state: StateStore;
   /** Resolves when every queued cloud description has been tried (tests). */
   descriptionsIdle(): Promise<void>;
+  /** Resolves when every host link left by a DEL has been removed (tests). */
+  hostLinksIdle(): Promise<void>;
 }
 
 /** Creates the ENI manager over a migrated state store in `db`. */
@@ -131,6 +135,7 @@ class ManagerImpl implements Manager {
         : null,
       apiError: (err) => toApiError(err, state.db.location() ?? "the state database"),
       addAnswered: new Map(),
+      hostLinks: new HostLinks(o.devices, o.log.child({ op: "host_link" })),
     };
   }
 
@@ -197,8 +202,17 @@ class ManagerImpl implements Manager {
       : zone > 0
       ? { holdUntil: now + Math.min(zone, ctx.holdMs), parkUntil: until }
       : { park: { until } };
+    const link = hostLinkOf(row);
     try {
-      await release(ctx, row, { netnsUsable: true, leaveCallerDevice: true, ...how }, t);
+      await release(ctx, row, {
+        netnsUsable: true,
+        leaveCallerDevice: true,
+        ...how,
+        deferHostLink: link !== null,
+      }, t);
+      // Queued behind this DEL on the attachment's lock, so an ADD of the same key waits
+      // for it; a crash before it runs leaves a node end no row records: GC removes it.
+      if (link) ctx.hostLinks.removeLater(ctx.locks, `att:${keyOf(req)}`, link.nodeIfName);
       ctx.log.info(
         !hold
           ? "DEL done"
@@ -263,6 +277,8 @@ class ManagerImpl implements Manager {
           });
         }
       }
+      // The agent's own pass (not a runtime's CNI GC, not a dry run): host links too.
+      if (!req.dryRun && req.validAttachments === undefined) await this.#hostLinkUpkeep("gc");
       return report;
     });
   }
@@ -273,9 +289,33 @@ class ManagerImpl implements Manager {
         "gc:pass",
         () => reconcile(this.#ctx),
       );
+      const problem = await this.#hostLinkUpkeep("reconcile");
+      if (problem) report.errors.push(problem);
       if (complete) this.#reconciled = true;
       return report;
     });
+  }
+
+  /**
+   * Host links whose attachment is gone are removed (a pod deleted without DEL takes
+   * its pair with it; an ADD killed mid-way may leave one), and the node's nftables
+   * table is loaded again while any attachment has a link (a firewall reload may
+   * have flushed it). Returns a problem, never throws.
+   */
+  async #hostLinkUpkeep(op: string): Promise<string | null> {
+    const ctx = this.#ctx;
+    const log = ctx.log.child({ op });
+    try {
+      await sweepHostLinks(ctx.devices, ctx.state, log);
+      if (ctx.state.all().some((r) => hostLinkOf(r) !== null)) {
+        await ctx.hostLinks.ensureTable(true);
+      }
+      return null;
+    } catch (err) {
+      const problem = `Host links: ${message(err)}`;
+      log.error("Host link upkeep failed", { error: message(err) });
+      return problem;
+    }
   }
 
   status(): Promise<Status> {
@@ -294,6 +334,11 @@ class ManagerImpl implements Manager {
     this.#closed = true;
     await Promise.allSettled([...this.#inflight]);
     await this.#ctx.describer?.idle();
+    await this.#ctx.hostLinks.idle();
+  }
+
+  hostLinksIdle(): Promise<void> {
+    return this.#ctx.hostLinks.idle();
   }
 
   descriptionsIdle(): Promise<void> {

@@ -15,7 +15,7 @@ import { ProviderError } from "../providers/contract.ts";
 import { AddResponseSchema } from "../api/schema.ts";
 import { DeviceError, type Link, type PinnedNetns } from "../netns/types.ts";
 import type { Phase } from "../lib/metrics.ts";
-import type { AttachmentRow } from "./state.ts";
+import { type AttachmentRow, hostLinkOf } from "./state.ts";
 import { type AttachmentKey, keyOf } from "../providers/schema.ts";
 import { type ManagerContext, message, ownerOf } from "./context.ts";
 import { OpTimer } from "./op_timer.ts";
@@ -69,6 +69,12 @@ export async function release(
      * comes back and the provider parks the ENI in the VPC for the pod until then.
      */
     park?: { until: number };
+    /**
+     * DEL: the host link is left to the caller to remove once the DEL has answered
+     * (`HostLinks.removeLater`); a veth pair's removal costs the kernel more than the
+     * rest of the DEL. Any other release removes it with the device.
+     */
+    deferHostLink?: boolean;
   },
   t: OpTimer = new OpTimer(),
 ): Promise<void> {
@@ -116,7 +122,7 @@ export async function release(
           pinned = null;
         }
         try {
-          await returnDevice(ctx, row, mac, nodeName, pinned, t);
+          await returnDevice(ctx, row, mac, nodeName, pinned, t, o.deferHostLink);
         } finally {
           pinned?.close();
         }
@@ -154,21 +160,35 @@ export async function returnDevice(
   nodeName: string,
   netns: PinnedNetns | null,
   t: OpTimer,
+  deferHostLink = false,
 ): Promise<void> {
   const timing = (phase: Phase, ms: number) => t.add(phase, ms);
   // The pod name identifies the device only once the ADD placed it (a later plugin
   // may then have changed its MAC); a failed ADD's pod name may be another device's.
   const podName = row.mode === "interface" && row.result !== null ? row.ifName : undefined;
   const shapedIngress = shapedIngressOf(row);
+  // Its host link goes with the device (recorded before it was made, so a rollback finds it).
+  const link = deferHostLink ? null : hostLinkOf(row);
+  const hostLink = link
+    ? { hostLink: { nodeIfName: link.nodeIfName, podIfName: link.podIfName } }
+    : {};
   let outcome;
   try {
-    outcome = await ctx.devices.unplug({ mac, nodeName, netns, podName, timing, shapedIngress });
+    outcome = await ctx.devices.unplug({
+      mac,
+      nodeName,
+      netns,
+      podName,
+      timing,
+      shapedIngress,
+      ...hostLink,
+    });
   } catch (err) {
     if (!(err instanceof DeviceError) || err.reason !== "netns_invalid" || !netns) {
       throw err;
     }
     // The netns is gone: the kernel returned the device to the node.
-    outcome = await ctx.devices.unplug({ mac, nodeName, netns: null, timing });
+    outcome = await ctx.devices.unplug({ mac, nodeName, netns: null, timing, ...hostLink });
   }
   if (outcome === "missing") {
     const repaired = row.eniId ? await repairDevice(ctx, row.eniId, mac) : "missing";
@@ -185,7 +205,7 @@ export async function returnDevice(
       );
     }
     // It may come back under another name (and, physical, up): rename and scrub it.
-    await ctx.devices.unplug({ mac, nodeName, netns: null });
+    await ctx.devices.unplug({ mac, nodeName, netns: null, ...hostLink });
   }
 }
 

@@ -107,6 +107,20 @@ const MIGRATIONS: Migration[] = [
   // Zone-wide sticky pods: a held ENI's node hold ends at hold_until; it is then
   // parked in the VPC until park_until (null: node scope, freed at hold_until).
   `ALTER TABLE attachments ADD COLUMN park_until INTEGER;`,
+  // The host link (issue 27): its two ends and Service CIDRs, as JSON, written before
+  // the link is made, so a crash leaves what it takes to remove it. Each column only
+  // when missing: a database of the issue-27 branch recorded version 3 with `host_link`
+  // and without `park_until`, and takes the one it lacks here.
+  (db) => {
+    const columns = new Set(
+      db.prepare("SELECT name FROM pragma_table_info('attachments')").all()
+        .map((r) => String(r.name)),
+    );
+    if (!columns.has("park_until")) {
+      db.exec("ALTER TABLE attachments ADD COLUMN park_until INTEGER;");
+    }
+    if (!columns.has("host_link")) db.exec("ALTER TABLE attachments ADD COLUMN host_link TEXT;");
+  },
 ];
 
 /** The schema version this code writes. */
@@ -142,6 +156,8 @@ export const AttachmentRowSchema = z.object({
   holdUntil: z.nullable(z.number()),
   /** Zone scope: until when a held ENI, parked in the VPC after its node hold, waits for its pod. */
   parkUntil: z.nullable(z.number()),
+  /** The attachment's host link as JSON ({@linkcode RecordedHostLinkSchema}), or null. */
+  hostLink: z._default(z.nullable(z.string()), null),
 });
 /** A row of `attachments`. */
 export type AttachmentRow = z.infer<typeof AttachmentRowSchema>;
@@ -173,7 +189,22 @@ const COLUMNS: Record<keyof AttachmentRow, string> = {
   sticky: "sticky",
   holdUntil: "hold_until",
   parkUntil: "park_until",
+  hostLink: "host_link",
 };
+
+/** What a row records of its host link (the `host_link` column). */
+export const RecordedHostLinkSchema = z.object({
+  nodeIfName: z.string(),
+  podIfName: z.string(),
+  serviceCidrs: z.array(z.string()),
+});
+/** What a row records of its host link. */
+export type RecordedHostLink = z.infer<typeof RecordedHostLinkSchema>;
+
+/** A row's host link, parsed; null when it has none. */
+export function hostLinkOf(r: Pick<AttachmentRow, "hostLink">): RecordedHostLink | null {
+  return r.hostLink === null ? null : RecordedHostLinkSchema.parse(JSON.parse(r.hostLink));
+}
 const SELECT = `SELECT ${
   Object.entries(COLUMNS).map(([k, c]) => `${c} AS "${k}"`).join(", ")
 } FROM attachments`;
@@ -407,6 +438,7 @@ export function toAttachment(r: AttachmentRow): Attachment {
     sticky: r.sticky,
     holdUntil: r.holdUntil === null ? null : new Date(r.holdUntil).toISOString(),
     parkUntil: r.parkUntil === null ? null : new Date(r.parkUntil).toISOString(),
+    hostLink: hostLinkOf(r),
   };
 }
 

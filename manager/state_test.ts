@@ -101,6 +101,33 @@ Deno.test("StateStore takes over a database of an agent before profiles, rows ke
     }
   }));
 
+Deno.test("StateStore takes a version-3 database of either line to version 4, rows kept", async (t) => {
+  // Version 3 was main's park_until (zone-wide sticky) and, on the issue-27 branch, the
+  // host link's host_link: version 4 adds whichever of the two the database lacks.
+  for (const lacks of ["host_link", "park_until"]) {
+    await t.step(`version 3 without ${lacks}`, () =>
+      withDbFile((path) => {
+        let db = openDatabase(path);
+        StateStore.open(db).insertAdding(A);
+        db.exec(`ALTER TABLE attachments DROP COLUMN ${lacks};
+          DELETE FROM enim_migrations WHERE component = 'state' AND version = 4;`);
+        db.close();
+        db = openDatabase(path);
+        try {
+          const s = StateStore.open(db);
+          assertEquals(s.version(), SCHEMA_VERSION);
+          const columns = db.prepare("SELECT name FROM pragma_table_info('attachments')").all()
+            .map((r) => r.name);
+          assert(columns.includes("host_link") && columns.includes("park_until"), String(columns));
+          const row = s.get(A)!;
+          assertEquals([row.state, row.parkUntil, row.hostLink], ["adding", null, null]);
+        } finally {
+          db.close();
+        }
+      }));
+  }
+});
+
 Deno.test("StateStore records intent, outcome and recycling in transactions", () =>
   withDbFile((path) => {
     let t = 1000;

@@ -7,7 +7,7 @@
  */
 import { VERSION } from "../lib/version.ts";
 import type { Status } from "../api/schema.ts";
-import { toAttachment } from "./state.ts";
+import { hostLinkOf, toAttachment } from "./state.ts";
 import type { ManagerContext } from "./context.ts";
 import type { PoolCounts } from "../lib/metrics.ts";
 
@@ -63,5 +63,27 @@ export async function status(ctx: ManagerContext, ready: boolean): Promise<Statu
     enis: out,
     providerDetails: ps.details,
     sticky: ps.sticky ?? { parked: [], claims: [] },
+    hostLinks: hostLinkCounts(rows),
+  };
+}
+
+/**
+ * The node's host links (ready and recycling attachments), and per network the pods
+ * whose link routes no Service CIDR: they cannot reach Services.
+ */
+function hostLinkCounts(rows: ReturnType<ManagerContext["state"]["all"]>): Status["hostLinks"] {
+  const live = rows.filter((r) => r.state === "ready" || r.state === "recycling");
+  const withLink = live.flatMap((r) => {
+    const h = hostLinkOf(r);
+    return h ? [{ r, h }] : [];
+  });
+  const without = new Map<string, string[]>();
+  for (const { r, h } of withLink) {
+    if (h.serviceCidrs.length > 0) continue;
+    without.set(r.network, [...(without.get(r.network) ?? []), r.pod]);
+  }
+  return {
+    links: withLink.length,
+    withoutServiceCidrs: [...without].map(([network, pods]) => ({ network, pods })),
   };
 }

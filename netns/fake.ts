@@ -8,19 +8,24 @@
  * injects faults by step name, can hang a step forever (a crash in tests), and
  * provides a {@linkcode DeviceSimulator} so attached ENIs appear on the node.
  *
- * Why one file: the fake is one in-memory model of the node and its pods; every
- * method reads and edits the same namespaces, links and fault tables.
+ * Why one file: `FakeDeviceLayer` is one in-memory model of the kernel (namespaces,
+ * links, host links, bandwidth shaping), and every method of the `DeviceLayer` contract
+ * reads and writes that same model; split, each part would reach into the others' state.
  *
  * @module
  */
 import type { DeviceSimulator, Eni } from "../providers/contract.ts";
+import { HOST_LINK_GROUP, resultRoutes } from "./host_link.ts";
 import { type InstalledShaping, installedShaping, isShaped, liveShapingOf } from "./bandwidth.ts";
 import {
   DeviceError,
   type DeviceLayer,
+  type HostLinkRef,
+  type HostLinkState,
   type Link,
   type LiveShaping,
   type NetnsIdentity,
+  type NodeAddresses,
   type PinnedNetns,
   type PlugParams,
   type PlugResult,
@@ -42,6 +47,10 @@ export interface FakeLink {
   routes: RouteSpec[];
   /** The bandwidth shaping a plug installed (dropped when the link leaves the pod). */
   shaping?: InstalledShaping;
+  /** The link's group (a host link's node end has `HOST_LINK_GROUP`). */
+  group?: number;
+  /** A veth pod end: its node end's name (the pair dies together). */
+  peer?: string;
 }
 
 interface FakeNs {
@@ -57,7 +66,8 @@ export type FakeStep =
   | "unplug"
   | "inspect"
   | "netnsIdentity"
-  | "pin";
+  | "pin"
+  | "hostLink";
 
 /** One recorded call. */
 export interface FakeCall {
@@ -86,6 +96,10 @@ export class FakeDeviceLayer implements DeviceLayer {
   #faults = new Map<FakeStep, { error: Error; times: number }>();
   #hangs = new Set<FakeStep>();
   #simCount = 0;
+  /** What {@linkcode nodeAddresses} answers (tests set it). */
+  nodeAddrs: NodeAddresses = { addresses: [], primary: {} };
+  /** How often the node's nftables table was loaded. */
+  tableLoads = 0;
 
   // ---- test controls ----
 
@@ -122,7 +136,10 @@ export class FakeDeviceLayer implements DeviceLayer {
     const ns = this.#ns.get(path);
     if (!ns) return;
     this.#ns.delete(path);
-    for (const l of ns.links) {
+    for (const l of ns.links.filter((x) => x.peer !== undefined)) {
+      this.#node = this.#node.filter((n) => n.ifname !== l.peer);
+    }
+    for (const l of ns.links.filter((x) => x.peer === undefined)) {
       if (this.#node.some((n) => n.ifname === l.ifname)) l.ifname = `dev${l.ifindex}`;
       l.up = false;
       l.addresses = [];
@@ -248,6 +265,7 @@ export class FakeDeviceLayer implements DeviceLayer {
       operstate: l.up ? "UP" : "DOWN",
       flags: l.up ? ["BROADCAST", "MULTICAST", "UP", "LOWER_UP"] : ["BROADCAST", "MULTICAST"],
       link_type: "ether",
+      group: l.group === undefined ? "default" : String(l.group),
     };
   }
 
@@ -282,6 +300,14 @@ export class FakeDeviceLayer implements DeviceLayer {
       throw new DeviceError("plug", "not_found", `No device with MAC "${p.mac}" on the node`);
     }
     beforeMove?.(this.#node[i].ifname);
+    const hl = p.hostLink;
+    if (hl && ns.links.some((l) => l.ifname === hl.podIfName)) {
+      throw new DeviceError(
+        "host_link",
+        "ifname_exists",
+        `Cannot create the host link "${hl.podIfName}" in netns "${p.netns}": the pod has an interface of that name`,
+      );
+    }
     if (ns.links.some((l) => l.ifname === p.ifName)) {
       throw new DeviceError(
         "plug",
@@ -308,6 +334,43 @@ export class FakeDeviceLayer implements DeviceLayer {
     link.addresses = p.addresses.map((a) => a.cidr);
     link.routes = clone(p.routes);
     if (p.mtu) link.mtu = p.mtu;
+    if (hl) {
+      try {
+        await this.#step("hostLink");
+      } catch (err) {
+        ns.links = ns.links.filter((l) => l !== link);
+        link.ifname = nodeName;
+        delete link.alias;
+        link.up = false;
+        link.addresses = [];
+        link.routes = [];
+        this.#node.push(link);
+        throw err;
+      }
+      this.#node.push({
+        ifindex: this.#nextIndex++,
+        ifname: hl.nodeIfName,
+        mac: hl.nodeMac,
+        alias: hl.alias,
+        up: true,
+        mtu: 1500,
+        addresses: [],
+        routes: Object.values(hl.podAddresses).map((a) => ({
+          dst: `${a}/${a.includes(":") ? 128 : 32}`,
+        })),
+        group: HOST_LINK_GROUP,
+      });
+      ns.links.push({
+        ifindex: this.#nextIndex++,
+        ifname: hl.podIfName,
+        mac: hl.podMac,
+        up: true,
+        mtu: 1500,
+        addresses: [],
+        routes: resultRoutes(hl),
+        peer: hl.nodeIfName,
+      });
+    }
     timing?.("move", 0);
     timing?.("configure", 0);
     if (isShaped(p.bandwidth)) {
@@ -324,6 +387,7 @@ export class FakeDeviceLayer implements DeviceLayer {
     this.calls.push({ op: "unplug", args: clone(args) });
     timing?.("move", 0);
     await this.#step("unplug");
+    if (p.hostLink) this.#dropHostLink(p.hostLink);
     let outcome: UnplugOutcome = "missing";
     let link: FakeLink | undefined;
     const ns = p.netns ? this.#ns.get(p.netns) : undefined;
@@ -365,7 +429,60 @@ export class FakeDeviceLayer implements DeviceLayer {
     if (!ns) throw new DeviceError("inspect", "netns_invalid", `Netns "${p.netns}" does not exist`);
     const l = ns.links.find((x) => x.ifname === p.ifName);
     if (!l) return { link: null, addresses: [], routes: [] };
-    return { link: this.#toLink(l), addresses: [...l.addresses], routes: clone(l.routes) };
+    // As the real layer: the namespace's routes, whatever link they use.
+    const routes = ns.links.flatMap((x) => x.routes);
+    return { link: this.#toLink(l), addresses: [...l.addresses], routes: clone(routes) };
+  }
+
+  /** Removes a host link's two ends, wherever they are; whether there was one. */
+  #dropHostLink(ref: HostLinkRef): boolean {
+    const had = this.#node.some((l) => l.ifname === ref.nodeIfName);
+    this.#node = this.#node.filter((l) => l.ifname !== ref.nodeIfName);
+    for (const ns of this.#ns.values()) {
+      ns.links = ns.links.filter((l) => l.peer !== ref.nodeIfName);
+    }
+    return had;
+  }
+
+  async inspectHostLink(
+    params: { netns: string | PinnedNetns; hostLink: HostLinkRef },
+  ): Promise<HostLinkState> {
+    const p = { ...params, netns: pathOf(params.netns) };
+    this.calls.push({ op: "inspectHostLink", args: clone(p) });
+    await this.#step("inspect");
+    const ns = this.#ns.get(p.netns);
+    if (!ns) throw new DeviceError("inspect", "netns_invalid", `Netns "${p.netns}" does not exist`);
+    const pod = ns.links.find((l) => l.ifname === p.hostLink.podIfName);
+    const node = this.#node.find((l) => l.ifname === p.hostLink.nodeIfName);
+    return {
+      podEnd: pod ? this.#toLink(pod) : null,
+      nodeEnd: node ? this.#toLink(node) : null,
+      nodeRoutes: node ? node.routes.map((r) => r.dst) : [],
+    };
+  }
+
+  async hostLinks(): Promise<Link[]> {
+    this.calls.push({ op: "hostLinks", args: {} });
+    await this.#step("findByMac");
+    return this.#node.filter((l) => l.group === HOST_LINK_GROUP).map((l) => this.#toLink(l));
+  }
+
+  async removeHostLink(nodeIfName: string): Promise<boolean> {
+    this.calls.push({ op: "removeHostLink", args: { nodeIfName } });
+    await this.#step("hostLink");
+    return this.#dropHostLink({ nodeIfName, podIfName: "" });
+  }
+
+  async nodeAddresses(): Promise<NodeAddresses> {
+    this.calls.push({ op: "nodeAddresses", args: {} });
+    await Promise.resolve();
+    return clone(this.nodeAddrs);
+  }
+
+  async ensureHostLinkTable(): Promise<void> {
+    this.calls.push({ op: "ensureHostLinkTable", args: {} });
+    await this.#step("hostLink");
+    this.tableLoads++;
   }
 
   /** The shaping of the pod's interface, as `tc -j` would show it. */

@@ -29,6 +29,10 @@ import "../lib/zod_locale.ts";
 export const IP_BIN = "/usr/sbin/ip";
 /** The `nsenter` binary (util-linux), for namespaces given by an arbitrary path. */
 export const NSENTER_BIN = "/usr/bin/nsenter";
+/** The `nft` binary (nftables): enim's table on the node and in each pod with a host link. */
+export const NFT_BIN = "/usr/sbin/nft";
+/** The shell that runs the host link's pod-side policy (one process in the pod's namespace). */
+export const SH_BIN = "/bin/sh";
 
 /** A network namespace: undefined/null for the current one, a name under /run/netns, or an absolute path. */
 export type NetnsRef = string | null | undefined;
@@ -155,6 +159,31 @@ export async function withScratchFile<T>(
   }
 }
 
+/**
+ * The argv (binary first) that runs `argv` (an absolute binary and its arguments) in
+ * `netns`: as it is in the current namespace, else through `nsenter --net=PATH` (a
+ * name becomes /run/netns/NAME).
+ */
+export function inNetnsArgv(argv: string[], netns?: NetnsRef): string[] {
+  if (netns === undefined || netns === null) return argv;
+  if (!netns.startsWith("/") && !isName(netns)) {
+    throw new TypeError(`Invalid netns reference "${netns}"`);
+  }
+  return [NSENTER_BIN, `--net=${netnsPath(netns)}`, ...argv];
+}
+
+/** Loads an nftables ruleset (`nft -f FILE`) in `netns`. */
+export async function nftApply(
+  ruleset: string,
+  opts: { netns?: NetnsRef; scratchDir?: string } = {},
+): Promise<void> {
+  await withScratchFile(
+    opts.scratchDir ?? DEFAULT_SCRATCH_DIR,
+    ruleset,
+    (file) => spawn(inNetnsArgv([NFT_BIN, "-f", file], opts.netns)),
+  );
+}
+
 /** Runs `ip <args>` in a namespace. */
 export function runIp(args: string[], opts: RunOptions = {}): Promise<RunOutput> {
   return spawn(ipArgv(args, opts.netns));
@@ -266,6 +295,7 @@ export const RouteEntrySchema = z.looseObject({
   table: z.optional(z.string()),
   type: z.optional(z.string()),
   protocol: z.optional(z.string()),
+  prefsrc: z.optional(z.string()),
 });
 /** One route of `ip -j route show`. */
 export type RouteEntry = z.infer<typeof RouteEntrySchema>;

@@ -79,21 +79,43 @@ import {
 import { tcBatch } from "./tc.ts";
 import {
   AddrInfoSchema,
+  DEFAULT_SCRATCH_DIR,
+  inNetnsArgv,
+  IP_BIN,
   ipBatch,
   IpError,
   ipJson,
   netnsPath,
   type NetnsRef,
+  NFT_BIN,
+  nftApply,
   parseJsonLines,
   RouteEntrySchema,
   runIp,
+  SH_BIN,
+  spawn,
+  withScratchFile,
 } from "./ip.ts";
+import {
+  HOST_LINK_GROUP,
+  type HostLinkRef,
+  type HostLinkSpec,
+  isNodeEnd,
+  nodeCommands,
+  nodeTableRuleset,
+  POD_POLICY_SCRIPT,
+  podCommands,
+  podPolicyArgs,
+  podRuleset,
+} from "./host_link.ts";
 import {
   DeviceError,
   type DeviceLayer,
+  type HostLinkState,
   type Link,
   LinkSchema,
   type NetnsIdentity,
+  type NodeAddresses,
   type PlugParams,
   type PlugResult,
   type PodInterfaceState,
@@ -221,13 +243,57 @@ export class IpDeviceLayer implements DeviceLayer {
    * Moves the device into the pod renamed `ifName`, and configures it; rolls back on
    * failure. Two spawns when the device's node name is known (the caller's or the
    * cache's): the move (one netlink call: netns, name and alias) and one configure
-   * batch, whose last command shows the moved link so its MAC is checked.
+   * batch, whose last command shows the moved link so its MAC is checked. With a host
+   * link, its node side runs in the move's batch and its pod side in the configure
+   * batch (its policy in one more process, beside them); with bandwidth limits, the
+   * configure batch also makes the ifb and one `tc -batch` shapes. A failure anywhere
+   * brings the device back and removes the ifb and the host link.
    */
   async plug(p: PlugParams): Promise<PlugResult> {
     checkIfName(p.ifName);
     if (p.nodeName !== undefined) checkIfName(p.nodeName);
-    const config = [...configureCommands(p), ...shapingLinkCommands(p.mac, p.bandwidth)];
+    const link = p.hostLink;
+    if (link) {
+      checkIfName(link.podIfName);
+      checkIfName(link.nodeIfName);
+    }
+    const config = [
+      ...configureCommands(p),
+      ...shapingLinkCommands(p.mac, p.bandwidth),
+      ...(link ? podCommands(link) : []),
+    ];
     const ns = await this.#useNetns("netns", p.netns);
+    // The link's pod-side policy needs neither the ENI nor the link in the pod: it runs
+    // while the node side moves and creates them (its nft process is the slow part).
+    const policy = link ? this.#podPolicy(link, ns).then(() => null, (err: unknown) => err) : null;
+    try {
+      const placed = await this.#plugDevice(p, ns, config);
+      const started = performance.now();
+      const failed = await policy;
+      p.timing?.("configure", performance.now() - started);
+      if (failed) {
+        await this.#bringBackLogged(p, ns, placed.nodeName);
+        await this.#dropHostLinkLogged(link!);
+        throw new DeviceError(
+          "configure",
+          "failed",
+          `Cannot set the host link's policy in netns "${ns.path}": ${errText(failed)}`,
+          { cause: failed },
+        );
+      }
+      return placed;
+    } catch (err) {
+      await policy;
+      throw err;
+    }
+  }
+
+  /**
+   * The device moved (with the host link's node side), configured and shaped; rolled
+   * back on failure (the device, its ifb, the host link).
+   */
+  async #plugDevice(p: PlugParams, ns: Ns, config: string[][]): Promise<PlugResult> {
+    const link = p.hostLink;
     const mac = normalizeMac(p.mac);
     for (let attempt = 0;; attempt++) {
       const lookup = attempt > 0;
@@ -243,13 +309,22 @@ export class IpDeviceLayer implements DeviceLayer {
         throw err;
       }
       this.#names.delete(mac);
-      const shown = await this.#configure(p, ns, config, nodeName);
+      let shaping: InstalledShaping | undefined;
+      let shown: Link | null;
+      try {
+        shown = await this.#configure(p, ns, config, nodeName);
+        // The shaping's failure brings the device back (and its ifb): the link goes too.
+        if (shown !== null && isShaped(p.bandwidth)) {
+          shaping = await this.#shape(p, ns, nodeName, shown);
+        }
+      } catch (err) {
+        if (link) await this.#dropHostLinkLogged(link);
+        throw err;
+      }
       if (shown !== null) {
-        const shaping = isShaped(p.bandwidth)
-          ? await this.#shape(p, ns, nodeName, shown)
-          : undefined;
         return { nodeName, podIfindex: shown.ifindex, ...(shaping ? { shaping } : {}) };
       }
+      if (link) await this.#dropHostLinkLogged(link);
       // The name led to another device: it is back on the node; look ours up once.
       if (lookup) {
         throw new DeviceError(
@@ -265,16 +340,56 @@ export class IpDeviceLayer implements DeviceLayer {
     }
   }
 
-  /** One netlink call: into the pod, renamed, the node name kept as the alias. */
+  /**
+   * One netlink call: into the pod, renamed, the node name kept as the alias. With a
+   * host link, the same `ip -batch` creates it first (its pod end directly in the pod,
+   * the node end's routes and neighbours); a failure removes what the batch made.
+   */
   async #move(p: PlugParams, ns: Ns, nodeName: string): Promise<void> {
     const started = performance.now();
+    const move = [
+      "link",
+      "set",
+      "dev",
+      nodeName,
+      "netns",
+      ns.ref,
+      "name",
+      p.ifName,
+      "alias",
+      nodeName,
+    ];
+    const link = p.hostLink;
+    const lines = link ? [...nodeCommands(link, ns.ref), move] : [move];
     try {
-      await runIp(
-        ["link", "set", "dev", nodeName, "netns", ns.ref, "name", p.ifName, "alias", nodeName],
-        { netns: this.#node },
-      );
+      try {
+        await this.#batch(lines, this.#node);
+      } catch (err) {
+        if (!link || !(err instanceof IpError)) throw err;
+        // The batch stops at its first failure: what came before it was done.
+        const failed = failedLines(err.stderr)[0] ?? lines.length;
+        await this.#dropHostLinkLogged(link);
+        if (failed === lines.length) throw err;
+        const staleNodeEnd = failed === 1 && /File exists/i.test(err.stderr) &&
+          await this.removeHostLink(link.nodeIfName).catch(() => false);
+        if (!staleNodeEnd) throw this.#hostLinkError(link, ns, err);
+        // A node end of this attachment's name left behind: it is gone now, once more.
+        this.#log.warn("Removed a leftover node end of this attachment's host link", {
+          nodeIfName: link.nodeIfName,
+        });
+        try {
+          await this.#batch(lines, this.#node);
+        } catch (again) {
+          await this.#dropHostLinkLogged(link);
+          if (again instanceof IpError && (failedLines(again.stderr)[0] ?? 0) < lines.length) {
+            throw this.#hostLinkError(link, ns, again);
+          }
+          throw again;
+        }
+      }
       p.timing?.("move", performance.now() - started);
     } catch (err) {
+      if (err instanceof DeviceError) throw err;
       const exists = err instanceof IpError && /File exists/i.test(err.stderr);
       // Some kernels (6.18 here) move the device first and then fail the rename
       // with EEXIST, leaving it in the pod under its node name: bring it back.
@@ -289,6 +404,53 @@ export class IpDeviceLayer implements DeviceLayer {
           }`,
         { cause: err },
       );
+    }
+  }
+
+  /** The error for a host link the node-side batch could not create. */
+  #hostLinkError(link: HostLinkSpec, ns: Ns, err: IpError): DeviceError {
+    const exists = /File exists/i.test(err.stderr);
+    return new DeviceError(
+      "host_link",
+      exists ? "ifname_exists" : "failed",
+      exists
+        ? `Cannot create the host link "${link.podIfName}" in netns "${ns.path}": the pod has an interface of that name (set "hostLink": {"podIfName": …} or "hostLink": {"enabled": false} in the network config)`
+        : `Cannot create the host link "${link.nodeIfName}"/"${link.podIfName}" for netns "${ns.path}": ${
+          errText(err)
+        }`,
+      { cause: err },
+    );
+  }
+
+  /**
+   * The host link's pod-side policy, one process in the pod's namespace
+   * (`POD_POLICY_SCRIPT`: `src_valid_mark`, the rules, the nftables ruleset); it
+   * needs neither the ENI nor the link there, so it runs beside the move. What it
+   * leaves after a failed plug is inert (`netns/host_link.ts`).
+   */
+  async #podPolicy(link: HostLinkSpec, ns: Ns): Promise<void> {
+    await withScratchFile(
+      this.#scratch ?? DEFAULT_SCRATCH_DIR,
+      podRuleset(link.podIfName),
+      (file) =>
+        spawn(inNetnsArgv([
+          SH_BIN,
+          "-c",
+          POD_POLICY_SCRIPT,
+          "enim-host-link",
+          ...podPolicyArgs(link, file, { ip: IP_BIN, nft: NFT_BIN }),
+        ], ns.ref)),
+    );
+  }
+
+  async #dropHostLinkLogged(link: HostLinkRef): Promise<void> {
+    try {
+      await this.removeHostLink(link.nodeIfName);
+    } catch (err) {
+      this.#log.error("Cannot remove a host link after a failed plug", {
+        nodeIfName: link.nodeIfName,
+        err,
+      });
     }
   }
 
@@ -412,6 +574,25 @@ export class IpDeviceLayer implements DeviceLayer {
    */
   async unplug(p: UnplugParams): Promise<UnplugOutcome> {
     checkIfName(p.nodeName);
+    const link = p.hostLink;
+    if (link) {
+      checkIfName(link.nodeIfName);
+      checkIfName(link.podIfName);
+    }
+    const done = { hostLink: false };
+    const outcome = await this.#unplugEni(p, done);
+    // Not removed with the device's batch: by the node end's name (the pair goes with it).
+    if (link && !done.hostLink) {
+      await this.#run(
+        "host_link",
+        `Cannot remove the host link "${link.nodeIfName}" from the node`,
+        () => this.removeHostLink(link.nodeIfName),
+      );
+    }
+    return outcome;
+  }
+
+  async #unplugEni(p: UnplugParams, done: { hostLink: boolean }): Promise<UnplugOutcome> {
     const timed = stepTimer(p.timing);
     const mac = normalizeMac(p.mac);
     const ns = p.netns ? await this.#usableNetns(p.netns) : null;
@@ -429,8 +610,11 @@ export class IpDeviceLayer implements DeviceLayer {
             ["link", "set", "dev", alt, "down"],
             ...(this.#macSettable ? [["link", "set", "dev", alt, "address", mac]] : []),
             ["link", "set", "dev", alt, "netns", this.#home, "name", p.nodeName],
+            // Last: the host link's pod end, and with it the node end.
+            ...(p.hostLink ? [["link", "del", "dev", p.hostLink.podIfName]] : []),
           ], ns.ref));
         this.#names.set(mac, p.nodeName);
+        done.hostLink = true;
         return "pod";
       } catch (err) {
         if (err instanceof IpError && /Operation not supported/i.test(err.stderr)) {
@@ -554,9 +738,10 @@ export class IpDeviceLayer implements DeviceLayer {
         .filter((r) => (r.table === undefined || r.table === "main") && r.protocol !== "kernel")
         .filter((r) => r.type === undefined || r.type === "unicast")
         .map((r) => {
-          // `ip -j` prints "default" for both families; name the family explicitly.
+          // `ip -j` prints "default" for both families, and a host route without its
+          // prefix length: name both explicitly.
           const dst = r.dst !== "default"
-            ? r.dst
+            ? (r.dst.includes("/") ? r.dst : `${r.dst}/${r.dst.includes(":") ? 128 : 32}`)
             : r.gateway?.includes(":") || r.dst.includes(":")
             ? "::/0"
             : "0.0.0.0/0";
@@ -589,6 +774,118 @@ export class IpDeviceLayer implements DeviceLayer {
         { cause: err },
       );
     }
+  }
+
+  /** Reads a host link: its pod end in `netns` (one spawn), its node end and routes (one more). */
+  async inspectHostLink(
+    p: { netns: string | PinnedNetns; hostLink: HostLinkRef },
+  ): Promise<HostLinkState> {
+    checkIfName(p.hostLink.podIfName);
+    checkIfName(p.hostLink.nodeIfName);
+    const ns = await this.#useNetns("inspect", p.netns);
+    const missing = (err: unknown) =>
+      err instanceof IpError && /does not exist|Cannot find device/.test(err.stderr);
+    const podEnd = await ipJson(
+      z.array(LinkSchema),
+      ["link", "show", "dev", p.hostLink.podIfName],
+      { netns: ns.ref },
+    ).then((l) => l[0] ?? null, (err) => {
+      if (missing(err)) return null;
+      throw new DeviceError(
+        "inspect",
+        "failed",
+        `Cannot read link "${p.hostLink.podIfName}" in netns "${ns.path}": ${errText(err)}`,
+        { cause: err },
+      );
+    });
+    let out: unknown[];
+    try {
+      out = await this.#batch(
+        [
+          ["link", "show", "dev", p.hostLink.nodeIfName],
+          ["route", "show", "table", "all", "dev", p.hostLink.nodeIfName],
+        ],
+        this.#node,
+        true,
+      );
+    } catch (err) {
+      if (missing(err)) return { podEnd, nodeEnd: null, nodeRoutes: [] };
+      throw new DeviceError(
+        "inspect",
+        "failed",
+        `Cannot read link "${p.hostLink.nodeIfName}" on the node: ${errText(err)}`,
+        { cause: err },
+      );
+    }
+    const nodeEnd = z.array(LinkSchema).parse(out[0] ?? [])[0] ?? null;
+    const routes = z.array(RouteEntrySchema).parse(out[1] ?? []);
+    return {
+      podEnd,
+      nodeEnd,
+      nodeRoutes: routes
+        .filter((r) => (r.table === undefined || r.table === "main") && r.protocol !== "kernel")
+        .filter((r) => r.type === undefined || r.type === "unicast")
+        .map((r) => r.dst.includes("/") ? r.dst : `${r.dst}/${r.dst.includes(":") ? 128 : 32}`),
+    };
+  }
+
+  /** The node ends on the node: one `ip -j link show group …`. */
+  async hostLinks(): Promise<Link[]> {
+    const links = await this.#run(
+      "find",
+      "Cannot list the host links on the node",
+      () =>
+        // iproute2 prints `{}` for each link the group filter leaves out: keep the real ones.
+        ipJson(z.array(z.looseObject({})), ["link", "show", "group", String(HOST_LINK_GROUP)], {
+          netns: this.#node,
+        }),
+    );
+    return z.array(LinkSchema).parse(links.filter((l) => "ifname" in l)).filter(isNodeEnd);
+  }
+
+  /** Deletes the node end `nodeIfName` (its pod end goes with it); false when it was not there. */
+  async removeHostLink(nodeIfName: string): Promise<boolean> {
+    checkIfName(nodeIfName);
+    try {
+      await runIp(["link", "del", "dev", nodeIfName], { netns: this.#node });
+      return true;
+    } catch (err) {
+      if (noSuchDevice(err)) return false;
+      throw new DeviceError(
+        "host_link",
+        "failed",
+        `Cannot remove the host link "${nodeIfName}" from the node: ${errText(err)}`,
+        { cause: err },
+      );
+    }
+  }
+
+  /** The node's addresses and its primary one per family: one `ip -j -batch` (links, defaults). */
+  async nodeAddresses(): Promise<NodeAddresses> {
+    const out = await this.#run(
+      "find",
+      "Cannot list the node's addresses",
+      () =>
+        // `table all`: both families' defaults (`table main` would show IPv4 only).
+        this.#batch(
+          [["addr", "show"], ["route", "show", "table", "all", "default"]],
+          this.#node,
+          true,
+        ),
+    );
+    const links = z.array(LinkAddrSchema).parse(out[0] ?? []);
+    const defaults = z.array(RouteEntrySchema).parse(out[1] ?? [])
+      .filter((r) => r.table === undefined || r.table === "main");
+    return nodeAddressesOf(links, defaults);
+  }
+
+  /** Loads enim's nftables table on the node (`nft -f`, replacing the table). */
+  async ensureHostLinkTable(): Promise<void> {
+    await this.#run(
+      "host_link",
+      "Cannot load enim's nftables table on the node",
+      () => nftApply(nodeTableRuleset(), { netns: this.#node, scratchDir: this.#scratch }),
+    );
   }
 
   /** The identity of an nsfs file at an absolute path; null when it is missing or no namespace file. */
@@ -665,4 +962,38 @@ export class IpDeviceLayer implements DeviceLayer {
       throw new DeviceError(step, "failed", `${message}: ${errText(err)}`, { cause: err });
     }
   }
+}
+
+/**
+ * The node's addresses from a listing of its links (with addresses) and its default
+ * routes: global scope only, node ends left out; the primary per family is the default
+ * route's preferred source, else the first global address of its link, else the first
+ * of any link.
+ */
+export function nodeAddressesOf(
+  links: {
+    ifname: string;
+    group?: string;
+    addr_info: { family: string; local: string; scope?: string }[];
+  }[],
+  defaults: { dst: string; gateway?: string; dev?: string; prefsrc?: string }[],
+): NodeAddresses {
+  const own = links.filter((l) => !isNodeEnd(l));
+  const global = (l: (typeof own)[number], fam: "inet" | "inet6") =>
+    l.addr_info.filter((a) => a.family === fam && a.scope === "global").map((a) => a.local);
+  const addresses = own.flatMap((l) => [...global(l, "inet"), ...global(l, "inet6")]);
+  const primary: NodeAddresses["primary"] = {};
+  for (const [key, fam] of [["ipv4", "inet"], ["ipv6", "inet6"]] as const) {
+    const v6 = fam === "inet6";
+    const dflt = defaults.find((r) =>
+      r.dst === "default" && (r.gateway ? r.gateway.includes(":") === v6 : !v6)
+    );
+    const viaDefault = dflt?.prefsrc ??
+      (dflt?.dev ? own.find((l) => l.ifname === dflt.dev) : undefined)?.addr_info
+        .find((a) => a.family === fam && a.scope === "global")?.local;
+    const any = own.flatMap((l) => global(l, fam))[0];
+    const chosen = viaDefault ?? any;
+    if (chosen) primary[key] = chosen;
+  }
+  return { addresses, primary };
 }

@@ -12,7 +12,8 @@
  *
  * @module
  */
-import { ipBatch, IpError, ipJson, type NetnsRef, runIp } from "./ip.ts";
+import { ipBatch, IpError, ipJson, type NetnsRef, nftApply, runIp } from "./ip.ts";
+import { normalizeIp } from "../lib/ip.ts";
 import { LinkSchema } from "./types.ts";
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
@@ -51,13 +52,64 @@ export async function listNetns(): Promise<string[]> {
   return stdout.split("\n").map((l) => l.trim().split(" ")[0]).filter((n) => n !== "");
 }
 
-/** Creates bridge `name` in `netns`, up, holding `cidrs` (IPv6 without DAD). */
+/**
+ * Creates bridge `name` in `netns`, up, holding `cidrs` (IPv6 without DAD), with the
+ * VPC's source check on its ports (see {@linkcode SOURCE_CHECK_TABLE}).
+ */
 export async function createBridge(netns: string, name: string, cidrs: string[]): Promise<void> {
   await ipBatch([
     ["link", "add", "name", name, "type", "bridge"],
     ["link", "set", "dev", name, "up"],
     ...cidrs.map((c) => ["addr", "add", c, "dev", name, ...(c.includes(":") ? ["nodad"] : [])]),
   ], { netns });
+  await nftApply(sourceCheckRuleset(), { netns });
+}
+
+/**
+ * The simulated VPC's source check, as a cloud enforces it per port: a frame that
+ * enters the bridge through a port must come from the port's own MAC, and an IP
+ * packet or ARP message from one of that MAC's addresses (IPv6 link-local and the
+ * unspecified address of neighbour discovery aside). Ports and addresses are
+ * allowed one by one ({@linkcode allowPort}); anything else is dropped, so a design
+ * that forwards a pod's packets out of the node's NIC fails here as it would in a
+ * cloud. An nftables `bridge` table in the VPC namespace.
+ */
+export const SOURCE_CHECK_TABLE = "vpc_source_check";
+
+function sourceCheckRuleset(): string {
+  const t = SOURCE_CHECK_TABLE;
+  return [
+    `table bridge ${t} {`,
+    `	set ports { type ifname . ether_addr; }`,
+    `	set ipv4 { type ether_addr . ipv4_addr; }`,
+    `	set ipv6 { type ether_addr . ipv6_addr; }`,
+    `	chain prerouting {`,
+    `		type filter hook prerouting priority 0; policy accept;`,
+    `		iifname . ether saddr != @ports counter drop`,
+    `		ether type ip ether saddr . ip saddr != @ipv4 counter drop`,
+    `		ether type arp ether saddr . arp saddr ip != @ipv4 counter drop`,
+    `		ether type ip6 ip6 saddr != { ::, fe80::/10 } ether saddr . ip6 saddr != @ipv6 counter drop`,
+    `	}`,
+    `}`,
+    "",
+  ].join("\n");
+}
+
+/** Lets port `port` of the VPC bridge in `netns` send from `mac` and `addresses` (idempotent). */
+export async function allowPort(
+  netns: string,
+  port: string,
+  mac: string,
+  addresses: string[],
+): Promise<void> {
+  const t = `bridge ${SOURCE_CHECK_TABLE}`;
+  const m = mac.toLowerCase();
+  const lines = [`add element ${t} ports { "${port}" . ${m} }`];
+  for (const a of addresses) {
+    const ip = normalizeIp(a);
+    lines.push(`add element ${t} ${ip.includes(":") ? "ipv6" : "ipv4"} { ${m} . ${ip} }`);
+  }
+  await nftApply(lines.join("\n") + "\n", { netns });
 }
 
 /** Options for {@linkcode VethDeviceSimulator}. */
@@ -127,6 +179,13 @@ export class VethDeviceSimulator implements DeviceSimulator {
         cause: err,
       });
     }
+    // The VPC's source check: the port sends only from the ENI's MAC and addresses.
+    await allowPort(
+      this.#vpc,
+      names.vpc,
+      eni.mac,
+      [eni.ipv4?.address, eni.ipv6?.address].filter((a): a is string => a !== undefined),
+    );
   }
 
   /** Removes the ENI's veth pair (wherever its ENI end is); succeeds when it is gone. */

@@ -9,8 +9,10 @@
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import type { InstalledShaping, LiveShaping, Shaping } from "./bandwidth.ts";
+import type { HostLinkRef, HostLinkSpec } from "./host_link.ts";
 
 export type { InstalledShaping, LiveShaping, Shaping, ShapingLimit } from "./bandwidth.ts";
+export type { HostLinkRef, HostLinkSpec } from "./host_link.ts";
 
 /** A link as `ip -j link show` reports it (the fields enim uses). */
 export const LinkSchema = z.looseObject({
@@ -22,6 +24,8 @@ export const LinkSchema = z.looseObject({
   operstate: z.optional(z.string()),
   flags: z._default(z.array(z.string()), []),
   link_type: z.optional(z.string()),
+  /** The link's group, as `ip -j` prints it ("default" or a number). */
+  group: z.optional(z.string()),
 });
 /** A link as `ip -j link show` reports it. */
 export type Link = z.infer<typeof LinkSchema>;
@@ -126,6 +130,12 @@ export interface PlugParams {
    * up in the same plug and rolled back with it.
    */
   bandwidth?: Shaping;
+  /**
+   * The host link to create with the ENI (`netns/host_link.ts`): its node-side
+   * commands run in the same `ip -batch` as the move, its pod-side commands in the
+   * ENI's configure batch; any failure removes it with the ENI's rollback.
+   */
+  hostLink?: HostLinkSpec;
 }
 
 /** What {@linkcode DeviceLayer.unplug} takes. */
@@ -147,6 +157,27 @@ export interface UnplugParams {
    * qdiscs leave with it: the kernel drops them when it changes namespace.)
    */
   shapedIngress?: boolean;
+  /** The attachment's host link, removed with the device's return (idempotent). */
+  hostLink?: HostLinkRef;
+}
+
+/** The node's own addresses, as the host link routes them (`DeviceLayer.nodeAddresses`). */
+export interface NodeAddresses {
+  /** Every global-scope address of the node's links, node ends excluded, without prefix. */
+  addresses: string[];
+  /**
+   * Per family, the address the node's traffic prefers: the default route's preferred
+   * source, else the first global address of the default route's link, else of any link.
+   */
+  primary: { ipv4?: string; ipv6?: string };
+}
+
+/** What CHECK reads of a host link: its two ends and the node's routes over the node end. */
+export interface HostLinkState {
+  podEnd: Link | null;
+  nodeEnd: Link | null;
+  /** The node's routes through the node end (destinations, CIDR). */
+  nodeRoutes: string[];
 }
 
 /**
@@ -174,6 +205,18 @@ export interface DeviceLayer {
   unplug(p: UnplugParams): Promise<UnplugOutcome>;
   /** Reads the interface `ifName` in `netns` for CHECK. */
   inspect(p: { netns: string | PinnedNetns; ifName: string }): Promise<PodInterfaceState>;
+  /** Reads a host link for CHECK: its pod end in `netns`, its node end and the node's routes. */
+  inspectHostLink(
+    p: { netns: string | PinnedNetns; hostLink: HostLinkRef },
+  ): Promise<HostLinkState>;
+  /** The node ends of host links on the node (links of the host-link group). */
+  hostLinks(): Promise<Link[]>;
+  /** Removes a host link by its node end (the pair goes with it); false when it was not there. */
+  removeHostLink(nodeIfName: string): Promise<boolean>;
+  /** The node's own addresses (one listing). */
+  nodeAddresses(): Promise<NodeAddresses>;
+  /** Loads enim's nftables table on the node (idempotent: it replaces the table). */
+  ensureHostLinkTable(): Promise<void>;
   /**
    * Reads the bandwidth shaping of the interface `ifName` in `netns` for CHECK (the
    * namespace's qdiscs, the interface's ingress filters); compare with

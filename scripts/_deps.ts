@@ -19,6 +19,8 @@ export const BASE_NEEDS: AptNeed[] = [
   { pkg: "iproute2", file: "/usr/sbin/tc" },
   { pkg: "iputils-ping", file: "/usr/bin/ping" },
   { pkg: "util-linux", file: "/usr/bin/nsenter" },
+  // The simulated VPC's source check, and the agent's tables for pods' host links.
+  { pkg: "nftables", file: "/usr/sbin/nft" },
 ];
 
 /**

@@ -31,7 +31,8 @@
  * bench-results.json (or `--out FILE`).
  *
  * Flags: `--quick` (a short run), `--iterations N`, `--soak N` (0 skips it),
- * `--rounds N`, `--no-cri`, `--out FILE`.
+ * `--rounds N`, `--no-cri`, `--host-link on|off` (enim's pods get their host link to the
+ * node, as Kubernetes pods do by default; off: the ENI alone), `--out FILE`.
  *
  * @module
  */
@@ -56,8 +57,13 @@ const { values: flags } = parseArgs({
     rounds: { type: "string" },
     out: { type: "string", default: `${ROOT}/bench-results.json` },
     "no-cri": { type: "boolean", default: false },
+    "host-link": { type: "string", default: "on" },
   },
 });
+if (flags["host-link"] !== "on" && flags["host-link"] !== "off") {
+  console.error(`--host-link takes "on" or "off", not "${flags["host-link"]}"`);
+  Deno.exit(2);
+}
 const num = (v: string | undefined, dflt: number) => (v === undefined ? dflt : Number(v));
 const ITER = num(flags.iterations, flags.quick ? 15 : 60);
 const WARMUP = num(flags.warmup, flags.quick ? 3 : 8);
@@ -168,12 +174,21 @@ interface PodSlot {
   eni?: Eni;
 }
 
-const ENIM_CONFIG = JSON.stringify({ cniVersion: "1.1.0", name: "bench", type: "enim" });
-/** The same network with 10M limits both ways, as containerd passes a pod's bandwidth annotations. */
-const SHAPED_CONFIG = JSON.stringify({
+/**
+ * enim's network config: a Kubernetes pod's (the CNI_ARGS say so), so each ADD also makes
+ * the pod's host link to the node, routing a Service CIDR (issue 27); `--host-link off`
+ * measures without it.
+ */
+const ENIM_CONFIG = JSON.stringify({
   cniVersion: "1.1.0",
   name: "bench",
   type: "enim",
+  serviceCidrs: ["10.96.0.0/16"],
+  ...(flags["host-link"] === "off" ? { hostLink: { enabled: false } } : {}),
+});
+/** The same network with 10M limits both ways, as containerd passes a pod's bandwidth annotations. */
+const SHAPED_CONFIG = JSON.stringify({
+  ...JSON.parse(ENIM_CONFIG),
   runtimeConfig: {
     "io.kubernetes.cri.pod-annotations": {
       "kubernetes.io/ingress-bandwidth": "10M",

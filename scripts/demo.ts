@@ -4,14 +4,19 @@
  *
  * Builds a simulated node and VPC, starts the agent in the node namespace, runs the
  * plugin for three pods exactly as a container runtime would, shows each pod's
- * ENI, interface, addresses and pings, shows `enim status`, DELs the pods and
- * tears everything down. Exits 0 only if every step worked.
+ * ENI, interface, addresses and pings, a "cluster DNS" Service at a ClusterIP
+ * (kube-proxy's nftables rules on the node, endpoints a node process and the api
+ * pod) answering the web pod through its host link, the node opening TCP to a pod,
+ * shows `enim status`, DELs the pods and tears everything down. Exits 0 only if
+ * every step worked.
  *
  * @module
  */
 import { BASE_NEEDS, ensureApt, isRoot } from "./_deps.ts";
 import { SimulatedNode } from "../tests/support/node.ts";
 import type { NetnsHandle } from "../tests/support/vpc.ts";
+import { askWithDeno, Servers, who } from "../tests/support/traffic.ts";
+import { installKubeProxy } from "../tests/support/kube_proxy.ts";
 
 const bold = (s: string) => Deno.noColor ? s : `\x1b[1m${s}\x1b[0m`;
 const ok = (s: string) => (Deno.noColor ? "ok " : "\x1b[32mok\x1b[0m ") + s;
@@ -37,7 +42,10 @@ const t0 = performance.now();
 console.log(bold("enim demo: whole ENIs for pods, on the mock provider in network namespaces\n"));
 // Two profiles: the default subnet, and "db" (its own subnet and security group), which
 // the db pod chooses through its annotations as containerd passes them.
+// The node has its own NIC on the VPC (the 250th address), as a Kubernetes node has: the
+// cluster DNS Service's node-process endpoint listens there.
 const node = await SimulatedNode.start({
+  nodeNic: true,
   mock: { enis: 4 },
   profiles: {
     db: { subnets: { ipv4: "10.98.0.0/24" }, enis: 2, securityGroupIds: ["g-dbonly"] },
@@ -46,6 +54,12 @@ const node = await SimulatedNode.start({
 const ANNOTATIONS: Record<string, Record<string, string>> = {
   db: { "enim.dev/profile": "db", "enim.dev/sticky": "true" },
 };
+/** The cluster's Service CIDR (the pods route it through their host link to the node). */
+const SERVICE_CIDR = "10.96.0.0/16";
+const CLUSTER_DNS = "10.96.0.10";
+const conf = (extra: Record<string, unknown> = {}) =>
+  node.netconf("1.1.0", { serviceCidrs: [SERVICE_CIDR], ...extra });
+await using servers = new Servers();
 try {
   console.log(`node namespace   ${node.vpc.node.name}`);
   console.log(
@@ -74,19 +88,21 @@ try {
       ifName: "eth0",
       netns: ns.path,
       args: `K8S_POD_NAMESPACE=default;K8S_POD_NAME=${name};IgnoreUnknown=1`,
-      config: node.netconf("1.1.0", {
-        ...(annotations
-          ? { runtimeConfig: { "io.kubernetes.cri.pod-annotations": annotations } }
-          : {}),
-      }),
+      config: conf(
+        annotations ? { runtimeConfig: { "io.kubernetes.cri.pod-annotations": annotations } } : {},
+      ),
     });
     if (res.code !== 0 || !res.json) {
       step(false, `ADD failed (exit ${res.code}): ${res.stdout.trim()} ${res.stderr.trim()}`);
       continue;
     }
-    const iface = (res.json.interfaces as { name: string; mac: string }[])[0];
+    const ifaces = res.json.interfaces as { name: string; mac: string; sandbox?: string }[];
+    const iface = ifaces[0];
     const ips = res.json.ips as { address: string; gateway: string }[];
     step(true, `interface ${iface.name}, MAC ${iface.mac}`);
+    if (ifaces.length === 3) {
+      console.log(`     host link ${ifaces[2].name} (pod) ↔ ${ifaces[1].name} (node)`);
+    }
     for (const ip of ips) console.log(`     address ${ip.address} via ${ip.gateway}`);
     const shown = await node.vpc.exec(ns, ["/usr/sbin/ip", "-br", "addr", "show", "dev", "eth0"]);
     console.log(`     in the pod: ${shown.stdout.trim()}`);
@@ -113,6 +129,51 @@ try {
     }
   }
 
+  console.log(bold("\nKubernetes: cluster DNS at a ClusterIP, through each pod's host link"));
+  const nic = node.nic!;
+  const web = pods.find((p) => p.name === "web");
+  const api = pods.find((p) => p.name === "api");
+  if (web && api) {
+    // Two endpoints, as kube-proxy would pick between them: a process on the node
+    // (hostNetwork) and the api pod (an enim pod on the same node).
+    await servers.start(node.vpc.node, "node-dns", [{ proto: "udp", port: 5353 }]);
+    await servers.start(api.ns, "api-dns", [{ proto: "udp", port: 5353 }]);
+    await installKubeProxy(node.vpc.node.name, "nftables", [{
+      namespace: "kube-system",
+      name: "kube-dns",
+      portName: "dns",
+      protocol: "udp",
+      clusterIP: CLUSTER_DNS,
+      port: 53,
+      endpoints: [{ ip: nic.ipv4!, port: 5353 }, { ip: api.ips[0], port: 5353 }],
+    }], [{ family: 4, serviceCidr: SERVICE_CIDR, nodeIPs: [nic.ipv4!] }]);
+    console.log(
+      `     kube-proxy (nftables mode) DNATs ${CLUSTER_DNS}:53/udp to ${nic.ipv4}:5353 (node) ` +
+        `and ${api.ips[0]}:5353 (api)`,
+    );
+    const routes = await node.vpc.exec(web.ns, ["/usr/sbin/ip", "route", "show", SERVICE_CIDR]);
+    console.log(`     web's route: ${routes.stdout.trim()}`);
+    const seen = new Set<string>();
+    for (let i = 0; i < 4; i++) {
+      const answer = who(await askWithDeno(web.ns, "udp", CLUSTER_DNS, 53));
+      const [backend, peer] = answer.split(" ");
+      step(
+        peer === web.ips[0],
+        `web asks ${CLUSTER_DNS}:53 → answered by ${backend || "nobody"}, which saw web's ${
+          peer || "?"
+        }`,
+      );
+      if (backend) seen.add(backend);
+    }
+    console.log(`     backends that answered: ${[...seen].join(", ")}`);
+    await servers.start(web.ns, "web", [{ proto: "tcp", port: 8080 }]);
+    const probe = who(await askWithDeno(node.vpc.node, "tcp", web.ips[0], 8080));
+    step(
+      probe === `web ${nic.ipv4}`,
+      `the node (kubelet) opens TCP to web at ${web.ips[0]}:8080 → ${probe || "no answer"}`,
+    );
+  }
+
   console.log(bold("\nenim status"));
   const status = await node.enim(["status"]);
   console.log(status.stdout.trimEnd().split("\n").map((l) => "  " + l).join("\n"));
@@ -125,7 +186,7 @@ try {
       ifName: "eth0",
       netns: pod.ns.path,
       args: `K8S_POD_NAMESPACE=default;K8S_POD_NAME=${pod.name};IgnoreUnknown=1`,
-      config: node.netconf("1.1.0"),
+      config: conf(),
     });
     step(res.code === 0, `DEL ${pod.name}${res.code === 0 ? "" : `: ${res.stdout.trim()}`}`);
   }
@@ -138,6 +199,7 @@ try {
   step(false, `demo aborted: ${err instanceof Error ? err.message : String(err)}`);
   console.error(await node.agentLog());
 } finally {
+  await servers[Symbol.asyncDispose]();
   await node.close();
   console.log(`\nteardown: namespaces removed, agent stopped`);
 }

@@ -72,7 +72,8 @@ export function launcherDropin(denoDir: string, root: string = ROOT): string {
  * found unchanged. The first asked for CNI 1.1.0 only, which libcni < 1.2 (containerd 1.6 and
  * 1.7, CRI-O up to 1.30, podman 4) loads and then fails every pod with: `unsupported CNI
  * result version "1.1.0"`. The second did not declare the `bandwidth` capability (the pods'
- * bandwidth annotations still reached enim with the pod annotations).
+ * bandwidth annotations still reached enim with the pod annotations). The third had no
+ * `serviceCidrs`: its pods' host links (issue 27) route no Service.
  */
 export const PREVIOUS_CONFLISTS: readonly string[] = [
   [
@@ -100,6 +101,22 @@ export const PREVIOUS_CONFLISTS: readonly string[] = [
     '      "agentSocket": "/run/enim/enim.sock",',
     '      "logFile": "/var/log/enim/cni.log",',
     '      "capabilities": { "io.kubernetes.cri.pod-annotations": true }',
+    "    }",
+    "  ]",
+    "}",
+    "",
+  ].join("\n"),
+  [
+    "{",
+    '  "cniVersion": "1.0.0",',
+    '  "cniVersions": ["1.0.0", "1.1.0"],',
+    '  "name": "enim",',
+    '  "plugins": [',
+    "    {",
+    '      "type": "enim",',
+    '      "agentSocket": "/run/enim/enim.sock",',
+    '      "logFile": "/var/log/enim/cni.log",',
+    '      "capabilities": { "io.kubernetes.cri.pod-annotations": true, "bandwidth": true }',
     "    }",
     "  ]",
     "}",

@@ -83,8 +83,15 @@ Deno.test({
     const pod = await node.vpc.pod("two");
     const first = await add(node, pod, "c2", node.netconf("1.1.0", { name: "net-1" }), "eth0");
     assertEquals(first.code, 0, first.stdout);
-    // The same again on eth1 would bring a second default route per family.
-    const clash = await add(node, pod, "c2", node.netconf("1.1.0", { name: "net-2" }), "eth1");
+    // The same again on eth1 would bring a second default route per family (and a second
+    // host link, whose pod end's name clashes first: this case is about the routes).
+    const clash = await add(
+      node,
+      pod,
+      "c2",
+      node.netconf("1.1.0", { name: "net-2", hostLink: { enabled: false } }),
+      "eth1",
+    );
     assertEquals([clash.code, clash.json!.code], [1, 105]);
     assertMatch(String(clash.json!.msg), /already has a route to (0\.0\.0\.0|::)\/0/);
     assertStringIncludes(String(clash.json!.msg), '"defaultRoutes": false');

@@ -10,7 +10,9 @@
  * (containerd hands its environment to the plugins it runs).
  *
  * Covered: RunPodSandbox (the pod's IP and MAC from PodSandboxStatus and from inside the
- * pod, a ping to the gateway, what containerd sends to the plugin), StopPodSandbox (DEL with
+ * pod, a ping to the gateway, what containerd sends to the plugin), a ClusterIP Service under
+ * kube-proxy's rules and the node's TCP to the pod through the host link the shipped
+ * conflist gives (issue 27), StopPodSandbox (DEL with
  * prevResult) and RemovePodSandbox (DEL with an empty netns) freeing the ENI, 8 sandboxes in
  * parallel, more sandboxes than ENIs, and the time kubelet waits for RunPodSandbox and
  * Stop+Remove with enim against Debian's host-device + static (printed, never asserted).
@@ -41,6 +43,9 @@ import {
   timeSandboxes,
 } from "./support/cri/timing.ts";
 import { install, PREVIOUS_CONFLISTS } from "../scripts/install.ts";
+import { ask, lastError, Servers, TRAFFIC_NEEDS, who } from "./support/traffic.ts";
+import { installKubeProxy, KUBE_PROXY_NEEDS, type ServicePort } from "./support/kube_proxy.ts";
+import { HOST_LINK_GROUP } from "../netns/host_link.ts";
 
 const DEPS = await clientDeps("containerd_test", [
   { pkg: "containerd", file: "/usr/bin/containerd" },
@@ -48,6 +53,8 @@ const DEPS = await clientDeps("containerd_test", [
   { pkg: "busybox-static", file: "/bin/busybox" },
   { pkg: "containernetworking-plugins", file: "/usr/lib/cni/host-device" },
 ]);
+
+const TRAFFIC = await clientDeps("containerd_test", [...TRAFFIC_NEEDS, ...KUBE_PROXY_NEEDS]);
 
 const NSENTER = "/usr/bin/nsenter";
 const IP = "/usr/sbin/ip";
@@ -80,7 +87,13 @@ async function cluster(
   },
 ): Promise<Cluster> {
   const t0 = performance.now();
-  const node = await SimulatedNode.start({ ...opts.node, mock: { ...opts.mock, enis: opts.enis } });
+  // The VPC's subnets lie outside the shipped conflist's service CIDR (10.96.0.0/12,
+  // kubeadm's default), as a cluster's must: enim refuses one that overlaps them (7).
+  const node = await SimulatedNode.start({
+    subnets: { ipv4: "192.168.99.0/24", ipv6: "fd00:99::/64" },
+    ...opts.node,
+    mock: { ...opts.mock, enis: opts.enis },
+  });
   let dir = "";
   let cd: Containerd | null = null;
   const close = async () => {
@@ -298,6 +311,75 @@ Deno.test({
 
 Deno.test({
   name:
+    "containerd CRI with the shipped conflist: the pod reaches a ClusterIP Service backed by a node process under kube-proxy's rules, and the node reaches the pod, through its host link",
+  ignore: DEPS.skip !== null || TRAFFIC.skip !== null,
+  async fn() {
+    const c = await cluster("containerd_test", { enis: 2, node: { nodeNic: true } });
+    const { node, cd } = c;
+    await using servers = new Servers();
+    try {
+      const conflist = JSON.parse(
+        await Deno.readTextFile(`${c.dir}/stage/etc/cni/net.d/10-enim.conflist`),
+      );
+      const serviceCidr = conflist.plugins[0].serviceCidrs[0];
+      assertEquals(serviceCidr, "10.96.0.0/12", "the shipped conflist's service CIDR");
+      const nic = node.nic!;
+      // cluster DNS at 10.96.0.10, its endpoint a process on the node (hostNetwork).
+      await servers.start(node.vpc.node, "node-dns", [
+        { proto: "udp", port: 5353 },
+        { proto: "tcp", port: 5353 },
+      ]);
+      const dns = (protocol: "tcp" | "udp"): ServicePort => ({
+        namespace: "kube-system",
+        name: "kube-dns",
+        portName: protocol === "udp" ? "dns" : "dns-tcp",
+        protocol,
+        clusterIP: "10.96.0.10",
+        port: 53,
+        endpoints: [{ ip: nic.ipv4!, port: 5353 }],
+      });
+      await installKubeProxy(node.vpc.node.name, "iptables", [dns("udp"), dns("tcp")], [
+        { family: 4, serviceCidr, nodeIPs: [nic.ipv4!] },
+      ]);
+      const id = await cd.cri.runPodSandbox(cd.sandboxConfig(pod("svc"))).catch(async (err) => {
+        throw new Error(`${err.message}${await agentDetail(c)}`, { cause: err });
+      });
+      const res = await cd.cri.podSandboxStatus(id);
+      const podIp = res.status.network!.ip;
+      const netns = sandboxNetns(containerdSandboxInfo(res));
+      // The pod's namespace exists inside the node's sandbox (containerd's mounts).
+      const inside = {
+        label: `pod ${netns}`,
+        argv: node.sandbox.wrap([NSENTER, `--net=${netns}`]),
+      };
+      const info = containerdSandboxInfo(res);
+      assert(info.cniResult?.Interfaces.host0, "containerd's result lists the host link's pod end");
+      assertEquals(who(await ask(inside, "udp", "10.96.0.10", 53)), `node-dns ${podIp}`, lastError);
+      assertEquals(who(await ask(inside, "tcp", "10.96.0.10", 53)), `node-dns ${podIp}`, lastError);
+      // kubelet's probe: the node opens TCP to the pod's IP.
+      await servers.start(inside, "pod", [{ proto: "tcp", port: 8080 }]);
+      assertEquals(who(await ask(node.vpc.node, "tcp", podIp, 8080)), `pod ${nic.ipv4}`, lastError);
+      await cd.cri.stopPodSandbox(id);
+      await cd.cri.removePodSandbox(id);
+      assertEquals((await node.client.status()).pool.owned, 0);
+      const left = await node.vpc.exec(node.vpc.node, [
+        IP,
+        "-o",
+        "link",
+        "show",
+        "group",
+        String(HOST_LINK_GROUP),
+      ]);
+      assertEquals(left.stdout.trim(), "", "no node end left");
+    } finally {
+      await servers[Symbol.asyncDispose]();
+      await c.close();
+    }
+  },
+});
+
+Deno.test({
+  name:
     "containerd CRI: 8 sandboxes in parallel get 8 distinct ENIs; more than the pool fail with no ENI available and leak nothing",
   ignore: DEPS.skip !== null,
   async fn() {
@@ -380,7 +462,7 @@ Deno.test({
       const refVeth = `enimref${crypto.randomUUID().slice(0, 6)}`;
       await Deno.writeTextFile(
         `${refDir}/10-reference.conflist`,
-        referenceConflist(refVeth, "10.99.0.250/24", "10.99.0.1"),
+        referenceConflist(refVeth, "192.168.99.250/24", "192.168.99.1"),
       );
       c = await cluster("containerd_test", { enis: 2, handlers: { reference: refDir } });
       const { node, cd } = c;
@@ -390,8 +472,8 @@ Deno.test({
         // Each pod is what it should be (outside the timed spans).
         check: async (label, id) => {
           const ip = (await cd.cri.podSandboxStatus(id, false)).status.network?.ip;
-          if (label === "reference") assertEquals(ip, "10.99.0.250");
-          else assertMatch(ip ?? "", /^10\.99\.0\./);
+          if (label === "reference") assertEquals(ip, "192.168.99.250");
+          else assertMatch(ip ?? "", /^192\.168\.99\./);
         },
       });
       for (const [label, t] of Object.entries(times)) {
@@ -425,7 +507,7 @@ Deno.test({
       node: {
         profiles: {
           b: {
-            subnets: { ipv4: "10.98.0.0/24" },
+            subnets: { ipv4: "192.168.98.0/24" },
             enis: 2,
             securityGroupIds: ["g-bbbbbbbb"],
             allowedSecurityGroupIds: ["g-inline01"],
@@ -443,7 +525,7 @@ Deno.test({
       const inB = pod("in-b", {
         annotations: { "enim.dev/profile": "b", "enim.dev/security-group-ids": "g-inline01" },
       });
-      const fixed = pod("fixed", { annotations: { "enim.dev/ip": "10.99.0.200" } });
+      const fixed = pod("fixed", { annotations: { "enim.dev/ip": "192.168.99.200" } });
       const ids = [await run(plain), await run(inB), await run(fixed)];
 
       // Each pod's ENI, as the provider reports it: subnet, groups and addresses.
@@ -452,12 +534,12 @@ Deno.test({
       const eFixed = (await cloudEni(node, "cri/fixed"))!;
       assertEquals([ePlain.profile, ePlain.subnetId], ["default", "subnet-mock"]);
       assertEquals(ePlain.securityGroupIds, ["g-mockdefault"]);
-      assertMatch(ePlain.ipv4!.address, /^10\.99\.0\./);
+      assertMatch(ePlain.ipv4!.address, /^192\.168\.99\./);
       assertEquals([eB.profile, eB.subnetId], ["b", "subnet-mock-b"]);
       assertEquals(eB.securityGroupIds, ["g-inline01"], "the inline group replaced b's");
-      assertMatch(eB.ipv4!.address, /^10\.98\.0\./);
-      assertEquals(eB.ipv4!.gateway, "10.98.0.1");
-      assertEquals(eFixed.ipv4!.address, "10.99.0.200", "the fixed IP, exactly");
+      assertMatch(eB.ipv4!.address, /^192\.168\.98\./);
+      assertEquals(eB.ipv4!.gateway, "192.168.98.1");
+      assertEquals(eFixed.ipv4!.address, "192.168.99.200", "the fixed IP, exactly");
 
       // What the pods see: their own subnet's address and gateway, and a ping to it.
       for (const [id, eni] of [[ids[0], ePlain], [ids[1], eB], [ids[2], eFixed]] as const) {
@@ -484,7 +566,7 @@ Deno.test({
       for (
         const [annotations, expected] of [
           [{ "enim.dev/profile": "gold" }, 'Profile "gold" is not configured on this node'],
-          [{ "enim.dev/ip": "10.50.0.5" }, "10.50.0.5 is outside the subnet 10.99.0.0/24"],
+          [{ "enim.dev/ip": "10.50.0.5" }, "10.50.0.5 is outside the subnet 192.168.99.0/24"],
           [{ "enim.dev/security-group-ids": "g-inline01" }, "allows no inline security groups"],
         ] as const
       ) {
@@ -645,7 +727,7 @@ Deno.test({
       enis: 8,
       mock: { maxEnisPerNode: 14 },
       node: {
-        profiles: { pci: { subnets: { ipv4: "10.98.0.0/24" }, enis: 4 } },
+        profiles: { pci: { subnets: { ipv4: "192.168.97.0/24" }, enis: 4 } },
       },
     });
     const { node, cd } = c;
@@ -673,8 +755,8 @@ Deno.test({
       const ids = [];
       for (
         const [name, ip, eni] of [
-          ["db-0", "10.98.0.50", "eni-mock-pci-0005"],
-          ["db-1", "10.98.0.51", "eni-mock-pci-0006"],
+          ["db-0", "192.168.97.50", "eni-mock-pci-0005"],
+          ["db-1", "192.168.97.51", "eni-mock-pci-0006"],
         ]
       ) {
         ids.push(
@@ -702,7 +784,7 @@ Deno.test({
           pod("db-2", {
             annotations: {
               "enim.dev/profile": "pci",
-              "enim.dev/ip": "10.98.0.52",
+              "enim.dev/ip": "192.168.97.52",
             },
           }),
         ),
@@ -710,7 +792,7 @@ Deno.test({
       const e = (await cloudEni(node, "cri/db-2"))!;
       assertEquals([e.id, e.ipv4!.address], [
         "eni-mock-pci-0007",
-        "10.98.0.52",
+        "192.168.97.52",
       ]);
       const after = await attached();
       assertEquals(after.length, 14);

@@ -50,9 +50,13 @@ Deno.test({
         });
         assertEquals(res.cniVersion, version);
         const ifaces = res.interfaces;
-        assertEquals(ifaces.length, 1);
-        assertEquals(ifaces[0].name, "eth0");
-        assertEquals(ifaces[0].sandbox, a.path);
+        // The ENI's interface, then (a Kubernetes pod: K8S_POD_NAMESPACE) its host link's
+        // node end and pod end (tests/host_link_test.ts).
+        assertEquals(ifaces.map((i) => [i.name.replace(/^enimh.*/, "enimh…"), i.sandbox]), [
+          ["eth0", a.path],
+          ["enimh…", undefined],
+          ["host0", a.path],
+        ]);
         const ips = res.ips;
         assertEquals(ips.length, 2);
         for (const ip of ips) {

@@ -43,6 +43,10 @@ export const VIOLATION_CLASSES = {
   leak_owned_eni:
     "after all pods were deleted and a GC pass ran, the provider still shows an ENI owned",
   leak_netns: "after the run, a pod namespace is left",
+  host_link_orphan:
+    "a host link's node end is on the node but no attachment (but a held one) records it",
+  host_link_missing:
+    "an acknowledged ADD's host link is not whole: its node end on the node or its pod end in the pod",
   plant_missed: "the checker did not report a planted violation",
 } as const;
 
@@ -270,11 +274,13 @@ export function checkInvariants(v: CheckViews): Violation[] {
       );
     }
   }
+  // A held attachment's link went with its DEL: only the others may have one.
+  const linked = attachments.filter((a) => a.hostLink && a.state !== "held");
   for (const pod of kernel.pods.values()) {
     for (const l of pod.links) {
       const rec = attachments.find((a) =>
         a.mac === l.mac && a.netns === pod.path && a.state !== "held"
-      );
+      ) ?? linked.find((a) => a.hostLink!.podIfName === l.ifname && a.netns === pod.path);
       if (!rec) {
         const e = eniByMac.get(l.mac);
         const elsewhere = attachments.filter((a) => a.mac === l.mac);
@@ -291,6 +297,23 @@ export function checkInvariants(v: CheckViews): Violation[] {
           { mac: l.mac, eni: e, keys: elsewhere.map(keyOf) },
         );
       }
+    }
+  }
+
+  // ---- host links: every node end on the node belongs to an attachment that has one
+  for (const l of kernel.node.links.filter((x) => x.nodeEnd)) {
+    const owner = attachments.find((a) => a.hostLink?.nodeIfName === l.ifname);
+    if (!owner || owner.state === "held") {
+      add(
+        "host_link_orphan",
+        l.ifname,
+        `Host link node end ${linkText(l)} is on the node but ${
+          owner
+            ? `its attachment "${keyOf(owner)}" is held (its DEL removes the link)`
+            : "no attachment records it"
+        }`,
+        { ...(owner ? { keys: [keyOf(owner)], attachment: owner } : {}), extra: l },
+      );
     }
   }
 
@@ -373,6 +396,27 @@ export function checkInvariants(v: CheckViews): Violation[] {
       }
       const missing = want.routes.filter((rt) => !inPod.routes.includes(rt));
       if (missing.length) problems.push(`routes lack ${missing.join(", ")}`);
+    }
+    if (want.hostLink) {
+      const hl = want.hostLink;
+      const nodeEnd = kernel.node.links.find((l) => l.ifname === hl.nodeIfName && l.nodeEnd);
+      const podEnd = kernel.pods.get(pod.path)?.links.find((l) => l.ifname === hl.podIfName);
+      const lacks = [
+        ...(nodeEnd?.up
+          ? []
+          : [`its node end "${hl.nodeIfName}" ${nodeEnd ? "is down" : "is gone"}`]),
+        ...(podEnd?.up && podEnd.mac === hl.podMac ? [] : [
+          `its pod end "${hl.podIfName}" ${podEnd ? "is not the link's (or down)" : "is gone"}`,
+        ]),
+      ];
+      if (lacks.length) {
+        add(
+          "host_link_missing",
+          k,
+          `ADD of "${k}" was acknowledged with a host link but ${lacks.join("; ")}`,
+          { keys: [k], attachment: a, mac: want.mac },
+        );
+      }
     }
     if (problems.length) {
       add("ack_add_device", k, `ADD of "${k}" was acknowledged but ${problems.join("; ")}`, {

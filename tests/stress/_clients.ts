@@ -159,11 +159,22 @@ async function viaApi(fn: () => Promise<unknown>): Promise<Answer> {
 function addedFrom(a: Answer, via: Via, pod: PodRecord, ifName: string): KeyRecord["added"] {
   if (via === "plugin") {
     const r = PluginAddResultSchema.parse(a.json);
+    // The host link's two ends follow the ENI's interface: the node end, then the pod end.
+    const [nodeEnd, podEnd] = [r.interfaces[1], r.interfaces[2]];
     return {
       mac: r.interfaces[0].mac.toLowerCase(),
       ips: r.ips.map((i) => i.address),
       routes: r.ips.filter((i) => i.gateway).map((i) => `default via ${i.gateway}`),
       prevResult: r as Record<string, unknown>,
+      ...(nodeEnd && podEnd
+        ? {
+          hostLink: {
+            nodeIfName: nodeEnd.name,
+            podIfName: podEnd.name,
+            podMac: podEnd.mac.toLowerCase(),
+          },
+        }
+        : {}),
     };
   }
   const r = a.json as AddResponse;
@@ -171,6 +182,15 @@ function addedFrom(a: Answer, via: Via, pod: PodRecord, ifName: string): KeyReco
     mac: r.mac.toLowerCase(),
     ips: r.ips.map((i) => i.address),
     routes: r.ips.map((i) => `default via ${i.gateway}`),
+    ...(r.hostLink
+      ? {
+        hostLink: {
+          nodeIfName: r.hostLink.nodeIfName,
+          podIfName: r.hostLink.podIfName,
+          podMac: r.hostLink.podMac.toLowerCase(),
+        },
+      }
+      : {}),
     prevResult: {
       cniVersion: "1.1.0",
       interfaces: [{ name: ifName, mac: r.mac, sandbox: pod.path }],

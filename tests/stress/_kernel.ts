@@ -10,6 +10,7 @@
  */
 import { z } from "zod";
 import { vethNames } from "../../netns/sim.ts";
+import { HOST_LINK_GROUP } from "../../netns/host_link.ts";
 import { type CommandOutput, runCommand } from "../support/command.ts";
 
 const IP = "/usr/sbin/ip";
@@ -21,6 +22,7 @@ export const AddrLinkSchema = z.looseObject({
   address: z.string().optional(),
   ifalias: z.string().optional(),
   flags: z.array(z.string()).default([]),
+  group: z.string().optional(),
   addr_info: z.array(z.looseObject({
     family: z.string(),
     local: z.string(),
@@ -57,6 +59,8 @@ export interface KernelLink {
   globalAddrs: string[];
   /** Main-table unicast routes through this link: `default via GW`, `DST via GW` or `DST`. */
   routes: string[];
+  /** Whether it is a host link's node end (the host-link group, `netns/host_link.ts`). */
+  nodeEnd: boolean;
 }
 
 /** One namespace as the checks see it. */
@@ -140,6 +144,7 @@ export async function readNamespace(name: string): Promise<NamespaceView> {
         `${a.local}/${a.prefixlen}`
       ),
       routes: table.filter((r) => r.dev === l.ifname).map(routeText),
+      nodeEnd: l.group === String(HOST_LINK_GROUP),
     })),
   };
 }

@@ -44,6 +44,8 @@ export interface AddedDevice {
   routes: string[];
   /** The prevResult a CHECK sends (the ADD's CNI result, or one built from the API answer). */
   prevResult: Record<string, unknown>;
+  /** The host link the ADD made (its node end on the node, its pod end in the pod), if any. */
+  hostLink?: { nodeIfName: string; podIfName: string; podMac: string };
 }
 
 /** One attachment key the clients used. */

@@ -10,6 +10,8 @@
  *   free (the shape of issue 17's hole a); undone by restoring the owner.
  * - `provider_ghost`: the mock cloud's table shows a free ENI owned by a key the
  *   agent never saw; undone by freeing it again.
+ * - `host_link_stray`: a host link's node end no attachment records appears on the
+ *   node (what a kill in the middle of an ADD must never leave); undone by deleting it.
  *
  * The mock cloud keeps its table in the agent's state database (`mock_enis`);
  * the plants write it with the agent idle, as another process would.
@@ -22,6 +24,7 @@ import type { Violation, ViolationClass } from "./_checker.ts";
 import type { StressContext } from "./_context.ts";
 import type { Operations } from "./_clients.ts";
 import { prng } from "../support/agent_proc.ts";
+import { HOST_LINK_GROUP } from "../../netns/host_link.ts";
 
 /** A planted violation. */
 export interface Plant {
@@ -34,6 +37,7 @@ export const PLANTS: Plant[] = [
   { name: "device_moved", expect: "ack_add_device" },
   { name: "provider_freed", expect: "attachment_eni_not_owned" },
   { name: "provider_ghost", expect: "provider_owner_unrecorded" },
+  { name: "host_link_stray", expect: "host_link_orphan" },
 ];
 
 /** The outcome of one plant. */
@@ -173,6 +177,36 @@ export async function runPlant(
             .run(before.owner_pod, before.owner_container, before.owner_if, eniId),
       );
       return Promise.resolve();
+    };
+  } else if (plant.name === "host_link_stray") {
+    const name = "enimhplant00001";
+    res.subject = name;
+    const ip = (args: string[]) =>
+      new Deno.Command("/usr/sbin/ip", {
+        args: ["-n", ctx.node.vpc.node.name, ...args],
+        stdout: "null",
+        stderr: "piped",
+      }).output();
+    const out = await ip([
+      "link",
+      "add",
+      name,
+      "group",
+      String(HOST_LINK_GROUP),
+      "type",
+      "veth",
+      "peer",
+      "name",
+      "enimhplant00002",
+    ]);
+    if (!out.success) {
+      return {
+        ...res,
+        note: `cannot add a node end: ${new TextDecoder().decode(out.stderr).trim()}`,
+      };
+    }
+    undo = async () => {
+      await ip(["link", "del", "dev", name]);
     };
   } else if (plant.name === "provider_ghost") {
     const free = (await ctx.node.client.enis()).find((e) => !e.owner);

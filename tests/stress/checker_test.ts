@@ -49,6 +49,7 @@ function attachment(containerId: string, n: number, over: Partial<Attachment> = 
     sticky: false,
     holdUntil: null,
     parkUntil: null,
+    hostLink: null,
     ...over,
   };
 }
@@ -62,6 +63,7 @@ function link(mac: string, over: Partial<KernelLink> = {}): KernelLink {
     addrs: [],
     globalAddrs: [],
     routes: [],
+    nodeEnd: false,
     ...over,
   };
 }
@@ -212,6 +214,47 @@ Deno.test("checkInvariants() reports each kind of divergence", async (t) => {
     assertEquals(found.slice(1), [
       ["attachment_eni_not_owned", "s1-p0-c2/eth0"],
       ["attachment_device_missing", "s1-p0-c2/eth0"],
+    ]);
+  });
+
+  await t.step("a node end no attachment records; a linked ADD whose pod end is gone", () => {
+    const f = fixture();
+    const hl = { nodeIfName: "enimh0000000001", podIfName: "host0" };
+    f.key.added!.hostLink = { ...hl, podMac: "0a:00:00:00:00:01" };
+    f.attachments[0].hostLink = { ...hl, serviceCidrs: [] };
+    f.kernel.node.links.push(
+      link("0e:00:00:00:00:01", { ifname: hl.nodeIfName, up: true, nodeEnd: true }),
+      link("0e:00:00:00:00:02", { ifname: "enimh0000000002", up: true, nodeEnd: true }),
+    );
+    // The pod end is there: only the stray node end is reported.
+    f.kernel.pods.get(POD0)!.links.push(
+      link("0a:00:00:00:00:01", { ifname: "host0", up: true }),
+    );
+    assertEquals(classes(checkInvariants(f)), [["host_link_orphan", "enimh0000000002"]]);
+    // The pod end gone (deleted behind the agent's back): the ADD's link is not whole.
+    f.kernel.pods.get(POD0)!.links.pop();
+    assertEquals(classes(checkInvariants(f)), [
+      ["host_link_orphan", "enimh0000000002"],
+      ["host_link_missing", "s1-p0-c1/eth0"],
+    ]);
+  });
+
+  await t.step("a held attachment whose node end is still there", () => {
+    const f = fixture();
+    f.key.status = "deleted";
+    f.attachments[0].state = "held";
+    f.attachments[0].hostLink = {
+      nodeIfName: "enimh0000000001",
+      podIfName: "host0",
+      serviceCidrs: [],
+    };
+    f.kernel.pods.set(POD0, ns(POD0, []));
+    f.kernel.node.links.push(link(MAC1));
+    f.kernel.node.links.push(
+      link("0e:00:00:00:00:01", { ifname: "enimh0000000001", nodeEnd: true }),
+    );
+    assertEquals(classes(checkInvariants(f)).filter(([c]) => c.startsWith("host_link")), [
+      ["host_link_orphan", "enimh0000000001"],
     ]);
   });
 

@@ -33,7 +33,12 @@ Deno.test({
     const text = formatReport(report);
     assertEquals(
       report.plants.map((p) => [p.name, p.caught]),
-      [["device_moved", true], ["provider_freed", true], ["provider_ghost", true]],
+      [
+        ["device_moved", true],
+        ["provider_freed", true],
+        ["provider_ghost", true],
+        ["host_link_stray", true],
+      ],
       text,
     );
     assertEquals(report.figures.killsTotal, 6, text);

@@ -41,6 +41,7 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
     enis: [],
     providerDetails: {},
     sticky: { parked: [], claims: [] },
+    hostLinks: { links: 0, withoutServiceCidrs: [] },
     ...over,
   };
 }

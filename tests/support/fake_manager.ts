@@ -87,6 +87,7 @@ export class FakeManager implements EniManager {
         sticky: false,
         holdUntil: null,
         parkUntil: null,
+        hostLink: null,
       });
     }
     return Promise.resolve({
@@ -181,6 +182,7 @@ export class FakeManager implements EniManager {
       }),
       providerDetails: {},
       sticky: { parked: [], claims: [] },
+      hostLinks: { links: 0, withoutServiceCidrs: [] },
     });
   }
 

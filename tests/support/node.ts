@@ -13,7 +13,13 @@
 import { runEnim, type RunEnimResult } from "./enim.ts";
 import { type AgentProcess, spawnAgent } from "./agent_proc.ts";
 import { EnimSandbox } from "./sandbox.ts";
-import { gatewayOf, type NetnsHandle, SimulatedVpc, type SimulatedVpcOptions } from "./vpc.ts";
+import {
+  gatewayOf,
+  type NetnsHandle,
+  SimulatedVpc,
+  type SimulatedVpcOptions,
+  type VpcHost,
+} from "./vpc.ts";
 import * as z from "zod/mini";
 import { SocketAgentClient } from "../../api/client.ts";
 
@@ -48,6 +54,13 @@ export interface SimulatedNodeOptions {
     string,
     { subnets: { ipv4?: string; ipv6?: string } } & Record<string, unknown>
   >;
+  /** More subnets of the VPC, outside every profile (gateways on the bridge): other machines'. */
+  extraSubnets?: string[];
+  /**
+   * Give the node its own NIC on the VPC (the 250th address of each subnet) and turn
+   * forwarding on, as on a Kubernetes node (`SimulatedVpc.nodeNic`); before the agent starts.
+   */
+  nodeNic?: boolean;
 }
 
 /** What a CNI call needs besides the verb. */
@@ -111,6 +124,8 @@ export class SimulatedNode implements AsyncDisposable {
   /** The agent's log file as the test process sees it. */
   readonly logPath: string;
   readonly client: SocketAgentClient;
+  /** The node's own NIC, when started with `nodeNic`. */
+  nic: VpcHost | null = null;
   #agent: AgentProcess | null = null;
   #closed = false;
 
@@ -127,9 +142,10 @@ export class SimulatedNode implements AsyncDisposable {
     const profileSubnets = Object.values(opts.profiles ?? {}).flatMap((p) =>
       [p.subnets.ipv4, p.subnets.ipv6].filter((s): s is string => s !== undefined)
     );
-    const vpc = opts.joinVpc
-      ? await SimulatedVpc.join(opts.joinVpc)
-      : await SimulatedVpc.create({ subnets: opts.subnets, extraSubnets: profileSubnets });
+    const vpc = opts.joinVpc ? await SimulatedVpc.join(opts.joinVpc) : await SimulatedVpc.create({
+      subnets: opts.subnets,
+      extraSubnets: [...profileSubnets, ...(opts.extraSubnets ?? [])],
+    });
     let sandbox: EnimSandbox;
     try {
       sandbox = await EnimSandbox.create(vpc.node.path);
@@ -139,6 +155,7 @@ export class SimulatedNode implements AsyncDisposable {
     }
     const node = new SimulatedNode(vpc, sandbox);
     try {
+      if (opts.nodeNic) node.nic = await vpc.nodeNic();
       const subnets: Record<string, unknown> = {};
       const v4 = vpc.gateways.ipv4, v6 = vpc.gateways.ipv6;
       const want = opts.subnets ?? { ipv4: "10.99.0.0/24", ipv6: "fd00:99::/64" };

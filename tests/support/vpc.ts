@@ -23,8 +23,9 @@
  * @module
  */
 import { type Cidr, formatIp, nthAddress, parseCidr } from "../../lib/ip.ts";
-import { netnsExec } from "../../netns/ip.ts";
+import { ipBatch, netnsExec } from "../../netns/ip.ts";
 import {
+  allowPort,
   createBridge,
   createNetns,
   deleteNetns,
@@ -42,6 +43,17 @@ export interface NetnsHandle {
   name: string;
   /** /run/netns/<name> (what CNI_NETNS would carry). */
   path: string;
+}
+
+/** IPv6 duplicate address detection off for interfaces created from now on in a namespace. */
+const NO_DAD = { "net/ipv6/conf/default/accept_dad": "0", "net/ipv6/conf/all/accept_dad": "0" };
+
+/** A machine on the VPC bridge: its namespace, MAC and addresses (no prefix). */
+export interface VpcHost {
+  ns: NetnsHandle;
+  mac: string;
+  ipv4?: string;
+  ipv6?: string;
 }
 
 /** The subnets of the simulated VPC. */
@@ -138,10 +150,22 @@ export class SimulatedVpc implements AsyncDisposable {
     try {
       await createNetns(vpc.node.name);
       await createNetns(vpc.vpc.name);
+      // A cloud's ports have no duplicate address detection to wait for: an interface's
+      // IPv6 link-local address is usable at once (its first packets are not lost).
+      await vpc.sysctl(vpc.node, NO_DAD);
+      await vpc.sysctl(vpc.vpc, NO_DAD);
       const cidrs = [vpc.#v4, vpc.#v6, ...(opts.extraSubnets ?? []).map(subnet)]
         .filter((s): s is Subnet => s !== null)
         .map((s) => `${s.gateway}/${s.prefixLength}`);
       await createBridge(vpc.vpc.name, vpc.bridge, cidrs);
+      // The VPC routes between its subnets (a Service's endpoint may be in another one), as
+      // a cloud's does: without redirects (its subnets share one bridge here).
+      await vpc.sysctl(vpc.vpc, {
+        "net/ipv4/ip_forward": "1",
+        "net/ipv6/conf/all/forwarding": "1",
+        "net/ipv4/conf/all/send_redirects": "0",
+        "net/ipv4/conf/default/send_redirects": "0",
+      });
     } catch (err) {
       await vpc.close().catch(() => {});
       throw err;
@@ -185,6 +209,7 @@ export class SimulatedVpc implements AsyncDisposable {
     this.#pods.set(h.name, h);
     try {
       await createNetns(h.name);
+      await this.sysctl(h, NO_DAD);
     } catch (err) {
       this.#pods.delete(h.name);
       throw err;
@@ -235,6 +260,109 @@ export class SimulatedVpc implements AsyncDisposable {
   static plugSpec(eni: Eni): { addresses: AddressSpec[]; routes: RouteSpec[] } {
     const { ips, routes } = buildResult(eni, { routes: [] });
     return { addresses: ips.map((i) => ({ cidr: i.address })), routes };
+  }
+
+  /**
+   * Sets sysctls (paths under /proc/sys, `net/ipv4/conf/all/rp_filter`) in one of this
+   * fixture's namespaces, in one process; throws naming the first that failed.
+   */
+  async sysctl(netns: NetnsHandle | string, settings: Record<string, string>): Promise<void> {
+    const pairs = Object.entries(settings);
+    for (const [k] of pairs) {
+      if (!/^[a-z0-9_./-]+$/i.test(k) || k.includes("..")) throw new TypeError(`Bad sysctl "${k}"`);
+    }
+    const script =
+      'while [ $# -gt 0 ]; do printf %s "$2" > "/proc/sys/$1" || exit 1; shift 2; done';
+    const out = await this.exec(netns, ["/bin/sh", "-c", script, "sh", ...pairs.flat()]);
+    if (out.code !== 0) {
+      throw new Error(`Cannot set sysctls ${JSON.stringify(settings)}: ${out.stderr.trim()}`);
+    }
+  }
+
+  /**
+   * Gives the node namespace its own NIC, as a cloud node has: `eth0`, a port of the
+   * VPC bridge (source-checked like every port), with the 250th address of each subnet
+   * of the VPC and default routes via their gateways; and turns forwarding on in the
+   * node (a Kubernetes node routes its pods' traffic). Returns its addresses.
+   */
+  async nodeNic(): Promise<VpcHost> {
+    const nic = await this.#attach(this.node, "vpnode", "eth0", 250, [this.#v4, this.#v6]);
+    await this.sysctl(this.node, {
+      "net/ipv4/ip_forward": "1",
+      "net/ipv6/conf/all/forwarding": "1",
+    });
+    return nic;
+  }
+
+  /**
+   * A machine of the VPC outside this node (another node's pod, a client): namespace
+   * `<prefix>-<name>` with `eth0` on the VPC bridge, the `host`th address of `subnets`
+   * (default: the VPC's own; a subnet named here gets its gateway on the bridge when it
+   * is one of `extraSubnets`) and default routes via their gateways.
+   */
+  async host(
+    name: string,
+    host: number,
+    subnets: { ipv4?: string; ipv6?: string } = {},
+  ): Promise<VpcHost> {
+    const ns = await this.pod(name);
+    const pick = (cidr: string | undefined, own: Subnet | null) => cidr ? subnet(cidr) : own;
+    return await this.#attach(ns, `vh${name}`.slice(0, 15), "eth0", host, [
+      pick(subnets.ipv4, this.#v4),
+      pick(subnets.ipv6, this.#v6),
+    ]);
+  }
+
+  /** A veth from the bridge (port `port`) into `ns` as `ifName`, addressed and source-checked. */
+  async #attach(
+    ns: NetnsHandle,
+    port: string,
+    ifName: string,
+    n: number,
+    subnets: (Subnet | null)[],
+  ): Promise<VpcHost> {
+    const mac = ["02", "aa", ...Array.from(crypto.getRandomValues(new Uint8Array(3)), hex), hex(n)]
+      .join(":");
+    const nets = subnets.filter((x): x is Subnet => x !== null);
+    const addrs = nets.map((x) => ({ ip: hostAddress(x.net, n), sub: x }));
+    await ipBatch([[
+      "link",
+      "add",
+      port,
+      "master",
+      this.bridge,
+      "up",
+      "type",
+      "veth",
+      "peer",
+      "name",
+      ifName,
+      "address",
+      mac,
+      "netns",
+      ns.name,
+    ]], { netns: this.vpc.name });
+    await allowPort(this.vpc.name, port, mac, addrs.map((a) => a.ip));
+    await ipBatch([
+      ["link", "set", "dev", ifName, "up"],
+      ...addrs.map((a) => [
+        "addr",
+        "add",
+        `${a.ip}/${a.sub.prefixLength}`,
+        "dev",
+        ifName,
+        ...(a.ip.includes(":") ? ["nodad"] : []),
+      ]),
+      ...addrs.map((a) => ["route", "add", "default", "via", a.sub.gateway, "dev", ifName]),
+    ], { netns: ns.name });
+    // IPv6 has no send_redirects: the machine ignores the VPC's redirects instead.
+    await this.sysctl(ns, {
+      "net/ipv6/conf/all/accept_redirects": "0",
+      [`net/ipv6/conf/${ifName}/accept_redirects`]: "0",
+    });
+    const v4 = addrs.find((a) => !a.ip.includes(":"))?.ip;
+    const v6 = addrs.find((a) => a.ip.includes(":"))?.ip;
+    return { ns, mac, ...(v4 ? { ipv4: v4 } : {}), ...(v6 ? { ipv6: v6 } : {}) };
   }
 
   /** Runs a program in a namespace of this fixture (`ip netns exec`). */

@@ -1,0 +1,335 @@
+/**
+ * The host link's policy (issue 27): what a pod routes through it, how its ends are
+ * named, which CIDRs a config may list, the node's addresses, and the GC of links
+ * whose attachment is gone. The commands are `netns/host_link.ts`'s; the manager's
+ * other route policy stays in `result.ts`.
+ *
+ * The pod routes through its host link: the config's Service CIDRs, the node's own
+ * addresses (found here, never typed by an operator; each as a host route) and the
+ * config's host-stack CIDRs. A node address inside one of those CIDRs needs no route
+ * of its own. The node routes each of the pod's ENI addresses over the node end, with
+ * the node's primary address of that family as the preferred source: a server on the
+ * node bound to 0.0.0.0 answers a pod from the address a Service's endpoint names.
+ *
+ * @module
+ */
+import { createHash } from "node:crypto";
+import type { Eni, ProfileInfo } from "../providers/contract.ts";
+import { keyOf } from "../providers/schema.ts";
+import { canonicalCidr, contains, normalizeIp, parseCidr, parseIp } from "../lib/ip.ts";
+import type { DeviceLayer, HostLinkSpec, NodeAddresses } from "../netns/types.ts";
+import type { Logger } from "../lib/log.ts";
+import { ApiError, type HostLinkRequest } from "../api/schema.ts";
+import { hostLinkOf, type StateStore } from "./state.ts";
+import { userMessage } from "../lib/message.ts";
+import type { KeyedMutex } from "./mutex.ts";
+
+/** The attachment key the names and MACs derive from. */
+interface Key {
+  containerId: string;
+  ifName: string;
+}
+
+/** Hex digits of the attachment key's SHA-256 (names and MACs of its host link). */
+function keyHash(k: Key): string {
+  return createHash("sha256").update(`${k.containerId}/${k.ifName}`).digest("hex");
+}
+
+/**
+ * The node end's name: the prefix and as many hex digits of the attachment key's
+ * hash as make 15 bytes (`enimh` + 10 digits by default). Unique per attachment.
+ */
+export function nodeIfNameFor(prefix: string, k: Key): string {
+  return (prefix + keyHash(k)).slice(0, 15);
+}
+
+/**
+ * The two ends' MACs, from the key's hash: locally administered unicast, `0e:` for
+ * the node end and `0a:` for the pod end, so each side's static neighbour is known
+ * before the link exists.
+ */
+export function linkMacs(k: Key): { nodeMac: string; podMac: string } {
+  const bytes = keyHash(k).slice(-10).match(/../g)!.join(":");
+  return { nodeMac: `0e:${bytes}`, podMac: `0a:${bytes}` };
+}
+
+/** The alias of a node end: whose link it is (shown by `ip link`, read by the stress checker). */
+export function linkAlias(k: Key): string {
+  return `enim:${keyOf(k)}`.slice(0, 255);
+}
+
+/** An address as a host route's destination. */
+function hostPrefix(addr: string): string {
+  const n = normalizeIp(addr);
+  return `${n}/${n.includes(":") ? 128 : 32}`;
+}
+
+/**
+ * The host link of an attachment: its names and MACs, and the routes the pod takes
+ * through it (Service CIDRs, then the node's addresses not inside one of the listed
+ * CIDRs, then host-stack CIDRs; no duplicates), for the families the ENI has.
+ */
+export function planHostLink(
+  eni: Pick<Eni, "ipv4" | "ipv6">,
+  req: HostLinkRequest,
+  k: Key,
+  node: NodeAddresses,
+): HostLinkSpec {
+  const listed = [...req.serviceCidrs, ...req.hostStackCidrs].map((c) => parseCidr(c)!);
+  const nodeRoutes = node.addresses
+    .filter((a) => {
+      const ip = parseIp(a);
+      return ip !== null && !listed.some((c) => contains(c, ip));
+    })
+    .map(hostPrefix);
+  const routes: string[] = [];
+  for (const dst of [...req.serviceCidrs, ...nodeRoutes, ...req.hostStackCidrs]) {
+    const c = canonicalCidr(parseCidr(dst)!);
+    if (!routes.includes(c)) routes.push(c);
+  }
+  const podAddresses: HostLinkSpec["podAddresses"] = {};
+  if (eni.ipv4) podAddresses.ipv4 = eni.ipv4.address;
+  if (eni.ipv6) podAddresses.ipv6 = normalizeIp(eni.ipv6.address);
+  return {
+    nodeIfName: nodeIfNameFor(req.nodeIfPrefix, k),
+    podIfName: req.podIfName,
+    ...linkMacs(k),
+    alias: linkAlias(k),
+    podAddresses,
+    nodeSource: { ...node.primary },
+    routes: routes
+      .filter((r) => r.includes(":") ? podAddresses.ipv6 : podAddresses.ipv4)
+      .map((dst) => ({ dst })),
+  };
+}
+
+/**
+ * Refuses a host link whose CIDRs would take the pod's own VPC traffic: a Service
+ * or host-stack CIDR overlapping one of `subnets` (the profile's, before allocation;
+ * the ENI's, after) is a bad config (CNI code 7), named by its field.
+ */
+export function checkLinkCidrs(
+  req: HostLinkRequest,
+  subnets: { cidr: string; what: string }[],
+): void {
+  for (const field of ["serviceCidrs", "hostStackCidrs"] as const) {
+    for (const [i, text] of req[field].entries()) {
+      const c = parseCidr(text);
+      if (!c) continue;
+      for (const s of subnets) {
+        const sub = parseCidr(s.cidr);
+        if (!sub || sub.ip.family !== c.ip.family) continue;
+        const net = (x: typeof c) => parseIp(canonicalCidr(x).split("/")[0])!;
+        if (contains(c, net(sub)) || contains(sub, net(c))) {
+          throw new ApiError(
+            "bad_request",
+            `Invalid network config: ${field}[${i}] ${text} overlaps ${s.what} ${
+              canonicalCidr(sub)
+            }: the pod's VPC traffic there would go to the node instead of the ENI`,
+          );
+        }
+      }
+    }
+  }
+}
+
+/** The subnets of a profile, as {@linkcode checkLinkCidrs} takes them. */
+export function profileSubnets(p: ProfileInfo | undefined): { cidr: string; what: string }[] {
+  if (!p) return [];
+  return [p.subnets.ipv4, p.subnets.ipv6]
+    .filter((c): c is string => c !== undefined && parseCidr(c) !== null)
+    .map((cidr) => ({ cidr, what: `the subnet of profile "${p.name}"` }));
+}
+
+/** The subnets of an ENI's addresses, as {@linkcode checkLinkCidrs} takes them. */
+export function eniSubnets(
+  eni: Pick<Eni, "id" | "ipv4" | "ipv6">,
+): { cidr: string; what: string }[] {
+  return [eni.ipv4, eni.ipv6].flatMap((a) => {
+    if (!a) return [];
+    const c = parseCidr(`${a.address}/${a.prefixLength}`);
+    return c ? [{ cidr: canonicalCidr(c), what: `the subnet of ENI "${eni.id}"` }] : [];
+  });
+}
+
+/** How long the node's addresses are reused before they are listed again. */
+const NODE_ADDRESSES_TTL_MS = 30_000;
+
+/**
+ * The agent's host-link upkeep: the node's addresses (listed at most every 30 s),
+ * the node's nftables table (loaded once, again after a failure and by every GC
+ * pass), and which networks were warned about a missing Service CIDR.
+ */
+export class HostLinks {
+  readonly #devices: DeviceLayer;
+  readonly #log: Logger;
+  #addresses: { at: number; value: Promise<NodeAddresses> } | null = null;
+  #table: Promise<void> | null = null;
+  readonly #warned = new Set<string>();
+  readonly #pending = new Set<Promise<void>>();
+
+  constructor(devices: DeviceLayer, log: Logger) {
+    this.#devices = devices;
+    this.#log = log;
+  }
+
+  /** The node's addresses, listed again when the last listing is older than 30 s or failed. */
+  nodeAddresses(): Promise<NodeAddresses> {
+    const now = performance.now();
+    if (!this.#addresses || now - this.#addresses.at > NODE_ADDRESSES_TTL_MS) {
+      const value = this.#devices.nodeAddresses();
+      this.#addresses = { at: now, value };
+      value.catch(() => {
+        if (this.#addresses?.value === value) this.#addresses = null;
+      });
+    }
+    return this.#addresses.value;
+  }
+
+  /** Loads the node's table once (again when it failed, or with `again`). */
+  ensureTable(again = false): Promise<void> {
+    if (!this.#table || again) {
+      const p = this.#devices.ensureHostLinkTable();
+      this.#table = p;
+      p.catch(() => {
+        if (this.#table === p) this.#table = null;
+      });
+    }
+    return this.#table;
+  }
+
+  /**
+   * Removes a DEL's host link once the DEL has answered: queued now on `lock` (the
+   * attachment's, which the DEL holds), so it runs right after it and before any later
+   * operation of that attachment. A failure is logged; GC removes what is left.
+   */
+  removeLater(locks: KeyedMutex, lock: string, nodeIfName: string): void {
+    const p = locks.run(lock, () => this.#devices.removeHostLink(nodeIfName))
+      .then(() => {}, (err) =>
+        this.#log.warn("Cannot remove a DEL's host link; GC removes it", {
+          nodeIfName,
+          error: userMessage(err),
+        }));
+    this.#pending.add(p);
+    p.finally(() => this.#pending.delete(p));
+  }
+
+  /** Resolves when every removal queued by {@linkcode removeLater} has run. */
+  async idle(): Promise<void> {
+    while (this.#pending.size > 0) await Promise.allSettled([...this.#pending]);
+  }
+
+  /** Logs, once per network and agent run, that its pods' Services will not route. */
+  warnNoServiceCidrs(network: string, pod: string): void {
+    if (this.#warned.has(network)) return;
+    this.#warned.add(network);
+    this.#log.warn(
+      `Network "${network}" gives its pods a host link but no serviceCidrs: Services will not route from its pods (set "serviceCidrs" in the enim section of its config)`,
+      { network, pod },
+    );
+  }
+}
+
+/**
+ * Removes node ends that no attachment records (a pod gone without DEL, an ADD
+ * killed before its rollback): links of the host-link group whose name no row's
+ * host link has (a held row's link went with its DEL). The links are listed before the rows are read, and a row records
+ * its link before the link is made, so a link in the making is never taken.
+ * Returns the names removed.
+ */
+export async function sweepHostLinks(
+  devices: DeviceLayer,
+  state: StateStore,
+  log: Logger,
+): Promise<string[]> {
+  const links = await devices.hostLinks();
+  if (links.length === 0) return [];
+  // A held row keeps its link's record, but its DEL removed the link.
+  const recorded = new Set(
+    state.all().flatMap((r) => {
+      const h = r.state === "held" ? null : hostLinkOf(r);
+      return h ? [h.nodeIfName] : [];
+    }),
+  );
+  const removed: string[] = [];
+  for (const l of links) {
+    if (recorded.has(l.ifname)) continue;
+    if (await devices.removeHostLink(l.ifname)) {
+      removed.push(l.ifname);
+      log.info("Removed a host link no attachment records", {
+        nodeIfName: l.ifname,
+        alias: l.ifalias ?? null,
+      });
+    }
+  }
+  return removed;
+}
+
+/** What ADD asks of the host link (interface mode, its request and the pod). */
+interface LinkAdd {
+  mode: "interface" | "ipam";
+  network: string;
+  profile: string;
+  hostLink?: HostLinkRequest;
+}
+
+/**
+ * ADD's host link checks before anything is recorded or allocated (interface mode
+ * only; a Service or host-stack CIDR overlapping the profile's subnets is a bad
+ * config), the node's nftables table loaded (once per agent run), and the warning
+ * when the pod will not reach Services.
+ */
+export async function prepareHostLink(
+  links: HostLinks,
+  profiles: ProfileInfo[],
+  req: LinkAdd,
+  pod: string,
+): Promise<void> {
+  const hl = req.hostLink;
+  if (!hl) return;
+  if (req.mode !== "interface") {
+    throw new ApiError(
+      "bad_request",
+      'Invalid network config: "hostLink" needs interface mode (enim as the interface plugin); in IPAM mode the calling plugin owns the pod\'s interfaces',
+    );
+  }
+  checkLinkCidrs(hl, profileSubnets(profiles.find((p) => p.name === req.profile)));
+  if (hl.serviceCidrs.length === 0) links.warnNoServiceCidrs(req.network, pod);
+  try {
+    await links.ensureTable();
+  } catch (err) {
+    throw new ApiError(
+      "device_error",
+      `Cannot give the pod a host link: ${
+        userMessage(err)
+      } (is nftables installed? "hostLink": {"enabled": false} turns the link off)`,
+      undefined,
+      { cause: err },
+    );
+  }
+  // Listed now (at most every 30 s), so the plug does not wait for it.
+  links.nodeAddresses().catch(() => {});
+}
+
+/** ADD's host link for this attachment, its CIDRs checked against the ENI's own subnets. */
+export async function hostLinkFor(
+  links: HostLinks,
+  req: { hostLink?: HostLinkRequest },
+  k: Key,
+  eni: Pick<Eni, "id" | "ipv4" | "ipv6">,
+): Promise<HostLinkSpec> {
+  const hl = req.hostLink!;
+  checkLinkCidrs(hl, eniSubnets(eni));
+  let node;
+  try {
+    node = await links.nodeAddresses();
+  } catch (err) {
+    throw new ApiError(
+      "device_error",
+      `Cannot list the node's addresses for the host link: ${userMessage(err)}`,
+      undefined,
+      { cause: err },
+    );
+  }
+  return planHostLink(eni, hl, k, node);
+}

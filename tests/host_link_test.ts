@@ -1,0 +1,416 @@
+/**
+ * The host link in a simulated Kubernetes node (issue 27), on the real kernel: a node
+ * with its own NIC on a VPC that checks every port's source MAC and addresses,
+ * kube-proxy's rules as kube-proxy writes them (iptables and nftables modes), strict
+ * reverse-path filtering in the node and in the pods, and dual-stack pods on enim ENIs.
+ *
+ * Backends of the Services: (a) `r`, a machine in another subnet of the VPC (a pod of
+ * another node), (b) pod `b`, an enim pod on this node, (c) a server on the node itself
+ * (hostNetwork), UDP bound to the wildcard address. Client: pod `a`. Each server answers
+ * with its name and the address it saw, so a test tells who answered and what source
+ * reached it. Also: the node's TCP to a pod (a kubelet probe), `portmap` chained after
+ * enim with a client elsewhere in the VPC, NodeLocal DNS at 169.254.20.10, CHECK, DEL,
+ * the link turned off, bad configs, and a kill in the middle of an ADD.
+ */
+import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
+import { type AddResult, SimulatedNode } from "./support/node.ts";
+import type { NetnsHandle, SimulatedVpc } from "./support/vpc.ts";
+import { ask, lastError, Servers, TRAFFIC_NEEDS, who } from "./support/traffic.ts";
+import {
+  installKubeProxy,
+  KUBE_PROXY_NEEDS,
+  type ProxyMode,
+  type ServicePort,
+} from "./support/kube_proxy.ts";
+import { clientDeps, runInNode } from "./support/clients.ts";
+import { IpFaults } from "./support/ip_faults.ts";
+import { HOST_LINK_GROUP } from "../netns/host_link.ts";
+import { poll } from "../lib/async.ts";
+
+const DEPS = await clientDeps("host_link_test", [
+  ...TRAFFIC_NEEDS,
+  ...KUBE_PROXY_NEEDS,
+  { pkg: "containernetworking-plugins", file: "/usr/lib/cni/portmap" },
+]);
+
+const IP = "/usr/sbin/ip";
+const SERVICE_CIDRS = { ipv4: "172.30.0.0/16", ipv6: "fd00:30::/108" };
+const NODELOCAL_DNS = "169.254.20.10";
+const STRICT = { "net/ipv4/conf/all/rp_filter": "1", "net/ipv4/conf/default/rp_filter": "1" };
+
+/** The network config of a Kubernetes node's pods. */
+function kubeConf(node: SimulatedNode, extra: Record<string, unknown> = {}) {
+  return node.netconf("1.1.0", {
+    serviceCidrs: [SERVICE_CIDRS.ipv4, SERVICE_CIDRS.ipv6],
+    hostStackCidrs: [`${NODELOCAL_DNS}/32`],
+    ...extra,
+  });
+}
+
+/** A node on a dual-stack VPC with its NIC, strict rp_filter, and a second subnet. */
+async function kubeNode(enis = 4): Promise<SimulatedNode> {
+  const node = await SimulatedNode.start({
+    nodeNic: true,
+    extraSubnets: ["10.98.0.0/24", "fd00:98::/64"],
+    mock: {
+      enis,
+      subnets: { ipv4: { cidr: "10.99.0.0/24" }, ipv6: { cidr: "fd00:99::/64" } },
+    },
+  });
+  try {
+    await node.vpc.sysctl(node.vpc.node, STRICT);
+  } catch (err) {
+    await node.close();
+    throw err;
+  }
+  return node;
+}
+
+/** A pod namespace with strict rp_filter (as RHEL-family hosts give their pods). */
+async function strictPod(vpc: SimulatedVpc, name: string): Promise<NetnsHandle> {
+  const pod = await vpc.pod(name);
+  await vpc.sysctl(pod, STRICT);
+  return pod;
+}
+
+const addrOf = (r: AddResult, fam: 4 | 6) =>
+  r.ips.map((i) => i.address.split("/")[0]).find((a) => a.includes(":") === (fam === 6))!;
+
+/** One Service (TCP port 80 "http", UDP port 53 "dns") per family and backend. */
+function services(backends: Record<string, { v4: string; v6: string }>): ServicePort[] {
+  const out: ServicePort[] = [];
+  let n = 20;
+  for (const [name, b] of Object.entries(backends)) {
+    for (const [fam, ip] of [[4, b.v4], [6, b.v6]] as const) {
+      const clusterIP = fam === 4 ? `172.30.0.${n}` : `fd00:30::${n}`;
+      out.push({
+        namespace: "test",
+        name: `svc-${name}`,
+        portName: "http",
+        protocol: "tcp",
+        clusterIP,
+        port: 80,
+        endpoints: [{ ip, port: 8080 }],
+      }, {
+        namespace: "test",
+        name: `svc-${name}`,
+        portName: "dns",
+        protocol: "udp",
+        clusterIP,
+        port: 53,
+        endpoints: [{ ip, port: 5353 }],
+      });
+    }
+    n++;
+  }
+  return out;
+}
+
+/** Starts the test's servers: TCP 8080 and UDP 5353, both families, named after their host. */
+async function serve(servers: Servers, hosts: [NetnsHandle, string][]): Promise<void> {
+  await Promise.all(
+    hosts.map(([ns, name]) =>
+      servers.start(ns, name, [{ proto: "tcp", port: 8080 }, { proto: "udp", port: 5353 }])
+    ),
+  );
+}
+
+Deno.test({
+  name:
+    "an enim pod reaches ClusterIPs backed by a VPC pod in another subnet, an enim pod on the node and a node process, over TCP and UDP, IPv4 and IPv6, under kube-proxy's iptables and nftables rules",
+  ignore: DEPS.skip !== null,
+  async fn(t) {
+    const node = await kubeNode();
+    await using servers = new Servers();
+    try {
+      const { vpc } = node;
+      const nic = node.nic!;
+      const r = await vpc.host("r", 50, { ipv4: "10.98.0.0/24", ipv6: "fd00:98::/64" });
+      const a = await strictPod(vpc, "a");
+      const b = await strictPod(vpc, "b");
+      const ra = await node.add(a, { config: kubeConf(node) });
+      const rb = await node.add(b, { config: kubeConf(node) });
+      const A = { v4: addrOf(ra, 4), v6: addrOf(ra, 6) };
+      const B = { v4: addrOf(rb, 4), v6: addrOf(rb, 6) };
+      const N = { v4: nic.ipv4!, v6: nic.ipv6! };
+      const R = { v4: r.ipv4!, v6: r.ipv6! };
+      await serve(servers, [[r.ns, "r"], [b, "b"], [vpc.node, "node"]]);
+      const svcs = services({ remote: R, pod: B, node: N });
+      const opts = [
+        { family: 4 as const, serviceCidr: SERVICE_CIDRS.ipv4, nodeIPs: [N.v4] },
+        { family: 6 as const, serviceCidr: SERVICE_CIDRS.ipv6, nodeIPs: [N.v6] },
+      ];
+      // Who answers each Service, and which address it sees: the VPC machine sees the
+      // node's (the node masqueraded what left its NIC), the others see the pod's own.
+      const expect = (fam: 4 | 6) => {
+        const k = fam === 4 ? "v4" : "v6";
+        return { remote: `r ${N[k]}`, pod: `b ${A[k]}`, node: `node ${A[k]}` };
+      };
+      for (const mode of ["iptables", "nftables"] as ProxyMode[]) {
+        await installKubeProxy(vpc.node.name, mode, svcs, opts);
+        for (const fam of [4, 6] as const) {
+          const want = expect(fam);
+          for (const [i, backend] of (["remote", "pod", "node"] as const).entries()) {
+            const clusterIP = fam === 4 ? `172.30.0.${20 + i}` : `fd00:30::${20 + i}`;
+            for (const [proto, port] of [["tcp", 80], ["udp", 53]] as const) {
+              await t.step(`${mode}: IPv${fam} ${proto} to ${clusterIP} (${backend})`, async () => {
+                assertEquals(who(await ask(a, proto, clusterIP, port)), want[backend], lastError);
+              });
+            }
+          }
+        }
+      }
+      await t.step("the node opens TCP to the pod (a kubelet probe), IPv4 and IPv6", async () => {
+        await servers.start(a, "a", [{ proto: "tcp", port: 9090 }]);
+        assertEquals(who(await ask(vpc.node, "tcp", A.v4, 9090)), `a ${N.v4}`);
+        assertEquals(who(await ask(vpc.node, "tcp", A.v6, 9090)), `a ${N.v6}`);
+      });
+      await t.step(
+        "a UDP server on the node bound to the wildcard answers from the address asked",
+        async () => {
+          assertEquals(who(await ask(a, "udp", N.v4, 5353)), `node ${A.v4}`);
+          assertEquals(who(await ask(a, "udp", N.v6, 5353)), `node ${A.v6}`);
+        },
+      );
+      await t.step("NodeLocal DNS at 169.254.20.10 on the node answers the pod", async () => {
+        // NodeLocal DNSCache's own interface (a dummy there; a bridge here, where dummies fail).
+        for (
+          const cmd of [
+            ["link", "add", "nodelocaldns", "type", "bridge"],
+            ["link", "set", "dev", "nodelocaldns", "up"],
+            ["addr", "add", `${NODELOCAL_DNS}/32`, "dev", "nodelocaldns"],
+          ]
+        ) {
+          const out = await vpc.exec(vpc.node, [IP, ...cmd]);
+          assertEquals(out.code, 0, out.stderr);
+        }
+        await servers.start(vpc.node, "nodelocal", [{
+          proto: "udp",
+          port: 53,
+          bind: NODELOCAL_DNS,
+        }]);
+        assertEquals(who(await ask(a, "udp", NODELOCAL_DNS, 53)), `nodelocal ${A.v4}`);
+      });
+      await t.step("portmap chained after enim maps a hostPort a VPC client reaches", async () => {
+        // A client in another subnet: portmap masquerades one of the pod's own subnet
+        // (its hairpin rule), this one reaches the pod with its own address.
+        const c = await vpc.host("c", 60, { ipv4: "10.98.0.0/24", ipv6: "fd00:98::/64" });
+        const conf = {
+          cniVersion: "1.0.0",
+          name: "enim-test",
+          type: "portmap",
+          runtimeConfig: {
+            portMappings: [
+              { hostPort: 7000, containerPort: 9090, protocol: "tcp" },
+            ],
+          },
+          prevResult: { ...ra, cniVersion: "1.0.0" },
+        };
+        const env = {
+          CNI_CONTAINERID: "c-a",
+          CNI_NETNS: a.path,
+          CNI_IFNAME: "eth0",
+          CNI_PATH: "/usr/lib/cni",
+        };
+        const add = await runInNode(node, ["/usr/lib/cni/portmap"], {
+          ...env,
+          CNI_COMMAND: "ADD",
+        }, JSON.stringify(conf));
+        assertEquals(add.code, 0, add.stdout + add.stderr);
+        try {
+          // The client's own address reaches the pod, and the answer comes back to it.
+          assertEquals(who(await ask(c.ns, "tcp", N.v4, 7000)), `a ${c.ipv4}`, lastError);
+          assertEquals(who(await ask(c.ns, "tcp", N.v6, 7000)), `a ${c.ipv6}`, lastError);
+        } finally {
+          const del = await runInNode(node, ["/usr/lib/cni/portmap"], {
+            ...env,
+            CNI_COMMAND: "DEL",
+          }, JSON.stringify(conf));
+          assertEquals(del.code, 0, del.stdout + del.stderr);
+        }
+      });
+      await t.step("the VPC drops what leaves the node's NIC with a pod's address", async () => {
+        // Without enim's masquerade (its node table gone) the remote backend is unreachable:
+        // kube-proxy marks nothing of a pod's Service traffic, the source check drops it.
+        await vpc.exec(vpc.node, ["/usr/sbin/nft", "delete", "table", "inet", "enim"]);
+        assertEquals(await ask(a, "tcp", "172.30.0.20", 80), "");
+        // The agent's GC pass loads the table again.
+        const gc = await node.enim(["gc"]);
+        assertEquals(gc.code, 0, gc.stdout + gc.stderr);
+        assertEquals(who(await ask(a, "tcp", "172.30.0.20", 80)), `r ${N.v4}`);
+      });
+      await t.step(
+        "without the pod's connection marks, an enim backend's answer leaves by its ENI and is lost",
+        async () => {
+          // Pod b's answers to a's Service connection must go back through the node (whose
+          // conntrack reverses the DNAT); its ENI would carry them to a, which drops them.
+          const out = await vpc.exec(b, ["/usr/sbin/nft", "delete", "table", "inet", "enim"]);
+          assertEquals(out.code, 0, out.stderr);
+          assertEquals(await ask(a, "tcp", "172.30.0.21", 80), "");
+        },
+      );
+      await t.step(
+        "CHECK passes, and names a node route to the pod that went missing",
+        async () => {
+          const call = { ...node.podCall(a, { config: { ...kubeConf(node), prevResult: ra } }) };
+          const ok = await node.cni("CHECK", call);
+          assertEquals(ok.code, 0, ok.stdout);
+          const nodeEnd = ra.interfaces[1].name;
+          await vpc.exec(vpc.node, [IP, "route", "del", `${A.v4}/32`, "dev", nodeEnd]);
+          const bad = await node.cni("CHECK", call);
+          assertEquals(bad.code, 1);
+          assertStringIncludes(bad.stdout, `${A.v4}/32`);
+          assertStringIncludes(bad.stdout, nodeEnd);
+        },
+      );
+      await t.step("DEL removes the link: no node end, no pod end", async () => {
+        await node.del(a, { config: kubeConf(node) });
+        await node.del(b, { config: kubeConf(node) });
+        // The agent removes a DEL's link right after answering it.
+        assertEquals(
+          await poll(async () => (await nodeEnds(vpc)).length === 0 || null, {
+            timeoutMs: 3000,
+            intervalMs: 20,
+          }),
+          true,
+        );
+        const links = await vpc.exec(a, [IP, "-o", "link", "show"]);
+        assert(!links.stdout.includes("host0"), links.stdout);
+      });
+    } catch (err) {
+      console.error(await node.agentLog());
+      throw err;
+    } finally {
+      await servers[Symbol.asyncDispose]();
+      await node.close();
+    }
+  },
+});
+
+/** The node ends on the node (links of the host-link group). */
+async function nodeEnds(vpc: SimulatedVpc): Promise<string[]> {
+  const out = await vpc.exec(vpc.node, [
+    IP,
+    "-o",
+    "link",
+    "show",
+    "group",
+    String(HOST_LINK_GROUP),
+  ]);
+  return out.stdout.split("\n").filter((l) => l.trim()).map((l) =>
+    l.split(":")[1].trim().split("@")[0]
+  );
+}
+
+Deno.test({
+  name: "with hostLink enabled false the pod gets exactly enim's ENI and nothing else",
+  ignore: DEPS.skip !== null,
+  async fn() {
+    await using node = await kubeNode(2);
+    const pod = await node.vpc.pod("off");
+    const res = await node.add(pod, {
+      config: kubeConf(node, { hostLink: { enabled: false } }),
+    });
+    assertEquals(res.interfaces.length, 1);
+    assertEquals(res.interfaces[0].name, "eth0");
+    assertEquals(res.routes.map((r) => r.dst), ["0.0.0.0/0", "::/0"]);
+    const links = await node.vpc.exec(pod, [IP, "-o", "link", "show"]);
+    assertEquals(links.stdout.split("\n").filter((l) => l.trim()).length, 2, links.stdout);
+    assertEquals(await nodeEnds(node.vpc), []);
+    await node.del(pod, { config: kubeConf(node, { hostLink: { enabled: false } }) });
+  },
+});
+
+Deno.test({
+  name:
+    "bad host link configs: no serviceCidrs still gives the ENI and says Services will not route; an overlapping one fails with 7 and leaks nothing",
+  ignore: DEPS.skip !== null,
+  async fn(t) {
+    await using node = await kubeNode(2);
+    await t.step(
+      "no serviceCidrs: the ENI, a warning in the agent's log and in enim status",
+      async () => {
+        const pod = await node.vpc.pod("nosvc");
+        const res = await node.add(pod, { config: node.netconf("1.1.0", {}) });
+        assertEquals(res.interfaces.length, 3);
+        assert(await node.vpc.ping(pod, res.ips[0].gateway!), "the pod pings its gateway");
+        assertStringIncludes(await node.agentLog(), "Services will not route");
+        const status = await node.enim(["status"]);
+        assertStringIncludes(status.stdout, 'NO SERVICES: network "enim-test"');
+        await node.del(pod, { config: node.netconf("1.1.0", {}) });
+      },
+    );
+    for (
+      const [name, extra, field] of [
+        ["a service CIDR overlapping the ENI's subnet", {
+          serviceCidrs: ["10.99.0.0/16"],
+        }, "serviceCidrs[0]"],
+        ["an IPv6 host-stack CIDR overlapping it", {
+          serviceCidrs: [SERVICE_CIDRS.ipv4],
+          hostStackCidrs: ["fd00:99::/48"],
+        }, "hostStackCidrs[0]"],
+      ] as const
+    ) {
+      await t.step(name, async () => {
+        const pod = await node.vpc.pod(`bad-${field.slice(0, 4).toLowerCase()}`);
+        const before = (await node.client.status()).pool;
+        const out = await node.cni(
+          "ADD",
+          node.podCall(pod, { config: node.netconf("1.1.0", extra) }),
+        );
+        assertEquals(out.code, 1);
+        assertEquals(out.json?.code, 7, out.stdout);
+        assertStringIncludes(String(out.json?.msg), field);
+        assertEquals((await node.client.status()).pool, before);
+        assertEquals((await node.client.attachments()).length, 0);
+        assertEquals(await nodeEnds(node.vpc), []);
+        const links = await node.vpc.exec(pod, [IP, "-o", "link", "show"]);
+        assertEquals(links.stdout.split("\n").filter((l) => l.trim()).length, 1, links.stdout);
+      });
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "an agent killed in the middle of an ADD, after the link was made, leaves no link once it is back; GC removes a stray node end",
+  ignore: DEPS.skip !== null,
+  async fn() {
+    await using node = await kubeNode(2);
+    const faults = await IpFaults.install(node);
+    const pod = await node.vpc.pod("killed");
+    // The pod-side batch configures the link: the node side made it already.
+    await faults.pause("pod", "neigh\\sreplace\\s169\\.254\\.1\\.1");
+    const adding = node.cni("ADD", node.podCall(pod, { config: kubeConf(node) }));
+    await faults.hit();
+    assertEquals((await nodeEnds(node.vpc)).length, 1);
+    await node.stopAgent("SIGKILL");
+    await faults.go();
+    const out = await adding;
+    assert(out.code !== 0, "the ADD did not succeed");
+    await faults.uninstall();
+    await node.startAgent();
+    assertEquals(await nodeEnds(node.vpc), []);
+    assertEquals((await node.client.attachments()).length, 0);
+    const links = await node.vpc.exec(pod, [IP, "-o", "link", "show"]);
+    assertMatch(links.stdout.trim(), /^1: lo/);
+    assertEquals(links.stdout.trim().split("\n").length, 1, links.stdout);
+    // A node end nobody records (another agent's leftovers, say): GC removes it.
+    await node.vpc.exec(node.vpc.node, [
+      IP,
+      "link",
+      "add",
+      "enimhdeadbeef01",
+      "group",
+      String(HOST_LINK_GROUP),
+      "type",
+      "veth",
+      "peer",
+      "name",
+      "enimhstray0",
+    ]);
+    const gc = await node.enim(["gc"]);
+    assertEquals(gc.code, 0, gc.stdout + gc.stderr);
+    assertEquals(await nodeEnds(node.vpc), []);
+  },
+});
