@@ -63,7 +63,13 @@ export interface Listener {
 }
 
 const SERVER = new URL("./answer_server.ts", import.meta.url).pathname;
-const CONFIG = new URL("../deno.json", import.meta.url).pathname;
+/**
+ * The product's config (root deno.json): the server needs only zod, and the demo, which runs
+ * these servers, has installed the product's lockfile before it enters any namespace. The
+ * tests' config would install its whole lockfile (fast-check, yaml, …) inside a namespace that
+ * has no route to the registry: the demo on a fresh machine failed that way.
+ */
+const CONFIG = new URL("../../deno.json", import.meta.url).pathname;
 
 /** Servers started by a test, stopped (by their PIDs) on dispose. */
 export class Servers implements AsyncDisposable {
@@ -177,6 +183,8 @@ export async function askWithDeno(
       Deno.execPath(),
       "run",
       "--quiet",
+      "--no-config",
+      "--no-lock",
       "--allow-net",
       CLIENT,
       proto,
