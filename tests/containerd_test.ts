@@ -675,7 +675,9 @@ Deno.test({
   async fn() {
     const c = await cluster("containerd_test", {
       enis: 3,
-      node: { extra: { sticky: { holdSeconds: 4 } }, gc: { intervalSeconds: 1 } },
+      // The hold must outlast three CRI cycles on a loaded machine (4 s did not, once, with
+      // the machine's load at 20); its expiry is then awaited.
+      node: { extra: { sticky: { holdSeconds: 15 } }, gc: { intervalSeconds: 1 } },
     });
     const { node, cd } = c;
     try {
@@ -702,7 +704,7 @@ Deno.test({
       // is taken (the held one is not), so a plain pod keeps nothing by design.
       assertEquals((await node.client.attachments()).filter((a) => a.pod === "cri/web-0"), []);
       // The hold expires and the agent's GC frees the ENI.
-      const deadline = Date.now() + 15_000;
+      const deadline = Date.now() + 30_000;
       while ((await node.client.attachments()).length > 0 && Date.now() < deadline) {
         await new Promise((r) => setTimeout(r, 250));
       }
