@@ -402,7 +402,11 @@ console.log(
   `enim bench: ${ITER} iterations (+${WARMUP} warm-up), ${ROUNDS}×${PARALLEL}-way, soak ${SOAK}`,
 );
 
+// The VPC's subnets lie outside the shipped conflist's service CIDR (10.96.0.0/12,
+// kubeadm's default), as a cluster's must: the CRI section runs that conflist unchanged,
+// and enim refuses a service CIDR that overlaps the ENI's subnet (7).
 const node = await SimulatedNode.start({
+  subnets: { ipv4: "192.168.99.0/24", ipv6: "fd00:99::/64" },
   mock: { enis: PARALLEL + 4 },
   logLevel: "info",
 });
@@ -943,7 +947,7 @@ async function criTimes(node: SimulatedNode, rounds: number) {
     await Deno.mkdir(`${dir}/ref`);
     await Deno.writeTextFile(
       `${dir}/ref/10-reference.conflist`,
-      referenceConflist(refVeth, "10.99.0.250/24", "10.99.0.1"),
+      referenceConflist(refVeth, "192.168.99.250/24", "192.168.99.1"),
     );
     await install({ prefix: `${dir}/stage`, launcher: true, log: () => {} });
     await pluginDir(`${dir}/bin`, ["loopback", "host-device", "static"]);
