@@ -6,7 +6,7 @@
  */
 import { assert, assertEquals } from "../lib/assert.ts";
 import { ROOT } from "../scripts/_paths.ts";
-import { ensureBuiltSync } from "../scripts/build.ts";
+import { ensureBuiltSync, pluginEntry } from "../scripts/build.ts";
 import { dirname, join } from "node:path";
 
 /** Every module specifier `deno info` resolves from `entry`. */
@@ -50,13 +50,19 @@ Deno.test("in the shipped bundle the CNI role loads two small files and nothing 
   const main = Deno.readTextFileSync(entry);
   const dynamic = [...main.matchAll(/import\(\s*["']([^"']+)["']\s*\)/g)].map((m) => m[1]);
   assertEquals(dynamic.length, 2, `main.js loads one module per role: ${dynamic.join(", ")}`);
-  const cni = dynamic.find((d) => /forward/.test(d));
-  assert(cni, `no plugin chunk among ${dynamic.join(", ")}`);
-  const chunk = join(dirname(entry), cni);
+  assert(dynamic.some((d) => /forward/.test(d)), `no plugin chunk among ${dynamic.join(", ")}`);
+  // What the launcher runs for a CNI call: the plugin entry, one chunk, nothing dynamic.
+  const plugin = pluginEntry(entry);
+  const text = Deno.readTextFileSync(plugin);
+  assert(!/import\(/.test(text), "the plugin entry imports nothing dynamically");
+  const chunks = staticImports(plugin);
+  assertEquals(chunks.length, 1, `the plugin entry imports one chunk: ${chunks.join(", ")}`);
+  const chunk = join(dirname(plugin), chunks[0]);
   assertEquals(staticImports(chunk), [], "the plugin's chunk imports nothing");
-  const text = Deno.readTextFileSync(chunk);
+  const code = Deno.readTextFileSync(chunk);
+  assert(!/import\(/.test(code), "the plugin's chunk imports nothing dynamically");
   for (const marker of ["zod", "commander", "node:", "sqlite", "ZodError"]) {
-    assert(!text.includes(marker), `the plugin's chunk mentions "${marker}"`);
+    assert(!code.includes(marker), `the plugin's chunk mentions "${marker}"`);
   }
-  assert(text.length < 40_000, `the plugin's chunk is ${text.length} bytes`);
+  assert(code.length < 40_000, `the plugin's chunk is ${code.length} bytes`);
 });

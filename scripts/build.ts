@@ -19,13 +19,18 @@
  */
 import { parseArgs } from "node:util";
 import { z } from "zod";
-import { join, resolve, ROOT } from "./_paths.ts";
+import { dirname, join, resolve, ROOT } from "./_paths.ts";
 import { permissionFlags } from "./_permissions.ts";
 
 /** Where the bundle goes. */
 export const BUNDLE_DIR: string = join(ROOT, "dist", "bundle");
 /** The bundle's entry point, relative to its directory. */
 export const ENTRY = "main.js";
+/**
+ * The plugin process's own entry (`cni/main.ts`), relative to the bundle's directory:
+ * the launcher starts it for a CNI call, so `deno run` parses none of the CLI's chunks.
+ */
+export const PLUGIN_ENTRY = "cni/main.js";
 
 /** The source trees the bundle is built from (for the staleness check). */
 const SOURCES = [
@@ -70,6 +75,7 @@ export function isFresh(dir: string = BUNDLE_DIR, root: string = ROOT): boolean 
   try {
     const stamp = Deno.statSync(join(dir, "BUILD.json"));
     Deno.statSync(join(dir, ENTRY));
+    Deno.statSync(join(dir, PLUGIN_ENTRY));
     return (stamp.mtime?.getTime() ?? 0) >= newestSource(root);
   } catch {
     return false;
@@ -81,9 +87,9 @@ const CLI_SOURCE = "./cli/mod.ts";
 /** Where the CLI bundle's entry lands, relative to the bundle's directory. */
 const CLI_ENTRY = "./cli/mod.js";
 
-/** `deno bundle` arguments: code splitting for Deno, `entry` into `outdir`. */
+/** `deno bundle` arguments: code splitting for Deno, `entry` (one or more) into `outdir`. */
 export function bundleArgs(
-  entry: string,
+  entry: string | string[],
   outdir: string,
   root: string = ROOT,
   opts: { external?: string[]; minify?: boolean } = {},
@@ -100,7 +106,7 @@ export function bundleArgs(
     "--outdir",
     outdir,
     ...(opts.external ?? []).map((e) => `--external=${e}`),
-    join(root, entry),
+    ...[entry].flat().map((e) => join(root, e)),
   ];
 }
 
@@ -124,7 +130,9 @@ async function denoBundle(args: string[], root: string): Promise<void> {
  * `node:module` shim, which alone costs a plugin call ~13 ms) into `cli/`, then
  * `main.ts` with the CLI left external, whose only other chunk is the plugin
  * process (`cni/forward.ts` and what it imports, inlined). The one reference to
- * the CLI in `main.js` is then pointed at the CLI bundle.
+ * the CLI in `main.js` is then pointed at the CLI bundle. The same pass bundles
+ * `cni/main.ts`, the plugin process's own entry (`PLUGIN_ENTRY`), which shares that
+ * chunk and reaches nothing of the CLI: the launcher runs it for a CNI call.
  *
  * The CLI bundle is minified (with linked source maps for stack traces): `deno
  * run` reads and parses every module a literal dynamic import can reach before
@@ -132,7 +140,11 @@ async function denoBundle(args: string[], root: string): Promise<void> {
  */
 async function bundleInto(staging: string, root: string): Promise<void> {
   await denoBundle(bundleArgs(CLI_SOURCE, join(staging, "cli"), root, { minify: true }), root);
-  await denoBundle(bundleArgs("main.ts", staging, root, { external: [CLI_SOURCE] }), root);
+  await denoBundle(
+    bundleArgs(["main.ts", "cni/main.ts"], staging, root, { external: [CLI_SOURCE] }),
+    root,
+  );
+  Deno.statSync(join(staging, PLUGIN_ENTRY));
   const mainPath = join(staging, ENTRY);
   const main = await Deno.readTextFile(mainPath);
   const quoted = JSON.stringify(CLI_SOURCE);
@@ -194,6 +206,11 @@ export function ensureBuiltSync(dir: string = BUNDLE_DIR, root: string = ROOT): 
     }
   }
   return join(dir, ENTRY);
+}
+
+/** The plugin process's entry beside the bundle entry `entry` (its `main.js`). */
+export function pluginEntry(entry: string): string {
+  return join(dirname(entry), PLUGIN_ENTRY);
 }
 
 /**

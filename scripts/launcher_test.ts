@@ -1,6 +1,13 @@
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
 import { enimArgv, runEnim } from "../tests/support/enim.ts";
 import { currentDenoDir, launcherScript, shQuote, writeLauncher } from "./launcher.ts";
+import { pluginEntry } from "./build.ts";
+
+/** `enimArgv()` with the bundle's plugin entry in place of `main.js`. */
+function pluginArgv(): string[] {
+  const argv = enimArgv();
+  return [...argv.slice(0, -1), pluginEntry(argv.at(-1)!)];
+}
 import { type CommandOutput, runCommand } from "../tests/support/command.ts";
 
 /** Runs `path args…` with exactly `env`, feeding `stdin`. */
@@ -27,11 +34,13 @@ Deno.test("shQuote() leaves plain words alone and single-quotes the rest", async
   }
 });
 
-Deno.test("the launcher execs exactly enimArgv() followed by the caller's arguments", () => {
+Deno.test("the launcher execs exactly enimArgv() followed by the caller's arguments, with the plugin entry for a CNI call", () => {
   const text = launcherScript({ denoDir: "/var/cache/deno" });
   assert(text.startsWith("#!/bin/sh\n"));
   const exec = text.split("\n").find((l) => l.startsWith("exec "));
   assertEquals(exec, `exec ${enimArgv().map(shQuote).join(" ")} "$@"`);
+  const plugin = text.split("\n").find((l) => l.startsWith("  exec "));
+  assertEquals(plugin, `  exec ${pluginArgv().map(shQuote).join(" ")} "$@"`);
   assertMatch(text, /^DENO_DIR="\$\{DENO_DIR:-\/var\/cache\/deno\}"$/m);
 });
 
@@ -65,14 +74,24 @@ Deno.test("the launcher passes arguments, stdin and the environment through unch
     const lines = res.stdout.trimEnd().split("\n");
     assertEquals(
       lines.filter((l) => l.startsWith("arg:")).map((l) => l.slice(4)),
-      [...enimArgv().slice(1), "ADD", "two words", "'q'"],
+      [...pluginArgv().slice(1), "ADD", "two words", "'q'"],
     );
     assertEquals(lines.find((l) => l.startsWith("stdin:")), 'stdin:{"cniVersion":"1.1.0"}');
     assertEquals(lines.find((l) => l.startsWith("env:")), "env:ADD /pinned/cache");
 
-    // The caller's DENO_DIR wins over the pinned one.
+    // The caller's DENO_DIR wins over the pinned one; without CNI_COMMAND, main.js.
     const own = await runScript(launcher, [], { DENO_DIR: "/mine" });
     assertMatch(own.stdout, /^env: \/mine$/m);
+    assertEquals(
+      own.stdout.split("\n").filter((l) => l.startsWith("arg:")).map((l) => l.slice(4)),
+      enimArgv().slice(1),
+    );
+    // CNI_COMMAND set but empty is still a CNI call (as main.ts decides).
+    const empty = await runScript(launcher, [], { CNI_COMMAND: "" });
+    assertEquals(
+      empty.stdout.split("\n").filter((l) => l.startsWith("arg:")).map((l) => l.slice(4)),
+      pluginArgv().slice(1),
+    );
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
