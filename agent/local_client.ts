@@ -117,16 +117,17 @@ export class LocalAgentClient implements AgentClient {
     return this.#run(() => this.#m.gc(parseRequest(GcRequestSchema, req)));
   }
 
+  // Reads see every answered DEL finished (a DEL answers before its device is home).
   status(): Promise<Status> {
-    return this.#run(() => this.#m.status());
+    return this.#run(async () => (await this.#m.settled?.(), await this.#m.status()));
   }
 
   attachments(): Promise<Attachment[]> {
-    return this.#run(() => Promise.resolve(this.#m.attachments()));
+    return this.#run(async () => (await this.#m.settled?.(), this.#m.attachments()));
   }
 
   enis(): Promise<Eni[]> {
-    return this.#run(() => this.#m.enis());
+    return this.#run(async () => (await this.#m.settled?.(), await this.#m.enis()));
   }
 
   metrics(): Promise<string> {

@@ -47,6 +47,11 @@ export interface ManagerContext {
   readonly addAnswered: Map<string, AddAnswered>;
   /** The host links' upkeep: the node's addresses, its nftables table, warnings. */
   readonly hostLinks: HostLinks;
+  /**
+   * DELs that have answered and are still bringing their device home (release.ts): an
+   * ADD that needs an ENI waits for them, so a DEL then an ADD finds the ENI free.
+   */
+  readonly releasing: Set<Promise<unknown>>;
 }
 
 /** The provider-level owner of an attachment row. */

@@ -99,6 +99,8 @@ export interface Manager extends EniManager {
   descriptionsIdle(): Promise<void>;
   /** Resolves when every host link left by a DEL has been removed (tests). */
   hostLinksIdle(): Promise<void>;
+  /** Resolves when every DEL that has answered has also brought its device home. */
+  settled(): Promise<void>;
 }
 
 /** Creates the ENI manager over a migrated state store in `db`. */
@@ -136,6 +138,7 @@ class ManagerImpl implements Manager {
       apiError: (err) => toApiError(err, state.db.location() ?? "the state database"),
       addAnswered: new Map(),
       hostLinks: new HostLinks(o.devices, o.log.child({ op: "host_link" })),
+      releasing: new Set(),
     };
   }
 
@@ -166,6 +169,9 @@ class ManagerImpl implements Manager {
   add(req: AddInput): Promise<AddResponse> {
     const key = keyOf(req);
     return this.#keyed("add", key, async (t) => {
+      // DELs that answered before their device was home (del below): their ENIs are about
+      // to be free, so this ADD waits and gets one of them, not a new one or none.
+      if (this.#ctx.releasing.size > 0) await t.time("queue_wait", () => this.settled());
       const r = await add(this.#ctx, req, t);
       // Still under the attachment's lock: a GC reclaim waiting for it sees this.
       this.#ctx.addAnswered.set(key, { mono: performance.now(), at: this.#ctx.now() });
@@ -173,11 +179,44 @@ class ManagerImpl implements Manager {
     });
   }
 
+  /**
+   * A plain pod's DEL answers once its intent is recorded (`deleting`) and the pod's
+   * namespace is held by the agent (release.ts `answer`): the device's move home, the
+   * provider and the row's removal follow on the attachment's lock. The kernel's move
+   * alone costs more than the rest of the DEL; nothing the runtime does next can undo
+   * it (the namespace outlives its path while held; a crash leaves a `deleting` row
+   * that reconcile finishes), and every later call on the attachment, every ADD that
+   * needs an ENI and every read of the state waits for it.
+   */
   del(req: DelInput): Promise<void> {
-    return this.#keyed("del", keyOf(req), (t) => this.#del(req, t));
+    let answer!: () => void;
+    const answered = new Promise<void>((r) => (answer = r));
+    let early = false;
+    const whole = this.#keyed("del", keyOf(req), (t) =>
+      this.#del(req, t, () => {
+        early = true;
+        answer();
+      }));
+    answered.then(() => {
+      const tail = whole.catch(() => {});
+      this.#ctx.releasing.add(tail);
+      tail.finally(() => this.#ctx.releasing.delete(tail));
+    });
+    whole.then(() => answer(), (err) => {
+      if (!early) return;
+      this.#ctx.log.error("A DEL that had answered could not finish; GC will retry", {
+        key: keyOf(req),
+        error: message(err),
+      });
+    });
+    return Promise.race([answered, whole]);
   }
 
-  async #del(req: DelInput, t: OpTimer): Promise<void> {
+  settled(): Promise<void> {
+    return Promise.allSettled([...this.#ctx.releasing]).then(() => {});
+  }
+
+  async #del(req: DelInput, t: OpTimer, answer: () => void): Promise<void> {
     const ctx = this.#ctx;
     const row = ctx.state.get(req);
     if (!row) {
@@ -209,6 +248,8 @@ class ManagerImpl implements Manager {
         leaveCallerDevice: true,
         ...how,
         deferHostLink: link !== null,
+        // A sticky pod's hold is recorded before its DEL answers.
+        ...(hold ? {} : { answer }),
       }, t);
       // Queued behind this DEL on the attachment's lock, so an ADD of the same key waits
       // for it; a crash before it runs leaves a node end no row records: GC removes it.

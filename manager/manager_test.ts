@@ -102,6 +102,51 @@ Deno.test("del() releases the ENI, is idempotent and succeeds for an unknown key
     assertEquals((await add(n, 2)).eniId, a.eniId);
   }));
 
+Deno.test("a plain pod's DEL answers once its intent is recorded and its namespace held; the move home follows, and the same attachment, an ADD and reads wait for it", () =>
+  withNode(async (n) => {
+    const a = await add(n, 1);
+    const open = n.devices.holdOn("unplug");
+    await n.mgr.del(delReq(1));
+    // Answered: recorded as deleting, the device still in the pod (its move held back).
+    assertEquals(n.mgr.state.all().map((r) => r.state), ["deleting"]);
+    assertEquals(n.devices.where(a.mac)?.ns, "/run/netns/p1");
+    const order: string[] = [];
+    n.devices.addNetns("/run/netns/p2");
+    const next = n.mgr.add(addReq(2)).then((r) => (order.push("add"), r));
+    const again = n.mgr.del(delReq(1)).then(() => order.push("del again"));
+    const settled = n.mgr.settled().then(() => order.push("settled"));
+    await settle();
+    assertEquals(order, [], "all wait for the move home");
+    open();
+    const b = await next;
+    await Promise.all([again, settled]);
+    // The one ENI went home and to the next pod: neither a new ENI nor no_eni_available.
+    assertEquals(b.eniId, a.eniId);
+    assertEquals(n.devices.where(a.mac)?.ns, "/run/netns/p2");
+    assertEquals(order.sort(), ["add", "del again", "settled"]);
+    assertEquals(n.mgr.attachments().map((x) => x.containerId), ["c2"]);
+    await assertConsistent(n);
+  }, { mock: { enis: 1 }, answerEarly: true }));
+
+Deno.test("a DEL answers after its work where nothing is left to hold: a sticky pod's hold, a namespace already gone", () =>
+  withNode(async (n) => {
+    await add(n, 1, { sticky: true });
+    const open = n.devices.holdOn("unplug");
+    let done = false;
+    const del = n.mgr.del(delReq(1)).then(() => (done = true));
+    await settle();
+    assertEquals(done, false, "a sticky pod's DEL answers once its hold is recorded");
+    open();
+    await del;
+    assertEquals(n.mgr.state.all().map((r) => r.state), ["held"]);
+
+    const c = await add(n, 2);
+    n.devices.deleteNetns("/run/netns/p2");
+    await n.mgr.del(delReq(2));
+    assertEquals(n.devices.where(c.mac)?.ns, NODE, "home when the DEL answered");
+    assertEquals(n.mgr.state.all().map((r) => r.state), ["held"]);
+  }, { mock: { enis: 2 }, answerEarly: true }));
+
 Deno.test("del() brings the device back when the pod's netns is already gone", () =>
   withNode(async (n) => {
     const a = await add(n, 1);

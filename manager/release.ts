@@ -75,6 +75,13 @@ export async function release(
      * rest of the DEL. Any other release removes it with the device.
      */
     deferHostLink?: boolean;
+    /**
+     * DEL: called once the rest cannot be lost, so the DEL may answer: the intent is
+     * recorded and the pod's namespace is held (it outlives its path, so the runtime
+     * removing it cannot take the device), just before the device is moved home.
+     * Called at most once, and not at all on the other ways.
+     */
+    answer?: () => void;
   },
   t: OpTimer = new OpTimer(),
 ): Promise<void> {
@@ -121,6 +128,7 @@ export async function release(
           pinned.close();
           pinned = null;
         }
+        if (pinned && row.mode === "interface") o.answer?.();
         try {
           await returnDevice(ctx, row, mac, nodeName, pinned, t, o.deferHostLink);
         } finally {

@@ -46,7 +46,11 @@ export interface ReconcileReport {
 export interface EniManager {
   /** Selects an ENI for the attachment and (interface mode) plugs it into the pod. */
   add(req: AddInput): Promise<AddResponse>;
-  /** Recycles the attachment's ENI: device back to the node, ENI reusable. Idempotent. */
+  /**
+   * Recycles the attachment's ENI: device back to the node, ENI reusable. Idempotent.
+   * May resolve before the device is home (the rest recorded and the pod's namespace
+   * held): {@linkcode EniManager.settled} waits for that rest.
+   */
   del(req: DelInput): Promise<void>;
   /** Compares the live pod with the record and `expected`; throws `check_failed` on a difference. */
   check(req: CheckInput): Promise<void>;
@@ -54,6 +58,8 @@ export interface EniManager {
   gc(req: GcInput): Promise<GcReport>;
   /** Finishes or rolls back what a crash left half done (run at start-up). */
   reconcile(): Promise<ReconcileReport>;
+  /** Resolves when every DEL that has answered has also finished its rest. */
+  settled?(): Promise<void>;
   status(): Promise<Status>;
   attachments(): Attachment[];
   enis(): Promise<Eni[]>;

@@ -95,6 +95,7 @@ export class FakeDeviceLayer implements DeviceLayer {
   #nextIno = 4026532000;
   #faults = new Map<FakeStep, { error: Error; times: number }>();
   #hangs = new Set<FakeStep>();
+  #gates = new Map<FakeStep, Promise<void>>();
   #simCount = 0;
   /** What {@linkcode nodeAddresses} answers (tests set it). */
   nodeAddrs: NodeAddresses = { addresses: [], primary: {} };
@@ -203,6 +204,16 @@ export class FakeDeviceLayer implements DeviceLayer {
     this.#hangs.add(step);
   }
 
+  /** Makes `step` wait until the returned function is called (a slow kernel, for ordering tests). */
+  holdOn(step: FakeStep): () => void {
+    let open!: () => void;
+    this.#gates.set(step, new Promise<void>((r) => (open = r)));
+    return () => {
+      this.#gates.delete(step);
+      open();
+    };
+  }
+
   /** Clears faults and hangs. */
   clearFaults(): void {
     this.#faults.clear();
@@ -247,6 +258,7 @@ export class FakeDeviceLayer implements DeviceLayer {
 
   async #step(step: FakeStep): Promise<void> {
     if (this.#hangs.has(step)) await new Promise(() => {});
+    await this.#gates.get(step);
     const f = this.#faults.get(step);
     if (f && f.times > 0) {
       f.times--;

@@ -744,12 +744,14 @@ try {
   console.log(
     `  agent operation (enim_operation_duration_seconds mean): ADD ${
       agentOp.add?.toFixed(1)
-    }, DEL ${agentOp.del?.toFixed(1)}`,
+    }, DEL ${
+      agentOp.del?.toFixed(1)
+    } (the DEL's whole work: it answers before its device's move home, which follows on the attachment's lock)`,
   );
   console.log(
     `  plugin side (plugin p50 minus the agent's operation): ADD ${overhead.ADD.toFixed(1)}, DEL ${
       overhead.DEL.toFixed(1)
-    }`,
+    }${overhead.DEL < 0 ? " (negative: the DEL answered before its move home)" : ""}`,
   );
   console.log(
     `  agent API alone (same requests over the socket from the bench process, no plugin):`,

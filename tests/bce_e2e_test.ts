@@ -434,7 +434,11 @@ Deno.test({
         assertEquals(binds.map((r) => r.body), [{ securityGroupIds: ["g-e2einl1"] }]);
         const del = await node.cni("DEL", call);
         assertEquals(del.code, 0, del.stdout + del.stderr);
+        // As a runtime does: the namespace goes right after the DEL, whose answer came before
+        // its device was home (the agent holds the namespace); the agent's reads wait for
+        // the rest, the pooled ENI's own groups back.
         await node.vpc.deletePod(pod);
+        assertEquals((await node.client.status()).pool.profiles.b.free, 1);
         s = await fake.state();
         assertEquals(s.enis.find((e) => e.eniId === eniB)?.securityGroupIds, ["g-e2e0002"]);
         // A default pod never got b's ENI, nor b's pod a default one.

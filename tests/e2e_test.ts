@@ -162,6 +162,46 @@ Deno.test({
 });
 
 Deno.test({
+  name:
+    "DEL answers before the device is home, and a runtime removing the namespace at once loses nothing: the agent holds it, the same device comes home",
+  ignore: !AS_ROOT,
+  async fn() {
+    await using node = await SimulatedNode.start({ mock: { enis: 1 } });
+    const pod = await node.vpc.pod("quick");
+    const mac = (await node.add(pod)).interfaces[0].mac;
+    // The VPC's end of the ENI's veth: it would die with the pod's namespace if the
+    // device were still in it when the namespace went.
+    const peerBefore = (await linksIn(node, node.vpc.vpc.name)).map((l) => l.ifindex).sort();
+    const del = await node.cni("DEL", {
+      containerId: "c-quick",
+      ifName: "eth0",
+      netns: pod.path,
+      config: node.netconf(),
+    });
+    assertEquals(del.code, 0, del.stdout + del.stderr);
+    // As containerd does right after a DEL: the namespace's path goes.
+    await node.vpc.deletePod(pod);
+    // The agent's reads wait for the DEL's rest.
+    const s = await node.client.status();
+    assertEquals([s.pool.owned, s.pool.free], [0, 1]);
+    assertEquals(await node.client.attachments(), []);
+    const home = (await linksIn(node, node.vpc.node.name)).find((l) => l.address === mac);
+    assert(home, "the ENI's device is on the node");
+    assertEquals(
+      (await linksIn(node, node.vpc.vpc.name)).map((l) => l.ifindex).sort(),
+      peerBefore,
+      "the same veth: never destroyed with the namespace and made again",
+    );
+    const log = await node.agentLog();
+    assert(!log.includes("vanished ENI device"), "no repair was needed");
+    assert(!log.includes("device is missing"), "no device went missing");
+    const pod2 = await node.vpc.pod("after");
+    assertEquals((await node.add(pod2)).interfaces[0].mac, mac);
+    assert(await node.vpc.ping(pod2, node.vpc.gateways.ipv4!));
+  },
+});
+
+Deno.test({
   name: "ADD with an interface name that exists in the pod fails and leaves nothing behind",
   ignore: !AS_ROOT,
   async fn() {

@@ -129,6 +129,12 @@ export interface NodeOptions {
   log?: Logger;
   /** Zone-wide stickiness with this node hold (see {@linkcode ControlledProvider.zone}). */
   zone?: { nodeHoldSeconds: number };
+  /**
+   * `mgr.del()` resolves when the manager's DEL answers, which may be before its device
+   * is home (manager.ts `del`). Default false: it resolves once the DEL has finished its
+   * rest too, since most tests check what a DEL leaves.
+   */
+  answerEarly?: boolean;
 }
 
 /** Builds a node and runs reconcile once (as the agent does at start-up). */
@@ -158,6 +164,10 @@ export async function makeNode(o: NodeOptions = {}): Promise<Node> {
       stickyHoldMs: o.stickyHoldMs,
       describeAs: o.describeAs,
     });
+    if (!o.answerEarly) {
+      const del = mgr.del.bind(mgr);
+      mgr.del = (req) => del(req).then(() => mgr.settled());
+    }
     return { db, mock: m, provider, mgr };
   };
   let parts = await open();
