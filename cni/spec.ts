@@ -361,14 +361,15 @@ export function specProblem(
   return found && { code: found.code, msg: clip(found.msg, MESSAGE_CHARS) };
 }
 
+/** {@linkcode specProblem} before its message is clipped. */
 function firstProblem(
   env: Record<string, string | undefined>,
   decoded: Decoded,
 ): SpecProblem | undefined {
-  const raw = env.CNI_COMMAND;
-  const badVerb = verbProblem(raw);
-  if (badVerb) return { code: CNI_CODES.INVALID_ENV, msg: badVerb };
-  const verb = raw as CniVerb;
+  const verb = CNI_VERBS.find((v) => v === env.CNI_COMMAND);
+  if (verb === undefined) {
+    return { code: CNI_CODES.INVALID_ENV, msg: verbProblem(env.CNI_COMMAND)! };
+  }
   if (verb === "VERSION") return undefined;
   const badEnv = envProblem(verb, env);
   if (badEnv) return { code: CNI_CODES.INVALID_ENV, msg: badEnv };
