@@ -23,7 +23,15 @@
  *
  * @module
  */
-import { CNI_ENV_NAMES, LOG_FILE_ENV, MAX_CALL_STDIN } from "./wire.ts";
+import {
+  CNI_ENV_NAMES,
+  CONTAINER_ID,
+  IFNAME,
+  LOG_FILE_ENV,
+  MAX_CALL_STDIN,
+  type NameRule,
+  NETNS_PATH,
+} from "./wire.ts";
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import {
@@ -71,29 +79,23 @@ export const PodSchema = z.object({
 /** The pod that owns an attachment. */
 export type Pod = z.infer<typeof PodSchema>;
 
-/** A CNI container id (the spec's charset). */
-export const ContainerIdSchema = z.string().check(z.regex(
-  /^[A-Za-z0-9][A-Za-z0-9_.\-]{0,255}$/,
-  "Expected alphanumerics followed by alphanumerics, '_', '.' or '-'",
-));
-/** A Linux interface name. */
-export const IfNameSchema = z.string().check(
-  z.minLength(1),
-  z.maxLength(15),
-  z.refine(
-    (s) =>
-      s !== "." && s !== ".." && !/[\/:\s]/.test(s) && new TextEncoder().encode(s).length <= 15,
-    "Expected a Linux interface name: at most 15 bytes, no '/', ':' or whitespace",
-  ),
-);
-/** A network namespace path: absolute, normalized, no traversal. */
-export const NetnsPathSchema = z.string().check(
-  z.maxLength(4096),
-  z.refine(
-    (s) => s.startsWith("/") && !s.split("/").some((p) => p === ".." || p === "."),
-    "Expected an absolute path without '.' or '..' components",
-  ),
-);
+/**
+ * A string schema that refines with a zod-free {@linkcode NameRule} (`api/wire.ts`),
+ * so the agent's schemas and the plugin process, which loads no zod, name the same reason.
+ */
+export function ruledString(rule: NameRule): z.ZodMiniString<string> {
+  return z.string().check(z.superRefine((value: string, ctx) => {
+    const why = rule.problem(value);
+    if (why !== undefined) ctx.addIssue({ code: "custom", message: why, input: value });
+  }));
+}
+
+/** A CNI container id: {@linkcode CONTAINER_ID} (the spec's charset, at most 256 characters). */
+export const ContainerIdSchema = ruledString(CONTAINER_ID);
+/** A Linux interface name: {@linkcode IFNAME}. */
+export const IfNameSchema = ruledString(IFNAME);
+/** A network namespace path, absolute, normalized, no traversal: {@linkcode NETNS_PATH}. */
+export const NetnsPathSchema = ruledString(NETNS_PATH);
 
 /** A route from the network config. */
 export const RouteSchema = z.object({

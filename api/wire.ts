@@ -30,3 +30,55 @@ export const CNI_ENV_NAMES = [
 ] as const;
 /** One of {@linkcode CNI_ENV_NAMES}. */
 export type CniEnvName = typeof CNI_ENV_NAMES[number];
+
+/**
+ * A rule for a name a call carries, with no zod: the plugin process applies it
+ * itself when the agent is down (`cni/spec.ts`), and the API's schemas refine
+ * with it (`api/schema.ts`), so both name the same reason.
+ *
+ * @example
+ * ```ts
+ * IFNAME.problem("eth0"); // undefined
+ * IFNAME.problem("a/b"); // "Expected a Linux interface name: …"
+ * ```
+ */
+export interface NameRule {
+  /** Why `value` is malformed (a sentence starting "Expected"), or undefined when it is well-formed. */
+  problem(value: string): string | undefined;
+}
+
+const utf8 = new TextEncoder();
+
+/** The spec's charset for container ids and network names. */
+const SPEC_NAME_RE = /^[A-Za-z0-9][A-Za-z0-9_.\-]*$/;
+/** What {@linkcode SPEC_NAME_RE} asks for. */
+const SPEC_NAME_EXPECTED = "Expected an alphanumeric followed by alphanumerics, '_', '.' or '-'";
+
+/** A container id (CNI_CONTAINERID and the API's `containerId`): the spec's charset, at most 256 characters. */
+export const CONTAINER_ID: NameRule = {
+  problem: (s) =>
+    s.length > 256
+      ? "Expected at most 256 characters"
+      : SPEC_NAME_RE.test(s)
+      ? undefined
+      : SPEC_NAME_EXPECTED,
+};
+
+/** A Linux interface name (CNI_IFNAME, the API's `ifName`): 1 to 15 bytes, no '/', ':' or whitespace, not "." or "..". */
+export const IFNAME: NameRule = {
+  problem: (s) =>
+    s.length === 0 || s.length > 15 || s === "." || s === ".." || /[\/:\s]/.test(s) ||
+      utf8.encode(s).length > 15
+      ? "Expected a Linux interface name: at most 15 bytes, no '/', ':' or whitespace"
+      : undefined,
+};
+
+/** A network namespace path (CNI_NETNS, the API's `netns`): absolute, no "." or ".." component, at most 4096 characters. */
+export const NETNS_PATH: NameRule = {
+  problem: (s) =>
+    s.length > 4096
+      ? "Expected at most 4096 characters"
+      : s.startsWith("/") && !s.split("/").some((p) => p === ".." || p === ".")
+      ? undefined
+      : "Expected an absolute path without '.' or '..' components",
+};

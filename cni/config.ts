@@ -26,17 +26,21 @@ import { DEFAULT_SOCKET } from "../api/wire.ts";
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import { IpRangeSchema, NetworkCidrSchema, routeFamilyCheck } from "../providers/schema.ts";
+import { ruledString } from "../api/schema.ts";
 import { isCidr, isIp, isIpMaybePrefix } from "../lib/ip.ts";
 
 export { isCidr, isIp, isIpMaybePrefix };
 import { CNI_CODES, CniError, formatZodIssues } from "./errors.ts";
-import { DEFAULT_LOG_FILE, DEFAULT_TIMEOUT_SECONDS } from "./spec.ts";
+import {
+  DEFAULT_LOG_FILE,
+  DEFAULT_TIMEOUT_SECONDS,
+  foreignIpamMessage,
+  NETWORK_NAME,
+  notEnimMessage,
+} from "./spec.ts";
 import { checkHostLinkCidrs, hostLinkFields } from "./host_link.ts";
 
 export { DEFAULT_LOG_FILE, DEFAULT_TIMEOUT_SECONDS };
-
-/** The spec's network name charset. */
-const NETWORK_NAME_RE = /^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$/;
 
 /** An IP address without prefix. */
 export const IpAddressSchema = z.string().check(
@@ -93,10 +97,7 @@ const IpMaybePrefix = z.string().check(
 /** The top-level network config; loose, unknown fields kept. */
 export const NetworkConfigSchema = z.looseObject({
   cniVersion: z.string().check(z.minLength(1)),
-  name: z.string().check(
-    z.maxLength(256),
-    z.regex(NETWORK_NAME_RE, "Expected an alphanumeric followed by alphanumerics, '_', '.' or '-'"),
-  ),
+  name: ruledString(NETWORK_NAME),
   type: z.optional(z.string()),
   ipam: z.optional(z.looseObject({ type: z.optional(z.string()) })),
   args: z.optional(z.looseObject({
@@ -140,22 +141,13 @@ export interface ParsedConfig {
  *
  * @throws {CniError} code 7 when neither `type` nor `ipam.type` is "enim"
  */
-export function detectMode(config: { type?: unknown; ipam?: unknown }): Mode {
+export function detectMode(config: Record<string, unknown>): Mode {
   if (config.type === "enim") return "interface";
   const ipam = config.ipam;
   if (ipam && typeof ipam === "object" && (ipam as { type?: unknown }).type === "enim") {
     return "ipam";
   }
-  throw new CniError(
-    CNI_CODES.INVALID_CONFIG,
-    `Invalid network config: neither "type" nor "ipam.type" is "enim" (type ${
-      JSON.stringify(config.type ?? null)
-    }, ipam.type ${
-      JSON.stringify(
-        ipam && typeof ipam === "object" ? (ipam as { type?: unknown }).type ?? null : null,
-      )
-    })`,
-  );
+  throw new CniError(CNI_CODES.INVALID_CONFIG, notEnimMessage(config));
 }
 
 /**
@@ -174,12 +166,7 @@ export function parseNetworkConfig(value: unknown): ParsedConfig {
   const config = parsed.data;
   const mode = detectMode(config);
   if (mode === "interface" && config.ipam?.type !== undefined && config.ipam.type !== "enim") {
-    throw new CniError(
-      CNI_CODES.UNSUPPORTED_FIELD,
-      `Unsupported field "ipam.type": ${
-        JSON.stringify(config.ipam.type)
-      }: as the interface plugin enim takes the addresses from the ENI and delegates no IPAM`,
-    );
+    throw new CniError(CNI_CODES.UNSUPPORTED_FIELD, foreignIpamMessage(config.ipam.type));
   }
   const raw = mode === "interface" ? config : config.ipam;
   const section = EnimSectionSchema.safeParse(raw);

@@ -11,7 +11,10 @@
  * logger, never to stdout.
  *
  * What the plugin process answers without the agent (VERSION, 11 when the agent
- * cannot be reached, DEL when the pod's namespace is gone) is `cni/forward.ts`'s.
+ * cannot be reached, DEL when the pod's namespace is gone) is `cni/forward.ts`'s;
+ * what a call gets wrong whatever the agent says (`specProblem` in `cni/spec.ts`)
+ * is checked here first and answered there when the agent is down, from the same
+ * table, so the code and message are the same either way.
  *
  * Why one file: the dispatcher and its verb handlers share the invocation record
  * and the negotiated version; each handler is short, and the file reads top to
@@ -34,11 +37,11 @@ import {
   answerVersion,
   type CniVerb,
   type Decoded,
-  decodeFailure,
   decodeStdin,
   enimSection,
   type InvocationRecord,
   isPlainObject,
+  specProblem,
 } from "./spec.ts";
 
 export type { InvocationRecord };
@@ -50,8 +53,6 @@ import {
   type NegotiatedVersion,
   negotiateVersion,
   parsePrevResult,
-  type SupportedVersion,
-  versionAtLeast,
 } from "./negotiate.ts";
 
 /** What {@linkcode dispatchCall} needs from its caller. */
@@ -69,13 +70,6 @@ export interface DispatchIo {
   /** Opens the logger for the config's `logFile`; when absent too, nothing is logged. */
   openLog?: (logFile: string) => Logger;
 }
-
-/** The lowest spec version that defines each verb. */
-const MIN_VERSION: Partial<Record<CniVerb, SupportedVersion>> = {
-  CHECK: "0.4.0",
-  GC: "1.1.0",
-  STATUS: "1.1.0",
-};
 
 /** The per-invocation state the verbs fill in for the log line. */
 interface Invocation {
@@ -152,25 +146,13 @@ function peekLogFile(raw: Record<string, unknown>): string | undefined {
 async function dispatch(inv: Invocation, decoded: Decoded): Promise<unknown> {
   const { env } = inv;
   if (env.command === "VERSION") return versionVerb(decoded);
-  const undecodable = decodeFailure(env.command, decoded);
-  if (undecodable !== undefined || !decoded.ok || !isPlainObject(decoded.value)) {
-    throw new CniError(CNI_CODES.DECODE_FAILED, undecodable ?? "Cannot decode the network config");
-  }
-  const rawVersion = decoded.value.cniVersion;
-  let version: NegotiatedVersion | undefined;
-  if (typeof rawVersion === "string") {
-    version = negotiateVersion(rawVersion);
-    const min = MIN_VERSION[env.command];
-    if (min && !versionAtLeast(version.format, min)) {
-      throw new CniError(
-        CNI_CODES.INCOMPATIBLE_VERSION,
-        `Incompatible CNI version "${rawVersion}" for ${env.command}: it needs ${min} or later`,
-      );
-    }
-  }
-  const parsed = parseNetworkConfig(decoded.value);
-  // parseNetworkConfig requires a string cniVersion, so `version` is set here.
-  version ??= negotiateVersion(parsed.config.cniVersion);
+  // What is wrong whatever the agent says, first, from the one table the plugin
+  // process answers from when the agent is down (spec.ts), so both say the same.
+  const problem = specProblem(inv.io.env, decoded);
+  if (problem) throw new CniError(problem.code, problem.msg);
+  // specProblem refuses a stdin that is no JSON object, so `decoded` holds one here.
+  const parsed = parseNetworkConfig(decoded.ok ? decoded.value : undefined);
+  const version = negotiateVersion(parsed.config.cniVersion);
   inv.record.network = parsed.config.name;
   inv.record.mode = parsed.mode;
   return await VERBS[env.command]({ inv, parsed, version, agent: inv.io.agent });

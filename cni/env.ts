@@ -12,42 +12,15 @@
  * | VERSION |                                              |                         |
  *
  * An empty variable counts as unset (runtimes pass `CNI_NETNS=` on a DEL whose
- * namespace is gone). Variables a verb does not use are not validated.
+ * namespace is gone). Variables a verb does not use are not validated. The rules
+ * and messages are `cni/spec.ts`'s ({@linkcode envProblem}), which the plugin
+ * process applies too when the agent is down.
  *
  * @module
  */
 import type { CniEnvName } from "../api/wire.ts";
-import * as z from "zod/mini";
-import "../lib/zod_locale.ts";
-import { IfNameSchema, NetnsPathSchema } from "../api/schema.ts";
 import { CNI_CODES, CniError } from "./errors.ts";
-import { listOf, quote } from "../lib/clip.ts";
-import { CNI_VERBS, type CniVerb, REQUIRED_ENV, verbProblem } from "./spec.ts";
-
-/** Which variables each verb reads (and so validates when they are set). */
-const USED_ENV: Record<CniVerb, readonly CniEnvName[]> = {
-  ADD: ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH"],
-  DEL: ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH"],
-  CHECK: ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH"],
-  GC: ["CNI_PATH"],
-  STATUS: ["CNI_PATH"],
-  VERSION: [],
-};
-
-/** The spec's container id charset. */
-export const CONTAINER_ID_RE = /^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$/;
-
-/** The schema of each variable's value (when set and non-empty). */
-const VALUE_SCHEMAS: Record<Exclude<CniEnvName, "CNI_COMMAND">, z.ZodMiniType<string>> = {
-  CNI_CONTAINERID: z.string().check(
-    z.maxLength(256, "Expected at most 256 characters"),
-    z.regex(CONTAINER_ID_RE, "Expected an alphanumeric followed by alphanumerics, '_', '.' or '-'"),
-  ),
-  CNI_NETNS: NetnsPathSchema,
-  CNI_IFNAME: IfNameSchema,
-  CNI_ARGS: z.string().check(z.maxLength(64 * 1024)),
-  CNI_PATH: z.string(),
-};
+import { CNI_VERBS, type CniVerb, envProblem, USED_ENV, verbProblem } from "./spec.ts";
 
 /** The validated CNI environment. Absent values are `undefined`. */
 export interface CniEnv {
@@ -77,34 +50,15 @@ export function parseCniEnv(env: Record<string, string | undefined>): CniEnv {
   if (command === undefined) {
     throw new CniError(CNI_CODES.INVALID_ENV, verbProblem(rawCommand)!);
   }
-  const problems: string[] = [];
-  const values: Partial<Record<CniEnvName, string>> = {};
-  for (const name of USED_ENV[command]) {
-    const raw = get(env, name);
-    if (raw === undefined) {
-      if (REQUIRED_ENV[command].includes(name)) problems.push(`${name} is not set`);
-      continue;
-    }
-    const parsed = VALUE_SCHEMAS[name as Exclude<CniEnvName, "CNI_COMMAND">].safeParse(raw);
-    if (parsed.success) {
-      values[name] = parsed.data;
-    } else {
-      const why = listOf([...new Set(parsed.error.issues.map((i) => i.message))], 3);
-      problems.push(`${name} is invalid: ${why}; got ${quote(raw, 300)}`);
-    }
-  }
-  if (problems.length > 0) {
-    throw new CniError(
-      CNI_CODES.INVALID_ENV,
-      `Invalid CNI environment for ${command}: ${problems.join("; ")}`,
-    );
-  }
+  const problem = envProblem(command, env);
+  if (problem) throw new CniError(CNI_CODES.INVALID_ENV, problem);
+  const read = (name: CniEnvName) => USED_ENV[command].includes(name) ? get(env, name) : undefined;
   return {
     command,
-    containerId: values.CNI_CONTAINERID,
-    netns: values.CNI_NETNS,
-    ifName: values.CNI_IFNAME,
-    args: values.CNI_ARGS ?? "",
-    path: values.CNI_PATH,
+    containerId: read("CNI_CONTAINERID"),
+    netns: read("CNI_NETNS"),
+    ifName: read("CNI_IFNAME"),
+    args: read("CNI_ARGS") ?? "",
+    path: read("CNI_PATH"),
   };
 }

@@ -5,22 +5,30 @@
  * which runs the whole CNI protocol (`cni/dispatch.ts`: env, config, CNI_ARGS,
  * versions, results, error codes) with its schemas already compiled, and
  * prints what the agent answers. So the process loads nothing but
- * `cni/spec.ts`, `lib/http1.ts`, `cni/log_file.ts` and this file: no zod, no
- * agent, CLI or provider code, and every call costs about Deno's own start-up.
+ * `api/wire.ts`, `cni/spec.ts`, `lib/clip.ts`, `lib/http1.ts`, `cni/log_file.ts`
+ * and this file: no zod, no agent, CLI or provider code, and every call costs
+ * about Deno's own start-up.
  *
  * What it answers itself:
  * - VERSION, without the agent;
  * - when the agent cannot be reached (no socket, nobody listening, the
  *   connection broke, no answer within the config's `timeoutSeconds`):
- *   - a missing or unknown CNI_COMMAND or a missing required variable → 4,
- *     a stdin that is not a JSON object → 6 (the same messages as the agent's);
+ *   - what is wrong whatever the agent says, with the agent's own code and
+ *     message (`specProblem` in `cni/spec.ts`, the table the agent's dispatcher
+ *     checks first): a missing or unknown CNI_COMMAND, a required variable
+ *     unset, a malformed CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS or CNI_ARGS → 4;
+ *     a stdin that is not a JSON object → 6; a `cniVersion` enim does not speak,
+ *     CHECK before 0.4.0, GC or STATUS before 1.1.0 → 1; a `cniVersion` or
+ *     `name` that is no string, a malformed `name` → 7; a config whose `type`
+ *     and `ipam.type` are not enim → 7; an `ipam` of another type under enim as
+ *     the interface plugin → 2;
  *   - STATUS → 50;
  *   - DEL → success when the pod's namespace is gone (`CNI_NETNS` empty or the
  *     path no longer exists: nothing is left in the pod to undo, and the
  *     agent's GC reclaims the ENI), otherwise 11 so the runtime retries;
  *   - anything else → 11, naming the socket.
- *   The config itself is not validated then (that needs the agent's schemas);
- *   the runtime's retry gets the agent's full answer.
+ *   The rest of the config is not validated then (that needs the agent's
+ *   schemas); the runtime's retry gets the agent's full answer.
  *
  * The socket, the time limit and the log file come from enim's section of the
  * config as it is (`agentSocket`, `timeoutSeconds`, `logFile`), or their
@@ -46,7 +54,6 @@ import {
   answerVersion,
   CNI_CODES,
   type CniErrorObject,
-  decodeFailure,
   decodeStdin,
   DEFAULT_LOG_FILE,
   DEFAULT_TIMEOUT_SECONDS,
@@ -55,9 +62,8 @@ import {
   type InvocationRecord,
   isPlainObject,
   LATEST_VERSION,
-  missingEnv,
+  specProblem,
   statNetns,
-  verbProblem,
 } from "./spec.ts";
 import {
   bodyText,
@@ -207,12 +213,9 @@ export async function forward(io: ForwardIo): Promise<number> {
   function unreachable(err: unknown): number {
     const why = err instanceof Error ? err.message : String(err);
     const socket = route.socket;
-    const bad = verbProblem(verb) ?? missingEnv(verb, env);
-    if (bad) return fail(errorObject(route.cniVersion, CNI_CODES.INVALID_ENV, bad));
-    const undecodable = decodeFailure(verb!, decoded);
-    if (undecodable) {
-      return fail(errorObject(route.cniVersion, CNI_CODES.DECODE_FAILED, undecodable));
-    }
+    // Wrong whatever the agent says: the agent's own code and message, from the one table.
+    const problem = specProblem(env, decoded);
+    if (problem) return fail(errorObject(route.cniVersion, problem.code, problem.msg));
     const cause = err instanceof UnixHttpError ? err.cause : undefined;
     if (verb === "STATUS") {
       return fail(

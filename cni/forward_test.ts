@@ -3,6 +3,9 @@
  * faked: what it forwards, how it passes the agent's answer through, and what
  * it answers alone.
  */
+import { FakeAgent } from "../tests/support/fake_agent.ts";
+import { run as dispatched } from "../tests/support/run_dispatch.ts";
+import { SPEC_CASES, specCall } from "../tests/support/spec_cases.ts";
 import { CNI_CALL_PATH, EXIT_HEADER } from "../api/wire.ts";
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
 import { forward, type ForwardIo } from "./forward.ts";
@@ -16,6 +19,8 @@ const CONFIG = JSON.stringify({
   timeoutSeconds: 3,
   logFile: "/var/log/enim/x.log",
 });
+/** The same config in spec 1.1.0, which GC and STATUS need. */
+const CONFIG_11 = JSON.stringify({ ...JSON.parse(CONFIG), cniVersion: "1.1.0" });
 const ADD_ENV = {
   CNI_COMMAND: "ADD",
   CNI_CONTAINERID: "c1",
@@ -142,12 +147,12 @@ Deno.test("without the agent forward() answers by the module's rules", async (t)
     assertEquals(code(await run(ADD_ENV, "{", unreachable())), 6);
   });
   await t.step("STATUS → 50 naming the socket", async () => {
-    const r = await run({ CNI_COMMAND: "STATUS" }, CONFIG, unreachable());
+    const r = await run({ CNI_COMMAND: "STATUS" }, CONFIG_11, unreachable());
     assertEquals(code(r), 50);
     assertStringIncludes(JSON.parse(r.stdout).msg, "/run/enim/other.sock");
   });
   await t.step("GC and CHECK → 11", async () => {
-    const gc = await run({ CNI_COMMAND: "GC", CNI_PATH: "/opt/cni/bin" }, CONFIG, unreachable());
+    const gc = await run({ CNI_COMMAND: "GC", CNI_PATH: "/opt/cni/bin" }, CONFIG_11, unreachable());
     assertEquals(code(gc), 11);
     assertEquals(code(await run({ ...ADD_ENV, CNI_COMMAND: "CHECK" }, CONFIG, unreachable())), 11);
   });
@@ -186,4 +191,44 @@ Deno.test("forward() falls back to the defaults when enim's section says nothing
   assertEquals(r.sent[0].socket, "/run/enim/enim.sock");
   assertEquals(r.sent[0].timeoutMs, 30_000);
   assertEquals(JSON.parse(r.stdout).cniVersion, "1.1.0");
+});
+
+Deno.test("without the agent forward() answers a call wrong whatever the agent says as the agent does", async (t) => {
+  const good = {
+    containerId: "c1",
+    ifName: "eth0",
+    netns: "/run/netns/p",
+    args: "K8S_POD_NAMESPACE=a;K8S_POD_NAME=b",
+    config: JSON.parse(CONFIG),
+  };
+  for (const c of SPEC_CASES) {
+    await t.step(`${c.what} → ${c.code}`, async () => {
+      const { env, stdin } = specCall(c, good);
+      const alone = await run(env, stdin, unreachable());
+      assertEquals(alone.code, 1);
+      const mine = JSON.parse(alone.stdout);
+      assertEquals(mine.code, c.code, mine.msg);
+      assertEquals(alone.logs[0].line.code, c.code, "logged with its code");
+      // The agent's dispatcher, given the same call, answers the same without asking the manager.
+      const agent = new FakeAgent();
+      const theirs = await dispatched(env, stdin, agent);
+      assertEquals(theirs.code, 1);
+      assertEquals(JSON.parse(theirs.stdout), mine);
+      assertEquals(agent.calls.length, 0, "the agent's manager was not asked");
+    });
+  }
+  await t.step("a value echoed in the answer is clipped, the same on both sides", async () => {
+    const env = { ...ADD_ENV, CNI_CONTAINERID: "x".repeat(100_000) };
+    const config = JSON.stringify({ ...JSON.parse(CONFIG), cniVersion: "9".repeat(100_000) });
+    for (const [e, stdin] of [[env, CONFIG], [ADD_ENV, config]] as const) {
+      const mine = JSON.parse((await run(e, stdin, unreachable())).stdout);
+      assert(mine.msg.length < 1000, mine.msg);
+      assertStringIncludes(mine.msg, "more bytes left out");
+      assertEquals(JSON.parse((await dispatched(e, stdin)).stdout), mine);
+    }
+  });
+  await t.step("a call with nothing wrong still says the agent is not reachable (11)", async () => {
+    const r = await run(ADD_ENV, CONFIG, unreachable());
+    assertEquals(JSON.parse(r.stdout).code, 11);
+  });
 });

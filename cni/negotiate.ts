@@ -15,13 +15,16 @@ import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import { CNI_CODES, CniError, formatZodIssues } from "./errors.ts";
 import {
+  incompatibleVersion,
   LATEST_VERSION,
   SUPPORTED_VERSIONS,
   type SupportedVersion,
+  versionAtLeast,
+  versionFormat,
   versionResult,
 } from "./spec.ts";
 
-export { LATEST_VERSION, SUPPORTED_VERSIONS, type SupportedVersion, versionResult };
+export { LATEST_VERSION, SUPPORTED_VERSIONS, type SupportedVersion, versionAtLeast, versionResult };
 
 /** A negotiated version: what the runtime asked for and the format enim answers in. */
 export interface NegotiatedVersion {
@@ -31,42 +34,16 @@ export interface NegotiatedVersion {
   format: SupportedVersion;
 }
 
-const VERSION_RE = /^(\d{1,4})\.(\d{1,4})(?:\.(\d{1,6}))?$/;
-
-/** Splits a version string into numbers, or `undefined` when it is not `major.minor[.patch]`. */
-function parseVersion(v: string): [number, number, number] | undefined {
-  const m = VERSION_RE.exec(v);
-  return m ? [Number(m[1]), Number(m[2]), Number(m[3] ?? 0)] : undefined;
-}
-
 /**
- * Picks the result format for a requested version (see the module doc for patch versions).
+ * Picks the result format for a requested version (see the module doc for patch
+ * versions; the rule is `versionFormat` in spec.ts, which the plugin process applies too).
  *
  * @throws {CniError} code 1 naming the supported versions
  */
 export function negotiateVersion(requested: string): NegotiatedVersion {
-  const v = parseVersion(requested);
-  if (v) {
-    const exact = SUPPORTED_VERSIONS.find((s) => s === requested);
-    if (exact) return { requested, format: exact };
-    // Same major.minor: the newest known patch of that minor (0.3.7 → 0.3.1, 1.0.10 → 1.0.0).
-    const sameMinor = SUPPORTED_VERSIONS.filter((s) => {
-      const k = parseVersion(s)!;
-      return k[0] === v[0] && k[1] === v[1];
-    });
-    if (sameMinor.length > 0) return { requested, format: sameMinor[sameMinor.length - 1] };
-  }
-  throw new CniError(
-    CNI_CODES.INCOMPATIBLE_VERSION,
-    `Incompatible CNI version ${JSON.stringify(requested)}: enim supports ${
-      SUPPORTED_VERSIONS.join(", ")
-    } (and later patch releases of those)`,
-  );
-}
-
-/** Whether `format` is at least `min` (both known versions). */
-export function versionAtLeast(format: SupportedVersion, min: SupportedVersion): boolean {
-  return SUPPORTED_VERSIONS.indexOf(format) >= SUPPORTED_VERSIONS.indexOf(min);
+  const format = versionFormat(requested);
+  if (format) return { requested, format };
+  throw new CniError(CNI_CODES.INCOMPATIBLE_VERSION, incompatibleVersion(requested));
 }
 
 const Uint = z.number().check(z.int(), z.minimum(0));

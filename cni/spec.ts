@@ -1,18 +1,24 @@
 /**
  * The parts of the CNI protocol that the plugin process itself needs: the
  * verbs and variable names, the spec versions, the error codes, decoding
- * stdin, the VERSION answer and the error object's shape.
+ * stdin, the VERSION answer, the error object's shape, and the one table of
+ * what a call gets wrong whatever the agent says ({@linkcode specProblem}: the
+ * environment, the version, the network's name, whose config it is).
  *
- * This module imports only the wire constants (`api/wire.ts`), on purpose: the
- * plugin process (`cni/forward.ts`) loads only these, `lib/http1.ts` and itself, so that every
- * CNI call costs little more than Deno's own start-up. Everything that needs a
- * schema (the network config, CNI_ARGS, results, the agent's API) runs in the
- * agent, where the schemas are already compiled; `cni/dispatch.ts` builds on
- * this module, so both sides answer with the same codes and messages.
+ * This module imports only the wire constants and name rules (`api/wire.ts`) and
+ * the message clipping (`lib/clip.ts`), on purpose: the plugin process
+ * (`cni/forward.ts`) loads only these, `lib/http1.ts`, `cni/log_file.ts` and
+ * itself, so that every CNI call costs little more than Deno's own start-up.
+ * Everything that needs a schema (the rest of the network config, CNI_ARGS,
+ * results, the agent's API) runs in the agent, where the schemas are already
+ * compiled. `cni/dispatch.ts` checks {@linkcode specProblem} first and builds on
+ * this module (so do `cni/env.ts`, `cni/negotiate.ts` and `cni/config.ts`), so
+ * both sides answer with the same codes and messages.
  *
  * @module
  */
-import type { CniEnvName } from "../api/wire.ts";
+import { type CniEnvName, CONTAINER_ID, IFNAME, type NameRule, NETNS_PATH } from "../api/wire.ts";
+import { clip, MESSAGE_CHARS, quote } from "../lib/clip.ts";
 
 /** The CNI verbs enim serves. */
 export const CNI_VERBS = ["ADD", "DEL", "CHECK", "VERSION", "STATUS", "GC"] as const;
@@ -178,23 +184,232 @@ export function decodeFailure(verb: string, decoded: Decoded): string | undefine
 export function verbProblem(raw: string | undefined): string | undefined {
   if (raw === undefined || raw === "") return "CNI_COMMAND is not set";
   if (!(CNI_VERBS as readonly string[]).includes(raw)) {
-    return `CNI_COMMAND "${raw}" is not one of ${CNI_VERBS.join(", ")}`;
+    return `CNI_COMMAND ${quote(raw)} is not one of ${CNI_VERBS.join(", ")}`;
   }
   return undefined;
 }
 
+/** Which variables each verb reads (and so checks when they are set). */
+export const USED_ENV: Record<CniVerb, readonly CniEnvName[]> = {
+  ADD: ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH"],
+  DEL: ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH"],
+  CHECK: ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH"],
+  GC: ["CNI_PATH"],
+  STATUS: ["CNI_PATH"],
+  VERSION: [],
+};
+
+/** The longest CNI_ARGS enim reads. */
+export const MAX_CNI_ARGS = 64 * 1024;
+
+/** How each variable's value is checked when it is set and not empty (CNI_PATH is not). */
+const ENV_RULES: Partial<Record<CniEnvName, NameRule>> = {
+  CNI_CONTAINERID: CONTAINER_ID,
+  CNI_NETNS: NETNS_PATH,
+  CNI_IFNAME: IFNAME,
+  CNI_ARGS: {
+    problem: (s) =>
+      s.length > MAX_CNI_ARGS ? `Expected at most ${MAX_CNI_ARGS} characters` : undefined,
+  },
+};
+
 /**
- * The code-4 message naming the variables `verb` requires that are unset or
- * empty (runtimes pass `CNI_NETNS=` for a namespace that is gone), or undefined.
+ * The code-4 message naming every variable `verb` requires that is unset or empty
+ * (runtimes pass `CNI_NETNS=` for a namespace that is gone) and every variable it
+ * reads whose value is malformed (reason first, the value clipped); undefined when
+ * there is none.
  */
-export function missingEnv(
-  verb: string | undefined,
+export function envProblem(
+  verb: CniVerb,
   env: Record<string, string | undefined>,
 ): string | undefined {
-  const required = REQUIRED_ENV[verb as CniVerb] ?? [];
-  const missing = required.filter((n) => env[n] === undefined || env[n] === "");
-  if (missing.length === 0) return undefined;
-  return `Invalid CNI environment for ${verb}: ${missing.map((n) => `${n} is not set`).join("; ")}`;
+  const problems: string[] = [];
+  for (const name of USED_ENV[verb]) {
+    const raw = env[name];
+    if (raw === undefined || raw === "") {
+      if (REQUIRED_ENV[verb].includes(name)) problems.push(`${name} is not set`);
+      continue;
+    }
+    const why = ENV_RULES[name]?.problem(raw);
+    if (why !== undefined) problems.push(`${name} is invalid: ${why}; got ${quote(raw, 300)}`);
+  }
+  if (problems.length === 0) return undefined;
+  return `Invalid CNI environment for ${verb}: ${problems.join("; ")}`;
+}
+
+/** The lowest spec version that defines each verb. */
+export const MIN_VERSION: Partial<Record<CniVerb, SupportedVersion>> = {
+  CHECK: "0.4.0",
+  GC: "1.1.0",
+  STATUS: "1.1.0",
+};
+
+const VERSION_RE = /^(\d{1,4})\.(\d{1,4})(?:\.(\d{1,6}))?$/;
+
+/** Splits a version string into numbers, or `undefined` when it is not `major.minor[.patch]`. */
+function parseVersion(v: string): [number, number, number] | undefined {
+  const m = VERSION_RE.exec(v);
+  return m ? [Number(m[1]), Number(m[2]), Number(m[3] ?? 0)] : undefined;
+}
+
+/**
+ * The known version whose result format serves `requested`: itself, or the newest
+ * known patch of its major.minor (0.3.7 → 0.3.1, 1.0.10 → 1.0.0); undefined when
+ * enim does not speak it.
+ */
+export function versionFormat(requested: string): SupportedVersion | undefined {
+  const v = parseVersion(requested);
+  if (!v) return undefined;
+  const exact = SUPPORTED_VERSIONS.find((s) => s === requested);
+  if (exact) return exact;
+  return SUPPORTED_VERSIONS.filter((s) => {
+    const k = parseVersion(s)!;
+    return k[0] === v[0] && k[1] === v[1];
+  }).at(-1);
+}
+
+/** The code-1 message for a version enim does not speak. */
+export function incompatibleVersion(requested: string): string {
+  return `Incompatible CNI version ${quote(requested)}: enim supports ${
+    SUPPORTED_VERSIONS.join(", ")
+  } (and later patch releases of those)`;
+}
+
+/** Whether `format` is at least `min` (both known versions). */
+export function versionAtLeast(format: SupportedVersion, min: SupportedVersion): boolean {
+  return SUPPORTED_VERSIONS.indexOf(format) >= SUPPORTED_VERSIONS.indexOf(min);
+}
+
+/** The code-1 message for a verb its version does not define (CHECK before 0.4.0, …), or undefined. */
+export function verbVersionProblem(
+  verb: CniVerb,
+  requested: string,
+  format: SupportedVersion,
+): string | undefined {
+  const min = MIN_VERSION[verb];
+  if (!min || versionAtLeast(format, min)) return undefined;
+  return `Incompatible CNI version ${quote(requested)} for ${verb}: it needs ${min} or later`;
+}
+
+/** A network's name (the config's `name`): the spec gives it the container id's rule. */
+export const NETWORK_NAME: NameRule = CONTAINER_ID;
+
+/** How zod's English locale names a JSON value's type ("expected string, received number"). */
+function received(v: unknown): string {
+  return v === null ? "null" : Array.isArray(v) ? "array" : typeof v;
+}
+
+/** A JSON value as a message shows it: a string quoted and clipped, `null` for nothing. */
+function shown(v: unknown): string {
+  if (typeof v === "string") return quote(v);
+  if (v === undefined || v === null) return "null";
+  if (typeof v === "object") return Array.isArray(v) ? "an array" : "an object";
+  return String(v);
+}
+
+/** The code-7 message for a config whose `type` and `ipam.type` are not "enim". */
+export function notEnimMessage(config: Record<string, unknown>): string {
+  const ipam = config.ipam;
+  return `Invalid network config: neither "type" nor "ipam.type" is "enim" (type ${
+    shown(config.type)
+  }, ipam.type ${shown(isPlainObject(ipam) ? ipam.type : undefined)})`;
+}
+
+/** The code-2 message for an `ipam` of another type under enim as the interface plugin. */
+export function foreignIpamMessage(ipamType: string): string {
+  return `Unsupported field "ipam.type": ${
+    quote(ipamType)
+  }: as the interface plugin enim takes the addresses from the ENI and delegates no IPAM`;
+}
+
+/** A call refused whatever the agent would say: its CNI code and message. */
+export interface SpecProblem {
+  code: CniCode;
+  msg: string;
+}
+
+/**
+ * What is wrong with a call whatever the agent says, in the order the agent
+ * checks it, or undefined:
+ *
+ * | what                                                          | code |
+ * | ------------------------------------------------------------- | ---- |
+ * | CNI_COMMAND missing or unknown; a required variable unset; CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS or CNI_ARGS malformed | 4 |
+ * | stdin that is not a JSON object                               | 6    |
+ * | a `cniVersion` enim does not speak                            | 1    |
+ * | CHECK before 0.4.0, GC or STATUS before 1.1.0                 | 1    |
+ * | a `cniVersion` or `name` that is no string, a malformed `name` | 7   |
+ * | neither `type` nor `ipam.type` is "enim"                      | 7    |
+ * | an `ipam` of another type under enim as the interface plugin  | 2    |
+ *
+ * VERSION has none past its verb. The one table for both sides: the plugin
+ * process answers these itself when the agent is unreachable, and the agent's
+ * dispatcher (`cni/dispatch.ts`) checks them first, so both give the same code
+ * and message (clipped to {@linkcode MESSAGE_CHARS}, as every CNI error is).
+ *
+ * @example
+ * ```ts
+ * specProblem({ CNI_COMMAND: "GC", CNI_PATH: "/opt/cni/bin" }, decodeStdin('{"cniVersion":"1.0.0"}'));
+ * // { code: 1, msg: 'Incompatible CNI version "1.0.0" for GC: it needs 1.1.0 or later' }
+ * ```
+ */
+export function specProblem(
+  env: Record<string, string | undefined>,
+  decoded: Decoded,
+): SpecProblem | undefined {
+  const found = firstProblem(env, decoded);
+  return found && { code: found.code, msg: clip(found.msg, MESSAGE_CHARS) };
+}
+
+/** {@linkcode specProblem} before its message is clipped. */
+function firstProblem(
+  env: Record<string, string | undefined>,
+  decoded: Decoded,
+): SpecProblem | undefined {
+  const verb = CNI_VERBS.find((v) => v === env.CNI_COMMAND);
+  if (verb === undefined) {
+    return { code: CNI_CODES.INVALID_ENV, msg: verbProblem(env.CNI_COMMAND)! };
+  }
+  if (verb === "VERSION") return undefined;
+  const badEnv = envProblem(verb, env);
+  if (badEnv) return { code: CNI_CODES.INVALID_ENV, msg: badEnv };
+  const undecodable = decodeFailure(verb, decoded);
+  if (undecodable !== undefined || !decoded.ok || !isPlainObject(decoded.value)) {
+    return {
+      code: CNI_CODES.DECODE_FAILED,
+      msg: undecodable ?? "Cannot decode the network config",
+    };
+  }
+  const config = decoded.value;
+  const v = config.cniVersion;
+  if (typeof v === "string") {
+    const format = versionFormat(v);
+    if (!format) return { code: CNI_CODES.INCOMPATIBLE_VERSION, msg: incompatibleVersion(v) };
+    const early = verbVersionProblem(verb, v, format);
+    if (early) return { code: CNI_CODES.INCOMPATIBLE_VERSION, msg: early };
+  }
+  // As the config's schema words them (cni/config.ts), several at once.
+  const fields: string[] = [];
+  if (typeof v !== "string") {
+    fields.push(`cniVersion: Invalid input: expected string, received ${received(v)}`);
+  }
+  const name = config.name;
+  const badName = typeof name === "string"
+    ? NETWORK_NAME.problem(name)
+    : `Invalid input: expected string, received ${received(name)}`;
+  if (badName !== undefined) fields.push(`name: ${badName}`);
+  if (fields.length > 0) {
+    return { code: CNI_CODES.INVALID_CONFIG, msg: `Invalid network config: ${fields.join("; ")}` };
+  }
+  if (!enimSection(config)) return { code: CNI_CODES.INVALID_CONFIG, msg: notEnimMessage(config) };
+  const ipam = config.ipam;
+  if (
+    config.type === "enim" && isPlainObject(ipam) && typeof ipam.type === "string" &&
+    ipam.type !== "enim"
+  ) {
+    return { code: CNI_CODES.UNSUPPORTED_FIELD, msg: foreignIpamMessage(ipam.type) };
+  }
+  return undefined;
 }
 
 /**

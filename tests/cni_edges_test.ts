@@ -2,13 +2,15 @@
  * The CNI spec's edge cases on the real kernel, through the plugin process as a
  * runtime execs it (issue 13): GC per network and its keys, two enim interfaces
  * in one pod, and bad config values refused before anything is allocated, for
- * every spec version that has the verb.
+ * every spec version that has the verb; and with the agent stopped, the calls
+ * that are wrong whatever the agent says answered as the agent answers them.
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
 import { SUPPORTED_VERSIONS } from "../cni/spec.ts";
 import { CNI_CALL_PATH, EXIT_HEADER } from "../api/wire.ts";
 import { encodeRequest, unixRoundTrip } from "../lib/http1.ts";
 import { SimulatedNode } from "./support/node.ts";
+import { SPEC_CASES, specCall } from "./support/spec_cases.ts";
 import type { NetnsHandle } from "./support/vpc.ts";
 
 const AS_ROOT = Deno.uid() === 0;
@@ -304,5 +306,65 @@ Deno.test({
     assertEquals(failed.length, 2, "the plugin's and the API's call each log the reason first");
     for (const l of failed) assertStringIncludes(l.msg, leftOut);
     assertEquals(await node.client.attachments(), [], "nothing was recorded");
+  },
+});
+
+// Issue 23 point 3: with the agent down the plugin answered 11 ("agent not reachable") to
+// calls that can never work, so a runtime retried them and an operator read "agent down".
+Deno.test({
+  name:
+    "with the agent stopped, a call wrong whatever the agent says gets the agent's own code and message; VERSION and DEL with the namespace gone answer as before",
+  ignore: !AS_ROOT,
+  async fn(t) {
+    await using node = await SimulatedNode.start({ mock: { enis: 1 } });
+    const pod = await node.vpc.pod("sd");
+    const good = {
+      containerId: "c-sd",
+      ifName: "eth0",
+      netns: pod.path,
+      args: podArgs("sd"),
+      config: node.netconf("1.1.0"),
+    };
+    const call = (c: (typeof SPEC_CASES)[number]) => {
+      const { env, stdin } = specCall(c, good);
+      return node.cni(c.verb, { env, config: stdin });
+    };
+    const up = new Map<string, string>();
+    for (const c of SPEC_CASES) {
+      const r = await call(c);
+      assertEquals([r.code, r.json?.code], [1, c.code], `agent up, ${c.what}: ${r.stdout}`);
+      up.set(c.what, r.stdout);
+    }
+    const version = await node.cni("VERSION", { config: { cniVersion: "1.0.0" } });
+    assertEquals(version.code, 0, version.stdout);
+    assertEquals(await node.client.attachments(), [], "nothing recorded");
+
+    await node.stopAgent();
+    for (const c of SPEC_CASES) {
+      await t.step(`${c.what} → ${c.code}, as the agent answered it`, async () => {
+        const r = await call(c);
+        assertEquals(r.code, 1, r.stderr);
+        assertEquals(r.stdout, up.get(c.what));
+      });
+    }
+    await t.step("a call with nothing wrong → 11 (agent not reachable)", async () => {
+      const r = await node.cni("ADD", { ...good });
+      assertEquals([r.code, r.json?.code], [1, 11], r.stdout);
+      assertStringIncludes(String(r.json?.msg), "not reachable");
+    });
+    await t.step("VERSION answers as with the agent up", async () => {
+      const r = await node.cni("VERSION", { config: { cniVersion: "1.0.0" } });
+      assertEquals([r.code, r.stdout], [0, version.stdout]);
+    });
+    await t.step("DEL with the namespace gone → success, nothing printed", async () => {
+      for (const netns of ["", `/run/netns/enim-gone-${crypto.randomUUID().slice(0, 8)}`]) {
+        const r = await node.cni("DEL", { ...good, netns });
+        assertEquals([r.code, r.stdout.trim()], [0, ""], `CNI_NETNS="${netns}": ${r.stderr}`);
+      }
+    });
+    await t.step("DEL with the namespace still there → 11", async () => {
+      const r = await node.cni("DEL", { ...good });
+      assertEquals([r.code, r.json?.code], [1, 11], r.stdout);
+    });
   },
 });
