@@ -15,6 +15,11 @@
  * this module (so do `cni/env.ts`, `cni/negotiate.ts` and `cni/config.ts`), so
  * both sides answer with the same codes and messages.
  *
+ * Why one file: it is everything of the protocol the plugin process knows, read
+ * top to bottom by whoever checks that the plugin and the agent agree; the
+ * plugin loads all of it on every call, so splitting it would add modules to
+ * that load and nothing to a reader.
+ *
  * @module
  */
 import { type CniEnvName, CONTAINER_ID, IFNAME, type NameRule, NETNS_PATH } from "../api/wire.ts";

@@ -480,6 +480,10 @@ try {
       network: "bench",
       pod: { namespace: "bench", name: enimPod.ns.name },
       mode: "interface",
+      // What the plugin's ADD asks for (cni/host_link.ts defaults), so both measure the same.
+      ...(flags["host-link"] === "off" ? {} : {
+        hostLink: { podIfName: "host0", nodeIfPrefix: "enimh", serviceCidrs: ["10.96.0.0/16"] },
+      }),
     });
     const addMs = performance.now() - t;
     t = performance.now();
