@@ -29,7 +29,6 @@ import {
   ZoneCluster,
 } from "./support/zone_cluster.ts";
 import { checkZone, readZoneViews } from "./stress/mod.ts";
-import type { NetnsHandle } from "./support/vpc.ts";
 import { decodeRecord } from "../providers/bce/_sticky.ts";
 import { mulberry32 } from "../lib/rng.ts";
 

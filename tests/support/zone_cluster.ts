@@ -287,13 +287,7 @@ export class ZoneCluster implements AsyncDisposable {
     name: string,
     sticky = true,
   ): Promise<CniOutcome> {
-    return node.cni("ADD", {
-      containerId,
-      ifName: "eth0",
-      netns: p.path,
-      args: podArgs(name, sticky),
-      config: node.netconf(),
-    });
+    return this.#cni("ADD", node, p, containerId, name, sticky);
   }
 
   /** DEL of pod `default/<name>` in `p` on `node`. */
@@ -304,7 +298,18 @@ export class ZoneCluster implements AsyncDisposable {
     name: string,
     sticky = true,
   ): Promise<CniOutcome> {
-    return node.cni("DEL", {
+    return this.#cni("DEL", node, p, containerId, name, sticky);
+  }
+
+  #cni(
+    verb: "ADD" | "DEL",
+    node: SimulatedNode,
+    p: NetnsHandle,
+    containerId: string,
+    name: string,
+    sticky: boolean,
+  ): Promise<CniOutcome> {
+    return node.cni(verb, {
       containerId,
       ifName: "eth0",
       netns: p.path,
