@@ -66,7 +66,10 @@ export interface ZoneFigures {
   addRetries: number;
   /** Invariant checks (each covers both nodes and the cloud). */
   checks: number;
-  /** Expiries the agents counted (`enim_sticky_zone_events_total{event="expiry"}`). */
+  /**
+   * Expiries the agents counted at the end (`enim_sticky_zone_events_total{event="expiry"}`:
+   * in-process counters, so those since each agent's last start).
+   */
   expiries: number;
   /** Operations by verb and outcome. */
   ops: Record<string, Record<string, number>>;
@@ -575,7 +578,8 @@ export function formatZoneReport(r: ZoneStressReport): string {
     `moves to the other node: ${f.moves} (sticky ${f.stickyMoves}, ${f.stickyKept} kept their ENI); ` +
     `re-created on their node: ${f.recreates}; failed ADDs retried: ${f.addRetries}`,
     `restart to healthy: median ${pct(f.restartMs, 0.5)} ms, max ${pct(f.restartMs, 1)} ms`,
-    `invariant checks (both nodes and the cloud): ${f.checks}; expiries at the end: ${f.expiries}`,
+    `invariant checks (both nodes and the cloud): ${f.checks}; ` +
+    `expiries the agents counted since their last start: ${f.expiries}`,
     "operations:",
   ];
   for (const verb of Object.keys(f.ops).sort()) {

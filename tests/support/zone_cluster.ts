@@ -12,8 +12,9 @@
  * veth device in that instance's node, on the VPC bridge.
  *
  * With `otherZone`, a third node C joins the VPC as an instance of another zone
- * (`cn-bj-b`, with a subnet of that zone for its default profile), as the BCE API
- * reports both (reference §3: an ENI's subnet is zonal, an instance has a zone).
+ * (`cn-bj-b`, with a subnet of that zone for its default profile): the ENI and the
+ * instance must have their subnets in the same availability zone (BCE reference
+ * §1.2, attach), which the fake enforces too.
  *
  * @module
  */
