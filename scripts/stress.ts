@@ -1,6 +1,7 @@
 /**
  * `deno task stress` (root): the seeded stress run of issue 17, and with `--fuzz`
- * or `--fuzz-only` the full-size fuzz of the plugin and the API. Prints the seed,
+ * or `--fuzz-only` the full-size fuzz of the plugin and the API; with `--zone`, the
+ * two-node run of zone-wide sticky pods (issue 26). Prints the seed,
  * the figures and every violation; exits 1 on any violation (or fuzz failure),
  * 2 on bad flags or when not root. Ctrl-C / SIGTERM stop the run and remove
  * everything it created.
@@ -10,10 +11,12 @@
 import {
   formatFuzz,
   formatReport,
+  formatZoneReport,
   fuzzFailed,
   fuzzOnNewNode,
   parseOptions,
   runStress,
+  runZoneStress,
   type StressOptions,
   USAGE,
 } from "../tests/stress/mod.ts";
@@ -49,7 +52,21 @@ for (const [s, f] of signals) Deno.addSignalListener(s, f);
 const log = (line: string) => console.log(line);
 let failed = false;
 try {
-  if (!opts.fuzzOnly) {
+  if (opts.zone) {
+    log(
+      `stress --zone: seed ${opts.seed}, ${opts.kills} agent kills, ${opts.pods} sticky pods, ` +
+        `${opts.plainPods} plain pods, ${opts.clients} clients, hold ${opts.holdSeconds} s, ` +
+        `attach/detach ${opts.cloudDelayMs} ms`,
+    );
+    const report = await runZoneStress(opts, { log, signal: abort.signal });
+    log("");
+    log(formatZoneReport(report));
+    if (opts.out) {
+      await Deno.writeTextFile(opts.out, JSON.stringify(report, null, 2) + "\n");
+      log(`report written to ${opts.out}`);
+    }
+    if (report.violations.length > 0 || report.plants.some((p) => !p.caught)) failed = true;
+  } else if (!opts.fuzzOnly) {
     log(
       `stress: seed ${opts.seed}, ${opts.kills} agent kills, ${opts.pluginKills} plugin kills, ` +
         `${opts.clients} clients, ${opts.pods} pods, ${opts.enis} ENIs`,
@@ -63,7 +80,7 @@ try {
     }
     if (report.violations.length > 0) failed = true;
   }
-  if ((opts.fuzz || opts.fuzzOnly) && !abort.signal.aborted) {
+  if (!opts.zone && (opts.fuzz || opts.fuzzOnly) && !abort.signal.aborted) {
     log("");
     const fuzz = await fuzzOnNewNode({
       seed: opts.seed,

@@ -6,253 +6,73 @@
  * namespace through a loopback relay (a unix socket crosses namespaces). An ENI
  * the fake attaches to an instance appears as a veth device in that instance's
  * node, on the VPC bridge, so a pod that moved to B really pings its gateway
- * from B with the same MAC and IP.
+ * from B with the same MAC and IP. A third node, C, is an instance of another
+ * zone: a pod parked in A's zone and re-created there is refused, naming both
+ * zones. The harness is `support/zone_cluster.ts`, shared with the zone mode of
+ * `deno task stress`, whose cross-node checker the steps assert with.
  *
  * The default profile keeps its sticky pods' ENIs zone-wide with no node hold
- * (the DEL parks at once; the node hold itself is the manager tests'). Another
- * zone is the provider tests' (`providers/bce/sticky_zone_test.ts`): a third
- * node would only repeat them.
+ * (the DEL parks at once; the node hold itself is the manager tests').
  */
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
-import { type CniOutcome, SimulatedNode } from "./support/node.ts";
-import { FakeBceProcess, type FakeBceState } from "./support/bce_fake_main.ts";
-import { LoopbackRelay } from "./support/loopback_relay.ts";
-import type { NetnsHandle } from "./support/vpc.ts";
+import type { CniOutcome, SimulatedNode } from "./support/node.ts";
+import {
+  attaches,
+  INSTANCES,
+  said,
+  stickyEvents,
+  waitFor,
+  ZONE_A,
+  ZONE_B,
+  ZONE_GATEWAY as GATEWAY,
+  ZONE_SECRET as SECRET,
+  ZoneCluster,
+} from "./support/zone_cluster.ts";
+import { checkZone, readZoneViews } from "./stress/mod.ts";
 import { decodeRecord } from "../providers/bce/_sticky.ts";
 import { mulberry32 } from "../lib/rng.ts";
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 const ROOT = Deno.uid() === 0;
-const SUBNET = "10.97.0.0/24";
-const GATEWAY = "10.97.0.1";
-const NODE_A = "i-stickya01";
-const NODE_B = "i-stickyb01";
-const AK = "AKIDenimSticky0000001";
-/** Must never appear in any log line. */
-const SECRET = "SK-sticky-secret-DO-NOT-LOG-9a8b7c6d";
+const NODE_A = INSTANCES.A;
+const NODE_B = INSTANCES.B;
 
-/** The provider settings of a node (endpoint and metadata: set once the fake listens). */
-function bceSettings(extraTimeouts: Record<string, number> = {}) {
-  return {
-    credentialsFile: "/run/enim/bce-credentials.json",
-    clusterId: "e2e",
-    securityGroupIds: ["g-sticky01"],
-    warmPool: { minIdle: 0, maxIdle: 4 },
-    maxEnisPerNode: 8,
-    sticky: { scope: "zone", nodeHoldSeconds: 0 },
-    timeouts: {
-      requestMs: 5000,
-      totalMs: 20_000,
-      baseDelayMs: 50,
-      maxDelayMs: 500,
-      attachMs: 20_000,
-      detachMs: 20_000,
-      deviceMs: 20_000,
-      pollMs: 20,
-      poolIntervalMs: 300,
-      idleIntervalMs: 1000,
-      minPassGapMs: 50,
-      ...extraTimeouts,
-    },
-  };
-}
-
-function startNode(
-  extra: { joinVpc?: SimulatedNode; timeouts?: Record<string, number> } = {},
-) {
-  return SimulatedNode.start({
-    subnets: { ipv4: SUBNET },
-    startAgent: false,
-    deviceSimulator: false,
-    logLevel: "debug",
-    gc: { intervalSeconds: 1, graceSeconds: 0 },
-    extra: { sticky: { holdSeconds: 3600 } },
-    ...(extra.joinVpc ? { joinVpc: extra.joinVpc.vpc } : {}),
-    provider: { name: "bce", settings: bceSettings(extra.timeouts) },
-  });
-}
-
-/** The CNI_ARGS of pod `name` (sticky unless said otherwise). */
-function podArgs(name: string, sticky = true): string {
-  return `K8S_POD_NAMESPACE=default;K8S_POD_NAME=${name};IgnoreUnknown=1${
-    sticky ? ";ENIM_STICKY=true" : ""
-  }`;
-}
-
-/** Waits until `check` holds (polling), failing with `what`. */
-async function waitFor(
-  what: string,
-  check: () => Promise<boolean>,
-  ms = 30_000,
-): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`Timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-/** The fake's ENI. */
-async function cloudEni(fake: FakeBceProcess, eniId: string) {
-  return (await fake.state()).enis.find((e) => e.eniId === eniId);
-}
-
-/** What a CNI call printed, for a failed assertion's message. */
-function said(r: CniOutcome): string {
-  return `exit ${r.code}: ${r.stdout}${r.stderr}`;
-}
-
-/** The expiry count a node's agent exposes. */
-async function expiries(node: SimulatedNode): Promise<number> {
-  const text = await node.client.metrics();
-  return [
-    ...text.matchAll(/^enim_sticky_zone_events_total\{([^}]*)\} (\d+)$/gm),
-  ]
-    .filter((m) => m[1].includes('event="expiry"'))
-    .reduce((n, m) => n + Number(m[2]), 0);
-}
+/** The expiry count of a node's agent. */
+const expiries = (node: SimulatedNode) => stickyEvents(node, "expiry");
 
 /**
- * The invariant kills must never break: every ENI the cloud shows attached to a
- * node's instance is one that node's agent records (in its provider's list, or
- * on its way into the VPC), and no ENI is recorded by both nodes.
+ * The cross-node invariants kills must never break (`checkZone`, the zone stress's
+ * checker): every ENI the cloud shows attached to a node's instance is one that
+ * node's agent records, no ENI is recorded by two nodes or on two nodes' kernels,
+ * a pod runs on one node at most, a parked ENI is listed by one agent at most.
  */
-async function assertAttachmentsRecorded(
-  fake: FakeBceProcess,
-  nodes: [SimulatedNode, string][],
-): Promise<void> {
-  const state = await fake.state();
-  const seen = new Map<string, string>();
-  for (const [node, instanceId] of nodes) {
-    const listed = new Set((await node.client.enis()).map((e) => e.id));
-    const st = await node.client.status();
-    const parking = new Set(st.sticky.parked.map((p) => p.eniId));
-    for (const e of state.enis) {
-      if (e.instanceId !== instanceId) continue;
-      assert(
-        listed.has(e.eniId) || parking.has(e.eniId),
-        `ENI ${e.eniId} is ${e.status} on ${instanceId}, whose agent has no record of it`,
-      );
-    }
-    for (const id of listed) {
-      assert(
-        !seen.has(id),
-        `ENI ${id} is recorded by ${seen.get(id)} and ${instanceId}`,
-      );
-      seen.set(id, instanceId);
-    }
-  }
-}
-
-/** The successful attaches of an ENI the fake answered. */
-function attaches(state: FakeBceState, eniId: string) {
-  return state.requests.filter((r) =>
-    r.method === "PUT" && r.path === `/v1/eni/${eniId}` &&
-    "attach" in r.query && r.status === 200
-  );
+async function assertAttachmentsRecorded(cluster: ZoneCluster): Promise<void> {
+  const found = checkZone(await readZoneViews(cluster));
+  assertEquals(found.map((v) => `${v.class} ${v.subject}: ${v.message}`), []);
 }
 
 Deno.test({
   name:
-    "zone-wide sticky pods on two nodes and one fake cloud: moves keep ENI, MAC and IP; the cloud settles races; kills are finished or rolled back",
+    "zone-wide sticky pods on two nodes and one fake cloud: moves keep ENI, MAC and IP; the cloud settles races; kills are finished or rolled back; another zone is refused",
   ignore: !ROOT,
   async fn(t) {
-    await using a = await startNode();
-    await using b = await startNode({
-      joinVpc: a,
-      timeouts: { orphanScanIntervalMs: 1000, parkedExpiryGraceMs: 0 },
+    await using cluster = await ZoneCluster.start({
+      otherZone: true,
+      timeoutsB: { orphanScanIntervalMs: 1000, parkedExpiryGraceMs: 0 },
     });
-    for (const node of [a, b]) {
-      const path = node.sandbox.host("bce-credentials.json");
-      await Deno.writeTextFile(
-        path,
-        JSON.stringify({ accessKeyId: AK, secretAccessKey: SECRET }),
-        { mode: 0o600 },
-      );
-      await Deno.chmod(path, 0o600);
-    }
-    const socket = await Deno.makeTempFile({
-      prefix: "enim-sticky-fake-",
-      suffix: ".sock",
-    });
-    await Deno.remove(socket);
-    await using fake = await FakeBceProcess.start({
-      nodeNetns: a.vpc.node.name,
-      vpcNetns: a.vpc.vpc.name,
-      bridge: a.vpc.bridge,
-      subnet: { subnetId: "sbn-sticky01", cidr: SUBNET, zoneName: "cn-bj-a" },
-      securityGroups: ["g-sticky01"],
-      instanceId: NODE_A,
-      eniQuota: 12,
-      otherNodes: [{
-        instanceId: NODE_B,
-        nodeNetns: b.vpc.node.name,
-        eniQuota: 12,
-      }],
-      unixSocket: socket,
-      credentials: [{ accessKeyId: AK, secretAccessKey: SECRET }],
-    });
-    await using relay = await LoopbackRelay.start(b.vpc.node.name, socket);
-    const setEndpoint = (
-      node: SimulatedNode,
-      url: string,
-      instanceId: string,
-    ) =>
-      node.editConfig((cfg) => {
-        const bce = (cfg.provider as { bce: Record<string, unknown> }).bce;
-        bce.endpoint = url;
-        bce.metadataUrl = `${url}/1.0/meta-data/`;
-        bce.instanceId = instanceId;
-      });
-    await setEndpoint(a, fake.url, NODE_A);
-    await setEndpoint(b, `http://127.0.0.1:${relay.port}`, NODE_B);
-    try {
-      await a.startAgent();
-      await b.startAgent();
-    } catch (err) {
-      throw new Error(
-        `${(err as Error).message}\nA:\n${await a.agentLog()}\nB:\n${await b
-          .agentLog()}\nfake:\n${fake.output().join("\n")}`,
-      );
-    }
+    const { a, b, c, fake } = cluster;
     // Each node removes its pods' namespaces when it closes.
     const pod = (node: SimulatedNode, name: string) => node.vpc.pod(name);
-    const add = (
-      node: SimulatedNode,
-      p: NetnsHandle,
-      containerId: string,
-      name: string,
-      sticky = true,
-    ) =>
-      node.cni("ADD", {
-        containerId,
-        ifName: "eth0",
-        netns: p.path,
-        args: podArgs(name, sticky),
-        config: node.netconf(),
-      });
-    const del = (
-      node: SimulatedNode,
-      p: NetnsHandle,
-      containerId: string,
-      name: string,
-      sticky = true,
-    ) =>
-      node.cni("DEL", {
-        containerId,
-        ifName: "eth0",
-        netns: p.path,
-        args: podArgs(name, sticky),
-        config: node.netconf(),
-      });
+    const add = cluster.add.bind(cluster);
+    const del = cluster.del.bind(cluster);
     const macOf = (r: CniOutcome) => (r.json!.interfaces as { mac: string }[])[0].mac;
     const ipsOf = (r: CniOutcome) => (r.json!.ips as { address: string }[]).map((i) => i.address);
-    const eniOfPod = async (node: SimulatedNode, containerId: string) =>
-      (await node.client.status()).enis.find((e) => e.owner?.containerId === containerId)!.id;
+    const eniOfPod = (node: SimulatedNode, containerId: string) =>
+      cluster.eniOfPod(node, containerId);
     const parkedIn = (eniId: string) =>
       waitFor(`ENI ${eniId} parked in the cloud`, async () => {
-        const e = await cloudEni(fake, eniId);
+        const e = await cluster.cloudEni(eniId);
         return e?.status === "available" &&
           decodeRecord(e.description)?.state === "parked";
       });
@@ -293,7 +113,7 @@ Deno.test({
           await b.vpc.ping(onB, GATEWAY),
           "the pod pings its gateway from B",
         );
-        const e = await cloudEni(fake, eniId);
+        const e = await cluster.cloudEni(eniId);
         assertEquals([e?.status, e?.instanceId], ["inuse", NODE_B]);
         await waitFor(
           "A to drop it from its status",
@@ -311,7 +131,7 @@ Deno.test({
           ) => [c.eniId, c.pod, c.from]),
           [[eniId, "default/db-0", NODE_A]],
         );
-        await assertAttachmentsRecorded(fake, [[a, NODE_A], [b, NODE_B]]);
+        await assertAttachmentsRecorded(cluster);
       },
     );
 
@@ -323,13 +143,73 @@ Deno.test({
         assertEquals(r.code, 0, said(r));
         const eniId = await eniOfPod(a, "c-web0-a");
         assertEquals((await del(a, p, "c-web0-a", "web-0", false)).code, 0);
-        const e = await cloudEni(fake, eniId);
+        const e = await cluster.cloudEni(eniId);
         assertEquals([e?.status, e?.instanceId], ["inuse", NODE_A]);
         assert(!decodeRecord(e?.description), "no sticky record");
         assertEquals((await a.client.status()).sticky.parked, []);
         assert(
           (await a.client.enis()).some((x) => x.id === eniId && x.state === "free"),
         );
+      },
+    );
+
+    await t.step(
+      `a sticky pod parked in zone ${ZONE_A} and re-created on a node of zone ${ZONE_B} is refused, naming both zones and the topology constraint; nothing is attached, and its ENI, still parked, is claimed by a node of its zone`,
+      async () => {
+        const onA = await pod(a, "db5-a");
+        const first = await add(a, onA, "c-db5-a", "db-5");
+        assertEquals(first.code, 0, said(first));
+        const eniId = await eniOfPod(a, "c-db5-a");
+        assertEquals((await del(a, onA, "c-db5-a", "db-5")).code, 0);
+        await parkedIn(eniId);
+        const before = await fake.state();
+        const parked = before.enis.find((e) => e.eniId === eniId)!;
+        const attachCalls = (st: typeof before) =>
+          st.requests.filter((r) => r.path === `/v1/eni/${eniId}` && "attach" in r.query).length;
+
+        const onC = await pod(c, "db5-c");
+        const refused = await add(c, onC, "c-db5-c", "db-5");
+        assert(refused.code !== 0, said(refused));
+        assertEquals(refused.json?.code, 109, said(refused));
+        const msg = String(refused.json?.msg);
+        for (
+          const part of [
+            "The sticky pod's ENI is in another zone",
+            eniId,
+            `zone "${ZONE_A}"`,
+            `zone "${ZONE_B}"`,
+            INSTANCES.C,
+            `Schedule the pod in zone "${ZONE_A}"`,
+            'README "Zone-wide sticky pods", topology',
+          ]
+        ) {
+          assertStringIncludes(msg, part);
+        }
+        // The runtime's DEL of the failed sandbox.
+        assertEquals((await del(c, onC, "c-db5-c", "db-5")).code, 0);
+
+        const after = await fake.state();
+        assertEquals(attachCalls(after), attachCalls(before), "C never tried to attach it");
+        const still = after.enis.find((e) => e.eniId === eniId);
+        assertEquals(
+          [still?.status, still?.instanceId, still?.description],
+          ["available", parked.instanceId, parked.description],
+          "the parked ENI is untouched",
+        );
+        assertEquals(await c.client.enis(), [], "C holds nothing");
+        assertEquals(await c.client.attachments(), [], "C recorded nothing");
+        assertEquals(
+          (await a.client.status()).sticky.parked.map((x) => [x.eniId, x.state]),
+          [[eniId, "parked"]],
+          "A still lists it parked",
+        );
+
+        const onB = await pod(b, "db5-b");
+        const moved = await add(b, onB, "c-db5-b", "db-5");
+        assertEquals(moved.code, 0, said(moved) + (await b.agentLog()));
+        assertEquals([macOf(moved), ipsOf(moved)], [macOf(first), ipsOf(first)]);
+        assert(await b.vpc.ping(onB, GATEWAY), "the pod pings its gateway from B");
+        await assertAttachmentsRecorded(cluster);
       },
     );
 
@@ -367,7 +247,7 @@ Deno.test({
         );
         const ls = await lostNode.client.status();
         assertEquals(ls.providerDetails.claiming, 0);
-        await assertAttachmentsRecorded(fake, [[a, NODE_A], [b, NODE_B]]);
+        await assertAttachmentsRecorded(cluster);
         const winnerPod = ra.code === 0 ? pa : pb;
         assert(
           await winner.vpc.ping(winnerPod, GATEWAY),
@@ -386,7 +266,7 @@ Deno.test({
         await waitFor(
           "the owned record",
           async () =>
-            decodeRecord((await cloudEni(fake, eniId))?.description)?.state ===
+            decodeRecord((await cluster.cloudEni(eniId))?.description)?.state ===
               "owned",
         );
         await a.stopAgent("SIGKILL");
@@ -398,7 +278,7 @@ Deno.test({
         }
         assertEquals((await del(b, onB, "c-db2-b1", "db-2")).code, 0);
         assertEquals(
-          (await cloudEni(fake, eniId))?.instanceId,
+          (await cluster.cloudEni(eniId))?.instanceId,
           NODE_A,
           "left on A",
         );
@@ -427,11 +307,11 @@ Deno.test({
         assertEquals((await del(a, p, "c-db2-a", "db-2")).code, 0);
         assert(!(await a.client.enis()).some((x) => x.id === eniId));
         assertEquals(
-          (await cloudEni(fake, eniId))?.instanceId,
+          (await cluster.cloudEni(eniId))?.instanceId,
           NODE_B,
           "untouched by A",
         );
-        await assertAttachmentsRecorded(fake, [[a, NODE_A], [b, NODE_B]]);
+        await assertAttachmentsRecorded(cluster);
       },
     );
 
@@ -445,7 +325,7 @@ Deno.test({
         assertEquals((await del(a, p, "c-db4-a", "db-4")).code, 0);
         await waitFor(
           "the detach to start",
-          async () => (await cloudEni(fake, eniId))?.status === "detaching",
+          async () => (await cluster.cloudEni(eniId))?.status === "detaching",
         );
         await a.stopAgent("SIGKILL");
         await a.startAgent();
@@ -457,12 +337,12 @@ Deno.test({
               x.eniId === eniId && x.state === "parked"
             ),
         );
-        await assertAttachmentsRecorded(fake, [[a, NODE_A], [b, NODE_B]]);
+        await assertAttachmentsRecorded(cluster);
 
         const onB = await pod(b, "db4-b");
         const claiming = add(b, onB, "c-db4-b1", "db-4");
         await waitFor("the attach to start", async () => {
-          const e = await cloudEni(fake, eniId);
+          const e = await cluster.cloudEni(eniId);
           return e?.status === "attaching" && e.instanceId === NODE_B;
         });
         await b.stopAgent("SIGKILL");
@@ -470,12 +350,12 @@ Deno.test({
         assert(cut.code !== 0, said(cut));
         await b.startAgent();
         await waitFor("B to roll the claim back", async () => {
-          const e = await cloudEni(fake, eniId);
+          const e = await cluster.cloudEni(eniId);
           return e?.status === "available" &&
             decodeRecord(e.description)?.state === "parked" &&
             (await b.client.status()).providerDetails.claiming === 0;
         });
-        await assertAttachmentsRecorded(fake, [[a, NODE_A], [b, NODE_B]]);
+        await assertAttachmentsRecorded(cluster);
         await fake.delays(30, 30);
         assertEquals((await del(b, onB, "c-db4-b1", "db-4")).code, 0);
         const back = await add(b, onB, "c-db4-b2", "db-4");
@@ -485,7 +365,7 @@ Deno.test({
           await b.vpc.ping(onB, GATEWAY),
           "the pod pings its gateway from B",
         );
-        await assertAttachmentsRecorded(fake, [[a, NODE_A], [b, NODE_B]]);
+        await assertAttachmentsRecorded(cluster);
       },
     );
 
@@ -539,26 +419,9 @@ Deno.test({
           podNs = target;
           here = 1 - here;
           const eniId = await eniOfPod(to, cid);
-          await waitFor("the cloud and both agents to settle", async () => {
-            const st = await fake.state();
-            if (
-              st.enis.some((e) => e.status === "attaching" || e.status === "detaching")
-            ) {
-              return false;
-            }
-            for (const [n] of nodes) {
-              const s = await n.client.status();
-              if (
-                s.sticky.parked.some((p) => p.state === "parking") ||
-                s.providerDetails.claiming
-              ) {
-                return false;
-              }
-            }
-            return true;
-          });
-          await assertAttachmentsRecorded(fake, nodes);
-          const e = await cloudEni(fake, eniId);
+          await cluster.settle();
+          await assertAttachmentsRecorded(cluster);
+          const e = await cluster.cloudEni(eniId);
           assertEquals([e?.status, e?.instanceId], ["inuse", toId]);
           const holders = [];
           for (const [n] of nodes) {
@@ -603,7 +466,7 @@ Deno.test({
         assertEquals((await del(a, p, "c-db3-a", "db-3")).code, 0);
         await waitFor(
           "the expired ENI to be deleted",
-          async () => !(await cloudEni(fake, eniId)),
+          async () => !(await cluster.cloudEni(eniId)),
         );
         const state = await fake.state();
         const deletes = state.requests.filter((r) =>
@@ -619,7 +482,7 @@ Deno.test({
           "A's status to drop it",
           async () => !(await a.client.status()).sticky.parked.some((x) => x.eniId === eniId),
         );
-        await assertAttachmentsRecorded(fake, [[a, NODE_A], [b, NODE_B]]);
+        await assertAttachmentsRecorded(cluster);
       },
     );
 

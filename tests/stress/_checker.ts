@@ -48,6 +48,21 @@ export const VIOLATION_CLASSES = {
   host_link_missing:
     "an acknowledged ADD's host link is not whole: its node end on the node or its pod end in the pod",
   plant_missed: "the checker did not report a planted violation",
+  // ---- zone mode (two nodes, one cloud: `_zone_checker.ts`)
+  zone_attached_unrecorded:
+    "the cloud shows an ENI attached (or attaching) to a node whose agent has no record of it",
+  zone_recorded_elsewhere:
+    "an agent records an ENI the cloud shows attached to another instance, detached or gone",
+  zone_recorded_twice: "two nodes' agents record the same ENI",
+  zone_device_on_two_nodes: "an ENI's device is on two nodes at once",
+  zone_pod_runs_twice: "a pod has a ready attachment on two nodes",
+  zone_parked_without_record:
+    "a zone-sticky ENI is detached into the VPC without a parked record (a park or rollback half done)",
+  zone_parked_twice: "a sticky pod has two parked ENIs in the cloud",
+  zone_parked_listed_twice: "a parked ENI is listed by two nodes' agents",
+  zone_cloud_leak:
+    "after the final GC and every hold's expiry, the cloud has an ENI no agent and no unexpired park accounts for",
+  zone_move_stuck: "a pod's DEL or ADD kept failing past the runtime's retries",
 } as const;
 
 /** A violation class. */

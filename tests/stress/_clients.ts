@@ -156,7 +156,7 @@ async function viaApi(fn: () => Promise<unknown>): Promise<Answer> {
 }
 
 /** Turns an ADD answer into what the pod must now hold. */
-function addedFrom(a: Answer, via: Via, pod: PodRecord, ifName: string): KeyRecord["added"] {
+export function addedFrom(a: Answer, via: Via, pod: PodRecord, ifName: string): KeyRecord["added"] {
   if (via === "plugin") {
     const r = PluginAddResultSchema.parse(a.json);
     // The host link's two ends follow the ENI's interface: the node end, then the pod end.

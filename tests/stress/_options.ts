@@ -77,6 +77,17 @@ export const StressOptionsSchema = z.object({
   fuzzApi: z.number().int().min(0),
   /** Run every fuzz class, also those issue 17 lists as failing today. */
   fuzzAll: z.boolean(),
+  /**
+   * The zone mode (issue 26): two nodes on the BCE provider, zone-sticky pods moving
+   * between them, either agent killed mid-park and mid-claim (`_zone.ts`).
+   */
+  zone: z.boolean(),
+  /** Zone mode: pods without stickiness beside the sticky ones (`pods`). */
+  plainPods: z.number().int().min(0).max(50),
+  /** Zone mode: the sticky hold (s): how long a parked ENI waits for its pod. */
+  holdSeconds: z.number().int().min(1).max(3600),
+  /** Zone mode: how long each attach and detach takes in the fake cloud (ms). */
+  cloudDelayMs: z.number().int().min(0).max(10_000),
   /** Write the whole report as JSON here. */
   out: z.string().optional(),
   verbose: z.boolean(),
@@ -112,8 +123,17 @@ export function defaultOptions(
     fuzzPlugin: 5000,
     fuzzApi: 2000,
     fuzzAll: true,
+    zone: false,
+    plainPods: 2,
+    holdSeconds: 15,
+    cloudDelayMs: 500,
     verbose: false,
   };
+}
+
+/** The defaults of the zone mode: a run of about a minute or two. */
+export function zoneDefaults(seed?: number): StressOptions {
+  return { ...defaultOptions(seed), zone: true, kills: 12, clients: 2, pods: 3, plainPods: 2 };
 }
 
 /** The usage text. */
@@ -148,6 +168,25 @@ SIGKILLed mid-call; after every restart the state, the provider and the kernel a
   --fuzz-known-good   fuzz only the classes that pass today (default: every class)
   --out FILE          write the whole report as JSON
   --verbose           print every round
+
+deno task stress --zone [options]   (root)
+
+Two nodes of one zone on one simulated VPC, each agent on the BCE provider with its sticky
+pods kept zone-wide, one fake BCE cloud whose attaches and detaches take a while: clients move
+pods between the nodes (a sticky pod's DEL parks its ENI, its ADD on the other node claims it;
+DELs retried until they succeed, failed ADDs DELeted and retried, as a runtime does), either
+agent SIGKILLed, most often while the cloud shows an ENI attaching or detaching (mid-claim,
+mid-park); after every restart both nodes and the cloud are checked, and at the end every pod
+is deleted, GC runs, every hold expires and nothing may be left.
+
+  --seed N            seed (default: random, printed)
+  --kills N           agent SIGKILLs (default 12)
+  --pods N            sticky pods (default 3)
+  --plain-pods N      pods without stickiness (default 2)
+  --clients N         concurrent moves (default 2)
+  --hold-seconds N    the sticky hold of a parked ENI (default 15)
+  --cloud-delay-ms N  how long an attach and a detach take in the cloud (default 500)
+  --minutes M, --no-plant, --stop-on-violation, --out FILE, --verbose: as above
 `;
 
 /** Parses argv into options; throws a TypeError naming a bad flag. */
@@ -177,6 +216,10 @@ export function parseOptions(argv: string[]): StressOptions | "help" {
       "fuzz-known-good": { type: "boolean" },
       out: { type: "string" },
       verbose: { type: "boolean" },
+      zone: { type: "boolean" },
+      "plain-pods": { type: "string" },
+      "hold-seconds": { type: "string" },
+      "cloud-delay-ms": { type: "string" },
       help: { type: "boolean", short: "h" },
     },
   });
@@ -189,7 +232,9 @@ export function parseOptions(argv: string[]): StressOptions | "help" {
     }
     return n;
   };
-  const d = defaultOptions(num("seed", values.seed));
+  const d = values.zone
+    ? zoneDefaults(num("seed", values.seed))
+    : defaultOptions(num("seed", values.seed));
   const ops = { ...d.ops };
   if (values.ops !== undefined) {
     for (const part of values.ops.split(",")) {
@@ -203,7 +248,7 @@ export function parseOptions(argv: string[]): StressOptions | "help" {
     ...d,
     kills,
     pluginKills: num("plugin-kills", values["plugin-kills"]) ??
-      (values.kills !== undefined ? Math.ceil(kills / 3) : d.pluginKills),
+      (values.kills !== undefined && !values.zone ? Math.ceil(kills / 3) : d.pluginKills),
     clients: num("clients", values.clients) ?? d.clients,
     pods: num("pods", values.pods) ?? d.pods,
     enis: num("enis", values.enis) ?? d.enis,
@@ -223,6 +268,10 @@ export function parseOptions(argv: string[]): StressOptions | "help" {
     fuzzAll: !values["fuzz-known-good"],
     out: values.out,
     verbose: values.verbose ?? false,
+    zone: values.zone ?? false,
+    plainPods: num("plain-pods", values["plain-pods"]) ?? d.plainPods,
+    holdSeconds: num("hold-seconds", values["hold-seconds"]) ?? d.holdSeconds,
+    cloudDelayMs: num("cloud-delay-ms", values["cloud-delay-ms"]) ?? d.cloudDelayMs,
   });
   if (!parsed.success) {
     throw new TypeError(

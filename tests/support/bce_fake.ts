@@ -27,7 +27,8 @@
  *   throttling (HTTP 429 with an empty body by default), slow and lost responses,
  *   an ENI that stays stuck in `attaching`/`detaching`, an ENI that is not
  *   visible for a few reads after its create (eventual consistency).
- * - Out-of-band changes: {@linkcode FakeBce.deleteOutOfBand}, {@linkcode FakeBce.detachOutOfBand}.
+ * - Out-of-band changes: {@linkcode FakeBce.deleteOutOfBand}, {@linkcode FakeBce.detachOutOfBand},
+ *   {@linkcode FakeBce.attachNewOutOfBand}.
  * - The list's `name` filter matches exactly by default (whether BCE matches
  *   exactly, by prefix or fuzzily is unverified): a client relying on a prefix
  *   match finds nothing; `nameFilter: "prefix"` and `"ignore"` (the whole VPC
@@ -429,6 +430,19 @@ export class FakeBce {
     eni.status = "available";
     eni.instanceId = "";
     if (was.status === "inuse" && this.opts.onDetach) this.#hook(() => this.opts.onDetach!(was));
+  }
+
+  /**
+   * Someone else creates an ENI named `name` and attaches it to `instanceId` (the
+   * console, another tool): it is `inuse` at once and its device is plugged.
+   */
+  attachNewOutOfBand(name: string, instanceId: string): FakeEni {
+    if (!this.opts.instances[instanceId]) {
+      throw new Error(`The fake has no instance "${instanceId}"`);
+    }
+    const eni = this.seedEni({ name, instanceId, status: "inuse" });
+    if (this.opts.onAttach) this.#hook(() => this.opts.onAttach!(structuredClone(eni)));
+    return eni;
   }
 
   /** Someone else detaches and deletes an ENI. */

@@ -20,6 +20,8 @@
  *   (what a test asserts on: which ENIs exist, which calls were made);
  * - on `oob-delete <eniId>` / `oob-detach <eniId>`, deletes or detaches an ENI
  *   out of band (someone else did it, in the console), answering `{"event":"done"}`;
+ *   on `oob-attach-new <instanceId>`, creates an ENI (not enim's) attached to that
+ *   instance, answering `{"event":"done","eniId":…}`;
  *   on `instance-status <instanceId> <Status>`, reports that instance so from now
  *   on (`Stopped`: its node went down); on `delays <attachMs> <detachMs>`, makes
  *   attaches and detaches take that long (a kill can then land in the middle);
@@ -227,6 +229,9 @@ async function main(): Promise<void> {
         if (verb === "oob-delete") fake.deleteOutOfBand(eniId);
         else fake.detachOutOfBand(eniId);
         print({ event: "done", command });
+      } else if (/^oob-attach-new i-[A-Za-z0-9]+$/.test(command)) {
+        const eni = fake.attachNewOutOfBand("planted-foreign", command.split(" ")[1]);
+        print({ event: "done", command, eniId: eni.eniId });
       } else if (/^instance-status i-[A-Za-z0-9]+ [A-Za-z]+$/.test(command)) {
         const [, instanceId, status] = command.split(" ");
         fake.setInstanceStatus(instanceId, status);
@@ -375,25 +380,35 @@ export class FakeBceProcess implements AsyncDisposable {
   }
 
   /** Deletes (or detaches) an ENI behind enim's back, as someone in the console would. */
-  outOfBand(verb: "delete" | "detach", eniId: string): Promise<void> {
-    return this.#command(`oob-${verb} ${eniId}`);
+  async outOfBand(verb: "delete" | "detach", eniId: string): Promise<void> {
+    await this.#command(`oob-${verb} ${eniId}`);
+  }
+
+  /**
+   * Creates an ENI behind enim's back, attached to `instanceId` (a stress plant: an
+   * ENI attached to a node whose agent has no record of it); returns its id.
+   */
+  async attachNewOutOfBand(instanceId: string): Promise<string> {
+    const ev = await this.#command(`oob-attach-new ${instanceId}`);
+    return String(ev.eniId);
   }
 
   /** Sets an instance's status as BCE reports it (`Stopped`, `Running`, …). */
-  instanceStatus(instanceId: string, status: string): Promise<void> {
-    return this.#command(`instance-status ${instanceId} ${status}`);
+  async instanceStatus(instanceId: string, status: string): Promise<void> {
+    await this.#command(`instance-status ${instanceId} ${status}`);
   }
 
   /** Sets how long an attach and a detach take from now on. */
-  delays(attachMs: number, detachMs: number): Promise<void> {
-    return this.#command(`delays ${attachMs} ${detachMs}`);
+  async delays(attachMs: number, detachMs: number): Promise<void> {
+    await this.#command(`delays ${attachMs} ${detachMs}`);
   }
 
-  #command(line: string): Promise<void> {
+  #command(line: string): Promise<Record<string, unknown>> {
     const run = this.#pending.then(async () => {
       await this.#stdin.write(new TextEncoder().encode(`${line}\n`));
       const ev = await this.#events.next("done");
       if (!ev) throw new Error(`The fake BCE server ended:\n${this.output().join("\n")}`);
+      return ev;
     });
     this.#pending = run.catch(() => {});
     return run;

@@ -217,6 +217,11 @@ export class SimulatedVpc implements AsyncDisposable {
     return h;
   }
 
+  /** The pod namespaces made with {@linkcode pod} and not deleted since. */
+  get pods(): NetnsHandle[] {
+    return [...this.#pods.values()];
+  }
+
   /** Deletes a pod namespace (whatever is in it: a veth ENI in it is destroyed with it). */
   async deletePod(pod: NetnsHandle): Promise<void> {
     await deleteNetns(pod.name);
