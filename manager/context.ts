@@ -48,10 +48,11 @@ export interface ManagerContext {
   /** The host links' upkeep: the node's addresses, its nftables table, warnings. */
   readonly hostLinks: HostLinks;
   /**
-   * DELs that have answered and are still bringing their device home (release.ts): an
-   * ADD that needs an ENI waits for them, so a DEL then an ADD finds the ENI free.
+   * DELs that have answered and are still bringing their device home (release.ts), with
+   * the pod's namespace path: an ADD in that namespace, or one that needs their ENI,
+   * waits for them, so a DEL then an ADD finds the ENI free and the names unused.
    */
-  readonly releasing: Set<Promise<unknown>>;
+  readonly releasing: Map<Promise<unknown>, string>;
 }
 
 /** The provider-level owner of an attachment row. */

@@ -214,6 +214,11 @@ export class HostLinks {
     p.finally(() => this.#pending.delete(p));
   }
 
+  /** Whether a removal queued by {@linkcode removeLater} has not run yet. */
+  get pending(): boolean {
+    return this.#pending.size > 0;
+  }
+
   /** Resolves when every removal queued by {@linkcode removeLater} has run. */
   async idle(): Promise<void> {
     while (this.#pending.size > 0) await Promise.allSettled([...this.#pending]);

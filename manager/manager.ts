@@ -114,6 +114,8 @@ class ManagerImpl implements Manager {
   readonly #graceMs: number;
   readonly #sources: LivenessSource[];
   readonly #inflight = new Set<Promise<unknown>>();
+  /** Attachments whose DEL has answered and is bringing the device home. */
+  readonly #finishing = new Set<string>();
   #closed = false;
   #reconciled = false;
 
@@ -138,7 +140,7 @@ class ManagerImpl implements Manager {
       apiError: (err) => toApiError(err, state.db.location() ?? "the state database"),
       addAnswered: new Map(),
       hostLinks: new HostLinks(o.devices, o.log.child({ op: "host_link" })),
-      releasing: new Set(),
+      releasing: new Map(),
     };
   }
 
@@ -169,9 +171,7 @@ class ManagerImpl implements Manager {
   add(req: AddInput): Promise<AddResponse> {
     const key = keyOf(req);
     return this.#keyed("add", key, async (t) => {
-      // DELs that answered before their device was home (del below): their ENIs are about
-      // to be free, so this ADD waits and gets one of them, not a new one or none.
-      if (this.#ctx.releasing.size > 0) await t.time("queue_wait", () => this.settled());
+      if (await this.#needsReleases(req)) await t.time("queue_wait", () => this.settled());
       const r = await add(this.#ctx, req, t);
       // Still under the attachment's lock: a GC reclaim waiting for it sees this.
       this.#ctx.addAnswered.set(key, { mono: performance.now(), at: this.#ctx.now() });
@@ -189,31 +189,60 @@ class ManagerImpl implements Manager {
    * needs an ENI and every read of the state waits for it.
    */
   del(req: DelInput): Promise<void> {
+    const key = keyOf(req);
+    // Its DEL has answered and is finishing (containerd's RemovePodSandbox sends a second
+    // DEL, with CNI_NETNS="", right after the first): nothing is left for this one to do,
+    // and a failure of that rest is GC's, as after any DEL.
+    if (this.#finishing.has(key)) return Promise.resolve();
     let answer!: () => void;
     const answered = new Promise<void>((r) => (answer = r));
     let early = false;
-    const whole = this.#keyed("del", keyOf(req), (t) =>
+    const whole = this.#keyed("del", key, (t) =>
       this.#del(req, t, () => {
         early = true;
         answer();
       }));
     answered.then(() => {
       const tail = whole.catch(() => {});
-      this.#ctx.releasing.add(tail);
-      tail.finally(() => this.#ctx.releasing.delete(tail));
+      this.#ctx.releasing.set(tail, req.netns);
+      this.#finishing.add(key);
+      tail.finally(() => {
+        this.#ctx.releasing.delete(tail);
+        this.#finishing.delete(key);
+      });
     });
     whole.then(() => answer(), (err) => {
       if (!early) return;
       this.#ctx.log.error("A DEL that had answered could not finish; GC will retry", {
-        key: keyOf(req),
+        key,
         error: message(err),
       });
     });
     return Promise.race([answered, whole]);
   }
 
-  settled(): Promise<void> {
-    return Promise.allSettled([...this.#ctx.releasing]).then(() => {});
+  /**
+   * Whether an ADD must wait for DELs that answered before their device was home (del
+   * below): one in the same namespace (its device and host link still hold their names
+   * there), or an ADD that could otherwise only get a new ENI or none (its profile has no
+   * free one, or it asks for given addresses, which may be on an ENI on its way home).
+   * Otherwise it goes on beside them.
+   */
+  async #needsReleases(req: AddInput): Promise<boolean> {
+    const ctx = this.#ctx;
+    if (ctx.hostLinks.pending) return true;
+    if (ctx.releasing.size === 0) return false;
+    if ([...ctx.releasing.values()].includes(req.netns)) return true;
+    if (req.ips.length > 0 || req.ranges.length > 0 || req.sticky) return true;
+    const pool = (await ctx.provider.status()).profiles[req.profile];
+    return (pool?.free ?? 0) === 0;
+  }
+
+  async settled(): Promise<void> {
+    await Promise.allSettled([...this.#ctx.releasing.keys()]);
+    // A sticky pod's host link, removed after its DEL answered: a pod end of that name
+    // in a namespace an ADD reuses would refuse its link.
+    await this.#ctx.hostLinks.idle();
   }
 
   async #del(req: DelInput, t: OpTimer, answer: () => void): Promise<void> {
@@ -247,13 +276,17 @@ class ManagerImpl implements Manager {
         netnsUsable: true,
         leaveCallerDevice: true,
         ...how,
-        deferHostLink: link !== null,
-        // A sticky pod's hold is recorded before its DEL answers.
+        // A plain pod's DEL answers before its device's move home, and its host link goes
+        // in that move's batch; a sticky pod's DEL answers once its hold is recorded, so
+        // its link is removed after the answer.
+        deferHostLink: link !== null && hold,
         ...(hold ? {} : { answer }),
       }, t);
       // Queued behind this DEL on the attachment's lock, so an ADD of the same key waits
       // for it; a crash before it runs leaves a node end no row records: GC removes it.
-      if (link) ctx.hostLinks.removeLater(ctx.locks, `att:${keyOf(req)}`, link.nodeIfName);
+      if (link && hold) {
+        ctx.hostLinks.removeLater(ctx.locks, `att:${keyOf(req)}`, link.nodeIfName);
+      }
       ctx.log.info(
         !hold
           ? "DEL done"

@@ -102,7 +102,7 @@ Deno.test("del() releases the ENI, is idempotent and succeeds for an unknown key
     assertEquals((await add(n, 2)).eniId, a.eniId);
   }));
 
-Deno.test("a plain pod's DEL answers once its intent is recorded and its namespace held; the move home follows, and the same attachment, an ADD and reads wait for it", () =>
+Deno.test("a plain pod's DEL answers once its intent is recorded and its namespace held; the move home follows, an ADD and reads wait for it, a second DEL answers at once", () =>
   withNode(async (n) => {
     const a = await add(n, 1);
     const open = n.devices.holdOn("unplug");
@@ -116,7 +116,8 @@ Deno.test("a plain pod's DEL answers once its intent is recorded and its namespa
     const again = n.mgr.del(delReq(1)).then(() => order.push("del again"));
     const settled = n.mgr.settled().then(() => order.push("settled"));
     await settle();
-    assertEquals(order, [], "all wait for the move home");
+    // containerd's second DEL (RemovePodSandbox) has nothing left to do; the rest waits.
+    assertEquals(order, ["del again"], "the ADD and reads wait for the move home");
     open();
     const b = await next;
     await Promise.all([again, settled]);
@@ -127,6 +128,24 @@ Deno.test("a plain pod's DEL answers once its intent is recorded and its namespa
     assertEquals(n.mgr.attachments().map((x) => x.containerId), ["c2"]);
     await assertConsistent(n);
   }, { mock: { enis: 1 }, answerEarly: true }));
+
+Deno.test("an ADD in another namespace with a free ENI goes on beside a DEL that is still bringing its device home; one in the same namespace waits", () =>
+  withNode(async (n) => {
+    const a = await add(n, 1);
+    const open = n.devices.holdOn("unplug");
+    await n.mgr.del(delReq(1));
+    const b = await add(n, 2);
+    assert(b.eniId !== a.eniId, "the free ENI, not the one on its way home");
+    assertEquals(n.devices.where(a.mac)?.ns, "/run/netns/p1", "that one is still in the pod");
+    let same = false;
+    const again = n.mgr.add(addReq(1, { containerId: "c1-new" })).then((r) => (same = true, r));
+    await settle();
+    assertEquals(same, false, "an ADD in the same namespace waits for the move home");
+    open();
+    assertEquals((await again).eniId, a.eniId);
+    await n.mgr.settled();
+    await assertConsistent(n);
+  }, { mock: { enis: 2 }, answerEarly: true }));
 
 Deno.test("a DEL answers after its work where nothing is left to hold: a sticky pod's hold, a namespace already gone", () =>
   withNode(async (n) => {

@@ -192,24 +192,30 @@ export function resultRoutes(s: Pick<HostLinkSpec, "routes" | "podAddresses">) {
  * answer takes the pod end whatever its destination; a packet arriving through the
  * pod end carries the mark too, so the reverse-path check (with `src_valid_mark`)
  * looks its source up in the same table.
+ *
+ * Idempotent without deleting anything: the table and its two base chains are
+ * declared (a no-op when an earlier ADD in the same namespace left them), their
+ * rules flushed and added again. Deleting a table costs the kernel an RCU grace
+ * period: loading this into a fresh namespace takes 6-8 ms against 13-15 ms with
+ * a `delete table` first (`nsenter --net … nft -f`, measured on this machine).
  */
 export function podRuleset(podIfName: string): string {
   const m = `0x${HOST_LINK_MARK.toString(16)}`;
+  const t = `inet ${NFT_TABLE}`;
   return [
-    // Replaced as a whole: an earlier ADD in the same namespace may have left it.
-    `table inet ${NFT_TABLE} {}`,
-    `delete table inet ${NFT_TABLE}`,
-    `table inet ${NFT_TABLE} {`,
+    `table ${t} {`,
     `\tchain prerouting {`,
     `\t\ttype filter hook prerouting priority mangle; policy accept;`,
-    `\t\tiifname "${podIfName}" ct state new ct mark set ct mark | ${m}`,
-    `\t\tiifname "${podIfName}" meta mark set meta mark | ${m}`,
     `\t}`,
     `\tchain output {`,
     `\t\ttype route hook output priority mangle; policy accept;`,
-    `\t\tct mark & ${m} == ${m} meta mark set meta mark | ${m}`,
     `\t}`,
     `}`,
+    `flush chain ${t} prerouting`,
+    `flush chain ${t} output`,
+    `add rule ${t} prerouting iifname "${podIfName}" ct state new ct mark set ct mark | ${m}`,
+    `add rule ${t} prerouting iifname "${podIfName}" meta mark set meta mark | ${m}`,
+    `add rule ${t} output ct mark & ${m} == ${m} meta mark set meta mark | ${m}`,
     "",
   ].join("\n");
 }

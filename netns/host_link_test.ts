@@ -1,5 +1,5 @@
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
-import { batchLine } from "./ip.ts";
+import { batchLine, nftApply } from "./ip.ts";
 import {
   HOST_LINK_GROUP,
   type HostLinkSpec,
@@ -72,4 +72,37 @@ Deno.test("the rulesets mark by the pod end's name in the pod and by link group 
   assert(node.startsWith("table inet enim {}\ndelete table inet enim\n"), node);
   assert(isNodeEnd({ group: String(HOST_LINK_GROUP) }));
   assert(!isNodeEnd({ group: "default" }));
+});
+
+Deno.test({
+  name:
+    "the pod's ruleset loads again over itself (an earlier ADD in the same namespace) with its rules once, and a new pod end's name replaces the old",
+  ignore: Deno.uid() !== 0,
+  async fn() {
+    const name = `enim-nft-${crypto.randomUUID().slice(0, 8)}`;
+    const run = async (args: string[]) => {
+      const out = await new Deno.Command(args[0], { args: args.slice(1), stderr: "piped" })
+        .output();
+      assert(out.success, new TextDecoder().decode(out.stderr));
+      return new TextDecoder().decode(out.stdout);
+    };
+    await run(["/usr/sbin/ip", "netns", "add", name]);
+    try {
+      const rules = async () =>
+        (await run(["/usr/sbin/ip", "netns", "exec", name, "/usr/sbin/nft", "list", "ruleset"]))
+          .split("\n").map((l) => l.trim()).filter((l) => /mark set/.test(l));
+      await nftApply(podRuleset("host0"), { netns: `/run/netns/${name}` });
+      const once = await rules();
+      assertEquals(once.length, 3, once.join("\n"));
+      await nftApply(podRuleset("host0"), { netns: `/run/netns/${name}` });
+      assertEquals(await rules(), once);
+      await nftApply(podRuleset("hl9"), { netns: `/run/netns/${name}` });
+      const renamed = await rules();
+      assertEquals(renamed.length, 3, renamed.join("\n"));
+      assert(renamed.every((l) => !l.includes('"host0"')), renamed.join("\n"));
+      assertEquals(renamed.filter((l) => l.includes('iifname "hl9"')).length, 2);
+    } finally {
+      await run(["/usr/sbin/ip", "netns", "del", name]);
+    }
+  },
 });
