@@ -6,7 +6,7 @@
  * | operation | module                                   |
  * | --------- | ---------------------------------------- |
  * | ADD       | `add.ts` (rollback through `release.ts`) |
- * | DEL       | `release.ts` (`del` below decides hold)  |
+ * | DEL       | `del.ts` (hold or not), `release.ts`     |
  * | CHECK     | `check.ts`                               |
  * | GC        | `gc.ts` (liveness sources in `liveness/`) |
  * | reconcile | `reconcile.ts`                           |
@@ -54,10 +54,11 @@ import { type LivenessSource, runGc } from "./gc.ts";
 import { defaultLivenessSources } from "./liveness/mod.ts";
 import { Describer, type DescriptionRecorder } from "./descriptions.ts";
 import type { ManagerContext } from "./context.ts";
-import { message, zoneHoldMs } from "./context.ts";
+import { message } from "./context.ts";
 import { toApiError } from "./errors.ts";
 import { type OpTimer, timed } from "./op_timer.ts";
 import { add } from "./add.ts";
+import { del } from "./del.ts";
 import { release } from "./release.ts";
 import { freeOrphan, reconcile } from "./reconcile.ts";
 import { status } from "./status.ts";
@@ -198,7 +199,7 @@ class ManagerImpl implements Manager {
     const answered = new Promise<void>((r) => (answer = r));
     let early = false;
     const whole = this.#keyed("del", key, (t) =>
-      this.#del(req, t, () => {
+      del(this.#ctx, req, t, () => {
         early = true;
         answer();
       }));
@@ -243,75 +244,6 @@ class ManagerImpl implements Manager {
     // A sticky pod's host link, removed after its DEL answered: a pod end of that name
     // in a namespace an ADD reuses would refuse its link.
     await this.#ctx.hostLinks.idle();
-  }
-
-  async #del(req: DelInput, t: OpTimer, answer: () => void): Promise<void> {
-    const ctx = this.#ctx;
-    const row = ctx.state.get(req);
-    if (!row) {
-      ctx.log.debug("DEL of an unknown attachment: nothing to do", { key: keyOf(req) });
-      return;
-    }
-    if (row.state === "held") {
-      ctx.log.debug("DEL of a held attachment: done already", { key: keyOf(req) });
-      return;
-    }
-    // A sticky pod keeps its ENI for a while: it comes back with its next container.
-    const hold = row.sticky && row.state === "ready" && row.result !== null;
-    // Zone scope: on this node for the node hold (instant same-node re-creates), then
-    // parked in the VPC for the rest of the hold, where any node of the zone takes it.
-    const zone = hold ? zoneHoldMs(ctx, row.profile) : null;
-    const now = ctx.now();
-    const until = now + ctx.holdMs;
-    const how = !hold
-      ? {}
-      : zone === null
-      ? { holdUntil: until }
-      : zone > 0
-      ? { holdUntil: now + Math.min(zone, ctx.holdMs), parkUntil: until }
-      : { park: { until } };
-    const link = hostLinkOf(row);
-    try {
-      await release(ctx, row, {
-        netnsUsable: true,
-        leaveCallerDevice: true,
-        ...how,
-        // A plain pod's DEL answers before its device's move home, and its host link goes
-        // in that move's batch; a sticky pod's DEL answers once its hold is recorded, so
-        // its link is removed after the answer.
-        deferHostLink: link !== null && hold,
-        ...(hold ? {} : { answer }),
-      }, t);
-      // Queued behind this DEL on the attachment's lock, so an ADD of the same key waits
-      // for it; a crash before it runs leaves a node end no row records: GC removes it.
-      if (link && hold) {
-        ctx.hostLinks.removeLater(ctx.locks, `att:${keyOf(req)}`, link.nodeIfName);
-      }
-      ctx.log.info(
-        !hold
-          ? "DEL done"
-          : "park" in how
-          ? "DEL done; the ENI is parked in the VPC for the sticky pod"
-          : "DEL done; the ENI is held for the sticky pod",
-        {
-          key: keyOf(req),
-          eniId: row.eniId,
-          ...(hold ? { pod: row.pod, holdSeconds: Math.round(ctx.holdMs / 1000) } : {}),
-          ...(zone !== null ? { scope: "zone", nodeHoldSeconds: Math.round(zone / 1000) } : {}),
-        },
-      );
-    } catch (err) {
-      const apiErr = ctx.apiError(err);
-      // A DEL answers success only when what it did is recorded. The state could not be
-      // written: fail, so the runtime retries (nothing it asked for is acknowledged).
-      if (apiErr.code === "state_unavailable") throw apiErr;
-      // A device or provider step failed, and the row records it (`deleting`, the error):
-      // the pod's side is done as far as the runtime can help, and GC finishes the rest.
-      ctx.log.warn("DEL could not finish; GC will retry", {
-        key: keyOf(req),
-        error: message(err),
-      });
-    }
   }
 
   check(req: CheckInput): Promise<void> {
