@@ -52,13 +52,20 @@ export async function listNetns(): Promise<string[]> {
   return stdout.split("\n").map((l) => l.trim().split(" ")[0]).filter((n) => n !== "");
 }
 
+/** The VPC bridge's MAC (the subnets' gateways'): locally administered, fixed. */
+export const BRIDGE_MAC = "02:fe:00:00:00:01";
+
 /**
  * Creates bridge `name` in `netns`, up, holding `cidrs` (IPv6 without DAD), with the
  * VPC's source check on its ports (see {@linkcode SOURCE_CHECK_TABLE}).
  */
 export async function createBridge(netns: string, name: string, cidrs: string[]): Promise<void> {
   await ipBatch([
-    ["link", "add", "name", name, "type", "bridge"],
+    // Its own MAC, set: a bridge without one takes the lowest of its ports', so the
+    // gateways' MAC would change whenever a port with a lower random MAC joined, and the
+    // machines that had resolved a gateway would send to a MAC nobody has any more (a
+    // cloud's gateway keeps its MAC).
+    ["link", "add", "name", name, "address", BRIDGE_MAC, "type", "bridge"],
     ["link", "set", "dev", name, "up"],
     ...cidrs.map((c) => ["addr", "add", c, "dev", name, ...(c.includes(":") ? ["nodad"] : [])]),
   ], { netns });
