@@ -48,11 +48,12 @@ export interface ManagerContext {
   /** The host links' upkeep: the node's addresses, its nftables table, warnings. */
   readonly hostLinks: HostLinks;
   /**
-   * DELs that have answered and are still bringing their device home (release.ts), with
-   * the pod's namespace path: an ADD in that namespace, or one that needs their ENI,
-   * waits for them, so a DEL then an ADD finds the ENI free and the names unused.
+   * DELs that have answered and are still bringing their device home (release.ts), by
+   * attachment key: the pod's namespace path and the rest (it never rejects). An ADD in
+   * that namespace, or one that needs their ENI, waits for them, so a DEL then an ADD
+   * finds the ENI free and the names unused; a second DEL of the key answers at once.
    */
-  readonly releasing: Map<Promise<unknown>, string>;
+  readonly releasing: Map<string, { netns: string; rest: Promise<void> }>;
 }
 
 /** The provider-level owner of an attachment row. */

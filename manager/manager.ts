@@ -115,8 +115,6 @@ class ManagerImpl implements Manager {
   readonly #graceMs: number;
   readonly #sources: LivenessSource[];
   readonly #inflight = new Set<Promise<unknown>>();
-  /** Attachments whose DEL has answered and is bringing the device home. */
-  readonly #finishing = new Set<string>();
   #closed = false;
   #reconciled = false;
 
@@ -190,36 +188,28 @@ class ManagerImpl implements Manager {
    * needs an ENI and every read of the state waits for it.
    */
   del(req: DelInput): Promise<void> {
+    const ctx = this.#ctx;
     const key = keyOf(req);
     // Its DEL has answered and is finishing (containerd's RemovePodSandbox sends a second
     // DEL, with CNI_NETNS="", right after the first): nothing is left for this one to do,
     // and a failure of that rest is GC's, as after any DEL.
-    if (this.#finishing.has(key)) return Promise.resolve();
-    let answer!: () => void;
-    const answered = new Promise<void>((r) => (answer = r));
-    let early = false;
-    const whole = this.#keyed("del", key, (t) =>
-      del(this.#ctx, req, t, () => {
-        early = true;
-        answer();
-      }));
-    answered.then(() => {
-      const tail = whole.catch(() => {});
-      this.#ctx.releasing.set(tail, req.netns);
-      this.#finishing.add(key);
-      tail.finally(() => {
-        this.#ctx.releasing.delete(tail);
-        this.#finishing.delete(key);
-      });
+    if (ctx.releasing.has(key)) return Promise.resolve();
+    return new Promise<void>((resolve, reject) => {
+      // `answer` runs inside the lock, so after `whole` is assigned (KeyedMutex.run awaits).
+      const whole: Promise<void> = this.#keyed("del", key, (t) =>
+        del(ctx, req, t, () => {
+          const rest = whole.catch((err) =>
+            ctx.log.error("A DEL that had answered could not finish; GC will retry", {
+              key,
+              error: message(err),
+            })
+          );
+          ctx.releasing.set(key, { netns: req.netns, rest });
+          rest.finally(() => ctx.releasing.delete(key));
+          resolve();
+        }));
+      whole.then(resolve, reject);
     });
-    whole.then(() => answer(), (err) => {
-      if (!early) return;
-      this.#ctx.log.error("A DEL that had answered could not finish; GC will retry", {
-        key,
-        error: message(err),
-      });
-    });
-    return Promise.race([answered, whole]);
   }
 
   /**
@@ -233,14 +223,14 @@ class ManagerImpl implements Manager {
     const ctx = this.#ctx;
     if (ctx.hostLinks.pending) return true;
     if (ctx.releasing.size === 0) return false;
-    if ([...ctx.releasing.values()].includes(req.netns)) return true;
+    if ([...ctx.releasing.values()].some((r) => r.netns === req.netns)) return true;
     if (req.ips.length > 0 || req.ranges.length > 0 || req.sticky) return true;
     const pool = (await ctx.provider.status()).profiles[req.profile];
     return (pool?.free ?? 0) === 0;
   }
 
   async settled(): Promise<void> {
-    await Promise.allSettled([...this.#ctx.releasing.keys()]);
+    await Promise.all([...this.#ctx.releasing.values()].map((r) => r.rest));
     // A sticky pod's host link, removed after its DEL answered: a pod end of that name
     // in a namespace an ADD reuses would refuse its link.
     await this.#ctx.hostLinks.idle();
