@@ -293,6 +293,19 @@ async function podNetns(node: SimulatedNode, name: string): Promise<NetnsHandle>
   return ns;
 }
 
+/**
+ * Gives `pod` a new namespace, as kubelet gives each sandbox one, and removes its last
+ * (as the runtime does after a DEL); then waits, untimed, for the rest of enim's DELs
+ * that answered before their device's move home (a read of the agent's state waits for
+ * it), so the call timed next is timed alone.
+ */
+async function newSandbox(node: SimulatedNode, pod: PodSlot, name: string): Promise<void> {
+  const old = pod.ns;
+  pod.ns = await podNetns(node, name);
+  await node.vpc.deletePod(old);
+  await node.client.status();
+}
+
 let cidSeq = 0;
 const newCid = (tag: string) => `bench-${tag}-${(cidSeq++).toString().padStart(6, "0")}`;
 
@@ -448,17 +461,10 @@ try {
       : [[referenceContender, refPod], [enimContender, enimPod]] as const;
     for (const [c, pod] of order) {
       pod.containerId = newCid(c.name);
-      // Each sandbox gets a new namespace, as kubelet's do (untimed): enim's DEL answers
-      // before its device's move home and the runtime removes the namespace right after.
-      const old = pod.ns;
-      pod.ns = await podNetns(node, `s${c.name === "enim" ? "e" : "r"}${i}`);
-      // Each call is timed alone: enim's DEL answers before its device's move home, so a
-      // read of the agent's state (which waits for that rest) comes first, untimed. What
-      // that rest costs a call beside it is the back-to-back section's.
-      await node.client.status();
+      // What the rest of enim's DEL costs a call beside it is the back-to-back section's.
+      await newSandbox(node, pod, `s${c.name === "enim" ? "e" : "r"}${i}`);
       const add = await cni(node, c, "ADD", pod);
       const del = await cni(node, c, "DEL", pod);
-      await node.vpc.deletePod(old);
       if (i >= WARMUP) {
         lat[c.name as "enim" | "reference"].ADD.push(add.ms);
         lat[c.name as "enim" | "reference"].DEL.push(del.ms);
@@ -515,12 +521,7 @@ try {
   for (let i = 0; i < WARMUP + ITER; i++) {
     const containerId = newCid("direct");
     const key = { containerId, ifName: "eth0" };
-    // The ADD alone, into a new namespace as a sandbox's: the previous DEL's rest (after its
-    // answer) done first, untimed.
-    const oldNs = enimPod.ns;
-    enimPod.ns = await podNetns(node, `d${i}`);
-    await node.vpc.deletePod(oldNs);
-    await node.client.status();
+    await newSandbox(node, enimPod, `d${i}`);
     let t = performance.now();
     await node.client.add({
       ...key,
@@ -553,11 +554,7 @@ try {
     const pair = [["none", enimContender], ["shaped", shapedContender]] as const;
     for (const [k, c] of i % 2 === 0 ? pair : [...pair].reverse()) {
       enimPod.containerId = newCid(c.name);
-      // A new namespace each time, as a sandbox's, and the previous DEL's rest done (untimed).
-      const oldNs = enimPod.ns;
-      enimPod.ns = await podNetns(node, `w${k[0]}${i}`);
-      await node.vpc.deletePod(oldNs);
-      await node.client.status();
+      await newSandbox(node, enimPod, `w${k[0]}${i}`);
       const add = await cni(node, c, "ADD", enimPod);
       const del = await cni(node, c, "DEL", enimPod);
       if (i >= WARMUP) {
