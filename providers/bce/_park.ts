@@ -58,20 +58,7 @@ export function park(core: BceCore, owner: Owner, until: number): void {
     });
     return;
   }
-  const token = crypto.randomUUID();
-  const intent = core.store.parkOwned(row.eni_id, {
-    id: token,
-    kind: "park",
-    client_token: token,
-    name: "",
-    requested_ip: null,
-    purpose: "owner",
-    phase: "active",
-    created_ms: Date.now(),
-    owner_pod: owner.pod,
-    owner_if: owner.ifName,
-    until_ms: until,
-  });
+  const intent = core.store.parkOwned(row.eni_id, parkIntent(owner.pod, owner.ifName, until));
   if (!intent) return;
   core.log.info("Parking the sticky pod's ENI in the VPC", {
     eniId: row.eni_id,
@@ -97,21 +84,8 @@ export function parkStray(core: BceCore, e: BceEni): boolean {
     });
     return false;
   }
-  const token = crypto.randomUUID();
   const until = r.until ?? Date.now() + STRAY_HOLD_MS;
-  const intent = core.store.parkUntracked(e.eniId, {
-    id: token,
-    kind: "park",
-    client_token: token,
-    name: "",
-    requested_ip: null,
-    purpose: "owner",
-    phase: "active",
-    created_ms: Date.now(),
-    owner_pod: r.pod,
-    owner_if: r.ifName,
-    until_ms: until,
-  });
+  const intent = core.store.parkUntracked(e.eniId, parkIntent(r.pod, r.ifName, until));
   if (!intent) return false;
   core.log.warn(
     "A zone-sticky ENI is attached here with no record of it; parked again for its pod",
@@ -356,4 +330,22 @@ async function expire(
 /** Whether `name` is a zone-sticky name of this provider (never adopted into a pool). */
 export function stickyNamed(core: BceCore, name: string): boolean {
   return isStickyName(core.o.namePrefix, name);
+}
+
+/** A park intent for pod `pod`'s interface `ifName`, until `until` (epoch ms). */
+function parkIntent(pod: string, ifName: string, until: number) {
+  const token = crypto.randomUUID();
+  return {
+    id: token,
+    kind: "park",
+    client_token: token,
+    name: "",
+    requested_ip: null,
+    purpose: "owner",
+    phase: "active",
+    created_ms: Date.now(),
+    owner_pod: pod,
+    owner_if: ifName,
+    until_ms: until,
+  } as const;
 }
