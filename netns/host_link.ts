@@ -250,30 +250,38 @@ export function nodeTableRuleset(): string {
   ].join("\n");
 }
 
+/** The exit code of {@linkcode POD_POLICY_SCRIPT} when a policy step failed. */
+export const POD_POLICY_FAILED = 97;
+
 /**
- * What runs in the pod's namespace beside the `ip` batches (through `nsenter --net`,
- * one process): `src_valid_mark` (IPv4), the rule per family that sends
- * marked packets to the answer table (added unless a rule of that priority is there
- * already: one from an earlier ADD in the same namespace), then the pod's ruleset.
+ * The host link's pod-side policy, run first by the one process a plug starts in the
+ * pod's namespace (through `nsenter --net`): `src_valid_mark` (IPv4), the rule per
+ * family that sends marked packets to the answer table (added unless a rule of that
+ * priority is there already: one from an earlier ADD in the same namespace), then the
+ * pod's ruleset; then it execs the rest of its arguments (the plug's `ip -batch -`,
+ * fed once the device is in the pod). A failed policy step exits
+ * {@linkcode POD_POLICY_FAILED} without starting that `ip`.
  * Arguments: `$1` the pod end's name when the pod has IPv4 (else empty: no IPv4), `$2` the
  * mark/mask, `$3` the table, `$4` the rule's priority, `$5` the ruleset file, `$6`
- * the `ip` binary, `$7` the `nft` binary, `$8` `6` when the pod has IPv6 (else empty).
+ * the `ip` binary, `$7` the `nft` binary, `$8` `6` when the pod has IPv6 (else empty),
+ * then the program to exec and its arguments (none: the script ends there).
  * Nothing of the caller's is interpolated into the script text.
  */
 export const POD_POLICY_SCRIPT = [
-  "set -e",
   'ip="$6" mark="$2" table="$3" pref="$4"',
   // rule FAMILY: added, or (an earlier ADD's) found there already.
   'rule() { "$ip" "-$1" rule add fwmark "$mark" lookup "$table" pref "$pref" 2>/dev/null ||' +
-  ' [ -n "$("$ip" "-$1" rule list pref "$pref")" ]; }',
-  'if [ -n "$1" ]; then',
+  ' [ -n "$("$ip" "-$1" rule list pref "$pref")" ] ||' +
+  ' { echo "Cannot add the IPv$1 rule fwmark $mark lookup $table pref $pref" >&2; return 1; }; }',
+  "{",
   // `all`: the pod end need not exist yet (this runs beside the move). Only packets that
   // arrived through it carry a mark, so the ENI's own reverse-path check is unchanged.
-  "  printf 1 > /proc/sys/net/ipv4/conf/all/src_valid_mark",
-  "  rule 4",
-  "fi",
-  '[ -z "$8" ] || rule 6',
-  'exec "$7" -f "$5"',
+  '  if [ -n "$1" ]; then printf 1 > /proc/sys/net/ipv4/conf/all/src_valid_mark && rule 4; fi &&',
+  '  { [ -z "$8" ] || rule 6; } &&',
+  '  "$7" -f "$5"',
+  `} || exit ${POD_POLICY_FAILED}`,
+  "shift 8",
+  '[ "$#" -eq 0 ] || exec "$@"',
 ].join("\n");
 
 /** The arguments of {@linkcode POD_POLICY_SCRIPT} (after `$0`). */

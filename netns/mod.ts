@@ -79,7 +79,9 @@ import {
 import { tcBatch } from "./tc.ts";
 import {
   AddrInfoSchema,
+  batchLine,
   DEFAULT_SCRATCH_DIR,
+  type FedProcess,
   inNetnsArgv,
   IP_BIN,
   ipBatch,
@@ -92,9 +94,9 @@ import {
   parseJsonLines,
   RouteEntrySchema,
   runIp,
+  scratchFile,
   SH_BIN,
-  spawn,
-  withScratchFile,
+  startFed,
 } from "./ip.ts";
 import {
   HOST_LINK_GROUP,
@@ -103,6 +105,7 @@ import {
   isNodeEnd,
   nodeCommands,
   nodeTableRuleset,
+  POD_POLICY_FAILED,
   POD_POLICY_SCRIPT,
   podCommands,
   podPolicyArgs,
@@ -150,6 +153,22 @@ export interface IpDeviceLayerOptions {
 interface Ns {
   ref: string;
   path: string;
+}
+
+/** A plug's process in the pod's namespace (`#startPodIp`). */
+interface PodIp {
+  process: FedProcess;
+  /** Whether it runs the host link's policy before its `ip`. */
+  policy: boolean;
+  /** The policy's nftables ruleset file, removed after the plug. */
+  ruleset?: string;
+}
+
+/** The host link's policy failed in the pod's process (its `ip` never ran). */
+class PolicyError extends Error {
+  constructor(cause: IpError) {
+    super("The host link's policy failed", { cause });
+  }
 }
 
 /** The {@linkcode DeviceLayer} that drives iproute2. */
@@ -242,10 +261,12 @@ export class IpDeviceLayer implements DeviceLayer {
   /**
    * Moves the device into the pod renamed `ifName`, and configures it; rolls back on
    * failure. Two spawns when the device's node name is known (the caller's or the
-   * cache's): the move (one netlink call: netns, name and alias) and one configure
-   * batch, whose last command shows the moved link so its MAC is checked. With a host
-   * link, its node side runs in the move's batch and its pod side in the configure
-   * batch (its policy in one more process, beside them); with bandwidth limits, the
+   * cache's): the pod's `ip -batch -`, started first so that its exec (and nsenter's)
+   * overlaps the move, and the move (one netlink call: netns, name and alias); the pod's
+   * process is fed the configure batch once the device is there, whose first command
+   * shows the moved link so its MAC is checked. With a host link, its node side runs in
+   * the move's batch, its pod side in the configure batch, and its policy first in the
+   * pod's process, before that `ip` (`POD_POLICY_SCRIPT`); with bandwidth limits, the
    * configure batch also makes the ifb and one `tc -batch` shapes. A failure anywhere
    * brings the device back and removes the ifb and the host link.
    */
@@ -263,36 +284,45 @@ export class IpDeviceLayer implements DeviceLayer {
       ...(link ? podCommands(link) : []),
     ];
     const ns = await this.#useNetns("netns", p.netns);
-    // The link's pod-side policy needs neither the ENI nor the link in the pod: it runs
-    // while the node side moves and creates them (its nft process is the slow part).
-    const policy = link ? this.#podPolicy(link, ns).then(() => null, (err: unknown) => err) : null;
+    const pod = await this.#startPodIp(ns, link);
     try {
-      const placed = await this.#plugDevice(p, ns, config);
-      const started = performance.now();
-      const failed = await policy;
-      p.timing?.("configure", performance.now() - started);
-      if (failed) {
-        await this.#bringBackLogged(p, ns, placed.nodeName);
-        await this.#dropHostLinkLogged(link!);
-        throw new DeviceError(
-          "configure",
-          "failed",
-          `Cannot set the host link's policy in netns "${ns.path}": ${errText(failed)}`,
-          { cause: failed },
-        );
-      }
-      return placed;
-    } catch (err) {
-      await policy;
-      throw err;
+      return await this.#plugDevice(p, ns, config, pod);
+    } finally {
+      // Not fed (the move failed): it reads end-of-file and exits; what its policy left
+      // after a failed plug is inert (`netns/host_link.ts`).
+      await pod.process.feed("");
+      if (pod.ruleset) await Deno.remove(pod.ruleset).catch(() => {});
     }
+  }
+
+  /**
+   * The plug's one process in the pod's namespace, started before the move: with a
+   * host link, `POD_POLICY_SCRIPT` (which needs neither the ENI nor the link in the
+   * pod) runs its policy and then execs the `ip`; without, the `ip` alone.
+   */
+  async #startPodIp(ns: Ns, link: HostLinkSpec | undefined): Promise<PodIp> {
+    const ip = [IP_BIN, "-force", "-j", "-batch", "-"];
+    if (!link) return { process: startFed(inNetnsArgv(ip, ns.ref)), policy: false };
+    const ruleset = await scratchFile(
+      this.#scratch ?? DEFAULT_SCRATCH_DIR,
+      podRuleset(link.podIfName),
+    );
+    const argv = inNetnsArgv([
+      SH_BIN,
+      "-c",
+      POD_POLICY_SCRIPT,
+      "enim-host-link",
+      ...podPolicyArgs(link, ruleset, { ip: IP_BIN, nft: NFT_BIN }),
+      ...ip,
+    ], ns.ref);
+    return { process: startFed(argv), policy: true, ruleset };
   }
 
   /**
    * The device moved (with the host link's node side), configured and shaped; rolled
    * back on failure (the device, its ifb, the host link).
    */
-  async #plugDevice(p: PlugParams, ns: Ns, config: string[][]): Promise<PlugResult> {
+  async #plugDevice(p: PlugParams, ns: Ns, config: string[][], pod: PodIp): Promise<PlugResult> {
     const link = p.hostLink;
     const mac = normalizeMac(p.mac);
     for (let attempt = 0;; attempt++) {
@@ -312,7 +342,7 @@ export class IpDeviceLayer implements DeviceLayer {
       let shaping: InstalledShaping | undefined;
       let shown: Link | null;
       try {
-        shown = await this.#configure(p, ns, config, nodeName);
+        shown = await this.#configure(p, ns, config, nodeName, pod);
         // The shaping's failure brings the device back (and its ifb): the link goes too.
         if (shown !== null && isShaped(p.bandwidth)) {
           shaping = await this.#shape(p, ns, nodeName, shown);
@@ -422,27 +452,6 @@ export class IpDeviceLayer implements DeviceLayer {
     );
   }
 
-  /**
-   * The host link's pod-side policy, one process in the pod's namespace
-   * (`POD_POLICY_SCRIPT`: `src_valid_mark`, the rules, the nftables ruleset); it
-   * needs neither the ENI nor the link there, so it runs beside the move. What it
-   * leaves after a failed plug is inert (`netns/host_link.ts`).
-   */
-  async #podPolicy(link: HostLinkSpec, ns: Ns): Promise<void> {
-    await withScratchFile(
-      this.#scratch ?? DEFAULT_SCRATCH_DIR,
-      podRuleset(link.podIfName),
-      (file) =>
-        spawn(inNetnsArgv([
-          SH_BIN,
-          "-c",
-          POD_POLICY_SCRIPT,
-          "enim-host-link",
-          ...podPolicyArgs(link, file, { ip: IP_BIN, nft: NFT_BIN }),
-        ], ns.ref)),
-    );
-  }
-
   async #dropHostLinkLogged(link: HostLinkRef): Promise<void> {
     try {
       await this.removeHostLink(link.nodeIfName);
@@ -464,6 +473,7 @@ export class IpDeviceLayer implements DeviceLayer {
     ns: Ns,
     config: string[][],
     nodeName: string,
+    pod: PodIp,
   ): Promise<Link | null> {
     const timed = stepTimer(p.timing);
     let shown: Link[];
@@ -474,7 +484,7 @@ export class IpDeviceLayer implements DeviceLayer {
     try {
       let out: unknown[];
       try {
-        out = await timed("configure", () => this.#batch(lines, ns.ref, true, true));
+        out = await timed("configure", () => this.#configureBatch(lines, ns, pod));
       } catch (err) {
         // -force ran every line: only the altname's failing is fine.
         if (!(err instanceof IpError)) throw err;
@@ -494,9 +504,11 @@ export class IpDeviceLayer implements DeviceLayer {
       throw new DeviceError(
         "configure",
         "failed",
-        `Cannot configure link "${p.ifName}" in netns "${ns.path}": ${
-          routeConflict(err, config) ?? errText(err)
-        }`,
+        err instanceof PolicyError
+          ? `Cannot set the host link's policy in netns "${ns.path}": ${errText(err.cause)}`
+          : `Cannot configure link "${p.ifName}" in netns "${ns.path}": ${
+            routeConflict(err, config) ?? errText(err)
+          }`,
         { cause: err },
       );
     }
@@ -505,6 +517,24 @@ export class IpDeviceLayer implements DeviceLayer {
       return null;
     }
     return shown[0];
+  }
+
+  /**
+   * The configure batch, through the plug's pod process when it is still waiting (the
+   * first try), else one `ip -batch FILE` in the pod (a second try, after a stale
+   * name). Throws {@linkcode PolicyError} when the pod process's policy failed.
+   */
+  async #configureBatch(lines: string[][], ns: Ns, pod: PodIp): Promise<unknown[]> {
+    if (pod.process.fed) return await this.#batch(lines, ns.ref, true, true);
+    const { code, stdout, stderr } = await pod.process.feed(
+      lines.map(batchLine).join("\n") + "\n",
+    );
+    const argv = [IP_BIN, "-force", "-j", "-batch", "-"];
+    if (pod.policy && code === POD_POLICY_FAILED) {
+      throw new PolicyError(new IpError(inNetnsArgv(argv, ns.ref), code, stderr));
+    }
+    if (code !== 0) throw new IpError(inNetnsArgv(argv, ns.ref), code, stderr, { stdout });
+    return parseJsonLines(stdout);
   }
 
   /**

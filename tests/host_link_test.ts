@@ -373,6 +373,36 @@ Deno.test({
 
 Deno.test({
   name:
+    "a host link policy that fails in the pod fails the ADD with 105 and its reason, and leaves nothing: device home, no link, no record",
+  ignore: DEPS.skip !== null,
+  async fn() {
+    await using node = await kubeNode(2);
+    const faults = await IpFaults.install(node);
+    const pod = await node.vpc.pod("policy");
+    const before = (await node.client.status()).pool;
+    // The policy's rule, in the pod's one process that runs before its ip batch.
+    await faults.fail("pod", "rule\\sadd\\sfwmark");
+    const out = await node.cni("ADD", node.podCall(pod, { config: kubeConf(node) }));
+    assert(await faults.fired(), "the rule's ip ran in the pod");
+    await faults.uninstall();
+    assertEquals(out.code, 1);
+    assertEquals(out.json?.code, 105, out.stdout);
+    assertStringIncludes(String(out.json?.msg), "Cannot set the host link's policy");
+    assertStringIncludes(String(out.json?.msg), "Cannot add the IPv4 rule fwmark");
+    assertEquals((await node.client.status()).pool, before);
+    assertEquals((await node.client.attachments()).length, 0);
+    assertEquals(await nodeEnds(node.vpc), []);
+    const links = await node.vpc.exec(pod, [IP, "-o", "link", "show"]);
+    assertEquals(links.stdout.trim().split("\n").length, 1, links.stdout);
+    // The same pod's next ADD, with nothing injected, works.
+    const res = await node.add(pod, { config: kubeConf(node) });
+    assertEquals(res.interfaces.length, 3);
+    await node.del(pod, { config: kubeConf(node) });
+  },
+});
+
+Deno.test({
+  name:
     "an agent killed in the middle of an ADD, after the link was made, leaves no link once it is back; GC removes a stray node end",
   ignore: DEPS.skip !== null,
   async fn() {

@@ -7,7 +7,7 @@
  * the sandbox's directory) unless a one-shot rule matches the call. A rule
  * names where the call runs (`pod`: any namespace but the node's; `node`; or
  * `any`), how many calls it hits, and an extended regex matched against the arguments and, for
- * `ip -batch FILE`, the batch's lines. Its action is `fail` (exit 2 with an
+ * `ip -batch FILE` or `ip -batch -` (read whole first), the batch's lines. Its action is `fail` (exit 2 with an
  * RTNETLINK-like message, as a real failure prints) or `pause` (signal the test
  * and wait until it says go: the test then deletes or replaces the pod's
  * namespace at exactly that step). Nothing outside the sandbox sees the wrapper.
@@ -26,6 +26,24 @@ const SCRIPT = (dir: string, real: string) =>
   `#!/bin/sh
 # enim test: ip with an injected fault (tests/support/ip_faults.ts)
 D='${dir}'
+# A batch on stdin (\`ip -batch -\`, fed after the process starts): read it whole
+# first, so a rule sees its lines as it sees a batch file's, then run from that file.
+in=""
+prev=""
+for a in "$@"; do
+  [ "$prev" = "-batch" ] && [ "$a" = "-" ] && in="$D/stdin.$$"
+  prev="$a"
+done
+if [ -n "$in" ]; then
+  cat > "$in"
+  n=$#
+  prev=""
+  for a in "$@"; do
+    if [ "$prev" = "-batch" ] && [ "$a" = "-" ]; then set -- "$@" "$in"; else set -- "$@" "$a"; fi
+    prev="$a"
+  done
+  shift "$n"
+fi
 if [ -f "$D/rule" ]; then
   text="$*"
   prev=""
@@ -57,6 +75,12 @@ $(cat "$a")"; fi
       rm -f "$D/go"
     fi
   fi
+fi
+if [ -n "$in" ]; then
+  '${real}' "$@"
+  rc=$?
+  rm -f "$in"
+  exit "$rc"
 fi
 exec '${real}' "$@"
 `;
