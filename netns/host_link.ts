@@ -254,34 +254,39 @@ export function nodeTableRuleset(): string {
 export const POD_POLICY_FAILED = 97;
 
 /**
- * The host link's pod-side policy, run first by the one process a plug starts in the
- * pod's namespace (through `nsenter --net`): `src_valid_mark` (IPv4), the rule per
- * family that sends marked packets to the answer table (added unless a rule of that
- * priority is there already: one from an earlier ADD in the same namespace), then the
- * pod's ruleset; then it execs the rest of its arguments (the plug's `ip -batch -`,
- * fed once the device is in the pod). A failed policy step exits
- * {@linkcode POD_POLICY_FAILED} without starting that `ip`.
+ * The host link's pod-side policy, run by the one process a plug starts in the pod's
+ * namespace (through `nsenter --net`) before the rest of its arguments, the plug's
+ * `ip -batch -` (fed once the device is in the pod): the rule per family that sends
+ * marked packets to the answer table (added unless a rule of that priority is there
+ * already: one from an earlier ADD in the same namespace), `src_valid_mark` (IPv4) and
+ * the pod's ruleset. The rules wait for the node's rtnl lock, which the device's move
+ * holds for most of its time, so they run in the background while the ruleset loads
+ * (nftables does not take that lock) and that `ip` starts; the script waits for them
+ * before it exits. A failed policy step exits {@linkcode POD_POLICY_FAILED} (without
+ * starting that `ip` when the sysctl or the ruleset failed).
  * Arguments: `$1` the pod end's name when the pod has IPv4 (else empty: no IPv4), `$2` the
  * mark/mask, `$3` the table, `$4` the rule's priority, `$5` the ruleset file, `$6`
  * the `ip` binary, `$7` the `nft` binary, `$8` `6` when the pod has IPv6 (else empty),
- * then the program to exec and its arguments (none: the script ends there).
+ * then the program to run and its arguments (none: the policy alone).
  * Nothing of the caller's is interpolated into the script text.
  */
 export const POD_POLICY_SCRIPT = [
-  'ip="$6" mark="$2" table="$3" pref="$4"',
+  'ip="$6" mark="$2" table="$3" pref="$4" v4="$1" v6="$8"',
   // rule FAMILY: added, or (an earlier ADD's) found there already.
   'rule() { "$ip" "-$1" rule add fwmark "$mark" lookup "$table" pref "$pref" 2>/dev/null ||' +
   ' [ -n "$("$ip" "-$1" rule list pref "$pref")" ] ||' +
   ' { echo "Cannot add the IPv$1 rule fwmark $mark lookup $table pref $pref" >&2; return 1; }; }',
-  "{",
+  '{ { [ -z "$v4" ] || rule 4; } && { [ -z "$v6" ] || rule 6; }; } < /dev/null &',
+  "rules=$!",
   // `all`: the pod end need not exist yet (this runs beside the move). Only packets that
   // arrived through it carry a mark, so the ENI's own reverse-path check is unchanged.
-  '  if [ -n "$1" ]; then printf 1 > /proc/sys/net/ipv4/conf/all/src_valid_mark && rule 4; fi &&',
-  '  { [ -z "$8" ] || rule 6; } &&',
-  '  "$7" -f "$5"',
-  `} || exit ${POD_POLICY_FAILED}`,
+  '{ [ -z "$v4" ] || printf 1 > /proc/sys/net/ipv4/conf/all/src_valid_mark; } && "$7" -f "$5" ||',
+  `  { wait "$rules"; exit ${POD_POLICY_FAILED}; }`,
   "shift 8",
-  '[ "$#" -eq 0 ] || exec "$@"',
+  "rc=0",
+  '[ "$#" -eq 0 ] || { "$@"; rc=$?; }',
+  `wait "$rules" || exit ${POD_POLICY_FAILED}`,
+  'exit "$rc"',
 ].join("\n");
 
 /** The arguments of {@linkcode POD_POLICY_SCRIPT} (after `$0`). */

@@ -298,7 +298,8 @@ export class IpDeviceLayer implements DeviceLayer {
   /**
    * The plug's one process in the pod's namespace, started before the move: with a
    * host link, `POD_POLICY_SCRIPT` (which needs neither the ENI nor the link in the
-   * pod) runs its policy and then execs the `ip`; without, the `ip` alone.
+   * pod) runs its policy and the `ip` (its rules beside them, waiting for the move's
+   * rtnl lock); without, the `ip` alone.
    */
   async #startPodIp(ns: Ns, link: HostLinkSpec | undefined): Promise<PodIp> {
     const ip = [IP_BIN, "-force", "-j", "-batch", "-"];
