@@ -47,6 +47,10 @@ export interface SandboxTimes {
   run: number[];
   /** StopPodSandbox then RemovePodSandbox. */
   stopRemove: number[];
+  /** StopPodSandbox alone (its CNI DEL has the namespace). */
+  stop: number[];
+  /** RemovePodSandbox alone (its CNI DEL has `CNI_NETNS=""`). */
+  remove: number[];
 }
 
 /** Options for {@linkcode timeSandboxes}. */
@@ -75,7 +79,7 @@ export async function timeSandboxes(
 ): Promise<Record<string, SandboxTimes>> {
   const labels = Object.keys(handlers);
   const times: Record<string, SandboxTimes> = Object.fromEntries(
-    labels.map((l) => [l, { run: [], stopRemove: [] }]),
+    labels.map((l) => [l, { run: [], stopRemove: [], stop: [], remove: [] }]),
   );
   const warmup = opts.warmup ?? 1;
   for (let round = 0; round < warmup + opts.rounds; round++) {
@@ -92,12 +96,15 @@ export async function timeSandboxes(
       await opts.check?.(label, id);
       const t2 = performance.now();
       await cd.cri.stopPodSandbox(id);
+      const stopped = performance.now();
       await cd.cri.removePodSandbox(id);
       const t3 = performance.now();
       await opts.settle?.(label);
       if (round >= warmup) {
         times[label].run.push(t1 - t0);
         times[label].stopRemove.push(t3 - t2);
+        times[label].stop.push(stopped - t2);
+        times[label].remove.push(t3 - stopped);
       }
     }
   }
