@@ -310,6 +310,50 @@ let cidSeq = 0;
 const newCid = (tag: string) => `bench-${tag}-${(cidSeq++).toString().padStart(6, "0")}`;
 
 /** Reads fields (kB) of /proc/<pid>/status. */
+/**
+ * The kernel's cost of moving a veth end between two namespaces, with no process per
+ * move: 3 batches of 20 `link set … netns` lines in one `ip -batch` each, between two
+ * namespaces of the VPC fixture made for this; ms per move, per batch.
+ */
+async function kernelMoveFloor(node: SimulatedNode): Promise<number[]> {
+  const a = await node.vpc.pod("mvfa"), b = await node.vpc.pod("mvfb");
+  const dir = await Deno.makeTempDir({ prefix: "enim-bench-move-" });
+  try {
+    const batch = async (lines: string[]) => {
+      const file = `${dir}/${crypto.randomUUID()}`;
+      await Deno.writeTextFile(file, lines.join("\n") + "\n");
+      const t = performance.now();
+      const out = await node.vpc.exec(a, ["/usr/sbin/ip", "-batch", file]);
+      if (out.code !== 0) throw new Error(`ip -batch in ${a.name} failed: ${out.stderr}`);
+      return performance.now() - t;
+    };
+    const n = 20, perBatch: number[] = [];
+    await batch(
+      Array.from({ length: 3 * n }, (_, i) => `link add mvf${i} type veth peer name mvfp${i}`),
+    );
+    for (let k = 0; k < 3; k++) {
+      const ms = await batch(
+        Array.from({ length: n }, (_, i) => `link set dev mvf${k * n + i} netns ${b.path}`),
+      );
+      perBatch.push(ms / n);
+    }
+    return perBatch;
+  } finally {
+    await node.vpc.deletePod(a).catch(() => {});
+    await node.vpc.deletePod(b).catch(() => {});
+    await Deno.remove(dir, { recursive: true }).catch(() => {});
+  }
+}
+
+/** A process's CPU time in ms, its own and its reaped children's (/proc/PID/stat, USER_HZ 100). */
+async function procCpu(pid: number): Promise<{ own: number; children: number }> {
+  const f = (await Deno.readTextFile(`/proc/${pid}/stat`)).split(") ")[1].split(" ");
+  return {
+    own: (Number(f[11]) + Number(f[12])) * 10,
+    children: (Number(f[13]) + Number(f[14])) * 10,
+  };
+}
+
 async function procStatus(pid: number): Promise<Record<string, number>> {
   const text = await Deno.readTextFile(`/proc/${pid}/status`);
   const out: Record<string, number> = {};
@@ -448,6 +492,9 @@ try {
     }
   }
 
+  // ---- the kernel's netns move alone: what both plugins' ADD pays once (no process per move)
+  const moveFloor = await kernelMoveFloor(node);
+
   // ---- serial ADD/DEL, alternating
   const lat = {
     enim: { ADD: [] as number[], DEL: [] as number[] },
@@ -518,10 +565,12 @@ try {
 
   // ---- the agent API alone: the same ADD/DEL sent over the socket from this process
   const direct = { ADD: [] as number[], DEL: [] as number[] };
+  const directCpu = { own: 0, children: 0 };
   for (let i = 0; i < WARMUP + ITER; i++) {
     const containerId = newCid("direct");
     const key = { containerId, ifName: "eth0" };
     await newSandbox(node, enimPod, `d${i}`);
+    const cpu0 = await procCpu(agentPid);
     let t = performance.now();
     await node.client.add({
       ...key,
@@ -535,6 +584,11 @@ try {
       }),
     });
     const addMs = performance.now() - t;
+    const cpu1 = await procCpu(agentPid);
+    if (i >= WARMUP) {
+      directCpu.own += cpu1.own - cpu0.own;
+      directCpu.children += cpu1.children - cpu0.children;
+    }
     t = performance.now();
     await node.client.del({ ...key, netns: enimPod.ns.path, network: "bench" });
     const delMs = performance.now() - t;
@@ -803,6 +857,19 @@ try {
       verdict(goals.startupOverFloor)
     })`,
   );
+  const moveMs = [...moveFloor].sort((x, y) => x - y)[1];
+  console.log(
+    `\nthe kernel's netns move alone (3 batches of 20 in one ip -batch each; ms per move): ${
+      moveFloor.map((m) => m.toFixed(1)).join(", ")
+    }`,
+  );
+  console.log(
+    `  both ADDs pay one move; enim's also pays a Deno start-up: empty deno run + one move = ${
+      (st.floor.p50 + moveMs).toFixed(1)
+    } ms, ${
+      ((st.floor.p50 + moveMs) / s.reference.ADD.p50).toFixed(2)
+    }× the reference's ADD p50 before enim does anything else`,
+  );
   console.log(`\nserial, ${ITER} iterations each, alternating (ms, spawn to exit)`);
   for (const verb of ["ADD", "DEL"] as const) {
     console.log(`  ${verb}`);
@@ -852,6 +919,13 @@ try {
     `    ADD p50 / the reference's whole ADD p50: ${
       (directStats.ADD.p50 / s.reference.ADD.p50).toFixed(2)
     }  (goal ≤ 1.0: ${verdict(goals.agentApiAloneAdd)})`,
+  );
+  console.log(
+    `    CPU per ADD (mean of ${ITER}): the agent ${
+      (directCpu.own / ITER).toFixed(1)
+    } ms, the processes it ran ${
+      (directCpu.children / ITER).toFixed(1)
+    } ms (the plugin process adds its own, below)`,
   );
   console.log(
     `\nbandwidth shaping: enim ADD/DEL with 10M limits both ways against none, alternating (ms)`,
@@ -1007,6 +1081,8 @@ try {
     },
     cpuMs: cpuStats,
     concurrency: { ...cs, wallRatio, phases: concPhases },
+    kernelMoveMsPerBatch: moveFloor,
+    agentCpuPerApiAdd: { own: directCpu.own / ITER, children: directCpu.children / ITER },
     soak: {
       cycles: SOAK,
       seconds: soakSecs,
