@@ -114,6 +114,9 @@ export interface RunOutput {
 const decoder = new TextDecoder();
 const encoder = new TextEncoder();
 
+/** The environment of every process this module starts: nothing of the agent's but a PATH. */
+const CHILD_ENV = { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", LC_ALL: "C" };
+
 /** Runs any argv (binary first) once, counting the spawn, and returns its exit code and output. */
 export async function exec(
   argv: string[],
@@ -126,7 +129,7 @@ export async function exec(
     stdout: "piped",
     stderr: "piped",
     clearEnv: true,
-    env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", LC_ALL: "C" },
+    env: CHILD_ENV,
   }).output();
   return { code: out.code, stdout: decoder.decode(out.stdout), stderr: decoder.decode(out.stderr) };
 }
@@ -167,7 +170,7 @@ export function startFed(argv: string[]): FedProcess {
     stdout: "piped",
     stderr: "piped",
     clearEnv: true,
-    env: { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", LC_ALL: "C" },
+    env: CHILD_ENV,
   }).spawn();
   const stdout = readToEnd(child.stdout);
   const stderr = readToEnd(child.stderr);

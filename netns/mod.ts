@@ -155,12 +155,13 @@ interface Ns {
   path: string;
 }
 
+/** The `ip` a plug starts in the pod's namespace and feeds its configure batch. */
+const POD_IP = [IP_BIN, "-force", "-j", "-batch", "-"];
+
 /** A plug's process in the pod's namespace (`#startPodIp`). */
 interface PodIp {
   process: FedProcess;
-  /** Whether it runs the host link's policy before its `ip`. */
-  policy: boolean;
-  /** The policy's nftables ruleset file, removed after the plug. */
+  /** With a host link, its policy's nftables ruleset file (the policy runs before the `ip`). */
   ruleset?: string;
 }
 
@@ -302,8 +303,7 @@ export class IpDeviceLayer implements DeviceLayer {
    * rtnl lock); without, the `ip` alone.
    */
   async #startPodIp(ns: Ns, link: HostLinkSpec | undefined): Promise<PodIp> {
-    const ip = [IP_BIN, "-force", "-j", "-batch", "-"];
-    if (!link) return { process: startFed(inNetnsArgv(ip, ns.ref)), policy: false };
+    if (!link) return { process: startFed(inNetnsArgv(POD_IP, ns.ref)) };
     const ruleset = await scratchFile(
       this.#scratch ?? DEFAULT_SCRATCH_DIR,
       podRuleset(link.podIfName),
@@ -314,9 +314,9 @@ export class IpDeviceLayer implements DeviceLayer {
       POD_POLICY_SCRIPT,
       "enim-host-link",
       ...podPolicyArgs(link, ruleset, { ip: IP_BIN, nft: NFT_BIN }),
-      ...ip,
+      ...POD_IP,
     ], ns.ref);
-    return { process: startFed(argv), policy: true, ruleset };
+    return { process: startFed(argv), ruleset };
   }
 
   /**
@@ -530,11 +530,11 @@ export class IpDeviceLayer implements DeviceLayer {
     const { code, stdout, stderr } = await pod.process.feed(
       lines.map(batchLine).join("\n") + "\n",
     );
-    const argv = [IP_BIN, "-force", "-j", "-batch", "-"];
-    if (pod.policy && code === POD_POLICY_FAILED) {
-      throw new PolicyError(new IpError(inNetnsArgv(argv, ns.ref), code, stderr));
+    const argv = inNetnsArgv(POD_IP, ns.ref);
+    if (pod.ruleset !== undefined && code === POD_POLICY_FAILED) {
+      throw new PolicyError(new IpError(argv, code, stderr));
     }
-    if (code !== 0) throw new IpError(inNetnsArgv(argv, ns.ref), code, stderr, { stdout });
+    if (code !== 0) throw new IpError(argv, code, stderr, { stdout });
     return parseJsonLines(stdout);
   }
 
