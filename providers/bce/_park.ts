@@ -30,6 +30,7 @@ import type { Owner } from "../contract.ts";
 import type { IntentRow } from "./_store.ts";
 import type { BceCore } from "./_core.ts";
 import { readEni } from "./_lifecycle.ts";
+import { newIntent } from "./_tables.ts";
 import { sleep } from "../../lib/async.ts";
 import {
   decodeRecord,
@@ -334,16 +335,11 @@ export function stickyNamed(core: BceCore, name: string): boolean {
 
 /** A park intent for pod `pod`'s interface `ifName`, until `until` (epoch ms). */
 function parkIntent(pod: string, ifName: string, until: number) {
-  const token = crypto.randomUUID();
   return {
-    id: token,
-    kind: "park",
-    client_token: token,
+    ...newIntent("park"),
     name: "",
     requested_ip: null,
     purpose: "owner",
-    phase: "active",
-    created_ms: Date.now(),
     owner_pod: pod,
     owner_if: ifName,
     until_ms: until,

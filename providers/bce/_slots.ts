@@ -37,7 +37,7 @@
 import { transaction } from "../../lib/sqlite.ts";
 import { DEFAULT_PROFILE, type Owner } from "../contract.ts";
 import type { Groups, IntentRow } from "./_store.ts";
-import { fillIntent } from "./_tables.ts";
+import { fillIntent, newIntent } from "./_tables.ts";
 import { resolveNodeLimit } from "./_limit.ts";
 import type { BceCore, BceProfile } from "./_core.ts";
 
@@ -117,21 +117,16 @@ function createIntent(
   spec: CreateSpec,
   afterRelease: string | null,
 ): IntentRow {
-  const token = crypto.randomUUID();
   const suffix = Array.from(
     crypto.getRandomValues(new Uint8Array(3)),
     (b) => b.toString(16).padStart(2, "0"),
   ).join("");
   return fillIntent({
-    id: token,
-    kind: "create",
-    client_token: token,
+    ...newIntent("create"),
     name: `${core.o.namePrefix}/${core.o.instanceId}/${suffix}`.slice(0, 65),
     eni_id: null,
     requested_ip: spec.ip4 ?? null,
     purpose,
-    phase: "active",
-    created_ms: Date.now(),
     profile: spec.profile.name,
     requested_ip6: spec.ip6 ?? null,
     security_groups: spec.groups?.securityGroupIds ?? null,
@@ -185,17 +180,12 @@ export function reserveClaim(
   owner: Owner,
 ): OwnerReservation | null {
   return reserve(core, profile, false, (afterRelease) => {
-    const token = crypto.randomUUID();
     return fillIntent({
-      id: token,
-      kind: "claim",
-      client_token: token,
+      ...newIntent("claim"),
       name: "",
       eni_id: eniId,
       requested_ip: null,
       purpose: "owner",
-      phase: "active",
-      created_ms: Date.now(),
       profile: profile.name,
       after_release: afterRelease,
       owner_pod: owner.pod,
@@ -261,16 +251,11 @@ export function takeFreeForRelease(
   which: { eniId?: string; profile?: string } = {},
   purpose: "owner" | "pool" = "pool",
 ): IntentRow | null {
-  const token = crypto.randomUUID();
   const intent = core.store.takeFreeForRelease({
-    id: token,
-    kind: "release",
-    client_token: token,
+    ...newIntent("release"),
     name: "",
     requested_ip: null,
     purpose,
-    phase: "active",
-    created_ms: Date.now(),
   }, which);
   if (intent) core.active.add(intent.id);
   return intent;
@@ -282,16 +267,11 @@ export function takeFreeForRelease(
  * not tracked any more.
  */
 export function releaseOwned(core: BceCore, eniId: string): IntentRow | null {
-  const token = crypto.randomUUID();
   const intent = core.store.releaseOwned(eniId, {
-    id: token,
-    kind: "release",
-    client_token: token,
+    ...newIntent("release"),
     name: "",
     requested_ip: null,
     purpose: "owner",
-    phase: "active",
-    created_ms: Date.now(),
   });
   if (intent) core.active.add(intent.id);
   return intent;
@@ -306,17 +286,12 @@ export function releaseUntracked(core: BceCore, eniId: string): IntentRow | null
     if (core.store.row(eniId) || core.store.intents().some((i) => i.eni_id === eniId)) {
       return null;
     }
-    const token = crypto.randomUUID();
     const intent: IntentRow = fillIntent({
-      id: token,
-      kind: "release",
-      client_token: token,
+      ...newIntent("release"),
       name: "",
       eni_id: eniId,
       requested_ip: null,
       purpose: "pool",
-      phase: "active",
-      created_ms: Date.now(),
       profile: DEFAULT_PROFILE,
       requested_ip6: null,
       security_groups: null,

@@ -201,6 +201,17 @@ export type IntentInput =
   & Omit<IntentRow, IntentDefaulted>
   & Partial<Pick<IntentRow, IntentDefaulted>>;
 
+/**
+ * The columns every new intent starts with: a fresh id, which is also its client token
+ * (the cloud's idempotency key for the call it records), active, created now.
+ */
+export function newIntent<K extends IntentRow["kind"]>(
+  kind: K,
+): Pick<IntentRow, "id" | "client_token" | "phase" | "created_ms"> & { kind: K } {
+  const token = crypto.randomUUID();
+  return { id: token, kind, client_token: token, phase: "active", created_ms: Date.now() };
+}
+
 /** An intent with the defaults of its profile columns filled in. */
 export function fillIntent(i: IntentInput): IntentRow {
   return {
