@@ -1,5 +1,6 @@
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
-import { batchLine, nftApply } from "./ip.ts";
+import { batchLine, netnsExec, NFT_BIN, nftApply } from "./ip.ts";
+import { createNetns, deleteNetns } from "./sim.ts";
 import {
   HOST_LINK_GROUP,
   type HostLinkSpec,
@@ -80,17 +81,13 @@ Deno.test({
   ignore: Deno.uid() !== 0,
   async fn() {
     const name = `enim-nft-${crypto.randomUUID().slice(0, 8)}`;
-    const run = async (args: string[]) => {
-      const out = await new Deno.Command(args[0], { args: args.slice(1), stderr: "piped" })
-        .output();
-      assert(out.success, new TextDecoder().decode(out.stderr));
-      return new TextDecoder().decode(out.stdout);
-    };
-    await run(["/usr/sbin/ip", "netns", "add", name]);
+    await createNetns(name);
     try {
-      const rules = async () =>
-        (await run(["/usr/sbin/ip", "netns", "exec", name, "/usr/sbin/nft", "list", "ruleset"]))
-          .split("\n").map((l) => l.trim()).filter((l) => /mark set/.test(l));
+      const rules = async () => {
+        const out = await netnsExec(name, [NFT_BIN, "list", "ruleset"]);
+        assertEquals(out.code, 0, out.stderr);
+        return out.stdout.split("\n").map((l) => l.trim()).filter((l) => /mark set/.test(l));
+      };
       await nftApply(podRuleset("host0"), { netns: `/run/netns/${name}` });
       const once = await rules();
       assertEquals(once.length, 3, once.join("\n"));
@@ -102,7 +99,7 @@ Deno.test({
       assert(renamed.every((l) => !l.includes('"host0"')), renamed.join("\n"));
       assertEquals(renamed.filter((l) => l.includes('iifname "hl9"')).length, 2);
     } finally {
-      await run(["/usr/sbin/ip", "netns", "del", name]);
+      await deleteNetns(name);
     }
   },
 });
