@@ -1,0 +1,170 @@
+/**
+ * The Kubernetes objects the agent reads, as zod schemas that keep only the fields enim
+ * uses (a node agent watching every pod of a 30,000-pod cluster must stay small). Each
+ * schema parses the API server's JSON (`v1.Pod`, `v1.Namespace`,
+ * `networking.k8s.io/v1.NetworkPolicy`, field names and defaults from
+ * `k8s.io/api/core/v1/types.go` and `k8s.io/api/networking/v1/types.go`) and drops the
+ * rest: what enim keeps of an object is the schema's output type.
+ *
+ * Absent optional fields stay absent (the API server omits empty ones); defaults that
+ * carry meaning (a port's protocol is TCP when unset) are applied by the reader of the
+ * field, where the API reference places them, not here, so the cached object says
+ * exactly what the cluster said.
+ *
+ * @module
+ */
+import * as z from "zod/mini";
+import "../lib/zod_locale.ts";
+
+/** `metav1.ObjectMeta`, the parts enim keeps. */
+export const ObjectMetaSchema = z.object({
+  name: z.string(),
+  namespace: z.optional(z.string()),
+  uid: z.optional(z.string()),
+  resourceVersion: z.optional(z.string()),
+  labels: z.optional(z.record(z.string(), z.string())),
+});
+/** An object's metadata as enim keeps it. */
+export type ObjectMeta = z.infer<typeof ObjectMetaSchema>;
+
+/** `metav1.LabelSelectorRequirement`. */
+export const LabelSelectorRequirementSchema = z.object({
+  key: z.string(),
+  operator: z.enum(["In", "NotIn", "Exists", "DoesNotExist"]),
+  values: z.optional(z.array(z.string())),
+});
+/** One requirement of a label selector. */
+export type LabelSelectorRequirement = z.infer<typeof LabelSelectorRequirementSchema>;
+
+/**
+ * `metav1.LabelSelector`: the requirements are ANDed; an empty selector (`{}`) matches
+ * everything, and a selector that is absent where it is optional matches nothing or
+ * everything as the field that holds it says.
+ */
+export const LabelSelectorSchema = z.object({
+  matchLabels: z.optional(z.record(z.string(), z.string())),
+  matchExpressions: z.optional(z.array(LabelSelectorRequirementSchema)),
+});
+/** A label selector. */
+export type LabelSelector = z.infer<typeof LabelSelectorSchema>;
+
+/** `v1.Protocol` as NetworkPolicy and container ports use it. */
+export const ProtocolSchema = z.enum(["TCP", "UDP", "SCTP"]);
+/** A transport protocol. */
+export type Protocol = z.infer<typeof ProtocolSchema>;
+
+/** `intstr.IntOrString` for a port: a number, or the name of a container port. */
+export const PortRefSchema = z.union([z.number().check(z.int()), z.string()]);
+
+/** `networkingv1.NetworkPolicyPort`: protocol (TCP when unset), port (all when unset), endPort. */
+export const NetworkPolicyPortSchema = z.object({
+  protocol: z.optional(ProtocolSchema),
+  port: z.optional(PortRefSchema),
+  endPort: z.optional(z.number().check(z.int())),
+});
+/** A port (or range) a NetworkPolicy rule admits. */
+export type NetworkPolicyPort = z.infer<typeof NetworkPolicyPortSchema>;
+
+/** `networkingv1.IPBlock`: a CIDR and the CIDRs inside it it leaves out. */
+export const IPBlockSchema = z.object({
+  cidr: z.string(),
+  except: z.optional(z.array(z.string())),
+});
+/** An ipBlock peer. */
+export type IPBlock = z.infer<typeof IPBlockSchema>;
+
+/**
+ * `networkingv1.NetworkPolicyPeer`: `podSelector` and `namespaceSelector` together select
+ * the pods matching both; `ipBlock` stands alone.
+ */
+export const NetworkPolicyPeerSchema = z.object({
+  podSelector: z.optional(LabelSelectorSchema),
+  namespaceSelector: z.optional(LabelSelectorSchema),
+  ipBlock: z.optional(IPBlockSchema),
+});
+/** One peer of a NetworkPolicy rule. */
+export type NetworkPolicyPeer = z.infer<typeof NetworkPolicyPeerSchema>;
+
+/** `networkingv1.NetworkPolicyIngressRule`. */
+export const NetworkPolicyIngressRuleSchema = z.object({
+  ports: z.optional(z.array(NetworkPolicyPortSchema)),
+  from: z.optional(z.array(NetworkPolicyPeerSchema)),
+});
+/** `networkingv1.NetworkPolicyEgressRule`. */
+export const NetworkPolicyEgressRuleSchema = z.object({
+  ports: z.optional(z.array(NetworkPolicyPortSchema)),
+  to: z.optional(z.array(NetworkPolicyPeerSchema)),
+});
+
+/** `networkingv1.NetworkPolicy`, the parts policy needs. */
+export const NetworkPolicySchema = z.object({
+  metadata: ObjectMetaSchema,
+  spec: z.object({
+    podSelector: z._default(LabelSelectorSchema, {}),
+    ingress: z.optional(z.array(NetworkPolicyIngressRuleSchema)),
+    egress: z.optional(z.array(NetworkPolicyEgressRuleSchema)),
+    policyTypes: z.optional(z.array(z.enum(["Ingress", "Egress"]))),
+  }),
+});
+/** A NetworkPolicy as enim keeps it. */
+export type NetworkPolicy = z.infer<typeof NetworkPolicySchema>;
+
+/** `v1.ContainerPort`, the parts named-port resolution needs. */
+export const ContainerPortSchema = z.object({
+  name: z.optional(z.string()),
+  containerPort: z.number().check(z.int()),
+  protocol: z.optional(ProtocolSchema),
+});
+
+const ContainerSchema = z.object({ ports: z.optional(z.array(ContainerPortSchema)) });
+
+/**
+ * `v1.Pod`, the parts policy needs: labels, node, host networking, named container
+ * ports (of containers and init containers: a restartable init container, a sidecar,
+ * can serve a port), phase and IPs. Containers are flattened to their ports.
+ */
+export const PodSchema = z.pipe(
+  z.object({
+    metadata: ObjectMetaSchema,
+    spec: z._default(
+      z.object({
+        nodeName: z.optional(z.string()),
+        hostNetwork: z.optional(z.boolean()),
+        containers: z.optional(z.array(ContainerSchema)),
+        initContainers: z.optional(z.array(ContainerSchema)),
+      }),
+      {},
+    ),
+    status: z._default(
+      z.object({
+        phase: z.optional(z.string()),
+        podIP: z.optional(z.string()),
+        podIPs: z.optional(z.array(z.object({ ip: z.string() }))),
+      }),
+      {},
+    ),
+  }),
+  z.transform((p) => {
+    const ports = [...(p.spec.containers ?? []), ...(p.spec.initContainers ?? [])]
+      .flatMap((c) => c.ports ?? []);
+    const ips = p.status.podIPs?.map((x) => x.ip) ?? (p.status.podIP ? [p.status.podIP] : []);
+    return {
+      metadata: p.metadata,
+      nodeName: p.spec.nodeName,
+      hostNetwork: p.spec.hostNetwork ?? false,
+      ports,
+      phase: p.status.phase,
+      ips,
+    };
+  }),
+);
+/** A Pod as enim keeps it. */
+export type Pod = z.infer<typeof PodSchema>;
+
+/** `v1.Namespace`, its metadata alone (name and labels). */
+export const NamespaceSchema = z.pipe(
+  z.object({ metadata: ObjectMetaSchema }),
+  z.transform((n) => ({ metadata: n.metadata })),
+);
+/** A Namespace as enim keeps it. */
+export type Namespace = z.infer<typeof NamespaceSchema>;
