@@ -1,15 +1,21 @@
 /**
- * The agent's options are documented where a user looks for them, and every documented
- * example is a config the agent accepts (issue 25 point 5):
+ * The configuration is documented where a user looks for it, and every documented
+ * example is a config enim accepts (issue 25 point 5, issue 32):
  *
- * - the option keys come from the schemas themselves: the agent config's
+ * - the agent's option keys come from the schemas themselves: the agent config's
  *   (`agent/config.ts`) with, under `provider.<name>`, each provider module's own
  *   `configSchema`, walked key by key (a record's keys, such as profile names, as `*`);
- * - README.md's table "Every agent option" names every one of them and nothing else;
- * - deploy/agent.jsonc holds every one of them, set or as a commented-out line (`// "key": …`);
- * - every JSONC example in README.md and deploy/README.md, deploy/agent.jsonc as shipped
- *   and with every commented-out option enabled, and the DaemonSet's ConfigMap parse
- *   through the agent's config schema and each present provider section's schema.
+ *   the fields of enim's section of the CNI config from `EnimSectionSchema`;
+ * - each of them is documented once, in a table of the page of its subject
+ *   (`SUBJECTS` below: an `| option | default | what |` table for the agent's options,
+ *   a `| field | default | what |` table for the CNI config's fields), and those tables
+ *   name nothing else;
+ * - deploy/agent.jsonc holds every agent option, set or as a commented-out line (`// "key": …`);
+ * - every JSON and JSONC example of README.md, docs/ and deploy/README.md parses: an
+ *   agent config through the agent's config schema and each present provider section's
+ *   schema, a CNI config (it names its `cniVersion`) through the plugin's config parser;
+ *   so do deploy/agent.jsonc as shipped and with every commented-out option enabled, and
+ *   the DaemonSet's ConfigMap.
  *
  * A key added to a schema without documenting it fails here until it is documented.
  */
@@ -18,6 +24,7 @@ import { parseAllDocuments } from "yaml";
 import { assert, assertEquals } from "../lib/assert.ts";
 import { ROOT } from "../scripts/_paths.ts";
 import { AgentConfigSchema, parseConfigText, resolveConfig } from "../agent/config.ts";
+import { EnimSectionSchema, parseNetworkConfig } from "../cni/config.ts";
 import { loadProvider, PROVIDER_NAMES } from "../providers/registry.ts";
 
 /** The parts of a zod schema's definition the walk reads. */
@@ -176,42 +183,179 @@ async function problemsOf(where: string, text: string): Promise<string[]> {
   return out;
 }
 
-const README = await Deno.readTextFile(`${ROOT}/README.md`);
-const DEPLOY_README = await Deno.readTextFile(`${ROOT}/deploy/README.md`);
-const AGENT_JSONC = await Deno.readTextFile(`${ROOT}/deploy/agent.jsonc`);
-
-/** The option keys README.md's "Every agent option" table names (first column). */
-function readmeOptionKeys(): string[] {
-  const start = README.indexOf("### Every agent option\n");
-  assert(start >= 0, 'README.md has a section "### Every agent option"');
-  const rest = README.slice(README.indexOf("\n", start));
-  const section = rest.slice(0, rest.search(/^#{2,3} /m));
-  const keys: string[] = [];
-  for (const line of section.split("\n")) {
-    const first = /^\|([^|]*)\|/.exec(line)?.[1];
-    if (!first) continue;
-    for (const m of first.matchAll(/`([^`]+)`/g)) keys.push(m[1].replaceAll("<name>", "*"));
+/**
+ * Parses one documented CNI config, a network config or a conflist (each of its plugins
+ * that is enim or has enim as IPAM, with the list's `cniVersion` and `name`), as the
+ * plugin does; returns the problems (empty when it is valid).
+ */
+function cniProblemsOf(where: string, text: string): string[] {
+  let raw: Record<string, unknown>;
+  try {
+    raw = JSON.parse(text);
+  } catch (err) {
+    return [`${where}: ${err instanceof Error ? err.message : err}`];
   }
-  return keys;
+  const isEnim = (p: Record<string, unknown>) =>
+    p.type === "enim" || (p.ipam as Record<string, unknown> | undefined)?.type === "enim";
+  const configs = Array.isArray(raw.plugins)
+    ? (raw.plugins as Record<string, unknown>[]).filter(isEnim)
+      .map((p) => ({ cniVersion: raw.cniVersion, name: raw.name, ...p }))
+    : [raw];
+  if (configs.length === 0) return [`${where}: no plugin of the list is enim`];
+  const out: string[] = [];
+  for (const c of configs) {
+    try {
+      parseNetworkConfig(c);
+    } catch (err) {
+      out.push(`${where}: ${err instanceof Error ? err.message : err}`);
+    }
+  }
+  return out;
 }
 
-Deno.test("every agent config option is in README.md's table, and the table names no other", async () => {
-  const options = leaves(await optionKeys());
-  const documented = readmeOptionKeys();
-  const missing = options.filter((k) => !documented.some((d) => matches(k, d)));
-  assertEquals(
-    missing,
-    [],
-    `options of the config schema missing from README.md "Every agent option": ${
-      missing.join(", ")
-    }`,
-  );
-  const stale = documented.filter((d) => !options.some((k) => matches(k, d)));
-  assertEquals(
-    stale,
-    [],
-    `README.md documents options the schema does not have: ${stale.join(", ")}`,
-  );
+/** The Markdown files that document the configuration: the README, docs/, deploy/README.md. */
+async function docFiles(): Promise<Map<string, string>> {
+  const pages: string[] = [];
+  for await (const e of Deno.readDir(`${ROOT}/docs`)) {
+    if (e.isFile && e.name.endsWith(".md")) pages.push(`docs/${e.name}`);
+  }
+  const files = new Map<string, string>();
+  for (const f of ["README.md", ...pages.sort(), "deploy/README.md"]) {
+    files.set(f, await Deno.readTextFile(`${ROOT}/${f}`));
+  }
+  return files;
+}
+
+const DOCS = await docFiles();
+const AGENT_JSONC = await Deno.readTextFile(`${ROOT}/deploy/agent.jsonc`);
+
+/** Which kind of key a documentation table lists, by its first header cell. */
+type Kind = "option" | "field";
+
+/** One documented key: a code span of a table's first column. */
+interface Documented {
+  key: string;
+  file: string;
+  line: number;
+}
+
+/**
+ * The keys the tables of `files` document: every code span of the first column of a
+ * table whose first header cell is `kind` (`<name>`, a profile's name, read as `*`).
+ */
+export function documentedKeys(files: Map<string, string>, kind: Kind): Documented[] {
+  const out: Documented[] = [];
+  for (const [file, text] of files) {
+    const lines = text.split("\n");
+    let inTable = false;
+    let fence = false;
+    for (let i = 0; i < lines.length; i++) {
+      if (/^\s*```/.test(lines[i])) fence = !fence;
+      const first = fence ? undefined : /^\|([^|]*)\|/.exec(lines[i])?.[1];
+      if (first === undefined) {
+        inTable = false;
+        continue;
+      }
+      if (!/^\|/.test(lines[i - 1] ?? "")) inTable = first.trim() === kind; // a header
+      else if (inTable && !/^[\s:-]+$/.test(first)) {
+        for (const m of first.matchAll(/`([^`]+)`/g)) {
+          out.push({ key: m[1].replaceAll("<name>", "*"), file, line: i + 1 });
+        }
+      }
+    }
+  }
+  return out;
+}
+
+/** A subject: the keys it owns, and the page that documents them. */
+interface Subject {
+  page: string;
+  owns: (key: string, keys: string[]) => boolean;
+}
+
+/** Whether `key` is the default profile's twin of a named profile's key (`provider.x.k` of `provider.x.profiles.*.k`). */
+function defaultProfileKey(key: string, keys: string[]): boolean {
+  const m = /^provider\.([^.]+)\.(.+)$/.exec(key);
+  return m !== null && keys.includes(`provider.${m[1]}.profiles.*.${m[2]}`);
+}
+
+/** Each key's page: the first subject that owns it. */
+const SUBJECTS: Record<Kind, Subject[]> = {
+  option: [
+    { page: "docs/scheduling.md", owns: (k) => k.startsWith("devicePlugin.") },
+    { page: "docs/operations.md", owns: (k) => /^(gc|log)\./.test(k) },
+    {
+      page: "docs/sticky_pods.md",
+      owns: (k) =>
+        /^sticky\.|^provider\.[^.]+\.(profiles\.\*\.)?sticky\./.test(k) ||
+        /^provider\.bce\.(clusterId|timeouts\.(parkedExpiryGraceMs|stickyIndexTtlMs))$/.test(k),
+    },
+    {
+      // A profile's keys, the default profile's, and the node's ENI limit they share.
+      page: "docs/profiles.md",
+      owns: (k, keys) =>
+        k === "cloudDescriptions" || /^provider\.[^.]+\.(profiles\.|maxEnisPerNode$)/.test(k) ||
+        defaultProfileKey(k, keys),
+    },
+    { page: "docs/agent.md", owns: () => true },
+  ],
+  field: [
+    {
+      page: "docs/kubernetes.md",
+      owns: (k) => /^(serviceCidrs|hostStackCidrs|hostLink\.)/.test(k),
+    },
+    { page: "docs/configuration.md", owns: () => true },
+  ],
+};
+
+/** The page that documents `key` (one of `keys`, the schema's). */
+function pageOf(kind: Kind, key: string, keys: string[]): string {
+  return SUBJECTS[kind].find((s) => s.owns(key, keys))!.page;
+}
+
+/**
+ * What is wrong with how `files` document `keys` (the schema's leaves): a key documented
+ * nowhere or more than once, or on a page not its subject's; a documented key the schema
+ * does not have. Empty when the docs and the schema agree.
+ */
+export function docProblems(kind: Kind, keys: string[], files: Map<string, string>): string[] {
+  const documented = documentedKeys(files, kind);
+  const where = (d: Documented) => `${d.file}:${d.line}`;
+  const problems: string[] = [];
+  for (const k of keys) {
+    const docs = documented.filter((d) => matches(k, d.key));
+    const page = pageOf(kind, k, keys);
+    if (docs.length === 0) {
+      problems.push(`${kind} "${k}" is documented nowhere (its page: ${page})`);
+    }
+    if (docs.length > 1) {
+      problems.push(
+        `${kind} "${k}" is documented ${docs.length} times: ${docs.map(where).join(", ")}`,
+      );
+    }
+    for (const d of docs.filter((d) => d.file !== page)) {
+      problems.push(
+        `${kind} "${k}" is documented in ${where(d)}, not on its subject's page ${page}`,
+      );
+    }
+  }
+  for (const d of documented.filter((d) => !keys.some((k) => matches(k, d.key)))) {
+    problems.push(`${where(d)} documents ${kind} "${d.key}", which the schema does not have`);
+  }
+  return problems;
+}
+
+/** Every field of enim's section of the CNI config. */
+function cniFields(): string[] {
+  return leaves(keyPaths(EnimSectionSchema as unknown as Walkable).map((p) => p.join(".")));
+}
+
+Deno.test("every agent config option is documented once, on the page of its subject", async () => {
+  assertEquals(docProblems("option", leaves(await optionKeys()), DOCS), []);
+});
+
+Deno.test("every field of enim's CNI config section is documented once, on the page of its subject", () => {
+  assertEquals(docProblems("field", cniFields(), DOCS), []);
 });
 
 Deno.test("every agent config option is in deploy/agent.jsonc, set or commented out", async () => {
@@ -225,31 +369,40 @@ Deno.test("every agent config option is in deploy/agent.jsonc, set or commented 
   assertEquals(missing, [], `options missing from deploy/agent.jsonc: ${missing.join(", ")}`);
 });
 
-Deno.test("every documented agent config example is valid", async (t) => {
+Deno.test("every documented config example is valid: agent configs and CNI configs", async (t) => {
   const examples: { where: string; text: string }[] = [
     { where: "deploy/agent.jsonc", text: AGENT_JSONC },
     { where: "deploy/agent.jsonc (every option enabled)", text: enableAll(AGENT_JSONC) },
   ];
-  for (const [file, text] of [["README.md", README], ["deploy/README.md", DEPLOY_README]]) {
+  const cniExamples: { where: string; text: string }[] = [];
+  for (const [file, text] of DOCS) {
     for (const b of fenced(text, ["json", "jsonc"])) {
+      const where = `${file} line ${b.line} (${b.lang})`;
       // A CNI network config (it names its spec version) is the plugin's, not the agent's.
-      if (/"cniVersion"/.test(b.body)) continue;
+      if (/"cniVersion"/.test(b.body)) {
+        cniExamples.push({ where, text: b.body });
+        continue;
+      }
       // A fragment (`"provider": {…}`) is shown as it sits in the file's top-level object.
       const body = b.body.trim().startsWith("{") ? b.body : `{\n${b.body}\n}`;
-      examples.push({ where: `${file} line ${b.line} (${b.lang})`, text: body });
+      examples.push({ where, text: body });
     }
   }
   const cms = parseAllDocuments(await Deno.readTextFile(`${ROOT}/deploy/kubernetes/configmap.yaml`))
     .map((d) => d.toJS()).filter((d) => d?.data?.["agent.jsonc"] !== undefined);
   assertEquals(cms.length, 1, "the ConfigMap holding agent.jsonc");
   examples.push({ where: "deploy/kubernetes/configmap.yaml", text: cms[0].data["agent.jsonc"] });
-  assert(examples.some((e) => e.where.startsWith("README.md")), "README.md shows a config");
+  assert(examples.some((e) => e.where.startsWith("docs/")), "docs/ shows an agent config");
+  assert(cniExamples.some((e) => e.where.startsWith("docs/")), "docs/ shows a CNI config");
   for (const e of examples) {
     await t.step(e.where, async () => assertEquals(await problemsOf(e.where, e.text), []));
   }
+  for (const e of cniExamples) {
+    await t.step(e.where, () => assertEquals(cniProblemsOf(e.where, e.text), []));
+  }
 });
 
-Deno.test("the doc check itself: a key missing from the docs is found", () => {
+Deno.test("the doc check itself: a key missing, documented twice, on another page or unknown is found", () => {
   // A schema with one more option than documented: the walk finds it, the docs lack it.
   const extra = z.strictObject({
     gc: z.strictObject({ graceSeconds: z.number(), newKnob: z.optional(z.boolean()) }),
@@ -261,10 +414,24 @@ Deno.test("the doc check itself: a key missing from the docs is found", () => {
   });
   const keys = leaves(keyPaths(extra as unknown as Walkable).map((p) => p.join(".")));
   assertEquals(keys, ["gc.graceSeconds", "gc.newKnob", "provider.mock.profiles.*.zone"]);
-  const documented = readmeOptionKeys();
-  assertEquals(keys.filter((k) => !documented.some((d) => matches(k, d))), [
-    "gc.newKnob",
-    "provider.mock.profiles.*.zone",
+  const table = (...rows: string[]) =>
+    ["| option | default | what |", "| --- | --- | --- |", ...rows, ""].join("\n");
+  const files = new Map([
+    ["docs/operations.md", table("| `gc.graceSeconds` | 30 | x |", "| `gc.gone` | 1 | x |")],
+    ["docs/agent.md", table("| `gc.graceSeconds` | 30 | x |")],
+    // Neither another table's first column nor a table in a code block documents a key.
+    [
+      "docs/x.md",
+      "| path | what |\n| --- | --- |\n| `gc.newKnob` | x |\n\n```\n" +
+      table("| `gc.newKnob` | x | x |") + "```\n",
+    ],
+  ]);
+  assertEquals(docProblems("option", keys, files), [
+    'option "gc.graceSeconds" is documented 2 times: docs/operations.md:3, docs/agent.md:3',
+    'option "gc.graceSeconds" is documented in docs/agent.md:3, not on its subject\'s page docs/operations.md',
+    'option "gc.newKnob" is documented nowhere (its page: docs/operations.md)',
+    'option "provider.mock.profiles.*.zone" is documented nowhere (its page: docs/profiles.md)',
+    'docs/operations.md:4 documents option "gc.gone", which the schema does not have',
   ]);
   assert(matches("provider.mock.profiles.*.enis", "provider.mock.profiles.pci.enis"));
   assert(!matches("provider.mock.enis", "provider.mock.profiles.pci.enis"));
