@@ -6,7 +6,7 @@
  * its node end (`enimh<hash>`) is in the node's namespace. Everything else keeps
  * leaving through the ENI.
  *
- * What each side gets (see README, "In a Kubernetes cluster", for the why):
+ * What each side gets (see docs/kubernetes.md for the why):
  *
  * - node: the node end, up, in link group {@linkcode HOST_LINK_GROUP}, with the
  *   MAC {@linkcode HostLinkSpec.nodeMac}; a host route to each of the pod's ENI

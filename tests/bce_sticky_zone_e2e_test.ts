@@ -180,7 +180,7 @@ Deno.test({
             `zone "${ZONE_B}"`,
             INSTANCES.C,
             `Schedule the pod in zone "${ZONE_A}"`,
-            'README "Zone-wide sticky pods", topology',
+            'docs/sticky_pods.md, "Keep a StatefulSet in its zone"',
           ]
         ) {
           assertStringIncludes(msg, part);

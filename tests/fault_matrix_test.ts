@@ -1,5 +1,5 @@
 /**
- * The fault matrix (issue 17; the README's table): `ip` failing at each step, the
+ * The fault matrix (issue 17; the table of docs/faults.md): `ip` failing at each step, the
  * pod's namespace deleted or replaced at each step, the provider failing at each
  * step, SIGTERM in the middle of a batch. Each case checks what the user sees (the
  * CNI exit code and message) and what is left (the agent's record, the cloud's

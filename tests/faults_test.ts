@@ -1,7 +1,7 @@
 /**
  * Faults of the node under the real agent and plugin (issue 17): the state's
  * disk full, the state read-only. What the user sees and what is left, as the
- * README's fault matrix says. The state lives on a small tmpfs mounted inside
+ * fault matrix of docs/faults.md says. The state lives on a small tmpfs mounted inside
  * the node's sandbox (its private mount namespace), so filling it touches
  * nothing outside.
  */

@@ -88,7 +88,7 @@ export async function claimParked(
     });
     throw new ProviderError(
       "wrong_zone",
-      `${where} is in zone "${its}" (subnet "${e.subnetId}"), and this node (instance "${core.o.instanceId}") is in zone "${mine}": an ENI attaches only to an instance of its subnet's zone. Schedule the pod in zone "${its}" (README "Zone-wide sticky pods", topology)`,
+      `${where} is in zone "${its}" (subnet "${e.subnetId}"), and this node (instance "${core.o.instanceId}") is in zone "${mine}": an ENI attaches only to an instance of its subnet's zone. Schedule the pod in zone "${its}" (docs/sticky_pods.md, "Keep a StatefulSet in its zone")`,
     );
   }
   // This node's own park (or the rollback of a claim) of this ENI finishes first.

@@ -337,7 +337,7 @@ export function checkInvariants(v: CheckViews): Violation[] {
     const a = byKey.get(k);
     if (model.mustBeIntact(r)) checkIntact(k, r, a);
     // A DEL whose release failed answers 0 and leaves the record `deleting` with the error for
-    // the agent to finish (README, "Faults"): only a record still holding the ENI is undone.
+    // the agent to finish (docs/faults.md): only a record still holding the ENI is undone.
     else if (r.status === "deleted" && a && !r.delDeferred && a.state !== "deleting") {
       add(
         "ack_del_undone",

@@ -424,7 +424,7 @@ export class Operations {
       k.status = "deleted";
       m.released(k);
       // The plugin answers a DEL alone when the agent is down and the namespace gone
-      // (README, "Errors"): nothing is undone then, and the agent's GC reclaims the ENI.
+      // (docs/runtimes.md, "Errors"): nothing is undone then, and the agent's GC reclaims the ENI.
       k.delDeferred = c.via === "plugin" && !live && ctx.agentEpoch !== epoch;
       if (k.delDeferred) {
         ctx.figures.delDeferred++;
