@@ -95,8 +95,12 @@ export class AgentFakeDevices implements DeviceLayer {
   nodeAddresses(): Promise<NodeAddresses> {
     return this.fake.nodeAddresses();
   }
-  ensureHostLinkTable(): Promise<void> {
-    return this.fake.ensureHostLinkTable();
+  ensureHostLinkTable(legacy?: string[]): Promise<void> {
+    return this.fake.ensureHostLinkTable(legacy);
+  }
+
+  sweepHostLinkRules(): Promise<number> {
+    return this.fake.sweepHostLinkRules();
   }
   async netnsIdentity(path: string): Promise<NetnsIdentity | null> {
     this.#ensure(path);

@@ -116,6 +116,14 @@ export const NodeIfPrefixSchema = z.string().check(
  * name, the node end's name prefix, and what the pod routes through it besides the
  * node's own addresses (which the agent finds).
  */
+/** A packet mark of one bit (a power of two below 2^32), as a number. */
+export const MarkBitSchema = z.number().check(
+  z.int(),
+  z.refine((n) => n > 0 && n <= 0x80000000 && (n & (n - 1)) === 0, {
+    message: "Expected a mark of one bit (a power of two below 2^32, e.g. 0x1000)",
+  }),
+);
+
 export const HostLinkRequestSchema = z.object({
   podIfName: IfNameSchema,
   nodeIfPrefix: NodeIfPrefixSchema,
@@ -123,6 +131,11 @@ export const HostLinkRequestSchema = z.object({
   serviceCidrs: z._default(z.array(NetworkCidrSchema), []),
   /** Other prefixes the node serves (NodeLocal DNS at 169.254.20.10/32 and the like). */
   hostStackCidrs: z._default(z.array(NetworkCidrSchema), []),
+  /** The pod-side mark bits, where the network config sets them (`netns/host_link.ts` `HostLinkMarks`). */
+  marks: z.optional(z.object({
+    answer: z.optional(MarkBitSchema),
+    return: z.optional(MarkBitSchema),
+  })),
 });
 /** The host link an ADD asks for. */
 export type HostLinkRequest = z.output<typeof HostLinkRequestSchema>;

@@ -29,15 +29,26 @@ import { NetworkCidrSchema } from "../providers/schema.ts";
 import {
   type HostLinkRequest,
   IfNameSchema,
+  MarkBitSchema,
   type Mode,
   NodeIfPrefixSchema,
 } from "../api/schema.ts";
 import { CNI_CODES, CniError } from "./errors.ts";
+import { DEFAULT_MARKS } from "../netns/host_link.ts";
 
 /** The default name of the host link's pod end. */
 export const DEFAULT_POD_IF_NAME = "host0";
 /** The default prefix of node-end names (the rest is a hash of the attachment key). */
 export const DEFAULT_NODE_IF_PREFIX = "enimh";
+
+/** A mark of one bit in the network config: a number, or a hex string (`"0x1000"`). */
+const MarkConfigSchema = z.pipe(
+  z.union([z.number(), z.string().check(z.regex(/^0x[0-9a-fA-F]{1,8}$/))]),
+  z.pipe(
+    z.transform((v: number | string) => typeof v === "number" ? v : parseInt(v, 16)),
+    MarkBitSchema,
+  ),
+);
 
 /** The host link's fields of enim's section (spread into `EnimSectionSchema`). */
 export const hostLinkFields = {
@@ -50,6 +61,10 @@ export const hostLinkFields = {
     enabled: z.optional(z.boolean()),
     podIfName: z._default(IfNameSchema, DEFAULT_POD_IF_NAME),
     nodeIfPrefix: z._default(NodeIfPrefixSchema, DEFAULT_NODE_IF_PREFIX),
+    marks: z.optional(z.strictObject({
+      answer: z.optional(MarkConfigSchema),
+      return: z.optional(MarkConfigSchema),
+    })),
   })),
 };
 
@@ -57,7 +72,12 @@ export const hostLinkFields = {
 export interface HostLinkConfig {
   serviceCidrs: string[];
   hostStackCidrs: string[];
-  hostLink?: { enabled?: boolean; podIfName: string; nodeIfPrefix: string };
+  hostLink?: {
+    enabled?: boolean;
+    podIfName: string;
+    nodeIfPrefix: string;
+    marks?: { answer?: number; return?: number };
+  };
   routes: { dst: string }[];
   defaultRoutes: boolean;
 }
@@ -121,11 +141,32 @@ export function hostLinkRequest(
       `hostLink.podIfName: "${podIfName}" is the ENI's interface (CNI_IFNAME); name the host link's pod end otherwise`,
     );
   }
+  const marks = c.hostLink?.marks;
+  if (marks) {
+    const set = Object.entries({
+      answer: DEFAULT_MARKS.answer,
+      return: DEFAULT_MARKS.return,
+      ...marks,
+    })
+      .filter(([, v]) => v !== undefined);
+    for (const [i, [k, v]] of set.entries()) {
+      const twin = set.slice(0, i).find(([, w]) => w === v);
+      if (twin) {
+        const [a, b] = (k in marks ? [k, twin[0]] : [twin[0], k]) as [string, string];
+        throw bad(
+          `hostLink.marks.${a}: 0x${
+            v!.toString(16)
+          } is the mark of hostLink.marks.${b} already; each mark needs a bit of its own`,
+        );
+      }
+    }
+  }
   return {
     podIfName,
     nodeIfPrefix: c.hostLink?.nodeIfPrefix ?? DEFAULT_NODE_IF_PREFIX,
     serviceCidrs: c.serviceCidrs,
     hostStackCidrs: c.hostStackCidrs,
+    ...(marks ? { marks } : {}),
   };
 }
 

@@ -155,10 +155,14 @@ export async function addPinned(
       const link = req.mode === "interface" && req.hostLink
         ? await hostLinkFor(ctx.hostLinks, req, key, eni)
         : undefined;
-      const placed: { ifindex: number; nodeName: string; shaping?: InstalledShaping } =
-        req.mode === "interface"
+      let placed: { ifindex: number; nodeName: string; shaping?: InstalledShaping };
+      try {
+        placed = req.mode === "interface"
           ? await plugIntoPod(ctx, req, pinned!, key, eni, ips, routes, t, link)
           : await findForIpam(ctx, req, key, eni, identity !== null, t);
+      } finally {
+        if (link) ctx.hostLinks.releaseTable(key);
+      }
       const { ifindex, nodeName } = placed;
       const result: AddResponse = {
         eniId: eni.id,
@@ -290,6 +294,7 @@ export async function plugIntoPod(
       nodeIfName: hostLink.nodeIfName,
       podIfName: hostLink.podIfName,
       serviceCidrs: req.hostLink?.serviceCidrs ?? [],
+      table: hostLink.table,
     })
     : undefined;
   const plug = (nodeName?: string) =>

@@ -29,6 +29,7 @@ import { AddResponseSchema, ApiError, type Bandwidth, type Mode } from "../api/s
 import { type InstalledShaping, type LiveShaping, shapingProblems } from "../netns/bandwidth.ts";
 import { keyOf } from "../providers/schema.ts";
 import { hostLinkOf } from "./state.ts";
+import { type PodRule, podRulesOf, podRuleText } from "../netns/host_link.ts";
 import type { CheckInput } from "./types.ts";
 import { type ManagerContext, message } from "./context.ts";
 
@@ -44,7 +45,13 @@ export interface CheckRecord {
   /** The namespace's identity at ADD, when it was a namespace file. */
   netns: NetnsIdentity | null;
   /** The host link the ADD made, and the node's routes over it (the ENI's addresses). */
-  hostLink?: { nodeIfName: string; podIfName: string; nodeRoutes: string[] } | null;
+  hostLink?: {
+    nodeIfName: string;
+    podIfName: string;
+    nodeRoutes: string[];
+    /** The rules the pod's policy gives it; empty for a link of the legacy layout. */
+    podRules: PodRule[];
+  } | null;
 }
 
 /** What the prevResult says of this attachment. */
@@ -179,6 +186,18 @@ function hostLinkProblems(
       problems.push(`The node lacks route ${r} over the host link "${want.nodeIfName}"`);
     }
   }
+  for (const r of want.podRules) {
+    const found = (got.podRules ?? []).some((l) =>
+      l.priority === r.priority && l.table === r.table &&
+      (r.dst === undefined || (l.dst !== undefined && normalizeIp(l.dst) === r.dst)) &&
+      (r.iif === undefined || l.iif === r.iif)
+    );
+    if (!found) {
+      problems.push(
+        `The pod lacks its host-link rule "${podRuleText(r)}" in "${where.netns}"`,
+      );
+    }
+  }
   return problems;
 }
 
@@ -207,6 +226,7 @@ export async function checkAttachment(ctx: ManagerContext, req: CheckInput): Pro
           const a = i.address.split("/")[0];
           return `${a}/${a.includes(":") ? 128 : 32}`;
         }),
+        podRules: link.table === undefined ? [] : podRulesOf(podAddressesOf(result.ips)),
       }
       : null,
     mode: row.mode,
@@ -266,4 +286,15 @@ export async function checkAttachment(ctx: ManagerContext, req: CheckInput): Pro
       await ctx.devices.findByMac(mac, req.netns).catch(() => null);
     if (!link) fail(`No device with MAC ${mac} (ENI "${row.eniId}") on the node or in the pod`);
   }
+}
+
+/** The pod's ENI address per family, from a result's `ips`. */
+function podAddressesOf(ips: { address: string }[]): { ipv4?: string; ipv6?: string } {
+  const out: { ipv4?: string; ipv6?: string } = {};
+  for (const i of ips) {
+    const a = i.address.split("/")[0];
+    if (a.includes(":")) out.ipv6 ??= normalizeIp(a);
+    else out.ipv4 ??= a;
+  }
+  return out;
 }

@@ -18,6 +18,7 @@ import type { Eni, ProfileInfo } from "../providers/contract.ts";
 import { keyOf } from "../providers/schema.ts";
 import { canonicalCidr, contains, normalizeIp, parseCidr, parseIp } from "../lib/ip.ts";
 import type { DeviceLayer, HostLinkSpec, NodeAddresses } from "../netns/types.ts";
+import { DEFAULT_MARKS, NODE_TABLE_BASE } from "../netns/host_link.ts";
 import type { Logger } from "../lib/log.ts";
 import { ApiError, type HostLinkRequest } from "../api/schema.ts";
 import { hostLinkOf, type StateStore } from "./state.ts";
@@ -74,6 +75,7 @@ export function planHostLink(
   req: HostLinkRequest,
   k: Key,
   node: NodeAddresses,
+  table: number = tableOf(k),
 ): HostLinkSpec {
   const listed = [...req.serviceCidrs, ...req.hostStackCidrs].map((c) => parseCidr(c)!);
   const nodeRoutes = node.addresses
@@ -100,7 +102,14 @@ export function planHostLink(
     routes: routes
       .filter((r) => r.includes(":") ? podAddresses.ipv6 : podAddresses.ipv4)
       .map((dst) => ({ dst })),
+    table,
+    marks: { ...DEFAULT_MARKS, ...req.marks },
   };
+}
+
+/** The node-side table an attachment's link takes unless another link has it: 24 bits of its key's hash. */
+export function tableOf(k: Key): number {
+  return NODE_TABLE_BASE + parseInt(keyHash(k).slice(10, 16), 16);
 }
 
 /**
@@ -168,9 +177,62 @@ export class HostLinks {
   readonly #warned = new Set<string>();
   readonly #pending = new Set<Promise<void>>();
 
-  constructor(devices: DeviceLayer, log: Logger) {
+  readonly #state: StateStore | null;
+  /** Tables handed to ADDs that have not recorded their link yet, by attachment key. */
+  readonly #reserved = new Map<number, string>();
+  #legacyLogged = false;
+
+  constructor(devices: DeviceLayer, log: Logger, state: StateStore | null = null) {
     this.#devices = devices;
     this.#log = log;
+    this.#state = state;
+  }
+
+  /**
+   * The node-side table for an attachment's link: the one its row records already
+   * (a retried ADD), else {@linkcode tableOf} its key, or the next one no other row
+   * and no ADD under way has. Decided and reserved in one synchronous step, so two
+   * ADDs at once never share one; {@linkcode releaseTable} once the row records it (or
+   * the ADD failed).
+   */
+  reserveTable(k: Key): number {
+    const key = keyOf(k);
+    const taken = new Map<number, string>(this.#reserved);
+    for (const r of this.#state?.all() ?? []) {
+      const t = hostLinkOf(r)?.table;
+      if (t !== undefined && r.state !== "held") taken.set(t, keyOf(r));
+    }
+    let table = tableOf(k);
+    while (taken.has(table) && taken.get(table) !== key) {
+      table = table + 1 >= 0x7fffffff ? NODE_TABLE_BASE : table + 1;
+    }
+    this.#reserved.set(table, key);
+    return table;
+  }
+
+  /** Ends the reservations of an attachment's ADD (its row records its table now, or it failed). */
+  releaseTable(k: Key): void {
+    const key = keyOf(k);
+    for (const [t, owner] of this.#reserved) if (owner === key) this.#reserved.delete(t);
+  }
+
+  /**
+   * The node ends of links made before issue 34 (their rows record no table): the node
+   * keeps masquerading their pods' traffic until their next ADD (logged once).
+   */
+  legacyNodeEnds(): string[] {
+    const legacy = (this.#state?.all() ?? []).flatMap((r) => {
+      const h = r.state === "held" ? null : hostLinkOf(r);
+      return h && h.table === undefined ? [h.nodeIfName] : [];
+    });
+    if (legacy.length > 0 && !this.#legacyLogged) {
+      this.#legacyLogged = true;
+      this.#log.warn(
+        "Pods ADDed before the pod-identity datapath keep the node's masquerade until their next ADD",
+        { nodeEnds: legacy },
+      );
+    }
+    return legacy;
   }
 
   /** The node's addresses, listed again when the last listing is older than 30 s or failed. */
@@ -189,7 +251,7 @@ export class HostLinks {
   /** Loads the node's table once (again when it failed, or with `again`). */
   ensureTable(again = false): Promise<void> {
     if (!this.#table || again) {
-      const p = this.#devices.ensureHostLinkTable();
+      const p = this.#devices.ensureHostLinkTable(this.legacyNodeEnds());
       this.#table = p;
       p.catch(() => {
         if (this.#table === p) this.#table = null;
@@ -336,5 +398,5 @@ export async function hostLinkFor(
       { cause: err },
     );
   }
-  return planHostLink(eni, hl, k, node);
+  return planHostLink(eni, hl, k, node, links.reserveTable(k));
 }

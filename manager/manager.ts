@@ -138,7 +138,7 @@ class ManagerImpl implements Manager {
         : null,
       apiError: (err) => toApiError(err, state.db.location() ?? "the state database"),
       addAnswered: new Map(),
-      hostLinks: new HostLinks(o.devices, o.log.child({ op: "host_link" })),
+      hostLinks: new HostLinks(o.devices, o.log.child({ op: "host_link" }), state),
       releasing: new Map(),
     };
   }
@@ -303,6 +303,8 @@ class ManagerImpl implements Manager {
     const log = ctx.log.child({ op });
     try {
       await sweepHostLinks(ctx.devices, ctx.state, log);
+      const rules = await ctx.devices.sweepHostLinkRules();
+      if (rules > 0) log.info("Removed host-link rules whose node end is gone", { rules });
       if (ctx.state.all().some((r) => hostLinkOf(r) !== null)) {
         await ctx.hostLinks.ensureTable(true);
       }

@@ -197,6 +197,11 @@ export const RecordedHostLinkSchema = z.object({
   nodeIfName: z.string(),
   podIfName: z.string(),
   serviceCidrs: z.array(z.string()),
+  /**
+   * The node-side table of the pod's own Service traffic (issue 34); absent on a link
+   * made before it (the legacy layout: the node masquerades that traffic instead).
+   */
+  table: z.optional(z.number().check(z.int())),
 });
 /** What a row records of its host link. */
 export type RecordedHostLink = z.infer<typeof RecordedHostLinkSchema>;

@@ -15,7 +15,8 @@
  * @module
  */
 import type { DeviceSimulator, Eni } from "../providers/contract.ts";
-import { HOST_LINK_GROUP, resultRoutes } from "./host_link.ts";
+import { HOST_LINK_GROUP, podRulesOf, resultRoutes } from "./host_link.ts";
+import type { RuleEntry } from "./ip.ts";
 import { type InstalledShaping, installedShaping, isShaped, liveShapingOf } from "./bandwidth.ts";
 import {
   DeviceError,
@@ -56,6 +57,8 @@ export interface FakeLink {
 interface FakeNs {
   identity: NetnsIdentity;
   links: FakeLink[];
+  /** The pod's policy rules, as a plug with a host link leaves them. */
+  rules?: RuleEntry[];
 }
 
 /** The steps that faults and hangs can target. */
@@ -359,6 +362,7 @@ export class FakeDeviceLayer implements DeviceLayer {
         this.#node.push(link);
         throw err;
       }
+      ns.rules = podRulesOf(hl.podAddresses).map((r) => ({ ...r }));
       this.#node.push({
         ifindex: this.#nextIndex++,
         ifname: hl.nodeIfName,
@@ -470,6 +474,7 @@ export class FakeDeviceLayer implements DeviceLayer {
       podEnd: pod ? this.#toLink(pod) : null,
       nodeEnd: node ? this.#toLink(node) : null,
       nodeRoutes: node ? node.routes.map((r) => r.dst) : [],
+      podRules: clone(ns.rules ?? []),
     };
   }
 
@@ -491,10 +496,16 @@ export class FakeDeviceLayer implements DeviceLayer {
     return clone(this.nodeAddrs);
   }
 
-  async ensureHostLinkTable(): Promise<void> {
-    this.calls.push({ op: "ensureHostLinkTable", args: {} });
+  async ensureHostLinkTable(legacy: string[] = []): Promise<void> {
+    this.calls.push({ op: "ensureHostLinkTable", args: { legacy } });
     await this.#step("hostLink");
     this.tableLoads++;
+  }
+
+  async sweepHostLinkRules(): Promise<number> {
+    this.calls.push({ op: "sweepHostLinkRules", args: {} });
+    await this.#step("hostLink");
+    return 0;
   }
 
   /** The shaping of the pod's interface, as `tc -j` would show it. */

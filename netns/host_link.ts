@@ -3,24 +3,35 @@
  * here runs anything). The host link is a veth pair beside the pod's ENI: its pod
  * end (`host0` by default) carries what lives only on the node (Services at
  * ClusterIPs, the node's own addresses, host-stack CIDRs such as NodeLocal DNS),
- * its node end (`enimh<hash>`) is in the node's namespace. Everything else keeps
- * leaving through the ENI.
+ * its node end (`enimh<hash>`) is in the node's namespace. Everything else leaves
+ * through the ENI, and so does a pod's Service traffic to anything beyond the node:
+ * the node never sends a pod's packet out of its own NIC and never masquerades it
+ * (docs/kubernetes.md, "The pod's identity").
  *
- * What each side gets (see docs/kubernetes.md for the why):
+ * What each side gets:
  *
  * - node: the node end, up, in link group {@linkcode HOST_LINK_GROUP}, with the
  *   MAC {@linkcode HostLinkSpec.nodeMac}; a host route to each of the pod's ENI
  *   addresses over it with the node's primary address of that family as the
- *   preferred source, and a permanent neighbour entry for each (no ARP/NDP);
- *   one nftables table for all pods ({@linkcode nodeTableRuleset}): what came in
- *   from a node end and leaves through anything else is masqueraded, so the VPC
- *   only ever sees the node's own address on the node's NIC;
+ *   preferred source, and a permanent neighbour entry for each (no ARP/NDP). What
+ *   comes in from the node end with the pod's address as source (after kube-proxy's
+ *   DNAT) is routed by three rules of the pod's own ({@linkcode NODE_RULE_PREF}): marked
+ *   by kube-proxy for masquerade, the main table (kube-proxy gives it the node's
+ *   address); to a host route of the main table (another pod of this node), that
+ *   route; anything else back over the node end (the pod's own table
+ *   {@linkcode HostLinkSpec.table}), so that it leaves by the pod's ENI. The node's
+ *   nftables table ({@linkcode nodeTableRuleset}) keeps the node's ICMP redirects
+ *   off the node ends.
  * - pod: the pod end, up; routes via the link-local next hop
  *   {@linkcode LINK_GATEWAY}, which is a permanent neighbour at the node end's MAC;
- *   connection marks ({@linkcode podRuleset}): a connection that arrived through
- *   the pod end is answered through it (fwmark {@linkcode HOST_LINK_MARK} → table
- *   {@linkcode HOST_LINK_TABLE} → default via the node end), and the reverse-path
- *   check of such packets uses that table (`src_valid_mark`).
+ *   connection marks and one conntrack zone ({@linkcode podRuleset}): a connection that
+ *   arrived through the pod end is answered through it (the answer mark, rule
+ *   {@linkcode POD_RULE_PREF}.answer); the pod's own Service traffic that the node
+ *   sends back is forwarded out of the ENI in its own conntrack zone, its source port
+ *   changed only where the pod's own direct flow to the same backend holds the same
+ *   5-tuple, and its replies (the return mark, rule {@linkcode POD_RULE_PREF}.return,
+ *   before the local table, which moves to {@linkcode POD_RULE_PREF}.local) go back
+ *   through the pod end to the node, whose conntrack reverses the DNAT.
  *
  * @module
  */
@@ -28,18 +39,48 @@ import { normalizeIp } from "../lib/ip.ts";
 
 /** The link group of every node end: what the node's nftables table matches. ("enim" in ASCII.) */
 export const HOST_LINK_GROUP = 0x656e696d;
+
 /**
- * The packet and connection mark bit enim uses, on the node (traffic from a node end,
- * to masquerade) and in the pod (connections that arrived through the pod end). Clear
- * of kube-proxy's 0x4000 and 0x8000, of the `portmap` plugin's 0x2000 (its default
- * `markMasqBit` 13: its masquerade rule would take enim's marked packets too, which the
- * tests caught), of the AWS VPC CNI's 0x80, Cilium's 0x0f00 and Calico's upper 16 bits.
+ * The mark bits a host link uses. `answer` and `return` live only inside the pod's own
+ * namespace; `node` only on packets that came in from a node end, on the node;
+ * `kubeProxyMasquerade` is kube-proxy's masquerade bit on the node
+ * (`--iptables-masquerade-bit`, 14 by default), which enim reads and never sets.
  */
-export const HOST_LINK_MARK = 0x1000;
-/** The pod's routing table for answers through the pod end. */
+export interface HostLinkMarks {
+  /**
+   * On the node: a connection a pod opened through its node end (conntrack mark), and
+   * the packets of such a connection that kube-proxy DNATed and did not masquerade
+   * (packet mark): the pod's own Service traffic, sent back to leave by its ENI.
+   */
+  node: number;
+  /** In the pod: a connection that arrived through the pod end; its answers go back through it. */
+  answer: number;
+  /** In the pod: the pod's Service traffic the node sent back to leave by the ENI; its replies return through the pod end. */
+  return: number;
+  /** On the node: kube-proxy's masquerade mark (such traffic has the node's identity). Read, never set. */
+  kubeProxyMasquerade: number;
+}
+
+/** The default marks ({@linkcode HostLinkMarks}). */
+export const DEFAULT_MARKS: HostLinkMarks = {
+  node: 0x1000,
+  answer: 0x1000,
+  return: 0x2000,
+  kubeProxyMasquerade: 0x4000,
+};
+
+/** The pod's routing table for what goes back through the pod end. */
 export const HOST_LINK_TABLE = 2000;
-/** The priority of the pod's rule that sends marked packets to {@linkcode HOST_LINK_TABLE}. */
-export const HOST_LINK_RULE_PREF = 1000;
+/** The priorities of the pod's rules: the return rule and the answer rule precede the local table. */
+export const POD_RULE_PREF = { return: 10, answer: 20, local: 100 } as const;
+/** The priority of the answer rule before the pod's identity was kept (issue 34): removed when found. */
+export const LEGACY_ANSWER_PREF = 1000;
+/** The priorities of the node's two rules per pod address (host routes, the pod's table). */
+export const NODE_RULE_PREF = { hosts: 1500, pod: 1501 } as const;
+/** The first node-side table of a pod; each pod's table is this plus 24 bits of its key's hash. */
+export const NODE_TABLE_BASE = 0x10000000;
+/** The conntrack zone (original direction) of the pod's Service traffic the node sent back. */
+export const RETURN_ZONE = 0x656e;
 /** The next hop of the pod's routes through its pod end, per family (a static neighbour). */
 export const LINK_GATEWAY = { ipv4: "169.254.1.1", ipv6: "fe80::1" } as const;
 /** The name of enim's nftables table, on the node and in each pod (family `inet`). */
@@ -69,6 +110,10 @@ export interface HostLinkSpec {
   nodeSource: { ipv4?: string; ipv6?: string };
   /** The pod's routes through the pod end (service CIDRs, node addresses, host-stack CIDRs). */
   routes: LinkRoute[];
+  /** The node-side routing table that sends the pod's traffic back over its node end. */
+  table: number;
+  /** The mark bits ({@linkcode DEFAULT_MARKS} unless configured). */
+  marks: HostLinkMarks;
 }
 
 /** What names one host link for removal and CHECK. */
@@ -124,8 +169,61 @@ export function nodeCommands(s: HostLinkSpec, podNs: string): string[][] {
       "nud",
       "permanent",
     ]);
+    // Back over the node end, via the pod's own address (its permanent neighbour).
+    cmds.push([
+      "route",
+      "replace",
+      fam === "ipv4" ? "default" : "::/0",
+      "via",
+      normalizeIp(addr),
+      "dev",
+      s.nodeIfName,
+      "onlink",
+      "table",
+      String(s.table),
+    ]);
   }
+  const v4 = s.podAddresses.ipv4;
+  if (v4) cmds.push(...nodeRuleCommands(s, v4, "add"));
   return cmds;
+}
+
+/**
+ * The node's three rules for one of the pod's addresses (`ip rule` needs `-6` for an
+ * IPv6 one, which an `ip -batch` line cannot carry: those run in an `ip -6 -batch` of
+ * their own). Each matches what comes in from the node end with the pod's address as
+ * source: kube-proxy's masquerade mark → the main table (it leaves by the node's NIC
+ * with the node's address); a host route of the main table (another pod of this node)
+ * → that route; anything else → the pod's table (back over the node end, out of its
+ * ENI). `del` forms match by priority and node end alone.
+ */
+export function nodeRuleCommands(
+  s: Pick<HostLinkSpec, "nodeIfName" | "table" | "marks">,
+  addr: string,
+  op: "add" | "del",
+): string[][] {
+  const v6 = addr.includes(":");
+  const sel = op === "add"
+    ? ["from", normalizeIp(addr), "iif", s.nodeIfName]
+    : ["iif", s.nodeIfName];
+  const m = hex(s.marks.node);
+  const rule = (pref: number, what: string[]) => [
+    "rule",
+    op,
+    "pref",
+    String(pref),
+    ...sel,
+    ...(op === "add" ? ["fwmark", `${m}/${m}`, ...what] : []),
+  ];
+  return [
+    rule(NODE_RULE_PREF.hosts, ["lookup", "main", "suppress_prefixlength", v6 ? "127" : "31"]),
+    rule(NODE_RULE_PREF.pod, ["lookup", String(s.table)]),
+  ];
+}
+
+/** A mark as `ip` and `nft` take it. */
+function hex(n: number): string {
+  return `0x${n.toString(16)}`;
 }
 
 /**
@@ -168,12 +266,6 @@ function linkRoute(dst: string, v6: boolean, dev: string, src: string): string[]
     : ["route", "add", dst, "via", LINK_GATEWAY.ipv4, "dev", dev, "onlink", "src", src];
 }
 
-/** `0x1000/0x1000`: the mark and its mask as `ip rule` takes them. */
-function markMask(): string {
-  const m = `0x${HOST_LINK_MARK.toString(16)}`;
-  return `${m}/${m}`;
-}
-
 /**
  * The routes the CNI result lists for the host link: each destination via the link
  * gateway of its family (what CHECK then finds in the pod), for the families the
@@ -186,65 +278,122 @@ export function resultRoutes(s: Pick<HostLinkSpec, "routes" | "podAddresses">) {
 }
 
 /**
- * The pod's nftables ruleset: a connection that arrives through the pod end is
- * marked (conntrack), and every packet of it the pod sends carries the mark (a
- * `route` chain: the kernel routes the packet again after the mark is set), so the
- * answer takes the pod end whatever its destination; a packet arriving through the
- * pod end carries the mark too, so the reverse-path check (with `src_valid_mark`)
- * looks its source up in the same table.
+ * The pod's nftables ruleset (`eniIfName`: the ENI's name in the pod).
  *
- * Idempotent without deleting anything: the table and its two base chains are
- * declared (a no-op when an earlier ADD in the same namespace left them), their
- * rules flushed and added again. Deleting a table costs the kernel an RCU grace
- * period: loading this into a fresh namespace takes 6-8 ms against 13-15 ms with
- * a `delete table` first (`nsenter --net … nft -f`, measured on this machine).
+ * - A connection that arrives through the pod end from anything but the pod's own
+ *   address (the node, a Service's client after DNAT, a hostPort client) is marked
+ *   `answer` (conntrack); every packet of it the pod sends carries the mark (a `route`
+ *   chain: the kernel routes the packet again after the mark is set), so the answer
+ *   takes the pod end whatever its destination; a packet arriving through the pod end
+ *   carries the mark too, so the reverse-path check (with `src_valid_mark`) looks its
+ *   source up in the same table.
+ * - What arrives through the pod end from the pod's own address is the pod's own
+ *   Service traffic that the node routed back (after kube-proxy's DNAT) to leave by
+ *   the ENI. It is tracked in conntrack zone {@linkcode RETURN_ZONE} in its original
+ *   direction (the reply direction stays in the default zone), marked `return`, forwarded
+ *   out of the ENI and source-NATed to the pod's own address: a no-op, unless the
+ *   pod's own direct flow to the same backend holds the same 5-tuple, when the kernel
+ *   picks another source port so that both flows keep their answers. Its replies
+ *   (arriving at the ENI, conntrack mark `return`) get the `return` mark, which the rule
+ *   before the local table sends back through the pod end to the node.
+ * - Nothing else is forwarded: the pod is no router between the VPC and the node.
+ *
+ * Idempotent without deleting anything: the table and its base chains are declared
+ * (a no-op when an earlier ADD in the same namespace left them), their rules flushed
+ * and added again. Deleting a table costs the kernel an RCU grace period: loading
+ * this into a fresh namespace takes 6-8 ms against 13-15 ms with a `delete table`
+ * first (`nsenter --net … nft -f`, measured on this machine).
  */
-export function podRuleset(podIfName: string): string {
-  const m = `0x${HOST_LINK_MARK.toString(16)}`;
+export function podRuleset(
+  s: Pick<HostLinkSpec, "podIfName" | "podAddresses" | "marks">,
+  eniIfName: string,
+): string {
+  const a = hex(s.marks.answer), r = hex(s.marks.return);
   const t = `inet ${NFT_TABLE}`;
+  const pod = `iifname "${s.podIfName}"`;
+  const eni = `"${eniIfName}"`;
+  const own = ([["ip", s.podAddresses.ipv4], ["ip6", s.podAddresses.ipv6]] as const)
+    .filter((x): x is ["ip" | "ip6", string] => x[1] !== undefined);
+  const zone = String(RETURN_ZONE);
   return [
     `table ${t} {`,
+    `\tchain raw {`,
+    `\t\ttype filter hook prerouting priority raw; policy accept;`,
+    `\t}`,
     `\tchain prerouting {`,
     `\t\ttype filter hook prerouting priority mangle; policy accept;`,
     `\t}`,
     `\tchain output {`,
     `\t\ttype route hook output priority mangle; policy accept;`,
     `\t}`,
+    `\tchain forward {`,
+    `\t\ttype filter hook forward priority filter; policy drop;`,
+    `\t}`,
+    `\tchain postrouting {`,
+    `\t\ttype nat hook postrouting priority srcnat; policy accept;`,
+    `\t}`,
     `}`,
-    `flush chain ${t} prerouting`,
-    `flush chain ${t} output`,
-    `add rule ${t} prerouting iifname "${podIfName}" ct state new ct mark set ct mark | ${m}`,
-    `add rule ${t} prerouting iifname "${podIfName}" meta mark set meta mark | ${m}`,
-    `add rule ${t} output ct mark & ${m} == ${m} meta mark set meta mark | ${m}`,
+    ...["raw", "prerouting", "output", "forward", "postrouting"].map((c) =>
+      `flush chain ${t} ${c}`
+    ),
+    ...own.map(([f, ip]) =>
+      `add rule ${t} raw ${pod} ${f} saddr ${ip} ct original zone set ${zone}`
+    ),
+    `add rule ${t} prerouting ${pod} ct original zone ${zone} ct state new ct mark set ct mark | ${r}`,
+    `add rule ${t} prerouting ${pod} ct original zone ${zone} meta mark set meta mark | ${r}`,
+    `add rule ${t} prerouting ${pod} ct original zone != ${zone} ct state new ct mark set ct mark | ${a}`,
+    `add rule ${t} prerouting ${pod} ct original zone != ${zone} meta mark set meta mark | ${a}`,
+    `add rule ${t} prerouting iifname ${eni} ct mark & ${r} == ${r} meta mark set meta mark | ${r}`,
+    `add rule ${t} output ct mark & ${a} == ${a} meta mark set meta mark | ${a}`,
+    `add rule ${t} forward ct state established,related accept`,
+    `add rule ${t} forward ${pod} oifname ${eni} ct original zone ${zone} accept`,
+    ...own.map(([f, ip]) =>
+      `add rule ${t} postrouting oifname ${eni} ct original zone ${zone} ${f} saddr ${ip} snat ${f} to ${ip}`
+    ),
     "",
   ].join("\n");
 }
 
 /**
- * The node's nftables table, one for every pod: packets that came in through a node
- * end are marked before routing, and a marked packet that leaves through anything
- * but a node end is masqueraded (to the address of the interface it leaves by).
- * kube-proxy masquerades only what it marks itself; without this a pod's Service
- * traffic to a backend elsewhere would leave the node's NIC with the pod's address,
- * which the VPC's source check drops. Runs after kube-proxy's own masquerade
- * (priority srcnat + 10): what kube-proxy translated is not translated again.
- * Loading it replaces the table as a whole (idempotent).
+ * The node's nftables table, one for every pod. What comes in from a node end and
+ * must keep the node's own routes gets the `node` mark: a connection's reply direction
+ * (the pod's answer to a probe, a hostPort client, a Service client of this node), a
+ * connection kube-proxy masqueraded (its first packet carries kube-proxy's mark, the
+ * rest the conntrack's source NAT): it then has the node's identity. Everything else the
+ * pod's rules on the node send back over its node end, to leave by the pod's ENI. And
+ * the node's ICMP redirects never go to a node end (the node sends that traffic back out
+ * of the node end it came from, which the kernel would answer with one). `legacy` names the node
+ * ends of pods ADDed by an enim before issue 34 (no rules of their own on the node):
+ * what they send out of anything but a node end is masqueraded to the node's address,
+ * as it was then, until their next ADD. Loading it replaces the table as a whole
+ * (idempotent).
  */
-export function nodeTableRuleset(): string {
-  const m = `0x${HOST_LINK_MARK.toString(16)}`;
+export function nodeTableRuleset(
+  legacy: string[] = [],
+  marks: Pick<HostLinkMarks, "node" | "kubeProxyMasquerade"> = DEFAULT_MARKS,
+): string {
   const g = String(HOST_LINK_GROUP);
+  const m = hex(marks.node), k = hex(marks.kubeProxyMasquerade);
   return [
     `table inet ${NFT_TABLE} {}`,
     `delete table inet ${NFT_TABLE}`,
     `table inet ${NFT_TABLE} {`,
     `\tchain prerouting {`,
-    `\t\ttype filter hook prerouting priority mangle; policy accept;`,
-    `\t\tiifgroup ${g} meta mark set meta mark | ${m}`,
+    `\t\ttype filter hook prerouting priority dstnat + 10; policy accept;`,
+    `\t\tiifgroup ${g} ct direction original ct state new ct mark set ct mark | ${m}`,
+    `\t\tiifgroup ${g} ct mark & ${m} == ${m} ct status & dnat == dnat ct status & snat == 0 meta mark & ${k} == 0 meta mark set meta mark | ${m}`,
     `\t}`,
-    `\tchain postrouting {`,
-    `\t\ttype nat hook postrouting priority srcnat + 10; policy accept;`,
-    `\t\tmeta mark & ${m} == ${m} oifgroup != ${g} masquerade`,
+    `\tchain output {`,
+    `\t\ttype filter hook output priority filter; policy accept;`,
+    `\t\toifgroup ${g} icmp type redirect drop`,
+    `\t\toifgroup ${g} icmpv6 type nd-redirect drop`,
     `\t}`,
+    ...(legacy.length === 0 ? [] : [
+      `\tchain postrouting {`,
+      `\t\ttype nat hook postrouting priority srcnat + 10; policy accept;`,
+      `\t\tiifname { ${legacy.map((n) => `"${n}"`).join(", ")} } oifgroup != ${g} masquerade`,
+      `\t}`,
+    ]),
     `}`,
     "",
   ].join("\n");
@@ -256,31 +405,43 @@ export const POD_POLICY_FAILED = 97;
 /**
  * The host link's pod-side policy, run by the one process a plug starts in the pod's
  * namespace (through `nsenter --net`) before the rest of its arguments, the plug's
- * `ip -batch -` (fed once the device is in the pod): the rule per family that sends
- * marked packets to the answer table (added unless a rule of that priority is there
- * already: one from an earlier ADD in the same namespace), `src_valid_mark` (IPv4) and
- * the pod's ruleset. The rules wait for the node's rtnl lock, which the device's move
- * holds for most of its time, so they run in the background while the ruleset loads
- * (nftables does not take that lock) and that `ip` starts; the script waits for them
- * before it exits. A failed policy step exits {@linkcode POD_POLICY_FAILED} (without
- * starting that `ip` when the sysctl or the ruleset failed).
- * Arguments: `$1` the pod end's name when the pod has IPv4 (else empty: no IPv4), `$2` the
- * mark/mask, `$3` the table, `$4` the rule's priority, `$5` the ruleset file, `$6`
- * the `ip` binary, `$7` the `nft` binary, `$8` `6` when the pod has IPv6 (else empty),
- * then the program to run and its arguments (none: the policy alone).
- * Nothing of the caller's is interpolated into the script text.
+ * `ip -batch -` (fed once the device is in the pod): the sysctls (forwarding, for the
+ * pod's own Service traffic the node sends back; no early demux, which would hand a
+ * reply of that traffic to a local socket of the same 5-tuple and drop it;
+ * `src_valid_mark`), the pod's ruleset, and per family the rules: the return rule and
+ * the answer rule, then the local table moved behind them (added at its new
+ * priority before it leaves priority 0, so it is never absent). A rule that is there
+ * already (an earlier ADD in the same namespace) is fine; a rule of the same priority
+ * that is not enim's is left alone and enim's is added beside it. The rules wait for
+ * the node's rtnl lock, which the device's move holds for most of its time, so they
+ * run in the background while the ruleset loads (nftables does not take that lock)
+ * and that `ip` starts; the script waits for them before it exits. A failed policy
+ * step exits {@linkcode POD_POLICY_FAILED} (without starting that `ip` when a sysctl
+ * or the ruleset failed).
+ * Arguments: `$1` the pod's IPv4 address (empty: none), `$2` its IPv6 address (empty:
+ * none), `$3` the return mark/mask, `$4` the answer mark/mask, `$5` the table, `$6` the
+ * ruleset file, `$7` the `ip` binary, `$8` the `nft` binary, then the program to run and
+ * its arguments (none: the policy alone). Nothing of the caller's is interpolated
+ * into the script text.
  */
 export const POD_POLICY_SCRIPT = [
-  'ip="$6" mark="$2" table="$3" pref="$4" v4="$1" v6="$8"',
-  // rule FAMILY: added, or (an earlier ADD's) found there already.
-  'rule() { "$ip" "-$1" rule add fwmark "$mark" lookup "$table" pref "$pref" 2>/dev/null ||' +
-  ' [ -n "$("$ip" "-$1" rule list pref "$pref")" ] ||' +
-  ' { echo "Cannot add the IPv$1 rule fwmark $mark lookup $table pref $pref" >&2; return 1; }; }',
-  '{ { [ -z "$v4" ] || rule 4; } && { [ -z "$v6" ] || rule 6; }; } < /dev/null &',
+  'v4="$1" v6="$2" ret="$3" answer="$4" table="$5" ip="$7"',
+  // add FAMILY ARGS…: added, or there already ("File exists": the same rule).
+  'add() { f=$1; shift; out=$("$ip" "-$f" rule add "$@" 2>&1) || case "$out" in *"File exists"*) ;;' +
+  ' *) echo "Cannot add the IPv$f rule $*: $out" >&2; return 1;; esac; }',
+  "rules() {",
+  `  add "$1" pref ${POD_RULE_PREF.return} to "$2" fwmark "$ret" lookup "$table" &&`,
+  `  add "$1" pref ${POD_RULE_PREF.answer} iif lo fwmark "$answer" lookup "$table" &&`,
+  `  add "$1" pref ${POD_RULE_PREF.local} lookup local &&`,
+  '  { "$ip" "-$1" rule del pref 0 lookup local 2>/dev/null; true; } &&',
+  `  { "$ip" "-$1" rule del pref ${LEGACY_ANSWER_PREF} fwmark "$answer" lookup "$table" 2>/dev/null; true; }`,
+  "}",
+  '{ { [ -z "$v4" ] || rules 4 "$v4"; } && { [ -z "$v6" ] || rules 6 "$v6"; }; } < /dev/null &',
   "rules=$!",
-  // `all`: the pod end need not exist yet (this runs beside the move). Only packets that
-  // arrived through it carry a mark, so the ENI's own reverse-path check is unchanged.
-  '{ [ -z "$v4" ] || printf 1 > /proc/sys/net/ipv4/conf/all/src_valid_mark; } && "$7" -f "$5" ||',
+  'sys() { printf %s "$2" > /proc/sys/net/$1; }',
+  '{ sys ipv4/ip_early_demux 0 && { [ -z "$v4" ] || { sys ipv4/ip_forward 1 &&' +
+  ' sys ipv4/conf/all/src_valid_mark 1; }; } && { [ -z "$v6" ] || sys ipv6/conf/all/forwarding 1; }; } &&',
+  '  "$8" -f "$6" ||',
   `  { wait "$rules"; exit ${POD_POLICY_FAILED}; }`,
   "shift 8",
   "rc=0",
@@ -291,20 +452,56 @@ export const POD_POLICY_SCRIPT = [
 
 /** The arguments of {@linkcode POD_POLICY_SCRIPT} (after `$0`). */
 export function podPolicyArgs(
-  s: Pick<HostLinkSpec, "podIfName" | "podAddresses">,
+  s: Pick<HostLinkSpec, "podAddresses" | "marks">,
   rulesetFile: string,
   bins: { ip: string; nft: string },
 ): string[] {
+  const mm = (m: number) => `${hex(m)}/${hex(m)}`;
   return [
-    s.podAddresses.ipv4 ? s.podIfName : "",
-    markMask(),
+    s.podAddresses.ipv4 ?? "",
+    s.podAddresses.ipv6 ? normalizeIp(s.podAddresses.ipv6) : "",
+    mm(s.marks.return),
+    mm(s.marks.answer),
     String(HOST_LINK_TABLE),
-    String(HOST_LINK_RULE_PREF),
     rulesetFile,
     bins.ip,
     bins.nft,
-    s.podAddresses.ipv6 ? "6" : "",
   ];
+}
+
+/** A rule of the pod's policy as CHECK looks for it. */
+export interface PodRule {
+  priority: number;
+  table: string;
+  /** The destination the rule matches (the return rule: the pod's own address). */
+  dst?: string;
+  /** The input device the rule matches (the answer rule: `lo`, the pod's own packets). */
+  iif?: string;
+}
+
+/**
+ * The rules {@linkcode POD_POLICY_SCRIPT} gives the pod, per address it has: the return
+ * rule (to the address), the answer rule (`iif lo`) and the local table behind them.
+ */
+export function podRulesOf(podAddresses: { ipv4?: string; ipv6?: string }): PodRule[] {
+  const table = String(HOST_LINK_TABLE);
+  return Object.values(podAddresses).filter((a): a is string => a !== undefined).flatMap((
+    a,
+  ) => [
+    { priority: POD_RULE_PREF.return, table, dst: normalizeIp(a) },
+    { priority: POD_RULE_PREF.answer, table, iif: "lo" },
+    { priority: POD_RULE_PREF.local, table: "local" },
+  ]);
+}
+
+/** How a pod rule reads in a message: `ip rule` words. */
+export function podRuleText(r: PodRule): string {
+  return [
+    `pref ${r.priority}`,
+    ...(r.dst ? [`to ${r.dst}`] : []),
+    ...(r.iif ? [`iif ${r.iif}`] : []),
+    `lookup ${r.table}`,
+  ].join(" ");
 }
 
 /** Whether a link (as `ip -j link` shows it) is a host link's node end: by its group. */

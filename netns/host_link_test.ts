@@ -2,14 +2,17 @@ import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
 import { batchLine, netnsExec, NFT_BIN, nftApply } from "./ip.ts";
 import { createNetns, deleteNetns } from "./sim.ts";
 import {
+  DEFAULT_MARKS,
   HOST_LINK_GROUP,
   type HostLinkSpec,
   isNodeEnd,
   nodeCommands,
+  nodeRuleCommands,
   nodeTableRuleset,
   podCommands,
   podPolicyArgs,
   podRuleset,
+  podRulesOf,
   resultRoutes,
 } from "./host_link.ts";
 
@@ -22,6 +25,8 @@ const SPEC: HostLinkSpec = {
   podAddresses: { ipv4: "10.99.0.11", ipv6: "fd00:99::11" },
   nodeSource: { ipv4: "10.99.0.2", ipv6: "fd00:99::2" },
   routes: [{ dst: "172.30.0.0/16" }, { dst: "fd00:30::/108" }, { dst: "10.99.0.2/32" }],
+  table: 0x10000abc,
+  marks: DEFAULT_MARKS,
 };
 
 Deno.test("the node side creates the pair with the pod end in the pod, and routes each pod address", () => {
@@ -31,8 +36,21 @@ Deno.test("the node side creates the pair with the pod end in the pod, and route
     "link set dev enimh0123456789 up",
     "route replace 10.99.0.11/32 dev enimh0123456789 src 10.99.0.2",
     "neigh replace 10.99.0.11 lladdr 0a:01:02:03:04:05 dev enimh0123456789 nud permanent",
+    "route replace default via 10.99.0.11 dev enimh0123456789 onlink table 268438204",
     "route replace fd00:99::11/128 dev enimh0123456789 src fd00:99::2",
     "neigh replace fd00:99::11 lladdr 0a:01:02:03:04:05 dev enimh0123456789 nud permanent",
+    "route replace ::/0 via fd00:99::11 dev enimh0123456789 onlink table 268438204",
+    // The IPv4 rules ride in the batch; the IPv6 ones need `ip -6` (below).
+    "rule add pref 1500 from 10.99.0.11 iif enimh0123456789 fwmark 0x1000/0x1000 lookup main suppress_prefixlength 31",
+    "rule add pref 1501 from 10.99.0.11 iif enimh0123456789 fwmark 0x1000/0x1000 lookup 268438204",
+  ]);
+  assertEquals(nodeRuleCommands(SPEC, "fd00:99::11", "add").map((c) => c.join(" ")), [
+    "rule add pref 1500 from fd00:99::11 iif enimh0123456789 fwmark 0x1000/0x1000 lookup main suppress_prefixlength 127",
+    "rule add pref 1501 from fd00:99::11 iif enimh0123456789 fwmark 0x1000/0x1000 lookup 268438204",
+  ]);
+  assertEquals(nodeRuleCommands(SPEC, "fd00:99::11", "del").map((c) => c.join(" ")), [
+    "rule del pref 1500 iif enimh0123456789",
+    "rule del pref 1501 iif enimh0123456789",
   ]);
   // Every line is safe for `ip -batch`.
   for (const c of cmds) batchLine(c);
@@ -56,21 +74,55 @@ Deno.test("an IPv4-only pod gets no IPv6 route, neighbour or rule", () => {
   const lines = podCommands(v4).map((c) => c.join(" "));
   assert(lines.every((l) => !l.includes("fe80::1") && !l.includes("fd00")), lines.join("\n"));
   const args = podPolicyArgs(v4, "/f", { ip: "/ip", nft: "/nft" });
-  assertEquals([args[0], args[7]], ["host0", ""]);
+  assertEquals(args, [
+    "10.99.0.11",
+    "",
+    "0x2000/0x2000",
+    "0x1000/0x1000",
+    "2000",
+    "/f",
+    "/ip",
+    "/nft",
+  ]);
+  assertEquals(podRulesOf(v4.podAddresses).map((r) => r.priority), [10, 20, 100]);
   assertEquals(resultRoutes(v4), [
     { dst: "172.30.0.0/16", gw: "169.254.1.1" },
     { dst: "10.99.0.2/32", gw: "169.254.1.1" },
   ]);
 });
 
-Deno.test("the rulesets mark by the pod end's name in the pod and by link group on the node", () => {
-  const pod = podRuleset("host0");
-  assertStringIncludes(pod, 'iifname "host0" ct state new ct mark set ct mark | 0x1000');
+Deno.test("the pod's ruleset marks by the pod end's name and zones its own Service traffic; the node's keeps redirects off the node ends", () => {
+  const pod = podRuleset(SPEC, "eth0");
+  assertStringIncludes(pod, 'iifname "host0" ip saddr 10.99.0.11 ct original zone set 25966');
+  assertStringIncludes(pod, 'iifname "host0" ip6 saddr fd00:99::11 ct original zone set 25966');
+  assertStringIncludes(
+    pod,
+    'iifname "host0" ct original zone != 25966 ct state new ct mark set ct mark | 0x1000',
+  );
+  assertStringIncludes(
+    pod,
+    'iifname "eth0" ct mark & 0x2000 == 0x2000 meta mark set meta mark | 0x2000',
+  );
   assertStringIncludes(pod, "type route hook output priority mangle");
+  assertStringIncludes(pod, "type filter hook forward priority filter; policy drop;");
+  assertStringIncludes(
+    pod,
+    'oifname "eth0" ct original zone 25966 ip saddr 10.99.0.11 snat ip to 10.99.0.11',
+  );
   const node = nodeTableRuleset();
-  assertStringIncludes(node, `iifgroup ${HOST_LINK_GROUP} meta mark set meta mark | 0x1000`);
-  assertStringIncludes(node, `oifgroup != ${HOST_LINK_GROUP} masquerade`);
+  assertStringIncludes(node, `oifgroup ${HOST_LINK_GROUP} icmp type redirect drop`);
+  assert(!node.includes("masquerade"), node);
+  assertStringIncludes(
+    node,
+    `iifgroup ${HOST_LINK_GROUP} ct direction original ct state new ct mark set ct mark | 0x1000`,
+  );
+  assertStringIncludes(node, "ct status & snat == 0 meta mark & 0x4000 == 0");
   assert(node.startsWith("table inet enim {}\ndelete table inet enim\n"), node);
+  const legacy = nodeTableRuleset(["enimhold0000001"]);
+  assertStringIncludes(
+    legacy,
+    `iifname { "enimhold0000001" } oifgroup != ${HOST_LINK_GROUP} masquerade`,
+  );
   assert(isNodeEnd({ group: String(HOST_LINK_GROUP) }));
   assert(!isNodeEnd({ group: "default" }));
 });
@@ -88,16 +140,18 @@ Deno.test({
         assertEquals(out.code, 0, out.stderr);
         return out.stdout.split("\n").map((l) => l.trim()).filter((l) => /mark set/.test(l));
       };
-      await nftApply(podRuleset("host0"), { netns: `/run/netns/${name}` });
+      await nftApply(podRuleset(SPEC, "eth0"), { netns: `/run/netns/${name}` });
       const once = await rules();
-      assertEquals(once.length, 3, once.join("\n"));
-      await nftApply(podRuleset("host0"), { netns: `/run/netns/${name}` });
+      assertEquals(once.length, 6, once.join("\n"));
+      await nftApply(podRuleset(SPEC, "eth0"), { netns: `/run/netns/${name}` });
       assertEquals(await rules(), once);
-      await nftApply(podRuleset("hl9"), { netns: `/run/netns/${name}` });
+      await nftApply(podRuleset({ ...SPEC, podIfName: "hl9" }, "eth0"), {
+        netns: `/run/netns/${name}`,
+      });
       const renamed = await rules();
-      assertEquals(renamed.length, 3, renamed.join("\n"));
+      assertEquals(renamed.length, 6, renamed.join("\n"));
       assert(renamed.every((l) => !l.includes('"host0"')), renamed.join("\n"));
-      assertEquals(renamed.filter((l) => l.includes('iifname "hl9"')).length, 2);
+      assertEquals(renamed.filter((l) => l.includes('iifname "hl9"')).length, 4);
     } finally {
       await deleteNetns(name);
     }

@@ -315,6 +315,8 @@ export interface BatchOptions {
    * did; `IpError.stderr` names each failed line, `IpError.stdout` has the output).
    */
   force?: boolean;
+  /** `-6`: the lines are IPv6 commands that cannot say so themselves (`ip rule`). */
+  family?: 6;
 }
 
 /**
@@ -329,7 +331,11 @@ export async function ipBatch(
 ): Promise<unknown[]> {
   if (commands.length === 0) return [];
   const lines = commands.map(batchLine);
-  const flags = [...(opts.json ? ["-j"] : []), ...(opts.force ? ["-force"] : [])];
+  const flags = [
+    ...(opts.family ? ["-6"] : []),
+    ...(opts.json ? ["-j"] : []),
+    ...(opts.force ? ["-force"] : []),
+  ];
   if (commands.length === 1) {
     const { stdout } = await runIp([...flags, ...commands[0].map(String)], opts);
     return opts.json ? parseJsonLines(stdout) : [];
@@ -362,6 +368,19 @@ export const AddrInfoSchema = z.looseObject({
 });
 /** One address of `ip -j addr show`. */
 export type AddrInfo = z.infer<typeof AddrInfoSchema>;
+
+/** `ip -j rule list` entries: `iif_detached` is present (null) when the rule's input device does not exist. */
+export const RuleEntrySchema = z.looseObject({
+  priority: z.number().check(z.int()),
+  src: z.optional(z.string()),
+  dst: z.optional(z.string()),
+  iif: z.optional(z.string()),
+  iif_detached: z.optional(z.unknown()),
+  fwmark: z.optional(z.string()),
+  table: z.optional(z.string()),
+});
+/** One rule of `ip -j rule list`. */
+export type RuleEntry = z.infer<typeof RuleEntrySchema>;
 
 /** `ip -j route show` entries. */
 export const RouteEntrySchema = z.looseObject({

@@ -81,6 +81,7 @@ import {
   AddrInfoSchema,
   batchLine,
   DEFAULT_SCRATCH_DIR,
+  exec,
   type FedProcess,
   inNetnsArgv,
   IP_BIN,
@@ -93,17 +94,21 @@ import {
   nftApply,
   parseJsonLines,
   RouteEntrySchema,
+  RuleEntrySchema,
   runIp,
   scratchFile,
   SH_BIN,
   startFed,
 } from "./ip.ts";
 import {
+  DEFAULT_MARKS,
   HOST_LINK_GROUP,
   type HostLinkRef,
   type HostLinkSpec,
   isNodeEnd,
+  NODE_RULE_PREF,
   nodeCommands,
+  nodeRuleCommands,
   nodeTableRuleset,
   POD_POLICY_FAILED,
   POD_POLICY_SCRIPT,
@@ -173,6 +178,11 @@ class PolicyError extends Error {
 }
 
 /** The {@linkcode DeviceLayer} that drives iproute2. */
+/** Work a step left under way, for a later step to wait for (a promise in a box: `await` would flatten it). */
+interface Pending {
+  pending: Promise<void>;
+}
+
 export class IpDeviceLayer implements DeviceLayer {
   readonly #node: NetnsRef;
   /** What `ip link set … netns X` takes to bring a device home. */
@@ -201,8 +211,15 @@ export class IpDeviceLayer implements DeviceLayer {
     netns: NetnsRef,
     json = false,
     force = false,
+    family?: 6,
   ): Promise<unknown[]> {
-    return ipBatch(commands, { netns, json, force, scratchDir: this.#scratch });
+    return ipBatch(commands, {
+      netns,
+      json,
+      force,
+      scratchDir: this.#scratch,
+      ...(family ? { family } : {}),
+    });
   }
 
   /** Lists the node's links with their addresses and refreshes the name cache. */
@@ -285,7 +302,7 @@ export class IpDeviceLayer implements DeviceLayer {
       ...(link ? podCommands(link) : []),
     ];
     const ns = await this.#useNetns("netns", p.netns);
-    const pod = await this.#startPodIp(ns, link);
+    const pod = await this.#startPodIp(ns, link, p.ifName);
     try {
       return await this.#plugDevice(p, ns, config, pod);
     } finally {
@@ -302,11 +319,11 @@ export class IpDeviceLayer implements DeviceLayer {
    * pod) runs its policy and the `ip` (its rules beside them, waiting for the move's
    * rtnl lock); without, the `ip` alone.
    */
-  async #startPodIp(ns: Ns, link: HostLinkSpec | undefined): Promise<PodIp> {
+  async #startPodIp(ns: Ns, link: HostLinkSpec | undefined, ifName: string): Promise<PodIp> {
     if (!link) return { process: startFed(inNetnsArgv(POD_IP, ns.ref)) };
     const ruleset = await scratchFile(
       this.#scratch ?? DEFAULT_SCRATCH_DIR,
-      podRuleset(link.podIfName),
+      podRuleset(link, ifName),
     );
     const argv = inNetnsArgv([
       SH_BIN,
@@ -330,8 +347,9 @@ export class IpDeviceLayer implements DeviceLayer {
       const lookup = attempt > 0;
       const nodeName = await this.#nodeNameOf(p, lookup);
       p.beforeMove?.(nodeName);
+      let pending: Pending;
       try {
-        await this.#move(p, ns, nodeName);
+        pending = await this.#move(p, ns, nodeName);
       } catch (err) {
         if (!lookup && err instanceof DeviceError && noSuchDevice(err.cause)) {
           this.#log.debug("Stale device name; looking the device up", { mac, nodeName });
@@ -344,6 +362,14 @@ export class IpDeviceLayer implements DeviceLayer {
       let shown: Link | null;
       try {
         shown = await this.#configure(p, ns, config, nodeName, pod);
+        if (shown !== null) {
+          try {
+            await pending.pending;
+          } catch (err) {
+            await this.#bringBackLogged(p, ns, nodeName);
+            throw err;
+          }
+        }
         // The shaping's failure brings the device back (and its ifb): the link goes too.
         if (shown !== null && isShaped(p.bandwidth)) {
           shaping = await this.#shape(p, ns, nodeName, shown);
@@ -376,7 +402,7 @@ export class IpDeviceLayer implements DeviceLayer {
    * host link, the same `ip -batch` creates it first (its pod end directly in the pod,
    * the node end's routes and neighbours); a failure removes what the batch made.
    */
-  async #move(p: PlugParams, ns: Ns, nodeName: string): Promise<void> {
+  async #move(p: PlugParams, ns: Ns, nodeName: string): Promise<Pending> {
     const started = performance.now();
     const move = [
       "link",
@@ -392,9 +418,10 @@ export class IpDeviceLayer implements DeviceLayer {
     ];
     const link = p.hostLink;
     const lines = link ? [...nodeCommands(link, ns.ref), move] : [move];
+    let pending: Pending = { pending: Promise.resolve() };
     try {
       try {
-        await this.#batch(lines, this.#node);
+        pending = await this.#moveBatch(lines, link);
       } catch (err) {
         if (!link || !(err instanceof IpError)) throw err;
         // The batch stops at its first failure: what came before it was done.
@@ -409,7 +436,7 @@ export class IpDeviceLayer implements DeviceLayer {
           nodeIfName: link.nodeIfName,
         });
         try {
-          await this.#batch(lines, this.#node);
+          pending = await this.#moveBatch(lines, link);
         } catch (again) {
           await this.#dropHostLinkLogged(link);
           if (again instanceof IpError && (failedLines(again.stderr)[0] ?? 0) < lines.length) {
@@ -419,6 +446,7 @@ export class IpDeviceLayer implements DeviceLayer {
         }
       }
       p.timing?.("move", performance.now() - started);
+      return pending;
     } catch (err) {
       if (err instanceof DeviceError) throw err;
       const exists = err instanceof IpError && /File exists/i.test(err.stderr);
@@ -436,6 +464,56 @@ export class IpDeviceLayer implements DeviceLayer {
         { cause: err },
       );
     }
+  }
+
+  /**
+   * The move's batch on the node and, for a host link of a pod with IPv6, its IPv6
+   * rules on the node beside it (`ip -6`: a batch line cannot say its family). A
+   * failure of the rules is the host link's (the caller removes the link, and with it
+   * the rules).
+   */
+  async #moveBatch(lines: string[][], link: HostLinkSpec | undefined): Promise<Pending> {
+    const v6 = link?.podAddresses.ipv6;
+    if (!link) {
+      await this.#batch(lines, this.#node);
+      return { pending: Promise.resolve() };
+    }
+    const [moved, rules] = await Promise.allSettled([
+      this.#batch(lines, this.#node),
+      v6 ? this.#batch(nodeRuleCommands(link, v6, "add"), this.#node, false, false, 6) : null,
+    ]);
+    if (moved.status === "rejected") throw moved.reason;
+    const fail = (what: string, err: unknown): never => {
+      throw new DeviceError(
+        "host_link",
+        "failed",
+        `Cannot ${what} of the host link "${link.nodeIfName}": ${errText(err)}`,
+        { cause: err },
+      );
+    };
+    if (rules.status === "rejected") fail("add the node's IPv6 rules", rules.reason);
+    if (!link.podAddresses.ipv4) return { pending: Promise.resolve() };
+    // The reverse-path check of the pod's Service replies (they come in from the node
+    // end) looks their source up with their mark, as the node's rules route them. Set
+    // beside the configuring of the pod (a process of its own); the plug waits for it.
+    const p = this.#nodeSysctl(`ipv4/conf/${link.nodeIfName}/src_valid_mark`, "1")
+      .catch((err) => fail("set src_valid_mark on the node end", err));
+    p.catch(() => {});
+    return { pending: p };
+  }
+
+  /**
+   * Writes a sysctl of the node's namespace (`key` under /proc/sys/net) through
+   * `nsenter` and `sh` (Deno allows writes under /proc/sys only with every permission).
+   */
+  async #nodeSysctl(key: string, value: string): Promise<void> {
+    const path = `/proc/sys/net/${key}`;
+    const argv = inNetnsArgv(
+      [SH_BIN, "-c", 'printf %s "$2" > "$1"', "sh", path, value],
+      this.#node ?? "/proc/self/ns/net",
+    );
+    const out = await exec(argv);
+    if (out.code !== 0) throw new Error(out.stderr.trim() || `exit ${out.code}`);
   }
 
   /** The error for a host link the node-side batch could not create. */
@@ -619,6 +697,8 @@ export class IpDeviceLayer implements DeviceLayer {
         `Cannot remove the host link "${link.nodeIfName}" from the node`,
         () => this.removeHostLink(link.nodeIfName),
       );
+    } else if (link) {
+      await this.#dropNodeRules(link.nodeIfName);
     }
     return outcome;
   }
@@ -816,19 +896,25 @@ export class IpDeviceLayer implements DeviceLayer {
     const ns = await this.#useNetns("inspect", p.netns);
     const missing = (err: unknown) =>
       err instanceof IpError && /does not exist|Cannot find device/.test(err.stderr);
-    const podEnd = await ipJson(
-      z.array(LinkSchema),
-      ["link", "show", "dev", p.hostLink.podIfName],
-      { netns: ns.ref },
-    ).then((l) => l[0] ?? null, (err) => {
-      if (missing(err)) return null;
+    const podRead = (err: unknown): never => {
       throw new DeviceError(
         "inspect",
         "failed",
         `Cannot read link "${p.hostLink.podIfName}" in netns "${ns.path}": ${errText(err)}`,
         { cause: err },
       );
-    });
+    };
+    const [podEnd, podRules] = await Promise.all([
+      ipJson(z.array(LinkSchema), ["link", "show", "dev", p.hostLink.podIfName], { netns: ns.ref })
+        .then((l) => l[0] ?? null, (err) => missing(err) ? null : podRead(err)),
+      Promise.all([
+        this.#batch([["rule", "list"]], ns.ref, true),
+        this.#batch([["rule", "list"]], ns.ref, true, false, 6),
+      ]).then(
+        (outs) => outs.flatMap((o) => z.array(RuleEntrySchema).parse(o[0] ?? [])),
+        podRead,
+      ),
+    ]);
     let out: unknown[];
     try {
       out = await this.#batch(
@@ -840,7 +926,7 @@ export class IpDeviceLayer implements DeviceLayer {
         true,
       );
     } catch (err) {
-      if (missing(err)) return { podEnd, nodeEnd: null, nodeRoutes: [] };
+      if (missing(err)) return { podEnd, nodeEnd: null, nodeRoutes: [], podRules };
       throw new DeviceError(
         "inspect",
         "failed",
@@ -857,6 +943,7 @@ export class IpDeviceLayer implements DeviceLayer {
         .filter((r) => (r.table === undefined || r.table === "main") && r.protocol !== "kernel")
         .filter((r) => r.type === undefined || r.type === "unicast")
         .map((r) => r.dst.includes("/") ? r.dst : `${r.dst}/${r.dst.includes(":") ? 128 : 32}`),
+      podRules,
     };
   }
 
@@ -874,11 +961,18 @@ export class IpDeviceLayer implements DeviceLayer {
     return z.array(LinkSchema).parse(links.filter((l) => "ifname" in l)).filter(isNodeEnd);
   }
 
-  /** Deletes the node end `nodeIfName` (its pod end goes with it); false when it was not there. */
+  /**
+   * Deletes the node end `nodeIfName` (its pod end goes with it, and the routes of its
+   * table) and its rules on the node (both families; a rule already gone is fine);
+   * false when the link was not there.
+   */
   async removeHostLink(nodeIfName: string): Promise<boolean> {
     checkIfName(nodeIfName);
     try {
-      await runIp(["link", "del", "dev", nodeIfName], { netns: this.#node });
+      await Promise.all([
+        runIp(["link", "del", "dev", nodeIfName], { netns: this.#node }),
+        this.#dropNodeRules(nodeIfName),
+      ]);
       return true;
     } catch (err) {
       if (noSuchDevice(err)) return false;
@@ -889,6 +983,23 @@ export class IpDeviceLayer implements DeviceLayer {
         { cause: err },
       );
     }
+  }
+
+  /**
+   * Deletes the node's rules of a host link, both families (`-force`: a rule already
+   * gone is fine; what a failure leaves, GC's sweep of detached rules removes).
+   */
+  async #dropNodeRules(nodeIfName: string): Promise<void> {
+    const ref = { nodeIfName, table: 0, marks: DEFAULT_MARKS };
+    await Promise.all([false, true].map((v6) =>
+      this.#batch(
+        nodeRuleCommands(ref, v6 ? "::" : "0.0.0.0", "del"),
+        this.#node,
+        false,
+        true,
+        v6 ? 6 : undefined,
+      ).catch(() => {})
+    ));
   }
 
   /** The node's addresses and its primary one per family: one `ip -j -batch` (links, defaults). */
@@ -910,13 +1021,48 @@ export class IpDeviceLayer implements DeviceLayer {
     return nodeAddressesOf(links, defaults);
   }
 
-  /** Loads enim's nftables table on the node (`nft -f`, replacing the table). */
-  async ensureHostLinkTable(): Promise<void> {
+  /**
+   * Loads enim's nftables table on the node (`nft -f`, replacing the table); `legacy`:
+   * the node ends of pods on the layout before issue 34 (`nodeTableRuleset`).
+   */
+  async ensureHostLinkTable(legacy: string[] = []): Promise<void> {
     await this.#run(
       "host_link",
       "Cannot load enim's nftables table on the node",
-      () => nftApply(nodeTableRuleset(), { netns: this.#node, scratchDir: this.#scratch }),
+      () => nftApply(nodeTableRuleset(legacy), { netns: this.#node, scratchDir: this.#scratch }),
     );
+  }
+
+  /**
+   * Deletes the node's host-link rules whose node end is gone (`[detached]`: a pod gone
+   * without DEL, an agent killed before its removal): both families, at enim's
+   * priorities. Returns how many went.
+   */
+  async sweepHostLinkRules(): Promise<number> {
+    let removed = 0;
+    for (const v6 of [false, true]) {
+      const family = v6 ? 6 as const : undefined;
+      const out = await this.#run(
+        "find",
+        "Cannot list the node's rules",
+        () => this.#batch([["rule", "list"]], this.#node, true, false, family),
+      );
+      const stale = z.array(RuleEntrySchema).parse(out[0] ?? [])
+        .filter((r) =>
+          (Object.values(NODE_RULE_PREF) as number[]).includes(r.priority) &&
+          r.iif !== undefined && "iif_detached" in r
+        );
+      if (stale.length === 0) continue;
+      await this.#batch(
+        stale.map((r) => ["rule", "del", "pref", String(r.priority), "iif", r.iif!]),
+        this.#node,
+        false,
+        true,
+        family,
+      ).catch(() => {});
+      removed += stale.length;
+    }
+    return removed;
   }
 
   /** The identity of an nsfs file at an absolute path; null when it is missing or no namespace file. */

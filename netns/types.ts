@@ -10,6 +10,7 @@ import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import type { InstalledShaping, LiveShaping, Shaping } from "./bandwidth.ts";
 import type { HostLinkRef, HostLinkSpec } from "./host_link.ts";
+import type { RuleEntry } from "./ip.ts";
 
 export type { InstalledShaping, LiveShaping, Shaping, ShapingLimit } from "./bandwidth.ts";
 export type { HostLinkRef, HostLinkSpec } from "./host_link.ts";
@@ -178,6 +179,8 @@ export interface HostLinkState {
   nodeEnd: Link | null;
   /** The node's routes through the node end (destinations, CIDR). */
   nodeRoutes: string[];
+  /** The pod's policy-routing rules, both families (`ip -j rule list`). */
+  podRules: RuleEntry[];
 }
 
 /**
@@ -215,8 +218,14 @@ export interface DeviceLayer {
   removeHostLink(nodeIfName: string): Promise<boolean>;
   /** The node's own addresses (one listing). */
   nodeAddresses(): Promise<NodeAddresses>;
-  /** Loads enim's nftables table on the node (idempotent: it replaces the table). */
-  ensureHostLinkTable(): Promise<void>;
+  /**
+   * Loads enim's nftables table on the node (idempotent: it replaces the table);
+   * `legacy`: node ends of links made before issue 34, whose pods' traffic the node
+   * still masquerades.
+   */
+  ensureHostLinkTable(legacy?: string[]): Promise<void>;
+  /** Deletes the node's host-link rules whose node end is gone; returns how many. */
+  sweepHostLinkRules(): Promise<number>;
   /**
    * Reads the bandwidth shaping of the interface `ifName` in `netns` for CHECK (the
    * namespace's qdiscs, the interface's ingress filters); compare with

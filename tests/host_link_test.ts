@@ -140,11 +140,11 @@ Deno.test({
         { family: 4 as const, serviceCidr: SERVICE_CIDRS.ipv4, nodeIPs: [N.v4] },
         { family: 6 as const, serviceCidr: SERVICE_CIDRS.ipv6, nodeIPs: [N.v6] },
       ];
-      // Who answers each Service, and which address it sees: the VPC machine sees the
-      // node's (the node masqueraded what left its NIC), the others see the pod's own.
+      // Who answers each Service, and which address it sees: every backend sees the
+      // pod's own (what goes beyond the node leaves by the pod's ENI, never masqueraded).
       const expect = (fam: 4 | 6) => {
         const k = fam === 4 ? "v4" : "v6";
-        return { remote: `r ${N[k]}`, pod: `b ${A[k]}`, node: `node ${A[k]}` };
+        return { remote: `r ${A[k]}`, pod: `b ${A[k]}`, node: `node ${A[k]}` };
       };
       for (const mode of ["iptables", "nftables"] as ProxyMode[]) {
         await installKubeProxy(vpc.node.name, mode, svcs, opts);
@@ -229,16 +229,30 @@ Deno.test({
           assertEquals(del.code, 0, del.stdout + del.stderr);
         }
       });
-      await t.step("the VPC drops what leaves the node's NIC with a pod's address", async () => {
-        // Without enim's masquerade (its node table gone) the remote backend is unreachable:
-        // kube-proxy marks nothing of a pod's Service traffic, the source check drops it.
-        await vpc.exec(vpc.node, ["/usr/sbin/nft", "delete", "table", "inet", "enim"]);
-        assertEquals(await ask(a, "tcp", "172.30.0.20", 80), "");
-        // The agent's GC pass loads the table again.
-        const gc = await node.enim(["gc"]);
-        assertEquals(gc.code, 0, gc.stdout + gc.stderr);
-        assertEquals(who(await ask(a, "tcp", "172.30.0.20", 80)), `r ${N.v4}`);
-      });
+      await t.step(
+        "nothing of a pod left the node's NIC: the VPC's source check dropped nothing, and the node masquerades nothing of a pod",
+        async () => {
+          assertEquals(await vpc.sourceCheckDrops(), 0);
+          // kube-proxy masquerades only what it marked itself (hairpin, NodePorts); enim's
+          // own table on the node masquerades nothing.
+          const enim = await vpc.exec(vpc.node, ["/usr/sbin/nft", "list", "table", "inet", "enim"]);
+          assert(!enim.stdout.includes("masquerade"), enim.stdout);
+        },
+      );
+      await t.step(
+        "without enim's node table the VPC drops the pod's Service traffic",
+        async () => {
+          // The negative control: with the node's mark gone the node routes the pod's Service
+          // traffic out of its own NIC with the pod's address, and the source check drops it.
+          await vpc.exec(vpc.node, ["/usr/sbin/nft", "delete", "table", "inet", "enim"]);
+          assertEquals(await ask(a, "tcp", "172.30.0.20", 80), "");
+          assert(await vpc.sourceCheckDrops() > 0);
+          // The agent's GC pass loads the table again.
+          const gc = await node.enim(["gc"]);
+          assertEquals(gc.code, 0, gc.stdout + gc.stderr);
+          assertEquals(who(await ask(a, "tcp", "172.30.0.20", 80)), `r ${A.v4}`);
+        },
+      );
       await t.step(
         "without the pod's connection marks, an enim backend's answer leaves by its ENI and is lost",
         async () => {
@@ -381,14 +395,14 @@ Deno.test({
     const pod = await node.vpc.pod("policy");
     const before = (await node.client.status()).pool;
     // The policy's rule, in the pod's one process that runs before its ip batch.
-    await faults.fail("pod", "rule\\sadd\\sfwmark");
+    await faults.fail("pod", "rule\\sadd\\spref\\s10\\s");
     const out = await node.cni("ADD", node.podCall(pod, { config: kubeConf(node) }));
     assert(await faults.fired(), "the rule's ip ran in the pod");
     await faults.uninstall();
     assertEquals(out.code, 1);
     assertEquals(out.json?.code, 105, out.stdout);
     assertStringIncludes(String(out.json?.msg), "Cannot set the host link's policy");
-    assertStringIncludes(String(out.json?.msg), "Cannot add the IPv4 rule fwmark");
+    assertStringIncludes(String(out.json?.msg), "Cannot add the IPv4 rule pref 10 to");
     assertEquals((await node.client.status()).pool, before);
     assertEquals((await node.client.attachments()).length, 0);
     assertEquals(await nodeEnds(node.vpc), []);

@@ -29,6 +29,7 @@ import {
   createBridge,
   createNetns,
   deleteNetns,
+  SOURCE_CHECK_TABLE,
   uniqueName,
   VethDeviceSimulator,
 } from "../../netns/sim.ts";
@@ -193,6 +194,24 @@ export class SimulatedVpc implements AsyncDisposable {
   }
 
   /** Every namespace this fixture has created and not yet removed. */
+  /**
+   * How many frames the VPC's source check has dropped so far (every port: a frame
+   * from a MAC or an address that is not the port's own).
+   */
+  async sourceCheckDrops(): Promise<number> {
+    const out = await this.exec(this.vpc, [
+      "/usr/sbin/nft",
+      "-j",
+      "list",
+      "table",
+      "bridge",
+      SOURCE_CHECK_TABLE,
+    ]);
+    if (out.code !== 0) throw new Error(`Cannot read the source check: ${out.stderr}`);
+    const text = JSON.stringify(JSON.parse(out.stdout));
+    return [...text.matchAll(/"counter":\{"packets":(\d+)/g)].reduce((n, m) => n + Number(m[1]), 0);
+  }
+
   get namespaces(): string[] {
     return [
       this.node.name,
