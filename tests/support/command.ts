@@ -1,10 +1,12 @@
 /**
  * One way for tests, the bench and the stress harness to run a program: exactly the
  * environment given, stdin fed when given (otherwise /dev/null), exit code and
- * output collected.
+ * output collected; and one way for the scripts' tests to run a task or a `deno`
+ * subcommand from the repository as a user would ({@linkcode runFromRoot}).
  *
  * @module
  */
+import { ROOT } from "../../scripts/_paths.ts";
 
 /** What one run printed, and how it exited. */
 export interface CommandOutput {
@@ -37,5 +39,22 @@ export async function runCommand(
     await w.close();
   }
   const out = await child.output();
+  return { code: out.code, stdout: decoder.decode(out.stdout), stderr: decoder.decode(out.stderr) };
+}
+
+/**
+ * Runs `argv` (program first) from the repository's root with this process's environment
+ * and `NO_COLOR=1`, stdin /dev/null, as a user at a terminal would run a task.
+ */
+export async function runFromRoot(argv: string[]): Promise<CommandOutput> {
+  const [cmd, ...args] = argv;
+  const out = await new Deno.Command(cmd, {
+    args,
+    cwd: ROOT,
+    env: { NO_COLOR: "1" },
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
   return { code: out.code, stdout: decoder.decode(out.stdout), stderr: decoder.decode(out.stderr) };
 }
