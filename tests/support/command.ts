@@ -58,3 +58,24 @@ export async function runFromRoot(argv: string[]): Promise<CommandOutput> {
   }).output();
   return { code: out.code, stdout: decoder.decode(out.stdout), stderr: decoder.decode(out.stderr) };
 }
+
+/**
+ * Waits for `done` (the end of `child` and of the reading of its output); kills `child`
+ * by its PID with SIGKILL if that takes longer than `ms`.
+ */
+export async function awaitOrKill(
+  child: Deno.ChildProcess,
+  done: Promise<unknown>,
+  ms = 10_000,
+): Promise<void> {
+  const timer = setTimeout(() => {
+    try {
+      child.kill("SIGKILL");
+    } catch { /* gone */ }
+  }, ms);
+  try {
+    await done;
+  } finally {
+    clearTimeout(timer);
+  }
+}

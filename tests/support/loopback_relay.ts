@@ -14,6 +14,7 @@
  * @module
  */
 import { ROOT } from "../../scripts/_paths.ts";
+import { awaitOrKill } from "./command.ts";
 
 async function main(): Promise<void> {
   const path = Deno.args[0];
@@ -122,16 +123,7 @@ export class LoopbackRelay implements AsyncDisposable {
   /** Closes its stdin (it exits); kills it by PID if it does not. */
   async close(): Promise<void> {
     await this.#child.stdin.close().catch(() => {});
-    const timer = setTimeout(() => {
-      try {
-        this.#child.kill("SIGKILL");
-      } catch { /* gone */ }
-    }, 10_000);
-    try {
-      await this.#done;
-    } finally {
-      clearTimeout(timer);
-    }
+    await awaitOrKill(this.#child, this.#done);
   }
 
   [Symbol.asyncDispose](): Promise<void> {
