@@ -42,7 +42,7 @@ import { FakeBce, type FakeEni, FakeEniSchema, toContractEni } from "./bce_fake.
 import { VethDeviceSimulator } from "../../netns/sim.ts";
 import type { Credentials } from "../../providers/bce/signer.ts";
 import { ROOT } from "../../scripts/_paths.ts";
-import { awaitOrKill } from "./command.ts";
+import { awaitOrKill, spawnDenoInNetns } from "./command.ts";
 
 /**
  * The provider timeouts of an agent on the fake BCE process: real-sized requests and
@@ -312,26 +312,12 @@ export class FakeBceProcess implements AsyncDisposable {
   /** Starts the fake inside `opts.nodeNetns` and waits until it listens. */
   static async start(opts: FakeBceProcessOptions): Promise<FakeBceProcess> {
     const { credentials, ...settings } = opts;
-    const child = new Deno.Command("/usr/sbin/ip", {
-      args: [
-        "netns",
-        "exec",
-        settings.nodeNetns,
-        Deno.execPath(),
-        "run",
-        "-A",
-        "--quiet",
-        "--no-prompt",
-        "--config",
-        `${ROOT}/tests/deno.json`,
-        `${ROOT}/tests/support/bce_fake_main.ts`,
-        JSON.stringify(settings),
-      ],
-      env: { [CREDENTIALS_ENV]: JSON.stringify(credentials), NO_COLOR: "1" },
-      stdin: "piped",
-      stdout: "piped",
-      stderr: "piped",
-    }).spawn();
+    const child = spawnDenoInNetns(
+      settings.nodeNetns,
+      `${ROOT}/tests/support/bce_fake_main.ts`,
+      [JSON.stringify(settings)],
+      { [CREDENTIALS_ENV]: JSON.stringify(credentials) },
+    );
     const lines: string[] = [];
     const events = new EventQueue();
     const stdoutDone = (async () => {

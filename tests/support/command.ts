@@ -79,3 +79,36 @@ export async function awaitOrKill(
     clearTimeout(timer);
   }
 }
+
+/**
+ * Spawns the Deno module `module` (with all permissions and the tests' config) inside the
+ * network namespace `netns` (a name under /run/netns), its stdio piped, its environment
+ * `NO_COLOR=1` and `env` over this process's.
+ */
+export function spawnDenoInNetns(
+  netns: string,
+  module: string,
+  args: string[],
+  env: Record<string, string> = {},
+): Deno.ChildProcess {
+  return new Deno.Command("/usr/sbin/ip", {
+    args: [
+      "netns",
+      "exec",
+      netns,
+      Deno.execPath(),
+      "run",
+      "-A",
+      "--quiet",
+      "--no-prompt",
+      "--config",
+      `${ROOT}/tests/deno.json`,
+      module,
+      ...args,
+    ],
+    env: { NO_COLOR: "1", ...env },
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+}
