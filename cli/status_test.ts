@@ -1,24 +1,19 @@
 import { assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { StatusSchema } from "../api/schema.ts";
+import { AddRequestSchema, StatusSchema } from "../api/schema.ts";
 import { runEnim } from "../tests/support/enim.ts";
 import { withRunDir, withSandbox } from "../tests/support/run_dir.ts";
 import { cli, withFakeAgent } from "../tests/support/cli.ts";
 import { renderStatus } from "./status.ts";
 import { formatAge } from "./_table.ts";
 
-const POD = {
+const POD = AddRequestSchema.parse({
   containerId: "0123456789abcdef0123",
   ifName: "eth0",
   netns: "/run/netns/pod-1",
   network: "enim-net",
   pod: { namespace: "default", name: "web-0" },
-  mode: "interface" as const,
-  ips: [],
-  ranges: [],
-  routes: [],
-  profile: "default",
-  sticky: false,
-};
+  mode: "interface",
+});
 
 Deno.test("enim status prints the ENI table and pool counts", async () => {
   await withFakeAgent(async (socket, m) => {
