@@ -245,8 +245,11 @@ Deno.test("enim status shows what the device plugin advertises and why devices a
       message: '1 slot of the node\'s ENI limit taken by 1 ENI enim does not own ("eni-x")',
     }],
   };
+  /** The status text with the plugin's fields `over` changed. */
+  const withPlugin = (over: Record<string, unknown> = {}) =>
+    renderStatus(StatusSchema.parse({ ...base, devicePlugin: { ...plugin, ...over } }));
   await t.step("registered, one device Unhealthy", () => {
-    const lines = renderStatus(StatusSchema.parse({ ...base, devicePlugin: plugin })).split("\n");
+    const lines = withPlugin().split("\n");
     assertEquals(
       lines[3],
       "device plugin enim.dev/eni: registered with kubelet, 6 devices advertised: 5 healthy, 1 unhealthy",
@@ -257,17 +260,13 @@ Deno.test("enim status shows what the device plugin advertises and why devices a
     );
   });
   await t.step("not registered: kubelet's silence said", () => {
-    const text = renderStatus(StatusSchema.parse({
-      ...base,
-      devicePlugin: {
-        ...plugin,
-        state: "registering",
-        reason: 'kubelet did not answer Register on "/x/kubelet.sock" within 5 s',
-        unhealthy: 0,
-        healthy: 6,
-        unhealthyReasons: [],
-      },
-    }));
+    const text = withPlugin({
+      state: "registering",
+      reason: 'kubelet did not answer Register on "/x/kubelet.sock" within 5 s',
+      unhealthy: 0,
+      healthy: 6,
+      unhealthyReasons: [],
+    });
     assertStringIncludes(
       text,
       "device plugin enim.dev/eni: NOT REGISTERED with kubelet, 6 devices advertised: 6 healthy, 0 unhealthy\n" +
@@ -275,19 +274,15 @@ Deno.test("enim status shows what the device plugin advertises and why devices a
     );
   });
   await t.step("off, and why", () => {
-    const text = renderStatus(StatusSchema.parse({
-      ...base,
-      devicePlugin: {
-        ...plugin,
-        state: "off",
-        reason: "devicePlugin.enabled is false",
-        socket: null,
-        limit: null,
-        healthy: 0,
-        unhealthy: 0,
-        unhealthyReasons: [],
-      },
-    }));
+    const text = withPlugin({
+      state: "off",
+      reason: "devicePlugin.enabled is false",
+      socket: null,
+      limit: null,
+      healthy: 0,
+      unhealthy: 0,
+      unhealthyReasons: [],
+    });
     assertStringIncludes(text, "device plugin enim.dev/eni: off (devicePlugin.enabled is false)\n");
   });
   await t.step("an older agent without one: nothing", () => {
