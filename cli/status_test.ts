@@ -15,6 +15,13 @@ const POD = AddRequestSchema.parse({
   mode: "interface",
 });
 
+/** The status text of a ready agent (version 0.1.0, able to allocate, no ENI unless `s` lists some). */
+function statusText(s: Record<string, unknown>): string {
+  return renderStatus(
+    StatusSchema.parse({ version: "0.1.0", ready: true, canAllocate: true, enis: [], ...s }),
+  );
+}
+
 Deno.test("enim status prints the ENI table and pool counts", async () => {
   await withFakeAgent(async (socket, m) => {
     await m.add(POD);
@@ -96,11 +103,8 @@ Deno.test("enim status shows each profile's pool and a held ENI's time left", ()
     cloudState: "ok" as const,
     device: "enim1",
   });
-  const text = renderStatus(StatusSchema.parse({
-    version: "0.1.0",
+  const text = statusText({
     provider: "mock",
-    ready: true,
-    canAllocate: true,
     pool: {
       free: 1,
       owned: 1,
@@ -136,7 +140,7 @@ Deno.test("enim status shows each profile's pool and a held ENI's time left", ()
         },
       },
     ],
-  }));
+  });
   const lines = text.split("\n");
   assertEquals(
     lines[1],
@@ -150,11 +154,8 @@ Deno.test("enim status shows each profile's pool and a held ENI's time left", ()
 });
 
 Deno.test("enim status names lost and quarantined ENIs an operator must act on", () => {
-  const text = renderStatus(StatusSchema.parse({
-    version: "0.1.0",
+  const text = statusText({
     provider: "bce",
-    ready: true,
-    canAllocate: true,
     pool: { free: 0, owned: 1, recycling: 0, attachable: 0 },
     enis: [{
       id: "eni-x",
@@ -168,18 +169,15 @@ Deno.test("enim status names lost and quarantined ENIs an operator must act on",
       attachment: null,
     }],
     providerDetails: { quarantined: 1 },
-  }));
+  });
   assertStringIncludes(text, "LOST: eni-x (02:00:00:00:00:09) of ns/p is gone from the cloud");
   assertStringIncludes(text, "QUARANTINED: 1 ENI(s) stuck");
 });
 
 Deno.test("enim status lists the ENIs this node parked in the VPC and the claims it made", () => {
   const now = Date.now();
-  const text = renderStatus(StatusSchema.parse({
-    version: "0.1.0",
+  const text = statusText({
     provider: "bce",
-    ready: true,
-    canAllocate: true,
     pool: { free: 0, owned: 0, recycling: 0, attachable: 4 },
     enis: [],
     sticky: {
@@ -200,7 +198,7 @@ Deno.test("enim status lists the ENIs this node parked in the VPC and the claims
         at: new Date(now - 5_000).toISOString(),
       }],
     },
-  }));
+  });
   const lines = text.split("\n");
   const at = lines.findIndex((l) => l.startsWith("parked in the VPC by this node"));
   assertMatch(lines[at + 1], /^PARKED ENI\s+POD\s+IFNAME\s+PROFILE\s+STATE\s+SINCE\s+EXPIRES IN$/);
@@ -209,14 +207,10 @@ Deno.test("enim status lists the ENIs this node parked in the VPC and the claims
   assertMatch(lines[c + 1], /^CLAIMED ENI\s+POD\s+IFNAME\s+FROM\s+AGO$/);
   assertMatch(lines[c + 2], /^eni-claimed1\s+payments\/db-1\s+eth0\s+i-nodea001\s+5s$/);
   // Nothing parked and no claim: no such sections.
-  const plain = renderStatus(StatusSchema.parse({
-    version: "0.1.0",
+  const plain = statusText({
     provider: "bce",
-    ready: true,
-    canAllocate: true,
     pool: { free: 0, owned: 0, recycling: 0, attachable: 4 },
-    enis: [],
-  }));
+  });
   assertEquals(plain.includes("parked in the VPC"), false);
 });
 
