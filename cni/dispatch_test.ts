@@ -28,6 +28,13 @@ const ipam = (v: string, over: Record<string, unknown> = {}) => ({
   type: "bridge",
   ipam: { type: "enim", ...over },
 });
+/** The attachment ENV and the networks above name, as the agent's requests carry it. */
+const ATTACHMENT = {
+  containerId: "c0ffee01",
+  ifName: "eth0",
+  netns: "/run/netns/pod1",
+  network: "enimnet",
+};
 /** Versions whose format defines each verb. */
 const CHECK_VERSIONS = SUPPORTED_VERSIONS.filter((v) => !v.startsWith("0.3"));
 
@@ -107,10 +114,7 @@ Deno.test("ADD sends the request to the agent and prints the converted result", 
       assertEquals(r.code, 0, r.stdout);
       assertEquals(r.agent.calls.length, 1);
       assertEquals(r.agent.calls[0].req, {
-        containerId: "c0ffee01",
-        ifName: "eth0",
-        netns: "/run/netns/pod1",
-        network: "enimnet",
+        ...ATTACHMENT,
         pod: { namespace: "ns1", name: "web-0", uid: "uid-1" },
         mode: "interface",
         ips: [],
@@ -211,12 +215,7 @@ Deno.test("DEL releases through the agent and tolerates what is already gone", a
   await t.step("forwards the attachment", async () => {
     const r = await run(env("DEL"), iface("1.1.0"));
     expectQuietSuccess(r);
-    assertEquals(r.agent.calls[0].req, {
-      containerId: "c0ffee01",
-      ifName: "eth0",
-      netns: "/run/netns/pod1",
-      network: "enimnet",
-    });
+    assertEquals(r.agent.calls[0].req, ATTACHMENT);
   });
   await t.step("without CNI_NETNS, netns is empty", async () => {
     const r = await run(env("DEL", { CNI_NETNS: undefined }), iface("1.1.0"));
@@ -269,10 +268,7 @@ Deno.test("CHECK compares with prevResult through the agent", async (t) => {
       const r = await run(env("CHECK"), iface(v, { prevResult: prevFor(v) }));
       expectQuietSuccess(r);
       assertEquals(r.agent.calls[0].req, {
-        containerId: "c0ffee01",
-        ifName: "eth0",
-        netns: "/run/netns/pod1",
-        network: "enimnet",
+        ...ATTACHMENT,
         mode: "interface",
         expected: {
           mac: "02:00:00:00:00:01",

@@ -15,8 +15,8 @@
  * the pin failed in about a third of runs; on one CPU it never did (measured: 0 of 120).
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { ROOT } from "./_paths.ts";
 import { isRoot } from "./_deps.ts";
+import { runFromRoot } from "../tests/support/command.ts";
 
 Deno.test({
   name: "deno task demo passes the first time on a machine whose apt installs ping during the run",
@@ -52,28 +52,20 @@ Deno.test({
         "test ! -e /usr/bin/ping && test ! -e /bin/ping",
         `exec ${Deno.execPath()} task demo`,
       ].join(" && ");
-      const out = await new Deno.Command("/usr/bin/taskset", {
-        args: [
-          "--cpu-list",
-          "0",
-          "/usr/bin/unshare",
-          "--mount",
-          "--propagation",
-          "private",
-          "--",
-          "/bin/sh",
-          "-c",
-          script,
-        ],
-        cwd: ROOT,
-        env: { NO_COLOR: "1" },
-        stdin: "null",
-        stdout: "piped",
-        stderr: "piped",
-      }).output();
-      const stdout = new TextDecoder().decode(out.stdout);
-      const stderr = new TextDecoder().decode(out.stderr);
-      assertEquals(out.code, 0, `${stdout}\n${stderr}`);
+      const { code, stdout, stderr } = await runFromRoot([
+        "/usr/bin/taskset",
+        "--cpu-list",
+        "0",
+        "/usr/bin/unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+      ]);
+      assertEquals(code, 0, `${stdout}\n${stderr}`);
       assertMatch(stdout, /demo passed in [\d.]+ s/);
       assertMatch(stdout, /web → its gateway 10\.99\.0\.1/);
       assertStringIncludes(stderr, "installing through apt: iputils-ping");
