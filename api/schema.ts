@@ -28,6 +28,7 @@ import {
   CONTAINER_ID,
   IFNAME,
   LOG_FILE_ENV,
+  MAX_CALL_ENV_VALUE,
   MAX_CALL_STDIN,
   type NameRule,
   NETNS_PATH,
@@ -220,7 +221,9 @@ export type AddResponse = z.infer<typeof AddResponseSchema>;
 export const CniCallSchema = z.strictObject({
   env: z.partialRecord(
     z.enum([...CNI_ENV_NAMES, LOG_FILE_ENV]),
-    z.string().check(z.maxLength(128 * 1024, "Expected at most 128 KiB")),
+    z.string().check(
+      z.maxLength(MAX_CALL_ENV_VALUE, `Expected at most ${MAX_CALL_ENV_VALUE} characters`),
+    ),
   ),
   stdin: z.string().check(
     z.maxLength(MAX_CALL_STDIN, `Expected at most ${MAX_CALL_STDIN} characters`),

@@ -16,6 +16,9 @@ export const EXIT_HEADER = "enim-cni-exit";
 /** The largest stdin a raw call may carry (a GC's valid attachments can be long). */
 export const MAX_CALL_STDIN = 4 * 1024 * 1024;
 
+/** The longest value of one CNI variable a raw call may carry. */
+export const MAX_CALL_ENV_VALUE = 128 * 1024;
+
 /** The variable that sends the plugin's log line to another file (tests, debugging). */
 export const LOG_FILE_ENV = "ENIM_LOG_FILE";
 

@@ -338,6 +338,11 @@ Deno.test({
     const version = await node.cni("VERSION", { config: { cniVersion: "1.0.0" } });
     assertEquals(version.code, 0, version.stdout);
     assertEquals(await node.client.attachments(), [], "nothing recorded");
+    // DEL ignores a malformed CNI_ARGS (it must not fail on what ADD refused): 0 either way.
+    const gone = `/run/netns/enim-gone-${crypto.randomUUID().slice(0, 8)}`;
+    const badArgsDel = () => node.cni("DEL", { ...good, netns: gone, args: "K8S_POD_NAME" });
+    const delUp = await badArgsDel();
+    assertEquals([delUp.code, delUp.stdout.trim()], [0, ""], delUp.stderr);
 
     await node.stopAgent();
     for (const c of SPEC_CASES) {
@@ -362,6 +367,13 @@ Deno.test({
         assertEquals([r.code, r.stdout.trim()], [0, ""], `CNI_NETNS="${netns}": ${r.stderr}`);
       }
     });
+    await t.step(
+      "DEL with a malformed CNI_ARGS and the namespace gone → 0, as the agent",
+      async () => {
+        const r = await badArgsDel();
+        assertEquals([r.code, r.stdout.trim()], [0, ""], r.stderr);
+      },
+    );
     await t.step("DEL with the namespace still there → 11", async () => {
       const r = await node.cni("DEL", { ...good });
       assertEquals([r.code, r.json?.code], [1, 11], r.stdout);
