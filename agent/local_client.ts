@@ -12,6 +12,7 @@
  * @module
  */
 import { withDeadline as deadline } from "../lib/async.ts";
+import { answerBudgetMs } from "../api/wire.ts";
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import {
@@ -36,6 +37,8 @@ import { clip, listOf, MESSAGE_CHARS } from "../lib/clip.ts";
 export interface LocalClientOptions {
   /** How long an ADD may take before the caller gets `busy` (the ADD goes on). */
   addTimeoutMs?: number;
+  /** Why the ADD's deadline is what it is, added to the `busy` message. */
+  addDeadlineWhy?: string;
   /** `GET /metrics`, when served. */
   metrics?: () => string | Promise<string>;
 }
@@ -65,12 +68,17 @@ export async function withDeadline<T>(
   p: Promise<T>,
   ms: number | undefined,
   what: string,
+  why?: string,
 ): Promise<T> {
   if (!ms) return await p;
   return await deadline(
     p,
     ms,
-    () => new ApiError("busy", `${what} did not finish within ${ms / 1000} s`),
+    () =>
+      new ApiError(
+        "busy",
+        `${what} did not finish within ${Math.round(ms) / 1000} s${why ? ` ${why}` : ""}`,
+      ),
   );
 }
 
@@ -95,12 +103,30 @@ export class LocalAgentClient implements AgentClient {
     }
   }
 
+  /**
+   * This client for one CNI call whose plugin waits `pluginTimeoutMs`: an ADD answers
+   * `busy` by {@linkcode answerBudgetMs} of it (or `addTimeoutMs`, if sooner), so the
+   * runtime reads the agent's answer instead of the plugin's own time-out.
+   */
+  forPlugin(pluginTimeoutMs: number): LocalAgentClient {
+    const budget = answerBudgetMs(pluginTimeoutMs);
+    const own = this.#opts.addTimeoutMs;
+    if (own !== undefined && own <= budget) return this;
+    return new LocalAgentClient(this.#m, {
+      ...this.#opts,
+      addTimeoutMs: budget,
+      addDeadlineWhy: `(the plugin waits ${pluginTimeoutMs / 1000} s, its timeoutSeconds); ` +
+        "it goes on, and the runtime's retry gets its result",
+    });
+  }
+
   add(req: unknown): Promise<AddResponse> {
     return this.#run(() =>
       withDeadline(
         this.#m.add(parseRequest(AddRequestSchema, req)),
         this.#opts.addTimeoutMs,
         "The ADD",
+        this.#opts.addDeadlineWhy,
       )
     );
   }

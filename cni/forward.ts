@@ -39,7 +39,9 @@
  * The agent writes the call's log line; the process writes one itself only
  * for what it answered alone.
  *
- * Wire format: `POST /v1/cni` with `{"env": {...}, "stdin": "..."}`; the agent
+ * Wire format: `POST /v1/cni` with `{"env": {...}, "stdin": "..."}` and how long
+ * the plugin waits in the `enim-cni-timeout-ms` header (so the agent answers
+ * `busy` before the plugin gives up: `answerBudgetMs` in `api/wire.ts`); the agent
  * answers 200 with the exact stdout as the body and the exit code in the
  * `enim-cni-exit` header.
  *
@@ -51,6 +53,7 @@ import {
   DEFAULT_SOCKET,
   EXIT_HEADER,
   LOG_FILE_ENV,
+  TIMEOUT_HEADER,
 } from "../api/wire.ts";
 import {
   answer,
@@ -178,7 +181,7 @@ export async function forward(io: ForwardIo): Promise<number> {
   try {
     res = await (io.roundTrip ?? unixRoundTrip)(
       route.socket,
-      encodeRequest("POST", CNI_CALL_PATH, body),
+      encodeRequest("POST", CNI_CALL_PATH, body, { [TIMEOUT_HEADER]: String(route.timeoutMs) }),
       route.timeoutMs,
     );
   } catch (err) {

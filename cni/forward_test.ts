@@ -253,3 +253,9 @@ Deno.test("without the agent forward() answers a call wrong whatever the agent s
     assertEquals(JSON.parse(r.stdout).code, 11);
   });
 });
+
+Deno.test("forward() tells the agent how long it waits (the config's timeoutSeconds)", async () => {
+  const r = await run(ADD_ENV, CONFIG, () => response(200, "", { [EXIT_HEADER]: "0" }));
+  assertEquals(r.sent[0].timeoutMs, 3000);
+  assertStringIncludes(r.sent[0].request, "\r\nenim-cni-timeout-ms: 3000\r\n");
+});
