@@ -292,10 +292,28 @@ export const GcItemSchema = z.object({
   /** The profile of the ENI (`default` when the agent does not know it). */
   profile: z._default(z.string(), "default"),
 });
+/**
+ * A DEL that has answered the runtime and is still finishing (the device's move home,
+ * the ENI's release): reads show it as such instead of waiting for it, and GC leaves it
+ * to its DEL (and takes it over only if that fails: the record then stays `deleting`).
+ */
+export const UnfinishedDelSchema = z.object({
+  pod: z.string(),
+  containerId: z.string(),
+  ifName: z.string(),
+  eniId: z.nullable(z.string()),
+  /** When the DEL answered. */
+  answeredAt: z.string(),
+});
+/** A DEL still finishing. */
+export type UnfinishedDel = z.infer<typeof UnfinishedDelSchema>;
+
 /** The GC report. */
 export const GcReportSchema = z.object({
   dryRun: z.boolean(),
   items: z.array(GcItemSchema),
+  /** DELs still finishing: not reclaimed by this pass, their DEL is on it. */
+  unfinishedDels: z._default(z.array(UnfinishedDelSchema), []),
 });
 /** The GC report. */
 export type GcReport = z.infer<typeof GcReportSchema>;
@@ -332,6 +350,11 @@ export const AttachmentSchema = z.object({
     })),
     null,
   ),
+  /**
+   * When its DEL answered, while that DEL is still finishing (state `deleting`: the
+   * device's move home, the ENI's release); null otherwise.
+   */
+  delAnsweredAt: z._default(z.nullable(z.string()), null),
 });
 /** A recorded attachment. */
 export type Attachment = z.infer<typeof AttachmentSchema>;
@@ -412,6 +435,8 @@ export const StatusSchema = z.object({
   sticky: z._default(StickyStatusSchema, { parked: [], claims: [] }),
   /** The device plugin, when the agent runs one (absent from older agents). */
   devicePlugin: z.optional(DevicePluginStatusSchema),
+  /** DELs that have answered and are still finishing (reads do not wait for them for long). */
+  unfinishedDels: z._default(z.array(UnfinishedDelSchema), []),
   /**
    * The host links of the node's attachments, and the networks whose pods have one
    * but no Service CIDR routed through it (their pods cannot reach Services).

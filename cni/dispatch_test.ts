@@ -365,6 +365,7 @@ Deno.test("GC forwards the valid attachments of its network", async (t) => {
     const agent = new FakeAgent({
       gc: () => ({
         dryRun: false,
+        unfinishedDels: [],
         items: [{
           eniId: "eni-9",
           mac: "02:00:00:00:00:09",

@@ -50,6 +50,7 @@ function attachment(containerId: string, n: number, over: Partial<Attachment> = 
     holdUntil: null,
     parkUntil: null,
     hostLink: null,
+    delAnsweredAt: null,
     ...over,
   };
 }

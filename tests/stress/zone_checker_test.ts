@@ -75,6 +75,7 @@ function attachment(containerId: string, n: number): Attachment {
     holdUntil: null,
     parkUntil: null,
     hostLink: null,
+    delAnsweredAt: null,
   };
 }
 

@@ -42,6 +42,7 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
     providerDetails: {},
     sticky: { parked: [], claims: [] },
     hostLinks: { links: 0, withoutServiceCidrs: [] },
+    unfinishedDels: [],
     ...over,
   };
 }
@@ -92,7 +93,7 @@ export class FakeAgent implements AgentClient {
     return this.#call(
       "gc",
       req,
-      () => (this.behaviour.gc ?? (() => ({ dryRun: false, items: [] })))(req),
+      () => (this.behaviour.gc ?? (() => ({ dryRun: false, items: [], unfinishedDels: [] })))(req),
     );
   }
   status(): Promise<Status> {
