@@ -403,6 +403,12 @@ export const StatusSchema = z.object({
   /** Whether an ADD can be served now: a free ENI or room to attach one. */
   canAllocate: z.boolean(),
   pool: z.object({
+    /**
+     * No free ENI and no room to attach another: a new pod waits until one is released
+     * (its ADD fails with 100). A scheduling fact, not a network fault: CNI STATUS still
+     * answers 0 (the node stays Ready).
+     */
+    exhausted: z._default(z.boolean(), false),
     free: z.number().check(z.int()),
     /** Owned in the provider: by pods, recycling and held ENIs included. */
     owned: z.number().check(z.int()),

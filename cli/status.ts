@@ -96,6 +96,12 @@ const PROFILE_COLUMNS: Column<ProfileRow>[] = [
 /** What an operator must act on: owned ENIs the cloud lost, stuck ENIs in quarantine. */
 function providerWarnings(s: Status): string {
   const lines: string[] = [];
+  if (s.pool.exhausted) {
+    const p = s.pool;
+    lines.push(
+      `POOL EXHAUSTED: no free ENI and no room to attach another (free ${p.free}, owned ${p.owned}, recycling ${p.recycling}, held ${p.held}, attachable ${p.attachable}): a new pod's ADD fails (100) until one is released; the node's network stays ready (CNI STATUS 0)`,
+    );
+  }
   const lost = s.enis.filter((e) => e.cloudState === "lost");
   for (const e of lost) {
     lines.push(

@@ -382,19 +382,24 @@ async function gcVerb({ config }: ParsedConfig, client: AgentClient): Promise<un
   return undefined;
 }
 
+/**
+ * STATUS: 0 while the agent answers, has reconciled and is not shutting down; 50
+ * otherwise (and when it cannot be reached, `forward.ts`/`errors.ts`).
+ *
+ * A full pool (every ENI owned, sticky holds included, none attachable) is not a
+ * failure: containerd ≥ 2.0.1 runs STATUS on every CRI Status call and reports
+ * NetworkReady=false on a failure, kubelet then marks the node NotReady, the node
+ * controller taints it `not-ready:NoExecute` and every pod on it is evicted, while
+ * filling a node to its ENI limit is what the device plugin has the scheduler do. The
+ * full pool is reported in `enim status` (`pool.exhausted`) and by
+ * `enim_pool_exhausted`; the ADD that finds no ENI fails with 100.
+ */
 async function statusVerb(client: AgentClient): Promise<undefined> {
   const status = await client.status();
   if (!status.ready) {
     throw new CniError(
       CNI_CODES.NOT_AVAILABLE,
-      "The enim agent is not ready yet (it is still reconciling its ENIs)",
-    );
-  }
-  if (!status.canAllocate) {
-    const p = status.pool;
-    throw new CniError(
-      CNI_CODES.NOT_AVAILABLE,
-      `The ENI pool is exhausted: no free ENI and no room to attach another (free ${p.free}, owned ${p.owned}, recycling ${p.recycling}, attachable ${p.attachable})`,
+      "The enim agent is not ready (it has not reconciled its ENIs, or it is shutting down)",
     );
   }
   return undefined;

@@ -42,7 +42,12 @@ export function poolCounts(s: Status): PoolCounts {
     profiles: s.pool.profiles,
     lost: s.enis.filter((e) => e.cloudState === "lost").length,
     details: s.providerDetails,
-    ready: s.ready && s.canAllocate,
+    ready: s.ready,
+    exhausted: Object.fromEntries(
+      Object.entries(s.pool.profiles).map((
+        [name, c],
+      ) => [name, c.free === 0 && s.pool.attachable === 0]),
+    ),
   };
 }
 
@@ -77,6 +82,7 @@ export async function status(ctx: ManagerContext, ready: boolean): Promise<Statu
     ready,
     canAllocate: ps.free > 0 || ps.attachable > 0,
     pool: {
+      exhausted: ps.free === 0 && ps.attachable === 0,
       free: ps.free,
       owned: ps.owned,
       recycling: rows.filter((r) => r.state === "recycling").length,

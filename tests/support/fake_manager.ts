@@ -170,6 +170,7 @@ export class FakeManager implements EniManager {
       ready: true,
       canAllocate: free > 0,
       pool: {
+        exhausted: free === 0,
         free,
         owned: this.enisList.length - free,
         recycling: 0,
