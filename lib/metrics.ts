@@ -9,6 +9,10 @@
  * `enim_phase_duration_seconds`, so operators and the next optimisation can see
  * where the time goes.
  *
+ * Why one file: every metric the agent serves is declared here, on one registry, and the
+ * pool gauges share one read of the pool per scrape; the list is what an operator reads
+ * to learn the names.
+ *
  * @module
  */
 import { Counter, Gauge, Histogram, Registry } from "./prometheus.ts";

@@ -23,6 +23,11 @@
  * ended (`_streams.ts`), every socket served, every registration and every failed
  * one (first, kubelet's socket new, the plugin's socket served again, a retry).
  *
+ * Why one file: serving, registering, watching the two sockets and publishing the list
+ * are one state machine over the same fields (the server, the socket's identity, the
+ * registration, the advertised list); the parts that stand alone already live beside
+ * it (`_grpc.ts`, `_service.ts`, `_streams.ts`, `devices.ts`).
+ *
  * @module
  */
 import * as grpc from "@grpc/grpc-js";
