@@ -93,7 +93,10 @@ const PROFILE_COLUMNS: Column<ProfileRow>[] = [
   { header: "HELD", cell: ([, c]) => String(c.held) },
 ];
 
-/** What an operator must act on: owned ENIs the cloud lost, stuck ENIs in quarantine. */
+/**
+ * What an operator must act on or know: a full pool, owned ENIs the cloud lost, stuck
+ * ENIs in quarantine, DELs still finishing, networks whose pods cannot reach Services.
+ */
 function providerWarnings(s: Status): string {
   const lines: string[] = [];
   if (s.pool.exhausted) {
