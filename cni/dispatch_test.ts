@@ -361,6 +361,7 @@ Deno.test("GC forwards the valid attachments of its network", async (t) => {
     const agent = new FakeAgent({
       gc: () => ({
         dryRun: false,
+        unfinishedDels: [],
         items: [{
           eniId: "eni-9",
           mac: "02:00:00:00:00:09",
@@ -383,25 +384,31 @@ Deno.test("GC forwards the valid attachments of its network", async (t) => {
   });
 });
 
-Deno.test("STATUS reports whether the agent can serve an ADD", async (t) => {
+Deno.test("STATUS reports whether the agent is ready, whatever its pool holds", async (t) => {
   const st = { CNI_COMMAND: "STATUS" };
   await t.step("0 when the pool can allocate", async () => {
     const r = await run(st, iface("1.1.0"));
     expectQuietSuccess(r);
     assertEquals(r.agent.calls.map((c) => c.method), ["status"]);
   });
-  await t.step("50 when the pool is exhausted, saying so", async () => {
+  // Issue 33 item 1: a full node is a scheduling fact; a 50 here evicts every pod on it.
+  await t.step("0 when the pool is exhausted: a full node's network is ready", async () => {
     const agent = new FakeAgent({
       status: () =>
         sampleStatus({
           canAllocate: false,
-          pool: { free: 0, owned: 4, recycling: 0, held: 0, attachable: 0, profiles: {} },
+          pool: {
+            exhausted: true,
+            free: 0,
+            owned: 4,
+            recycling: 0,
+            held: 1,
+            attachable: 0,
+            profiles: {},
+          },
         }),
     });
-    assertStringIncludes(
-      expectError(await run(st, iface("1.1.0"), agent), 50).msg,
-      "pool is exhausted",
-    );
+    expectQuietSuccess(await run(st, iface("1.1.0"), agent));
   });
   await t.step("50 when the agent is not ready", async () => {
     const agent = new FakeAgent({ status: () => sampleStatus({ ready: false }) });

@@ -14,7 +14,7 @@ export type AttachmentInput =
 /**
  * A ready attachment of `a.containerId`'s eth0 in interface mode, created and updated at
  * 2026-01-01T00:00:00.000Z on the default profile, not sticky, with no node name, hold,
- * park or host link unless `a` says otherwise.
+ * park, host link or answered DEL unless `a` says otherwise.
  */
 export function readyAttachment(a: AttachmentInput): Attachment {
   return {
@@ -30,6 +30,7 @@ export function readyAttachment(a: AttachmentInput): Attachment {
     holdUntil: null,
     parkUntil: null,
     hostLink: null,
+    delAnsweredAt: null,
     ...a,
   };
 }
