@@ -14,7 +14,7 @@ import { dispatchCall } from "../cni/dispatch.ts";
 import { fileSink } from "../cni/log_file.ts";
 import { Logger } from "../lib/log.ts";
 import type { CniCall } from "../api/schema.ts";
-import type { AgentClient } from "../api/client.ts";
+import type { LocalAgentClient } from "./local_client.ts";
 
 /** What a served call prints and how it exits. */
 export interface CniCallResult {
@@ -22,15 +22,22 @@ export interface CniCallResult {
   stdout: string;
 }
 
-/** Runs one forwarded CNI call against `api` (the agent's {@linkcode LocalAgentClient}). */
-export async function serveCniCall(call: CniCall, api: AgentClient): Promise<CniCallResult> {
+/**
+ * Runs one forwarded CNI call against `api` (the agent's {@linkcode LocalAgentClient});
+ * `pluginTimeoutMs`, when the plugin said how long it waits, bounds the ADD's answer.
+ */
+export async function serveCniCall(
+  call: CniCall,
+  api: LocalAgentClient,
+  pluginTimeoutMs?: number,
+): Promise<CniCallResult> {
   let stdout = "";
   const override = call.env[LOG_FILE_ENV];
   const exit = await dispatchCall({
     env: call.env,
     stdin: call.stdin,
     stdout: (s) => (stdout += s),
-    agent: api,
+    agent: pluginTimeoutMs === undefined ? api : api.forPlugin(pluginTimeoutMs),
     openLog: (logFile) => new Logger(fileSink(override || logFile)),
   });
   return { exit, stdout };

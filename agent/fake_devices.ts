@@ -6,6 +6,12 @@
  * For tests and dry demos only: nothing on the node is touched, and the devices
  * live only as long as the agent process.
  *
+ * Why it ships: the tests that run the real agent process (the shipped bundle, under the
+ * production permission set: tests/agent_process_test.ts, device_plugin_test.ts,
+ * reliability_test.ts, agent_crash_test.ts) select it by config, so it must be in the
+ * bundle; agent/deps.ts imports it only when the config says `devices: "fake"`, so an
+ * agent on `ip` never loads it.
+ *
  * @module
  */
 import { FakeDeviceLayer } from "../netns/fake.ts";

@@ -9,9 +9,17 @@
  * itself goes on), and anything the manager throws that is not an
  * {@linkcode ApiError} becomes `internal`, exactly as the socket reports it.
  *
+ * Reads (status, attachments, ENIs; CNI STATUS is a status) answer within a bound: a
+ * DEL answers before its device is home, and a read waits for such a DEL only until
+ * {@linkcode READ_SETTLE_MS} after it answered; one still unfinished then (its device's
+ * move home or the cloud's release held up, e.g. a throttled cloud retried for up to
+ * `timeouts.providerSeconds`) is shown as such (`delAnsweredAt`, `unfinishedDels`)
+ * instead of holding the read past the plugin's `timeoutSeconds`.
+ *
  * @module
  */
 import { withDeadline as deadline } from "../lib/async.ts";
+import { answerBudgetMs } from "../api/wire.ts";
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import {
@@ -32,12 +40,19 @@ import type { Eni } from "../providers/schema.ts";
 import { userMessage } from "../lib/message.ts";
 import { clip, listOf, MESSAGE_CHARS } from "../lib/clip.ts";
 
+/** How long after a DEL answered a read still waits for it to finish (5 s). */
+export const READ_SETTLE_MS = 5000;
+
 /** Options for {@linkcode LocalAgentClient}. */
 export interface LocalClientOptions {
   /** How long an ADD may take before the caller gets `busy` (the ADD goes on). */
   addTimeoutMs?: number;
+  /** Why the ADD's deadline is what it is, added to the `busy` message. */
+  addDeadlineWhy?: string;
   /** `GET /metrics`, when served. */
   metrics?: () => string | Promise<string>;
+  /** How long after a DEL answered a read waits for it (default {@linkcode READ_SETTLE_MS}). */
+  readSettleMs?: number;
 }
 
 /** Parses `value` with `schema`, or throws `bad_request` naming every bad field. */
@@ -65,12 +80,17 @@ export async function withDeadline<T>(
   p: Promise<T>,
   ms: number | undefined,
   what: string,
+  why?: string,
 ): Promise<T> {
   if (!ms) return await p;
   return await deadline(
     p,
     ms,
-    () => new ApiError("busy", `${what} did not finish within ${ms / 1000} s`),
+    () =>
+      new ApiError(
+        "busy",
+        `${what} did not finish within ${Math.round(ms) / 1000} s${why ? ` ${why}` : ""}`,
+      ),
   );
 }
 
@@ -95,12 +115,30 @@ export class LocalAgentClient implements AgentClient {
     }
   }
 
+  /**
+   * This client for one CNI call whose plugin waits `pluginTimeoutMs`: an ADD answers
+   * `busy` by {@linkcode answerBudgetMs} of it (or `addTimeoutMs`, if sooner), so the
+   * runtime reads the agent's answer instead of the plugin's own time-out.
+   */
+  forPlugin(pluginTimeoutMs: number): LocalAgentClient {
+    const budget = answerBudgetMs(pluginTimeoutMs);
+    const own = this.#opts.addTimeoutMs;
+    if (own !== undefined && own <= budget) return this;
+    return new LocalAgentClient(this.#m, {
+      ...this.#opts,
+      addTimeoutMs: budget,
+      addDeadlineWhy: `(the plugin waits ${pluginTimeoutMs / 1000} s, its timeoutSeconds); ` +
+        "it goes on, and the runtime's retry gets its result",
+    });
+  }
+
   add(req: unknown): Promise<AddResponse> {
     return this.#run(() =>
       withDeadline(
         this.#m.add(parseRequest(AddRequestSchema, req)),
         this.#opts.addTimeoutMs,
         "The ADD",
+        this.#opts.addDeadlineWhy,
       )
     );
   }
@@ -117,17 +155,21 @@ export class LocalAgentClient implements AgentClient {
     return this.#run(() => this.#m.gc(parseRequest(GcRequestSchema, req)));
   }
 
-  // Reads see every answered DEL finished (a DEL answers before its device is home).
+  /** A read's wait: for the DELs that answered just now, not for one stuck (see the module doc). */
+  async #settled(): Promise<void> {
+    await this.#m.settled?.(this.#opts.readSettleMs ?? READ_SETTLE_MS);
+  }
+
   status(): Promise<Status> {
-    return this.#run(async () => (await this.#m.settled?.(), await this.#m.status()));
+    return this.#run(async () => (await this.#settled(), await this.#m.status()));
   }
 
   attachments(): Promise<Attachment[]> {
-    return this.#run(async () => (await this.#m.settled?.(), this.#m.attachments()));
+    return this.#run(async () => (await this.#settled(), this.#m.attachments()));
   }
 
   enis(): Promise<Eni[]> {
-    return this.#run(async () => (await this.#m.settled?.(), await this.#m.enis()));
+    return this.#run(async () => (await this.#settled(), await this.#m.enis()));
   }
 
   metrics(): Promise<string> {

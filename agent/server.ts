@@ -13,7 +13,8 @@
  *
  * @module
  */
-import { CNI_CALL_PATH, EXIT_HEADER, MAX_CALL_STDIN } from "../api/wire.ts";
+import { CNI_CALL_PATH, EXIT_HEADER, MAX_CALL_STDIN, TIMEOUT_HEADER } from "../api/wire.ts";
+import * as z from "zod/mini";
 import { dirname } from "node:path";
 import {
   ApiError,
@@ -52,6 +53,12 @@ export interface HandlerOptions {
   /** The device plugin's status, added to `GET /v1/status` when given. */
   devicePlugin?: () => DevicePluginStatus;
 }
+
+/** The plugin's `enim-cni-timeout-ms` header: whole ms, as its `timeoutSeconds` allows. */
+const PluginTimeoutSchema = z.pipe(
+  z.string().check(z.regex(/^[1-9][0-9]{0,6}$/)),
+  z.transform(Number),
+).check(z.maximum(600_000));
 
 /** An API handler. */
 export type Handler = (req: Request) => Promise<Response>;
@@ -228,7 +235,9 @@ export function createHandler(opts: HandlerOptions): Handler {
     [CNI_CALL_PATH]: {
       POST: async (req) => {
         const call = parseRequest(CniCallSchema, await readJson(req, MAX_REQUEST_BYTES));
-        const { exit, stdout } = await serveCniCall(call, api);
+        // How long the plugin waits (a header an older plugin does not send: then addSeconds).
+        const waits = z.safeParse(PluginTimeoutSchema, req.headers.get(TIMEOUT_HEADER) ?? "");
+        const { exit, stdout } = await serveCniCall(call, api, waits.data);
         return new Response(stdout, {
           status: 200,
           headers: { ...JSON_HEADERS, [EXIT_HEADER]: String(exit) },

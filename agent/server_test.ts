@@ -1,5 +1,5 @@
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { API_ERROR_CODES, ApiError, HTTP_STATUS } from "../api/schema.ts";
+import { AddRequestSchema, API_ERROR_CODES, ApiError, HTTP_STATUS } from "../api/schema.ts";
 import { createHandler } from "./server.ts";
 import { FakeManager } from "../tests/support/fake_manager.ts";
 import { Metrics } from "../lib/metrics.ts";
@@ -143,15 +143,7 @@ Deno.test("bad requests get a 400 naming the field and never reach the manager",
   for (const [what, path, body, message] of BAD) {
     await t.step(what, async () => {
       const m = new FakeManager();
-      await m.add({
-        ...ADD,
-        mode: "interface",
-        ips: [],
-        ranges: [],
-        routes: [],
-        profile: "default",
-        sticky: false,
-      });
+      await m.add(AddRequestSchema.parse(ADD));
       const before = m.dump();
       const callsBefore = m.calls.length;
       const res = await createHandler({ manager: m })(post(path, body, true));

@@ -28,6 +28,7 @@ import {
   CONTAINER_ID,
   IFNAME,
   LOG_FILE_ENV,
+  MAX_CALL_ENV_VALUE,
   MAX_CALL_STDIN,
   type NameRule,
   NETNS_PATH,
@@ -233,7 +234,9 @@ export type AddResponse = z.infer<typeof AddResponseSchema>;
 export const CniCallSchema = z.strictObject({
   env: z.partialRecord(
     z.enum([...CNI_ENV_NAMES, LOG_FILE_ENV]),
-    z.string().check(z.maxLength(128 * 1024, "Expected at most 128 KiB")),
+    z.string().check(
+      z.maxLength(MAX_CALL_ENV_VALUE, `Expected at most ${MAX_CALL_ENV_VALUE} characters`),
+    ),
   ),
   stdin: z.string().check(
     z.maxLength(MAX_CALL_STDIN, `Expected at most ${MAX_CALL_STDIN} characters`),
@@ -302,10 +305,28 @@ export const GcItemSchema = z.object({
   /** The profile of the ENI (`default` when the agent does not know it). */
   profile: z._default(z.string(), "default"),
 });
+/**
+ * A DEL that has answered the runtime and is still finishing (the device's move home,
+ * the ENI's release): reads show it as such instead of waiting for it, and GC leaves it
+ * to its DEL (and takes it over only if that fails: the record then stays `deleting`).
+ */
+export const UnfinishedDelSchema = z.object({
+  pod: z.string(),
+  containerId: z.string(),
+  ifName: z.string(),
+  eniId: z.nullable(z.string()),
+  /** When the DEL answered. */
+  answeredAt: z.string(),
+});
+/** A DEL still finishing. */
+export type UnfinishedDel = z.infer<typeof UnfinishedDelSchema>;
+
 /** The GC report. */
 export const GcReportSchema = z.object({
   dryRun: z.boolean(),
   items: z.array(GcItemSchema),
+  /** DELs still finishing: not reclaimed by this pass, their DEL is on it. */
+  unfinishedDels: z._default(z.array(UnfinishedDelSchema), []),
 });
 /** The GC report. */
 export type GcReport = z.infer<typeof GcReportSchema>;
@@ -342,6 +363,11 @@ export const AttachmentSchema = z.object({
     })),
     null,
   ),
+  /**
+   * When its DEL answered, while that DEL is still finishing (state `deleting`: the
+   * device's move home, the ENI's release); null otherwise.
+   */
+  delAnsweredAt: z._default(z.nullable(z.string()), null),
 });
 /** A recorded attachment. */
 export type Attachment = z.infer<typeof AttachmentSchema>;
@@ -390,6 +416,12 @@ export const StatusSchema = z.object({
   /** Whether an ADD can be served now: a free ENI or room to attach one. */
   canAllocate: z.boolean(),
   pool: z.object({
+    /**
+     * No free ENI and no room to attach another: a new pod waits until one is released
+     * (its ADD fails with 100). A scheduling fact, not a network fault: CNI STATUS still
+     * answers 0 (the node stays Ready).
+     */
+    exhausted: z._default(z.boolean(), false),
     free: z.number().check(z.int()),
     /** Owned in the provider: by pods, recycling and held ENIs included. */
     owned: z.number().check(z.int()),
@@ -422,6 +454,8 @@ export const StatusSchema = z.object({
   sticky: z._default(StickyStatusSchema, { parked: [], claims: [] }),
   /** The device plugin, when the agent runs one (absent from older agents). */
   devicePlugin: z.optional(DevicePluginStatusSchema),
+  /** DELs that have answered and are still finishing (reads do not wait for them for long). */
+  unfinishedDels: z._default(z.array(UnfinishedDelSchema), []),
   /**
    * The host links of the node's attachments, and the networks whose pods have one
    * but no Service CIDR routed through it (their pods cannot reach Services).

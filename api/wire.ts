@@ -13,8 +13,26 @@ export const DEFAULT_SOCKET = "/run/enim/enim.sock";
 export const CNI_CALL_PATH = "/v1/cni";
 /** The header of the agent's answer to a raw call that carries the plugin's exit code. */
 export const EXIT_HEADER = "enim-cni-exit";
+/**
+ * The header of a raw call that tells the agent how long the plugin waits for its answer
+ * (ms, the config's `timeoutSeconds`): the agent answers `busy` before then rather than
+ * the plugin giving up unanswered. A header, not a body field, so an agent of another
+ * version ignores it.
+ */
+export const TIMEOUT_HEADER = "enim-cni-timeout-ms";
+
+/**
+ * How long before the plugin's own deadline the agent answers a call it cannot finish
+ * (`busy`): a quarter of the plugin's wait, at most 2 s (the answer's way back).
+ */
+export function answerBudgetMs(pluginTimeoutMs: number): number {
+  return pluginTimeoutMs - Math.min(2000, pluginTimeoutMs / 4);
+}
 /** The largest stdin a raw call may carry (a GC's valid attachments can be long). */
 export const MAX_CALL_STDIN = 4 * 1024 * 1024;
+
+/** The longest value of one CNI variable a raw call may carry. */
+export const MAX_CALL_ENV_VALUE = 128 * 1024;
 
 /** The variable that sends the plugin's log line to another file (tests, debugging). */
 export const LOG_FILE_ENV = "ENIM_LOG_FILE";

@@ -10,7 +10,7 @@
 import { Command } from "@commander-js/extra-typings";
 import type { GcReport } from "../api/schema.ts";
 import type { CliIo } from "./io.ts";
-import { type Column, renderTable, shortId } from "./_table.ts";
+import { type Column, formatAge, renderTable, shortId } from "./_table.ts";
 import { reportAgentError, SOCKET_HELP, socketPath } from "./_agent.ts";
 
 type Item = GcReport["items"][number];
@@ -31,8 +31,31 @@ const REAL: Column<Item>[] = [
   { header: "ERROR", cell: (i) => i.error },
 ];
 
+type Unfinished = GcReport["unfinishedDels"][number];
+
+const UNFINISHED: Column<Unfinished>[] = [
+  { header: "ENI", cell: (d) => d.eniId },
+  { header: "OWNER", cell: (d) => d.pod },
+  { header: "CONTAINER", cell: (d) => shortId(d.containerId) },
+  { header: "IFNAME", cell: (d) => d.ifName },
+  { header: "DEL ANSWERED", cell: (d) => `${formatAge(d.answeredAt)} ago` },
+];
+
+/** The DELs still finishing, which the pass leaves to them. */
+function renderUnfinished(r: GcReport): string {
+  const n = r.unfinishedDels.length;
+  if (n === 0) return "";
+  return `\n${n} DEL${n === 1 ? "" : "s"} still finishing (answered; the device on its way home, ` +
+    "the ENI being released): left to the DEL, which GC takes over only if it fails\n" +
+    renderTable(UNFINISHED, r.unfinishedDels);
+}
+
 /** Renders a GC report as `enim gc` prints it. */
 export function renderGcReport(r: GcReport): string {
+  return renderItems(r) + renderUnfinished(r);
+}
+
+function renderItems(r: GcReport): string {
   const n = r.items.length;
   const enis = (k: number) => `${k} ENI${k === 1 ? "" : "s"}`;
   if (r.dryRun) {

@@ -1,24 +1,19 @@
 import { assertEquals, assertMatch } from "../lib/assert.ts";
-import { GcReportSchema } from "../api/schema.ts";
+import { AddRequestSchema, GcReportSchema } from "../api/schema.ts";
 import { withRunDir } from "../tests/support/run_dir.ts";
 import { cli, withFakeAgent } from "../tests/support/cli.ts";
 import type { FakeManager } from "../tests/support/fake_manager.ts";
 
 async function seed(m: FakeManager) {
   for (const [i, name] of ["web-0", "web-1", "web-2"].entries()) {
-    await m.add({
+    await m.add(AddRequestSchema.parse({
       containerId: `c${i}aaaaaaaaaaaaaaaa`,
       ifName: "eth0",
       netns: `/run/netns/pod-${i}`,
       network: "enim-net",
       pod: { namespace: "default", name },
       mode: "interface",
-      ips: [],
-      ranges: [],
-      routes: [],
-      profile: "default",
-      sticky: false,
-    });
+    }));
   }
   m.gcPlan = [
     { eniId: "eni-mock-0001", reason: "netns gone" },

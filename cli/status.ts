@@ -27,9 +27,15 @@ const COLUMNS: Column<Row>[] = [
   { header: "AGE", cell: (e) => (e.attachment ? formatAge(e.attachment.createdAt) : "-") },
 ];
 
-/** The state, and for a sticky pod's held ENI how long the hold has left. */
+/**
+ * The state; for a sticky pod's held ENI how long the hold has left; for a DEL still
+ * finishing, when it answered.
+ */
 function stateCell(e: Row): string {
   const a = e.attachment;
+  if (a?.state === "deleting" && a.delAnsweredAt) {
+    return `deleting (DEL answered ${formatAge(a.delAnsweredAt)} ago, finishing)`;
+  }
   if (a?.state === "held" && a.holdUntil) {
     const left = formatAge(new Date().toISOString(), Date.parse(a.holdUntil));
     // Zone scope: after its node hold the ENI is parked in the VPC, not freed.
@@ -87,9 +93,18 @@ const PROFILE_COLUMNS: Column<ProfileRow>[] = [
   { header: "HELD", cell: ([, c]) => String(c.held) },
 ];
 
-/** What an operator must act on: owned ENIs the cloud lost, stuck ENIs in quarantine. */
+/**
+ * What an operator must act on or know: a full pool, owned ENIs the cloud lost, stuck
+ * ENIs in quarantine, DELs still finishing, networks whose pods cannot reach Services.
+ */
 function providerWarnings(s: Status): string {
   const lines: string[] = [];
+  if (s.pool.exhausted) {
+    const p = s.pool;
+    lines.push(
+      `POOL EXHAUSTED: no free ENI and no room to attach another (free ${p.free}, owned ${p.owned}, recycling ${p.recycling}, held ${p.held}, attachable ${p.attachable}): a new pod's ADD fails (100) until one is released; the node's network stays ready (CNI STATUS 0)`,
+    );
+  }
   const lost = s.enis.filter((e) => e.cloudState === "lost");
   for (const e of lost) {
     lines.push(
@@ -102,6 +117,15 @@ function providerWarnings(s: Status): string {
   if (typeof q === "number" && q > 0) {
     lines.push(
       `QUARANTINED: ${q} ENI(s) stuck attaching or detaching that the cloud would not release (see --json: providerDetails.quarantinedEnis)`,
+    );
+  }
+  for (const d of s.unfinishedDels) {
+    lines.push(
+      `DEL FINISHING: ${d.pod} (${shortId(d.containerId)}/${d.ifName}${
+        d.eniId ? `, ${d.eniId}` : ""
+      }): its DEL answered ${
+        formatAge(d.answeredAt)
+      } ago and is still bringing the device home and releasing the ENI; GC takes it over only if that fails`,
     );
   }
   for (const n of s.hostLinks.withoutServiceCidrs) {

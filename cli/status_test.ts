@@ -1,24 +1,26 @@
 import { assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { StatusSchema } from "../api/schema.ts";
+import { AddRequestSchema, StatusSchema } from "../api/schema.ts";
 import { runEnim } from "../tests/support/enim.ts";
 import { withRunDir, withSandbox } from "../tests/support/run_dir.ts";
 import { cli, withFakeAgent } from "../tests/support/cli.ts";
 import { renderStatus } from "./status.ts";
 import { formatAge } from "./_table.ts";
 
-const POD = {
+const POD = AddRequestSchema.parse({
   containerId: "0123456789abcdef0123",
   ifName: "eth0",
   netns: "/run/netns/pod-1",
   network: "enim-net",
   pod: { namespace: "default", name: "web-0" },
-  mode: "interface" as const,
-  ips: [],
-  ranges: [],
-  routes: [],
-  profile: "default",
-  sticky: false,
-};
+  mode: "interface",
+});
+
+/** The status text of a ready agent (version 0.1.0, able to allocate, no ENI unless `s` lists some). */
+function statusText(s: Record<string, unknown>): string {
+  return renderStatus(
+    StatusSchema.parse({ version: "0.1.0", ready: true, canAllocate: true, enis: [], ...s }),
+  );
+}
 
 Deno.test("enim status prints the ENI table and pool counts", async () => {
   await withFakeAgent(async (socket, m) => {
@@ -101,11 +103,8 @@ Deno.test("enim status shows each profile's pool and a held ENI's time left", ()
     cloudState: "ok" as const,
     device: "enim1",
   });
-  const text = renderStatus(StatusSchema.parse({
-    version: "0.1.0",
+  const text = statusText({
     provider: "mock",
-    ready: true,
-    canAllocate: true,
     pool: {
       free: 1,
       owned: 1,
@@ -141,7 +140,7 @@ Deno.test("enim status shows each profile's pool and a held ENI's time left", ()
         },
       },
     ],
-  }));
+  });
   const lines = text.split("\n");
   assertEquals(
     lines[1],
@@ -155,11 +154,8 @@ Deno.test("enim status shows each profile's pool and a held ENI's time left", ()
 });
 
 Deno.test("enim status names lost and quarantined ENIs an operator must act on", () => {
-  const text = renderStatus(StatusSchema.parse({
-    version: "0.1.0",
+  const text = statusText({
     provider: "bce",
-    ready: true,
-    canAllocate: true,
     pool: { free: 0, owned: 1, recycling: 0, attachable: 0 },
     enis: [{
       id: "eni-x",
@@ -173,18 +169,15 @@ Deno.test("enim status names lost and quarantined ENIs an operator must act on",
       attachment: null,
     }],
     providerDetails: { quarantined: 1 },
-  }));
+  });
   assertStringIncludes(text, "LOST: eni-x (02:00:00:00:00:09) of ns/p is gone from the cloud");
   assertStringIncludes(text, "QUARANTINED: 1 ENI(s) stuck");
 });
 
 Deno.test("enim status lists the ENIs this node parked in the VPC and the claims it made", () => {
   const now = Date.now();
-  const text = renderStatus(StatusSchema.parse({
-    version: "0.1.0",
+  const text = statusText({
     provider: "bce",
-    ready: true,
-    canAllocate: true,
     pool: { free: 0, owned: 0, recycling: 0, attachable: 4 },
     enis: [],
     sticky: {
@@ -205,7 +198,7 @@ Deno.test("enim status lists the ENIs this node parked in the VPC and the claims
         at: new Date(now - 5_000).toISOString(),
       }],
     },
-  }));
+  });
   const lines = text.split("\n");
   const at = lines.findIndex((l) => l.startsWith("parked in the VPC by this node"));
   assertMatch(lines[at + 1], /^PARKED ENI\s+POD\s+IFNAME\s+PROFILE\s+STATE\s+SINCE\s+EXPIRES IN$/);
@@ -214,14 +207,10 @@ Deno.test("enim status lists the ENIs this node parked in the VPC and the claims
   assertMatch(lines[c + 1], /^CLAIMED ENI\s+POD\s+IFNAME\s+FROM\s+AGO$/);
   assertMatch(lines[c + 2], /^eni-claimed1\s+payments\/db-1\s+eth0\s+i-nodea001\s+5s$/);
   // Nothing parked and no claim: no such sections.
-  const plain = renderStatus(StatusSchema.parse({
-    version: "0.1.0",
+  const plain = statusText({
     provider: "bce",
-    ready: true,
-    canAllocate: true,
     pool: { free: 0, owned: 0, recycling: 0, attachable: 4 },
-    enis: [],
-  }));
+  });
   assertEquals(plain.includes("parked in the VPC"), false);
 });
 
@@ -250,8 +239,11 @@ Deno.test("enim status shows what the device plugin advertises and why devices a
       message: '1 slot of the node\'s ENI limit taken by 1 ENI enim does not own ("eni-x")',
     }],
   };
+  /** The status text with the plugin's fields `over` changed. */
+  const withPlugin = (over: Record<string, unknown> = {}) =>
+    renderStatus(StatusSchema.parse({ ...base, devicePlugin: { ...plugin, ...over } }));
   await t.step("registered, one device Unhealthy", () => {
-    const lines = renderStatus(StatusSchema.parse({ ...base, devicePlugin: plugin })).split("\n");
+    const lines = withPlugin().split("\n");
     assertEquals(
       lines[3],
       "device plugin enim.dev/eni: registered with kubelet, 6 devices advertised: 5 healthy, 1 unhealthy",
@@ -262,17 +254,13 @@ Deno.test("enim status shows what the device plugin advertises and why devices a
     );
   });
   await t.step("not registered: kubelet's silence said", () => {
-    const text = renderStatus(StatusSchema.parse({
-      ...base,
-      devicePlugin: {
-        ...plugin,
-        state: "registering",
-        reason: 'kubelet did not answer Register on "/x/kubelet.sock" within 5 s',
-        unhealthy: 0,
-        healthy: 6,
-        unhealthyReasons: [],
-      },
-    }));
+    const text = withPlugin({
+      state: "registering",
+      reason: 'kubelet did not answer Register on "/x/kubelet.sock" within 5 s',
+      unhealthy: 0,
+      healthy: 6,
+      unhealthyReasons: [],
+    });
     assertStringIncludes(
       text,
       "device plugin enim.dev/eni: NOT REGISTERED with kubelet, 6 devices advertised: 6 healthy, 0 unhealthy\n" +
@@ -280,19 +268,15 @@ Deno.test("enim status shows what the device plugin advertises and why devices a
     );
   });
   await t.step("off, and why", () => {
-    const text = renderStatus(StatusSchema.parse({
-      ...base,
-      devicePlugin: {
-        ...plugin,
-        state: "off",
-        reason: "devicePlugin.enabled is false",
-        socket: null,
-        limit: null,
-        healthy: 0,
-        unhealthy: 0,
-        unhealthyReasons: [],
-      },
-    }));
+    const text = withPlugin({
+      state: "off",
+      reason: "devicePlugin.enabled is false",
+      socket: null,
+      limit: null,
+      healthy: 0,
+      unhealthy: 0,
+      unhealthyReasons: [],
+    });
     assertStringIncludes(text, "device plugin enim.dev/eni: off (devicePlugin.enabled is false)\n");
   });
   await t.step("an older agent without one: nothing", () => {

@@ -22,21 +22,9 @@ import { type Pod, PodSchema } from "../api/schema.ts";
 import { CNI_CODES, CniError } from "./errors.ts";
 import { listOf, quote } from "../lib/clip.ts";
 import { isIpMaybePrefix, type NetworkConfig } from "./config.ts";
+import { KNOWN_ARGS, type KnownArg, splitCniArgs } from "./spec.ts";
 
-/** The CNI_ARGS keys enim understands. */
-export const KNOWN_ARGS = [
-  "K8S_POD_NAMESPACE",
-  "K8S_POD_NAME",
-  "K8S_POD_INFRA_CONTAINER_ID",
-  "K8S_POD_UID",
-  "IP",
-  "IgnoreUnknown",
-  "ENIM_PROFILE",
-  "ENIM_SECURITY_GROUP_IDS",
-  "ENIM_STICKY",
-] as const;
-/** A CNI_ARGS key enim understands. */
-export type KnownArg = typeof KNOWN_ARGS[number];
+export { KNOWN_ARGS, type KnownArg };
 
 /** Parsed CNI_ARGS: the known keys only. */
 export type CniArgs = Partial<Record<KnownArg, string>>;
@@ -48,45 +36,17 @@ function bad(msg: string): CniError {
   return new CniError(CNI_CODES.INVALID_ENV, `Invalid CNI_ARGS: ${msg}`);
 }
 
-/** Parses `IgnoreUnknown`'s value like the reference plugins' UnmarshallableBool. */
-function parseBool(key: string, value: string): boolean {
-  const v = value.toLowerCase();
-  if (v === "1" || v === "true") return true;
-  if (v === "0" || v === "false") return false;
-  throw bad(`${key} is not a boolean (1, 0, true or false): got ${quote(value)}`);
-}
-
 /**
- * Parses `CNI_ARGS`.
+ * Parses `CNI_ARGS` (its syntax is `cni/spec.ts`'s {@linkcode splitCniArgs}, which the
+ * plugin process applies too).
  *
  * @throws {CniError} code 4 naming CNI_ARGS and the bad pair or key
  */
 export function parseCniArgs(raw: string): CniArgs {
-  const pairs: [string, string][] = [];
-  for (const segment of raw.split(";")) {
-    if (segment === "") continue;
-    const kv = segment.split("=");
-    if (kv.length !== 2 || kv[0] === "") {
-      throw bad(`a part is not a KEY=VALUE pair: ${quote(segment, 200)}`);
-    }
-    pairs.push([kv[0], kv[1]]);
-  }
-  const ignoreUnknown = pairs.filter(([k]) => k === "IgnoreUnknown")
-    .some(([k, v]) => parseBool(k, v));
+  const split = splitCniArgs(raw);
+  if (!split.ok) throw new CniError(CNI_CODES.INVALID_ENV, split.msg);
   const out: CniArgs = {};
-  const unknown: string[] = [];
-  for (const [k, v] of pairs) {
-    const known = KNOWN_ARGS.find((n) => n === k);
-    if (known) out[known] = v;
-    else unknown.push(k);
-  }
-  if (unknown.length > 0 && !ignoreUnknown) {
-    throw bad(
-      `unknown keys (set IgnoreUnknown=1 to ignore them): ${
-        listOf(unknown.map((k) => quote(k, 100)))
-      }`,
-    );
-  }
+  for (const [k, v] of split.pairs) out[k] = v;
   return out;
 }
 

@@ -7,6 +7,7 @@ import { assertEquals, assertStringIncludes } from "../lib/assert.ts";
 import type { AddRequest } from "../api/schema.ts";
 import { expectError, run } from "../tests/support/run_dispatch.ts";
 import { POD_ANNOTATIONS_KEY } from "./selection.ts";
+import { SHAPED_10M_RUNTIME_CONFIG } from "../tests/support/bandwidth_fixtures.ts";
 
 const ENV = {
   CNI_COMMAND: "ADD",
@@ -31,22 +32,7 @@ const added = (r: Awaited<ReturnType<typeof run>>) =>
   r.agent.calls.filter((c) => c.method === "add").map((c) => c.req as AddRequest);
 
 Deno.test("ADD sends the pod's annotated limits to the agent, from containerd's two channels", async () => {
-  const r = await run(
-    ENV,
-    config({
-      ...annotations({
-        "kubernetes.io/ingress-bandwidth": "10M",
-        "kubernetes.io/egress-bandwidth": "10M",
-      }),
-      // What containerd derives from the same annotations for the `bandwidth` capability.
-      bandwidth: {
-        ingressRate: 10_000_000,
-        ingressBurst: 2 ** 32 - 1,
-        egressRate: 10_000_000,
-        egressBurst: 2 ** 32 - 1,
-      },
-    }),
-  );
+  const r = await run(ENV, config(SHAPED_10M_RUNTIME_CONFIG));
   assertEquals(r.code, 0, r.stdout);
   assertEquals(added(r)[0].bandwidth, {
     ingress: { rate: 10_000_000 },

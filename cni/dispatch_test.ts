@@ -28,6 +28,13 @@ const ipam = (v: string, over: Record<string, unknown> = {}) => ({
   type: "bridge",
   ipam: { type: "enim", ...over },
 });
+/** The attachment ENV and the networks above name, as the agent's requests carry it. */
+const ATTACHMENT = {
+  containerId: "c0ffee01",
+  ifName: "eth0",
+  netns: "/run/netns/pod1",
+  network: "enimnet",
+};
 /** Versions whose format defines each verb. */
 const CHECK_VERSIONS = SUPPORTED_VERSIONS.filter((v) => !v.startsWith("0.3"));
 
@@ -107,10 +114,7 @@ Deno.test("ADD sends the request to the agent and prints the converted result", 
       assertEquals(r.code, 0, r.stdout);
       assertEquals(r.agent.calls.length, 1);
       assertEquals(r.agent.calls[0].req, {
-        containerId: "c0ffee01",
-        ifName: "eth0",
-        netns: "/run/netns/pod1",
-        network: "enimnet",
+        ...ATTACHMENT,
         pod: { namespace: "ns1", name: "web-0", uid: "uid-1" },
         mode: "interface",
         ips: [],
@@ -211,12 +215,7 @@ Deno.test("DEL releases through the agent and tolerates what is already gone", a
   await t.step("forwards the attachment", async () => {
     const r = await run(env("DEL"), iface("1.1.0"));
     expectQuietSuccess(r);
-    assertEquals(r.agent.calls[0].req, {
-      containerId: "c0ffee01",
-      ifName: "eth0",
-      netns: "/run/netns/pod1",
-      network: "enimnet",
-    });
+    assertEquals(r.agent.calls[0].req, ATTACHMENT);
   });
   await t.step("without CNI_NETNS, netns is empty", async () => {
     const r = await run(env("DEL", { CNI_NETNS: undefined }), iface("1.1.0"));
@@ -269,10 +268,7 @@ Deno.test("CHECK compares with prevResult through the agent", async (t) => {
       const r = await run(env("CHECK"), iface(v, { prevResult: prevFor(v) }));
       expectQuietSuccess(r);
       assertEquals(r.agent.calls[0].req, {
-        containerId: "c0ffee01",
-        ifName: "eth0",
-        netns: "/run/netns/pod1",
-        network: "enimnet",
+        ...ATTACHMENT,
         mode: "interface",
         expected: {
           mac: "02:00:00:00:00:01",
@@ -365,6 +361,7 @@ Deno.test("GC forwards the valid attachments of its network", async (t) => {
     const agent = new FakeAgent({
       gc: () => ({
         dryRun: false,
+        unfinishedDels: [],
         items: [{
           eniId: "eni-9",
           mac: "02:00:00:00:00:09",
@@ -387,25 +384,31 @@ Deno.test("GC forwards the valid attachments of its network", async (t) => {
   });
 });
 
-Deno.test("STATUS reports whether the agent can serve an ADD", async (t) => {
+Deno.test("STATUS reports whether the agent is ready, whatever its pool holds", async (t) => {
   const st = { CNI_COMMAND: "STATUS" };
   await t.step("0 when the pool can allocate", async () => {
     const r = await run(st, iface("1.1.0"));
     expectQuietSuccess(r);
     assertEquals(r.agent.calls.map((c) => c.method), ["status"]);
   });
-  await t.step("50 when the pool is exhausted, saying so", async () => {
+  // Issue 33 item 1: a full node is a scheduling fact; a 50 here evicts every pod on it.
+  await t.step("0 when the pool is exhausted: a full node's network is ready", async () => {
     const agent = new FakeAgent({
       status: () =>
         sampleStatus({
           canAllocate: false,
-          pool: { free: 0, owned: 4, recycling: 0, held: 0, attachable: 0, profiles: {} },
+          pool: {
+            exhausted: true,
+            free: 0,
+            owned: 4,
+            recycling: 0,
+            held: 1,
+            attachable: 0,
+            profiles: {},
+          },
         }),
     });
-    assertStringIncludes(
-      expectError(await run(st, iface("1.1.0"), agent), 50).msg,
-      "pool is exhausted",
-    );
+    expectQuietSuccess(await run(st, iface("1.1.0"), agent));
   });
   await t.step("50 when the agent is not ready", async () => {
     const agent = new FakeAgent({ status: () => sampleStatus({ ready: false }) });

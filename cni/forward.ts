@@ -11,17 +11,20 @@
  *
  * What it answers itself:
  * - VERSION, without the agent;
+ * - what is wrong whatever the agent says, before it asks the agent, with the
+ *   code and message the agent's dispatcher gives (`specProblem` in
+ *   `cni/spec.ts`, the one table both check first), so a runtime gets the same
+ *   answer whether the agent is up or down: a missing or unknown CNI_COMMAND, a
+ *   required variable unset, a malformed CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS,
+ *   a CNI_ARGS of ADD or CHECK that is not `K=V;…`, any CNI variable too long for
+ *   the agent's API → 4; a stdin that is not a JSON object → 6; a `cniVersion`
+ *   enim does not speak, CHECK before 0.4.0, GC or STATUS before 1.1.0 → 1; a
+ *   stdin over 4 MiB, a `cniVersion` or `name` that is no string, a malformed
+ *   `name`, a config whose `type` and `ipam.type` are not enim, a GC without
+ *   `cni.dev/valid-attachments` → 7; an `ipam` of another type under enim as the
+ *   interface plugin → 2;
  * - when the agent cannot be reached (no socket, nobody listening, the
  *   connection broke, no answer within the config's `timeoutSeconds`):
- *   - what is wrong whatever the agent says, with the agent's own code and
- *     message (`specProblem` in `cni/spec.ts`, the table the agent's dispatcher
- *     checks first): a missing or unknown CNI_COMMAND, a required variable
- *     unset, a malformed CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS or CNI_ARGS → 4;
- *     a stdin that is not a JSON object → 6; a `cniVersion` enim does not speak,
- *     CHECK before 0.4.0, GC or STATUS before 1.1.0 → 1; a `cniVersion` or
- *     `name` that is no string, a malformed `name` → 7; a config whose `type`
- *     and `ipam.type` are not enim → 7; an `ipam` of another type under enim as
- *     the interface plugin → 2;
  *   - STATUS → 50;
  *   - DEL → success when the pod's namespace is gone (`CNI_NETNS` empty or the
  *     path no longer exists: nothing is left in the pod to undo, and the
@@ -36,7 +39,9 @@
  * The agent writes the call's log line; the process writes one itself only
  * for what it answered alone.
  *
- * Wire format: `POST /v1/cni` with `{"env": {...}, "stdin": "..."}`; the agent
+ * Wire format: `POST /v1/cni` with `{"env": {...}, "stdin": "..."}` and how long
+ * the plugin waits in the `enim-cni-timeout-ms` header (so the agent answers
+ * `busy` before the plugin gives up: `answerBudgetMs` in `api/wire.ts`); the agent
  * answers 200 with the exact stdout as the body and the exit code in the
  * `enim-cni-exit` header.
  *
@@ -48,6 +53,7 @@ import {
   DEFAULT_SOCKET,
   EXIT_HEADER,
   LOG_FILE_ENV,
+  TIMEOUT_HEADER,
 } from "../api/wire.ts";
 import {
   answer,
@@ -161,6 +167,10 @@ export async function forward(io: ForwardIo): Promise<number> {
     return finish(0, JSON.stringify(v.result));
   }
 
+  // Wrong whatever the agent says: answered here, from the table the agent checks first.
+  const problem = specProblem(env, decoded);
+  if (problem) return fail(errorObject(route.cniVersion, problem.code, problem.msg));
+
   const call: Record<string, string> = {};
   for (const name of [...CNI_ENV_NAMES, LOG_FILE_ENV]) {
     const v = env[name];
@@ -171,7 +181,7 @@ export async function forward(io: ForwardIo): Promise<number> {
   try {
     res = await (io.roundTrip ?? unixRoundTrip)(
       route.socket,
-      encodeRequest("POST", CNI_CALL_PATH, body),
+      encodeRequest("POST", CNI_CALL_PATH, body, { [TIMEOUT_HEADER]: String(route.timeoutMs) }),
       route.timeoutMs,
     );
   } catch (err) {
@@ -213,9 +223,6 @@ export async function forward(io: ForwardIo): Promise<number> {
   function unreachable(err: unknown): number {
     const why = err instanceof Error ? err.message : String(err);
     const socket = route.socket;
-    // Wrong whatever the agent says: the agent's own code and message, from the one table.
-    const problem = specProblem(env, decoded);
-    if (problem) return fail(errorObject(route.cniVersion, problem.code, problem.msg));
     const cause = err instanceof UnixHttpError ? err.cause : undefined;
     if (verb === "STATUS") {
       return fail(

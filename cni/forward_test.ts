@@ -152,7 +152,8 @@ Deno.test("without the agent forward() answers by the module's rules", async (t)
     assertStringIncludes(JSON.parse(r.stdout).msg, "/run/enim/other.sock");
   });
   await t.step("GC and CHECK → 11", async () => {
-    const gc = await run({ CNI_COMMAND: "GC", CNI_PATH: "/opt/cni/bin" }, CONFIG_11, unreachable());
+    const withList = JSON.stringify({ ...JSON.parse(CONFIG_11), "cni.dev/valid-attachments": [] });
+    const gc = await run({ CNI_COMMAND: "GC", CNI_PATH: "/opt/cni/bin" }, withList, unreachable());
     assertEquals(code(gc), 11);
     assertEquals(code(await run({ ...ADD_ENV, CNI_COMMAND: "CHECK" }, CONFIG, unreachable())), 11);
   });
@@ -227,8 +228,34 @@ Deno.test("without the agent forward() answers a call wrong whatever the agent s
       assertEquals(JSON.parse((await dispatched(e, stdin)).stdout), mine);
     }
   });
+  await t.step(
+    "with the agent up, none of them is sent to it: the answer is the same",
+    async () => {
+      for (const c of SPEC_CASES) {
+        const { env, stdin } = specCall(c, good);
+        const up = await run(env, stdin, () => response(200, "", { [EXIT_HEADER]: "0" }));
+        assertEquals(up.sent.length, 0, c.what);
+        const down = await run(env, stdin, unreachable());
+        assertEquals([up.code, up.stdout], [down.code, down.stdout], c.what);
+      }
+    },
+  );
+  await t.step(
+    "a DEL whose CNI_ARGS is malformed is no spec problem: it reaches the agent",
+    async () => {
+      const env = { ...ADD_ENV, CNI_COMMAND: "DEL", CNI_ARGS: "garbage" };
+      const r = await run(env, CONFIG, () => response(200, "", { [EXIT_HEADER]: "0" }));
+      assertEquals([r.code, r.sent.length], [0, 1]);
+    },
+  );
   await t.step("a call with nothing wrong still says the agent is not reachable (11)", async () => {
     const r = await run(ADD_ENV, CONFIG, unreachable());
     assertEquals(JSON.parse(r.stdout).code, 11);
   });
+});
+
+Deno.test("forward() tells the agent how long it waits (the config's timeoutSeconds)", async () => {
+  const r = await run(ADD_ENV, CONFIG, () => response(200, "", { [EXIT_HEADER]: "0" }));
+  assertEquals(r.sent[0].timeoutMs, 3000);
+  assertStringIncludes(r.sent[0].request, "\r\nenim-cni-timeout-ms: 3000\r\n");
 });

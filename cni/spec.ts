@@ -22,8 +22,17 @@
  *
  * @module
  */
-import { type CniEnvName, CONTAINER_ID, IFNAME, type NameRule, NETNS_PATH } from "../api/wire.ts";
-import { clip, MESSAGE_CHARS, quote } from "../lib/clip.ts";
+import {
+  CNI_ENV_NAMES,
+  type CniEnvName,
+  CONTAINER_ID,
+  IFNAME,
+  MAX_CALL_ENV_VALUE,
+  MAX_CALL_STDIN,
+  type NameRule,
+  NETNS_PATH,
+} from "../api/wire.ts";
+import { clip, listOf, MESSAGE_CHARS, quote } from "../lib/clip.ts";
 
 /** The CNI verbs enim serves. */
 export const CNI_VERBS = ["ADD", "DEL", "CHECK", "VERSION", "STATUS", "GC"] as const;
@@ -122,16 +131,24 @@ export function errorObject(
   return { cniVersion, code, msg: msg || "Unknown error", ...(details ? { details } : {}) };
 }
 
-/** The stdin document, decoded once. */
-export type Decoded = { ok: true; value: unknown } | { ok: false; empty: boolean; error: string };
+/** The stdin document, decoded once, and how many characters it had. */
+export type Decoded =
+  & ({ ok: true; value: unknown } | { ok: false; empty: boolean; error: string })
+  & { chars: number };
 
 /** Decodes stdin as JSON, remembering whether it was empty. */
 export function decodeStdin(stdin: string): Decoded {
-  if (stdin.trim() === "") return { ok: false, empty: true, error: "stdin is empty" };
+  const chars = stdin.length;
+  if (stdin.trim() === "") return { ok: false, empty: true, error: "stdin is empty", chars };
   try {
-    return { ok: true, value: JSON.parse(stdin) };
+    return { ok: true, value: JSON.parse(stdin), chars };
   } catch (err) {
-    return { ok: false, empty: false, error: err instanceof Error ? err.message : String(err) };
+    return {
+      ok: false,
+      empty: false,
+      error: err instanceof Error ? err.message : String(err),
+      chars,
+    };
   }
 }
 
@@ -207,8 +224,14 @@ export const USED_ENV: Record<CniVerb, readonly CniEnvName[]> = {
 /** The longest CNI_ARGS enim reads. */
 export const MAX_CNI_ARGS = 64 * 1024;
 
-/** How each variable's value is checked when it is set and not empty (CNI_PATH is not). */
-const ENV_RULES: Partial<Record<CniEnvName, NameRule>> = {
+/** Any CNI variable's value: no longer than the agent's API carries ({@linkcode MAX_CALL_ENV_VALUE}). */
+const ANY_VALUE: NameRule = {
+  problem: (s) =>
+    s.length > MAX_CALL_ENV_VALUE ? `Expected at most ${MAX_CALL_ENV_VALUE} characters` : undefined,
+};
+
+/** How each variable's value is checked when it is set and not empty (CNI_PATH only for length). */
+const ENV_RULES: Record<Exclude<CniEnvName, "CNI_COMMAND">, NameRule> = {
   CNI_CONTAINERID: CONTAINER_ID,
   CNI_NETNS: NETNS_PATH,
   CNI_IFNAME: IFNAME,
@@ -216,31 +239,104 @@ const ENV_RULES: Partial<Record<CniEnvName, NameRule>> = {
     problem: (s) =>
       s.length > MAX_CNI_ARGS ? `Expected at most ${MAX_CNI_ARGS} characters` : undefined,
   },
+  CNI_PATH: ANY_VALUE,
 };
 
 /**
  * The code-4 message naming every variable `verb` requires that is unset or empty
- * (runtimes pass `CNI_NETNS=` for a namespace that is gone) and every variable it
- * reads whose value is malformed (reason first, the value clipped); undefined when
- * there is none.
+ * (runtimes pass `CNI_NETNS=` for a namespace that is gone), every variable it
+ * reads whose value is malformed, and every other CNI variable too long for the
+ * agent's API to carry (reason first, the value clipped); undefined when there is none.
  */
 export function envProblem(
   verb: CniVerb,
   env: Record<string, string | undefined>,
 ): string | undefined {
   const problems: string[] = [];
-  for (const name of USED_ENV[verb]) {
+  for (const name of CNI_ENV_NAMES) {
+    if (name === "CNI_COMMAND") continue;
     const raw = env[name];
+    const used = USED_ENV[verb].includes(name);
     if (raw === undefined || raw === "") {
-      if (REQUIRED_ENV[verb].includes(name)) problems.push(`${name} is not set`);
+      if (used && REQUIRED_ENV[verb].includes(name)) problems.push(`${name} is not set`);
       continue;
     }
-    const why = ENV_RULES[name]?.problem(raw);
+    const why = (used ? ENV_RULES[name] : ANY_VALUE).problem(raw);
     if (why !== undefined) problems.push(`${name} is invalid: ${why}; got ${quote(raw, 300)}`);
   }
   if (problems.length === 0) return undefined;
   return `Invalid CNI environment for ${verb}: ${problems.join("; ")}`;
 }
+
+/** The CNI_ARGS keys enim understands. */
+export const KNOWN_ARGS = [
+  "K8S_POD_NAMESPACE",
+  "K8S_POD_NAME",
+  "K8S_POD_INFRA_CONTAINER_ID",
+  "K8S_POD_UID",
+  "IP",
+  "IgnoreUnknown",
+  "ENIM_PROFILE",
+  "ENIM_SECURITY_GROUP_IDS",
+  "ENIM_STICKY",
+] as const;
+/** A CNI_ARGS key enim understands. */
+export type KnownArg = typeof KNOWN_ARGS[number];
+
+/** The verbs whose CNI_ARGS names the pod and is refused when malformed (DEL ignores a bad one). */
+export const ARGS_VERBS: readonly CniVerb[] = ["ADD", "CHECK"];
+
+/**
+ * Splits `CNI_ARGS` (`K=V;K=V`) as the reference plugins do (`pkg/types` LoadArgs):
+ * every pair has exactly one `=` and a key; empty segments are skipped; `IgnoreUnknown`
+ * is a boolean (1, 0, true, false, any case); a key enim does not know is refused
+ * unless `IgnoreUnknown` is true. Returns the known pairs, or the code-4 message.
+ */
+export function splitCniArgs(
+  raw: string,
+): { ok: true; pairs: [KnownArg, string][] } | { ok: false; msg: string } {
+  const bad = (msg: string) => ({ ok: false as const, msg: `Invalid CNI_ARGS: ${msg}` });
+  const pairs: [string, string][] = [];
+  for (const segment of raw.split(";")) {
+    if (segment === "") continue;
+    const kv = segment.split("=");
+    if (kv.length !== 2 || kv[0] === "") {
+      return bad(`a part is not a KEY=VALUE pair: ${quote(segment, 200)}`);
+    }
+    pairs.push([kv[0], kv[1]]);
+  }
+  let ignoreUnknown = false;
+  for (const [k, v] of pairs) {
+    if (k !== "IgnoreUnknown") continue;
+    const b = v.toLowerCase();
+    if (b !== "1" && b !== "true" && b !== "0" && b !== "false") {
+      return bad(`${k} is not a boolean (1, 0, true or false): got ${quote(v)}`);
+    }
+    ignoreUnknown ||= b === "1" || b === "true";
+  }
+  const known: [KnownArg, string][] = [];
+  const unknown: string[] = [];
+  for (const [k, v] of pairs) {
+    const name = KNOWN_ARGS.find((n) => n === k);
+    if (name) known.push([name, v]);
+    else unknown.push(k);
+  }
+  if (unknown.length > 0 && !ignoreUnknown) {
+    return bad(
+      `unknown keys (set IgnoreUnknown=1 to ignore them): ${
+        listOf(unknown.map((k) => quote(k, 100)))
+      }`,
+    );
+  }
+  return { ok: true, pairs: known };
+}
+
+/** The spec's key for GC's list, and the one some texts of 1.1.0 name: a runtime sends one. */
+export const GC_LIST_KEYS = ["cni.dev/valid-attachments", "cni.dev/attachments"] as const;
+
+/** The code-7 message for a GC whose config carries neither of {@linkcode GC_LIST_KEYS}. */
+export const GC_LIST_MISSING =
+  'Invalid network config: GC requires "cni.dev/valid-attachments" (or "cni.dev/attachments")';
 
 /** The lowest spec version that defines each verb. */
 export const MIN_VERSION: Partial<Record<CniVerb, SupportedVersion>> = {
@@ -340,17 +436,25 @@ export interface SpecProblem {
  * | what                                                          | code |
  * | ------------------------------------------------------------- | ---- |
  * | CNI_COMMAND missing or unknown; a required variable unset; CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS or CNI_ARGS malformed | 4 |
+ * | stdin over 4 MiB                                              | 7    |
  * | stdin that is not a JSON object                               | 6    |
  * | a `cniVersion` enim does not speak                            | 1    |
  * | CHECK before 0.4.0, GC or STATUS before 1.1.0                 | 1    |
  * | a `cniVersion` or `name` that is no string, a malformed `name` | 7   |
  * | neither `type` nor `ipam.type` is "enim"                      | 7    |
  * | an `ipam` of another type under enim as the interface plugin  | 2    |
+ * | GC without `cni.dev/valid-attachments` (or `cni.dev/attachments`) | 7 |
+ * | ADD or CHECK whose CNI_ARGS is not `K=V;…`, has an unknown key without `IgnoreUnknown=1`, or a non-boolean `IgnoreUnknown` | 4 |
+ *
+ * Any CNI variable longer than the agent's API carries (128 KiB; CNI_ARGS 64 KiB)
+ * is a 4 whatever the verb. DEL ignores a malformed CNI_ARGS (it must not fail on
+ * what ADD would have refused), so a DEL's CNI_ARGS is checked for length only.
  *
  * VERSION has none past its verb. The one table for both sides: the plugin
- * process answers these itself when the agent is unreachable, and the agent's
- * dispatcher (`cni/dispatch.ts`) checks them first, so both give the same code
- * and message (clipped to {@linkcode MESSAGE_CHARS}, as every CNI error is).
+ * process answers these itself before it asks the agent (`cni/forward.ts`), so a
+ * runtime gets the same code and message whether the agent is up or down; the
+ * agent's dispatcher (`cni/dispatch.ts`) checks them first too, for the API's
+ * other callers (messages clipped to {@linkcode MESSAGE_CHARS}, as every CNI error is).
  *
  * @example
  * ```ts
@@ -378,6 +482,13 @@ function firstProblem(
   if (verb === "VERSION") return undefined;
   const badEnv = envProblem(verb, env);
   if (badEnv) return { code: CNI_CODES.INVALID_ENV, msg: badEnv };
+  if (decoded.chars > MAX_CALL_STDIN) {
+    return {
+      code: CNI_CODES.INVALID_CONFIG,
+      msg:
+        `Invalid network config: stdin has ${decoded.chars} characters, more than the ${MAX_CALL_STDIN} enim reads`,
+    };
+  }
   const undecodable = decodeFailure(verb, decoded);
   if (undecodable !== undefined || !decoded.ok || !isPlainObject(decoded.value)) {
     return {
@@ -413,6 +524,13 @@ function firstProblem(
     ipam.type !== "enim"
   ) {
     return { code: CNI_CODES.UNSUPPORTED_FIELD, msg: foreignIpamMessage(ipam.type) };
+  }
+  if (verb === "GC" && GC_LIST_KEYS.every((k) => config[k] === undefined)) {
+    return { code: CNI_CODES.INVALID_CONFIG, msg: GC_LIST_MISSING };
+  }
+  if (ARGS_VERBS.includes(verb)) {
+    const args = splitCniArgs(env.CNI_ARGS ?? "");
+    if (!args.ok) return { code: CNI_CODES.INVALID_ENV, msg: args.msg };
   }
   return undefined;
 }

@@ -64,3 +64,22 @@ Deno.test("the API's schemas refuse a name with the reason its rule gives the pl
     });
   }
 });
+
+Deno.test("specProblem() refuses any CNI variable longer than the agent's API carries, used by the verb or not", () => {
+  const long = "/x".repeat(70_000);
+  const gc = specProblem(
+    { CNI_COMMAND: "GC", CNI_PATH: "/opt/cni/bin", CNI_NETNS: long },
+    decodeStdin('{"cniVersion":"1.1.0","name":"n","type":"enim","cni.dev/valid-attachments":[]}'),
+  );
+  assertEquals(gc?.code, 4);
+  assertEquals(
+    gc?.msg.startsWith("Invalid CNI environment for GC: CNI_NETNS is invalid: Expected at most"),
+    true,
+    gc?.msg,
+  );
+  const ok = specProblem(
+    { CNI_COMMAND: "GC", CNI_PATH: "/opt/cni/bin", CNI_NETNS: "/x".repeat(60_000) },
+    decodeStdin('{"cniVersion":"1.1.0","name":"n","type":"enim","cni.dev/valid-attachments":[]}'),
+  );
+  assertEquals(ok, undefined, "an unused variable within the limit is not looked at");
+});

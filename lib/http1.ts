@@ -42,15 +42,19 @@ export class UnixHttpError extends Error {
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
-/** Encodes one request (`Host: enim`, `Connection: close`, a JSON or empty body). */
+/**
+ * Encodes one request (`Host: enim`, `Connection: close`, a JSON or empty body, and
+ * `headers`: the caller's own names and values, never CR or LF).
+ */
 export function encodeRequest(
   method: string,
   path: string,
   body?: Uint8Array,
-  contentType = "application/json",
+  headers: Record<string, string> = {},
 ): Uint8Array {
+  const extra = Object.entries(headers).map(([k, v]) => `${k}: ${v}\r\n`).join("");
   const head = `${method} ${path} HTTP/1.1\r\nHost: enim\r\nConnection: close\r\n` +
-    (body === undefined ? "" : `Content-Type: ${contentType}\r\n`) +
+    (body === undefined ? "" : `Content-Type: application/json\r\n`) + extra +
     `Content-Length: ${body?.length ?? 0}\r\n\r\n`;
   const headBytes = encoder.encode(head);
   const out = new Uint8Array(headBytes.length + (body?.length ?? 0));

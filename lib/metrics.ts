@@ -9,6 +9,10 @@
  * `enim_phase_duration_seconds`, so operators and the next optimisation can see
  * where the time goes.
  *
+ * Why one file: every metric the agent serves is declared here, on one registry, and the
+ * pool gauges share one read of the pool per scrape; the list is what an operator reads
+ * to learn the names.
+ *
  * @module
  */
 import { Counter, Gauge, Histogram, Registry } from "./prometheus.ts";
@@ -58,8 +62,10 @@ export interface PoolCounts {
   lost?: number;
   /** The provider's numeric status details (BCE: lost, quarantined, creating, …). */
   details?: Record<string, unknown>;
-  /** Whether the agent is ready and can serve an ADD (reconciled, an ENI free or attachable). */
+  /** Whether the agent is ready: reconciled and serving (what CNI STATUS reports). */
   ready?: boolean;
+  /** Per profile: no free ENI of it and no room on the node to attach another. */
+  exhausted?: Record<string, boolean>;
 }
 
 /** What the device plugin shows in the metrics, read at scrape time. */
@@ -233,10 +239,22 @@ export class Metrics implements PhaseRecorder {
     new Gauge({
       name: "enim_ready",
       help:
-        "Whether the agent is ready and can serve an ADD (reconciled; an ENI free or attachable)",
+        "Whether the agent is ready: reconciled and serving (CNI STATUS answers 0; a full pool does not change it, see enim_pool_exhausted)",
       registers,
       async collect() {
         this.set({}, (await pool()).ready ? 1 : 0);
+      },
+    });
+    new Gauge({
+      name: "enim_pool_exhausted",
+      help:
+        "Whether a profile's pool is exhausted: no free ENI of it and no room on the node to attach another (new pods of it wait; the node stays Ready)",
+      labelNames: ["profile"],
+      registers,
+      async collect() {
+        for (const [profile, full] of Object.entries((await pool()).exhausted ?? {})) {
+          this.set({ profile }, full ? 1 : 0);
+        }
       },
     });
     new Gauge({

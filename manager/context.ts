@@ -52,8 +52,12 @@ export interface ManagerContext {
    * attachment key: the pod's namespace path and the rest (it never rejects). An ADD in
    * that namespace, or one that needs their ENI, waits for them, so a DEL then an ADD
    * finds the ENI free and the names unused; a second DEL of the key answers at once.
+   * `answeredAt` (the clock) and `answeredMono` (`performance.now()`): when it answered.
    */
-  readonly releasing: Map<string, { netns: string; rest: Promise<void> }>;
+  readonly releasing: Map<
+    string,
+    { netns: string; rest: Promise<void>; answeredAt: number; answeredMono: number }
+  >;
 }
 
 /** The provider-level owner of an attachment row. */

@@ -88,6 +88,11 @@ export interface GcDeps {
   freeOrphan(owner: Owner, eni: { id: string; mac: string }): Promise<boolean>;
   /** When an ADD last answered success for the key, if known. */
   addAnsweredAt?(key: string): AddAnswered | undefined;
+  /**
+   * When the key's DEL answered, while that DEL is still finishing (the clock): the pass
+   * leaves the attachment to it and reports it as such.
+   */
+  delAnsweredAt?(key: string): number | undefined;
 }
 
 /** When an ADD answered success: `performance.now()` (ordering) and the clock (`now()`, age). */
@@ -143,10 +148,14 @@ interface LeftItem {
   ageSeconds: number;
 }
 
-/** What a pass would reclaim, and what a CNI GC's list alone would have taken but is left. */
+/**
+ * What a pass would reclaim, what a CNI GC's list alone would have taken but is left,
+ * and the DELs still finishing (left to them).
+ */
 interface Plan {
   items: PlanItem[];
   left: LeftItem[];
+  unfinishedDels: GcReport["unfinishedDels"];
 }
 
 /**
@@ -164,7 +173,22 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<Plan> {
   // The provider first, then the state: an ENI owned in this snapshot by a key without
   // a row is a real orphan (rows are written before allocating and deleted after freeing).
   const enis = await deps.provider.list();
-  const rows = deps.state.all();
+  const all = deps.state.all();
+  // A DEL that answered and is finishing owns its attachment: not GC's unless it fails
+  // (its record then stays `deleting`, and a later pass takes it).
+  const finishing = all.filter((r) =>
+    r.state === "deleting" && deps.delAnsweredAt?.(keyOf(r)) !== undefined
+  );
+  const unfinishedDels = finishing
+    .filter((r) => req.network === undefined || r.network === req.network)
+    .map((r) => ({
+      pod: r.pod,
+      containerId: r.containerId,
+      ifName: r.ifName,
+      eniId: r.eniId,
+      answeredAt: new Date(deps.delAnsweredAt!(keyOf(r))!).toISOString(),
+    }));
+  const rows = all.filter((r) => !finishing.includes(r));
   const cniGc = req.network !== undefined && req.validAttachments !== undefined;
   const candidates = cniGc
     ? rows.filter((r) => r.network === req.network && r.state !== "adding")
@@ -243,8 +267,8 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<Plan> {
       },
     });
   }
-  if (cniGc) return { items: plan, left };
-  const known = new Set(rows.map(keyOf));
+  if (cniGc) return { items: plan, left, unfinishedDels };
+  const known = new Set(all.map(keyOf));
   for (const e of enis) {
     if (!e.owner || known.has(keyOf(e.owner))) continue;
     plan.push({
@@ -267,7 +291,7 @@ export async function planGc(deps: GcDeps, req: GcInput): Promise<Plan> {
       },
     });
   }
-  return { items: plan, left };
+  return { items: plan, left, unfinishedDels };
 }
 
 /** Runs one GC pass (or plans it, for a dry run). */
@@ -277,8 +301,8 @@ export async function runGc(
   opts: GcPassOptions = {},
 ): Promise<GcReport> {
   const began = Math.min(opts.receivedAt ?? Infinity, performance.now());
-  const { items: plan, left } = await planGc(deps, req);
-  if (req.dryRun) return { dryRun: true, items: plan.map((p) => p.item) };
+  const { items: plan, left, unfinishedDels } = await planGc(deps, req);
+  if (req.dryRun) return { dryRun: true, items: plan.map((p) => p.item), unfinishedDels };
   for (const l of left) {
     deps.log.info("GC leaves a young attachment a CNI GC did not list", {
       key: l.key,
@@ -303,7 +327,7 @@ export async function runGc(
   if (items.length > 0) {
     deps.log.info("GC pass done", { reclaimed: items.length - failed, failed });
   }
-  return { dryRun: false, items };
+  return { dryRun: false, items, unfinishedDels };
 }
 
 /**

@@ -61,10 +61,10 @@ import { add } from "./add.ts";
 import { del } from "./del.ts";
 import { release } from "./release.ts";
 import { freeOrphan, reconcile } from "./reconcile.ts";
-import { status } from "./status.ts";
+import { attachmentView, status } from "./status.ts";
+import { withDeadline } from "../lib/async.ts";
 import { HostLinks, sweepHostLinks } from "./host_link.ts";
 import { hostLinkOf } from "./state.ts";
-import { toAttachment } from "./state.ts";
 
 export { toApiError } from "./errors.ts";
 export { buildResult } from "./result.ts";
@@ -100,8 +100,11 @@ export interface Manager extends EniManager {
   descriptionsIdle(): Promise<void>;
   /** Resolves when every host link left by a DEL has been removed (tests). */
   hostLinksIdle(): Promise<void>;
-  /** Resolves when every DEL that has answered has also brought its device home. */
-  settled(): Promise<void>;
+  /**
+   * Resolves when every DEL that has answered has also brought its device home; with
+   * `boundMs`, no later than `boundMs` after the latest of them answered.
+   */
+  settled(boundMs?: number): Promise<void>;
 }
 
 /** Creates the ENI manager over a migrated state store in `db`. */
@@ -204,7 +207,12 @@ class ManagerImpl implements Manager {
               error: message(err),
             })
           );
-          ctx.releasing.set(key, { netns: req.netns, rest });
+          ctx.releasing.set(key, {
+            netns: req.netns,
+            rest,
+            answeredAt: ctx.now(),
+            answeredMono: performance.now(),
+          });
           rest.finally(() => ctx.releasing.delete(key));
           resolve();
         }));
@@ -229,11 +237,24 @@ class ManagerImpl implements Manager {
     return (pool?.free ?? 0) === 0;
   }
 
-  async settled(): Promise<void> {
-    await Promise.all([...this.#ctx.releasing.values()].map((r) => r.rest));
-    // A sticky pod's host link, removed after its DEL answered: a pod end of that name
-    // in a namespace an ADD reuses would refuse its link.
-    await this.#ctx.hostLinks.idle();
+  async settled(boundMs?: number): Promise<void> {
+    const dels = [...this.#ctx.releasing.values()];
+    const all = (async () => {
+      await Promise.all(dels.map((r) => r.rest));
+      // A sticky pod's host link, removed after its DEL answered: a pod end of that name
+      // in a namespace an ADD reuses would refuse its link.
+      await this.#ctx.hostLinks.idle();
+    })();
+    if (boundMs === undefined) return await all;
+    // A read: it waits for a DEL that has just answered, not for one stuck (a throttled
+    // cloud retried up to providerSeconds): that one it shows as unfinished.
+    const until = dels.length > 0
+      ? Math.max(...dels.map((r) => r.answeredMono)) + boundMs
+      : performance.now() + boundMs;
+    const settling = all.catch(() => {}); // a read never fails on a DEL's rest
+    const left = until - performance.now();
+    if (left <= 0) return;
+    await withDeadline(settling, left, () => new Error("not settled")).catch(() => {});
   }
 
   check(req: CheckInput): Promise<void> {
@@ -258,6 +279,7 @@ class ManagerImpl implements Manager {
             sources: this.#sources,
             release: (row, o) => release(ctx, row, o),
             addAnsweredAt: (key) => ctx.addAnswered.get(key),
+            delAnsweredAt: (key) => ctx.releasing.get(key)?.answeredAt,
             freeOrphan: (owner, eni) => freeOrphan(ctx, owner, eni),
           },
           req,
@@ -321,7 +343,7 @@ class ManagerImpl implements Manager {
   }
 
   attachments() {
-    return this.state.all().map(toAttachment);
+    return this.state.all().map((r) => attachmentView(this.#ctx, r));
   }
 
   enis(): Promise<Eni[]> {

@@ -473,6 +473,7 @@ Deno.test("status() reports pool counts, readiness and ENIs with devices and att
     assertEquals(st.ready, true);
     assertEquals(st.provider, "mock");
     assertEquals(st.pool, {
+      exhausted: false,
       free: 1,
       owned: 1,
       recycling: 0,

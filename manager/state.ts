@@ -444,6 +444,7 @@ export function toAttachment(r: AttachmentRow): Attachment {
     holdUntil: r.holdUntil === null ? null : new Date(r.holdUntil).toISOString(),
     parkUntil: r.parkUntil === null ? null : new Date(r.parkUntil).toISOString(),
     hostLink: hostLinkOf(r),
+    delAnsweredAt: null,
   };
 }
 

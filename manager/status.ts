@@ -6,10 +6,34 @@
  * @module
  */
 import { VERSION } from "../lib/version.ts";
-import type { Status } from "../api/schema.ts";
-import { hostLinkOf, toAttachment } from "./state.ts";
+import type { Attachment, Status, UnfinishedDel } from "../api/schema.ts";
+import { type AttachmentRow, hostLinkOf, toAttachment } from "./state.ts";
 import type { ManagerContext } from "./context.ts";
 import type { PoolCounts } from "../lib/metrics.ts";
+import { keyOf } from "../providers/schema.ts";
+
+/** A recorded attachment as the API shows it: with when its DEL answered, if still finishing. */
+export function attachmentView(ctx: ManagerContext, r: AttachmentRow): Attachment {
+  const del = r.state === "deleting" ? ctx.releasing.get(keyOf(r)) : undefined;
+  return {
+    ...toAttachment(r),
+    delAnsweredAt: del ? new Date(del.answeredAt).toISOString() : null,
+  };
+}
+
+/** The DELs that have answered and are still finishing, oldest first. */
+export function unfinishedDels(ctx: ManagerContext, rows: AttachmentRow[]): UnfinishedDel[] {
+  return rows.map((r) => ({ r, del: ctx.releasing.get(keyOf(r)) }))
+    .filter(({ r, del }) => del !== undefined && r.state === "deleting")
+    .sort((a, b) => a.del!.answeredAt - b.del!.answeredAt)
+    .map(({ r, del }) => ({
+      pod: r.pod,
+      containerId: r.containerId,
+      ifName: r.ifName,
+      eniId: r.eniId,
+      answeredAt: new Date(del!.answeredAt).toISOString(),
+    }));
+}
 
 /** The pool gauges' counts, from a status. */
 export function poolCounts(s: Status): PoolCounts {
@@ -18,7 +42,12 @@ export function poolCounts(s: Status): PoolCounts {
     profiles: s.pool.profiles,
     lost: s.enis.filter((e) => e.cloudState === "lost").length,
     details: s.providerDetails,
-    ready: s.ready && s.canAllocate,
+    ready: s.ready,
+    exhausted: Object.fromEntries(
+      Object.entries(s.pool.profiles).map((
+        [name, c],
+      ) => [name, c.free === 0 && s.pool.attachable === 0]),
+    ),
   };
 }
 
@@ -31,7 +60,7 @@ export async function status(ctx: ManagerContext, ready: boolean): Promise<Statu
     const r = byEni.get(e.id);
     let device = r?.nodeName ?? null;
     if (!r) device = (await ctx.devices.findByMac(e.mac).catch(() => null))?.ifname ?? null;
-    out.push({ ...e, device, attachment: r ? toAttachment(r) : null });
+    out.push({ ...e, device, attachment: r ? attachmentView(ctx, r) : null });
   }
   const profiles: Status["pool"]["profiles"] = {};
   const names = new Set([
@@ -53,6 +82,7 @@ export async function status(ctx: ManagerContext, ready: boolean): Promise<Statu
     ready,
     canAllocate: ps.free > 0 || ps.attachable > 0,
     pool: {
+      exhausted: ps.free === 0 && ps.attachable === 0,
       free: ps.free,
       owned: ps.owned,
       recycling: rows.filter((r) => r.state === "recycling").length,
@@ -64,6 +94,7 @@ export async function status(ctx: ManagerContext, ready: boolean): Promise<Statu
     providerDetails: ps.details,
     sticky: ps.sticky ?? { parked: [], claims: [] },
     hostLinks: hostLinkCounts(rows),
+    unfinishedDels: unfinishedDels(ctx, rows),
   };
 }
 

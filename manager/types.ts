@@ -58,8 +58,11 @@ export interface EniManager {
   gc(req: GcInput): Promise<GcReport>;
   /** Finishes or rolls back what a crash left half done (run at start-up). */
   reconcile(): Promise<ReconcileReport>;
-  /** Resolves when every DEL that has answered has also finished its rest. */
-  settled?(): Promise<void>;
+  /**
+   * Resolves when every DEL that has answered has also finished its rest; with `boundMs`
+   * (a read), no later than `boundMs` after the latest of those DELs answered.
+   */
+  settled?(boundMs?: number): Promise<void>;
   status(): Promise<Status>;
   attachments(): Attachment[];
   enis(): Promise<Eni[]>;

@@ -8,6 +8,12 @@
  * injects faults by step name, can hang a step forever (a crash in tests), and
  * provides a {@linkcode DeviceSimulator} so attached ENIs appear on the node.
  *
+ * Why it ships: the agent's `devices: "fake"` mode (agent/fake_devices.ts) is built on it, and
+ * that mode is how the tests run the real agent process (the shipped bundle, under the
+ * production permission set) with no root and no kernel devices: tests/agent_process_test.ts,
+ * device_plugin_test.ts, reliability_test.ts, agent_crash_test.ts. agent/deps.ts imports it
+ * only when the config says `devices: "fake"`, so an agent on `ip` never loads it.
+ *
  * Why one file: `FakeDeviceLayer` is one in-memory model of the kernel (namespaces,
  * links, host links, bandwidth shaping), and every method of the `DeviceLayer` contract
  * reads and writes that same model; split, each part would reach into the others' state.

@@ -1,6 +1,7 @@
 import { assertEquals, assertMatch, assertThrows } from "../lib/assert.ts";
 import { ROOT } from "./_paths.ts";
 import { lazyTool } from "./_deps.ts";
+import { runFromRoot } from "../tests/support/command.ts";
 
 Deno.test("lazyTool() looks nothing up until first use and finds a program installed after it was made", async () => {
   const dir = await Deno.makeTempDir({ prefix: "enim-deps-" });
@@ -60,17 +61,16 @@ Deno.test("importing the fixtures looks no program up; ping is looked up on firs
     try { used = vpc.pingPath(); } catch (err) { used = String(err.message); }
     console.log(JSON.stringify({ atLoad, afterUse: seen.slice(atLoad.length), used }));
   `;
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["eval", "--config", `${ROOT}/deno.json`, "--no-prompt", script],
-    cwd: ROOT,
-    env: { NO_COLOR: "1" },
-    stdin: "null",
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const stderr = new TextDecoder().decode(out.stderr);
-  assertEquals(out.code, 0, stderr);
-  const res = JSON.parse(new TextDecoder().decode(out.stdout));
+  const out = await runFromRoot([
+    Deno.execPath(),
+    "eval",
+    "--config",
+    `${ROOT}/deno.json`,
+    "--no-prompt",
+    script,
+  ]);
+  assertEquals(out.code, 0, out.stderr);
+  const res = JSON.parse(out.stdout);
   assertEquals(res.atLoad, [], "no path is looked up while the modules load");
   assertMatch(res.afterUse.join(" "), /\/ping\b/);
   assertMatch(String(res.used), /ping/);

@@ -16,6 +16,7 @@ import * as locales from "zod/locales";
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
 import { bundleArgv, ensureBuiltSync } from "./build.ts";
 import { dirname, join, ROOT } from "./_paths.ts";
+import { runFromRoot } from "../tests/support/command.ts";
 
 /**
  * Strings only classic zod defines: its base schema's and its error's constructor
@@ -99,26 +100,20 @@ async function bundleSource(source: string): Promise<string> {
   const dir = await Deno.makeTempDir({ prefix: "enim-bundle-test-" });
   try {
     await Deno.writeTextFile(join(dir, "entry.ts"), source);
-    const out = await new Deno.Command(Deno.execPath(), {
-      args: [
-        "bundle",
-        "--quiet",
-        "--minify",
-        "--platform",
-        "deno",
-        "--config",
-        join(ROOT, "deno.json"),
-        "--outdir",
-        join(dir, "out"),
-        join(dir, "entry.ts"),
-      ],
-      cwd: ROOT,
-      env: { NO_COLOR: "1" },
-      stdin: "null",
-      stdout: "null",
-      stderr: "piped",
-    }).output();
-    assert(out.success, new TextDecoder().decode(out.stderr));
+    const out = await runFromRoot([
+      Deno.execPath(),
+      "bundle",
+      "--quiet",
+      "--minify",
+      "--platform",
+      "deno",
+      "--config",
+      join(ROOT, "deno.json"),
+      "--outdir",
+      join(dir, "out"),
+      join(dir, "entry.ts"),
+    ]);
+    assert(out.code === 0, out.stderr);
     return Deno.readTextFileSync(join(dir, "out", "entry.js"));
   } finally {
     await Deno.remove(dir, { recursive: true });

@@ -15,8 +15,9 @@
  * the pin failed in about a third of runs; on one CPU it never did (measured: 0 of 120).
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { ROOT } from "./_paths.ts";
 import { isRoot } from "./_deps.ts";
+import { ROOT } from "./_paths.ts";
+import { runFromRoot } from "../tests/support/command.ts";
 
 Deno.test({
   name: "deno task demo passes the first time on a machine whose apt installs ping during the run",
@@ -52,34 +53,53 @@ Deno.test({
         "test ! -e /usr/bin/ping && test ! -e /bin/ping",
         `exec ${Deno.execPath()} task demo`,
       ].join(" && ");
-      const out = await new Deno.Command("/usr/bin/taskset", {
-        args: [
-          "--cpu-list",
-          "0",
-          "/usr/bin/unshare",
-          "--mount",
-          "--propagation",
-          "private",
-          "--",
-          "/bin/sh",
-          "-c",
-          script,
-        ],
-        cwd: ROOT,
-        env: { NO_COLOR: "1" },
-        stdin: "null",
-        stdout: "piped",
-        stderr: "piped",
-      }).output();
-      const stdout = new TextDecoder().decode(out.stdout);
-      const stderr = new TextDecoder().decode(out.stderr);
-      assertEquals(out.code, 0, `${stdout}\n${stderr}`);
+      const { code, stdout, stderr } = await runFromRoot([
+        "/usr/bin/taskset",
+        "--cpu-list",
+        "0",
+        "/usr/bin/unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+      ]);
+      assertEquals(code, 0, `${stdout}\n${stderr}`);
       assertMatch(stdout, /demo passed in [\d.]+ s/);
       assertMatch(stdout, /web → its gateway 10\.99\.0\.1/);
       assertStringIncludes(stderr, "installing through apt: iputils-ping");
       const apt = await Deno.readTextFile(`${dir}/apt.log`);
       assert(/^install .*iputils-ping/m.test(apt), `apt-get was asked for iputils-ping:\n${apt}`);
       assert(!apt.includes("iproute2") && !apt.includes("util-linux"), apt);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+});
+
+// Issue 33 item 15: the README's first command on a fresh machine (an empty DENO_DIR) printed a
+// yellow "Ignored build scripts for packages: npm:protobufjs" box while npm packages downloaded.
+Deno.test({
+  name: "the demo's modules load into an empty DENO_DIR without a warning about build scripts",
+  async fn() {
+    const dir = await Deno.makeTempDir({ prefix: "enim-dd-" });
+    try {
+      for (const config of ["deno.json", "tests/deno.json"]) {
+        const out = await new Deno.Command(Deno.execPath(), {
+          args: ["cache", "--config", config, "scripts/demo.ts", "main.ts"],
+          cwd: ROOT,
+          env: { DENO_DIR: `${dir}/${config.replace("/", "_")}`, NO_COLOR: "1" },
+          stdin: "null",
+          stdout: "piped",
+          stderr: "piped",
+        }).output();
+        const stderr = new TextDecoder().decode(out.stderr);
+        assertEquals(out.code, 0, stderr);
+        assertMatch(stderr, /Download/, "the cache really was empty");
+        assert(!/Warning|build scripts/i.test(stderr), `${config}:\n${stderr}`);
+      }
     } finally {
       await Deno.remove(dir, { recursive: true });
     }

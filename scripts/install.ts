@@ -67,6 +67,28 @@ export function launcherDropin(denoDir: string, root: string = ROOT): string {
   ].join("\n");
 }
 
+/** The version lines of every conflist shipped since the second. */
+const BOTH_VERSIONS = ['  "cniVersion": "1.0.0",', '  "cniVersions": ["1.0.0", "1.1.0"],'];
+
+/** A conflist as enim shipped them: its version lines, then the enim plugin with its capabilities. */
+function shippedConflist(versions: string[], capabilities?: string): string {
+  return [
+    "{",
+    ...versions,
+    '  "name": "enim",',
+    '  "plugins": [',
+    "    {",
+    '      "type": "enim",',
+    '      "agentSocket": "/run/enim/enim.sock",',
+    `      "logFile": "/var/log/enim/cni.log"${capabilities ? "," : ""}`,
+    ...(capabilities ? [`      "capabilities": ${capabilities}`] : []),
+    "    }",
+    "  ]",
+    "}",
+    "",
+  ].join("\n");
+}
+
 /**
  * The conflists enim shipped before, exactly as installed: replaced by the current one when
  * found unchanged. The first asked for CNI 1.1.0 only, which libcni < 1.2 (containerd 1.6 and
@@ -76,52 +98,12 @@ export function launcherDropin(denoDir: string, root: string = ROOT): string {
  * `serviceCidrs`: its pods' host links (issue 27) route no Service.
  */
 export const PREVIOUS_CONFLISTS: readonly string[] = [
-  [
-    "{",
-    '  "cniVersion": "1.1.0",',
-    '  "name": "enim",',
-    '  "plugins": [',
-    "    {",
-    '      "type": "enim",',
-    '      "agentSocket": "/run/enim/enim.sock",',
-    '      "logFile": "/var/log/enim/cni.log"',
-    "    }",
-    "  ]",
-    "}",
-    "",
-  ].join("\n"),
-  [
-    "{",
-    '  "cniVersion": "1.0.0",',
-    '  "cniVersions": ["1.0.0", "1.1.0"],',
-    '  "name": "enim",',
-    '  "plugins": [',
-    "    {",
-    '      "type": "enim",',
-    '      "agentSocket": "/run/enim/enim.sock",',
-    '      "logFile": "/var/log/enim/cni.log",',
-    '      "capabilities": { "io.kubernetes.cri.pod-annotations": true }',
-    "    }",
-    "  ]",
-    "}",
-    "",
-  ].join("\n"),
-  [
-    "{",
-    '  "cniVersion": "1.0.0",',
-    '  "cniVersions": ["1.0.0", "1.1.0"],',
-    '  "name": "enim",',
-    '  "plugins": [',
-    "    {",
-    '      "type": "enim",',
-    '      "agentSocket": "/run/enim/enim.sock",',
-    '      "logFile": "/var/log/enim/cni.log",',
-    '      "capabilities": { "io.kubernetes.cri.pod-annotations": true, "bandwidth": true }',
-    "    }",
-    "  ]",
-    "}",
-    "",
-  ].join("\n"),
+  shippedConflist(['  "cniVersion": "1.1.0",']),
+  shippedConflist(BOTH_VERSIONS, '{ "io.kubernetes.cri.pod-annotations": true }'),
+  shippedConflist(
+    BOTH_VERSIONS,
+    '{ "io.kubernetes.cri.pod-annotations": true, "bandwidth": true }',
+  ),
 ];
 
 /** The version fields of a conflist (the rest is the runtime's and the plugins' business). */

@@ -7,20 +7,13 @@ import {
   PREVIOUS_CONFLISTS,
   rootProblem,
 } from "./install.ts";
+import { type CommandOutput, runFromRoot } from "../tests/support/command.ts";
 
 const dec = new TextDecoder();
 
 /** Runs `deno task install …` from the repository, as a user would. */
-async function task(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["task", "-q", "install", ...args],
-    cwd: ROOT,
-    env: { NO_COLOR: "1" },
-    stdin: "null",
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+function task(...args: string[]): Promise<CommandOutput> {
+  return runFromRoot([Deno.execPath(), "task", "-q", "install", ...args]);
 }
 
 /** Every path under `dir` (relative, sorted) with its permission bits and type. */

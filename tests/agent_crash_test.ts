@@ -16,7 +16,7 @@
 import { assert, assertEquals } from "../lib/assert.ts";
 import { type AddRequest, ApiError } from "../api/schema.ts";
 import { AgentUnreachableError, SocketAgentClient } from "../api/client.ts";
-import { type AgentProcess, prng, startAgent } from "./support/agent_proc.ts";
+import { type AgentProcess, fakeDevicesConfig, prng, startAgent } from "./support/agent_proc.ts";
 import { withSandbox } from "./support/run_dir.ts";
 
 const SEED = Number(Deno.env.get("ENIM_CRASH_SEED") ?? 20261122);
@@ -87,17 +87,11 @@ Deno.test({
     await withSandbox(async (dir, sb) => {
       const rand = prng(SEED);
       const pick = (n: number) => Math.floor(rand() * n);
-      const config = {
-        socket: `${dir}/enim.sock`,
-        statePath: `${dir}/enim.db`,
-        provider: {
-          name: "mock",
-          mock: { enis: ENIS, preattached: ENIS / 2, attachLatencyMs: 2, seed: SEED },
-        },
-        gc: { intervalSeconds: 3600, graceSeconds: 3600 },
-        log: { level: "warn" },
-        devices: "fake",
-      };
+      const config = fakeDevicesConfig(
+        dir,
+        { enis: ENIS, preattached: ENIS / 2, attachLatencyMs: 2, seed: SEED },
+        { statePath: `${dir}/enim.db`, log: { level: "warn" } },
+      );
       const known = new Map<string, Known>();
       /** Per pod: the generation of its current container id. */
       const gen = Array.from({ length: PODS }, () => 0);

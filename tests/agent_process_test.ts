@@ -1,37 +1,19 @@
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { type AddRequest, ApiError } from "../api/schema.ts";
+import { ApiError } from "../api/schema.ts";
 import { SocketAgentClient, unixRequest } from "../api/client.ts";
-import { agentCommandLine, startAgent } from "./support/agent_proc.ts";
+import {
+  agentCommandLine,
+  fakeDevicesConfig,
+  podAddRequest,
+  startAgent,
+} from "./support/agent_proc.ts";
 import { withSandbox } from "./support/run_dir.ts";
 import { runEnim } from "./support/enim.ts";
-
-function agentConfig(dir: string, enis: number) {
-  return {
-    socket: `${dir}/enim.sock`,
-    statePath: `${dir}/state/enim.db`,
-    provider: { name: "mock", mock: { enis } },
-    gc: { intervalSeconds: 3600, graceSeconds: 3600 },
-    log: { level: "info" },
-    devices: "fake",
-  };
-}
-
-function addReq(i: number): AddRequest {
-  return {
-    containerId: `ctr-${i}`,
-    ifName: "eth0",
-    netns: `/run/netns/pod-${i}`,
-    network: "enim-net",
-    pod: { namespace: "default", name: `pod-${i}` },
-    mode: "interface",
-    routes: [{ dst: "0.0.0.0/0" }],
-  };
-}
 
 Deno.test("the real agent process serves ADD, DEL and status, and stops on SIGTERM", async () => {
   await withSandbox(async (dir, sb) => {
     const agent = await startAgent(sb, {
-      ...agentConfig(dir, 4),
+      ...fakeDevicesConfig(dir, { enis: 4 }),
       log: { level: "debug", file: `${dir}/agent.log` },
     });
     try {
@@ -39,10 +21,10 @@ Deno.test("the real agent process serves ADD, DEL and status, and stops on SIGTE
       assertEquals((await Deno.lstat(agent.socket)).mode! & 0o777, 0o600);
       const before = await c.status();
       assertEquals([before.provider, before.pool.free, before.pool.owned], ["mock", 4, 0]);
-      const res = await c.add(addReq(1));
+      const res = await c.add(podAddRequest(1));
       assertMatch(res.eniId, /^eni-mock-\d{4}$/);
       assertEquals(res.ips.length, 1);
-      const again = await c.add(addReq(1));
+      const again = await c.add(podAddRequest(1));
       assertEquals(again.eniId, res.eniId, "a retried ADD returns the same ENI");
       const atts = await c.attachments();
       assertEquals(atts.map((a) => [a.pod, a.eniId, a.state]), [[
@@ -75,13 +57,13 @@ Deno.test("the real agent process serves ADD, DEL and status, and stops on SIGTE
 
 Deno.test("a second agent on the same socket is refused while the first runs", async () => {
   await withSandbox(async (dir, sb) => {
-    const agent = await startAgent(sb, agentConfig(dir, 2));
+    const agent = await startAgent(sb, fakeDevicesConfig(dir, { enis: 2 }));
     try {
       // A second agent with its own config and state, on the same socket.
       const second = `${dir}/second.jsonc`;
       await Deno.writeTextFile(
         sb.host("second.jsonc"),
-        JSON.stringify({ ...agentConfig(dir, 2), statePath: `${dir}/second.db` }),
+        JSON.stringify({ ...fakeDevicesConfig(dir, { enis: 2 }), statePath: `${dir}/second.db` }),
       );
       const [cmd, ...args] = agentCommandLine(sb, second);
       const out = await new Deno.Command(cmd, { args, stdout: "null", stderr: "piped" }).output();
@@ -96,11 +78,11 @@ Deno.test("a second agent on the same socket is refused while the first runs", a
 
 Deno.test("32 parallel ADDs against 24 ENIs: 24 distinct ENIs, 8 no_eni_available", async () => {
   await withSandbox(async (dir, sb) => {
-    const agent = await startAgent(sb, agentConfig(dir, 24));
+    const agent = await startAgent(sb, fakeDevicesConfig(dir, { enis: 24 }));
     try {
       const c = new SocketAgentClient(agent.socket);
       const results = await Promise.allSettled(
-        Array.from({ length: 32 }, (_, i) => c.add(addReq(i))),
+        Array.from({ length: 32 }, (_, i) => c.add(podAddRequest(i))),
       );
       const ok = results.flatMap((r) => r.status === "fulfilled" ? [r.value.eniId] : []);
       const failed = results.flatMap((r) => r.status === "rejected" ? [r.reason] : []);
@@ -229,22 +211,26 @@ Deno.test("enim agent --help documents every option", async () => {
 
 Deno.test("bad requests to the real agent get a 400 and leave its state unchanged", async () => {
   await withSandbox(async (dir, sb) => {
-    const agent = await startAgent(sb, agentConfig(dir, 3));
+    const agent = await startAgent(sb, fakeDevicesConfig(dir, { enis: 3 }));
     try {
       const c = new SocketAgentClient(agent.socket);
-      await c.add(addReq(1));
+      await c.add(podAddRequest(1));
       const dump = async () => JSON.stringify([await c.attachments(), await c.enis()]);
       const before = await dump();
       const bad: [string, string, RegExp][] = [
         ["/v1/add", "{not json", /^Malformed JSON/],
-        ["/v1/add", JSON.stringify({ ...addReq(2), ifName: 7 }), /ifName: /],
-        ["/v1/add", JSON.stringify({ ...addReq(2), pod: "default/pod-2" }), /pod: /],
+        ["/v1/add", JSON.stringify({ ...podAddRequest(2), ifName: 7 }), /ifName: /],
+        ["/v1/add", JSON.stringify({ ...podAddRequest(2), pod: "default/pod-2" }), /pod: /],
         [
           "/v1/add",
-          JSON.stringify({ ...addReq(2), pod: { namespace: "Bad_NS", name: "x" } }),
+          JSON.stringify({ ...podAddRequest(2), pod: { namespace: "Bad_NS", name: "x" } }),
           /pod\.namespace: /,
         ],
-        ["/v1/add", JSON.stringify({ ...addReq(2), netns: "/run/netns/../../etc" }), /netns: /],
+        [
+          "/v1/add",
+          JSON.stringify({ ...podAddRequest(2), netns: "/run/netns/../../etc" }),
+          /netns: /,
+        ],
         [
           "/v1/del",
           JSON.stringify({ containerId: "ctr-1", ifName: "eth0", netns: "/a/../b" }),

@@ -16,7 +16,11 @@ import { z } from "zod";
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
 import { AddrInfoSchema } from "../netns/ip.ts";
 import { SimulatedNode } from "./support/node.ts";
-import { FakeBceProcess, type FakeBceState } from "./support/bce_fake_main.ts";
+import {
+  FAKE_BCE_AGENT_TIMEOUTS,
+  FakeBceProcess,
+  type FakeBceState,
+} from "./support/bce_fake_main.ts";
 import type { NetnsHandle } from "./support/vpc.ts";
 
 const AS_ROOT = Deno.uid() === 0;
@@ -109,13 +113,7 @@ Deno.test({
             },
           },
           timeouts: {
-            requestMs: 5000,
-            totalMs: 20_000,
-            baseDelayMs: 50,
-            maxDelayMs: 500,
-            attachMs: 20_000,
-            deviceMs: 20_000,
-            pollMs: 20,
+            ...FAKE_BCE_AGENT_TIMEOUTS,
             // Passes every 0.5 s at most 2 s apart, so the out-of-band deletion shows quickly.
             poolIntervalMs: 500,
             idleIntervalMs: 2000,

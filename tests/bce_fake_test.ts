@@ -17,6 +17,27 @@ import {
 type Query = [string, string | null][];
 
 /** Sends one request signed by `authorize` (enim's signer unless given). */
+/** enim's signature of a request at `ts`, with the test credentials unless `ak` and `secret` are given. */
+function signed(
+  method: string,
+  path: string,
+  query: Query,
+  headers: Record<string, string>,
+  ts: string,
+  ak = AK,
+  secret = SECRET,
+) {
+  return sign({
+    method,
+    path,
+    query,
+    headers,
+    accessKeyId: ak,
+    secretAccessKey: secret,
+    timestamp: ts,
+  });
+}
+
 async function send(
   url: string,
   method: string,
@@ -37,15 +58,8 @@ async function send(
     "x-bce-security-token": SESSION_TOKEN,
   };
   const query = opts.query ?? [];
-  const authorization = opts.authorize?.(headers, ts) ?? sign({
-    method,
-    path,
-    query,
-    headers,
-    accessKeyId: opts.ak ?? AK,
-    secretAccessKey: opts.secret ?? SECRET,
-    timestamp: ts,
-  }).authorization;
+  const authorization = opts.authorize?.(headers, ts) ??
+    signed(method, path, query, headers, ts, opts.ak, opts.secret).authorization;
   const qs = wireQuery(opts.tamper ? [...query, ["extra", "1"]] : query);
   const res = await fetch(`${url}${path}${qs ? "?" + qs : ""}`, {
     method,
@@ -127,15 +141,7 @@ function buggySign(
   headers: Record<string, string>,
   ts: string,
 ): string {
-  const good = sign({
-    method,
-    path,
-    query,
-    headers,
-    accessKeyId: AK,
-    secretAccessKey: SECRET,
-    timestamp: ts,
-  });
+  const good = signed(method, path, query, headers, ts);
   const unsorted = query.map(([k, v]) => `${uriEncode(k)}=${uriEncode(v ?? "")}`).join("&");
   const lines = good.canonicalRequest.split("\n");
   lines[2] = unsorted;
@@ -470,15 +476,7 @@ async function sendJson(
     "x-bce-date": ts,
     "x-bce-security-token": SESSION_TOKEN,
   };
-  const { authorization } = sign({
-    method,
-    path,
-    query,
-    headers,
-    accessKeyId: AK,
-    secretAccessKey: SECRET,
-    timestamp: ts,
-  });
+  const { authorization } = signed(method, path, query, headers, ts);
   const qs = wireQuery(query);
   // fetch sends the URL's authority as Host: the value signed above.
   const { host: _, ...sent } = headers;

@@ -338,6 +338,11 @@ Deno.test({
     const version = await node.cni("VERSION", { config: { cniVersion: "1.0.0" } });
     assertEquals(version.code, 0, version.stdout);
     assertEquals(await node.client.attachments(), [], "nothing recorded");
+    // DEL ignores a malformed CNI_ARGS (it must not fail on what ADD refused): 0 either way.
+    const gone = `/run/netns/enim-gone-${crypto.randomUUID().slice(0, 8)}`;
+    const badArgsDel = () => node.cni("DEL", { ...good, netns: gone, args: "K8S_POD_NAME" });
+    const delUp = await badArgsDel();
+    assertEquals([delUp.code, delUp.stdout.trim()], [0, ""], delUp.stderr);
 
     await node.stopAgent();
     for (const c of SPEC_CASES) {
@@ -362,9 +367,42 @@ Deno.test({
         assertEquals([r.code, r.stdout.trim()], [0, ""], `CNI_NETNS="${netns}": ${r.stderr}`);
       }
     });
+    await t.step(
+      "DEL with a malformed CNI_ARGS and the namespace gone → 0, as the agent",
+      async () => {
+        const r = await badArgsDel();
+        assertEquals([r.code, r.stdout.trim()], [0, ""], r.stderr);
+      },
+    );
     await t.step("DEL with the namespace still there → 11", async () => {
       const r = await node.cni("DEL", { ...good });
       assertEquals([r.code, r.json?.code], [1, 11], r.stdout);
     });
+  },
+});
+
+// Issue 33 item 8: the agent answered `busy` after timeouts.addSeconds (120 s) while the plugin
+// gave up after its own timeoutSeconds (30 s), so a runtime never saw the agent's answer.
+Deno.test({
+  name:
+    "an ADD slower than the plugin's timeoutSeconds: the runtime reads the agent's busy (11) naming that limit, and its retry gets the ADD's result",
+  ignore: !AS_ROOT,
+  async fn() {
+    // The ENI is attached on demand and the attach takes 4 s; the plugin waits 3 s.
+    await using node = await SimulatedNode.start({
+      mock: { enis: 1, preattached: 0, attachLatencyMs: 4000 },
+    });
+    const pod = await node.vpc.pod("slow");
+    const first = await add(node, pod, "c-slow", node.netconf("1.1.0", { timeoutSeconds: 3 }));
+    assertEquals([first.code, first.json?.code], [1, 11], first.stdout);
+    const msg = String(first.json?.msg);
+    assert(msg.startsWith("The enim agent is busy; try again later: The ADD did not finish"), msg);
+    assertStringIncludes(msg, "(the plugin waits 3 s, its timeoutSeconds)");
+    assertStringIncludes(msg, "the runtime's retry gets its result");
+    // The ADD went on: the retry (a patient plugin) gets its result, the one ENI.
+    const retry = await add(node, pod, "c-slow", node.netconf("1.1.0", { timeoutSeconds: 30 }));
+    assertEquals(retry.code, 0, retry.stdout);
+    const [eni] = (await node.client.status()).enis;
+    assertEquals(eni.attachment?.containerId, "c-slow");
   },
 });

@@ -45,7 +45,7 @@ import {
 import { install, PREVIOUS_CONFLISTS } from "../scripts/install.ts";
 import { ask, lastError, Servers, TRAFFIC_NEEDS, who } from "./support/traffic.ts";
 import { installKubeProxy, KUBE_PROXY_NEEDS, type ServicePort } from "./support/kube_proxy.ts";
-import { HOST_LINK_GROUP } from "../netns/host_link.ts";
+import { nodeEnds } from "./support/host_link_fixtures.ts";
 
 const DEPS = await clientDeps("containerd_test", [
   { pkg: "containerd", file: "/usr/bin/containerd" },
@@ -362,15 +362,7 @@ Deno.test({
       await cd.cri.stopPodSandbox(id);
       await cd.cri.removePodSandbox(id);
       assertEquals((await node.client.status()).pool.owned, 0);
-      const left = await node.vpc.exec(node.vpc.node, [
-        IP,
-        "-o",
-        "link",
-        "show",
-        "group",
-        String(HOST_LINK_GROUP),
-      ]);
-      assertEquals(left.stdout.trim(), "", "no node end left");
+      assertEquals(await nodeEnds(node.vpc), [], "no node end left");
     } finally {
       await servers[Symbol.asyncDispose]();
       await c.close();

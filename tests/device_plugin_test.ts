@@ -10,10 +10,14 @@
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
 import { poll } from "../lib/async.ts";
 import { openDatabase } from "../lib/sqlite.ts";
-import type { AddRequest } from "../api/schema.ts";
 import { SocketAgentClient, unixRequest } from "../api/client.ts";
 import { type MockNode, setMockNode } from "../providers/mock/mod.ts";
-import { type AgentProcess, startAgent } from "./support/agent_proc.ts";
+import {
+  type AgentProcess,
+  fakeDevicesConfig,
+  podAddRequest,
+  startAgent,
+} from "./support/agent_proc.ts";
 import { runEnim } from "./support/enim.ts";
 import { withSandbox } from "./support/run_dir.ts";
 import type { EnimSandbox } from "./support/sandbox.ts";
@@ -25,32 +29,15 @@ import {
 } from "./support/kubelet/fake_kubelet.ts";
 
 function agentConfig(dir: string) {
-  return {
-    socket: `${dir}/enim.sock`,
-    statePath: `${dir}/state/enim.db`,
-    provider: { name: "mock", mock: { enis: 8, maxEnisPerNode: 4 } },
-    gc: { intervalSeconds: 3600, graceSeconds: 3600 },
+  return fakeDevicesConfig(dir, { enis: 8, maxEnisPerNode: 4 }, {
     log: { level: "info", file: `${dir}/agent.log` },
-    devices: "fake",
     // "auto": the sandbox has kubelet's folder, so the plugin is on.
     devicePlugin: {
       resyncSeconds: 0.1,
       unreachableSeconds: 0.5,
       registerTimeoutSeconds: 1,
     },
-  };
-}
-
-function addReq(i: number): AddRequest {
-  return {
-    containerId: `ctr-${i}`,
-    ifName: "eth0",
-    netns: `/run/netns/pod-${i}`,
-    network: "enim-net",
-    pod: { namespace: "default", name: `pod-${i}` },
-    mode: "interface",
-    routes: [{ dst: "0.0.0.0/0" }],
-  };
+  });
 }
 
 /** Changes the mock cloud behind the agent's back (its table in the agent's state). */
@@ -218,7 +205,7 @@ Deno.test("the agent killed with SIGKILL and started again registers again; ENIs
     try {
       await kubelet.waitForRegistrations(1);
       const c = new SocketAgentClient(agent.socket);
-      const held = [await c.add(addReq(1)), await c.add(addReq(2))];
+      const held = [await c.add(podAddRequest(1)), await c.add(podAddRequest(2))];
       const before = await c.attachments();
       await agent.stop("SIGKILL");
       agent = await startAgent(sb, agentConfig(dir));
@@ -277,7 +264,7 @@ Deno.test("bad input from kubelet's side (unknown device IDs, a closed stream, a
         client.close();
       }
       assertEquals(
-        (await c.add(addReq(1))).ips.length,
+        (await c.add(podAddRequest(1))).ips.length,
         1,
         "ADD works after the bad input",
       );
@@ -294,7 +281,7 @@ Deno.test("bad input from kubelet's side (unknown device IDs, a closed stream, a
       );
       assertEquals((await c.status()).devicePlugin?.state, "registering");
       // Meanwhile pods come and go as ever.
-      assertEquals((await c.add(addReq(2))).ips.length, 1);
+      assertEquals((await c.add(podAddRequest(2))).ips.length, 1);
       await c.del({ containerId: "ctr-1", ifName: "eth0" });
       assertEquals((await c.attachments()).map((a) => a.pod), [
         "default/pod-2",

@@ -396,7 +396,11 @@ Deno.test({
 
     const after = await node.enim(["gc", "--json"]);
     assertEquals(after.code, 0, after.stdout + after.stderr);
-    assertEquals(GcReportSchema.parse(JSON.parse(after.stdout)), { dryRun: false, items: [] });
+    assertEquals(GcReportSchema.parse(JSON.parse(after.stdout)), {
+      dryRun: false,
+      items: [],
+      unfinishedDels: [],
+    });
     const none = await node.enim(["gc", "--dry-run"]);
     assertEquals([none.code, none.stdout], [0, "dry run: nothing to reclaim\n"]);
 

@@ -24,7 +24,7 @@ import {
 } from "./support/kube_proxy.ts";
 import { clientDeps, runInNode } from "./support/clients.ts";
 import { IpFaults } from "./support/ip_faults.ts";
-import { HOST_LINK_GROUP } from "../netns/host_link.ts";
+import { nodeEnds, strayNodeEndArgs } from "./support/host_link_fixtures.ts";
 import { poll } from "../lib/async.ts";
 
 const DEPS = await clientDeps("host_link_test", [
@@ -301,21 +301,6 @@ Deno.test({
   },
 });
 
-/** The node ends on the node (links of the host-link group). */
-async function nodeEnds(vpc: SimulatedVpc): Promise<string[]> {
-  const out = await vpc.exec(vpc.node, [
-    IP,
-    "-o",
-    "link",
-    "show",
-    "group",
-    String(HOST_LINK_GROUP),
-  ]);
-  return out.stdout.split("\n").filter((l) => l.trim()).map((l) =>
-    l.split(":")[1].trim().split("@")[0]
-  );
-}
-
 Deno.test({
   name: "with hostLink enabled false the pod gets exactly enim's ENI and nothing else",
   ignore: DEPS.skip !== null,
@@ -440,19 +425,7 @@ Deno.test({
     assertMatch(links.stdout.trim(), /^1: lo/);
     assertEquals(links.stdout.trim().split("\n").length, 1, links.stdout);
     // A node end nobody records (another agent's leftovers, say): GC removes it.
-    await node.vpc.exec(node.vpc.node, [
-      IP,
-      "link",
-      "add",
-      "enimhdeadbeef01",
-      "group",
-      String(HOST_LINK_GROUP),
-      "type",
-      "veth",
-      "peer",
-      "name",
-      "enimhstray0",
-    ]);
+    await node.vpc.exec(node.vpc.node, [IP, ...strayNodeEndArgs("enimhdeadbeef01", "enimhstray0")]);
     const gc = await node.enim(["gc"]);
     assertEquals(gc.code, 0, gc.stdout + gc.stderr);
     assertEquals(await nodeEnds(node.vpc), []);

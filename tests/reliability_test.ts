@@ -6,36 +6,21 @@
  * with the mock provider and the fake device layer.
  */
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
-import type { AddRequest } from "../api/schema.ts";
 import { SocketAgentClient, unixRequest } from "../api/client.ts";
-import { startAgent } from "./support/agent_proc.ts";
+import { fakeDevicesConfig, podAddRequest, startAgent } from "./support/agent_proc.ts";
 import { withSandbox } from "./support/run_dir.ts";
 import { runEnim } from "./support/enim.ts";
 import type { EnimSandbox } from "./support/sandbox.ts";
 
 const AS_ROOT = Deno.uid() === 0;
 
+/** The agent's files in the layout of the systemd unit and the DaemonSet (lib/, log/). */
 function config(dir: string, extra: Record<string, unknown> = {}) {
-  return {
-    socket: `${dir}/enim.sock`,
+  return fakeDevicesConfig(dir, { enis: 4 }, {
     statePath: `${dir}/lib/enim.db`,
-    provider: { name: "mock", mock: { enis: 4 } },
-    gc: { intervalSeconds: 3600, graceSeconds: 3600 },
     log: { level: "info", file: `${dir}/log/agent.log` },
-    devices: "fake",
     ...extra,
-  };
-}
-
-function addReq(i: number): AddRequest {
-  return {
-    containerId: `ctr-${i}`,
-    ifName: "eth0",
-    netns: `/run/netns/pod-${i}`,
-    network: "enim-net",
-    pod: { namespace: "default", name: `pod-${i}` },
-    mode: "interface",
-  };
+  });
 }
 
 /** Polls `fn` until it is true or `ms` pass. */
@@ -63,7 +48,7 @@ Deno.test({
       );
       try {
         const c = new SocketAgentClient(agent.socket);
-        const adding = c.add(addReq(1));
+        const adding = c.add(podAddRequest(1));
         await until(async () => (await c.attachments()).length === 1, 5000, "the ADD's intent");
         const second = await runEnim(
           ["agent", "--config", `${dir}/agent.jsonc`, "--lock-wait", "0"],
@@ -91,7 +76,7 @@ Deno.test({
     await withSandbox(async (dir, sb) => {
       const old = await startAgent(sb, config(dir));
       const c = new SocketAgentClient(old.socket);
-      const res = await c.add(addReq(1));
+      const res = await c.add(podAddRequest(1));
       const [cmd, ...args] = sb.enim([
         "agent",
         "--config",
@@ -219,7 +204,7 @@ for (const layout of ["systemd", "daemonset"] as const) {
         try {
           agent = await startAgent(sb, config(dir));
           const c = new SocketAgentClient(agent.socket);
-          await c.add(addReq(1));
+          await c.add(podAddRequest(1));
           const v = await runEnim([], {
             sandbox: sb,
             env: { CNI_COMMAND: "VERSION", ENIM_LOG_FILE: `${dir}/log/cni.log` },

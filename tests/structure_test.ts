@@ -2,12 +2,13 @@
  * The codebase's shape, checked (issue 15): no production module imports from
  * `tests/`, the module graph of `main.ts` has no import cycle (type-only imports
  * included), and a production file over 400 lines says at its top why it is one
- * file.
+ * file. Issue 32: benches live in `bench/`, never in a shipped folder, and a fake in
+ * a shipped folder says at its top why it ships.
  */
 import { assertEquals } from "../lib/assert.ts";
 import { ROOT } from "../scripts/_paths.ts";
 
-/** The folders whose modules ship. */
+/** The folders whose modules ship (one not made yet is skipped). */
 const PRODUCTION = [
   "agent",
   "api",
@@ -17,20 +18,36 @@ const PRODUCTION = [
   "providers",
   "netns",
   "lib",
+  "kube",
+  "policy",
 ];
 
 async function* productionFiles(): AsyncGenerator<string> {
-  for (const dir of PRODUCTION) yield* walk(`${ROOT}/${dir}`);
+  for await (const p of shippedFolderFiles()) {
+    const name = p.slice(p.lastIndexOf("/") + 1);
+    if (name.endsWith(".ts") && !/_(test|bench)\.ts$/.test(name)) yield p;
+  }
   yield `${ROOT}/main.ts`;
+}
+
+/** Every file under the production folders, tests and all. */
+async function* shippedFolderFiles(): AsyncGenerator<string> {
+  for (const dir of PRODUCTION) {
+    try {
+      await Deno.stat(`${ROOT}/${dir}`);
+    } catch (err) {
+      if (err instanceof Deno.errors.NotFound) continue;
+      throw err;
+    }
+    yield* walk(`${ROOT}/${dir}`);
+  }
 }
 
 async function* walk(dir: string): AsyncGenerator<string> {
   for await (const e of Deno.readDir(dir)) {
     const p = `${dir}/${e.name}`;
     if (e.isDirectory) yield* walk(p);
-    else if (e.name.endsWith(".ts") && !/_(test|bench)\.ts$/.test(e.name)) {
-      yield p;
-    }
+    else yield p;
   }
 }
 
@@ -220,4 +237,26 @@ Deno.test("test support lives under tests/: no shipped folder holds a fake, a fi
     }
   }
   assertEquals(misplaced, []);
+});
+
+Deno.test("benches live in bench/: no shipped folder holds a *_bench.ts or a bench folder", async () => {
+  const misplaced: string[] = [];
+  for await (const f of shippedFolderFiles()) {
+    const rel = f.slice(ROOT.length + 1);
+    if (/_bench\.ts$/.test(rel) || /(^|\/)(bench|benches|_bench)\//.test(rel)) {
+      misplaced.push(rel);
+    }
+  }
+  assertEquals(misplaced, []);
+});
+
+Deno.test("a fake in a shipped folder says at its top why it ships", async () => {
+  const unexplained: string[] = [];
+  for await (const f of productionFiles()) {
+    const name = f.slice(f.lastIndexOf("/") + 1);
+    if (!/fake/i.test(name)) continue;
+    const head = (await Deno.readTextFile(f)).split("\n").slice(0, 40).join("\n");
+    if (!/Why it ships:/.test(head)) unexplained.push(f.slice(ROOT.length + 1));
+  }
+  assertEquals(unexplained, []);
 });

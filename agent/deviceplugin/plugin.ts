@@ -19,6 +19,15 @@
  *   error or a log line; nothing of it reaches the agent's CNI service.
  * - **Stopping**: every device is sent Unhealthy, the streams end, the socket goes.
  *
+ * Logged (JSON lines), each with its reason: every ListAndWatch stream opened and
+ * ended (`_streams.ts`), every socket served, every registration and every failed
+ * one (first, kubelet's socket new, the plugin's socket served again, a retry).
+ *
+ * Why one file: serving, registering, watching the two sockets and publishing the list
+ * are one state machine over the same fields (the server, the socket's identity, the
+ * registration, the advertised list); the parts that stand alone already live beside
+ * it (`_grpc.ts`, `_service.ts`, `_streams.ts`, `devices.ts`).
+ *
  * @module
  */
 import * as grpc from "@grpc/grpc-js";
@@ -109,6 +118,8 @@ class DevicePluginServer implements DevicePlugin {
   #registeredAt: number | null = null;
   #registerError: string | null = null;
   #registering: Promise<void> | null = null;
+  /** Why the next registration is due (its log line says so). */
+  #registerReason = "the plugin started";
   #nextRegisterAt = 0;
   #failures = 0;
   #closing = false;
@@ -143,7 +154,7 @@ class DevicePluginServer implements DevicePlugin {
 
   async start(): Promise<void> {
     await this.refresh();
-    if (await this.#folderExists()) await this.#serve();
+    if (await this.#folderExists()) await this.#serve("the plugin started");
     // Registering may wait for kubelet (up to registerTimeoutMs): not on the agent's start-up.
     this.#tick(() => this.#watch());
     this.#timers.push(
@@ -206,17 +217,22 @@ class DevicePluginServer implements DevicePlugin {
 
   /** A ListAndWatch stream kubelet opened: the current list now, then each new one. */
   #openStream(call: grpc.ServerWritableStream<unknown, unknown>): void {
-    if (this.#closing) call.end();
-    else this.#streams.open(call, this.#advertised.devices);
+    if (this.#closing) {
+      this.#log.info("Ending a ListAndWatch stream kubelet opened: the agent is shutting down");
+      call.end();
+    } else this.#streams.open(call, this.#advertised.devices);
   }
 
-  /** Serves the DevicePlugin service on a fresh socket (a stale one of ours is replaced). */
-  async #serve(): Promise<void> {
+  /**
+   * Serves the DevicePlugin service on a fresh socket (a stale one of ours is replaced);
+   * `why` is logged, with the streams the old socket's server ends.
+   */
+  async #serve(why: string): Promise<void> {
     const old = this.#server;
     this.#server = null;
     this.#socketId = null;
     if (old) {
-      this.#streams.endAll();
+      this.#streams.endAll(`the plugin serves a new socket (${why})`);
       old.forceShutdown();
     }
     await Deno.remove(this.#socket).catch((err) => {
@@ -248,7 +264,12 @@ class DevicePluginServer implements DevicePlugin {
     this.#socketId = await fileId(this.#socket);
     this.#registeredOn = null;
     this.#nextRegisterAt = 0;
-    this.#log.info("Serving the device plugin", { resource: RESOURCE_NAME, socket: this.#socket });
+    this.#registerReason = why;
+    this.#log.info("Serving the device plugin", {
+      resource: RESOURCE_NAME,
+      socket: this.#socket,
+      reason: why,
+    });
   }
 
   /** One check of the folder and the two sockets (see the module doc). */
@@ -259,13 +280,13 @@ class DevicePluginServer implements DevicePlugin {
         this.#registerError = `kubelet's device-plugin folder "${this.#o.dir}" does not exist yet`;
         return;
       }
-      await this.#serve();
+      await this.#serve(`kubelet's device-plugin folder "${this.#o.dir}" appeared`);
     } else if (await fileId(this.#socket) !== this.#socketId) {
       this.#log.info(
         "The device plugin's socket was removed (kubelet restarted?); serving it again and registering",
         { socket: this.#socket },
       );
-      await this.#serve();
+      await this.#serve("its socket was removed or replaced (kubelet restarted?)");
     }
     await this.#registerIfDue();
   }
@@ -276,6 +297,7 @@ class DevicePluginServer implements DevicePlugin {
     if (kubelet === null) {
       if (this.#registeredOn !== null) {
         this.#log.info("kubelet's socket is gone; waiting for kubelet", { socket: this.#kubelet });
+        this.#registerReason = "kubelet's socket came back (kubelet restarted)";
       }
       this.#registeredOn = null;
       this.#registerError =
@@ -284,6 +306,10 @@ class DevicePluginServer implements DevicePlugin {
     }
     if (kubelet === this.#registeredOn) return;
     // A new kubelet socket: whatever kubelet had the registration, this one has not.
+    if (this.#registeredOn !== null) {
+      this.#registerReason = "kubelet's socket is new (kubelet restarted)";
+      this.#log.info("kubelet's socket is new; registering again", { socket: this.#kubelet });
+    }
     this.#registeredOn = null;
     if (performance.now() < this.#nextRegisterAt) return;
     this.#registering = this.#register(kubelet).finally(() => this.#registering = null);
@@ -301,12 +327,15 @@ class DevicePluginServer implements DevicePlugin {
       this.#registeredOn = kubelet;
       this.#registeredAt = this.#o.now();
       this.#registerError = null;
+      const retries = this.#failures;
       this.#failures = 0;
       this.#o.metrics?.devicePluginRegistration("ok");
       this.#log.info("Registered the device plugin with kubelet", {
         resource: RESOURCE_NAME,
         kubelet: this.#kubelet,
         endpoint: SOCKET_NAME,
+        reason: this.#registerReason,
+        ...(retries > 0 ? { failedAttempts: retries } : {}),
       });
     } catch (err) {
       const why = err instanceof RegisterError ? err.message : errorText(err);
@@ -315,7 +344,10 @@ class DevicePluginServer implements DevicePlugin {
       this.#nextRegisterAt = performance.now() + Math.min(5000, 250 * 2 ** this.#failures);
       this.#o.metrics?.devicePluginRegistration("failed");
       if (why !== this.#registerError) {
-        this.#log.warn("Cannot register the device plugin with kubelet; retrying", { error: why });
+        this.#log.warn("Cannot register the device plugin with kubelet; retrying", {
+          error: why,
+          reason: this.#registerReason,
+        });
       }
       this.#registerError = why;
     }
@@ -348,7 +380,7 @@ class DevicePluginServer implements DevicePlugin {
     await this.#ticking;
     await this.#registering;
     this.#publish(); // every device Unhealthy: the agent is not ready any more
-    this.#streams.endAll();
+    this.#streams.endAll("the agent is shutting down");
     const server = this.#server;
     this.#server = null;
     if (server) {

@@ -327,3 +327,71 @@ Deno.test("without kubelet's folder the plugin waits for it, then serves and reg
     }
   });
 });
+
+// Issue 33 item 13: kubelet closing a stream was not logged, so an operator could not tell
+// why the node stopped advertising.
+Deno.test("every ListAndWatch stream's opening and end and every registration are logged as JSON lines with the reason", async () => {
+  let lines: Record<string, unknown>[] = [];
+  await withPlugin(async ({ kubelet, plugin, logs }) => {
+    const parsed = () => (lines = logs.map((l) => JSON.parse(l)));
+    const find = (msg: string, extra: (l: Record<string, unknown>) => boolean = () => true) =>
+      parsed().filter((l) => l.msg === msg && extra(l));
+    await kubelet.waitForRegistrations(1);
+    await until(
+      "the registration is logged",
+      () => find("Registered the device plugin with kubelet").length === 1,
+    );
+    assertEquals(find("Registered the device plugin with kubelet")[0].reason, "the plugin started");
+
+    const client = kubelet.plugin("enim.sock");
+    try {
+      const first = client.watch();
+      await first.list(1);
+      assertEquals(find("kubelet opened a ListAndWatch stream").map((l) => l.stream), [1]);
+      first.cancel();
+      await until(
+        "the cancelled stream's end is logged",
+        () => find("A ListAndWatch stream ended").length === 1,
+      );
+      const [cancelled] = find("A ListAndWatch stream ended");
+      assertEquals(
+        [cancelled.stream, cancelled.reason, cancelled.streams, cancelled.level],
+        [1, "kubelet cancelled the stream", 0, "info"],
+      );
+      assertMatch(String(cancelled.note), /no device list from enim/);
+
+      const second = client.watch();
+      await second.list(1);
+      await kubelet.restart();
+      await kubelet.waitForRegistrations(2);
+      await second.end();
+      await until(
+        "the re-registration is logged",
+        () => find("Registered the device plugin with kubelet").length === 2,
+      );
+      const again = find("Registered the device plugin with kubelet")[1];
+      assertMatch(String(again.reason), /socket was removed or replaced \(kubelet restarted\?\)/);
+      const ended = find("A ListAndWatch stream ended", (l) => l.stream === 2);
+      assertEquals(ended.length, 1, "logged once");
+      assertMatch(
+        String(ended[0].reason),
+        /^the plugin ended the stream: the plugin serves a new socket/,
+      );
+    } finally {
+      client.close();
+    }
+
+    const fresh = kubelet.plugin("enim.sock");
+    try {
+      const third = fresh.watch();
+      await third.list(1);
+      await plugin.close();
+      await third.end();
+      const [last] = find("A ListAndWatch stream ended", (l) => l.stream === 3);
+      assertEquals(last.reason, "the plugin ended the stream: the agent is shutting down");
+    } finally {
+      fresh.close();
+    }
+  });
+  assert(lines.length > 0 && lines.every((l) => typeof l.ts === "string"), "JSON lines");
+});

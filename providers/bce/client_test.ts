@@ -1,17 +1,16 @@
 import { assert, assertEquals, assertStringIncludes } from "../../lib/assert.ts";
 import { ProviderError } from "../contract.ts";
-import { BceClient } from "./client.ts";
 import { BceApiError } from "./errors.ts";
 import {
   AK,
   assertNoSecretsLogged,
+  clientWith,
   INSTANCE,
   recordError,
   SECRET,
   SESSION_TOKEN,
   startFake,
   testClient,
-  testLogger,
 } from "../../tests/support/bce_harness.ts";
 
 const VPC = "vpc-fake0001";
@@ -117,10 +116,7 @@ Deno.test("RequestExpired is retried with a fresh signature", async () => {
 
 Deno.test("a signature with a skewed clock fails as RequestExpired, clearly", async () => {
   const fake = startFake();
-  const client = new BceClient({
-    endpoint: fake.url,
-    credentials: { accessKeyId: AK, secretAccessKey: SECRET, sessionToken: SESSION_TOKEN },
-    log: testLogger(),
+  const client = clientWith(fake.url, {
     now: () => new Date(Date.now() - 3 * 3600_000),
     retry: { maxAttempts: 2, baseDelayMs: 1, maxDelayMs: 2 },
   });
@@ -163,10 +159,8 @@ Deno.test("a network failure is retried and then reported as unavailable", async
   const fake = startFake();
   const url = fake.url;
   await fake.close();
-  const client = new BceClient({
-    endpoint: url,
+  const client = clientWith(url, {
     credentials: { accessKeyId: AK, secretAccessKey: SECRET },
-    log: testLogger(),
     retry: { maxAttempts: 3, baseDelayMs: 1, maxDelayMs: 2 },
   });
   try {

@@ -1,12 +1,9 @@
 import { assert, assertEquals } from "../../lib/assert.ts";
 import { BceApiError, type BceOp, classifyError, codeForEmptyBody } from "./errors.ts";
-import { BceClient } from "./client.ts";
 import {
-  AK,
+  clientWith,
   INSTANCE,
   LOG_LINES,
-  SECRET,
-  SESSION_TOKEN,
   startFake,
   testClient,
   testLogger,
@@ -103,9 +100,7 @@ Deno.test("codeForEmptyBody() names codes as bce-sdk-go does for an empty error 
 Deno.test("throttled calls are retried with a doubling, jittered backoff; quota errors are not", async () => {
   const fake = startFake();
   const log = testLogger();
-  const client = new BceClient({
-    endpoint: fake.url,
-    credentials: { accessKeyId: AK, secretAccessKey: SECRET, sessionToken: SESSION_TOKEN },
+  const client = clientWith(fake.url, {
     log: log.child({ test: "backoff" }),
     retry: { maxAttempts: 6, baseDelayMs: 4, maxDelayMs: 1000, totalTimeoutMs: 10_000 },
     // Jitter factor 0.5 + 0.5/2 = 0.75 of the ceiling, every time.
@@ -145,10 +140,7 @@ Deno.test("throttled calls are retried with a doubling, jittered backoff; quota 
 
 Deno.test("a Retry-After header stretches the backoff", async () => {
   const fake = startFake();
-  const client = new BceClient({
-    endpoint: fake.url,
-    credentials: { accessKeyId: AK, secretAccessKey: SECRET, sessionToken: SESSION_TOKEN },
-    log: testLogger(),
+  const client = clientWith(fake.url, {
     retry: { maxAttempts: 3, baseDelayMs: 1, maxDelayMs: 1500, totalTimeoutMs: 10_000 },
     random: () => 0,
   });

@@ -6,26 +6,21 @@
  */
 import { z } from "zod";
 import { assert, assertEquals, assertStringIncludes } from "../../lib/assert.ts";
-import { type Owner, ProviderError } from "../contract.ts";
+import { ProviderError } from "../contract.ts";
 import type { FakeSubnet } from "../../tests/support/bce_fake.ts";
 import { DatabaseSync } from "node:sqlite";
 import {
+  ANY_ADDRESS,
   HARNESS_TIMEOUTS,
   INSTANCE,
   LOG_LINES,
+  owner,
   recordError,
   setup,
   type SetupOptions,
   startFake,
   testClient,
 } from "../../tests/support/bce_harness.ts";
-
-const owner = (i: number, pod = `default/p-${i}`): Owner => ({
-  pod,
-  containerId: `c${i}`,
-  ifName: "eth0",
-});
-const any = { ips: [], ranges: [] };
 
 /** The fake VPC: the default subnet (dual-stack) and profile b's and c's. */
 const SUBNETS: FakeSubnet[] = [
@@ -130,9 +125,9 @@ Deno.test("profiles() reports each profile with its subnet CIDRs, groups and rul
 Deno.test("each profile's ENIs are created in its subnet with its groups", async () => {
   const env = await withProfiles();
   try {
-    const d = await env.provider.allocateNextENI(owner(1), any);
-    const b = await env.provider.allocateNextENI(owner(2), { ...any, profile: "b" });
-    const c = await env.provider.allocateNextENI(owner(3), { ...any, profile: "c" });
+    const d = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
+    const b = await env.provider.allocateNextENI(owner(2), { ...ANY_ADDRESS, profile: "b" });
+    const c = await env.provider.allocateNextENI(owner(3), { ...ANY_ADDRESS, profile: "c" });
     const cloud = (id: string) => env.fake.enis.get(id)!;
     assertEquals(
       [d, b, c].map((e) => [
@@ -207,8 +202,8 @@ Deno.test("each profile keeps its own warm pool, and a pod of b never gets a def
     );
     // Two pods of b: the first takes b's free ENI, the second gets a new one in b's
     // subnet although two default ENIs are free.
-    const b1 = await env.provider.allocateNextENI(owner(1), { ...any, profile: "b" });
-    const b2 = await env.provider.allocateNextENI(owner(2), { ...any, profile: "b" });
+    const b1 = await env.provider.allocateNextENI(owner(1), { ...ANY_ADDRESS, profile: "b" });
+    const b2 = await env.provider.allocateNextENI(owner(2), { ...ANY_ADDRESS, profile: "b" });
     assertEquals([b1.profile, b2.profile], ["b", "b"]);
     assertEquals([inSubnet(b1.id), inSubnet(b2.id)], ["sbn-fakeb001", "sbn-fakeb001"]);
     assertEquals((await pools()).default, { free: 2, owned: 0 });
@@ -363,13 +358,13 @@ Deno.test("inline groups replace a pooled ENI's groups (bindSg/bindEsg) and the 
     );
   try {
     // A free ENI of b in the pool.
-    const first = await env.provider.allocateNextENI(owner(1), { ...any, profile: "b" });
+    const first = await env.provider.allocateNextENI(owner(1), { ...ANY_ADDRESS, profile: "b" });
     await env.provider.deallocateENI(owner(1));
     assertEquals(binds(), [], "no group change for a pod without inline groups");
 
     await t.step("regular inline groups: one bindSg with exactly securityGroupIds", async () => {
       const e = await env.provider.allocateNextENI(owner(2), {
-        ...any,
+        ...ANY_ADDRESS,
         profile: "b",
         securityGroupIds: ["g-inline01", "g-inline02"],
       });
@@ -403,7 +398,7 @@ Deno.test("inline groups replace a pooled ENI's groups (bindSg/bindEsg) and the 
       "enterprise inline groups: one bindEsg, which replaces the regular ones",
       async () => {
         const e = await env.provider.allocateNextENI(owner(3), {
-          ...any,
+          ...ANY_ADDRESS,
           profile: "b",
           securityGroupIds: ["esg-inline01"],
         });
@@ -427,10 +422,10 @@ Deno.test("inline groups replace a pooled ENI's groups (bindSg/bindEsg) and the 
       },
     );
     await t.step("a new ENI for inline groups is created with them (no bind)", async () => {
-      const held = await env.provider.allocateNextENI(owner(4), { ...any, profile: "b" });
+      const held = await env.provider.allocateNextENI(owner(4), { ...ANY_ADDRESS, profile: "b" });
       const n = binds().length;
       const e = await env.provider.allocateNextENI(owner(5), {
-        ...any,
+        ...ANY_ADDRESS,
         profile: "b",
         securityGroupIds: ["g-inline02"],
       });
@@ -449,12 +444,12 @@ Deno.test("inline groups replace a pooled ENI's groups (bindSg/bindEsg) and the 
 Deno.test("a refused bind fails cleanly: ProviderError, the ENI back in the pool with its groups", async () => {
   const env = await withProfiles();
   try {
-    const a = await env.provider.allocateNextENI(owner(1), any);
+    const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
     await env.provider.deallocateENI(owner(1));
     // g-inline01 exists for enim's config but the fake's VPC no longer has it.
     env.fake.opts.securityGroups = ["g-test0001", "g-b0001"];
     const err = await env.provider.allocateNextENI(owner(2), {
-      ...any,
+      ...ANY_ADDRESS,
       securityGroupIds: ["g-inline01"],
     }).then(() => null, (e) => e);
     assert(err instanceof ProviderError);
@@ -465,7 +460,7 @@ Deno.test("a refused bind fails cleanly: ProviderError, the ENI back in the pool
     assertEquals([listed.state, listed.owner], ["free", null]);
     assertEquals(env.fake.enis.get(a.id)!.securityGroupIds, ["g-test0001"]);
     // The ENI serves the next pod as usual.
-    const next = await env.provider.allocateNextENI(owner(3), any);
+    const next = await env.provider.allocateNextENI(owner(3), ANY_ADDRESS);
     assertEquals(next.id, a.id);
   } finally {
     await env.close();
@@ -476,7 +471,7 @@ Deno.test("an ENI whose profile groups cannot be put back leaves the pool (detac
   const env = await withProfiles();
   try {
     const e = await env.provider.allocateNextENI(owner(1), {
-      ...any,
+      ...ANY_ADDRESS,
       securityGroupIds: ["g-inline01"],
     });
     env.fake.inject({
@@ -502,12 +497,12 @@ Deno.test("the node limit is shared: a pod of b at the limit releases an idle de
   await t.step("an idle ENI of another profile makes room", async () => {
     const env = await withProfiles({ maxEnisPerNode: 2 });
     try {
-      const d1 = await env.provider.allocateNextENI(owner(1), any);
-      const d2 = await env.provider.allocateNextENI(owner(2), any);
+      const d1 = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
+      const d2 = await env.provider.allocateNextENI(owner(2), ANY_ADDRESS);
       await env.provider.deallocateENI(owner(1));
       await env.provider.deallocateENI(owner(2));
       const from = LOG_LINES.length;
-      const b = await env.provider.allocateNextENI(owner(3), { ...any, profile: "b" });
+      const b = await env.provider.allocateNextENI(owner(3), { ...ANY_ADDRESS, profile: "b" });
       assertEquals(env.fake.enis.get(b.id)?.subnetId, "sbn-fakeb001");
       // One of the two idle default ENIs was detached and deleted, before the attach.
       const gone = [d1.id, d2.id].filter((id) => !env.fake.enis.has(id));
@@ -527,13 +522,13 @@ Deno.test("the node limit is shared: a pod of b at the limit releases an idle de
   await t.step("no idle ENI of another profile: no_eni_available, nothing evicted", async () => {
     const env = await withProfiles({ maxEnisPerNode: 2 });
     try {
-      await env.provider.allocateNextENI(owner(1), any);
-      await env.provider.allocateNextENI(owner(2), { ...any, profile: "b" });
+      await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
+      await env.provider.allocateNextENI(owner(2), { ...ANY_ADDRESS, profile: "b" });
       await env.provider.deallocateENI(owner(2));
       // A pod of c at the limit: b's idle ENI goes; then a pod of b finds nothing idle.
-      const c = await env.provider.allocateNextENI(owner(3), { ...any, profile: "c" });
+      const c = await env.provider.allocateNextENI(owner(3), { ...ANY_ADDRESS, profile: "c" });
       assertEquals(c.profile, "c");
-      const err = await env.provider.allocateNextENI(owner(4), { ...any, profile: "b" })
+      const err = await env.provider.allocateNextENI(owner(4), { ...ANY_ADDRESS, profile: "b" })
         .then(() => null, (e) => e);
       assert(err instanceof ProviderError);
       assertEquals(err.reason, "no_eni_available");
@@ -558,7 +553,7 @@ Deno.test("the node limit is shared: a pod of b at the limit releases an idle de
       const p = await env.restart({ timeouts: { ...HARNESS_TIMEOUTS, maxAttempts: 1 } });
       env.fake.inject({ kind: "slow", delayMs: 100, match: { method: "GET", path: "/v1/eni" } });
       const pass = p.maintainPool();
-      const pod = p.allocateNextENI(owner(1), { ...any, profile: "b" }).then(
+      const pod = p.allocateNextENI(owner(1), { ...ANY_ADDRESS, profile: "b" }).then(
         (e) => e,
         (e: Error) => e,
       );
@@ -579,11 +574,11 @@ Deno.test("takeOver: the sticky pod's comeback gets the ENI its previous contain
   try {
     await t.step("the held ENI moves to the new owner (no cloud call)", async () => {
       const old = owner(1, "default/sticky-0");
-      const a = await env.provider.allocateNextENI(old, { ...any, profile: "b" });
+      const a = await env.provider.allocateNextENI(old, { ...ANY_ADDRESS, profile: "b" });
       const before = env.fake.requests.filter((r) => r.method !== "GET").length;
       const now = { ...old, containerId: "c1-new" };
       const b = await env.provider.allocateNextENI(now, {
-        ...any,
+        ...ANY_ADDRESS,
         profile: "b",
         takeOver: old,
       });
@@ -597,10 +592,10 @@ Deno.test("takeOver: the sticky pod's comeback gets the ENI its previous contain
     });
     await t.step("with inline groups: replaced on the taken-over ENI", async () => {
       const old = owner(2, "default/sticky-1");
-      const a = await env.provider.allocateNextENI(old, { ...any, profile: "b" });
+      const a = await env.provider.allocateNextENI(old, { ...ANY_ADDRESS, profile: "b" });
       const now = { ...old, containerId: "c2-new" };
       const b = await env.provider.allocateNextENI(now, {
-        ...any,
+        ...ANY_ADDRESS,
         profile: "b",
         securityGroupIds: ["g-inline01"],
         takeOver: old,
@@ -612,7 +607,7 @@ Deno.test("takeOver: the sticky pod's comeback gets the ENI its previous contain
     });
     await t.step("the previous container holds nothing: allocated as usual", async () => {
       const e = await env.provider.allocateNextENI(owner(3), {
-        ...any,
+        ...ANY_ADDRESS,
         takeOver: owner(99, "default/gone"),
       });
       assertEquals([e.state, e.profile], ["owned", "default"]);
@@ -626,7 +621,7 @@ Deno.test("describeENI() names the owning pod in BCE and puts the configured des
   const env = await withProfiles({ config: { description: "enim pool ENI" } });
   const modifies = () => env.fake.requests.filter((r) => "modifyAttribute" in r.query);
   try {
-    const e = await env.provider.allocateNextENI(owner(1), any);
+    const e = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
     const cloud = () => env.fake.enis.get(e.id)!;
     assertEquals(cloud().description, "enim pool ENI");
     await env.provider.describeENI!(e.id, "default/p-1 on node-7");
@@ -689,7 +684,7 @@ Deno.test("a provider on a database from before profiles serves its ENIs as prof
       assertEquals([listed.id, listed.profile, listed.state], [id, "default", "free"]);
       assertEquals(listed.securityGroupIds, ["g-test0001"]);
       const before = fake.requests.length;
-      const e = await env.provider.allocateNextENI(owner(1), any);
+      const e = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
       assertEquals(e.id, id);
       assertEquals(fake.requests.slice(before), [], "no call for a default pod on a pooled ENI");
       // The name was learnt from the first list: a description change keeps it.
@@ -735,7 +730,7 @@ Deno.test("an untracked ENI of ours is adopted into the pool of the profile its 
         [[inB, "b", "free"], [inDefault, "default", "free"]].sort(),
       );
       // Its groups are recorded as BCE has them: the next default pod gets the profile's.
-      const e = await env.provider.allocateNextENI(owner(1), any);
+      const e = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
       assertEquals(e.id, inDefault);
       assertEquals(fake.enis.get(inDefault)!.securityGroupIds, ["g-test0001"]);
       // No profile uses sbn-fakec001 now: that ENI is detached and deleted.
@@ -752,8 +747,8 @@ Deno.test("an untracked ENI of ours is adopted into the pool of the profile its 
 Deno.test("free ENIs of a profile removed from the config are released; an owned one at its release", async () => {
   const env = await withProfiles();
   try {
-    const c1 = await env.provider.allocateNextENI(owner(1), { ...any, profile: "c" });
-    const c2 = await env.provider.allocateNextENI(owner(2), { ...any, profile: "c" });
+    const c1 = await env.provider.allocateNextENI(owner(1), { ...ANY_ADDRESS, profile: "c" });
+    const c2 = await env.provider.allocateNextENI(owner(2), { ...ANY_ADDRESS, profile: "c" });
     await env.provider.deallocateENI(owner(1));
     await env.provider.close();
     // The operator drops profile c.

@@ -1,11 +1,14 @@
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../../lib/assert.ts";
-import { type Owner, ProviderError } from "../contract.ts";
+import { ProviderError } from "../contract.ts";
 import { providerContractSuite } from "../../tests/support/provider_contract.ts";
 import {
   AK,
+  ANY_ADDRESS,
   assertNoSecretsLogged,
+  clientWith,
   INSTANCE,
   LOG_LINES,
+  owner,
   recordError,
   SECRET,
   SESSION_TOKEN,
@@ -13,13 +16,6 @@ import {
   startFake,
   testClient,
 } from "../../tests/support/bce_harness.ts";
-
-const owner = (i: number): Owner => ({
-  pod: `default/p-${i}`,
-  containerId: `c${i}`,
-  ifName: "eth0",
-});
-const any = { ips: [], ranges: [] };
 
 async function eventually(fn: () => Promise<boolean> | boolean, ms = 5000, what = "condition") {
   const deadline = Date.now() + ms;
@@ -80,7 +76,7 @@ Deno.test("capacity() follows the instance's quota and the ENIs that are not our
 Deno.test("allocateNextENI() creates, attaches and waits for the device, then reuses it without detach", async () => {
   const env = await setup({ maxEnisPerNode: 4 });
   try {
-    const a = await env.provider.allocateNextENI(owner(1), any);
+    const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
     const cloud = env.fake.enis.get(a.id)!;
     assertEquals(cloud.status, "inuse");
     assertEquals(cloud.instanceId, INSTANCE);
@@ -138,9 +134,9 @@ Deno.test("the warm pool converges to its bounds and never touches foreign ENIs"
     await eventually(async () => (await env.provider.status()).free === 2, 5000, "2 free");
     assert(ours(2));
     // Take both: the loop tops the pool up again.
-    await env.provider.allocateNextENI(owner(1), any);
-    await env.provider.allocateNextENI(owner(2), any);
-    await env.provider.allocateNextENI(owner(3), any);
+    await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
+    await env.provider.allocateNextENI(owner(2), ANY_ADDRESS);
+    await env.provider.allocateNextENI(owner(3), ANY_ADDRESS);
     await eventually(async () => (await env.provider.status()).free === 2, 5000, "refill");
     // Free all three: 5 free > maxIdle 3, the loop releases 2 (detach + delete).
     for (const i of [1, 2, 3]) await env.provider.deallocateENI(owner(i));
@@ -166,7 +162,7 @@ Deno.test("a create whose response is lost is retried with the same clientToken 
   const env = await setup({ maxEnisPerNode: 4, timeouts: { requestMs: 200 } });
   try {
     env.fake.inject({ kind: "lose", match: { method: "POST", path: "/v1/eni" } }, 2);
-    const a = await env.provider.allocateNextENI(owner(1), any);
+    const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
     const creates = env.fake.requests.filter((r) => r.method === "POST" && r.path === "/v1/eni");
     assertEquals(creates.length, 3);
     assertEquals(new Set(creates.map((r) => r.query.clientToken)).size, 1);
@@ -181,7 +177,10 @@ Deno.test("a create whose every response is lost is cleaned up by its name", asy
   const env = await setup({ maxEnisPerNode: 2, timeouts: { requestMs: 100, maxAttempts: 3 } });
   try {
     env.fake.inject({ kind: "lose", match: { method: "POST", path: "/v1/eni" } }, 3);
-    const err = await env.provider.allocateNextENI(owner(1), any).then(() => null, (e) => e);
+    const err = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS).then(
+      () => null,
+      (e) => e,
+    );
     assert(err instanceof ProviderError);
     assertEquals(err.reason, "unavailable");
     recordError(err);
@@ -218,7 +217,7 @@ Deno.test("20 parallel allocations on a node limited to 8 ENIs never exceed 8", 
   const env = await setup({ maxEnisPerNode: 8, fake: { attachDelayMs: 40 } });
   try {
     const results = await Promise.allSettled(
-      Array.from({ length: 20 }, (_, i) => env.provider.allocateNextENI(owner(i), any)),
+      Array.from({ length: 20 }, (_, i) => env.provider.allocateNextENI(owner(i), ANY_ADDRESS)),
     );
     const ok = results.filter((r) => r.status === "fulfilled");
     const failed = results.filter((r) => r.status === "rejected") as PromiseRejectedResult[];
@@ -240,8 +239,11 @@ Deno.test("a foreign ENI attached to the node counts against the node limit", as
   fake.seedEni({ name: "other/x", instanceId: INSTANCE, status: "inuse" });
   const env = await setup({ withFake: fake, maxEnisPerNode: 2 });
   try {
-    await env.provider.allocateNextENI(owner(1), any);
-    const err = await env.provider.allocateNextENI(owner(2), any).then(() => null, (e) => e);
+    await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
+    const err = await env.provider.allocateNextENI(owner(2), ANY_ADDRESS).then(
+      () => null,
+      (e) => e,
+    );
     assertEquals(err?.reason, "no_eni_available");
     assertEquals(fake.attachedTo(INSTANCE).length, 2);
   } finally {
@@ -259,7 +261,7 @@ Deno.test("throttling and 5xx are retried and succeed", async () => {
     env.fake.inject({ kind: "status", status: 503, code: "ServiceUnavailable" }, 1);
     env.fake.inject({ kind: "status", status: 500 }, 1);
     env.fake.inject({ kind: "status", status: 504, code: "GatewayTimeout" }, 1);
-    const a = await env.provider.allocateNextENI(owner(1), any);
+    const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
     assertEquals(env.fake.pendingFaults, 0);
     assertEquals(env.fake.enis.size, 1);
     assertEquals(env.fake.enis.get(a.id)?.status, "inuse");
@@ -274,11 +276,8 @@ Deno.test("an auth failure names the access key id and never the secret", async 
   try {
     const bad = testClient(fake);
     // A client whose secret does not match the server's.
-    const { BceClient } = await import("./client.ts");
-    const wrong = new BceClient({
-      endpoint: fake.url,
+    const wrong = clientWith(fake.url, {
       credentials: { accessKeyId: AK, secretAccessKey: SECRET + "x", sessionToken: SESSION_TOKEN },
-      log: (await import("../../tests/support/bce_harness.ts")).testLogger(),
     });
     const err = await wrong.getEni("eni-abcdefabcdef").then(() => null, (e) => e);
     assert(err instanceof ProviderError);
@@ -288,10 +287,8 @@ Deno.test("an auth failure names the access key id and never the secret", async 
     assert(!err.message.includes(SECRET) && !err.message.includes(SESSION_TOKEN));
     assert(err.requestId);
     recordError(err);
-    const unknown = new BceClient({
-      endpoint: fake.url,
+    const unknown = clientWith(fake.url, {
       credentials: { accessKeyId: "AKIDunknown", secretAccessKey: SECRET },
-      log: (await import("../../tests/support/bce_harness.ts")).testLogger(),
     });
     const err2 = await unknown.getEni("eni-abcdefabcdef").then(() => null, (e) => e);
     assertEquals(err2?.reason, "auth_failed");
@@ -329,7 +326,7 @@ Deno.test("a restart re-uses a persisted clientToken and adopts the ENI", async 
     assertEquals(env.fake.enis.get(eniId)?.status, "inuse");
     const creates = env.fake.requests.filter((r) => r.method === "POST");
     assertEquals(creates.map((r) => r.query.clientToken), [token, token]);
-    const a = await p2.allocateNextENI(owner(1), any);
+    const a = await p2.allocateNextENI(owner(1), ANY_ADDRESS);
     assertEquals(a.id, eniId);
   } finally {
     await env.close();
@@ -366,7 +363,10 @@ Deno.test("a failed attach is rolled back: the ENI is deleted and the slot freed
       code: "InappropriateJSON",
       match: { method: "PUT", action: "attach" },
     }, 1);
-    const err = await env.provider.allocateNextENI(owner(1), any).then(() => null, (e) => e);
+    const err = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS).then(
+      () => null,
+      (e) => e,
+    );
     assert(err instanceof ProviderError);
     recordError(err);
     assertEquals(env.fake.enis.size, 0);

@@ -5,22 +5,17 @@
  */
 import { z } from "zod";
 import { assert, assertEquals, assertStringIncludes } from "../../lib/assert.ts";
-import { type Owner, ProviderError } from "../contract.ts";
+import { ProviderError } from "../contract.ts";
 import {
+  ANY_ADDRESS,
   INSTANCE,
   LOG_LINES,
+  owner,
   recordError,
   setup,
   startFake,
   testClient,
 } from "../../tests/support/bce_harness.ts";
-
-const owner = (i: number): Owner => ({
-  pod: `default/p-${i}`,
-  containerId: `c${i}`,
-  ifName: "eth0",
-});
-const any = { ips: [], ranges: [] };
 
 /** Timings that make a stuck ENI show quickly. */
 const STUCK_TIMEOUTS = { attachMs: 300, detachMs: 200, escalateMs: 100, pollMs: 5 };
@@ -69,7 +64,10 @@ Deno.test("an ENI stuck in attaching is escalated (detach, then delete) and its 
     const from = LOG_LINES.length;
     // BCE lets a detach cancel the hung attach.
     env.fake.inject({ kind: "stuck", state: "attaching", escape: "detach" });
-    const err = await env.provider.allocateNextENI(owner(1), any).then(() => null, (e) => e);
+    const err = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS).then(
+      () => null,
+      (e) => e,
+    );
     assert(err instanceof ProviderError);
     assertStringIncludes(err.message, "attaching");
     recordError(err);
@@ -80,7 +78,7 @@ Deno.test("an ENI stuck in attaching is escalated (detach, then delete) and its 
     assertEquals(QuarantineSchema.parse(st.details).quarantined, 0);
     assertEquals(logged(from, "ENI is stuck; escalating").length, 1);
     // The next allocation works.
-    const a = await env.provider.allocateNextENI(owner(2), any);
+    const a = await env.provider.allocateNextENI(owner(2), ANY_ADDRESS);
     assertEquals(env.fake.enis.get(a.id)?.status, "inuse");
   } finally {
     await env.close();
@@ -92,7 +90,10 @@ Deno.test("an ENI BCE will neither detach nor delete is quarantined: slot freed,
   try {
     const from = LOG_LINES.length;
     env.fake.inject({ kind: "stuck", state: "attaching" }); // escape: never
-    const err = await env.provider.allocateNextENI(owner(1), any).then(() => null, (e) => e);
+    const err = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS).then(
+      () => null,
+      (e) => e,
+    );
     assert(err instanceof ProviderError);
     const [stuckId] = [...env.fake.enis.keys()];
     assertEquals(env.fake.enis.get(stuckId)?.status, "attaching");
@@ -132,7 +133,7 @@ Deno.test("an ENI BCE will neither detach nor delete is quarantined: slot freed,
       "one list per pass and nothing else",
     );
     // Another pod still gets an ENI.
-    await env.provider.allocateNextENI(owner(2), any);
+    await env.provider.allocateNextENI(owner(2), ANY_ADDRESS);
 
     // BCE recovers: the ENI becomes inuse; the next pass adopts it and lifts the quarantine.
     env.fake.unstick(stuckId);
@@ -153,7 +154,7 @@ Deno.test("a surplus ENI stuck in detaching is quarantined and retried after qua
     timeouts: { ...STUCK_TIMEOUTS, quarantineRetryMs: 1 },
   });
   try {
-    const a = await env.provider.allocateNextENI(owner(1), any);
+    const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
     await env.provider.deallocateENI(owner(1));
     env.fake.inject({ kind: "stuck", state: "detaching" });
     await env.provider.maintainPool(); // free 1 > maxIdle 0: release it
@@ -224,7 +225,7 @@ Deno.test("a not-found right after the provider's own create is retried briefly"
   try {
     const from = LOG_LINES.length;
     env.fake.inject({ kind: "invisible", reads: 2 });
-    const a = await env.provider.allocateNextENI(owner(1), any);
+    const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
     assertEquals(env.fake.enis.get(a.id)?.status, "inuse");
     const early = env.fake.requests.filter((r) => r.path === `/v1/eni/${a.id}` && r.status === 404);
     assertEquals(early.map((r) => r.code), ["EniNotFoundException", "EniNotFoundException"]);
@@ -244,7 +245,7 @@ Deno.test("a not-found on the attach right after the create is retried too", asy
       code: "EniNotFoundException",
       match: { action: "attach" },
     });
-    const a = await env.provider.allocateNextENI(owner(1), any);
+    const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
     assertEquals(env.fake.enis.get(a.id)?.status, "inuse");
     const attaches = env.fake.requests.filter((r) => "attach" in r.query);
     assertEquals(attaches.map((r) => r.status), [404, 200]);
@@ -258,7 +259,7 @@ Deno.test("a not-found on the attach right after the create is retried too", asy
 Deno.test("an owned ENI deleted out of band is surfaced as lost, and DEL forgets it", async () => {
   const env = await setup({ maxEnisPerNode: 2 });
   try {
-    const a = await env.provider.allocateNextENI(owner(1), any);
+    const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
     const from = LOG_LINES.length;
     env.fake.deleteOutOfBand(a.id);
     await env.provider.maintainPool();
@@ -290,7 +291,7 @@ Deno.test("an owned ENI deleted out of band is surfaced as lost, and DEL forgets
     await env.provider.deallocateENI(owner(1));
     assertEquals(LostSchema.parse((await env.provider.status()).details).lost, 0);
     assertEquals(await env.provider.list(), []);
-    const b = await env.provider.allocateNextENI(owner(2), any);
+    const b = await env.provider.allocateNextENI(owner(2), ANY_ADDRESS);
     assert(b.id !== a.id);
   } finally {
     await env.close();
@@ -300,8 +301,8 @@ Deno.test("an owned ENI deleted out of band is surfaced as lost, and DEL forgets
 Deno.test("an ENI detached out of band: a free one is dropped and deleted, an owned one is lost then deleted at DEL", async () => {
   const env = await setup({ maxEnisPerNode: 4 });
   try {
-    const a = await env.provider.allocateNextENI(owner(1), any);
-    const b = await env.provider.allocateNextENI(owner(2), any);
+    const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
+    const b = await env.provider.allocateNextENI(owner(2), ANY_ADDRESS);
     await env.provider.deallocateENI(owner(2)); // b is free
     env.fake.detachOutOfBand(a.id);
     env.fake.detachOutOfBand(b.id);
@@ -324,7 +325,7 @@ Deno.test("an ENI detached out of band: a free one is dropped and deleted, an ow
 Deno.test("a lost ENI that shows up attached again is no longer lost", async () => {
   const env = await setup({ maxEnisPerNode: 2 });
   try {
-    const a = await env.provider.allocateNextENI(owner(1), any);
+    const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
     env.fake.detachOutOfBand(a.id);
     await env.provider.maintainPool();
     assertEquals(LostSchema.parse((await env.provider.status()).details).lost, 1);
@@ -346,7 +347,7 @@ Deno.test("IPv6 is requested on a dual-stack subnet and reported in the ENI", as
   await t.step("auto + a subnet with ipv6Cidr → asked for, reported", async () => {
     const env = await setup({ maxEnisPerNode: 2, fake: { subnets: dual } });
     try {
-      const a = await env.provider.allocateNextENI(owner(1), any);
+      const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
       const create = env.fake.requests.find((r) => r.method === "POST" && r.path === "/v1/eni");
       assertEquals(
         z.object({ ipv6PrivateIpSet: z.array(z.unknown()) }).parse(create?.body).ipv6PrivateIpSet
@@ -358,7 +359,7 @@ Deno.test("IPv6 is requested on a dual-stack subnet and reported in the ENI", as
       assertEquals(a.ipv4?.gateway, "10.0.1.1");
       // And the row keeps it (a reused ENI carries it too).
       await env.provider.deallocateENI(owner(1));
-      const again = await env.provider.allocateNextENI(owner(2), any);
+      const again = await env.provider.allocateNextENI(owner(2), ANY_ADDRESS);
       assertEquals(again.ipv6?.address, v6);
     } finally {
       await env.close();
@@ -367,7 +368,7 @@ Deno.test("IPv6 is requested on a dual-stack subnet and reported in the ENI", as
   await t.step("auto + an IPv4-only subnet → not asked for", async () => {
     const env = await setup({ maxEnisPerNode: 2 });
     try {
-      const a = await env.provider.allocateNextENI(owner(1), any);
+      const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
       const create = env.fake.requests.find((r) => r.method === "POST" && r.path === "/v1/eni");
       assert(!("ipv6PrivateIpSet" in z.record(z.string(), z.unknown()).parse(create?.body)));
       assertEquals(a.ipv6, null);
@@ -382,7 +383,7 @@ Deno.test("IPv6 is requested on a dual-stack subnet and reported in the ENI", as
       config: { ipv6: "never" },
     });
     try {
-      const a = await env.provider.allocateNextENI(owner(1), any);
+      const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
       assertEquals(a.ipv6, null);
     } finally {
       await env.close();
@@ -395,7 +396,7 @@ Deno.test("IPv6 is requested on a dual-stack subnet and reported in the ENI", as
       config: { subnetCidr: "10.0.1.0/24", subnetIpv6Cidr: "fd00:1::/64" },
     });
     try {
-      const a = await env.provider.allocateNextENI(owner(1), any);
+      const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
       assertEquals(a.ipv6?.prefixLength, 64);
       assertEquals(env.fake.requests.filter((r) => r.path.startsWith("/v1/subnet/")), []);
     } finally {
@@ -472,7 +473,7 @@ Deno.test("the node limit falls back from /v1/eni/quota to the instance's eniQuo
     const env = await setup({ withFake: fake, maxEnisPerNode: 2 });
     try {
       assertEquals(await limit(env), { maxEnisPerNode: 2, limitSource: "config" });
-      await env.provider.allocateNextENI(owner(1), any);
+      await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
     } finally {
       await env.close();
       await fake.close();
@@ -490,7 +491,10 @@ Deno.test("the node limit falls back from /v1/eni/quota to the instance's eniQuo
         assertEquals(await limit(env), { maxEnisPerNode: 0, limitSource: "unresolved" });
         const lines = logged(from, "Cannot tell this node's ENI limit");
         assertEquals(lines[0]?.level, "error");
-        const err = await env.provider.allocateNextENI(owner(1), any).then(() => null, (e) => e);
+        const err = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS).then(
+          () => null,
+          (e) => e,
+        );
         assertEquals(err?.reason, "no_eni_available");
         assertStringIncludes(err.message, "unresolved");
         recordError(err);
@@ -500,7 +504,7 @@ Deno.test("the node limit falls back from /v1/eni/quota to the instance's eniQuo
         await env.provider.close();
         const p2 = await env.restart();
         assertEquals(LimitSchema.parse((await p2.status()).details).limitSource, "eni-quota-api");
-        await p2.allocateNextENI(owner(1), any);
+        await p2.allocateNextENI(owner(1), ANY_ADDRESS);
       } finally {
         await env.close();
         await fake.close();
@@ -540,7 +544,7 @@ Deno.test("orphans are found without BCE's name filter (which the fake matches e
 Deno.test("a 404 that does not say the ENI is gone never counts as deleted", async () => {
   const env = await setup({ maxEnisPerNode: 2, warmPool: { minIdle: 0, maxIdle: 0 } });
   try {
-    const a = await env.provider.allocateNextENI(owner(1), any);
+    const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
     await env.provider.deallocateENI(owner(1));
     // The release's delete answers 404 InvalidVersion: not "gone".
     env.fake.inject({
@@ -578,7 +582,7 @@ Deno.test("a 404 that does not say the ENI is gone never counts as deleted", asy
 Deno.test("an ENI missing from the list with a NoSuchObject about something else is not taken for gone", async () => {
   const env = await setup({ maxEnisPerNode: 2 });
   try {
-    const a = await env.provider.allocateNextENI(owner(1), any);
+    const a = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);
     // The list lags (the ENI is missing from it) and the detail call fails with a
     // 404 that names no ENI: the row stays, nothing is lost.
     env.fake.inject({

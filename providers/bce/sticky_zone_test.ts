@@ -9,6 +9,7 @@ import { assert, assertEquals, assertStringIncludes } from "../../lib/assert.ts"
 import type { Owner } from "../contract.ts";
 import type { FakeBce, FakeEni } from "../../tests/support/bce_fake.ts";
 import {
+  ANY_ADDRESS,
   INSTANCE,
   setup,
   type SetupOptions,
@@ -20,7 +21,6 @@ const NODE_B = "i-fake0002";
 const CLUSTER = "c1";
 const POD = "payments/db-0";
 const HOUR = 3_600_000;
-const any = { ips: [], ranges: [] };
 
 const owner = (containerId: string, pod = POD): Owner => ({ pod, containerId, ifName: "eth0" });
 
@@ -63,6 +63,16 @@ function cloud(fake: FakeBce, eniId: string): FakeEni | undefined {
   return fake.enis.get(eniId);
 }
 
+/** Allocates pod `c1`'s sticky ENI on `node` and waits until the cloud shows its owned record. */
+async function ownedSticky(node: TestEnv) {
+  const eni = await node.provider.allocateNextENI(owner("c1"), { ...ANY_ADDRESS, sticky: true });
+  await eventually(
+    () => decodeRecord(cloud(node.fake, eni.id)?.description)?.state === "owned",
+    "the owned record",
+  );
+  return eni;
+}
+
 /** Waits until the fake shows the ENI parked (available, with a parked record). */
 async function parkedInCloud(fake: FakeBce, eniId: string): Promise<FakeEni> {
   await eventually(
@@ -77,12 +87,8 @@ async function parkedInCloud(fake: FakeBce, eniId: string): Promise<FakeEni> {
 Deno.test("a zone-sticky pod's ENI is parked: its record first, then the detach; it leaves the pool at once", async () => {
   const a = await nodeA();
   try {
-    const eni = await a.provider.allocateNextENI(owner("c1"), { ...any, sticky: true });
     // While the pod owns it, the cloud shows its owned record (see below).
-    await eventually(
-      () => decodeRecord(cloud(a.fake, eni.id)?.description)?.state === "owned",
-      "the owned record",
-    );
+    const eni = await ownedSticky(a);
     const until = Date.now() + HOUR;
     const from = a.fake.requests.length;
     await a.provider.parkENI(owner("c1"), { until });
@@ -128,7 +134,7 @@ Deno.test("a zone-sticky pod's ENI is parked: its record first, then the detach;
 Deno.test("a park cut short by a restart is finished at the next start", async () => {
   const a = await nodeA();
   try {
-    const eni = await a.provider.allocateNextENI(owner("c1"), { ...any, sticky: true });
+    const eni = await a.provider.allocateNextENI(owner("c1"), { ...ANY_ADDRESS, sticky: true });
     // The detach is slow: the agent dies while it is on its way.
     a.fake.inject({ kind: "slow", delayMs: 300, match: { action: "detach" } });
     await a.provider.parkENI(owner("c1"), { until: Date.now() + HOUR });
@@ -158,11 +164,11 @@ Deno.test("an expired parked ENI is reclaimed exactly once, by whichever node sw
   const b = await nodeOn(a, NODE_B, { timeouts: fast });
   try {
     const kept = await a.provider.allocateNextENI(owner("k1", "payments/kept-0"), {
-      ...any,
+      ...ANY_ADDRESS,
       sticky: true,
     });
     await a.provider.parkENI(owner("k1", "payments/kept-0"), { until: Date.now() + HOUR });
-    const eni = await a.provider.allocateNextENI(owner("c1"), { ...any, sticky: true });
+    const eni = await a.provider.allocateNextENI(owner("c1"), { ...ANY_ADDRESS, sticky: true });
     const until = Date.now() + 200;
     await a.provider.parkENI(owner("c1"), { until });
     await parkedInCloud(a.fake, eni.id);
@@ -192,7 +198,7 @@ Deno.test("an expired parked ENI is reclaimed exactly once, by whichever node sw
 
 /** Parks `pod`'s ENI on `a` (allocated for container `c`) and waits until the cloud shows it parked. */
 async function parkedBy(a: TestEnv, c: string, pod = POD, until = Date.now() + HOUR) {
-  const eni = await a.provider.allocateNextENI(owner(c, pod), { ...any, sticky: true });
+  const eni = await a.provider.allocateNextENI(owner(c, pod), { ...ANY_ADDRESS, sticky: true });
   await a.provider.parkENI(owner(c, pod), { until });
   await parkedInCloud(a.fake, eni.id);
   return eni;
@@ -211,7 +217,7 @@ Deno.test("a parked ENI is claimed on another node: same ENI, MAC and IPs; the n
   try {
     const first = await parkedBy(a, "c1");
     const from = a.fake.requests.length;
-    const back = await b.provider.allocateNextENI(owner("c2"), { ...any, sticky: true });
+    const back = await b.provider.allocateNextENI(owner("c2"), { ...ANY_ADDRESS, sticky: true });
     assertEquals([back.id, back.mac, back.ipv4, back.ipv6], [
       first.id,
       first.mac,
@@ -243,7 +249,7 @@ Deno.test("a parked ENI is claimed on another node: same ENI, MAC and IPs; the n
     // Parked again from B, claimed back on A: it moves as often as the pod does.
     await b.provider.parkENI(owner("c2"), { until: Date.now() + HOUR });
     await parkedInCloud(a.fake, first.id);
-    const home = await a.provider.allocateNextENI(owner("c3"), { ...any, sticky: true });
+    const home = await a.provider.allocateNextENI(owner("c3"), { ...ANY_ADDRESS, sticky: true });
     assertEquals(home.id, first.id);
   } finally {
     await b.close();
@@ -260,7 +266,7 @@ Deno.test("capacity() takes no slot from pods for a zone-sticky ENI being parked
     return [c.limit, c.forPods, c.unavailable];
   };
   try {
-    const eni = await a.provider.allocateNextENI(owner("c1"), { ...any, sticky: true });
+    const eni = await a.provider.allocateNextENI(owner("c1"), { ...ANY_ADDRESS, sticky: true });
     assertEquals(await forPods(a), [8, 8, []], "the pod's own ENI is the pod's");
     // The detach held back: the ENI is still attached here while its park is recorded.
     a.fake.inject({ kind: "slow", delayMs: 2000, match: { action: "detach" } });
@@ -270,7 +276,7 @@ Deno.test("capacity() takes no slot from pods for a zone-sticky ENI being parked
     assertEquals((await a.provider.status()).sticky?.parked.map((p) => p.state), ["parking"]);
     await parkedInCloud(a.fake, eni.id);
     assertEquals(await forPods(a), [8, 8, []], "parked in the VPC");
-    const back = await b.provider.allocateNextENI(owner("c2"), { ...any, sticky: true });
+    const back = await b.provider.allocateNextENI(owner("c2"), { ...ANY_ADDRESS, sticky: true });
     assertEquals(back.id, eni.id);
     assertEquals(await forPods(b), [8, 8, []], "claimed: the pod's");
     assertEquals(await forPods(a), [8, 8, []], "claimed elsewhere");
@@ -283,7 +289,7 @@ Deno.test("capacity() takes no slot from pods for a zone-sticky ENI being parked
 Deno.test("a zone-sticky pod's new ENI carries its owned record; freed into the pool, it loses it", async () => {
   const a = await nodeA();
   try {
-    const eni = await a.provider.allocateNextENI(owner("c1"), { ...any, sticky: true });
+    const eni = await a.provider.allocateNextENI(owner("c1"), { ...ANY_ADDRESS, sticky: true });
     // Written after the allocation, in the background; the provider then knows it.
     await eventually(
       async () =>
@@ -307,7 +313,7 @@ Deno.test("a zone-sticky pod's new ENI carries its owned record; freed into the 
     );
     assertEquals(cloud(a.fake, eni.id)!.description, "created by enim, do not modify");
     // A plain pod of the zone profile gets no record.
-    const plain = await a.provider.allocateNextENI(owner("p1", "payments/web-0"), any);
+    const plain = await a.provider.allocateNextENI(owner("p1", "payments/web-0"), ANY_ADDRESS);
     await a.provider.describeENI(plain.id, "payments/web-0 on node-a");
     assertEquals(cloud(a.fake, plain.id)!.description, "payments/web-0 on node-a");
     assert(cloud(a.fake, plain.id)!.name.startsWith(`enim/${INSTANCE}/`));
@@ -327,8 +333,8 @@ Deno.test("two nodes claiming one parked ENI at once: one attach wins, the other
     // Both lookups are answered together, so both nodes see it parked and attach.
     a.fake.inject({ kind: "slow", delayMs: 100, match: { method: "GET", path: "/v1/eni" } }, 2);
     const outcomes = await Promise.allSettled([
-      b.provider.allocateNextENI(owner("cb"), { ...any, sticky: true }),
-      c.provider.allocateNextENI(owner("cc"), { ...any, sticky: true }),
+      b.provider.allocateNextENI(owner("cb"), { ...ANY_ADDRESS, sticky: true }),
+      c.provider.allocateNextENI(owner("cc"), { ...ANY_ADDRESS, sticky: true }),
     ]);
     const won = outcomes.filter((o) => o.status === "fulfilled");
     const lost = outcomes.filter((o) => o.status === "rejected") as PromiseRejectedResult[];
@@ -374,13 +380,11 @@ Deno.test("an ENI on a running instance is never taken, and the refusal says why
   const b = await nodeOn(a, NODE_B);
   try {
     // The pod runs on A (its ENI owned there, the record in the cloud); A goes silent.
-    const eni = await a.provider.allocateNextENI(owner("c1"), { ...any, sticky: true });
-    await eventually(
-      () => decodeRecord(cloud(a.fake, eni.id)?.description)?.state === "owned",
-      "the owned record",
-    );
+    const eni = await ownedSticky(a);
     await a.provider.close();
-    const err = await rejection(b.provider.allocateNextENI(owner("c2"), { ...any, sticky: true }));
+    const err = await rejection(
+      b.provider.allocateNextENI(owner("c2"), { ...ANY_ADDRESS, sticky: true }),
+    );
     assertEquals(err.reason, "sticky_conflict");
     for (const part of [eni.id, `"${INSTANCE}"`, "Running", "never taken"]) {
       assertStringIncludes(err.message, part);
@@ -390,7 +394,7 @@ Deno.test("an ENI on a running instance is never taken, and the refusal says why
     assertEquals(b.events, ["claim_conflict:default"]);
     // BCE reports A stopped: B takes it.
     a.fake.setInstanceStatus(INSTANCE, "Stopped");
-    const taken = await b.provider.allocateNextENI(owner("c2"), { ...any, sticky: true });
+    const taken = await b.provider.allocateNextENI(owner("c2"), { ...ANY_ADDRESS, sticky: true });
     assertEquals([taken.id, taken.mac], [eni.id, eni.mac]);
     assertEquals(cloud(a.fake, eni.id)?.instanceId, NODE_B);
     assertEquals((await b.provider.status()).sticky?.claims.map((c) => c.from), [INSTANCE]);
@@ -412,14 +416,10 @@ Deno.test("an ENI of a released instance is claimed too", async () => {
   const a = await nodeA();
   const b = await nodeOn(a, NODE_B);
   try {
-    const eni = await a.provider.allocateNextENI(owner("c1"), { ...any, sticky: true });
-    await eventually(
-      () => decodeRecord(cloud(a.fake, eni.id)?.description)?.state === "owned",
-      "the owned record",
-    );
+    const eni = await ownedSticky(a);
     await a.provider.close();
     a.fake.removeInstance(INSTANCE);
-    const taken = await b.provider.allocateNextENI(owner("c2"), { ...any, sticky: true });
+    const taken = await b.provider.allocateNextENI(owner("c2"), { ...ANY_ADDRESS, sticky: true });
     assertEquals(taken.id, eni.id);
   } finally {
     await b.close();
@@ -441,7 +441,9 @@ Deno.test("a claim from another zone fails naming both zones, and changes nothin
   const c = await nodeOn(a, NODE_C, { config: { subnetId: "sbn-fakeb001" } });
   try {
     const first = await parkedBy(a, "c1");
-    const err = await rejection(c.provider.allocateNextENI(owner("c2"), { ...any, sticky: true }));
+    const err = await rejection(
+      c.provider.allocateNextENI(owner("c2"), { ...ANY_ADDRESS, sticky: true }),
+    );
     assertEquals(err.reason, "wrong_zone");
     for (const part of [first.id, '"cn-bj-a"', '"cn-bj-b"', NODE_C]) {
       assertStringIncludes(err.message, part);
@@ -467,7 +469,7 @@ Deno.test("a claim cut short by a restart is rolled back: parked again, and the 
     const first = await parkedBy(a, "c1");
     // The attach takes long: B dies while it is on its way.
     a.fake.opts.attachDelayMs = 400;
-    const pending = b.provider.allocateNextENI(owner("c2"), { ...any, sticky: true });
+    const pending = b.provider.allocateNextENI(owner("c2"), { ...ANY_ADDRESS, sticky: true });
     pending.catch(() => {});
     await eventually(
       () => cloud(a.fake, first.id)?.status === "attaching",
@@ -487,7 +489,7 @@ Deno.test("a claim cut short by a restart is rolled back: parked again, and the 
     const parked = cloud(a.fake, first.id)!;
     assertEquals([parked.status, decodeRecord(parked.description)?.state], ["available", "parked"]);
     assertEquals(await again.list(), [], "no ENI attached to B without B's record");
-    const back = await again.allocateNextENI(owner("c3"), { ...any, sticky: true });
+    const back = await again.allocateNextENI(owner("c3"), { ...ANY_ADDRESS, sticky: true });
     assertEquals(back.id, first.id);
   } finally {
     await b.close();
@@ -510,7 +512,7 @@ Deno.test("should BCE ignore the name filter, lookups share one index of the VPC
     const before = lists();
     // The first lookup finds the filter ignored (the whole VPC, paged) and indexes it.
     assertEquals(
-      (await b.provider.allocateNextENI(owner("c2"), { ...any, sticky: true })).id,
+      (await b.provider.allocateNextENI(owner("c2"), { ...ANY_ADDRESS, sticky: true })).id,
       first.id,
     );
     const firstLookup = lists() - before;
@@ -518,13 +520,16 @@ Deno.test("should BCE ignore the name filter, lookups share one index of the VPC
     // The next one, within the index's life, finds its pod in the index: no list at all.
     const mid = lists();
     assertEquals(
-      (await b.provider.allocateNextENI(owner("k2", "payments/db-1"), { ...any, sticky: true })).id,
+      (await b.provider.allocateNextENI(owner("k2", "payments/db-1"), {
+        ...ANY_ADDRESS,
+        sticky: true,
+      })).id,
       other.id,
     );
     assertEquals(lists(), mid);
     // A pod not in the index waits for a fresh listing: never a new IP for a returning pod.
     const miss = await b.provider.allocateNextENI(owner("n1", "payments/new-0"), {
-      ...any,
+      ...ANY_ADDRESS,
       sticky: true,
     });
     assert(miss.id !== first.id && miss.id !== other.id);
@@ -539,11 +544,7 @@ Deno.test("an ENI left in the VPC with an owned record is parked for its pod by 
   const a = await nodeA();
   const b = await nodeOn(a, NODE_B, { timeouts: { orphanScanIntervalMs: 1 } });
   try {
-    const eni = await a.provider.allocateNextENI(owner("c1"), { ...any, sticky: true });
-    await eventually(
-      () => decodeRecord(cloud(a.fake, eni.id)?.description)?.state === "owned",
-      "the owned record",
-    );
+    const eni = await ownedSticky(a);
     await a.provider.close();
     a.fake.removeInstance(INSTANCE);
     await b.provider.maintainPool();

@@ -280,3 +280,20 @@ export function parseOptions(argv: string[]): StressOptions | "help" {
   }
   return parsed.data;
 }
+
+/**
+ * When a run must stop before its kills are done: `signal` aborted, or `minutes` gone
+ * since the call (0: no time limit).
+ */
+export function runLimits(signal: AbortSignal | undefined, minutes: number): {
+  aborted: () => boolean;
+  /** Why the run must stop now, or null while it may go on. */
+  stop: () => "signal" | "time" | null;
+} {
+  const deadline = minutes > 0 ? Date.now() + minutes * 60_000 : Infinity;
+  const aborted = () => signal?.aborted ?? false;
+  return {
+    aborted,
+    stop: () => (aborted() ? "signal" : Date.now() > deadline ? "time" : null),
+  };
+}

@@ -24,7 +24,7 @@ import type { Violation, ViolationClass } from "./_checker.ts";
 import type { StressContext } from "./_context.ts";
 import type { Operations } from "./_clients.ts";
 import { prng } from "../support/agent_proc.ts";
-import { HOST_LINK_GROUP } from "../../netns/host_link.ts";
+import { strayNodeEndArgs } from "../support/host_link_fixtures.ts";
 
 /** A planted violation. */
 export interface Plant {
@@ -187,18 +187,7 @@ export async function runPlant(
         stdout: "null",
         stderr: "piped",
       }).output();
-    const out = await ip([
-      "link",
-      "add",
-      name,
-      "group",
-      String(HOST_LINK_GROUP),
-      "type",
-      "veth",
-      "peer",
-      "name",
-      "enimhplant00002",
-    ]);
+    const out = await ip(strayNodeEndArgs(name, "enimhplant00002"));
     if (!out.success) {
       return {
         ...res,

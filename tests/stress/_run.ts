@@ -24,7 +24,7 @@ import { clientLoop, makeClients, Operations } from "./_clients.ts";
 import { type Figures, type FoundViolation, StressContext } from "./_context.ts";
 import { readKernel, settleKernel } from "./_kernel.ts";
 import { Model, type PodRecord } from "./_model.ts";
-import type { StressOptions } from "./_options.ts";
+import { runLimits, type StressOptions } from "./_options.ts";
 import { type PlantResult, PLANTS, runPlant } from "./_plant.ts";
 import { killLivePlugins } from "./_plugin.ts";
 
@@ -105,8 +105,7 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
   let finalGc: StressReport["finalGc"] = null;
   let logDir: string | null = null;
   const lastTimes: { started?: number; reconciled?: number } = {};
-  const aborted = () => io.signal?.aborted ?? false;
-  const deadline = opts.minutes > 0 ? Date.now() + opts.minutes * 60_000 : Infinity;
+  const { aborted, stop } = runLimits(io.signal, opts.minutes);
   const podNames = () => model.namespaceNames();
   /** MACs found astray at a check: later settles do not wait for them again. */
   const stuck = new Set<string>();
@@ -240,12 +239,9 @@ export async function runStress(opts: StressOptions, io: StressIo): Promise<Stre
     const plantRound = opts.plant ? Math.max(1, Math.floor(opts.kills / 3)) : -1;
     let plantsDone = !opts.plant;
     while (ctx.figures.killsTotal < opts.kills) {
-      if (aborted()) {
-        stoppedBy = "signal";
-        break;
-      }
-      if (Date.now() > deadline) {
-        stoppedBy = "time";
+      const early = stop();
+      if (early) {
+        stoppedBy = early;
         break;
       }
       model.round = ++ctx.figures.rounds;

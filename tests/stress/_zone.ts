@@ -32,7 +32,7 @@ import { decodeRecord } from "../../providers/bce/_sticky.ts";
 import { checkInvariants, type Violation, VIOLATION_CLASSES } from "./_checker.ts";
 import { addedFrom } from "./_clients.ts";
 import { Model, type PodRecord } from "./_model.ts";
-import type { StressOptions } from "./_options.ts";
+import { runLimits, type StressOptions } from "./_options.ts";
 import type { StressIo } from "./_run.ts";
 import { checkZone, readZoneViews } from "./_zone_checker.ts";
 
@@ -135,8 +135,7 @@ export async function runZoneStress(opts: StressOptions, io: StressIo): Promise<
   const plants: ZoneStressReport["plants"] = [];
   let stoppedBy: ZoneStressReport["stoppedBy"] = "kills";
   let logDir: string | null = null;
-  const aborted = () => io.signal?.aborted ?? false;
-  const deadline = opts.minutes > 0 ? Date.now() + opts.minutes * 60_000 : Infinity;
+  const { aborted, stop } = runLimits(io.signal, opts.minutes);
   const count = (verb: string, outcome: string) => {
     const m = (f.ops[verb] ??= {});
     m[outcome] = (m[outcome] ?? 0) + 1;
@@ -448,12 +447,9 @@ export async function runZoneStress(opts: StressOptions, io: StressIo): Promise<
     loops = Array.from({ length: opts.clients }, (_, i) => client(i));
     const plantRound = opts.plant ? Math.max(1, Math.floor(opts.kills / 3)) : -1;
     while (f.killsTotal < opts.kills) {
-      if (aborted()) {
-        stoppedBy = "signal";
-        break;
-      }
-      if (Date.now() > deadline) {
-        stoppedBy = "time";
+      const early = stop();
+      if (early) {
+        stoppedBy = early;
         break;
       }
       f.rounds++;

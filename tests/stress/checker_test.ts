@@ -4,7 +4,9 @@
  */
 import { assertEquals } from "../../lib/assert.ts";
 import type { Attachment } from "../../api/schema.ts";
-import type { Eni } from "../../providers/schema.ts";
+import { type Eni, makeEni } from "../../providers/schema.ts";
+import { readyAttachment } from "../support/records.ts";
+import { nodeLink } from "./_fixtures.ts";
 import { checkInvariants, type ViolationClass } from "./_checker.ts";
 import type { KernelLink, KernelView, NamespaceView } from "./_kernel.ts";
 import { Model, type PodRecord } from "./_model.ts";
@@ -14,7 +16,7 @@ const MAC2 = "02:e1:0a:00:00:02";
 const POD0 = "/run/netns/t-p0";
 
 function eni(n: number, owner: string | null): Eni {
-  return {
+  return makeEni({
     id: `eni-mock-000${n}`,
     mac: `02:e1:0a:00:00:0${n}`,
     ipv4: { address: `10.99.0.${n + 1}`, prefixLength: 24, gateway: "10.99.0.1" },
@@ -22,54 +24,24 @@ function eni(n: number, owner: string | null): Eni {
     subnetId: "subnet-mock",
     state: owner ? "owned" : "free",
     owner: owner ? { pod: "stress/pod-0", containerId: owner, ifName: "eth0" } : null,
-    profile: "default",
-    securityGroupIds: [],
-    enterpriseSecurityGroupIds: [],
-    description: null,
-    cloudState: "ok",
-  };
+  });
 }
 
 function attachment(containerId: string, n: number, over: Partial<Attachment> = {}): Attachment {
-  return {
+  return readyAttachment({
     containerId,
-    ifName: "eth0",
     pod: "stress/pod-0",
-    podUid: null,
     network: "enim-stress",
     netns: POD0,
-    mode: "interface",
-    state: "ready",
     eniId: `eni-mock-000${n}`,
     mac: `02:e1:0a:00:00:0${n}`,
     nodeName: `en02e10a00000${n}`,
-    createdAt: "2026-01-01T00:00:00.000Z",
-    updatedAt: "2026-01-01T00:00:00.000Z",
-    profile: "default",
-    sticky: false,
-    holdUntil: null,
-    parkUntil: null,
-    hostLink: null,
     ...over,
-  };
-}
-
-function link(mac: string, over: Partial<KernelLink> = {}): KernelLink {
-  return {
-    ifname: `en${mac.replaceAll(":", "")}`,
-    mac,
-    alias: null,
-    up: false,
-    addrs: [],
-    globalAddrs: [],
-    routes: [],
-    nodeEnd: false,
-    ...over,
-  };
+  });
 }
 
 function podLink(mac: string, n: number): KernelLink {
-  return link(mac, {
+  return nodeLink(mac, {
     ifname: "eth0",
     up: true,
     addrs: [`10.99.0.${n + 1}/24`, "fe80::1/64"],
@@ -102,7 +74,7 @@ function fixture() {
   k.status = "added";
   k.added = { mac: MAC1, ips: ["10.99.0.2/24"], routes: ["default via 10.99.0.1"], prevResult: {} };
   const kernel: KernelView = {
-    node: ns("/run/netns/t-node", [link(MAC2)]),
+    node: ns("/run/netns/t-node", [nodeLink(MAC2)]),
     pods: new Map([[POD0, ns(POD0, [podLink(MAC1, 1)])]]),
     vpcEnds: new Set([MAC1, MAC2]),
   };
@@ -166,13 +138,13 @@ Deno.test("checkInvariants() reports each kind of divergence", async (t) => {
   await t.step("an acknowledged ADD's device moved out of the pod", () => {
     const f = fixture();
     f.kernel.pods.set(POD0, ns(POD0, []));
-    f.kernel.node.links.push(link(MAC1, { ifname: "eth0" }));
+    f.kernel.node.links.push(nodeLink(MAC1, { ifname: "eth0" }));
     assertEquals(classes(checkInvariants(f)), [["ack_add_device", "s1-p0-c1/eth0"]]);
   });
 
   await t.step("an acknowledged ADD's device without its address or route", () => {
     const f = fixture();
-    f.kernel.pods.set(POD0, ns(POD0, [link(MAC1, { ifname: "eth0", up: true })]));
+    f.kernel.pods.set(POD0, ns(POD0, [nodeLink(MAC1, { ifname: "eth0", up: true })]));
     assertEquals(classes(checkInvariants(f)), [["ack_add_device", "s1-p0-c1/eth0"]]);
   });
 
@@ -187,7 +159,7 @@ Deno.test("checkInvariants() reports each kind of divergence", async (t) => {
 
   await t.step("a free ENI's device up with an address on the node, and one nowhere", () => {
     const f = fixture();
-    f.kernel.node.links = [link(MAC2, { up: true, addrs: ["10.99.0.3/24"] })];
+    f.kernel.node.links = [nodeLink(MAC2, { up: true, addrs: ["10.99.0.3/24"] })];
     f.enis.push(eni(3, null));
     assertEquals(classes(checkInvariants(f)), [
       ["node_device_dirty", "eni-mock-0002"],
@@ -197,7 +169,7 @@ Deno.test("checkInvariants() reports each kind of divergence", async (t) => {
 
   await t.step("a MAC on two links, and a device alive in an unknown namespace", () => {
     const f = fixture();
-    f.kernel.node.links.push(link(MAC2, { ifname: "eth9" }));
+    f.kernel.node.links.push(nodeLink(MAC2, { ifname: "eth9" }));
     assertEquals(classes(checkInvariants({ ...f, unaccounted: ["02:e1:0a:00:00:09"] })), [
       ["device_in_unknown_namespace", "02:e1:0a:00:00:09"],
       ["device_duplicated", "eni-mock-0002"],
@@ -223,12 +195,12 @@ Deno.test("checkInvariants() reports each kind of divergence", async (t) => {
     f.key.added!.hostLink = { ...hl, podMac: "0a:00:00:00:00:01" };
     f.attachments[0].hostLink = { ...hl, serviceCidrs: [] };
     f.kernel.node.links.push(
-      link("0e:00:00:00:00:01", { ifname: hl.nodeIfName, up: true, nodeEnd: true }),
-      link("0e:00:00:00:00:02", { ifname: "enimh0000000002", up: true, nodeEnd: true }),
+      nodeLink("0e:00:00:00:00:01", { ifname: hl.nodeIfName, up: true, nodeEnd: true }),
+      nodeLink("0e:00:00:00:00:02", { ifname: "enimh0000000002", up: true, nodeEnd: true }),
     );
     // The pod end is there: only the stray node end is reported.
     f.kernel.pods.get(POD0)!.links.push(
-      link("0a:00:00:00:00:01", { ifname: "host0", up: true }),
+      nodeLink("0a:00:00:00:00:01", { ifname: "host0", up: true }),
     );
     assertEquals(classes(checkInvariants(f)), [["host_link_orphan", "enimh0000000002"]]);
     // The pod end gone (deleted behind the agent's back): the ADD's link is not whole.
@@ -249,9 +221,9 @@ Deno.test("checkInvariants() reports each kind of divergence", async (t) => {
       serviceCidrs: [],
     };
     f.kernel.pods.set(POD0, ns(POD0, []));
-    f.kernel.node.links.push(link(MAC1));
+    f.kernel.node.links.push(nodeLink(MAC1));
     f.kernel.node.links.push(
-      link("0e:00:00:00:00:01", { ifname: "enimh0000000001", nodeEnd: true }),
+      nodeLink("0e:00:00:00:00:01", { ifname: "enimh0000000001", nodeEnd: true }),
     );
     assertEquals(classes(checkInvariants(f)).filter(([c]) => c.startsWith("host_link")), [
       ["host_link_orphan", "enimh0000000001"],
@@ -262,7 +234,7 @@ Deno.test("checkInvariants() reports each kind of divergence", async (t) => {
     const f = fixture();
     f.pod.exists = false;
     f.kernel.pods.set(POD0, ns(POD0, [], false));
-    f.kernel.node.links.push(link(MAC1));
+    f.kernel.node.links.push(nodeLink(MAC1));
     assertEquals(classes(checkInvariants({ ...f, final: { leftoverNetns: ["t-p3"] } })), [
       ["leak_attachment", "s1-p0-c1/eth0"],
       ["leak_owned_eni", "eni-mock-0001"],

@@ -5,10 +5,12 @@
  */
 import { assertEquals } from "../../lib/assert.ts";
 import type { Attachment } from "../../api/schema.ts";
-import type { Eni, ParkedEni } from "../../providers/schema.ts";
+import { type Eni, makeEni, type ParkedEni } from "../../providers/schema.ts";
+import { readyAttachment } from "../support/records.ts";
+import { nodeLink } from "./_fixtures.ts";
 import type { FakeEni } from "../support/bce_fake.ts";
 import type { ViolationClass } from "./_checker.ts";
-import type { KernelLink, KernelView } from "./_kernel.ts";
+import type { KernelView } from "./_kernel.ts";
 import { checkZone, type ZoneViews } from "./_zone_checker.ts";
 import { encodeRecord } from "../../providers/bce/_sticky.ts";
 
@@ -39,7 +41,7 @@ function cloudEni(n: number, over: Partial<FakeEni> = {}): FakeEni {
 }
 
 function eni(n: number, owner: string | null = null): Eni {
-  return {
+  return makeEni({
     id: `eni-${n}`,
     mac: mac(n),
     ipv4: null,
@@ -47,48 +49,23 @@ function eni(n: number, owner: string | null = null): Eni {
     subnetId: "sbn-1",
     state: owner ? "owned" : "free",
     owner: owner ? { pod: "default/db-0", containerId: owner, ifName: "eth0" } : null,
-    profile: "default",
-    securityGroupIds: [],
-    enterpriseSecurityGroupIds: [],
-    description: null,
-    cloudState: "ok",
-  };
+  });
 }
 
 function attachment(containerId: string, n: number): Attachment {
-  return {
+  return readyAttachment({
     containerId,
-    ifName: "eth0",
     pod: "default/db-0",
-    podUid: null,
     network: "enim-test",
     netns: "/run/netns/p",
-    mode: "interface",
-    state: "ready",
     eniId: `eni-${n}`,
     mac: mac(n),
-    nodeName: null,
-    createdAt: "2026-01-01T00:00:00.000Z",
-    updatedAt: "2026-01-01T00:00:00.000Z",
-    profile: "default",
     sticky: true,
-    holdUntil: null,
-    parkUntil: null,
-    hostLink: null,
-  };
+  });
 }
 
 function kernel(macs: string[]): KernelView {
-  const links: KernelLink[] = macs.map((m) => ({
-    ifname: `en${m.replaceAll(":", "")}`,
-    mac: m,
-    alias: null,
-    up: false,
-    addrs: [],
-    globalAddrs: [],
-    routes: [],
-    nodeEnd: false,
-  }));
+  const links = macs.map((m) => nodeLink(m));
   return {
     node: { name: "n", path: "/run/netns/n", exists: true, ino: 1, links },
     pods: new Map(),

@@ -10,6 +10,46 @@
  */
 import type { EnimSandbox } from "./sandbox.ts";
 import { unixRequest } from "../../api/client.ts";
+import type { AddRequest } from "../../api/schema.ts";
+
+/**
+ * The config the process tests start the agent with, `dir` being the sandbox's run
+ * directory as the agent sees it: the socket there, the state in `state/enim.db`, the
+ * mock provider with `mock`'s settings, GC out of the way (hourly, an hour's grace), info
+ * logs to stderr, and the fake device layer (no root, no kernel devices). `over` replaces
+ * whole top-level keys.
+ */
+export function fakeDevicesConfig(
+  dir: string,
+  mock: Record<string, unknown>,
+  over: Record<string, unknown> = {},
+): Record<string, unknown> {
+  return {
+    socket: `${dir}/enim.sock`,
+    statePath: `${dir}/state/enim.db`,
+    provider: { name: "mock", mock },
+    gc: { intervalSeconds: 3600, graceSeconds: 3600 },
+    log: { level: "info" },
+    devices: "fake",
+    ...over,
+  };
+}
+
+/**
+ * The agent API's ADD of pod `i` in the process tests: container `ctr-<i>` in
+ * `/run/netns/pod-<i>`, pod `default/pod-<i>`, on network `enim-net`, with a default route.
+ */
+export function podAddRequest(i: number): AddRequest {
+  return {
+    containerId: `ctr-${i}`,
+    ifName: "eth0",
+    netns: `/run/netns/pod-${i}`,
+    network: "enim-net",
+    pod: { namespace: "default", name: `pod-${i}` },
+    mode: "interface",
+    routes: [{ dst: "0.0.0.0/0" }],
+  };
+}
 
 /** The agent command line inside the sandbox. */
 export function agentCommandLine(sb: EnimSandbox, configPath: string): string[] {

@@ -42,6 +42,21 @@ import { FakeBce, type FakeEni, FakeEniSchema, toContractEni } from "./bce_fake.
 import { VethDeviceSimulator } from "../../netns/sim.ts";
 import type { Credentials } from "../../providers/bce/signer.ts";
 import { ROOT } from "../../scripts/_paths.ts";
+import { awaitOrKill, spawnDenoInNetns } from "./command.ts";
+
+/**
+ * The provider timeouts of an agent on the fake BCE process: real-sized requests and
+ * attaches, short backoffs, a 20 ms poll (tests add their pass intervals).
+ */
+export const FAKE_BCE_AGENT_TIMEOUTS = {
+  requestMs: 5000,
+  totalMs: 20_000,
+  baseDelayMs: 50,
+  maxDelayMs: 500,
+  attachMs: 20_000,
+  deviceMs: 20_000,
+  pollMs: 20,
+} as const;
 
 /** What the process needs besides the credentials. */
 export const FakeBceProcessSettingsSchema = z.object({
@@ -297,26 +312,12 @@ export class FakeBceProcess implements AsyncDisposable {
   /** Starts the fake inside `opts.nodeNetns` and waits until it listens. */
   static async start(opts: FakeBceProcessOptions): Promise<FakeBceProcess> {
     const { credentials, ...settings } = opts;
-    const child = new Deno.Command("/usr/sbin/ip", {
-      args: [
-        "netns",
-        "exec",
-        settings.nodeNetns,
-        Deno.execPath(),
-        "run",
-        "-A",
-        "--quiet",
-        "--no-prompt",
-        "--config",
-        `${ROOT}/tests/deno.json`,
-        `${ROOT}/tests/support/bce_fake_main.ts`,
-        JSON.stringify(settings),
-      ],
-      env: { [CREDENTIALS_ENV]: JSON.stringify(credentials), NO_COLOR: "1" },
-      stdin: "piped",
-      stdout: "piped",
-      stderr: "piped",
-    }).spawn();
+    const child = spawnDenoInNetns(
+      settings.nodeNetns,
+      `${ROOT}/tests/support/bce_fake_main.ts`,
+      [JSON.stringify(settings)],
+      { [CREDENTIALS_ENV]: JSON.stringify(credentials) },
+    );
     const lines: string[] = [];
     const events = new EventQueue();
     const stdoutDone = (async () => {
@@ -420,16 +421,7 @@ export class FakeBceProcess implements AsyncDisposable {
     this.#closed = true;
     await this.#pending;
     await this.#stdin.close().catch(() => {});
-    const timer = setTimeout(() => {
-      try {
-        this.#child.kill("SIGKILL");
-      } catch { /* gone */ }
-    }, 10_000);
-    try {
-      await this.#done;
-    } finally {
-      clearTimeout(timer);
-    }
+    await awaitOrKill(this.#child, this.#done);
   }
 
   [Symbol.asyncDispose](): Promise<void> {

@@ -8,7 +8,8 @@
 import { DatabaseSync } from "node:sqlite";
 import { Logger } from "../../lib/log.ts";
 import { FakeBce, type FakeBceOptions, type FakeEni } from "./bce_fake.ts";
-import { BceClient, type RetryOptions } from "../../providers/bce/client.ts";
+import { BceClient, type BceClientOptions, type RetryOptions } from "../../providers/bce/client.ts";
+import type { Owner } from "../../providers/contract.ts";
 import { configSchema } from "../../providers/bce/config.ts";
 import { createBce } from "../../providers/bce/mod.ts";
 import type { BceProvider } from "../../providers/bce/provider.ts";
@@ -62,13 +63,35 @@ export function startFake(opts: Partial<FakeBceOptions> = {}): FakeBce {
 
 /** A client against a fake with the test credentials. */
 export function testClient(fake: FakeBce, retry: Partial<RetryOptions> = {}): BceClient {
+  return clientWith(fake.url, { retry: { ...FAST_RETRY, ...retry } });
+}
+
+/**
+ * A client on `endpoint` with the test credentials (session token included) and a
+ * {@linkcode testLogger}, unless `opts` says otherwise; retries are the client's
+ * defaults unless `opts.retry` sets them.
+ */
+export function clientWith(
+  endpoint: string,
+  opts: Partial<Omit<BceClientOptions, "endpoint">> = {},
+): BceClient {
   return new BceClient({
-    endpoint: fake.url,
+    endpoint,
     credentials: { accessKeyId: AK, secretAccessKey: SECRET, sessionToken: SESSION_TOKEN },
     log: testLogger(),
-    retry: { ...FAST_RETRY, ...retry },
+    ...opts,
   });
 }
+
+/** The owner of test pod `i`: container `c<i>`, interface eth0, pod `default/p-<i>` by default. */
+export const owner = (i: number, pod = `default/p-${i}`): Owner => ({
+  pod,
+  containerId: `c${i}`,
+  ifName: "eth0",
+});
+
+/** An allocation request that asks for no particular address or range. */
+export const ANY_ADDRESS = { ips: [], ranges: [] };
 
 /** What {@linkcode setup} returns. */
 export interface TestEnv {

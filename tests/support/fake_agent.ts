@@ -37,11 +37,20 @@ export function sampleStatus(over: Partial<Status> = {}): Status {
     provider: "mock",
     ready: true,
     canAllocate: true,
-    pool: { free: 2, owned: 1, recycling: 0, held: 0, attachable: 3, profiles: {} },
+    pool: {
+      exhausted: false,
+      free: 2,
+      owned: 1,
+      recycling: 0,
+      held: 0,
+      attachable: 3,
+      profiles: {},
+    },
     enis: [],
     providerDetails: {},
     sticky: { parked: [], claims: [] },
     hostLinks: { links: 0, withoutServiceCidrs: [] },
+    unfinishedDels: [],
     ...over,
   };
 }
@@ -92,7 +101,7 @@ export class FakeAgent implements AgentClient {
     return this.#call(
       "gc",
       req,
-      () => (this.behaviour.gc ?? (() => ({ dryRun: false, items: [] })))(req),
+      () => (this.behaviour.gc ?? (() => ({ dryRun: false, items: [], unfinishedDels: [] })))(req),
     );
   }
   status(): Promise<Status> {

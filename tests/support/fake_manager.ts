@@ -88,6 +88,7 @@ export class FakeManager implements EniManager {
         holdUntil: null,
         parkUntil: null,
         hostLink: null,
+        delAnsweredAt: null,
       });
     }
     return Promise.resolve({
@@ -146,7 +147,7 @@ export class FakeManager implements EniManager {
       eni.owner = null;
       return { ...base, outcome: "reclaimed" as const };
     });
-    return Promise.resolve({ dryRun: req.dryRun, items });
+    return Promise.resolve({ dryRun: req.dryRun, items, unfinishedDels: [] });
   }
 
   reconcile(): Promise<ReconcileReport> {
@@ -169,6 +170,7 @@ export class FakeManager implements EniManager {
       ready: true,
       canAllocate: free > 0,
       pool: {
+        exhausted: free === 0,
         free,
         owned: this.enisList.length - free,
         recycling: 0,
@@ -183,6 +185,7 @@ export class FakeManager implements EniManager {
       providerDetails: {},
       sticky: { parked: [], claims: [] },
       hostLinks: { links: 0, withoutServiceCidrs: [] },
+      unfinishedDels: [],
     });
   }
 

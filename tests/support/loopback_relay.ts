@@ -13,7 +13,7 @@
  *
  * @module
  */
-import { ROOT } from "../../scripts/_paths.ts";
+import { awaitOrKill, spawnDenoInNetns } from "./command.ts";
 
 async function main(): Promise<void> {
   const path = Deno.args[0];
@@ -74,26 +74,7 @@ export class LoopbackRelay implements AsyncDisposable {
 
   /** Starts a relay in `netns` (a name under /run/netns) to the unix socket `socket`. */
   static async start(netns: string, socket: string): Promise<LoopbackRelay> {
-    const child = new Deno.Command("/usr/sbin/ip", {
-      args: [
-        "netns",
-        "exec",
-        netns,
-        Deno.execPath(),
-        "run",
-        "-A",
-        "--quiet",
-        "--no-prompt",
-        "--config",
-        `${ROOT}/tests/deno.json`,
-        import.meta.filename!,
-        socket,
-      ],
-      env: { NO_COLOR: "1" },
-      stdin: "piped",
-      stdout: "piped",
-      stderr: "piped",
-    }).spawn();
+    const child = spawnDenoInNetns(netns, import.meta.filename!, [socket]);
     const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = "";
     let port: number | null = null;
@@ -122,16 +103,7 @@ export class LoopbackRelay implements AsyncDisposable {
   /** Closes its stdin (it exits); kills it by PID if it does not. */
   async close(): Promise<void> {
     await this.#child.stdin.close().catch(() => {});
-    const timer = setTimeout(() => {
-      try {
-        this.#child.kill("SIGKILL");
-      } catch { /* gone */ }
-    }, 10_000);
-    try {
-      await this.#done;
-    } finally {
-      clearTimeout(timer);
-    }
+    await awaitOrKill(this.#child, this.#done);
   }
 
   [Symbol.asyncDispose](): Promise<void> {

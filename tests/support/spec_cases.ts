@@ -61,6 +61,43 @@ export const SPEC_CASES: readonly SpecCase[] = [
     config: { ipam: { type: "dhcp" } },
     code: 2,
   },
+  // Issue 33 item 14: these reached the agent, or got 11 with the agent down.
+  {
+    what: "a GC without cni.dev/valid-attachments",
+    verb: "GC",
+    config: { cniVersion: "1.1.0" },
+    code: 7,
+  },
+  {
+    what: "an ADD whose CNI_ARGS is not KEY=VALUE pairs",
+    verb: "ADD",
+    env: { CNI_ARGS: "K8S_POD_NAMESPACE=a;K8S_POD_NAME" },
+    code: 4,
+  },
+  {
+    what: "a CHECK whose CNI_ARGS has an unknown key",
+    verb: "CHECK",
+    env: { CNI_ARGS: "K8S_POD_NAME=b;NOPE=1" },
+    code: 4,
+  },
+  {
+    what: "an ADD whose IgnoreUnknown is not a boolean",
+    verb: "ADD",
+    env: { CNI_ARGS: "IgnoreUnknown=yes" },
+    code: 4,
+  },
+  {
+    what: "a CNI_ARGS longer than the agent's API carries",
+    verb: "ADD",
+    env: { CNI_ARGS: `IgnoreUnknown=1;X=${"a".repeat(100_000)}` },
+    code: 4,
+  },
+  {
+    what: "a stdin longer than the agent's API carries",
+    verb: "ADD",
+    config: { pad: "x".repeat(4 * 1024 * 1024) },
+    code: 7,
+  },
 ];
 
 /** What a good call carries: an attachment's variables and a config enim serves. */

@@ -19,7 +19,7 @@
  * @module
  */
 import { type CniOutcome, SimulatedNode } from "./node.ts";
-import { FakeBceProcess, type FakeBceState } from "./bce_fake_main.ts";
+import { FAKE_BCE_AGENT_TIMEOUTS, FakeBceProcess, type FakeBceState } from "./bce_fake_main.ts";
 import { LoopbackRelay } from "./loopback_relay.ts";
 import type { NetnsHandle } from "./vpc.ts";
 
@@ -77,14 +77,8 @@ function bceSettings(timeouts: Record<string, number>, subnetId?: string) {
     sticky: { scope: "zone", nodeHoldSeconds: 0 },
     ...(subnetId ? { subnetId } : {}),
     timeouts: {
-      requestMs: 5000,
-      totalMs: 20_000,
-      baseDelayMs: 50,
-      maxDelayMs: 500,
-      attachMs: 20_000,
+      ...FAKE_BCE_AGENT_TIMEOUTS,
       detachMs: 20_000,
-      deviceMs: 20_000,
-      pollMs: 20,
       poolIntervalMs: 300,
       idleIntervalMs: 1000,
       minPassGapMs: 50,

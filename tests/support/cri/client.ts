@@ -24,6 +24,7 @@
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 import { z } from "zod";
+import { callUnary } from "../grpc_unary.ts";
 
 const PROTO = new URL("./cri.proto", import.meta.url).pathname;
 
@@ -207,14 +208,6 @@ export class CriError extends Error {
   }
 }
 
-type Callback = (err: grpc.ServiceError | null, res: unknown) => void;
-type UnaryMethod = (
-  req: unknown,
-  meta: grpc.Metadata,
-  opts: grpc.CallOptions,
-  cb: Callback,
-) => void;
-
 /** A CRI v1 client (RuntimeService and ImageService) on a unix socket. */
 export class CriClient implements AsyncDisposable {
   readonly #runtime: grpc.Client;
@@ -250,27 +243,10 @@ export class CriClient implements AsyncDisposable {
 
   #call<T>(method: string, req: unknown, schema: z.ZodType<T>): Promise<T> {
     const client = method === "ImageStatus" ? this.#images : this.#runtime;
-    const fn = (client as unknown as Record<string, UnaryMethod>)[method];
-    return new Promise((resolve, reject) => {
-      fn.call(
-        client,
-        req,
-        new grpc.Metadata(),
-        { deadline: Date.now() + this.#timeoutMs },
-        (err, res) => {
-          if (err) {
-            reject(new CriError(method, err.code, err.details || err.message, { cause: err }));
-            return;
-          }
-          const parsed = schema.safeParse(res);
-          if (parsed.success) resolve(parsed.data);
-          else {
-            reject(
-              new Error(`Unexpected CRI ${method} response: ${z.prettifyError(parsed.error)}`),
-            );
-          }
-        },
-      );
+    return callUnary(client, method, req, schema, {
+      timeoutMs: this.#timeoutMs,
+      failed: (err) => new CriError(method, err.code, err.details || err.message, { cause: err }),
+      answer: `CRI ${method} response`,
     });
   }
 

@@ -17,6 +17,7 @@
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 import { z } from "zod";
+import { callUnary } from "../grpc_unary.ts";
 
 const PROTO = new URL("./deviceplugin_v1beta1.proto", import.meta.url).pathname;
 /** kubelet's socket name in its folder (constants.go `KubeletSocket`). */
@@ -76,14 +77,6 @@ export class RpcError extends Error {
     this.details = details;
   }
 }
-
-type Callback = (err: grpc.ServiceError | null, res: unknown) => void;
-type UnaryMethod = (
-  req: unknown,
-  meta: grpc.Metadata,
-  opts: grpc.CallOptions,
-  cb: Callback,
-) => void;
 
 let api: { registration: grpc.ServiceClientConstructor; plugin: grpc.ServiceClientConstructor };
 function load() {
@@ -315,23 +308,10 @@ export class PluginClient {
   }
 
   #call<T>(method: string, req: unknown, schema: z.ZodType<T>, timeoutMs = 10_000): Promise<T> {
-    const fn = (this.#client as unknown as Record<string, UnaryMethod>)[method];
-    return new Promise((resolve, reject) => {
-      fn.call(
-        this.#client,
-        req,
-        new grpc.Metadata(),
-        { deadline: Date.now() + timeoutMs },
-        (err, res) => {
-          if (err) {
-            reject(new RpcError(method, err.code, err.details || err.message, { cause: err }));
-            return;
-          }
-          const parsed = schema.safeParse(res);
-          if (parsed.success) resolve(parsed.data);
-          else reject(new Error(`Unexpected ${method} answer: ${z.prettifyError(parsed.error)}`));
-        },
-      );
+    return callUnary(this.#client, method, req, schema, {
+      timeoutMs,
+      failed: (err) => new RpcError(method, err.code, err.details || err.message, { cause: err }),
+      answer: `${method} answer`,
     });
   }
 

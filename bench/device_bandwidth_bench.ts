@@ -3,13 +3,13 @@
  * and `unplug` of one simulated ENI with 10M limits both ways against the same
  * without any, in one simulated node and pod.
  *
- * `deno bench -A --config tests/deno.json netns/bandwidth_bench.ts`
+ * `deno bench -A --config tests/deno.json bench/device_bandwidth_bench.ts`
  *
  * @module
  */
-import { IpDeviceLayer } from "./mod.ts";
+import { IpDeviceLayer } from "../netns/mod.ts";
 import { SimulatedVpc } from "../tests/support/vpc.ts";
-import type { Shaping } from "./bandwidth.ts";
+import type { Shaping } from "../netns/bandwidth.ts";
 
 const LIMITS: Shaping = { ingress: { rate: 10_000_000 }, egress: { rate: 10_000_000 } };
 const OPTS = { n: 40, warmup: 5 };

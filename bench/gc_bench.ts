@@ -1,7 +1,7 @@
 /**
  * GC pass benchmark: 1000 recorded attachments, provider and device layer faked.
  *
- * `deno bench -A --config tests/deno.json manager/gc_bench.ts`
+ * `deno bench -A --config tests/deno.json bench/gc_bench.ts`
  *
  * @module
  */
@@ -16,7 +16,7 @@ import {
   type Provider,
 } from "../providers/contract.ts";
 import { FakeDeviceLayer } from "../netns/fake.ts";
-import { createManager, type Manager } from "./manager.ts";
+import { createManager, type Manager } from "../manager/manager.ts";
 
 const N = 1000;
 const DEAD = 100;

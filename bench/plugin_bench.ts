@@ -1,10 +1,12 @@
 /**
  * Plugin benchmarks: the in-process cost of one ADD (fake agent) and the cost
  * of one real plugin process answering VERSION (startup included).
+ *
+ * `deno bench -A --config tests/deno.json bench/plugin_bench.ts`
  */
 import { nullLogger } from "../lib/log.ts";
-import { runEnim } from "./support/enim.ts";
-import { FakeAgent } from "./support/fake_agent.ts";
+import { runEnim } from "../tests/support/enim.ts";
+import { FakeAgent } from "../tests/support/fake_agent.ts";
 import { dispatchCall } from "../cni/dispatch.ts";
 
 const agent = new FakeAgent();
