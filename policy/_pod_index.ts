@@ -15,7 +15,7 @@
  * @module
  */
 import type { Pod } from "../kube/objects.ts";
-import { formatIp, parseIp } from "../lib/ip.ts";
+import { type Addr, parseAddr } from "./_addr.ts";
 import { type Labels, matches, type Requirement } from "./_selector.ts";
 
 /** A pod as the index keeps it. */
@@ -24,9 +24,9 @@ export interface PodRec {
   namespace: string;
   labels: Labels;
   ports: Pod["ports"];
-  /** The IPv4 and IPv6 addresses it contributes (canonical, sorted; empty when none). */
-  v4: string[];
-  v6: string[];
+  /** The IPv4 and IPv6 addresses it contributes (sorted by key; empty when none). */
+  a4: Addr[];
+  a6: Addr[];
   pod: Pod;
 }
 
@@ -35,22 +35,26 @@ export function podKey(namespace: string, name: string): string {
   return `${namespace}/${name}`;
 }
 
-/** Compares canonical addresses by value (IPv4 before IPv6). */
-export function compareIps(a: string, b: string): number {
-  const x = parseIp(a), y = parseIp(b);
-  if (!x || !y) return a < b ? -1 : a > b ? 1 : 0;
-  if (x.family !== y.family) return x.family - y.family;
-  return x.value < y.value ? -1 : x.value > y.value ? 1 : 0;
+const byKey = (x: Addr, y: Addr) => (x.key < y.key ? -1 : x.key > y.key ? 1 : 0);
+
+/** Parsed addresses by family, sorted and unique; what is no address is dropped. */
+export function splitAddrs(ips: readonly string[]): { a4: Addr[]; a6: Addr[] } {
+  const a4: Addr[] = [], a6: Addr[] = [];
+  for (const s of ips) {
+    const a = parseAddr(s.trim());
+    if (!a) continue;
+    const list = a.family === 4 ? a4 : a6;
+    if (!list.some((b) => b.text === a.text)) list.push(a);
+  }
+  if (a4.length > 1) a4.sort(byKey);
+  if (a6.length > 1) a6.sort(byKey);
+  return { a4, a6 };
 }
 
 /** Canonical addresses by family, sorted and unique; what is no address is dropped. */
 export function splitFamilies(ips: readonly string[]): { v4: string[]; v6: string[] } {
-  const v4 = new Set<string>(), v6 = new Set<string>();
-  for (const s of ips) {
-    const ip = parseIp(s.trim());
-    if (ip) (ip.family === 4 ? v4 : v6).add(formatIp(ip));
-  }
-  return { v4: [...v4].sort(compareIps), v6: [...v6].sort(compareIps) };
+  const { a4, a6 } = splitAddrs(ips);
+  return { v4: a4.map((a) => a.text), v6: a6.map((a) => a.text) };
 }
 
 /** Pods by namespace and label, and namespaces' labels. */
@@ -77,12 +81,12 @@ export class PodIndex {
     const key = podKey(namespace, pod.metadata.name);
     const override = this.#overrides.get(key);
     const eligible = !pod.hostNetwork && pod.phase !== "Succeeded" && pod.phase !== "Failed";
-    const { v4, v6 } = override
-      ? splitFamilies(override)
-      : eligible
-      ? splitFamilies(pod.ips)
-      : { v4: [], v6: [] };
-    return { key, namespace, labels: pod.metadata.labels, ports: pod.ports, v4, v6, pod };
+    const { a4, a6 } = override
+      ? splitAddrs(override)
+      : eligible && pod.ips.length > 0
+      ? splitAddrs(pod.ips)
+      : { a4: [], a6: [] };
+    return { key, namespace, labels: pod.metadata.labels, ports: pod.ports, a4, a6, pod };
   }
 
   /** Sets (or with null clears) the addresses a local pod contributes. */

@@ -77,6 +77,22 @@ export function podDefText(def: PodDef): string {
   return `pods ${selectorText(def.pods)} in ${where}`;
 }
 
+/**
+ * ipBlocks already cut into prefixes, by their text: clusters repeat the same blocks in
+ * many policies (bounded: emptied past 4096 entries).
+ */
+const BLOCKS = new Map<string, ReturnType<typeof blockPrefixes>>();
+
+function cachedBlock(cidr: string, except: string[]): ReturnType<typeof blockPrefixes> {
+  const k = JSON.stringify([cidr, except]);
+  let b = BLOCKS.get(k);
+  if (b === undefined) {
+    if (BLOCKS.size >= 4096) BLOCKS.clear();
+    BLOCKS.set(k, b = blockPrefixes(cidr, except));
+  }
+  return b;
+}
+
 function preparePeer(
   peer: NetworkPolicyPeer,
   namespace: string,
@@ -88,7 +104,7 @@ function preparePeer(
       return null;
     }
     const { cidr, except = [] } = peer.ipBlock;
-    const block = blockPrefixes(cidr, except);
+    const block = cachedBlock(cidr, except);
     if (!block) {
       warn(`ipBlock cidr "${cidr}" is no CIDR: the peer matches nothing`);
       return null;

@@ -12,9 +12,21 @@
 import type { Protocol } from "../kube/objects.ts";
 import { matches } from "./_selector.ts";
 import type { PodDef } from "./_prepare.ts";
-import { compareIps, type PodIndex, type PodRec } from "./_pod_index.ts";
+import type { PodIndex, PodRec } from "./_pod_index.ts";
 import type { SetSpec } from "./_rules.ts";
 import type { AddrPort, PeerSet, SetDelta } from "./types.ts";
+
+/** An element: its text (an address, or `address#port`) and its sort key. */
+interface Elem {
+  text: string;
+  key: string;
+}
+
+/** How many pods contribute an element, and its sort key. */
+interface Counted {
+  n: number;
+  key: string;
+}
 
 /** A set whose members follow pods: element → how many pods contribute it. */
 interface DynSet {
@@ -24,8 +36,8 @@ interface DynSet {
   text: string;
   protocol?: Protocol;
   portName?: string;
-  c4: Map<string, number>;
-  c6: Map<string, number>;
+  c4: Map<string, Counted>;
+  c6: Map<string, Counted>;
   users: Set<string>;
 }
 
@@ -40,36 +52,36 @@ interface BlockSet {
 
 type SetState = DynSet | BlockSet;
 
-const NONE: [string[], string[]] = [[], []];
+const NONE: [Elem[], Elem[]] = [[], []];
 
 /** Element edits of sets during one change (net: an add then a delete cancels). */
 export class DeltaLog {
-  /** Per set: [IPv4, IPv6] edits. */
-  readonly edits = new Map<DynSet, { add: Set<string>; del: Set<string> }[]>();
+  /** Per set: [IPv4, IPv6] edits, element → sort key. */
+  readonly edits = new Map<DynSet, { add: Map<string, string>; del: Map<string, string> }[]>();
 
   /** Notes that `el` appeared in (or vanished from) `s`. */
-  note(s: DynSet, family: 4 | 6, el: string, added: boolean): void {
+  note(s: DynSet, family: 4 | 6, el: Elem, added: boolean): void {
     let e = this.edits.get(s);
     if (!e) {
-      this.edits.set(
-        s,
-        e = [{ add: new Set(), del: new Set() }, { add: new Set(), del: new Set() }],
-      );
+      e = [{ add: new Map(), del: new Map() }, { add: new Map(), del: new Map() }];
+      this.edits.set(s, e);
     }
     const f = e[family === 4 ? 0 : 1];
     const [mine, other] = added ? [f.add, f.del] : [f.del, f.add];
-    if (other.has(el)) other.delete(el);
-    else mine.add(el);
+    if (other.has(el.text)) other.delete(el.text);
+    else mine.set(el.text, el.key);
   }
+}
+
+/** Element texts sorted by their keys. */
+function sorted(m: Iterable<[string, string | Counted]>): string[] {
+  return [...m].map(([t, k]) => [typeof k === "string" ? k : k.key, t])
+    .sort((x, y) => (x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : 0)).map(([, t]) => t);
 }
 
 function addrPort(el: string): AddrPort {
   const i = el.lastIndexOf("#");
   return { addr: el.slice(0, i), port: Number(el.slice(i + 1)) };
-}
-
-function compareAddrPort(a: AddrPort, b: AddrPort): number {
-  return compareIps(a.addr, b.addr) || a.port - b.port;
 }
 
 /** The sets in use and their members. */
@@ -163,8 +175,8 @@ export class SetStore {
         key: s.key,
         kind: "pods",
         text: s.text,
-        ipv4: [...s.c4.keys()].sort(compareIps),
-        ipv6: [...s.c6.keys()].sort(compareIps),
+        ipv4: sorted(s.c4),
+        ipv6: sorted(s.c6),
       };
     }
     return {
@@ -173,8 +185,8 @@ export class SetStore {
       text: s.text,
       protocol: s.protocol!,
       portName: s.portName!,
-      ipv4: [...s.c4.keys()].map(addrPort).sort(compareAddrPort),
-      ipv6: [...s.c6.keys()].map(addrPort).sort(compareAddrPort),
+      ipv4: sorted(s.c4).map(addrPort),
+      ipv6: sorted(s.c6).map(addrPort),
     };
   }
 
@@ -190,7 +202,7 @@ export class SetStore {
       if (f4.add.size + f4.del.size + f6.add.size + f6.del.size === 0) continue;
       const users = [...s.users].filter((u) => !skip.has(u)).sort();
       if (s.kind === "pods") {
-        const list = (x: Set<string>) => [...x].sort(compareIps);
+        const list = (x: Map<string, string>) => sorted(x);
         out.push({
           key: s.key,
           kind: "pods",
@@ -199,7 +211,7 @@ export class SetStore {
           ipv6: { add: list(f6.add), delete: list(f6.del) },
         });
       } else {
-        const list = (x: Set<string>) => [...x].map(addrPort).sort(compareAddrPort);
+        const list = (x: Map<string, string>) => sorted(x).map(addrPort);
         out.push({
           key: s.key,
           kind: "namedPort",
@@ -251,22 +263,24 @@ export class SetStore {
   }
 
   /** The elements a pod gives a set: [IPv4, IPv6] (`inScope`: its namespace is known to be). */
-  #contribution(s: DynSet, rec: PodRec | undefined, inScope?: boolean): [string[], string[]] {
+  #contribution(s: DynSet, rec: PodRec | undefined, inScope?: boolean): [Elem[], Elem[]] {
     if (!rec) return NONE;
     const scoped = inScope ??
       (s.def.namespace !== undefined
         ? rec.namespace === s.def.namespace
         : matches(s.def.namespaceSelector!, this.#index.namespaceLabels(rec.namespace)));
     if (!scoped || !matches(s.def.pods, rec.labels)) return NONE;
-    if (s.kind === "pods") return [rec.v4, rec.v6];
+    if (s.kind === "pods") return [rec.a4, rec.a6];
     const ports = rec.ports
       .filter((p) => p.name === s.portName && (p.protocol ?? "TCP") === s.protocol)
       .map((p) => p.containerPort);
     if (ports.length === 0) return NONE;
-    return [
-      rec.v4.flatMap((a) => ports.map((p) => `${a}#${p}`)),
-      rec.v6.flatMap((a) => ports.map((p) => `${a}#${p}`)),
-    ];
+    const with_ = (a: Elem) =>
+      ports.map((p) => ({
+        text: `${a.text}#${p}`,
+        key: `${a.key}:${p.toString(16).padStart(4, "0")}`,
+      }));
+    return [rec.a4.flatMap(with_), rec.a6.flatMap(with_)];
   }
 
   #adjust(
@@ -278,8 +292,8 @@ export class SetStore {
   ): void {
     const [o4, o6] = this.#contribution(s, before, inScope);
     const [n4, n6] = this.#contribution(s, after, inScope);
-    const same = (a: string[], b: string[]) =>
-      a === b || (a.length === b.length && a.every((x, i) => x === b[i]));
+    const same = (a: Elem[], b: Elem[]) =>
+      a === b || (a.length === b.length && a.every((x, i) => x.text === b[i].text));
     if (same(o4, n4) && same(o6, n6)) return;
     // Additions first: an element both lose and gain never reaches zero.
     for (const el of n4) this.#count(s, 4, el, 1, log);
@@ -288,15 +302,18 @@ export class SetStore {
     for (const el of o6) this.#count(s, 6, el, -1, log);
   }
 
-  #count(s: DynSet, family: 4 | 6, el: string, by: 1 | -1, log: DeltaLog | null): void {
+  #count(s: DynSet, family: 4 | 6, el: Elem, by: 1 | -1, log: DeltaLog | null): void {
     const m = family === 4 ? s.c4 : s.c6;
-    const n = m.get(el) ?? 0;
+    const c = m.get(el.text);
     if (by === 1) {
-      m.set(el, n + 1);
-      if (n === 0) log?.note(s, family, el, true);
-    } else if (n === 1) {
-      m.delete(el);
+      if (c) c.n++;
+      else {
+        m.set(el.text, { n: 1, key: el.key });
+        log?.note(s, family, el, true);
+      }
+    } else if (c && c.n === 1) {
+      m.delete(el.text);
       log?.note(s, family, el, false);
-    } else if (n > 1) m.set(el, n - 1);
+    } else if (c) c.n--;
   }
 }
