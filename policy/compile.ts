@@ -53,8 +53,11 @@ export interface PolicyView {
 
 /** A local enim pod: who it is and the addresses enim assigned it. */
 export interface LocalPod {
+  /** The pod's namespace. */
   namespace: string;
+  /** The pod's name. */
   name: string;
+  /** The addresses enim gave the pod (its ENI's), before kubelet writes them to its status. */
   ips: string[];
 }
 
@@ -71,12 +74,15 @@ export interface EngineOptions {
  * {@linkcode PolicyEngine.compiled} is current; a delta's `users` never lists them).
  */
 export interface PolicyUpdate {
+  /** Membership edits of sets (`add element`/`delete element`). */
   deltas: SetDelta[];
+  /** The local pods (`namespace/name`) whose rules changed: render them again. */
   changed: string[];
 }
 
 /** Thrown when a local pod is not in the cache yet: its labels are unknown. */
 export class PodNotFoundError extends Error {
+  /** `key`: the pod, `namespace/name`. */
   constructor(key: string) {
     super(`Cannot compile the policy of pod "${key}": the pod is not in the cache`);
     this.name = "PodNotFoundError";
@@ -119,6 +125,7 @@ export class PolicyEngine {
   readonly #locals = new Map<string, LocalState>();
   #node: { v4: string[]; v6: string[] };
 
+  /** Indexes `view` (see {@linkcode resync}); no local pod yet. */
   constructor(view: PolicyView, opts: EngineOptions) {
     this.#node = splitFamilies(opts.nodeAddresses);
     this.resync(view);

@@ -59,7 +59,9 @@ export function admits(c: CompiledPolicy, p: Probe): boolean {
 
 /** One end of a connection: its address and, for a local pod, its compiled policy. */
 export interface End {
+  /** Its address. */
   addr: string;
+  /** Its compiled policy, when it is a local pod (absent: it admits everything). */
   policy?: CompiledPolicy;
 }
 

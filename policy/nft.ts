@@ -28,6 +28,9 @@
  * `ipv4_addr . inet_service` for named ports. A label or address change becomes
  * {@linkcode setDeltaCommands} (or {@linkcode setReplaceCommands}), never a reload.
  *
+ * Why one file: both places build their chains from the same pieces (set declarations
+ * and fills, per-direction rules, port matchers); apart, each would import the other.
+ *
  * Loading a ruleset is idempotent and never deletes the table (a table's deletion costs
  * an RCU grace period, and would zero the counters): objects are declared (a no-op when
  * they exist), chains and sets flushed and filled again, and what the `previous`
@@ -45,6 +48,7 @@ const T = `inet ${POLICY_TABLE}`;
 
 /** Logging of dropped packets (off unless given): at most `rate` lines a second per chain. */
 export interface DropLog {
+  /** Lines a second, at most, per chain (the `limit` is per rule). */
   rate: number;
 }
 
@@ -143,6 +147,15 @@ function logPrefix(c: CompiledPolicy, dir: string): string {
   return `enim-policy drop ${dir} ${who}: `.slice(0, 127);
 }
 
+const ICMPV6_LINK = [
+  "nd-neighbor-solicit",
+  "nd-neighbor-advert",
+  "nd-router-solicit",
+  "nd-router-advert",
+  "mld-listener-report",
+  "mld2-listener-report",
+];
+
 /** The rules of one direction's chain (bodies, without `add rule`). */
 function directionRules(
   c: CompiledPolicy,
@@ -159,11 +172,9 @@ function directionRules(
   const out: string[] = [];
   if (place === "pod") {
     out.push("ct state established,related accept");
-    if (fams.includes(6)) {
-      out.push(
-        "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit, nd-router-advert } accept",
-      );
-    }
+    // IPv6's own link signalling (neighbour discovery, multicast listener reports): no
+    // policy speaks of it, and without it the ENI's IPv6 would not work at all.
+    if (fams.includes(6)) out.push(`icmpv6 type { ${ICMPV6_LINK.join(", ")} } accept`);
   }
   for (const f of fams) out.push(`${ipk(f)} ${dir} @node_${f} ${verdict}`);
   for (const f of fams) {
@@ -226,7 +237,9 @@ export function podRuleset(c: CompiledPolicy, opts: PodRulesetOptions): string {
 
 /** One local pod in the node's table: the node end of its host link and its policy. */
 export interface NodePod {
+  /** The node end of the pod's host link (`enimh<hash>`). */
   nodeEnd: string;
+  /** The pod's compiled policy. */
   policy: CompiledPolicy;
 }
 
@@ -369,10 +382,13 @@ const CountersSchema = z.object({
 
 /** A drop counter: which direction, of which node end (absent in the pod's table). */
 export interface DropCounter {
+  /** The direction the dropped packets were judged in. */
   direction: "ingress" | "egress";
   /** The node end's chain id (the interface name with `.` and `-` as `_`). */
   link?: string;
+  /** Packets dropped since the counter was made. */
   packets: number;
+  /** Their bytes. */
   bytes: number;
 }
 

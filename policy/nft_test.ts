@@ -102,7 +102,7 @@ Deno.test("nft: the pod's ruleset jumps from the ENI's hooks, accepts replies, n
   const set = compiled.sets[0].key;
   assertEquals(ingress, [
     "ct state established,related accept",
-    "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit, nd-router-advert } accept",
+    "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit, nd-router-advert, mld-listener-report, mld2-listener-report } accept",
     "ip saddr @node_4 accept",
     "ip6 saddr @node_6 accept",
     "ip saddr 10.77.0.10 accept",
