@@ -91,7 +91,10 @@ function addRule(
   for (const port of r.ports ?? []) {
     const protocol = port.protocol ?? "TCP";
     if (port.port === undefined) {
-      numeric.push({ protocol });
+      // endPort without port is invalid (the API server rejects it): admit nothing
+      // rather than every port.
+      if (port.endPort !== undefined) warn(`endPort ${port.endPort} without a port: ignored`);
+      else numeric.push({ protocol });
     } else if (typeof port.port === "number") {
       const p = port.port, end = port.endPort;
       if (p < 1 || p > 65535 || (end !== undefined && (end < p || end > 65535))) {
@@ -104,6 +107,8 @@ function addRule(
           },
         );
       }
+    } else if (port.endPort !== undefined) {
+      warn(`endPort ${port.endPort} with the named port "${port.port}": ignored`);
     } else if (dir === "ingress") {
       // The target pod's own port of that name and protocol.
       const found = rec.ports.filter((c) =>

@@ -494,6 +494,15 @@ const CASES: Case[] = [
     warning: /no selector and no ipBlock/,
   },
   {
+    name: "an invalid port item (endPort without port, or with a named port) admits nothing",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ ports: [{ endPort: 9000 }, { port: "sql", endPort: 6000 }] }],
+    }]],
+    expect: (_s, d) => d.id !== "alpha/db",
+    warning: /endPort 9000 without a port: ignored/,
+  },
+  {
     name: "an ipBlock that is no CIDR matches nothing, and says so",
     policies: [["alpha", "db", {
       podSelector: DB,
