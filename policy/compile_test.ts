@@ -1,0 +1,1266 @@
+/**
+ * The compiler against the NetworkPolicy API's meaning: each case compiles every pod of
+ * a 3-namespace × 3-pod cluster (plus its node and an external host) and checks, with
+ * the evaluator, every connection between them on TCP, UDP, SCTP and ICMP against the
+ * case's expectation, written out by hand from the API's words.
+ */
+import fc from "fast-check";
+import { assert, assertEquals, assertThrows } from "../lib/assert.ts";
+import {
+  baseNamespaces,
+  basePods,
+  EXTERNAL,
+  namespaceObject,
+  NAMESPACES,
+  NODE,
+  podObject,
+  policyObject,
+  type RawPod,
+  viewOf,
+} from "../tests/support/policy_world.ts";
+import { compilePolicy, PodNotFoundError, PolicyEngine, type PolicyUpdate } from "./compile.ts";
+import { admits, connectionAllowed } from "./evaluate.ts";
+import { type CompiledPolicy, CompiledPolicySchema, type PeerSet } from "./types.ts";
+import type { LabelSelector, NetworkPolicy } from "../kube/objects.ts";
+import { contains, parseCidr, parseIp } from "../lib/ip.ts";
+import { blockPrefixes } from "./_blocks.ts";
+
+/** One end of a connection in the matrix. */
+interface E {
+  id: string;
+  kind: "pod" | "node" | "ext";
+  ns?: string;
+  app?: string;
+  tier?: string;
+  hostNetwork?: boolean;
+  v4: string;
+  v6: string;
+  local: boolean;
+}
+
+const PROBES: [string, number | undefined][] = [
+  ["TCP", 8080],
+  ["TCP", 8081],
+  ["TCP", 5432],
+  ["TCP", 9050],
+  ["UDP", 53],
+  ["UDP", 5353],
+  ["SCTP", 7777],
+  ["ICMP", undefined],
+];
+
+type Expect = (s: E, d: E, proto: string, port: number | undefined, fam: 4 | 6) => boolean;
+
+interface Case {
+  name: string;
+  policies: [string, string, unknown][];
+  expect: Expect;
+  world?: (pods: RawPod[]) => void;
+  families?: (4 | 6)[];
+  warning?: RegExp;
+}
+
+const httpPort = (d: E) =>
+  d.kind !== "pod"
+    ? undefined
+    : d.app === "web"
+    ? (d.ns === "gamma" ? 8081 : 8080)
+    : d.app === "db"
+    ? 9050
+    : undefined;
+
+const DB = { matchLabels: { app: "db" } };
+const WEB = { matchLabels: { app: "web" } };
+
+const CASES: Case[] = [
+  {
+    name: "with no policy every pod reaches every pod on every port",
+    policies: [],
+    expect: () => true,
+  },
+  {
+    name: "a default-deny ingress policy isolates every pod of its namespace for ingress only",
+    policies: [["alpha", "deny", { podSelector: {}, policyTypes: ["Ingress"] }]],
+    expect: (_s, d) => d.ns !== "alpha",
+  },
+  {
+    name: "a default-deny egress policy isolates every pod of its namespace for egress only",
+    policies: [["alpha", "deny", { podSelector: {}, policyTypes: ["Egress"] }]],
+    expect: (s) => s.ns !== "alpha",
+  },
+  {
+    name: "a default-deny-all policy isolates both directions",
+    policies: [["alpha", "deny", { podSelector: {}, policyTypes: ["Ingress", "Egress"] }]],
+    expect: (s, d) => s.ns !== "alpha" && d.ns !== "alpha",
+  },
+  {
+    name: "policies are additive: an allow-all ingress policy beside a default deny allows all",
+    policies: [
+      ["alpha", "deny", { podSelector: {}, policyTypes: ["Ingress"] }],
+      ["alpha", "allow", { podSelector: {}, ingress: [{}] }],
+    ],
+    expect: () => true,
+  },
+  {
+    name: "spec.podSelector matchLabels isolates only the pods it selects",
+    policies: [["alpha", "db", { podSelector: DB, policyTypes: ["Ingress"] }]],
+    expect: (_s, d) => d.id !== "alpha/db",
+  },
+  {
+    name: "a podSelector peer alone selects pods of the policy's own namespace only",
+    policies: [["alpha", "db", { podSelector: DB, ingress: [{ from: [{ podSelector: WEB }] }] }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.id === "alpha/web",
+  },
+  {
+    name: "a namespaceSelector peer alone selects every pod of the selected namespaces",
+    policies: [[
+      "alpha",
+      "db",
+      {
+        podSelector: DB,
+        ingress: [{ from: [{ namespaceSelector: { matchLabels: { team: "b" } } }] }],
+      },
+    ]],
+    expect: (s, d) => d.id !== "alpha/db" || s.ns === "beta",
+  },
+  {
+    name: "namespaceSelector and podSelector in one peer select the pods matching both (AND)",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{
+        from: [{ namespaceSelector: { matchLabels: { team: "b" } }, podSelector: WEB }],
+      }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.id === "beta/web",
+  },
+  {
+    name: "namespaceSelector and podSelector as two peers select either (OR)",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{
+        from: [{ namespaceSelector: { matchLabels: { team: "b" } } }, { podSelector: WEB }],
+      }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.ns === "beta" || s.id === "alpha/web",
+  },
+  {
+    name: "an empty namespaceSelector with a podSelector selects those pods in every namespace",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ namespaceSelector: {}, podSelector: WEB }] }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.app === "web",
+  },
+  {
+    name: "an empty namespaceSelector alone selects every pod, and no address outside the cluster",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ namespaceSelector: {} }] }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.kind === "pod",
+  },
+  {
+    name: "matchExpressions In selects pods whose label has one of the values",
+    policies: [["alpha", "in", {
+      podSelector: { matchExpressions: [{ key: "app", operator: "In", values: ["web", "job"] }] },
+      policyTypes: ["Ingress"],
+    }]],
+    expect: (_s, d) => !(d.ns === "alpha" && (d.app === "web" || d.app === "job")),
+  },
+  {
+    name: "matchExpressions NotIn selects pods whose label is absent or has none of the values",
+    policies: [["alpha", "notin", {
+      podSelector: { matchExpressions: [{ key: "tier", operator: "NotIn", values: ["front"] }] },
+      policyTypes: ["Ingress"],
+    }]],
+    expect: (_s, d) => !(d.ns === "alpha" && d.app !== "web"),
+  },
+  {
+    name: "matchExpressions Exists selects pods that carry the key",
+    policies: [["alpha", "exists", {
+      podSelector: { matchExpressions: [{ key: "tier", operator: "Exists" }] },
+      policyTypes: ["Ingress"],
+    }]],
+    expect: (_s, d) => !(d.ns === "alpha" && d.tier !== undefined),
+  },
+  {
+    name: "matchExpressions DoesNotExist selects pods without the key",
+    policies: [["alpha", "dne", {
+      podSelector: { matchExpressions: [{ key: "tier", operator: "DoesNotExist" }] },
+      policyTypes: ["Ingress"],
+    }]],
+    expect: (_s, d) => d.id !== "alpha/job",
+  },
+  {
+    name: "matchLabels and matchExpressions of one selector are ANDed",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{
+        from: [{
+          namespaceSelector: {
+            matchLabels: { env: "prod" },
+            matchExpressions: [{ key: "team", operator: "NotIn", values: ["a"] }],
+          },
+        }],
+      }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.ns === "beta",
+  },
+  {
+    name: "several matchLabels of a podSelector must all match",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ podSelector: { matchLabels: { app: "db", tier: "front" } } }] }],
+    }]],
+    expect: (_s, d) => d.id !== "alpha/db",
+  },
+  {
+    name: "a numeric port admits that TCP port only (protocol defaults to TCP), from anyone",
+    policies: [["alpha", "db", { podSelector: DB, ingress: [{ ports: [{ port: 5432 }] }] }]],
+    expect: (_s, d, proto, port) => d.id !== "alpha/db" || (proto === "TCP" && port === 5432),
+  },
+  {
+    name: "a UDP port admits that UDP port only",
+    policies: [["alpha", "job", {
+      podSelector: { matchLabels: { app: "job" } },
+      ingress: [{ ports: [{ protocol: "UDP", port: 53 }] }],
+    }]],
+    expect: (_s, d, proto, port) => d.id !== "alpha/job" || (proto === "UDP" && port === 53),
+  },
+  {
+    name: "a port item with a protocol and no port admits every port of that protocol",
+    policies: [["alpha", "job", {
+      podSelector: { matchLabels: { app: "job" } },
+      ingress: [{ ports: [{ protocol: "UDP" }] }],
+    }]],
+    expect: (_s, d, proto) => d.id !== "alpha/job" || proto === "UDP",
+  },
+  {
+    name: "endPort admits the range port..endPort inclusive",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ ports: [{ port: 9000, endPort: 9100 }] }],
+    }]],
+    expect: (_s, d, proto, port) =>
+      d.id !== "alpha/db" || (proto === "TCP" && port! >= 9000 && port! <= 9100),
+  },
+  {
+    name: "an SCTP port admits SCTP to that port only",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ ports: [{ protocol: "SCTP", port: 7777 }] }],
+    }]],
+    expect: (_s, d, proto, port) => d.id !== "alpha/db" || (proto === "SCTP" && port === 7777),
+  },
+  {
+    name: "an ingress named port resolves against each target pod's own container ports",
+    policies: [["gamma", "http", { podSelector: {}, ingress: [{ ports: [{ port: "http" }] }] }]],
+    expect: (_s, d, proto, port) =>
+      d.ns !== "gamma" || (proto === "TCP" && port !== undefined && port === httpPort(d)),
+    warning: /"http"\/TCP names no port of the pod/,
+  },
+  {
+    name: "an ingress named port must match the container port's protocol too",
+    policies: [["gamma", "web", {
+      podSelector: WEB,
+      ingress: [{ ports: [{ protocol: "UDP", port: "http" }] }],
+    }]],
+    expect: (_s, d) => d.id !== "gamma/web",
+    warning: /"http"\/UDP names no port of the pod/,
+  },
+  {
+    name: "an egress named port with no `to` admits that port of every destination pod",
+    policies: [["alpha", "http", {
+      podSelector: {},
+      policyTypes: ["Egress"],
+      egress: [{ ports: [{ port: "http" }] }],
+    }]],
+    expect: (s, d, proto, port) =>
+      s.ns !== "alpha" || (proto === "TCP" && port !== undefined && port === httpPort(d)),
+  },
+  {
+    name: "an egress named port matches nothing of an ipBlock peer",
+    policies: [["alpha", "http", {
+      podSelector: {},
+      policyTypes: ["Egress"],
+      egress: [{ to: [{ ipBlock: { cidr: "10.0.0.0/8" } }], ports: [{ port: "http" }] }],
+    }]],
+    expect: (s) => s.ns !== "alpha",
+    warning: /egress port "http" names a pod's port: it matches nothing of ipBlock 10.0.0.0\/8/,
+  },
+  {
+    name: "an egress named port resolves against the selected destination pods' ports",
+    policies: [["alpha", "sql", {
+      podSelector: {},
+      policyTypes: ["Egress"],
+      egress: [{ to: [{ podSelector: DB }], ports: [{ port: "sql" }] }],
+    }]],
+    expect: (s, d, proto, port) =>
+      s.ns !== "alpha" || (d.id === "alpha/db" && proto === "TCP" && port === 5432),
+  },
+  {
+    name: "an ingress ipBlock admits its CIDR minus its excepts",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ ipBlock: { cidr: "10.0.0.0/16", except: ["10.0.2.0/24"] } }] }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || (s.kind === "pod" && s.ns !== "beta"),
+  },
+  {
+    name: "an egress ipBlock admits destinations outside the cluster by address",
+    policies: [["alpha", "out", {
+      podSelector: {},
+      policyTypes: ["Egress"],
+      egress: [{ to: [{ ipBlock: { cidr: "192.168.5.0/24" } }] }],
+    }]],
+    expect: (s, d) => s.ns !== "alpha" || d.kind === "ext",
+  },
+  {
+    name: "an egress ipBlock that covers pod addresses admits those pods by address",
+    policies: [["alpha", "out", {
+      podSelector: {},
+      policyTypes: ["Egress"],
+      egress: [{ to: [{ ipBlock: { cidr: "10.0.3.0/24" } }] }],
+    }]],
+    expect: (s, d) => s.ns !== "alpha" || d.ns === "gamma",
+  },
+  {
+    name: "an IPv6 ipBlock admits IPv6 sources only (dual-stack pods)",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ ipBlock: { cidr: "fd00::2:0/112" } }] }],
+    }]],
+    families: [4, 6],
+    expect: (s, d, _p, _port, fam) => d.id !== "alpha/db" || (fam === 6 && s.ns === "beta"),
+  },
+  {
+    name:
+      "without policyTypes a policy applies to ingress always and to egress when it has egress rules",
+    policies: [["alpha", "web", {
+      podSelector: WEB,
+      egress: [{ to: [{ podSelector: DB }] }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/web" && (s.id !== "alpha/web" || d.id === "alpha/db"),
+  },
+  {
+    name: "policyTypes [Egress] leaves ingress alone even when the policy has ingress rules",
+    policies: [["alpha", "web", {
+      podSelector: WEB,
+      policyTypes: ["Egress"],
+      ingress: [{ from: [{ podSelector: DB }] }],
+    }]],
+    expect: (s) => s.id !== "alpha/web",
+  },
+  {
+    name: "a rule with ports and no `from` admits those ports from every source",
+    policies: [["alpha", "web", { podSelector: WEB, ingress: [{ ports: [{ port: 8080 }] }] }]],
+    expect: (_s, d, proto, port) => d.id !== "alpha/web" || (proto === "TCP" && port === 8080),
+  },
+  {
+    name: "a rule with `from` and no ports admits every protocol and port, ICMP included",
+    policies: [["alpha", "web", { podSelector: WEB, ingress: [{ from: [{ podSelector: DB }] }] }]],
+    expect: (s, d) => d.id !== "alpha/web" || s.id === "alpha/db",
+  },
+  {
+    name: "a port list admits no ICMP; a rule without one does",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [
+        { from: [{ ipBlock: { cidr: "10.0.0.0/8" } }], ports: [{ protocol: "TCP" }] },
+        { from: [{ namespaceSelector: { matchLabels: { team: "b" } } }] },
+      ],
+    }]],
+    expect: (s, d, proto) =>
+      d.id !== "alpha/db" || s.ns === "beta" || (s.kind === "pod" && proto === "TCP"),
+  },
+  {
+    name: "two policies selecting a pod admit the union of their rules",
+    policies: [
+      ["alpha", "p1", {
+        podSelector: WEB,
+        ingress: [{ from: [{ namespaceSelector: { matchLabels: { team: "b" } } }] }],
+      }],
+      ["alpha", "p2", {
+        podSelector: WEB,
+        ingress: [{
+          from: [{ namespaceSelector: { matchLabels: { team: "c" } } }],
+          ports: [{ port: 8080 }],
+        }],
+      }],
+    ],
+    expect: (s, d, proto, port) =>
+      d.id !== "alpha/web" || s.ns === "beta" ||
+      (s.ns === "gamma" && proto === "TCP" && port === 8080),
+  },
+  {
+    name: "the pod's own node is always allowed both ways, even under deny-all",
+    policies: [["alpha", "deny", { podSelector: {}, policyTypes: ["Ingress", "Egress"] }]],
+    families: [4, 6],
+    expect: (s, d) => s.ns !== "alpha" && d.ns !== "alpha",
+  },
+  {
+    name: "a pod always reaches itself, whatever its policy admits",
+    policies: [["alpha", "beta-only", {
+      podSelector: {},
+      ingress: [{ from: [{ namespaceSelector: { matchLabels: { team: "b" } } }] }],
+      egress: [{ to: [{ namespaceSelector: { matchLabels: { team: "b" } } }] }],
+    }]],
+    expect: (s, d) =>
+      (s.ns !== "alpha" || d.ns === "beta") && (d.ns !== "alpha" || s.ns === "beta"),
+  },
+  {
+    name: "an egress rule with ports and no `to` admits those ports to every destination",
+    policies: [["alpha", "dns", {
+      podSelector: {},
+      policyTypes: ["Egress"],
+      egress: [{ ports: [{ protocol: "UDP", port: 53 }] }],
+    }]],
+    expect: (s, _d, proto, port) => s.ns !== "alpha" || (proto === "UDP" && port === 53),
+  },
+  {
+    name: "an egress podSelector peer selects pods of the policy's namespace",
+    policies: [["alpha", "db", {
+      podSelector: {},
+      policyTypes: ["Egress"],
+      egress: [{ to: [{ podSelector: DB }] }],
+    }]],
+    expect: (s, d) => s.ns !== "alpha" || d.id === "alpha/db",
+  },
+  {
+    name: "a namespace is selected by name through its kubernetes.io/metadata.name label",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{
+        from: [{ namespaceSelector: { matchLabels: { "kubernetes.io/metadata.name": "gamma" } } }],
+      }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.ns === "gamma",
+  },
+  {
+    name: "hostNetwork pods are not matched by selectors (they are peers by address, like nodes)",
+    world: (pods) =>
+      pods.push({
+        namespace: "beta",
+        name: "hostnet",
+        labels: { app: "web" },
+        ports: [],
+        ips: ["10.0.9.9"],
+        phase: "Running",
+        hostNetwork: true,
+      }),
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ namespaceSelector: {}, podSelector: WEB }] }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || (s.app === "web" && !s.hostNetwork),
+  },
+  {
+    name: "an ipBlock admits a hostNetwork pod by its node's address",
+    world: (pods) =>
+      pods.push({
+        namespace: "beta",
+        name: "hostnet",
+        labels: { app: "web" },
+        ports: [],
+        ips: ["10.0.9.9"],
+        phase: "Running",
+        hostNetwork: true,
+      }),
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ ipBlock: { cidr: "10.0.9.0/24" } }] }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.id === "beta/hostnet",
+  },
+  {
+    name:
+      "Pending pods with addresses count as peers; Succeeded, Failed and address-less pods do not",
+    world: (pods) => {
+      pods.find((p) => p.namespace === "beta" && p.name === "web")!.phase = "Pending";
+      pods.find((p) => p.namespace === "beta" && p.name === "db")!.phase = "Succeeded";
+      pods.find((p) => p.namespace === "beta" && p.name === "job")!.phase = "Failed";
+      pods.find((p) => p.namespace === "gamma" && p.name === "web")!.ips = [];
+    },
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ namespaceSelector: { matchLabels: { team: "b" } } }] }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.id === "beta/web",
+  },
+  {
+    name: "a peer with neither selector nor ipBlock matches nothing, and says so",
+    policies: [["alpha", "db", { podSelector: DB, ingress: [{ from: [{}] }] }]],
+    expect: (_s, d) => d.id !== "alpha/db",
+    warning: /no selector and no ipBlock/,
+  },
+  {
+    name: "an invalid port item (endPort without port, or with a named port) admits nothing",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ ports: [{ endPort: 9000 }, { port: "sql", endPort: 6000 }] }],
+    }]],
+    expect: (_s, d) => d.id !== "alpha/db",
+    warning: /endPort 9000 without a port: ignored/,
+  },
+  {
+    name: "an ipBlock that is no CIDR matches nothing, and says so",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ ipBlock: { cidr: "10.0.0.0/33" } }] }],
+    }]],
+    expect: (_s, d) => d.id !== "alpha/db",
+    warning: /"10.0.0.0\/33" is no CIDR/,
+  },
+];
+
+function ends(pods: RawPod[]): E[] {
+  const out: E[] = pods.filter((p) => p.ips.length > 0).map((p) => ({
+    id: `${p.namespace}/${p.name}`,
+    kind: "pod",
+    ns: p.namespace,
+    app: p.labels.app,
+    tier: p.labels.tier,
+    hostNetwork: p.hostNetwork,
+    v4: p.ips.find((a) => !a.includes(":"))!,
+    v6: p.ips.find((a) => a.includes(":")) ?? "",
+    local: !p.hostNetwork && p.phase !== "Succeeded" && p.phase !== "Failed",
+  }));
+  out.push({ id: "node", kind: "node", ...NODE, local: false });
+  out.push({ id: "ext", kind: "ext", ...EXTERNAL, local: false });
+  return out;
+}
+
+function compileAll(c: Case) {
+  const pods = basePods();
+  c.world?.(pods);
+  const policies = c.policies.map(([ns, name, spec]) => policyObject(ns, name, spec));
+  const view = viewOf(pods.map(podObject), baseNamespaces(), policies);
+  const engine = new PolicyEngine(view, { nodeAddresses: [NODE.v4, NODE.v6] });
+  const all = ends(pods);
+  const compiled = new Map<string, CompiledPolicy>();
+  for (const e of all.filter((e) => e.local)) {
+    const p = pods.find((p) => `${p.namespace}/${p.name}` === e.id)!;
+    compiled.set(
+      e.id,
+      engine.addLocal({ namespace: p.namespace, name: p.name, ips: p.ips }).compiled,
+    );
+  }
+  return { all, compiled, engine };
+}
+
+for (const c of CASES) {
+  Deno.test(`compile: ${c.name}`, () => {
+    const { all, compiled } = compileAll(c);
+    const wrong: string[] = [];
+    for (const fam of c.families ?? [4]) {
+      for (const s of all) {
+        for (const d of all) {
+          const sa = fam === 4 ? s.v4 : s.v6, da = fam === 4 ? d.v4 : d.v6;
+          if (!sa || !da) continue;
+          for (const [proto, port] of PROBES) {
+            const got = connectionAllowed(
+              { addr: sa, policy: compiled.get(s.id) },
+              { addr: da, policy: compiled.get(d.id) },
+              proto,
+              port,
+            );
+            const want = s === d || s.kind === "node" || d.kind === "node" ||
+              c.expect(s, d, proto, port, fam);
+            if (got !== want) {
+              wrong.push(`${s.id} → ${d.id} ${proto}/${port ?? "-"} IPv${fam}: got ${got}`);
+            }
+          }
+        }
+      }
+    }
+    assertEquals(wrong.slice(0, 12), [], `${wrong.length} wrong`);
+    for (const p of compiled.values()) CompiledPolicySchema.parse(p);
+    if (c.warning) {
+      const all = [...compiled.values()].flatMap((p) => p.warnings);
+      assert(all.some((w) => c.warning!.test(w)), all.join("\n"));
+    }
+  });
+}
+
+Deno.test("compile: the matrix has at least 30 cases", () => {
+  assert(CASES.length >= 30, String(CASES.length));
+});
+
+// ---------------------------------------------------------------------------------------
+// The compiled structure itself.
+
+function setOf(p: CompiledPolicy, key: string | null): PeerSet {
+  return p.sets.find((s) => s.key === key)!;
+}
+
+Deno.test("compile: peer sets carry IPv4 and IPv6 members separately, the pod and node its own", () => {
+  const c = compilePolicy(
+    viewOf(basePods().map(podObject), baseNamespaces(), [
+      policyObject("alpha", "db", {
+        podSelector: DB,
+        ingress: [{ from: [{ namespaceSelector: { matchLabels: { team: "b" } } }] }],
+      }),
+    ]),
+    { namespace: "alpha", name: "db", ips: ["10.0.1.2", "fd00::1:2"] },
+    { nodeAddresses: [NODE.v4, NODE.v6] },
+  );
+  assertEquals(c.pod, { namespace: "alpha", name: "db", ipv4: ["10.0.1.2"], ipv6: ["fd00::1:2"] });
+  assertEquals(c.node, { ipv4: [NODE.v4], ipv6: [NODE.v6] });
+  assertEquals(c.ingress.isolated, true);
+  assertEquals(c.egress, { isolated: false, entries: [] });
+  assertEquals(c.ingress.entries.length, 1);
+  const set = setOf(c, c.ingress.entries[0].peer);
+  assertEquals(set.kind, "pods");
+  assertEquals(set.text, "pods <all> in namespaces team=b");
+  assertEquals(set.ipv4, ["10.0.2.1", "10.0.2.2", "10.0.2.3"]);
+  assertEquals(set.ipv6, ["fd00::2:1", "fd00::2:2", "fd00::2:3"]);
+  assertEquals(c.policies, [{
+    name: "db",
+    ingress: true,
+    egress: false,
+    ingressRules: 1,
+    egressRules: 0,
+  }]);
+});
+
+Deno.test("compile: equal selectors written differently share one set; ports merge per peer", () => {
+  const c = compilePolicy(
+    viewOf(basePods().map(podObject), baseNamespaces(), [
+      policyObject("alpha", "a", {
+        podSelector: DB,
+        ingress: [{
+          from: [{ podSelector: { matchLabels: { app: "web" } } }],
+          ports: [{ port: 80 }, { port: 81 }, { port: 443 }],
+        }],
+      }),
+      policyObject("alpha", "b", {
+        podSelector: DB,
+        ingress: [{
+          from: [{
+            podSelector: { matchExpressions: [{ key: "app", operator: "In", values: ["web"] }] },
+          }],
+          ports: [{ port: 82, endPort: 90 }, { protocol: "UDP", port: 53 }],
+        }],
+      }),
+    ]),
+    { namespace: "alpha", name: "db", ips: ["10.0.1.2"] },
+    { nodeAddresses: [] },
+  );
+  assertEquals(c.sets.length, 1);
+  assertEquals(c.ingress.entries, [{
+    peer: c.sets[0].key,
+    ports: [
+      { protocol: "TCP", port: 80, endPort: 90 },
+      { protocol: "TCP", port: 443 },
+      { protocol: "UDP", port: 53 },
+    ],
+  }]);
+  assertEquals(c.policies.map((p) => p.name), ["a", "b"]);
+});
+
+Deno.test("compile: an ipBlock set holds the block minus its excepts as disjoint prefixes", () => {
+  assertEquals(blockPrefixes("10.0.0.0/16", ["10.0.2.0/24"])?.prefixes, [
+    "10.0.0.0/23",
+    "10.0.3.0/24",
+    "10.0.4.0/22",
+    "10.0.8.0/21",
+    "10.0.16.0/20",
+    "10.0.32.0/19",
+    "10.0.64.0/18",
+    "10.0.128.0/17",
+  ]);
+  assertEquals(blockPrefixes("10.0.0.5/24", ["10.0.0.0/24"])?.prefixes, []);
+  assertEquals(blockPrefixes("10.0.0.0/24", ["10.1.0.0/24", "fd00::/8", "x"]), {
+    family: 4,
+    prefixes: ["10.0.0.0/24"],
+    invalid: ["fd00::/8", "x"],
+  });
+  assertEquals(blockPrefixes("fd00::/120", ["fd00::80/121"])?.prefixes, ["fd00::/121"]);
+  assertEquals(blockPrefixes("10.0.0.0/8/1"), null);
+});
+
+Deno.test("compile: ipBlock prefixes are the block minus the excepts, address by address", () => {
+  fc.assert(
+    fc.property(
+      fc.integer({ min: 20, max: 30 }),
+      fc.array(fc.tuple(fc.integer({ min: 0, max: 4095 }), fc.integer({ min: 20, max: 32 })), {
+        maxLength: 4,
+      }),
+      fc.array(fc.integer({ min: 0, max: 4095 }), { minLength: 1, maxLength: 30 }),
+      (len, excepts, probes) => {
+        const base = "10.16.0.0";
+        const ex = excepts.map(([n, l]) => `10.16.${n >> 8}.${n & 255}/${l}`);
+        const b = blockPrefixes(`${base}/${len}`, ex)!;
+        for (const n of probes) {
+          const ip = parseIp(`10.16.${n >> 8}.${n & 255}`)!;
+          const want = contains(parseCidr(`${base}/${len}`)!, ip) &&
+            !ex.some((e) => contains(parseCidr(e)!, ip));
+          const got = b.prefixes.some((p) => contains(parseCidr(p)!, ip));
+          if (got !== want) return false;
+        }
+        return true;
+      },
+    ),
+    { numRuns: 300 },
+  );
+});
+
+Deno.test("compile: a local pod that the cache does not hold yet cannot be compiled", () => {
+  const engine = new PolicyEngine(viewOf([], [], []), { nodeAddresses: [] });
+  const err = assertThrows(() => engine.addLocal({ namespace: "x", name: "y", ips: ["10.0.0.1"] }));
+  assert(err instanceof PodNotFoundError);
+  assertEquals(err.message, 'Cannot compile the policy of pod "x/y": the pod is not in the cache');
+});
+
+// ---------------------------------------------------------------------------------------
+// Changes: set edits, not rule changes.
+
+function engineWith(policies: NetworkPolicy[], pods = basePods()) {
+  const engine = new PolicyEngine(viewOf(pods.map(podObject), baseNamespaces(), policies), {
+    nodeAddresses: [NODE.v4],
+  });
+  for (const p of pods.filter((p) => p.ips.length > 0)) {
+    engine.addLocal({ namespace: p.namespace, name: p.name, ips: p.ips });
+  }
+  return engine;
+}
+
+const rulesOf = (p: CompiledPolicy) => JSON.stringify([p.ingress, p.egress, p.policies]);
+
+Deno.test("compile: a peer's label change becomes a set edit, and the rules stay the same", () => {
+  const pods = basePods();
+  const engine = engineWith([
+    policyObject("alpha", "db", { podSelector: DB, ingress: [{ from: [{ podSelector: WEB }] }] }),
+  ], pods);
+  const before = engine.compiled("alpha", "db")!;
+  const job = pods.find((p) => p.namespace === "alpha" && p.name === "job")!;
+  job.labels = { app: "web" };
+  const update = engine.upsertPod(podObject(job));
+  const after = engine.compiled("alpha", "db")!;
+  assertEquals(update.changed, []);
+  assertEquals(update.deltas, [{
+    key: before.ingress.entries[0].peer!,
+    kind: "pods",
+    users: ["alpha/db"],
+    ipv4: { add: ["10.0.1.3"], delete: [] },
+    ipv6: { add: ["fd00::1:3"], delete: [] },
+  }]);
+  assertEquals(rulesOf(after), rulesOf(before));
+  assert(admits(after, { direction: "ingress", peer: "10.0.1.3", protocol: "TCP", port: 1 }));
+  // And back: the element goes.
+  job.labels = { app: "job" };
+  const back = engine.upsertPod(podObject(job));
+  assertEquals(back.deltas[0].ipv4, { add: [], delete: ["10.0.1.3"] });
+  assertEquals(engine.compiled("alpha", "db"), before);
+});
+
+Deno.test("compile: a peer's address change deletes the old address and adds the new one", () => {
+  const pods = basePods();
+  const engine = engineWith([
+    policyObject("alpha", "db", { podSelector: DB, ingress: [{ from: [{ podSelector: WEB }] }] }),
+  ], pods.filter((p) => !(p.namespace === "alpha" && p.name === "web")));
+  const web = pods.find((p) => p.namespace === "alpha" && p.name === "web")!;
+  // The remote pod's status arrives from the cache (not a local pod here).
+  const first = engine.upsertPod(podObject(web));
+  assertEquals(first.deltas[0].ipv4, { add: ["10.0.1.1"], delete: [] });
+  web.ips = ["10.0.1.77", "fd00::1:1"];
+  const update = engine.upsertPod(podObject(web));
+  assertEquals(update.deltas.map((d) => [d.ipv4, d.ipv6]), [[
+    { add: ["10.0.1.77"], delete: ["10.0.1.1"] },
+    { add: [], delete: [] },
+  ]]);
+  // Terminated: its addresses leave.
+  web.phase = "Succeeded";
+  assertEquals(engine.upsertPod(podObject(web)).deltas[0].ipv4, {
+    add: [],
+    delete: ["10.0.1.77"],
+  });
+});
+
+Deno.test("compile: a namespace's label change moves its pods in and out of namespace-selector sets", () => {
+  const engine = engineWith([
+    policyObject("alpha", "db", {
+      podSelector: DB,
+      ingress: [{
+        from: [{ namespaceSelector: { matchLabels: { team: "b" } }, podSelector: WEB }],
+      }],
+    }),
+  ]);
+  const key = engine.compiled("alpha", "db")!.ingress.entries[0].peer!;
+  const update = engine.upsertNamespace(namespaceObject("gamma", { team: "b" }));
+  assertEquals(update, {
+    changed: [],
+    deltas: [{
+      key,
+      kind: "pods",
+      users: ["alpha/db"],
+      ipv4: { add: ["10.0.3.1"], delete: [] },
+      ipv6: { add: ["fd00::3:1"], delete: [] },
+    }],
+  });
+  const gone = engine.deleteNamespace("beta");
+  assertEquals(gone.deltas[0].ipv4, { add: [], delete: ["10.0.2.1"] });
+});
+
+Deno.test("compile: a local pod's own label change re-renders it when its selecting policies change", () => {
+  const pods = basePods();
+  const engine = engineWith([
+    policyObject("alpha", "db", { podSelector: DB, policyTypes: ["Ingress"] }),
+  ], pods);
+  const job = pods.find((p) => p.namespace === "alpha" && p.name === "job")!;
+  assertEquals(engine.compiled("alpha", "job")!.ingress.isolated, false);
+  job.labels = { app: "db" };
+  const update = engine.upsertPod(podObject(job));
+  assertEquals(update.changed, ["alpha/job"]);
+  assertEquals(engine.compiled("alpha", "job")!.ingress.isolated, true);
+  // A change that selects the same policies changes nothing.
+  job.labels = { app: "db", extra: "1" };
+  assertEquals(engine.upsertPod(podObject(job)), { deltas: [], changed: [] });
+});
+
+Deno.test("compile: a policy change compiles again only the local pods of its namespace", () => {
+  const engine = engineWith([]);
+  const update = engine.upsertPolicy(
+    policyObject("beta", "deny", { podSelector: {}, policyTypes: ["Ingress"] }),
+  );
+  assertEquals(update, { deltas: [], changed: ["beta/db", "beta/job", "beta/web"] });
+  assertEquals(
+    engine.upsertPolicy(
+      policyObject("beta", "deny", { podSelector: {}, policyTypes: ["Ingress"] }),
+    ).changed,
+    [],
+  );
+  assertEquals(engine.deletePolicy("beta", "deny").changed, ["beta/db", "beta/job", "beta/web"]);
+});
+
+Deno.test("compile: a local pod's addresses join peer sets at ADD, before kubelet writes them", () => {
+  const pods = basePods();
+  const web = pods.find((p) => p.namespace === "alpha" && p.name === "web")!;
+  web.ips = [];
+  web.phase = "Pending";
+  const engine = engineWith([
+    policyObject("alpha", "db", { podSelector: DB, ingress: [{ from: [{ podSelector: WEB }] }] }),
+  ], pods);
+  const key = engine.compiled("alpha", "db")!.ingress.entries[0].peer!;
+  assertEquals(engine.compiled("alpha", "db")!.sets[0].ipv4, []);
+  const added = engine.addLocal({ namespace: "alpha", name: "web", ips: ["10.0.1.1"] });
+  assertEquals(added.changed, ["alpha/web"]);
+  assertEquals(added.deltas, [{
+    key,
+    kind: "pods",
+    users: ["alpha/db"],
+    ipv4: { add: ["10.0.1.1"], delete: [] },
+    ipv6: { add: [], delete: [] },
+  }]);
+  // kubelet's status with the same address changes nothing.
+  web.ips = ["10.0.1.1"];
+  web.phase = "Running";
+  assertEquals(engine.upsertPod(podObject(web)).deltas, []);
+});
+
+Deno.test("compile: removing a local pod releases the sets only it used", () => {
+  const engine = engineWith([
+    policyObject("alpha", "db", { podSelector: DB, ingress: [{ from: [{ podSelector: WEB }] }] }),
+  ]);
+  const key = engine.compiled("alpha", "db")!.ingress.entries[0].peer!;
+  assertEquals(engine.setUsers(key), ["alpha/db"]);
+  engine.removeLocal("alpha", "db");
+  assertEquals(engine.setUsers(key), []);
+  assertEquals(engine.compiled("alpha", "db"), undefined);
+  assertEquals(engine.locals().includes("alpha/db"), false);
+});
+
+Deno.test("compile: an egress named-port set follows its pods' addresses", () => {
+  const pods = basePods();
+  const engine = engineWith([
+    policyObject("alpha", "http", {
+      podSelector: WEB,
+      policyTypes: ["Egress"],
+      egress: [{ to: [{ namespaceSelector: {} }], ports: [{ port: "http" }] }],
+    }),
+  ], pods);
+  const c = engine.compiled("alpha", "web")!;
+  const set = c.sets[0];
+  assertEquals(set.kind, "namedPort");
+  assertEquals(set.ipv4.length, 6);
+  // A pod elsewhere (not local: its addresses come from its status).
+  assertEquals(engine.removeLocal("gamma", "db"), { deltas: [], changed: [] });
+  const db = pods.find((p) => p.namespace === "gamma" && p.name === "db")!;
+  db.ips = ["10.0.3.99", "fd00::3:2"];
+  const update = engine.upsertPod(podObject(db));
+  assertEquals(update.deltas.map((d) => d.ipv4), [{
+    add: [{ addr: "10.0.3.99", port: 9050 }],
+    delete: [{ addr: "10.0.3.2", port: 9050 }],
+  }]);
+});
+
+// ---------------------------------------------------------------------------------------
+// Properties.
+
+/** What a test table would hold: per local pod, each set's elements as text. */
+type Tables = Map<string, Map<string, Set<string>>>;
+
+const elText = (e: string | { addr: string; port: number }) =>
+  typeof e === "string" ? e : `${e.addr} . ${e.port}`;
+
+function tableOf(p: CompiledPolicy): Map<string, Set<string>> {
+  return new Map(p.sets.map((s) => [s.key, new Set([...s.ipv4, ...s.ipv6].map(elText))]));
+}
+
+function applyUpdate(engine: PolicyEngine, tables: Tables, u: PolicyUpdate): void {
+  for (const d of u.deltas) {
+    for (const user of d.users) {
+      const set = tables.get(user)?.get(d.key);
+      assert(set, `${user} has no set ${d.key}`);
+      for (const e of [...d.ipv4.delete, ...d.ipv6.delete].map(elText)) {
+        assert(set.delete(e), `delete of absent ${e} from ${d.key} in ${user}`);
+      }
+      for (const e of [...d.ipv4.add, ...d.ipv6.add].map(elText)) {
+        assert(!set.has(e), `add of present ${e} to ${d.key} in ${user}`);
+        set.add(e);
+      }
+    }
+  }
+  for (const key of u.changed) {
+    const [ns, name] = key.split("/");
+    const c = engine.compiled(ns, name);
+    if (c) tables.set(key, tableOf(c));
+  }
+}
+
+const PROPERTY_POLICIES = () => [
+  policyObject("alpha", "web", {
+    podSelector: WEB,
+    ingress: [{
+      from: [{
+        podSelector: { matchExpressions: [{ key: "app", operator: "NotIn", values: ["web"] }] },
+      }],
+    }],
+    egress: [{
+      to: [{ namespaceSelector: { matchLabels: { env: "prod" } } }],
+      ports: [{ port: "http" }],
+    }],
+  }),
+  policyObject("beta", "db", {
+    podSelector: DB,
+    ingress: [
+      {
+        from: [{
+          namespaceSelector: { matchExpressions: [{ key: "team", operator: "Exists" }] },
+          podSelector: { matchLabels: { tier: "front" } },
+        }],
+      },
+      {
+        from: [{ ipBlock: { cidr: "10.0.0.0/16", except: ["10.0.3.0/24"] } }],
+        ports: [{ port: 5432 }],
+      },
+    ],
+  }),
+  policyObject("gamma", "all", {
+    podSelector: {},
+    ingress: [{ from: [{ podSelector: { matchLabels: { tier: "back" } } }] }],
+  }),
+];
+
+Deno.test("compile: after any sequence of label, address and namespace changes, deltas keep every table equal to a fresh compile", () => {
+  const podIds = basePods().map((p) => `${p.namespace}/${p.name}`);
+  const op = fc.oneof(
+    fc.record({
+      kind: fc.constant("label" as const),
+      pod: fc.constantFrom(...podIds),
+      key: fc.constantFrom("app", "tier"),
+      value: fc.option(fc.constantFrom("web", "db", "job", "front", "back"), { nil: undefined }),
+    }),
+    fc.record({
+      kind: fc.constant("ip" as const),
+      pod: fc.constantFrom(...podIds),
+      last: fc.integer({ min: 1, max: 6 }),
+    }),
+    fc.record({
+      kind: fc.constant("phase" as const),
+      pod: fc.constantFrom(...podIds),
+      phase: fc.constantFrom("Running", "Pending", "Succeeded"),
+    }),
+    fc.record({
+      kind: fc.constant("ns" as const),
+      ns: fc.constantFrom("alpha", "beta", "gamma"),
+      key: fc.constantFrom("team", "env"),
+      value: fc.option(fc.constantFrom("a", "b", "prod", "dev"), { nil: undefined }),
+    }),
+    fc.record({ kind: fc.constant("delete" as const), pod: fc.constantFrom(...podIds) }),
+  );
+  fc.assert(
+    fc.property(fc.array(op, { maxLength: 25 }), (ops) => {
+      const pods = basePods();
+      const nsLabels: Record<string, Record<string, string>> = structuredClone(NAMESPACES);
+      const policies = PROPERTY_POLICIES();
+      // Local: alpha's and beta's pods; gamma's are remote.
+      const locals = pods.filter((p) => p.namespace !== "gamma");
+      const engine = new PolicyEngine(
+        viewOf(pods.map(podObject), baseNamespaces(), policies),
+        { nodeAddresses: [NODE.v4] },
+      );
+      const tables: Tables = new Map();
+      for (const p of locals) {
+        applyUpdate(
+          engine,
+          tables,
+          engine.addLocal({ namespace: p.namespace, name: p.name, ips: p.ips }),
+        );
+      }
+      const deleted = new Set<string>();
+      for (const o of ops) {
+        let u: PolicyUpdate;
+        if (o.kind === "ns") {
+          if (o.value === undefined) delete nsLabels[o.ns][o.key];
+          else nsLabels[o.ns][o.key] = o.value;
+          u = engine.upsertNamespace(namespaceObject(o.ns, nsLabels[o.ns]));
+        } else {
+          const p = pods.find((p) => `${p.namespace}/${p.name}` === o.pod)!;
+          const isLocal = locals.includes(p);
+          if (o.kind === "delete") {
+            if (isLocal) continue; // a local pod leaves by DEL, not here
+            deleted.add(o.pod);
+            u = engine.deletePod(p.namespace, p.name);
+          } else {
+            if (o.kind === "label") {
+              if (o.value === undefined) delete p.labels[o.key];
+              else p.labels[o.key] = o.value;
+            } else if (o.kind === "ip") {
+              if (isLocal) continue; // enim assigned it: fixed while the pod lives
+              p.ips = [`10.0.${p.namespace === "gamma" ? 3 : 9}.${o.last}`];
+            } else {
+              if (isLocal) continue;
+              p.phase = o.phase;
+            }
+            deleted.delete(o.pod);
+            u = engine.upsertPod(podObject(p));
+          }
+        }
+        applyUpdate(engine, tables, u);
+      }
+      // A fresh engine over the same world compiles the same policies, and the tables
+      // the deltas kept hold exactly the current members.
+      const live = pods.filter((p) => !deleted.has(`${p.namespace}/${p.name}`));
+      const fresh = new PolicyEngine(
+        viewOf(
+          live.map(podObject),
+          Object.entries(nsLabels).map(([n, l]) => namespaceObject(n, l)),
+          policies,
+        ),
+        { nodeAddresses: [NODE.v4] },
+      );
+      for (const p of locals) fresh.addLocal({ namespace: p.namespace, name: p.name, ips: p.ips });
+      for (const p of locals) {
+        const got = engine.compiled(p.namespace, p.name)!;
+        assertEquals(got, fresh.compiled(p.namespace, p.name));
+        assertEquals(tables.get(`${p.namespace}/${p.name}`), tableOf(got));
+      }
+    }),
+    { numRuns: 150 },
+  );
+});
+
+// A reference reading of the API, written straight from the concept page and types.go,
+// sharing nothing with the compiler but lib/ip.ts.
+
+interface RefPod {
+  ns: string;
+  name: string;
+  labels: Record<string, string>;
+  ports: RawPod["ports"];
+  addr: string;
+}
+
+function refSelector(sel: LabelSelector | undefined, labels: Record<string, string>): boolean {
+  if (!sel) return true;
+  for (const [k, v] of Object.entries(sel.matchLabels ?? {})) if (labels[k] !== v) return false;
+  for (const e of sel.matchExpressions ?? []) {
+    const has = Object.hasOwn(labels, e.key);
+    const vals = e.values ?? [];
+    if (e.operator === "In" && !(has && vals.includes(labels[e.key]))) return false;
+    if (e.operator === "NotIn" && has && vals.includes(labels[e.key])) return false;
+    if (e.operator === "Exists" && !has) return false;
+    if (e.operator === "DoesNotExist" && has) return false;
+  }
+  return true;
+}
+
+function refAllowed(
+  policies: NetworkPolicy[],
+  nsLabels: Record<string, Record<string, string>>,
+  pods: RefPod[],
+  target: RefPod,
+  dir: "ingress" | "egress",
+  peerAddr: string,
+  proto: string,
+  port: number | undefined,
+): boolean {
+  if (peerAddr === target.addr || peerAddr === NODE.v4) return true;
+  const type = dir === "ingress" ? "Ingress" : "Egress";
+  const applicable = policies.filter((p) => {
+    if (p.metadata.namespace !== target.ns || !refSelector(p.spec.podSelector, target.labels)) {
+      return false;
+    }
+    const types = p.spec.policyTypes?.length
+      ? p.spec.policyTypes
+      : ["Ingress", ...(p.spec.egress?.length ? ["Egress"] : [])];
+    return types.includes(type);
+  });
+  if (applicable.length === 0) return true;
+  const peerPod = pods.find((p) => p.addr === peerAddr);
+  const ip = parseIp(peerAddr)!;
+  for (const p of applicable) {
+    const rules = dir === "ingress"
+      ? (p.spec.ingress ?? []).map((r) => ({ peers: r.from, ports: r.ports }))
+      : (p.spec.egress ?? []).map((r) => ({ peers: r.to, ports: r.ports }));
+    for (const r of rules) {
+      const peers = r.peers?.length ? r.peers : [null];
+      for (const peer of peers) {
+        let peerOk: boolean;
+        if (peer === null) peerOk = true;
+        else if (peer.ipBlock) {
+          peerOk = contains(parseCidr(peer.ipBlock.cidr)!, ip) &&
+            !(peer.ipBlock.except ?? []).some((e) => contains(parseCidr(e)!, ip));
+        } else if (!peerPod) peerOk = false;
+        else {
+          const nsOk = peer.namespaceSelector
+            ? refSelector(peer.namespaceSelector, nsLabels[peerPod.ns] ?? {})
+            : peerPod.ns === p.metadata.namespace;
+          peerOk = nsOk && refSelector(peer.podSelector, peerPod.labels);
+        }
+        if (!peerOk) continue;
+        if (!r.ports?.length) return true;
+        for (const pp of r.ports) {
+          const pr = pp.protocol ?? "TCP";
+          if (pr !== proto) continue;
+          if (pp.port === undefined) return true;
+          if (typeof pp.port === "number") {
+            if (port !== undefined && port >= pp.port && port <= (pp.endPort ?? pp.port)) {
+              return true;
+            }
+            continue;
+          }
+          // Named: the target's own port (ingress), the destination pod's (egress; none
+          // for an ipBlock peer).
+          const owner = dir === "ingress" ? target : peer?.ipBlock ? undefined : peerPod;
+          if (
+            owner?.ports.some((c) =>
+              c.name === pp.port && (c.protocol ?? "TCP") === proto && c.containerPort === port
+            )
+          ) return true;
+        }
+      }
+    }
+  }
+  return false;
+}
+
+Deno.test("compile: random policies mean what a direct reading of the API says", () => {
+  const sel = (keys: string[], values: string[]) =>
+    fc.record({
+      matchLabels: fc.option(
+        fc.dictionary(fc.constantFrom(...keys), fc.constantFrom(...values), { maxKeys: 2 }),
+        { nil: undefined },
+      ),
+      matchExpressions: fc.option(
+        fc.array(
+          fc.oneof(
+            fc.record({
+              key: fc.constantFrom(...keys),
+              operator: fc.constantFrom("In" as const, "NotIn" as const),
+              values: fc.uniqueArray(fc.constantFrom(...values), { minLength: 1, maxLength: 2 }),
+            }),
+            fc.record({
+              key: fc.constantFrom(...keys),
+              operator: fc.constantFrom("Exists" as const, "DoesNotExist" as const),
+            }),
+          ),
+          { maxLength: 2 },
+        ),
+        { nil: undefined },
+      ),
+    }, { requiredKeys: [] });
+  const podSel = sel(["app", "tier"], ["web", "db", "job", "front", "back"]);
+  const nsSel = sel(["team", "env"], ["a", "b", "c", "prod", "dev"]);
+  const peer = fc.oneof(
+    fc.record({ podSelector: podSel }),
+    fc.record({ namespaceSelector: nsSel }),
+    fc.record({ namespaceSelector: nsSel, podSelector: podSel }),
+    fc.record({
+      ipBlock: fc.constantFrom(
+        { cidr: "10.0.0.0/16", except: ["10.0.2.0/24"] },
+        { cidr: "10.0.3.0/24" },
+        { cidr: "192.168.5.0/24" },
+        { cidr: "10.0.1.2/32" },
+      ),
+    }),
+  );
+  const port = fc.constantFrom(
+    { port: 8080 },
+    { port: 5432 },
+    { protocol: "UDP" as const, port: 53 },
+    { port: "http" },
+    { port: "sql" },
+    { protocol: "UDP" as const, port: "dns" },
+    { port: 5000, endPort: 9000 },
+    { protocol: "UDP" as const },
+    { protocol: "SCTP" as const, port: 7777 },
+  );
+  const rule = fc.record({
+    peers: fc.option(fc.array(peer, { maxLength: 3 }), { nil: undefined }),
+    ports: fc.option(fc.array(port, { maxLength: 3 }), { nil: undefined }),
+  });
+  const policy = fc.record({
+    ns: fc.constantFrom("alpha", "beta", "gamma"),
+    podSelector: podSel,
+    ingress: fc.option(fc.array(rule, { maxLength: 2 }), { nil: undefined }),
+    egress: fc.option(fc.array(rule, { maxLength: 2 }), { nil: undefined }),
+    policyTypes: fc.option(
+      fc.constantFrom(["Ingress"], ["Egress"], ["Ingress", "Egress"]),
+      { nil: undefined },
+    ),
+  });
+  fc.assert(
+    fc.property(fc.array(policy, { minLength: 1, maxLength: 4 }), (specs) => {
+      const policies = specs.map((s, i) =>
+        policyObject(s.ns, `p${i}`, {
+          podSelector: s.podSelector,
+          ...(s.ingress
+            ? { ingress: s.ingress.map((r) => ({ from: r.peers, ports: r.ports })) }
+            : {}),
+          ...(s.egress ? { egress: s.egress.map((r) => ({ to: r.peers, ports: r.ports })) } : {}),
+          ...(s.policyTypes ? { policyTypes: s.policyTypes } : {}),
+        })
+      );
+      const raw = basePods();
+      const engine = engineWith(policies, raw);
+      const pods: RefPod[] = raw.map((p) => ({
+        ns: p.namespace,
+        name: p.name,
+        labels: p.labels,
+        ports: p.ports,
+        addr: p.ips[0],
+      }));
+      const peers = [...pods.map((p) => p.addr), NODE.v4, EXTERNAL.v4];
+      for (const t of pods) {
+        const c = engine.compiled(t.ns, t.name)!;
+        for (const dir of ["ingress", "egress"] as const) {
+          for (const addr of peers) {
+            for (const [proto, port] of PROBES) {
+              const got = admits(c, { direction: dir, peer: addr, protocol: proto, port });
+              const want = refAllowed(policies, NAMESPACES, pods, t, dir, addr, proto, port);
+              if (got !== want) {
+                throw new Error(
+                  `${t.ns}/${t.name} ${dir} ${addr} ${proto}/${port}: got ${got}, want ${want}\n` +
+                    JSON.stringify(specs),
+                );
+              }
+            }
+          }
+        }
+      }
+    }),
+    { numRuns: 200 },
+  );
+});

@@ -1,0 +1,37 @@
+/**
+ * NetworkPolicy for enim pods (pure: nothing here spawns a process or does I/O).
+ *
+ * - {@linkcode PolicyEngine} (compile.ts): each local pod's effective policy, kept in
+ *   step with the cluster cache; changes answer set deltas or pods to render again.
+ * - {@linkcode admits} (evaluate.ts): whether a compiled policy admits a packet.
+ * - {@linkcode podRuleset}, {@linkcode nodeRuleset}, {@linkcode setDeltaCommands}
+ *   (nft.ts): the nftables text for the pod's namespace, the node's, and set edits.
+ *
+ * @module
+ */
+export {
+  compilePolicy,
+  type EngineOptions,
+  type LocalPod,
+  podKey,
+  PodNotFoundError,
+  PolicyEngine,
+  type PolicyUpdate,
+  type PolicyView,
+} from "./compile.ts";
+export { admits, connectionAllowed, type End, type Probe } from "./evaluate.ts";
+export {
+  type DropCounter,
+  type DropLog,
+  nodeNames,
+  type NodePod,
+  nodeRuleset,
+  type NodeRulesetOptions,
+  parseDropCounters,
+  podRuleset,
+  type PodRulesetOptions,
+  POLICY_TABLE,
+  setDeltaCommands,
+  setReplaceCommands,
+} from "./nft.ts";
+export * from "./types.ts";
