@@ -129,6 +129,7 @@ import {
 export * from "./types.ts";
 export { configureCommands } from "./commands.ts";
 export { netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
+export { CommandTimeoutError, setCommandTimeout } from "./ip.ts";
 
 /** A link with its addresses, as `ip -j addr show` reports it. */
 const LinkAddrSchema = z.extend(LinkSchema, {
