@@ -291,8 +291,10 @@ export class IpDeviceLayer implements DeviceLayer {
       return await this.#plugDevice(p, ns, config, pod);
     } finally {
       // Not fed (the move failed): it reads end-of-file and exits; what its policy left
-      // after a failed plug is inert (`netns/host_link.ts`).
-      await pod.process.feed("");
+      // after a failed plug is inert (`netns/host_link.ts`). Fed: this is its outcome
+      // again, which the configure step has turned into the plug's error already (a
+      // deadline missed, say), never to replace that error here.
+      await pod.process.feed("").catch(() => {});
       if (pod.ruleset) await Deno.remove(pod.ruleset).catch(() => {});
     }
   }
