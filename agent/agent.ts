@@ -227,6 +227,8 @@ export async function startParts(
       metrics,
       stickyHoldMs: cfg.sticky.holdSeconds * 1000,
       describeAs: cfg.cloudDescriptions ? nodeName() : null,
+      // Restores the node's routes to pods when the node's address comes back.
+      watchNodeAddresses: true,
     });
     closers.push(() => manager.close());
     metrics.setPoolSource(async () => poolCounts(await manager.status()));

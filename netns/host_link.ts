@@ -107,6 +107,18 @@ export function nodeCommands(s: HostLinkSpec, podNs: string): string[][] {
     "netns",
     podNs,
   ], ["link", "set", "dev", s.nodeIfName, "up"]];
+  return [...cmds, ...nodeRouteCommands(s)];
+}
+
+/**
+ * The node's routes and permanent neighbours over a node end (the part of
+ * {@linkcode nodeCommands} after the link): run again as they are, they restore what
+ * the kernel dropped (a route whose source address left the node).
+ */
+export function nodeRouteCommands(
+  s: Pick<HostLinkSpec, "nodeIfName" | "podMac" | "podAddresses" | "nodeSource">,
+): string[][] {
+  const cmds: string[][] = [];
   for (const fam of ["ipv4", "ipv6"] as const) {
     const addr = s.podAddresses[fam];
     if (!addr) continue;

@@ -398,6 +398,65 @@ export function startFed(argv: string[], limits: CommandLimits = {}): FedProcess
   };
 }
 
+/** A long-lived child started by {@linkcode startWatch}. */
+export interface Watch {
+  /** Settles when it has ended (by itself, or by {@linkcode Watch.close}): its code and stderr. */
+  readonly ended: Promise<{ code: number; stderr: string }>;
+  /** Ends it by its PID (SIGTERM, then SIGKILL after the grace) and waits for it. */
+  close(): Promise<void>;
+}
+
+/**
+ * Starts `argv` (binary first) to run until the caller closes it (`ip monitor`), handing
+ * each line of its stdout to `onLine`. The one kind of child without a deadline: it
+ * is meant to run for the agent's life, and {@linkcode Watch.close} ends it by its PID;
+ * the caller watches {@linkcode Watch.ended} to start it again should it end by itself.
+ */
+export function startWatch(
+  argv: string[],
+  onLine: (line: string) => void,
+  limits: Pick<CommandLimits, "graceMs"> = {},
+): Watch {
+  const [bin, ...args] = argv;
+  spawnCounter.count++;
+  const child = new Deno.Command(bin, {
+    args,
+    stdin: "null",
+    stdout: "piped",
+    stderr: "piped",
+    clearEnv: true,
+    env: CHILD_ENV,
+  }).spawn();
+  const err = drain(child.stderr);
+  const lines = (async () => {
+    let rest = "";
+    const td = new TextDecoder();
+    for await (const chunk of child.stdout) {
+      const parts = (rest + td.decode(chunk, { stream: true })).split("\n");
+      rest = parts.pop()!;
+      for (const line of parts) if (line !== "") onLine(line);
+    }
+    rest += td.decode();
+    if (rest !== "") onLine(rest);
+  })();
+  const ended = Promise.all([child.status, err.text, lines]).then(([status, stderr]) => ({
+    code: status.code,
+    stderr: clip(stderr.trim(), 1000),
+  }));
+  const graceMs = limits.graceMs ?? KILL_GRACE_MS;
+  return {
+    ended,
+    async close() {
+      if (!(await within(child.status, 0))) {
+        if (signal(child, "SIGTERM") && !(await within(child.status, graceMs))) {
+          if (signal(child, "SIGKILL")) await within(child.status, graceMs);
+        }
+      }
+      await within(ended, graceMs);
+    },
+  };
+}
+
 /** Runs any argv (binary first) once; throws {@linkcode IpError} on a non-zero exit. */
 export async function spawn(argv: string[]): Promise<RunOutput> {
   const { code, stdout, stderr } = await exec(argv);
