@@ -7,7 +7,7 @@
  */
 import { ProviderError } from "../providers/contract.ts";
 import { DeviceError } from "../netns/types.ts";
-import { CommandTimeoutError } from "../netns/ip.ts";
+import { CommandTimeoutError } from "../netns/child.ts";
 import { storageFailure, storageFailureMessage } from "../lib/sqlite.ts";
 import { userMessage as message } from "../lib/message.ts";
 import { ApiError } from "../api/schema.ts";

@@ -1,7 +1,7 @@
 import { assertEquals } from "../lib/assert.ts";
 import { ProviderError } from "../providers/contract.ts";
 import { toApiError } from "./errors.ts";
-import { CommandTimeoutError } from "../netns/ip.ts";
+import { CommandTimeoutError } from "../netns/child.ts";
 import { CNI_CODES, toCniError } from "../cni/errors.ts";
 
 Deno.test("a zone-sticky pod's refusals keep their own API codes and messages", async (t) => {

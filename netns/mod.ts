@@ -138,7 +138,7 @@ import {
 export * from "./types.ts";
 export { configureCommands } from "./commands.ts";
 export { netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
-export { CommandTimeoutError, setCommandTimeout } from "./ip.ts";
+export { CommandTimeoutError, setCommandTimeout } from "./child.ts";
 
 /** A neighbour entry, as `ip -j neigh show` reports it. */
 const NeighbourSchema = z.looseObject({

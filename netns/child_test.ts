@@ -1,5 +1,5 @@
 /**
- * Every child of `./ip.ts` has a deadline (issue 33 item 3): one that never answers
+ * Every child of `./child.ts` has a deadline (issue 33 item 3): one that never answers
  * is killed by its PID (SIGTERM, then SIGKILL) and the call fails naming the command
  * and the deadline, instead of holding its caller forever. The children here are
  * small shell scripts that write their PID to a file, so each test can show the
@@ -14,7 +14,7 @@ import {
   exec,
   setCommandTimeout,
   startFed,
-} from "./ip.ts";
+} from "./child.ts";
 
 const SH = "/bin/sh";
 /** How long a test waits for the deadline to act before it calls it missing. */
