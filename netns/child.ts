@@ -112,10 +112,11 @@ const SHORT = new Set([
  * and clipped (a shell script shows its head), the whole clipped.
  */
 export function commandLabel(argv: string[]): string {
+  const head = (text: string, n: number) => text.length > n ? `${text.slice(0, n)}…` : text;
   const words = argv.map((a, i) => {
     if (SHORT.has(a) || (i === 0 && a.startsWith("/"))) return a.split("/").at(-1)!;
     const one = a.replace(/\s+/g, " ").trim();
-    return one === a ? clip(a, 60) : clip(one, 24);
+    return one === a ? head(a, 60) : head(one, 24);
   });
   return clip(words.join(" "), 200);
 }
