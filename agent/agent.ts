@@ -39,11 +39,21 @@ export interface DeviceSetup {
   simulator?: DeviceSimulator;
 }
 
+/** What the device layer takes from the configuration. */
+export interface DeviceOptions {
+  /** The deadline of each child process (`timeouts.commandSeconds`), in ms. */
+  commandTimeoutMs: number;
+}
+
 /** The modules the agent wires together. */
 export interface AgentDeps {
   openDatabase(path: string): DatabaseSync;
   loadProvider(name: AgentConfig["provider"]["name"]): Promise<ProviderModule>;
-  createDevices(kind: AgentConfig["devices"], log: Logger): Promise<DeviceSetup>;
+  createDevices(
+    kind: AgentConfig["devices"],
+    log: Logger,
+    opts: DeviceOptions,
+  ): Promise<DeviceSetup>;
   /** Test and demo only: the veth device simulator of `cfg.deviceSimulator`. */
   loadDeviceSimulator(cfg: AgentConfig): Promise<DeviceSimulator | undefined>;
   createManager(opts: ManagerOptions): EniManager | Promise<EniManager>;
@@ -184,7 +194,9 @@ export async function startParts(
     if (cfg.devices === "fake") {
       log.warn('devices is "fake": nothing on the node is touched (tests and dry demos only)');
     }
-    const { devices, simulator: builtin } = await deps.createDevices(cfg.devices, log);
+    const { devices, simulator: builtin } = await deps.createDevices(cfg.devices, log, {
+      commandTimeoutMs: cfg.timeouts.commandSeconds * 1000,
+    });
     const simulator = (await deps.loadDeviceSimulator(cfg)) ?? builtin;
     if (simulator?.close) closers.push(() => simulator.close!());
     const ctx: ProviderContext = {
@@ -215,6 +227,8 @@ export async function startParts(
       metrics,
       stickyHoldMs: cfg.sticky.holdSeconds * 1000,
       describeAs: cfg.cloudDescriptions ? nodeName() : null,
+      // Restores the node's routes to pods when the node's address comes back.
+      watchNodeAddresses: true,
     });
     closers.push(() => manager.close());
     metrics.setPoolSource(async () => poolCounts(await manager.status()));

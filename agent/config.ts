@@ -81,6 +81,11 @@ export const AgentConfigSchema = z.strictObject({
       addSeconds: z._default(z.number().check(z.positive(), z.maximum(3600)), 120),
       /** How long one provider call may take before it fails as `unavailable`. */
       providerSeconds: z._default(z.number().check(z.positive(), z.maximum(3600)), 60),
+      /**
+       * How long one child process (`ip`, `tc`, `nft`, `nsenter`, `stat`) may run before
+       * it is killed (SIGTERM, then SIGKILL) and its operation fails.
+       */
+      commandSeconds: z._default(z.number().check(z.positive(), z.maximum(600)), 10),
     }),
     {},
   ),

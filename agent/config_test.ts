@@ -155,3 +155,15 @@ Deno.test("deploy/agent.jsonc is a valid configuration", async () => {
   const cfg = resolveConfig({ file: { path: path.pathname, text: await Deno.readTextFile(path) } });
   assertEquals(cfg.socket, "/run/enim/enim.sock");
 });
+
+Deno.test("timeouts.commandSeconds defaults to 10 s and must be positive and at most 600", () => {
+  const base = { provider: { name: "mock" } };
+  const parse = (timeouts: unknown) =>
+    resolveConfig({ file: file(JSON.stringify({ ...base, timeouts })) }).timeouts;
+  assertEquals(resolveConfig({ file: file(JSON.stringify(base)) }).timeouts.commandSeconds, 10);
+  assertEquals(parse({ commandSeconds: 2.5 }).commandSeconds, 2.5);
+  for (const bad of [0, -1, 601, "10"]) {
+    const err = configError(() => parse({ commandSeconds: bad }));
+    assertMatch(err.problems[0], /^timeouts\.commandSeconds: /);
+  }
+});

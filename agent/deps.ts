@@ -28,13 +28,15 @@ export async function loadDeviceSimulator(
 export const defaultDeps: AgentDeps = {
   openDatabase: (path) => openDatabase(path),
   loadProvider: (name) => loadProvider(name),
-  async createDevices(kind, log) {
+  async createDevices(kind, log, opts) {
     if (kind === "fake") {
       const { AgentFakeDevices } = await import("./fake_devices.ts");
       const devices = new AgentFakeDevices();
       return { devices, simulator: devices.simulator() };
     }
-    const { IpDeviceLayer } = await import("../netns/mod.ts");
+    const { IpDeviceLayer, setCommandTimeout } = await import("../netns/mod.ts");
+    // Every child the agent starts from now on (they all start in netns/ip.ts).
+    setCommandTimeout(opts.commandTimeoutMs);
     return { devices: new IpDeviceLayer({ log: log.child({ component: "netns" }) }) };
   },
   loadDeviceSimulator,

@@ -7,6 +7,7 @@
  */
 import { ProviderError } from "../providers/contract.ts";
 import { DeviceError } from "../netns/types.ts";
+import { CommandTimeoutError } from "../netns/child.ts";
 import { storageFailure, storageFailureMessage } from "../lib/sqlite.ts";
 import { userMessage as message } from "../lib/message.ts";
 import { ApiError } from "../api/schema.ts";
@@ -46,6 +47,11 @@ export function toApiError(err: unknown, statePath = "the state database"): ApiE
       ? "netns_invalid"
       : "device_error";
     return new ApiError(code, err.message, `step: ${err.step}`, { cause: err });
+  }
+  // A child past its deadline that no step wrapped (a namespace's stat, say): the device
+  // layer did not answer, as for any device error.
+  if (err instanceof CommandTimeoutError) {
+    return new ApiError("device_error", err.message, undefined, { cause: err });
   }
   return new ApiError("internal", message(err), undefined, { cause: err });
 }

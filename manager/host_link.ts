@@ -248,6 +248,11 @@ export class HostLinks {
     return this.#addresses.value;
   }
 
+  /** Drops the listed addresses: the node's addresses changed, the next caller lists them again. */
+  forgetNodeAddresses(): void {
+    this.#addresses = null;
+  }
+
   /** Loads the node's table once (again when it failed, or with `again`). */
   ensureTable(again = false): Promise<void> {
     if (!this.#table || again) {

@@ -64,6 +64,7 @@ import { freeOrphan, reconcile } from "./reconcile.ts";
 import { attachmentView, status } from "./status.ts";
 import { withDeadline } from "../lib/async.ts";
 import { HostLinks, sweepHostLinks } from "./host_link.ts";
+import { type KeeperOptions, NodeRouteKeeper } from "./node_routes.ts";
 import { hostLinkOf } from "./state.ts";
 
 export { toApiError } from "./errors.ts";
@@ -91,6 +92,14 @@ export interface ManagerOptions {
    * descriptions off (default: off).
    */
   describeAs?: string | null;
+  /**
+   * Watch the node's addresses from the first reconcile on, to restore the node's routes
+   * to pods when an address comes back (`node_routes.ts`; default off: the agent turns it
+   * on). Off, the GC pass still restores them.
+   */
+  watchNodeAddresses?: boolean;
+  /** The node route keeper's timings (tests). */
+  nodeRoutes?: KeeperOptions;
 }
 
 /** The manager, with its state store exposed for the agent and tests. */
@@ -118,6 +127,8 @@ class ManagerImpl implements Manager {
   readonly #graceMs: number;
   readonly #sources: LivenessSource[];
   readonly #inflight = new Set<Promise<unknown>>();
+  readonly #routes: NodeRouteKeeper;
+  readonly #watchAddresses: boolean;
   #closed = false;
   #reconciled = false;
 
@@ -144,6 +155,15 @@ class ManagerImpl implements Manager {
       hostLinks: new HostLinks(o.devices, o.log.child({ op: "host_link" }), state),
       releasing: new Map(),
     };
+    const ctx = this.#ctx;
+    this.#routes = new NodeRouteKeeper({
+      state,
+      devices: o.devices,
+      locks: ctx.locks,
+      log: o.log.child({ op: "node_routes" }),
+      hostLinks: ctx.hostLinks,
+    }, o.nodeRoutes);
+    this.#watchAddresses = o.watchNodeAddresses ?? false;
   }
 
   /** Tracks an operation so close() can wait for it; its errors reach clients as ApiError. */
@@ -310,6 +330,7 @@ class ManagerImpl implements Manager {
       const problem = await this.#hostLinkUpkeep("reconcile");
       if (problem) report.errors.push(problem);
       if (complete) this.#reconciled = true;
+      if (this.#watchAddresses) this.#routes.start();
       return report;
     });
   }
@@ -318,7 +339,8 @@ class ManagerImpl implements Manager {
    * Host links whose attachment is gone are removed (a pod deleted without DEL takes
    * its pair with it; an ADD killed mid-way may leave one), and the node's nftables
    * table is loaded again while any attachment has a link (a firewall reload may
-   * have flushed it). Returns a problem, never throws.
+   * have flushed it), and the node's routes to pods are restored where the kernel
+   * dropped them (`node_routes.ts`). Returns a problem, never throws.
    */
   async #hostLinkUpkeep(op: string): Promise<string | null> {
     const ctx = this.#ctx;
@@ -330,6 +352,7 @@ class ManagerImpl implements Manager {
       if (ctx.state.all().some((r) => hostLinkOf(r) !== null)) {
         await ctx.hostLinks.ensureTable(true);
       }
+      await this.#routes.pass();
       return null;
     } catch (err) {
       const problem = `Host links: ${message(err)}`;
@@ -352,6 +375,7 @@ class ManagerImpl implements Manager {
 
   async close(): Promise<void> {
     this.#closed = true;
+    await this.#routes.close();
     await Promise.allSettled([...this.#inflight]);
     await this.#ctx.describer?.idle();
     await this.#ctx.hostLinks.idle();

@@ -8,6 +8,7 @@
 import { canonicalCidr, familyOf as ipFamily, normalizeIp, parseCidr } from "../lib/ip.ts";
 import { IpError } from "./ip.ts";
 import {
+  type AddressEvent,
   type AddressSpec,
   DeviceError,
   type DevicePhase,
@@ -189,4 +190,25 @@ export function configureCommands(p: {
     );
   }
   return cmds;
+}
+
+const ADDRESS_LINE =
+  /^(Deleted\s+)?\d+:\s+(\S+)\s+(inet6?)\s+([0-9A-Fa-f:.]+)(?:\/\d+)?\s.*?\bscope\s+(\S+)/;
+
+/**
+ * One line of `ip -o monitor address` as an event; null for any other line (a
+ * monitor may print more than addresses, and the format is iproute2's text).
+ */
+export function parseAddressEvent(line: string): AddressEvent | null {
+  const m = ADDRESS_LINE.exec(line);
+  if (!m) return null;
+  const family = ipFamily(m[4]);
+  if (family === null) return null;
+  return {
+    deleted: m[1] !== undefined,
+    ifName: m[2].split("@")[0],
+    family,
+    address: normalizeIp(m[4]),
+    scope: m[5],
+  };
 }

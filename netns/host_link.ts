@@ -152,6 +152,39 @@ export function nodeCommands(s: HostLinkSpec, podNs: string): string[][] {
     "netns",
     podNs,
   ], ["link", "set", "dev", s.nodeIfName, "up"]];
+  cmds.push(...nodeRouteCommands(s));
+  for (const fam of ["ipv4", "ipv6"] as const) {
+    const addr = s.podAddresses[fam];
+    if (!addr) continue;
+    // Back over the node end, via the pod's own address (its permanent neighbour).
+    cmds.push([
+      "route",
+      "replace",
+      fam === "ipv4" ? "default" : "::/0",
+      "via",
+      normalizeIp(addr),
+      "dev",
+      s.nodeIfName,
+      "onlink",
+      "table",
+      String(s.table),
+    ]);
+  }
+  const v4 = s.podAddresses.ipv4;
+  if (v4) cmds.push(...nodeRuleCommands(s, v4, "add"));
+  return cmds;
+}
+
+/**
+ * The node's main-table routes and permanent neighbours over a node end (part of
+ * {@linkcode nodeCommands}): run again as they are, they restore what the kernel
+ * dropped (a route whose source address left the node). The pod's own table and rules
+ * name no node address and stay.
+ */
+export function nodeRouteCommands(
+  s: Pick<HostLinkSpec, "nodeIfName" | "podMac" | "podAddresses" | "nodeSource">,
+): string[][] {
+  const cmds: string[][] = [];
   for (const fam of ["ipv4", "ipv6"] as const) {
     const addr = s.podAddresses[fam];
     if (!addr) continue;
@@ -169,22 +202,7 @@ export function nodeCommands(s: HostLinkSpec, podNs: string): string[][] {
       "nud",
       "permanent",
     ]);
-    // Back over the node end, via the pod's own address (its permanent neighbour).
-    cmds.push([
-      "route",
-      "replace",
-      fam === "ipv4" ? "default" : "::/0",
-      "via",
-      normalizeIp(addr),
-      "dev",
-      s.nodeIfName,
-      "onlink",
-      "table",
-      String(s.table),
-    ]);
   }
-  const v4 = s.podAddresses.ipv4;
-  if (v4) cmds.push(...nodeRuleCommands(s, v4, "add"));
   return cmds;
 }
 

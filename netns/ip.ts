@@ -1,21 +1,14 @@
 /**
- * The one place that spawns `ip` (and `nsenter` for namespaces given by path).
+ * The one place that builds and runs `ip` commands (and `nsenter` for namespaces
+ * given by path); every child process itself is started by `./child.ts`, whose
+ * deadline and kill apply to each of them.
  *
  * Commands are argument arrays handed to Deno.Command (never a shell), with
  * absolute binary paths. JSON output (`ip -j`) is parsed with zod; several
- * commands can go to one `ip -batch FILE` to save spawns.
- *
- * Every run goes through `Deno.Command.output()`, never `spawn()` with piped
- * streams: a spawned child's stream objects keep ~100 KB of native memory each
- * until a major GC, which a long-lived agent with a small heap seldom runs
- * (measured: +0.6 MB of RSS per ADD/DEL cycle, 77 → 259 MB over 300 cycles).
- * So a batch is written to a file in a private scratch directory
- * ({@linkcode DEFAULT_SCRATCH_DIR}, 0700) rather than piped to `ip -batch -`,
- * and removed after the run. The one exception is {@linkcode startFed}: a process
- * started before its batch is known (the pod's configure, which starts while the
- * device moves) is fed through its stdin, and its three streams are read or written
- * to their end here, never left to the garbage collector, which frees their buffers
- * when it exits (the bench's 1000-cycle soak checks the agent's RSS stays flat).
+ * commands can go to one `ip -batch FILE` to save spawns. A batch is written to a
+ * file in a private scratch directory ({@linkcode DEFAULT_SCRATCH_DIR}, 0700)
+ * rather than piped to `ip -batch -` (see `./child.ts` for why), and removed after
+ * the run; the one exception is `startFed`'s process (the pod's configure).
  *
  * A namespace reference ({@linkcode NetnsRef}) is either absent (the current
  * process's namespace), a name under /run/netns (`ip -n NAME`), or an absolute
@@ -28,6 +21,28 @@
  */
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
+import { exec, IpError } from "./child.ts";
+
+export {
+  commandLabel,
+  type CommandLimits,
+  commandTimeout,
+  CommandTimeoutError,
+  DEFAULT_COMMAND_TIMEOUT_MS,
+  exec,
+  type ExecOutput,
+  type FedProcess,
+  IpError,
+  KILL_GRACE_MS,
+  setCommandTimeout,
+  spawnCounter,
+  startFed,
+  startWatch,
+  type TimeoutOutcome,
+  type Watch,
+} from "./child.ts";
+
+const encoder = new TextEncoder();
 
 /** The `ip` binary (iproute2). */
 export const IP_BIN = "/usr/sbin/ip";
@@ -40,35 +55,6 @@ export const SH_BIN = "/bin/sh";
 
 /** A network namespace: undefined/null for the current one, a name under /run/netns, or an absolute path. */
 export type NetnsRef = string | null | undefined;
-
-/** Counts every process this module spawns (for the bench and the perf tests). */
-export const spawnCounter: { count: number } = { count: 0 };
-
-/** A failed `ip` (or `nsenter`) run: the command line, its exit code and stderr. */
-export class IpError extends Error {
-  /** The full argv that was run, binary first. */
-  readonly argv: string[];
-  readonly code: number;
-  readonly stderr: string;
-  /** What it printed before failing (`ip -batch -force` goes on past a failed line). */
-  readonly stdout: string;
-  constructor(
-    argv: string[],
-    code: number,
-    stderr: string,
-    options?: { cause?: unknown; stdout?: string },
-  ) {
-    super(
-      `Command "${argv.join(" ")}" failed with exit code ${code}: ${stderr.trim() || "no output"}`,
-      options,
-    );
-    this.name = "IpError";
-    this.argv = argv;
-    this.code = code;
-    this.stderr = stderr.trim();
-    this.stdout = options?.stdout ?? "";
-  }
-}
 
 const NAMED = /^(?:\/var)?\/run\/netns\/([^/]+)$/;
 
@@ -109,92 +95,6 @@ export interface RunOptions {
 export interface RunOutput {
   stdout: string;
   stderr: string;
-}
-
-const decoder = new TextDecoder();
-const encoder = new TextEncoder();
-
-/** The environment of every process this module starts: nothing of the agent's but a PATH. */
-const CHILD_ENV = { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", LC_ALL: "C" };
-
-/** Runs any argv (binary first) once, counting the spawn, and returns its exit code and output. */
-export async function exec(
-  argv: string[],
-): Promise<{ code: number; stdout: string; stderr: string }> {
-  const [bin, ...args] = argv;
-  spawnCounter.count++;
-  const out = await new Deno.Command(bin, {
-    args,
-    stdin: "null",
-    stdout: "piped",
-    stderr: "piped",
-    clearEnv: true,
-    env: CHILD_ENV,
-  }).output();
-  return { code: out.code, stdout: decoder.decode(out.stdout), stderr: decoder.decode(out.stderr) };
-}
-
-/** A process started by {@linkcode startFed}, waiting for its stdin. */
-export interface FedProcess {
-  /**
-   * Writes `text` as the whole of its stdin, closes it, and waits for the exit (once;
-   * later calls return the first call's outcome). A process that exited without
-   * reading its stdin is no error here: its code and stderr say what happened.
-   */
-  feed(text: string): Promise<{ code: number; stdout: string; stderr: string }>;
-  /** Whether {@linkcode feed} was called. */
-  readonly fed: boolean;
-}
-
-/** Reads a byte stream to its end as text. */
-async function readToEnd(stream: ReadableStream<Uint8Array>): Promise<string> {
-  const td = new TextDecoder();
-  let text = "";
-  for await (const chunk of stream) text += td.decode(chunk, { stream: true });
-  return text + td.decode();
-}
-
-/**
- * Starts `argv` (binary first) now, with the environment of {@linkcode exec}, to be
- * fed its stdin later: the exec of the program (and of `nsenter`) overlaps whatever
- * the caller does meanwhile. Counts as one spawn. A caller that has nothing to feed
- * feeds "" (the process reads end-of-file at once), so every started process is
- * waited for.
- */
-export function startFed(argv: string[]): FedProcess {
-  const [bin, ...args] = argv;
-  spawnCounter.count++;
-  const child = new Deno.Command(bin, {
-    args,
-    stdin: "piped",
-    stdout: "piped",
-    stderr: "piped",
-    clearEnv: true,
-    env: CHILD_ENV,
-  }).spawn();
-  const stdout = readToEnd(child.stdout);
-  const stderr = readToEnd(child.stderr);
-  let outcome: Promise<{ code: number; stdout: string; stderr: string }> | null = null;
-  return {
-    get fed() {
-      return outcome !== null;
-    },
-    feed(text: string) {
-      outcome ??= (async () => {
-        const w = child.stdin.getWriter();
-        try {
-          if (text !== "") await w.write(encoder.encode(text));
-          await w.close();
-        } catch {
-          // It exited without reading (a failed step before it, a kill): its code says so.
-          await w.abort().catch(() => {});
-        }
-        const [status, out, err] = await Promise.all([child.status, stdout, stderr]);
-        return { code: status.code, stdout: out, stderr: err };
-      })();
-      return outcome;
-    },
-  };
 }
 
 /** Runs any argv (binary first) once; throws {@linkcode IpError} on a non-zero exit. */

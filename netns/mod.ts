@@ -60,6 +60,7 @@ import {
   failedLines,
   normalizeMac,
   noSuchDevice,
+  parseAddressEvent,
   pickDevice,
   routeConflict,
   stepTimer,
@@ -80,6 +81,7 @@ import { tcBatch } from "./tc.ts";
 import {
   AddrInfoSchema,
   batchLine,
+  CommandTimeoutError,
   DEFAULT_SCRATCH_DIR,
   exec,
   type FedProcess,
@@ -88,6 +90,7 @@ import {
   ipBatch,
   IpError,
   ipJson,
+  iprouteArgv,
   netnsPath,
   type NetnsRef,
   NFT_BIN,
@@ -99,6 +102,7 @@ import {
   scratchFile,
   SH_BIN,
   startFed,
+  startWatch,
 } from "./ip.ts";
 import {
   DEFAULT_MARKS,
@@ -108,6 +112,7 @@ import {
   isNodeEnd,
   NODE_RULE_PREF,
   nodeCommands,
+  nodeRouteCommands,
   nodeRuleCommands,
   nodeTableRuleset,
   POD_POLICY_FAILED,
@@ -117,8 +122,12 @@ import {
   podRuleset,
 } from "./host_link.ts";
 import {
+  type AddressEvent,
+  type AddressWatch,
   DeviceError,
   type DeviceLayer,
+  type HostLinkNodeSide,
+  type HostLinkNodeState,
   type HostLinkState,
   type Link,
   LinkSchema,
@@ -134,6 +143,14 @@ import {
 export * from "./types.ts";
 export { configureCommands } from "./commands.ts";
 export { netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
+export { CommandTimeoutError, setCommandTimeout } from "./child.ts";
+
+/** A neighbour entry, as `ip -j neigh show` reports it. */
+const NeighbourSchema = z.looseObject({
+  dst: z.string(),
+  dev: z.string(),
+  lladdr: z.optional(z.string()),
+});
 
 /** A link with its addresses, as `ip -j addr show` reports it. */
 const LinkAddrSchema = z.extend(LinkSchema, {
@@ -307,8 +324,10 @@ export class IpDeviceLayer implements DeviceLayer {
       return await this.#plugDevice(p, ns, config, pod);
     } finally {
       // Not fed (the move failed): it reads end-of-file and exits; what its policy left
-      // after a failed plug is inert (`netns/host_link.ts`).
-      await pod.process.feed("");
+      // after a failed plug is inert (`netns/host_link.ts`). Fed: this is its outcome
+      // again, which the configure step has turned into the plug's error already (a
+      // deadline missed, say), never to replace that error here.
+      await pod.process.feed("").catch(() => {});
       if (pod.ruleset) await Deno.remove(pod.ruleset).catch(() => {});
     }
   }
@@ -1019,6 +1038,99 @@ export class IpDeviceLayer implements DeviceLayer {
     const defaults = z.array(RouteEntrySchema).parse(out[1] ?? [])
       .filter((r) => r.table === undefined || r.table === "main");
     return nodeAddressesOf(links, defaults);
+  }
+
+  /**
+   * The node side of every host link: one `ip -j -batch` on the node (the node ends,
+   * the routes of all tables, the permanent neighbours), kept to the node ends.
+   */
+  async hostLinkNodeState(): Promise<HostLinkNodeState> {
+    const out = await this.#run(
+      "find",
+      "Cannot list the node's routes over the host links",
+      () =>
+        this.#batch(
+          [
+            ["link", "show", "group", String(HOST_LINK_GROUP)],
+            ["route", "show", "table", "all"],
+            ["neigh", "show", "nud", "permanent"],
+          ],
+          this.#node,
+          true,
+        ),
+    );
+    // iproute2 prints `{}` for each link the group filter leaves out.
+    const ends = z.array(z.looseObject({})).parse(out[0] ?? []).filter((l) => "ifname" in l);
+    const nodeEnds = z.array(LinkSchema).parse(ends).filter(isNodeEnd).map((l) => l.ifname);
+    const on = new Set(nodeEnds);
+    const hostPrefix = (dst: string) =>
+      dst.includes("/") ? dst : `${dst}/${dst.includes(":") ? 128 : 32}`;
+    const routes = z.array(RouteEntrySchema).parse(out[1] ?? [])
+      .filter((r) => (r.table === undefined || r.table === "main") && on.has(r.dev ?? ""))
+      .map((r) => ({
+        dst: hostPrefix(r.dst),
+        dev: r.dev!,
+        ...(r.prefsrc ? { prefsrc: r.prefsrc } : {}),
+      }));
+    const neighbours = z.array(NeighbourSchema).parse(out[2] ?? [])
+      .filter((n) => on.has(n.dev))
+      .map((n) => ({
+        dst: n.dst,
+        dev: n.dev,
+        ...(n.lladdr ? { lladdr: n.lladdr.toLowerCase() } : {}),
+      }));
+    return { nodeEnds, routes, neighbours };
+  }
+
+  /**
+   * Sets the node's routes and permanent neighbours of `links` again: one `ip -batch
+   * -force` on the node (`nodeRouteCommands` of `./host_link.ts`); returns each failed
+   * line's message.
+   */
+  async restoreHostLinkNodeSide(links: HostLinkNodeSide[]): Promise<string[]> {
+    for (const l of links) checkIfName(l.nodeIfName);
+    const lines = links.flatMap((l) => nodeRouteCommands(l));
+    if (lines.length === 0) return [];
+    try {
+      await this.#batch(lines, this.#node, false, true);
+      return [];
+    } catch (err) {
+      if (!(err instanceof IpError) || err instanceof CommandTimeoutError) {
+        throw new DeviceError(
+          "host_link",
+          "failed",
+          `Cannot restore the node's routes over the host links: ${errText(err)}`,
+          { cause: err },
+        );
+      }
+      const failed = failedLines(err.stderr);
+      const text = err.stderr.split("\n").filter((l) => l.trim() !== "");
+      return failed.length === 0
+        ? [errText(err)]
+        : failed.map((n) => `"ip ${lines[n - 1]?.join(" ")}" failed: ${text.join("; ")}`);
+    }
+  }
+
+  /**
+   * Watches the node's addresses (`ip -o monitor address` in the node's namespace,
+   * the one child that runs without a deadline) until closed.
+   */
+  watchNodeAddresses(onEvent: (e: AddressEvent) => void): AddressWatch {
+    const watch = startWatch(
+      iprouteArgv(IP_BIN, ["-o", "monitor", "address"], this.#node),
+      (line) => {
+        const e = parseAddressEvent(line);
+        if (e) onEvent(e);
+      },
+    );
+    return {
+      ended: watch.ended.then(
+        ({ code, stderr }) =>
+          `"ip monitor address" exited with code ${code}: ${stderr || "no output"}`,
+        (err) => `"ip monitor address" failed: ${errText(err)}`,
+      ),
+      close: () => watch.close(),
+    };
   }
 
   /**

@@ -183,6 +183,60 @@ export interface HostLinkState {
   podRules: RuleEntry[];
 }
 
+/** A route of the node over a host link's node end, as the kernel has it now. */
+export interface NodeRoute {
+  /** Destination in CIDR (a host route as `/32` or `/128`). */
+  dst: string;
+  dev: string;
+  /** Its preferred source; absent when it has none (the kernel strips it with the address). */
+  prefsrc?: string;
+}
+
+/** A permanent neighbour entry of the node on a host link's node end. */
+export interface NodeNeighbour {
+  /** The address (no prefix). */
+  dst: string;
+  dev: string;
+  /** Its MAC, lower case. */
+  lladdr?: string;
+}
+
+/** The node side of every host link, as the kernel has it now (`DeviceLayer.hostLinkNodeState`). */
+export interface HostLinkNodeState {
+  /** The node ends present. */
+  nodeEnds: string[];
+  /** The node's main-table routes over the node ends. */
+  routes: NodeRoute[];
+  /** The node's permanent neighbours on the node ends. */
+  neighbours: NodeNeighbour[];
+}
+
+/** What restores one host link's node side: its node end, the pod's addresses and MAC, the source. */
+export type HostLinkNodeSide = Pick<
+  HostLinkSpec,
+  "nodeIfName" | "podMac" | "podAddresses" | "nodeSource"
+>;
+
+/** One change of the node's addresses, as `ip -o monitor address` reports it. */
+export interface AddressEvent {
+  /** The address went (`Deleted …`); else it came, or its lifetimes were renewed. */
+  deleted: boolean;
+  ifName: string;
+  family: 4 | 6;
+  /** The address, without its prefix length. */
+  address: string;
+  /** `global`, `link`, `host`, … */
+  scope: string;
+}
+
+/** A running watch of the node's addresses (`DeviceLayer.watchNodeAddresses`). */
+export interface AddressWatch {
+  /** Settles when the watch has ended, by itself (with why) or by {@linkcode AddressWatch.close}. */
+  readonly ended: Promise<string>;
+  /** Ends it and waits for it. */
+  close(): Promise<void>;
+}
+
 /**
  * Everything the agent does to devices. The agent runs in the node's namespace;
  * "node" below means the agent's own network namespace.
@@ -226,6 +280,22 @@ export interface DeviceLayer {
   ensureHostLinkTable(legacy?: string[]): Promise<void>;
   /** Deletes the node's host-link rules whose node end is gone; returns how many. */
   sweepHostLinkRules(): Promise<number>;
+  /**
+   * Reads the node side of every host link (one listing): the node ends, the node's
+   * routes and permanent neighbours over them. Optional: a layer without it never has
+   * its node routes restored.
+   */
+  hostLinkNodeState?(): Promise<HostLinkNodeState>;
+  /**
+   * Sets again the node's routes and permanent neighbours of `links` (one batch that
+   * goes on past a failed line); returns what failed, one sentence each.
+   */
+  restoreHostLinkNodeSide?(links: HostLinkNodeSide[]): Promise<string[]>;
+  /**
+   * Watches the node's addresses until closed, handing each change to `onEvent`.
+   * Optional: without it, only the GC pass restores node routes.
+   */
+  watchNodeAddresses?(onEvent: (e: AddressEvent) => void): AddressWatch;
   /**
    * Reads the bandwidth shaping of the interface `ifName` in `netns` for CHECK (the
    * namespace's qdiscs, the interface's ingress filters); compare with

@@ -10,7 +10,9 @@
  * `ip -batch FILE` or `ip -batch -` (read whole first), the batch's lines. Its action is `fail` (exit 2 with an
  * RTNETLINK-like message, as a real failure prints) or `pause` (signal the test
  * and wait until it says go: the test then deletes or replaces the pod's
- * namespace at exactly that step). Nothing outside the sandbox sees the wrapper.
+ * namespace at exactly that step), or `hang` (never answer, ignoring SIGTERM: the
+ * agent's command deadline must kill it by its PID; {@linkcode IpFaults.hungPid}
+ * names it). Nothing outside the sandbox sees the wrapper.
  *
  * `tc` gets the same wrapper with `IpFaults.install(node, "/usr/sbin/tc")` (its
  * batches are `tc -batch FILE` too).
@@ -68,6 +70,13 @@ $(cat "$a")"; fi
       if [ "$action" = fail ]; then
         echo "RTNETLINK answers: Input/output error (injected by the test)" >&2
         exit 2
+      fi
+      if [ "$action" = hang ]; then
+        # Never answers, and ignores SIGTERM (kept across the exec): only SIGKILL ends it.
+        echo $$ > "$D/hung"
+        : > "$D/hit"
+        trap '' TERM
+        exec sleep 3600
       fi
       : > "$D/hit"
       i=0
@@ -132,9 +141,25 @@ export class IpFaults {
     await this.#arm("pause", where, regex, 1);
   }
 
+  /**
+   * The next `ip` call in `where` matching `regex` never answers (until SIGKILL);
+   * {@linkcode hit} tells when it started, {@linkcode hungPid} names its process.
+   */
+  async hang(where: Where, regex: string): Promise<void> {
+    await this.#arm("hang", where, regex, 1);
+  }
+
+  /** The PID of the call {@linkcode hang} made hang (null before it did). */
+  async hungPid(): Promise<number | null> {
+    const text = await Deno.readTextFile(`${this.#dir}/hung`).catch(() => "");
+    return /^\d+\s*$/.test(text) ? Number(text) : null;
+  }
+
   async #arm(action: string, where: Where, regex: string, times: number): Promise<void> {
     if (/\s/.test(regex)) throw new TypeError("Use \\s, not spaces, in a fault regex");
-    for (const f of ["fired", "hit", "go"]) await Deno.remove(`${this.#dir}/${f}`).catch(() => {});
+    for (const f of ["fired", "hit", "go", "hung"]) {
+      await Deno.remove(`${this.#dir}/${f}`).catch(() => {});
+    }
     await Deno.writeTextFile(`${this.#dir}/rule`, `${action} ${where} ${times} ${regex}\n`);
   }
 
