@@ -16,7 +16,7 @@ import type { Eni, ParkedEni } from "../../providers/schema.ts";
 import type { FakeEni } from "../support/bce_fake.ts";
 import type { ZoneCluster } from "../support/zone_cluster.ts";
 import { decodeRecord } from "../../providers/bce/_sticky.ts";
-import { type KernelView, locate, readKernel } from "./_kernel.ts";
+import { type KernelView, locate, readKernel, readVpcEnds } from "./_kernel.ts";
 import type { Violation } from "./_checker.ts";
 
 /** What one node's agent reports (null in {@linkcode ZoneNodeView} while it is down). */
@@ -43,7 +43,11 @@ export interface ZoneViews {
   /** The cloud's ENIs. */
   cloud: FakeEni[];
   nodes: ZoneNodeView[];
-  /** MACs whose VPC end exists while no node or pod namespace of any node shows the device. */
+  /**
+   * MACs whose VPC end existed all through the read (before the first namespace was
+   * read and after the last) while no node or pod namespace of any node showed the
+   * device ({@linkcode unaccountedDevices}).
+   */
   unaccounted: string[];
   /** The time of the views (epoch ms), for parked holds. */
   now: number;
@@ -226,6 +230,27 @@ export function checkZone(v: ZoneViews): Violation[] {
 }
 
 /**
+ * The devices no namespace accounts for: the MACs whose VPC end is in both `before`
+ * and `after` (read before the first namespace of `kernels` and after the last) and
+ * in no node or pod namespace of any of them. The namespaces are read one after the
+ * other, not at one instant, so a device plugged or unplugged meanwhile (its VPC end
+ * in one of the two reads only) may be missing from every namespace without being
+ * lost; one alive through the whole read and shown by none is.
+ */
+export function unaccountedDevices(
+  before: ReadonlySet<string>,
+  after: ReadonlySet<string>,
+  kernels: KernelView[],
+): string[] {
+  const seen = new Set<string>();
+  for (const k of kernels) {
+    for (const l of k.node.links) seen.add(l.mac);
+    for (const p of k.pods.values()) for (const l of p.links) seen.add(l.mac);
+  }
+  return [...before].filter((m) => after.has(m) && !seen.has(m));
+}
+
+/**
  * Reads the views of every node of `cluster` (an agent that does not answer counts
  * as down) and the cloud; `podNames` lists each node's pod namespaces to read
  * (default: the ones its VPC made and did not delete).
@@ -236,6 +261,7 @@ export async function readZoneViews(
 ): Promise<ZoneViews> {
   const nodes: ZoneNodeView[] = [];
   const vpcName = cluster.a.vpc.vpc.name;
+  const before = await readVpcEnds(vpcName);
   for (const n of cluster.nodes) {
     const names = o.podNames?.(n.label) ?? n.node.vpc.pods.map((p) => p.name);
     let agent: ZoneAgentView | null = null;
@@ -259,17 +285,12 @@ export async function readZoneViews(
       kernel: await readKernel(n.node.vpc.node.name, vpcName, names),
     });
   }
+  const after = await readVpcEnds(vpcName);
   const cloud = (await cluster.fake.state()).enis;
-  const seen = new Set<string>();
-  for (const n of nodes) {
-    for (const l of n.kernel.node.links) seen.add(l.mac);
-    for (const p of n.kernel.pods.values()) for (const l of p.links) seen.add(l.mac);
-  }
-  const vpcEnds = nodes[0]?.kernel.vpcEnds ?? new Set<string>();
   return {
     cloud,
     nodes,
-    unaccounted: [...vpcEnds].filter((m) => !seen.has(m)),
+    unaccounted: unaccountedDevices(before, after, nodes.map((n) => n.kernel)),
     now: Date.now(),
     ...(o.final ? { final: true } : {}),
   };

@@ -11,7 +11,7 @@ import { nodeLink } from "./_fixtures.ts";
 import type { FakeEni } from "../support/bce_fake.ts";
 import type { ViolationClass } from "./_checker.ts";
 import type { KernelView } from "./_kernel.ts";
-import { checkZone, type ZoneViews } from "./_zone_checker.ts";
+import { checkZone, unaccountedDevices, type ZoneViews } from "./_zone_checker.ts";
 import { encodeRecord } from "../../providers/bce/_sticky.ts";
 
 const A = "i-a", B = "i-b";
@@ -229,5 +229,28 @@ Deno.test("checkZone() reports each cross-node divergence with its class and sub
     const v = consistent();
     v.final = true;
     assertEquals(found(v), []);
+  });
+});
+
+Deno.test("unaccountedDevices() reports a device alive through the whole read that no namespace shows, and no device plugged or unplugged meanwhile", async (t) => {
+  // Node A shows eni-1's device, node B shows none; eni-7's device is in no namespace.
+  const kernels = [kernel([mac(1)]), kernel([])];
+  const ends = (...ns: number[]) => new Set(ns.map(mac));
+  await t.step("a device shown on a node is accounted for", () => {
+    assertEquals(unaccountedDevices(ends(1), ends(1), kernels), []);
+  });
+  await t.step("a device whose VPC end was there before and after is lost", () => {
+    assertEquals(unaccountedDevices(ends(1, 7), ends(1, 7), kernels), [mac(7)]);
+  });
+  await t.step("a device unplugged during the read (the failed run's case) is not", () => {
+    assertEquals(unaccountedDevices(ends(1, 7), ends(1), kernels), []);
+  });
+  await t.step("a device plugged during the read is not", () => {
+    assertEquals(unaccountedDevices(ends(1), ends(1, 7), kernels), []);
+  });
+  await t.step("a device shown in a pod namespace is accounted for", () => {
+    const k = kernel([]);
+    k.pods.set("/run/netns/p", { ...kernel([mac(7)]).node, name: "p", path: "/run/netns/p" });
+    assertEquals(unaccountedDevices(ends(7), ends(7), [k]), []);
   });
 });

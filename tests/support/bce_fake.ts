@@ -400,6 +400,14 @@ export class FakeBce {
     return this.#faults.length;
   }
 
+  /**
+   * Device hooks (`onAttach`/`onDetach`) queued or running: a status change the API
+   * already answers whose device is not plugged or unplugged yet.
+   */
+  get pendingHooks(): number {
+    return this.#hooks.size;
+  }
+
   /** Drops every queued fault. */
   clearFaults(): void {
     this.#faults = [];

@@ -24,7 +24,13 @@
  *   instance, answering `{"event":"done","eniId":…}`;
  *   on `instance-status <instanceId> <Status>`, reports that instance so from now
  *   on (`Stopped`: its node went down); on `delays <attachMs> <detachMs>`, makes
- *   attaches and detaches take that long (a kill can then land in the middle);
+ *   attaches and detaches take that long (a kill can then land in the middle); on
+ *   `device-delay <ms>`, makes each device plug and unplug that follows an attach or
+ *   a detach start that late (a slow hot-plug on a busy host);
+ * - an attach or detach changes the ENI's status first and its device after (as
+ *   `onAttach`/`onDetach` run): `state` reports `devicesPending`, how many of those
+ *   device changes are still to happen, so a test can wait until the kernel
+ *   matches the cloud;
  * - with `otherNodes`, serves several nodes: each instance's ENIs plug into its
  *   own node namespace, and the other nodes' agents reach the API through
  *   `unixSocket` (a file, reachable from every namespace) and a loopback relay
@@ -134,6 +140,8 @@ export type FakeRequestSummary = z.infer<typeof FakeRequestSummarySchema>;
 export const FakeBceStateSchema = z.object({
   enis: z.array(FakeEniSchema),
   requests: z.array(FakeRequestSummarySchema),
+  /** Device plugs and unplugs of attaches and detaches not done yet. */
+  devicesPending: z.number().int(),
 });
 /** The `state` answer. */
 export type FakeBceState = z.infer<typeof FakeBceStateSchema>;
@@ -171,6 +179,9 @@ async function main(): Promise<void> {
     return chain;
   };
   const attachedToANode = (e: FakeEni) => sims.has(e.instanceId) && e.status === "inuse";
+  let deviceDelayMs = 0;
+  const deviceDelay = () =>
+    deviceDelayMs > 0 ? new Promise((r) => setTimeout(r, deviceDelayMs)) : Promise.resolve();
   const fake: FakeBce = FakeBce.start({
     credentials,
     vpcId: settings.vpcId ?? "vpc-e2e0001",
@@ -192,6 +203,7 @@ async function main(): Promise<void> {
     detachDelayMs: settings.detachDelayMs ?? 30,
     onAttach: (eni) =>
       serial(`plug ${eni.eniId}`, async () => {
+        await deviceDelay();
         await sim(eni.instanceId).plug(toContractEni(fake.opts.subnets, eni));
         print({
           event: "plugged",
@@ -202,6 +214,7 @@ async function main(): Promise<void> {
       }),
     onDetach: (eni) =>
       serial(`unplug ${eni.eniId}`, async () => {
+        await deviceDelay();
         await sim(eni.instanceId).unplug(toContractEni(fake.opts.subnets, eni));
         print({ event: "unplugged", eniId: eni.eniId, mac: eni.macAddress });
       }),
@@ -238,6 +251,7 @@ async function main(): Promise<void> {
           event: "state",
           enis: [...fake.enis.values()],
           requests: fake.requests.map(({ headers: _, ...r }) => r),
+          devicesPending: fake.pendingHooks,
         });
       } else if (/^oob-(delete|detach) eni-[a-z0-9]+$/.test(command)) {
         const [verb, eniId] = command.split(" ");
@@ -255,6 +269,9 @@ async function main(): Promise<void> {
         const [, attach, detach] = command.split(" ");
         fake.opts.attachDelayMs = Number(attach);
         fake.opts.detachDelayMs = Number(detach);
+        print({ event: "done", command });
+      } else if (/^device-delay \d+$/.test(command)) {
+        deviceDelayMs = Number(command.split(" ")[1]);
         print({ event: "done", command });
       } else if (command !== "") {
         print({ event: "error", error: `Unknown command "${command}"` });
@@ -397,6 +414,14 @@ export class FakeBceProcess implements AsyncDisposable {
   /** Sets an instance's status as BCE reports it (`Stopped`, `Running`, …). */
   async instanceStatus(instanceId: string, status: string): Promise<void> {
     await this.#command(`instance-status ${instanceId} ${status}`);
+  }
+
+  /**
+   * Makes each device plug and unplug that follows an attach or a detach start `ms`
+   * late from now on (the cloud's status has changed, the kernel not yet).
+   */
+  async deviceDelay(ms: number): Promise<void> {
+    await this.#command(`device-delay ${ms}`);
   }
 
   /** Sets how long an attach and a detach take from now on. */

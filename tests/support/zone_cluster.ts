@@ -327,12 +327,15 @@ export class ZoneCluster implements AsyncDisposable {
 
   /**
    * Waits until the cloud and the agents are quiet: no ENI attaching or detaching,
-   * no park or claim in flight on any node.
+   * no device of a finished attach or detach still to be plugged or unplugged (the
+   * fake answers the new status before its device changes), no park or claim in
+   * flight on any node.
    */
   settle(ms = 30_000): Promise<void> {
     return waitFor("the cloud and the agents to settle", async () => {
       const st = await this.fake.state();
       if (st.enis.some((e) => e.status === "attaching" || e.status === "detaching")) return false;
+      if (st.devicesPending > 0) return false;
       for (const n of this.nodes) {
         if (n.node.agentPid === null) continue;
         const s = await n.node.client.status();
