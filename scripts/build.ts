@@ -44,6 +44,8 @@ const SOURCES = [
   "providers",
   "netns",
   "lib",
+  "kube",
+  "policy",
   "cli",
 ];
 
