@@ -25,12 +25,11 @@
  * - pod: the pod end, up; routes via the link-local next hop
  *   {@linkcode LINK_GATEWAY}, which is a permanent neighbour at the node end's MAC;
  *   connection marks and one conntrack zone ({@linkcode podRuleset}): a connection that
- *   arrived through the pod end is answered through it (the answer mark, rule
- *   {@linkcode POD_RULE_PREF}.answer); the pod's own Service traffic that the node
+ *   arrived through the pod end is answered through it (the answer mark and its rule); the pod's own Service traffic that the node
  *   sends back is forwarded out of the ENI in its own conntrack zone, its source port
  *   changed only where the pod's own direct flow to the same backend holds the same
- *   5-tuple, and its replies (the return mark, rule {@linkcode POD_RULE_PREF}.return,
- *   before the local table, which moves to {@linkcode POD_RULE_PREF}.local) go back
+ *   5-tuple, and its replies (the return mark, whose rule precedes the local
+ *   table: {@linkcode POD_RULE_PREF}) go back
  *   through the pod end to the node, whose conntrack reverses the DNAT.
  *
  * @module
@@ -71,8 +70,13 @@ export const DEFAULT_MARKS: HostLinkMarks = {
 
 /** The pod's routing table for what goes back through the pod end. */
 export const HOST_LINK_TABLE = 2000;
-/** The priorities of the pod's rules: the return rule and the answer rule precede the local table. */
-export const POD_RULE_PREF = { return: 10, answer: 20, local: 100 } as const;
+/**
+ * The priority of the pod's rules: 0, all of them, in this order: the return rule, the
+ * answer rule, the local table (moved behind them) and the main table's host routes. A
+ * rule added without a priority (`sbr` chained after enim: `from <pod address>`) gets the
+ * kernel's default, the second rule's priority less one: 0 here, after all of them.
+ */
+export const POD_RULE_PREF = 0;
 /** The priority of the answer rule before the pod's identity was kept (issue 34): removed when found. */
 export const LEGACY_ANSWER_PREF = 1000;
 /** The priorities of the node's two rules per pod address (host routes, the pod's table). */
@@ -447,12 +451,21 @@ export const POD_POLICY_SCRIPT = [
   // add FAMILY ARGS…: added, or there already ("File exists": the same rule).
   'add() { f=$1; shift; out=$("$ip" "-$f" rule add "$@" 2>&1) || case "$out" in *"File exists"*) ;;' +
   ' *) echo "Cannot add the IPv$f rule $*: $out" >&2; return 1;; esac; }',
+  // rules FAMILY ADDRESS: the return rule first; there already, the layout is (an earlier
+  // ADD in this namespace). Then the answer rule, the local table moved behind them and
+  // the main table's host routes: all at priority 0, in that order.
   "rules() {",
-  `  add "$1" pref ${POD_RULE_PREF.return} to "$2" fwmark "$ret" lookup "$table" &&`,
-  `  add "$1" pref ${POD_RULE_PREF.answer} iif lo fwmark "$answer" lookup "$table" &&`,
-  `  add "$1" pref ${POD_RULE_PREF.local} lookup local &&`,
-  '  { "$ip" "-$1" rule del pref 0 lookup local 2>/dev/null; true; } &&',
-  `  { "$ip" "-$1" rule del pref ${LEGACY_ANSWER_PREF} fwmark "$answer" lookup "$table" 2>/dev/null; true; }`,
+  '  out=$("$ip" "-$1" rule add pref 0 to "$2" fwmark "$ret" lookup "$table" 2>&1) || case "$out" in',
+  '    *"File exists"*) return 0;;',
+  '    *) echo "Cannot add the IPv$1 rule pref 0 to $2 fwmark $ret lookup $table: $out" >&2; return 1;;',
+  "  esac",
+  '  add "$1" pref 0 iif lo fwmark "$answer" lookup "$table" &&',
+  "  printf 'rule del pref 0 lookup local\\nrule add pref 0 lookup local\\n" +
+  "rule add pref 0 lookup main suppress_prefixlength 0\\n' |",
+  '    "$ip" "-$1" -batch - >/dev/null 2>&1 ||',
+  '    { echo "Cannot move the IPv$1 local table behind enim\'s rules" >&2; return 1; }',
+  `  "$ip" "-$1" rule del pref ${LEGACY_ANSWER_PREF} fwmark "$answer" lookup "$table" 2>/dev/null`,
+  "  return 0",
   "}",
   '{ { [ -z "$v4" ] || rules 4 "$v4"; } && { [ -z "$v6" ] || rules 6 "$v6"; }; } < /dev/null &',
   "rules=$!",
@@ -499,16 +512,18 @@ export interface PodRule {
 
 /**
  * The rules {@linkcode POD_POLICY_SCRIPT} gives the pod, per address it has: the return
- * rule (to the address), the answer rule (`iif lo`) and the local table behind them.
+ * rule (to the address), the answer rule (`iif lo`), the local table behind them and the
+ * main table's host routes.
  */
 export function podRulesOf(podAddresses: { ipv4?: string; ipv6?: string }): PodRule[] {
   const table = String(HOST_LINK_TABLE);
   return Object.values(podAddresses).filter((a): a is string => a !== undefined).flatMap((
     a,
   ) => [
-    { priority: POD_RULE_PREF.return, table, dst: normalizeIp(a) },
-    { priority: POD_RULE_PREF.answer, table, iif: "lo" },
-    { priority: POD_RULE_PREF.local, table: "local" },
+    { priority: POD_RULE_PREF, table, dst: normalizeIp(a) },
+    { priority: POD_RULE_PREF, table, iif: "lo" },
+    { priority: POD_RULE_PREF, table: "local" },
+    { priority: POD_RULE_PREF, table: "main" },
   ]);
 }
 

@@ -36,9 +36,9 @@ Deno.test("the node side creates the pair with the pod end in the pod, and route
     "link set dev enimh0123456789 up",
     "route replace 10.99.0.11/32 dev enimh0123456789 src 10.99.0.2",
     "neigh replace 10.99.0.11 lladdr 0a:01:02:03:04:05 dev enimh0123456789 nud permanent",
-    "route replace default via 10.99.0.11 dev enimh0123456789 onlink table 268438204",
     "route replace fd00:99::11/128 dev enimh0123456789 src fd00:99::2",
     "neigh replace fd00:99::11 lladdr 0a:01:02:03:04:05 dev enimh0123456789 nud permanent",
+    "route replace default via 10.99.0.11 dev enimh0123456789 onlink table 268438204",
     "route replace ::/0 via fd00:99::11 dev enimh0123456789 onlink table 268438204",
     // The IPv4 rules ride in the batch; the IPv6 ones need `ip -6` (below).
     "rule add pref 1500 from 10.99.0.11 iif enimh0123456789 fwmark 0x1000/0x1000 lookup main suppress_prefixlength 31",
@@ -84,7 +84,7 @@ Deno.test("an IPv4-only pod gets no IPv6 route, neighbour or rule", () => {
     "/ip",
     "/nft",
   ]);
-  assertEquals(podRulesOf(v4.podAddresses).map((r) => r.priority), [10, 20, 100]);
+  assertEquals(podRulesOf(v4.podAddresses).map((r) => r.priority), [0, 0, 0, 0]);
   assertEquals(resultRoutes(v4), [
     { dst: "172.30.0.0/16", gw: "169.254.1.1" },
     { dst: "10.99.0.2/32", gw: "169.254.1.1" },

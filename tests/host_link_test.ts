@@ -302,6 +302,97 @@ Deno.test({
 });
 
 Deno.test({
+  name:
+    "sbr chained after enim: the pod keeps its probes, its Services (remote and on the node) and its hostPort",
+  ignore: DEPS.skip !== null,
+  async fn(t) {
+    const node = await kubeNode();
+    await using servers = new Servers();
+    try {
+      const { vpc } = node;
+      const nic = node.nic!;
+      const r = await vpc.host("r", 50, { ipv4: "10.98.0.0/24", ipv6: "fd00:98::/64" });
+      const c = await vpc.host("c", 60, { ipv4: "10.98.0.0/24", ipv6: "fd00:98::/64" });
+      const a = await strictPod(vpc, "a");
+      const b = await strictPod(vpc, "b");
+      const ra = await node.add(a, { config: kubeConf(node) });
+      const rb = await node.add(b, { config: kubeConf(node) });
+      const A = { v4: addrOf(ra, 4), v6: addrOf(ra, 6) };
+      const B = { v4: addrOf(rb, 4), v6: addrOf(rb, 6) };
+      const N = { v4: nic.ipv4!, v6: nic.ipv6! };
+      // sbr (source-based routing) after enim, as a conflist would chain it: it moves the
+      // ENI's routes to a table of their own and adds "from <pod address> lookup" rules.
+      const sbrEnv = {
+        CNI_CONTAINERID: "c-a",
+        CNI_NETNS: a.path,
+        CNI_IFNAME: "eth0",
+        CNI_PATH: "/usr/lib/cni",
+      };
+      const sbrConf = {
+        cniVersion: "1.0.0",
+        name: "enim-test",
+        type: "sbr",
+        prevResult: { ...ra, cniVersion: "1.0.0" },
+      };
+      const add = await runInNode(node, ["/usr/lib/cni/sbr"], {
+        ...sbrEnv,
+        CNI_COMMAND: "ADD",
+      }, JSON.stringify(sbrConf));
+      assertEquals(add.code, 0, add.stdout + add.stderr);
+      const rules = await vpc.exec(a, [IP, "rule", "show"]);
+      await serve(servers, [[r.ns, "r"], [b, "b"]]);
+      await servers.start(a, "a", [{ proto: "tcp", port: 9090 }]);
+      await installKubeProxy(vpc.node.name, "nftables", services({ remote: r4(r), pod: B }), [
+        { family: 4, serviceCidr: SERVICE_CIDRS.ipv4, nodeIPs: [N.v4] },
+        { family: 6, serviceCidr: SERVICE_CIDRS.ipv6, nodeIPs: [N.v6] },
+      ]);
+      await t.step("the node's probe reaches the pod, IPv4 and IPv6", async () => {
+        assertEquals(who(await ask(vpc.node, "tcp", A.v4, 9090)), `a ${N.v4}`, rules.stdout);
+        assertEquals(who(await ask(vpc.node, "tcp", A.v6, 9090)), `a ${N.v6}`, rules.stdout);
+      });
+      await t.step("a ClusterIP backed by a VPC machine sees the pod's own address", async () => {
+        assertEquals(who(await ask(a, "tcp", "172.30.0.20", 80)), `r ${A.v4}`, rules.stdout);
+        assertEquals(who(await ask(a, "udp", "172.30.0.20", 53)), `r ${A.v4}`, rules.stdout);
+        assertEquals(who(await ask(a, "tcp", "fd00:30::20", 80)), `r ${A.v6}`, rules.stdout);
+      });
+      await t.step("a ClusterIP backed by an enim pod on the node", async () => {
+        assertEquals(who(await ask(a, "tcp", "172.30.0.21", 80)), `b ${A.v4}`, rules.stdout);
+        assertEquals(who(await ask(a, "tcp", "fd00:30::21", 80)), `b ${A.v6}`, rules.stdout);
+      });
+      await t.step("a hostPort (portmap) a VPC client reaches", async () => {
+        const conf = {
+          cniVersion: "1.0.0",
+          name: "enim-test",
+          type: "portmap",
+          runtimeConfig: {
+            portMappings: [{ hostPort: 7000, containerPort: 9090, protocol: "tcp" }],
+          },
+          prevResult: { ...ra, cniVersion: "1.0.0" },
+        };
+        const pm = await runInNode(node, ["/usr/lib/cni/portmap"], {
+          ...sbrEnv,
+          CNI_COMMAND: "ADD",
+        }, JSON.stringify(conf));
+        assertEquals(pm.code, 0, pm.stdout + pm.stderr);
+        assertEquals(who(await ask(c.ns, "tcp", N.v4, 7000)), `a ${c.ipv4}`, lastError);
+        assertEquals(who(await ask(c.ns, "tcp", N.v6, 7000)), `a ${c.ipv6}`, lastError);
+      });
+    } catch (err) {
+      console.error(await node.agentLog());
+      throw err;
+    } finally {
+      await servers[Symbol.asyncDispose]();
+      await node.close();
+    }
+  },
+});
+
+/** A VPC machine's addresses as `services` takes them. */
+function r4(h: { ipv4?: string; ipv6?: string }): { v4: string; v6: string } {
+  return { v4: h.ipv4!, v6: h.ipv6! };
+}
+
+Deno.test({
   name: "with hostLink enabled false the pod gets exactly enim's ENI and nothing else",
   ignore: DEPS.skip !== null,
   async fn() {
@@ -380,14 +471,14 @@ Deno.test({
     const pod = await node.vpc.pod("policy");
     const before = (await node.client.status()).pool;
     // The policy's rule, in the pod's one process that runs before its ip batch.
-    await faults.fail("pod", "rule\\sadd\\spref\\s10\\s");
+    await faults.fail("pod", "rule\\sadd\\spref\\s0\\sto\\s");
     const out = await node.cni("ADD", node.podCall(pod, { config: kubeConf(node) }));
     assert(await faults.fired(), "the rule's ip ran in the pod");
     await faults.uninstall();
     assertEquals(out.code, 1);
     assertEquals(out.json?.code, 105, out.stdout);
     assertStringIncludes(String(out.json?.msg), "Cannot set the host link's policy");
-    assertStringIncludes(String(out.json?.msg), "Cannot add the IPv4 rule pref 10 to");
+    assertStringIncludes(String(out.json?.msg), "Cannot add the IPv4 rule pref 0 to");
     assertEquals((await node.client.status()).pool, before);
     assertEquals((await node.client.attachments()).length, 0);
     assertEquals(await nodeEnds(node.vpc), []);
