@@ -229,6 +229,10 @@ export async function startParts(
       describeAs: cfg.cloudDescriptions ? nodeName() : null,
       // Restores the node's routes to pods when the node's address comes back.
       watchNodeAddresses: true,
+      nodeMarks: {
+        node: cfg.hostLink.nodeMark,
+        kubeProxyMasquerade: cfg.hostLink.kubeProxyMasqueradeMark,
+      },
     });
     closers.push(() => manager.close());
     metrics.setPoolSource(async () => poolCounts(await manager.status()));

@@ -13,6 +13,7 @@
  * @module
  */
 import { DEFAULT_SOCKET } from "../api/wire.ts";
+import { MarkBitSchema } from "../api/schema.ts";
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import { parse as parseJsonc, type ParseError, printParseErrorCode } from "jsonc-parser";
@@ -46,6 +47,15 @@ const AbsolutePath = z.string().check(
   z.refine(
     (s) => s.startsWith("/") && !s.split("/").some((p) => p === ".."),
     "Expected an absolute path without '..'",
+  ),
+);
+
+/** A mark of one bit: a number or a hex string (`"0x1000"`). */
+const MarkOption = z.pipe(
+  z.union([z.number(), z.string().check(z.regex(/^0x[0-9a-fA-F]{1,8}$/))]),
+  z.pipe(
+    z.transform((v: number | string) => typeof v === "number" ? v : parseInt(v, 16)),
+    MarkBitSchema,
   ),
 );
 
@@ -97,6 +107,20 @@ export const AgentConfigSchema = z.strictObject({
       /** How long a client has to send its whole request; then 408 and it is closed. */
       requestTimeoutSeconds: z._default(z.number().check(z.positive(), z.maximum(3600)), 10),
     }),
+    {},
+  ),
+  /**
+   * The host link's marks on the node (`netns/host_link.ts` `HostLinkMarks`): enim's own
+   * bit, set and read only on what comes in from a node end, and the masquerade bit
+   * kube-proxy uses (`--iptables-masquerade-bit`), read, never set.
+   */
+  hostLink: z.prefault(
+    z.strictObject({
+      nodeMark: z._default(MarkOption, 0x1000),
+      kubeProxyMasqueradeMark: z._default(MarkOption, 0x4000),
+    }).check(z.refine((h) => h.nodeMark !== h.kubeProxyMasqueradeMark, {
+      message: "hostLink.nodeMark and hostLink.kubeProxyMasqueradeMark need a bit each",
+    })),
     {},
   ),
   /** Sticky pods (`enim.dev/sticky`): how long a deleted pod's ENI waits for it to come back. */

@@ -35,6 +35,7 @@ Deno.test("a JSONC file with comments and trailing commas parses, defaults appli
   assertEquals(cfg.log, { level: "info", format: "json" });
   assertEquals(cfg.devices, "ip");
   assertEquals(cfg.deviceSimulator, undefined);
+  assertEquals(cfg.hostLink, { nodeMark: 0x1000, kubeProxyMasqueradeMark: 0x4000 });
 });
 
 Deno.test("a syntax error is reported with line and column", () => {
@@ -67,6 +68,16 @@ Deno.test("invalid fields are reported with their paths", async (t) => {
     ["bad log level", '{"provider": {"name": "mock"}, "log": {"level": "loud"}}', /^log\.level: /],
     ["bad devices", '{"provider": {"name": "mock"}, "devices": "real"}', /^devices: /],
     ["top-level array", "[]", /^\(top level\): Expected an object/],
+    [
+      "a node mark of two bits",
+      '{"provider": {"name": "mock"}, "hostLink": {"nodeMark": "0x3000"}}',
+      /^hostLink\.nodeMark: Expected a mark of one bit/,
+    ],
+    [
+      "the node mark equal to kube-proxy's",
+      '{"provider": {"name": "mock"}, "hostLink": {"nodeMark": 16384}}',
+      /^hostLink: hostLink\.nodeMark and hostLink\.kubeProxyMasqueradeMark need a bit each/,
+    ],
   ];
   for (const [what, text, re] of cases) {
     await t.step(what, () => {

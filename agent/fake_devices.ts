@@ -101,8 +101,11 @@ export class AgentFakeDevices implements DeviceLayer {
   nodeAddresses(): Promise<NodeAddresses> {
     return this.fake.nodeAddresses();
   }
-  ensureHostLinkTable(legacy?: string[]): Promise<void> {
-    return this.fake.ensureHostLinkTable(legacy);
+  ensureHostLinkTable(
+    legacy?: string[],
+    marks?: { node: number; kubeProxyMasquerade: number },
+  ): Promise<void> {
+    return this.fake.ensureHostLinkTable(legacy, marks);
   }
 
   sweepHostLinkRules(): Promise<number> {

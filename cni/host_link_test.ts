@@ -93,6 +93,14 @@ Deno.test("bad host link config fails with 7 naming the field, before the agent 
     ["a node-end prefix too long", { hostLink: { nodeIfPrefix: "enimhost" } }, "nodeIfPrefix"],
     ["a pod end named like CNI_IFNAME", { hostLink: { podIfName: "eth0" } }, "podIfName"],
     ["a pod end name too long", { hostLink: { podIfName: "host-link-of-pod" } }, "podIfName"],
+    ["a mark of two bits", { hostLink: { marks: { answer: "0x3000" } } }, "marks.answer"],
+    ["a mark that is no number", { hostLink: { marks: { return: "high" } } }, "marks.return"],
+    [
+      "the return mark equal to the default answer mark",
+      { hostLink: { marks: { return: 4096 } } },
+      "hostLink.marks.return: 0x1000 is the mark of hostLink.marks.answer already",
+    ],
+    ["an unknown mark", { hostLink: { marks: { node: "0x1000" } } }, "marks"],
   ];
   for (const [name, over, field] of cases) {
     await t.step(name, async () => {
@@ -112,6 +120,13 @@ Deno.test("bad host link config fails with 7 naming the field, before the agent 
     assertStringIncludes(expectError(r, 7).msg, "ipam.hostLink.enabled");
     assertEquals(r.agent.calls, []);
   });
+});
+
+Deno.test("the host link's pod marks reach the agent as numbers, from hex strings too", async () => {
+  const r = await run(env(), iface({ hostLink: { marks: { answer: "0x100", return: 512 } } }));
+  assertEquals(r.code, 0, r.stdout);
+  const add = r.agent.calls[0].req as AddRequest;
+  assertEquals(add.hostLink?.marks, { answer: 0x100, return: 0x200 });
 });
 
 Deno.test("the result lists the host link's two ends after the ENI's interface", async () => {

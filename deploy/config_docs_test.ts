@@ -283,6 +283,7 @@ function defaultProfileKey(key: string, keys: string[]): boolean {
 const SUBJECTS: Record<Kind, Subject[]> = {
   option: [
     { page: "docs/scheduling.md", owns: (k) => k.startsWith("devicePlugin.") },
+    { page: "docs/kubernetes.md", owns: (k) => k.startsWith("hostLink.") },
     { page: "docs/operations.md", owns: (k) => /^(gc|log)\./.test(k) },
     {
       page: "docs/sticky_pods.md",

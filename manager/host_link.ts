@@ -18,7 +18,7 @@ import type { Eni, ProfileInfo } from "../providers/contract.ts";
 import { keyOf } from "../providers/schema.ts";
 import { canonicalCidr, contains, normalizeIp, parseCidr, parseIp } from "../lib/ip.ts";
 import type { DeviceLayer, HostLinkSpec, NodeAddresses } from "../netns/types.ts";
-import { DEFAULT_MARKS, NODE_TABLE_BASE } from "../netns/host_link.ts";
+import { DEFAULT_MARKS, type HostLinkMarks, NODE_TABLE_BASE } from "../netns/host_link.ts";
 import type { Logger } from "../lib/log.ts";
 import { ApiError, type HostLinkRequest } from "../api/schema.ts";
 import { hostLinkOf, type StateStore } from "./state.ts";
@@ -76,6 +76,7 @@ export function planHostLink(
   k: Key,
   node: NodeAddresses,
   table: number = tableOf(k),
+  nodeMarks: Pick<HostLinkMarks, "node" | "kubeProxyMasquerade"> = DEFAULT_MARKS,
 ): HostLinkSpec {
   const listed = [...req.serviceCidrs, ...req.hostStackCidrs].map((c) => parseCidr(c)!);
   const nodeRoutes = node.addresses
@@ -103,7 +104,12 @@ export function planHostLink(
       .filter((r) => r.includes(":") ? podAddresses.ipv6 : podAddresses.ipv4)
       .map((dst) => ({ dst })),
     table,
-    marks: { ...DEFAULT_MARKS, ...req.marks },
+    marks: {
+      ...DEFAULT_MARKS,
+      node: nodeMarks.node,
+      kubeProxyMasquerade: nodeMarks.kubeProxyMasquerade,
+      ...req.marks,
+    },
   };
 }
 
@@ -182,10 +188,19 @@ export class HostLinks {
   readonly #reserved = new Map<number, string>();
   #legacyLogged = false;
 
-  constructor(devices: DeviceLayer, log: Logger, state: StateStore | null = null) {
+  /** The node's marks, which every link's node rules and the node's table use. */
+  readonly nodeMarks: { node: number; kubeProxyMasquerade: number };
+
+  constructor(
+    devices: DeviceLayer,
+    log: Logger,
+    state: StateStore | null = null,
+    nodeMarks: { node: number; kubeProxyMasquerade: number } = DEFAULT_MARKS,
+  ) {
     this.#devices = devices;
     this.#log = log;
     this.#state = state;
+    this.nodeMarks = { node: nodeMarks.node, kubeProxyMasquerade: nodeMarks.kubeProxyMasquerade };
   }
 
   /**
@@ -256,7 +271,7 @@ export class HostLinks {
   /** Loads the node's table once (again when it failed, or with `again`). */
   ensureTable(again = false): Promise<void> {
     if (!this.#table || again) {
-      const p = this.#devices.ensureHostLinkTable(this.legacyNodeEnds());
+      const p = this.#devices.ensureHostLinkTable(this.legacyNodeEnds(), this.nodeMarks);
       this.#table = p;
       p.catch(() => {
         if (this.#table === p) this.#table = null;
@@ -403,5 +418,5 @@ export async function hostLinkFor(
       { cause: err },
     );
   }
-  return planHostLink(eni, hl, k, node, links.reserveTable(k));
+  return planHostLink(eni, hl, k, node, links.reserveTable(k), links.nodeMarks);
 }

@@ -98,6 +98,8 @@ export interface ManagerOptions {
    * on). Off, the GC pass still restores them.
    */
   watchNodeAddresses?: boolean;
+  /** The host link's marks on the node (default `DEFAULT_MARKS` of `netns/host_link.ts`). */
+  nodeMarks?: { node: number; kubeProxyMasquerade: number };
   /** The node route keeper's timings (tests). */
   nodeRoutes?: KeeperOptions;
 }
@@ -152,7 +154,7 @@ class ManagerImpl implements Manager {
         : null,
       apiError: (err) => toApiError(err, state.db.location() ?? "the state database"),
       addAnswered: new Map(),
-      hostLinks: new HostLinks(o.devices, o.log.child({ op: "host_link" }), state),
+      hostLinks: new HostLinks(o.devices, o.log.child({ op: "host_link" }), state, o.nodeMarks),
       releasing: new Map(),
     };
     const ctx = this.#ctx;

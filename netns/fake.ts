@@ -502,7 +502,10 @@ export class FakeDeviceLayer implements DeviceLayer {
     return clone(this.nodeAddrs);
   }
 
-  async ensureHostLinkTable(legacy: string[] = []): Promise<void> {
+  async ensureHostLinkTable(
+    legacy: string[] = [],
+    _marks?: { node: number; kubeProxyMasquerade: number },
+  ): Promise<void> {
     this.calls.push({ op: "ensureHostLinkTable", args: { legacy } });
     await this.#step("hostLink");
     this.tableLoads++;

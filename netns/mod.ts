@@ -1137,11 +1137,15 @@ export class IpDeviceLayer implements DeviceLayer {
    * Loads enim's nftables table on the node (`nft -f`, replacing the table); `legacy`:
    * the node ends of pods on the layout before issue 34 (`nodeTableRuleset`).
    */
-  async ensureHostLinkTable(legacy: string[] = []): Promise<void> {
+  async ensureHostLinkTable(
+    legacy: string[] = [],
+    marks: { node: number; kubeProxyMasquerade: number } = DEFAULT_MARKS,
+  ): Promise<void> {
     await this.#run(
       "host_link",
       "Cannot load enim's nftables table on the node",
-      () => nftApply(nodeTableRuleset(legacy), { netns: this.#node, scratchDir: this.#scratch }),
+      () =>
+        nftApply(nodeTableRuleset(legacy, marks), { netns: this.#node, scratchDir: this.#scratch }),
     );
   }
 

@@ -277,7 +277,10 @@ export interface DeviceLayer {
    * `legacy`: node ends of links made before issue 34, whose pods' traffic the node
    * still masquerades.
    */
-  ensureHostLinkTable(legacy?: string[]): Promise<void>;
+  ensureHostLinkTable(
+    legacy?: string[],
+    marks?: { node: number; kubeProxyMasquerade: number },
+  ): Promise<void>;
   /** Deletes the node's host-link rules whose node end is gone; returns how many. */
   sweepHostLinkRules(): Promise<number>;
   /**
