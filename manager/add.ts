@@ -5,6 +5,10 @@
  * the cloud description queued after it. Any failure rolls back through
  * `release.ts`.
  *
+ * Why one file: ADD is one sequence, each step's rollback beside it; split, the order
+ * of intent, allocation, move and outcome (what a crash at any point leaves) is no
+ * longer readable top to bottom.
+ *
  * @module
  */
 import { type Eni, EniSchema, type Owner } from "../providers/contract.ts";

@@ -4,6 +4,10 @@
  * whose attachment is gone. The commands are `netns/host_link.ts`'s; the manager's
  * other route policy stays in `result.ts`.
  *
+ * Why one file: everything the agent decides about a host link (its names, MACs and
+ * table, its routes, the CIDR checks, the node's addresses, its upkeep and sweep) is
+ * small and about one thing; a reader changing the link needs all of it at once.
+ *
  * The pod routes through its host link: the config's Service CIDRs, the node's own
  * addresses (found here, never typed by an operator; each as a host route) and the
  * config's host-stack CIDRs. A node address inside one of those CIDRs needs no route

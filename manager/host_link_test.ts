@@ -3,7 +3,7 @@ import { ApiError } from "../api/schema.ts";
 import { NODE } from "../netns/fake.ts";
 import { HOST_LINK_GROUP } from "../netns/host_link.ts";
 import { add, delReq, withNode } from "../tests/support/manager_fixtures.ts";
-import { linkMacs, nodeIfNameFor, planHostLink } from "./host_link.ts";
+import { linkMacs, nodeIfNameFor, planHostLink, tableOf } from "./host_link.ts";
 
 const LINK = {
   podIfName: "host0",
@@ -75,7 +75,12 @@ Deno.test("ADD with a host link plugs it with the ENI, records it, and DEL remov
     assert(snap["/run/netns/p1"].links.some((l) => l.ifname === "host0"));
     assertEquals(n.devices.tableLoads, 1);
     const att = n.mgr.attachments()[0];
-    assertEquals(att.hostLink, { nodeIfName, podIfName: "host0", serviceCidrs: LINK.serviceCidrs });
+    assertEquals(att.hostLink, {
+      nodeIfName,
+      podIfName: "host0",
+      serviceCidrs: LINK.serviceCidrs,
+      table: tableOf({ containerId: "c1", ifName: "eth0" }),
+    });
     assertEquals((await n.mgr.status()).hostLinks, { links: 1, withoutServiceCidrs: [] });
     await n.mgr.check({
       containerId: "c1",

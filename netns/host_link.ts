@@ -8,6 +8,9 @@
  * the node never sends a pod's packet out of its own NIC and never masquerades it
  * (docs/kubernetes.md, "The pod's identity").
  *
+ * Why one file: the node's side, the pod's side and both rulesets are one datapath
+ * whose marks, tables, zones and priorities must agree line for line.
+ *
  * What each side gets:
  *
  * - node: the node end, up, in link group {@linkcode HOST_LINK_GROUP}, with the

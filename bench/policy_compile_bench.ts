@@ -11,7 +11,7 @@
  * - one local pod's compiled policy (its sets' members, sorted);
  * - rendering: one pod's ruleset, and the node's for all 50.
  *
- * `deno bench --config tests/deno.json policy/compile_bench.ts`
+ * `deno bench -A --config tests/deno.json bench/policy_compile_bench.ts`
  *
  * @module
  */
@@ -23,8 +23,8 @@ import {
   type Pod,
   PodSchema,
 } from "../kube/objects.ts";
-import { type LocalPod, PolicyEngine, type PolicyView } from "./compile.ts";
-import { nodeRuleset, podRuleset } from "./nft.ts";
+import { type LocalPod, PolicyEngine, type PolicyView } from "../policy/compile.ts";
+import { nodeRuleset, podRuleset } from "../policy/nft.ts";
 
 const NAMESPACES = 100, PODS_PER_NS = 300, POLICIES_PER_NS = 30, LOCALS = 50, APPS = 30;
 
