@@ -5,6 +5,7 @@
  * the node's sandbox (its private mount namespace), so filling it touches
  * nothing outside.
  */
+import { poll } from "../lib/async.ts";
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
 import { SimulatedNode } from "./support/node.ts";
 import type { NetnsHandle } from "./support/vpc.ts";
@@ -96,7 +97,14 @@ Deno.test({
     assertEquals(await inSandbox(node, ["/usr/bin/rm", "-f", `${STATE_DIR}/fill`]), 0);
     const retry = await call(node, "DEL", a, "cfa");
     assertEquals(retry.code, 0, retry.stdout);
-    assert(!(await podLinks(node, a)).includes("eth0"), "the device left the pod");
+    // A DEL answers once the rest cannot be lost; the move home follows at once.
+    assert(
+      await poll(async () => !(await podLinks(node, a)).includes("eth0") || null, {
+        timeoutMs: 5000,
+        intervalMs: 20,
+      }),
+      "the device left the pod",
+    );
     assertEquals(await node.client.attachments(), []);
     assertEquals((await call(node, "ADD", b, "cfb")).code, 0);
   },
