@@ -6,7 +6,9 @@
  * plugin for three pods exactly as a container runtime would, shows each pod's
  * ENI, interface, addresses and pings, a "cluster DNS" Service at a ClusterIP
  * (kube-proxy's nftables rules on the node, endpoints a node process and the api
- * pod) answering the web pod through its host link, the node opening TCP to a pod,
+ * pod) answering the web pod through its host link, a second Service backed by a
+ * machine elsewhere in the VPC (which sees the web pod's own address: the node sends
+ * it back to leave by web's ENI), the node opening TCP to a pod,
  * shows `enim status`, DELs the pods and tears everything down. Exits 0 only if
  * every step worked.
  *
@@ -44,8 +46,11 @@ console.log(bold("enim demo: whole ENIs for pods, on the mock provider in networ
 // the db pod chooses through its annotations as containerd passes them.
 // The node has its own NIC on the VPC (the 250th address), as a Kubernetes node has: the
 // cluster DNS Service's node-process endpoint listens there.
+const ELSEWHERE_SUBNET = "10.97.0.0/24";
 const node = await SimulatedNode.start({
   nodeNic: true,
+  // Another subnet of the VPC, outside every profile: a machine elsewhere in the VPC.
+  extraSubnets: [ELSEWHERE_SUBNET],
   mock: { enis: 4 },
   profiles: {
     db: { subnets: { ipv4: "10.98.0.0/24" }, enis: 2, securityGroupIds: ["g-dbonly"] },
@@ -57,6 +62,8 @@ const ANNOTATIONS: Record<string, Record<string, string>> = {
 /** The cluster's Service CIDR (the pods route it through their host link to the node). */
 const SERVICE_CIDR = "10.96.0.0/16";
 const CLUSTER_DNS = "10.96.0.10";
+/** A Service whose backend is a machine elsewhere in the VPC (beyond the node). */
+const METRICS = "10.96.0.20";
 const conf = (extra: Record<string, unknown> = {}) =>
   node.netconf("1.1.0", { serviceCidrs: [SERVICE_CIDR], ...extra });
 await using servers = new Servers();
@@ -138,6 +145,9 @@ try {
     // (hostNetwork) and the api pod (an enim pod on the same node).
     await servers.start(node.vpc.node, "node-dns", [{ proto: "udp", port: 5353 }]);
     await servers.start(api.ns, "api-dns", [{ proto: "udp", port: 5353 }]);
+    // And a machine elsewhere in the VPC behind a second Service: beyond the node.
+    const metrics = await node.vpc.host("metrics", 70, { ipv4: ELSEWHERE_SUBNET });
+    await servers.start(metrics.ns, "vpc-metrics", [{ proto: "udp", port: 5353 }]);
     await installKubeProxy(node.vpc.node.name, "nftables", [{
       namespace: "kube-system",
       name: "kube-dns",
@@ -146,6 +156,14 @@ try {
       clusterIP: CLUSTER_DNS,
       port: 53,
       endpoints: [{ ip: nic.ipv4!, port: 5353 }, { ip: api.ips[0], port: 5353 }],
+    }, {
+      namespace: "monitoring",
+      name: "metrics",
+      portName: "udp",
+      protocol: "udp",
+      clusterIP: METRICS,
+      port: 53,
+      endpoints: [{ ip: metrics.ipv4!, port: 5353 }],
     }], [{ family: 4, serviceCidr: SERVICE_CIDR, nodeIPs: [nic.ipv4!] }]);
     console.log(
       `     kube-proxy (nftables mode) DNATs ${CLUSTER_DNS}:53/udp to ${nic.ipv4}:5353 (node) ` +
@@ -166,6 +184,20 @@ try {
       if (backend) seen.add(backend);
     }
     console.log(`     backends that answered: ${[...seen].join(", ")}`);
+    // Beyond the node: the node sends web's Service traffic back over its host link, and
+    // it leaves by web's own ENI with web's own address (its security groups apply).
+    const far = who(await askWithDeno(web.ns, "udp", METRICS, 53));
+    const [farBackend, farPeer] = far.split(" ");
+    step(
+      farPeer === web.ips[0],
+      `web asks ${METRICS}:53 → answered by ${farBackend || "nobody"} (${metrics.ipv4}, ` +
+        `elsewhere in the VPC), which saw web's own ${farPeer || "?"}`,
+    );
+    const drops = await node.vpc.sourceCheckDrops();
+    step(
+      drops === 0,
+      `the VPC's source check dropped ${drops} frames: nothing of a pod left the node's NIC`,
+    );
     await servers.start(web.ns, "web", [{ proto: "tcp", port: 8080 }]);
     const probe = who(await askWithDeno(node.vpc.node, "tcp", web.ips[0], 8080));
     step(
