@@ -26,12 +26,29 @@ import type { DatabaseSync } from "node:sqlite";
 import type { Logger } from "../lib/log.ts";
 
 /**
+ * One ingress rule of a simulated cloud's security group: `group` admits `from` (a
+ * group id, or a CIDR) on `protocol` port `port`; the replies of what it admits pass
+ * back (a cloud's groups are stateful).
+ */
+export interface SimulatedGroupRule {
+  group: string;
+  from: string;
+  protocol: "tcp" | "udp";
+  port: number;
+}
+
+/**
  * A hook that makes an attached ENI appear as a network device with the ENI's MAC
  * on the node (the simulated VPC in tests and the demo), and disappear when detached.
+ * `plug` gives the ENI's port the ENI's groups; `setSecurityGroups` applies the groups
+ * the ENI has now (a pod's inline groups, the profile's again); `setSecurityGroupRules`
+ * replaces the simulated cloud's rules.
  */
 export interface DeviceSimulator {
   plug(eni: Eni): Promise<void>;
   unplug(eni: Eni): Promise<void>;
+  setSecurityGroups?(eni: Eni): Promise<void>;
+  setSecurityGroupRules?(rules: SimulatedGroupRule[]): Promise<void>;
   close?(): Promise<void>;
 }
 

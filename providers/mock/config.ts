@@ -82,6 +82,20 @@ function refuseOverlaps(
   }
 }
 
+/**
+ * One rule of the simulated cloud's security groups: `group` admits `from` (a group
+ * id, or a CIDR) on `protocol` port `port` (a test VPC's bridge enforces it per port).
+ */
+export const MockGroupRuleSchema = z.strictObject({
+  group: SecurityGroupIdSchema,
+  from: z.union([
+    SecurityGroupIdSchema,
+    z.string().check(z.refine(isCidr, 'Expected a group id such as "g-web" or a CIDR')),
+  ]),
+  protocol: z.enum(["tcp", "udp"]),
+  port: z.number().check(z.int(), z.minimum(1), z.maximum(65535)),
+});
+
 /** The mock provider's config (`provider.mock` in the agent config). */
 export const MockConfigSchema = z.strictObject({
   ...profileFields,
@@ -117,6 +131,12 @@ export const MockConfigSchema = z.strictObject({
   throttleRate: z._default(z.number().check(z.minimum(0), z.maximum(1)), 0),
   /** Seed of the failure injection's random numbers (reproducible runs). */
   seed: z._default(z.number().check(z.int()), 1),
+  /**
+   * The simulated cloud's security group rules, enforced by the device simulator's VPC
+   * (tests and demos): a group a rule names as `group` admits only what its rules name
+   * (and the replies); every other group admits everything.
+   */
+  securityGroupRules: z._default(z.array(MockGroupRuleSchema), []),
 }).check(z.superRefine(refuseOverlaps));
 /** The mock provider's config, defaults applied. */
 export type MockConfig = z.output<typeof MockConfigSchema>;

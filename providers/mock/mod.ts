@@ -73,6 +73,7 @@ export {
   type MockConfig,
   type MockConfigInput,
   MockConfigSchema,
+  MockGroupRuleSchema,
   MockProfileSchema,
   MockSubnetSchema,
 } from "./config.ts";
@@ -172,6 +173,9 @@ export class MockProvider implements Provider {
       this.#db.exec("UPDATE mock_enis SET attach = 'attached' WHERE attach = 'attaching'");
     });
     const sim = this.#ctx.deviceSimulator;
+    if (sim?.setSecurityGroupRules && this.#cfg.securityGroupRules.length > 0) {
+      await sim.setSecurityGroupRules(this.#cfg.securityGroupRules);
+    }
     if (sim) {
       for (const r of this.#rows("WHERE attach = 'attached' ORDER BY idx")) {
         await sim.plug(rowToEni(r));
@@ -264,12 +268,19 @@ export class MockProvider implements Provider {
     const req = AllocationRequestSchema.parse(request);
     const profile = this.#profile(req.profile);
     const specific = req.ips.length > 0 || req.ranges.length > 0;
-    const step = transaction(this.#db, (): { eni: Row; detach?: Row; why?: string } => {
+    const step = transaction(this.#db, (): {
+      eni: Row;
+      detach?: Row;
+      why?: string;
+      /** The claimed ENI is on the node already and its groups changed (a pod's inline ones). */
+      regroup?: boolean;
+    } => {
       const node = readMockNode(this.#db);
       const max = this.#limit(node);
       const all = this.#rows("ORDER BY idx");
       const held = all.find((r) => sameOwner(r, owner));
       if (held) return { eni: held };
+      let regroup = false;
       const claim = (r: Row) => {
         // Inline groups replace the ENI's; without them it has its profile's (a held ENI
         // taken back may still carry the pod's earlier inline groups).
@@ -293,7 +304,9 @@ export class MockProvider implements Provider {
           JSON.stringify(enterprise),
           r.id,
         );
-        return this.#rows("WHERE id = ?", r.id)[0];
+        const now = this.#rows("WHERE id = ?", r.id)[0];
+        regroup = r.attach === "attached" && groupsChanged(r, now);
+        return now;
       };
       if (req.eniId !== undefined) {
         const it = all.find((r) => r.id === req.eniId);
@@ -305,22 +318,22 @@ export class MockProvider implements Provider {
             }; it cannot be claimed back`,
           );
         }
-        return { eni: claim(it) };
+        return { eni: claim(it), regroup };
       }
       // A sticky pod's comeback: its previous container's ENI becomes this one's.
       if (req.takeOver) {
         const kept = all.find((r) => sameOwner(r, req.takeOver!));
-        if (kept) return { eni: claim(kept) };
+        if (kept) return { eni: claim(kept), regroup };
       }
       const fits = (r: Row) => r.profile === profile.name && eniMatches(rowToEni(r), req);
       const free = all.find((r) => r.attach === "attached" && !r.owner_container && fits(r));
-      if (free) return { eni: claim(free) };
+      if (free) return { eni: claim(free), regroup };
       let candidate = all.find((r) => r.attach === "detached" && fits(r));
       if (!candidate && req.ips.length > 0) candidate = this.#createWithIps(profile, req.ips, all);
       const onNode = all.filter((r) => r.attach !== "detached").length;
       // ENIs that are not enim's take slots of the node's quota too.
       const taken = onNode + node.foreignEnis;
-      if (candidate && taken < max) return { eni: claim(candidate) };
+      if (candidate && taken < max) return { eni: claim(candidate), regroup };
       if (candidate) {
         // At the limit: an idle ENI of another profile makes room (pods go before pools).
         const idle = all.find((r) =>
@@ -331,7 +344,7 @@ export class MockProvider implements Provider {
           const why = `the node is at its limit of ${max} ENIs (${taken} taken, ` +
             `maxEnisPerNode) and a pod of profile "${profile.name}" needs ${candidate.id}: ` +
             `pods go before another profile's idle ENIs`;
-          return { eni: claim(candidate), detach: idle, why };
+          return { eni: claim(candidate), regroup, detach: idle, why };
         }
       }
       if (!specific) {
@@ -374,6 +387,7 @@ export class MockProvider implements Provider {
       });
       await this.#ctx.deviceSimulator?.unplug(rowToEni(step.detach));
     }
+    if (step.regroup) await this.#regroup(step.eni);
     if (step.eni.attach === "attaching") {
       // Either we attach it now, or another call for this owner is attaching it: wait.
       let p = this.#attaching.get(step.eni.id);
@@ -449,7 +463,22 @@ export class MockProvider implements Provider {
     }
   }
 
-  deallocateENI(owner: Owner): Promise<void> {
+  /** Applies an attached ENI's groups now to its simulated port (the cloud's groups follow the ENI). */
+  async #regroup(r: Row): Promise<void> {
+    const sim = this.#ctx.deviceSimulator;
+    if (!sim?.setSecurityGroups) return;
+    try {
+      await sim.setSecurityGroups(rowToEni(r));
+    } catch (err) {
+      throw new ProviderError(
+        "other",
+        `Cannot apply the security groups of "${r.id}": ${(err as Error).message}`,
+        { cause: err },
+      );
+    }
+  }
+
+  async deallocateENI(owner: Owner): Promise<void> {
     this.#assertOpen();
     this.#assertReachable(readMockNode(this.#db), "deallocate");
     this.#inject("deallocate");
@@ -472,7 +501,10 @@ export class MockProvider implements Provider {
         r.id,
       );
     }
-    return Promise.resolve();
+    for (const r of held) {
+      const now = this.#rows("WHERE id = ?", r.id)[0];
+      if (now.attach === "attached" && groupsChanged(r, now)) await this.#regroup(now);
+    }
   }
 
   describeENI(eniId: string, text: string | null): Promise<void> {
@@ -572,6 +604,12 @@ export class MockProvider implements Provider {
     this.#closed = true;
     await Promise.allSettled([...this.#attaching.values()]);
   }
+}
+
+/** Whether an ENI's groups differ between two of its rows. */
+function groupsChanged(before: Row, after: Row): boolean {
+  return JSON.stringify([before.security_groups, before.enterprise_security_groups]) !==
+    JSON.stringify([after.security_groups, after.enterprise_security_groups]);
 }
 
 /** The mock provider's factory. */

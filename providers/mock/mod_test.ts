@@ -1,7 +1,7 @@
 import { DatabaseSync } from "node:sqlite";
 import { providerContractSuite } from "../../tests/support/provider_contract.ts";
 import mock, { MockConfigSchema, type MockProvider, nthAddress } from "./mod.ts";
-import { type Eni, ProviderError } from "../contract.ts";
+import { type Eni, ProviderError, type SimulatedGroupRule } from "../contract.ts";
 import { nullLogger } from "../../lib/log.ts";
 import { openDatabase } from "../../lib/sqlite.ts";
 import { assert, assertEquals } from "../../lib/assert.ts";
@@ -26,6 +26,16 @@ class SimLog {
   unplug(eni: Eni) {
     this.calls.push(`unplug ${eni.id}`);
     this.plugged.delete(eni.mac);
+    return Promise.resolve();
+  }
+  setSecurityGroups(eni: Eni) {
+    this.calls.push(
+      `groups ${eni.id} ${[...eni.securityGroupIds, ...eni.enterpriseSecurityGroupIds]}`,
+    );
+    return Promise.resolve();
+  }
+  setSecurityGroupRules(rules: SimulatedGroupRule[]) {
+    this.calls.push(`rules ${rules.map((r) => `${r.group}<${r.from}:${r.protocol}/${r.port}`)}`);
     return Promise.resolve();
   }
 }
@@ -132,6 +142,49 @@ Deno.test("mock plugs attached ENIs into the device simulator and unplugs on det
     await provider.close();
     db.close();
   }
+});
+
+Deno.test("mock gives the simulated VPC its group rules, and an ENI's groups when a pod's inline ones replace them and when they come back", async () => {
+  const sim = new SimLog();
+  const { provider, db } = await makeMock(
+    {
+      enis: 2,
+      securityGroupIds: ["g-api"],
+      securityGroupRules: [{ group: "g-db", from: "g-web", protocol: "tcp", port: 5432 }],
+    },
+    undefined,
+    sim,
+  );
+  try {
+    assertEquals(sim.calls, [
+      "rules g-db<g-web:tcp/5432",
+      "plug eni-mock-0001",
+      "plug eni-mock-0002",
+    ]);
+    const o = (i: number) => ({ pod: "ns/a", containerId: `c${i}`, ifName: "eth0" });
+    // The profile's own groups: the port has them already.
+    await provider.allocateNextENI(o(1), { ips: [], ranges: [] });
+    await provider.deallocateENI(o(1));
+    assertEquals(sim.calls.length, 3);
+    await provider.allocateNextENI(o(2), { ips: [], ranges: [], securityGroupIds: ["g-web"] });
+    assertEquals(sim.calls.at(-1), "groups eni-mock-0001 g-web");
+    await provider.deallocateENI(o(2));
+    assertEquals(sim.calls.at(-1), "groups eni-mock-0001 g-api");
+    assertEquals(sim.calls.length, 5);
+  } finally {
+    await provider.close();
+    db.close();
+  }
+});
+
+Deno.test("mock config takes security group rules of a group id or a CIDR, TCP or UDP", () => {
+  const ok = (r: unknown) => MockConfigSchema.safeParse({ securityGroupRules: [r] }).success;
+  assert(ok({ group: "g-db", from: "g-web", protocol: "tcp", port: 5432 }));
+  assert(ok({ group: "g-db", from: "10.0.0.0/8", protocol: "udp", port: 53 }));
+  assert(!ok({ group: "g-db", from: "web", protocol: "tcp", port: 5432 }));
+  assert(!ok({ group: "g-db", from: "g-web", protocol: "icmp", port: 1 }));
+  assert(!ok({ group: "g-db", from: "g-web", protocol: "tcp", port: 0 }));
+  assertEquals(MockConfigSchema.parse({}).securityGroupRules, []);
 });
 
 Deno.test("mock failure injection is seeded and reproducible", async () => {

@@ -19,12 +19,17 @@ import {
   SimulatedVpc,
   type SimulatedVpcOptions,
   type VpcHost,
+  type VpcHostOptions,
 } from "./vpc.ts";
 import * as z from "zod/mini";
 import { SocketAgentClient } from "../../api/client.ts";
 
 /** Options for {@linkcode SimulatedNode.start}. */
 export interface SimulatedNodeOptions {
+  /**
+   * The default profile's subnets (and the VPC's, unless the node joins another's VPC:
+   * then they get their gateways on the shared bridge). Default 10.99.0.0/24, fd00:99::/64.
+   */
   subnets?: SimulatedVpcOptions["subnets"];
   /** Mock provider settings (merged over the defaults derived from the subnets). */
   mock?: Record<string, unknown>;
@@ -57,10 +62,12 @@ export interface SimulatedNodeOptions {
   /** More subnets of the VPC, outside every profile (gateways on the bridge): other machines'. */
   extraSubnets?: string[];
   /**
-   * Give the node its own NIC on the VPC (the 250th address of each subnet) and turn
-   * forwarding on, as on a Kubernetes node (`SimulatedVpc.nodeNic`); before the agent starts.
+   * Give the node its own NIC on the VPC (the 250th address of each subnet; 249th, … on
+   * nodes that joined) and turn forwarding on, as on a Kubernetes node
+   * (`SimulatedVpc.nodeNic`); before the agent starts. An object gives the NIC's port
+   * security groups.
    */
-  nodeNic?: boolean;
+  nodeNic?: boolean | VpcHostOptions;
 }
 
 /** What a CNI call needs besides the verb. */
@@ -142,10 +149,18 @@ export class SimulatedNode implements AsyncDisposable {
     const profileSubnets = Object.values(opts.profiles ?? {}).flatMap((p) =>
       [p.subnets.ipv4, p.subnets.ipv6].filter((s): s is string => s !== undefined)
     );
-    const vpc = opts.joinVpc ? await SimulatedVpc.join(opts.joinVpc) : await SimulatedVpc.create({
-      subnets: opts.subnets,
-      extraSubnets: [...profileSubnets, ...(opts.extraSubnets ?? [])],
-    });
+    // A node that joins gives its own subnets their gateways on the shared bridge.
+    const ownSubnets = opts.joinVpc
+      ? [opts.subnets?.ipv4, opts.subnets?.ipv6].filter((c): c is string => c !== undefined)
+      : [];
+    const vpc = opts.joinVpc
+      ? await SimulatedVpc.join(opts.joinVpc, {
+        extraSubnets: [...ownSubnets, ...profileSubnets, ...(opts.extraSubnets ?? [])],
+      })
+      : await SimulatedVpc.create({
+        subnets: opts.subnets,
+        extraSubnets: [...profileSubnets, ...(opts.extraSubnets ?? [])],
+      });
     let sandbox: EnimSandbox;
     try {
       sandbox = await EnimSandbox.create(vpc.node.path);
@@ -155,12 +170,19 @@ export class SimulatedNode implements AsyncDisposable {
     }
     const node = new SimulatedNode(vpc, sandbox);
     try {
-      if (opts.nodeNic) node.nic = await vpc.nodeNic();
+      if (opts.nodeNic) {
+        node.nic = await vpc.nodeNic(opts.nodeNic === true ? {} : opts.nodeNic);
+      }
       const subnets: Record<string, unknown> = {};
       const v4 = vpc.gateways.ipv4, v6 = vpc.gateways.ipv6;
       const want = opts.subnets ?? { ipv4: "10.99.0.0/24", ipv6: "fd00:99::/64" };
-      if (v4 && want.ipv4) subnets.ipv4 = { cidr: want.ipv4, gateway: v4 };
-      if (v6 && want.ipv6) subnets.ipv6 = { cidr: want.ipv6, gateway: v6 };
+      // The VPC's own subnets, or (a node that joined) the subnets of its own it was given.
+      if (want.ipv4 && (v4 || opts.subnets?.ipv4 && opts.joinVpc)) {
+        subnets.ipv4 = { cidr: want.ipv4, gateway: gatewayOf(want.ipv4) };
+      }
+      if (want.ipv6 && (v6 || opts.subnets?.ipv6 && opts.joinVpc)) {
+        subnets.ipv6 = { cidr: want.ipv6, gateway: gatewayOf(want.ipv6) };
+      }
       const profiles = Object.fromEntries(
         Object.entries(opts.profiles ?? {}).map(([name, p]) => [name, {
           ...p,

@@ -120,6 +120,15 @@ export class Servers implements AsyncDisposable {
   }
 }
 
+/** Options of {@linkcode ask}. */
+export interface AskOptions {
+  /**
+   * The client's source port (socat's `sourceport`, with `reuseaddr`: a port an earlier
+   * ask used may be taken again at once); default: one the kernel picks.
+   */
+  sourcePort?: number;
+}
+
 /**
  * Asks `addr:port` from `ns` over `proto` and returns the answer line ("" when none
  * came): a TCP connection (tried twice), or a UDP datagram (sent up to 3 times) — a
@@ -130,9 +139,11 @@ export async function ask(
   proto: Proto,
   addr: string,
   port: number,
+  opts: AskOptions = {},
 ): Promise<string> {
   const fam = family(addr);
-  const target = `${proto.toUpperCase()}${fam}:${bracket(addr)}:${port}`;
+  const source = opts.sourcePort === undefined ? "" : `,sourceport=${opts.sourcePort},reuseaddr`;
+  const target = `${proto.toUpperCase()}${fam}:${bracket(addr)}:${port}${source}`;
   const [cmd, ...pre] = enter(ns);
   for (let attempt = 0; attempt < (proto === "udp" ? 3 : 2); attempt++) {
     const child = new Deno.Command(cmd, {

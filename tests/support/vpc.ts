@@ -25,10 +25,13 @@
 import { type Cidr, formatIp, nthAddress, parseCidr } from "../../lib/ip.ts";
 import { ipBatch, netnsExec } from "../../netns/ip.ts";
 import {
+  allowGateways,
   allowPort,
   createBridge,
   createNetns,
   deleteNetns,
+  SECURITY_GROUP_TABLE,
+  setPortGroups,
   SOURCE_CHECK_TABLE,
   uniqueName,
   VethDeviceSimulator,
@@ -49,12 +52,20 @@ export interface NetnsHandle {
 /** IPv6 duplicate address detection off for interfaces created from now on in a namespace. */
 const NO_DAD = { "net/ipv6/conf/default/accept_dad": "0", "net/ipv6/conf/all/accept_dad": "0" };
 
-/** A machine on the VPC bridge: its namespace, MAC and addresses (no prefix). */
+/** A machine on the VPC bridge: its namespace, MAC, bridge port and addresses (no prefix). */
 export interface VpcHost {
   ns: NetnsHandle;
   mac: string;
+  /** Its port on the VPC bridge (what its security groups are given to). */
+  port: string;
   ipv4?: string;
   ipv6?: string;
+}
+
+/** Options of a machine the tests attach to the VPC ({@linkcode SimulatedVpc.host}, `nodeNic`). */
+export interface VpcHostOptions {
+  /** The security groups of its port (default none: it admits everything). */
+  groups?: string[];
 }
 
 /** The subnets of the simulated VPC. */
@@ -126,6 +137,12 @@ export class SimulatedVpc implements AsyncDisposable {
   readonly #pods = new Map<string, NetnsHandle>();
   #nextHost = 10;
   #closed = false;
+  /** This node's number in its VPC: 0 for the node that made it, 1… for those that joined. */
+  #nodeIndex = 0;
+  /** How many nodes joined this one's VPC (on the node that made it). */
+  #joins = 0;
+  /** The node that made the VPC (itself, unless it joined another's). */
+  #root: SimulatedVpc = this;
   /** Whether this fixture made the VPC namespace (a node that joined another's does not). */
   readonly #ownsVpc: boolean;
 
@@ -179,13 +196,20 @@ export class SimulatedVpc implements AsyncDisposable {
    * namespace and bridge, so its ENIs' devices reach the same gateways and the
    * other node's pods. Closing it removes its node and pods, never the VPC.
    */
-  static async join(vpc: SimulatedVpc, opts: { prefix?: string } = {}): Promise<SimulatedVpc> {
+  static async join(
+    vpc: SimulatedVpc,
+    opts: { prefix?: string; extraSubnets?: string[] } = {},
+  ): Promise<SimulatedVpc> {
     const joined = new SimulatedVpc(uniqueName(opts.prefix ?? "enim-t"), {
       ...(vpc.#v4 ? { ipv4: `${formatIp(vpc.#v4.net.ip)}/${vpc.#v4.prefixLength}` } : {}),
       ...(vpc.#v6 ? { ipv6: `${formatIp(vpc.#v6.net.ip)}/${vpc.#v6.prefixLength}` } : {}),
     }, vpc.vpc);
+    joined.#root = vpc.#root;
+    joined.#nodeIndex = ++vpc.#root.#joins;
     try {
       await createNetns(joined.node.name);
+      await joined.sysctl(joined.node, NO_DAD);
+      await joined.addSubnets(opts.extraSubnets ?? []);
     } catch (err) {
       await joined.close().catch(() => {});
       throw err;
@@ -193,24 +217,65 @@ export class SimulatedVpc implements AsyncDisposable {
     return joined;
   }
 
-  /** Every namespace this fixture has created and not yet removed. */
+  /**
+   * Gives more subnets their gateway on the VPC's bridge (idempotent): the subnets of a
+   * node that joined, which the VPC's creator did not know.
+   */
+  async addSubnets(cidrs: string[]): Promise<void> {
+    if (cidrs.length === 0) return;
+    const subnets = cidrs.map(subnet);
+    await ipBatch(
+      subnets.map((s) => [
+        "addr",
+        "replace",
+        `${s.gateway}/${s.prefixLength}`,
+        "dev",
+        this.bridge,
+        ...(s.gateway.includes(":") ? ["nodad"] : []),
+      ]),
+      { netns: this.vpc.name },
+    );
+    await allowGateways(this.vpc.name, subnets.map((s) => s.gateway));
+  }
+
   /**
    * How many frames the VPC's source check has dropped so far (every port: a frame
    * from a MAC or an address that is not the port's own).
    */
-  async sourceCheckDrops(): Promise<number> {
+  sourceCheckDrops(): Promise<number> {
+    return this.#drops(SOURCE_CHECK_TABLE, "the source check");
+  }
+
+  /**
+   * How many packets the VPC's security groups have dropped so far (every port: a packet
+   * none of the port's groups admits).
+   */
+  securityGroupDrops(): Promise<number> {
+    return this.#drops(SECURITY_GROUP_TABLE, "the security groups");
+  }
+
+  /** Gives a machine's port exactly these security groups (none: it admits everything). */
+  async setHostGroups(host: VpcHost, groups: string[]): Promise<void> {
+    const addrs = [host.ipv4, host.ipv6].filter((a): a is string => a !== undefined);
+    await setPortGroups(this.vpc.name, host.port, addrs, groups);
+  }
+
+  /** The packets every counter of a bridge table of the VPC has counted. */
+  async #drops(table: string, what: string): Promise<number> {
     const out = await this.exec(this.vpc, [
       "/usr/sbin/nft",
       "-j",
       "list",
       "table",
       "bridge",
-      SOURCE_CHECK_TABLE,
+      table,
     ]);
-    if (out.code !== 0) throw new Error(`Cannot read the source check: ${out.stderr}`);
+    if (out.code !== 0) throw new Error(`Cannot read ${what}: ${out.stderr}`);
     const text = JSON.stringify(JSON.parse(out.stdout));
     return [...text.matchAll(/"counter":\{"packets":(\d+)/g)].reduce((n, m) => n + Number(m[1]), 0);
   }
+
+  /** Every namespace this fixture has created and not yet removed. */
 
   get namespaces(): string[] {
     return [
@@ -305,12 +370,16 @@ export class SimulatedVpc implements AsyncDisposable {
 
   /**
    * Gives the node namespace its own NIC, as a cloud node has: `eth0`, a port of the
-   * VPC bridge (source-checked like every port), with the 250th address of each subnet
-   * of the VPC and default routes via their gateways; and turns forwarding on in the
-   * node (a Kubernetes node routes its pods' traffic). Returns its addresses.
+   * VPC bridge (`vpnode`; source-checked like every port, with `groups` as its security
+   * groups), with the 250th address of each subnet of the VPC (the 249th for the first
+   * node that joined, and so on) and default routes via their gateways; and turns
+   * forwarding on in the node (a Kubernetes node routes its pods' traffic). Returns its
+   * addresses.
    */
-  async nodeNic(): Promise<VpcHost> {
-    const nic = await this.#attach(this.node, "vpnode", "eth0", 250, [this.#v4, this.#v6]);
+  async nodeNic(opts: VpcHostOptions = {}): Promise<VpcHost> {
+    const i = this.#nodeIndex;
+    const port = i === 0 ? "vpnode" : `vpnode${i}`;
+    const nic = await this.#attach(this.node, port, "eth0", 250 - i, [this.#v4, this.#v6], opts);
     await this.sysctl(this.node, {
       "net/ipv4/ip_forward": "1",
       "net/ipv6/conf/all/forwarding": "1",
@@ -328,22 +397,27 @@ export class SimulatedVpc implements AsyncDisposable {
     name: string,
     host: number,
     subnets: { ipv4?: string; ipv6?: string } = {},
+    opts: VpcHostOptions = {},
   ): Promise<VpcHost> {
     const ns = await this.pod(name);
     const pick = (cidr: string | undefined, own: Subnet | null) => cidr ? subnet(cidr) : own;
     return await this.#attach(ns, `vh${name}`.slice(0, 15), "eth0", host, [
       pick(subnets.ipv4, this.#v4),
       pick(subnets.ipv6, this.#v6),
-    ]);
+    ], opts);
   }
 
-  /** A veth from the bridge (port `port`) into `ns` as `ifName`, addressed and source-checked. */
+  /**
+   * A veth from the bridge (port `port`) into `ns` as `ifName`, addressed, source-checked
+   * and with its groups.
+   */
   async #attach(
     ns: NetnsHandle,
     port: string,
     ifName: string,
     n: number,
     subnets: (Subnet | null)[],
+    opts: VpcHostOptions = {},
   ): Promise<VpcHost> {
     const mac = ["02", "aa", ...Array.from(crypto.getRandomValues(new Uint8Array(3)), hex), hex(n)]
       .join(":");
@@ -366,7 +440,7 @@ export class SimulatedVpc implements AsyncDisposable {
       "netns",
       ns.name,
     ]], { netns: this.vpc.name });
-    await allowPort(this.vpc.name, port, mac, addrs.map((a) => a.ip));
+    await allowPort(this.vpc.name, port, mac, addrs.map((a) => a.ip), opts.groups);
     await ipBatch([
       ["link", "set", "dev", ifName, "up"],
       ...addrs.map((a) => [
@@ -386,7 +460,7 @@ export class SimulatedVpc implements AsyncDisposable {
     });
     const v4 = addrs.find((a) => !a.ip.includes(":"))?.ip;
     const v6 = addrs.find((a) => a.ip.includes(":"))?.ip;
-    return { ns, mac, ...(v4 ? { ipv4: v4 } : {}), ...(v6 ? { ipv6: v6 } : {}) };
+    return { ns, mac, port, ...(v4 ? { ipv4: v4 } : {}), ...(v6 ? { ipv6: v6 } : {}) };
   }
 
   /** Runs a program in a namespace of this fixture (`ip netns exec`). */
