@@ -88,6 +88,12 @@ export const NODE_RULE_PREF = { hosts: 1500, pod: 1501 } as const;
 export const NODE_TABLE_BASE = 0x10000000;
 /** The conntrack zone (original direction) of the pod's Service traffic the node sent back. */
 export const RETURN_ZONE = 0x656e;
+/**
+ * The source ports of what a pod opens through its pod end: outside the kernel's default
+ * ephemeral range (32768-60999), so a Service flow and the pod's own direct flow to the
+ * same backend never share a 5-tuple.
+ */
+export const SERVICE_PORTS = "61000-65535";
 /** The next hop of the pod's routes through its pod end, per family (a static neighbour). */
 export const LINK_GATEWAY = { ipv4: "169.254.1.1", ipv6: "fe80::1" } as const;
 /** The name of enim's nftables table, on the node and in each pod (family `inet`). */
@@ -374,6 +380,15 @@ export function podRuleset(
     `add rule ${t} forward ${pod} oifname ${eni} ct original zone ${zone} accept`,
     ...own.map(([f, ip]) =>
       `add rule ${t} postrouting oifname ${eni} ct original zone ${zone} ${f} saddr ${ip} snat ${f} to ${ip}`
+    ),
+    // What the pod opens through its pod end (a Service, the node, NodeLocal DNS) leaves
+    // from a source port of its own range, outside the kernel's ephemeral one: after the
+    // node's DNAT it never holds the 5-tuple of the pod's own direct flow to a backend on
+    // this node (two flows the backend could not tell apart).
+    ...own.map(([f, ip]) =>
+      `add rule ${t} postrouting oifname "${s.podIfName}" meta l4proto { tcp, udp, sctp } ${f} saddr ${ip} snat ${f} to ${
+        f === "ip6" ? `[${ip}]` : ip
+      }:${SERVICE_PORTS}`
     ),
     "",
   ].join("\n");
