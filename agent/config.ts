@@ -133,6 +133,37 @@ export const AgentConfigSchema = z.strictObject({
     }),
     {},
   ),
+  /**
+   * The Kubernetes API, which the agent alone reads (list and watch, kube/): where the API
+   * server is and how its caches list and watch. Without `kubeconfig`, the `KUBECONFIG`
+   * variable names one; without either, the agent uses its pod's service account
+   * (`KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT`, the token and CA under
+   * /var/run/secrets/kubernetes.io/serviceaccount).
+   */
+  kubernetes: z.prefault(
+    z.strictObject({
+      /** A kubeconfig (JSON or YAML); the enim permission set reads /etc/enim. */
+      kubeconfig: z.optional(AbsolutePath),
+      /** The kubeconfig's context to use (default: its `current-context`). */
+      context: z.optional(z.string().check(z.minLength(1), z.maxLength(253))),
+      /** This node's name in Kubernetes (default: `NODE_NAME`, else the host name). */
+      nodeName: z.optional(
+        z.string().check(
+          z.regex(
+            /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/,
+            "Expected a Kubernetes node name (lowercase letters, digits, '-' and '.')",
+          ),
+        ),
+      ),
+      /** Objects per list page (`limit`). */
+      pageSize: z._default(z.int().check(z.minimum(1), z.maximum(10_000)), 500),
+      /** How long one list page or one GET may take. */
+      requestTimeoutSeconds: z._default(z.number().check(z.positive(), z.maximum(600)), 30),
+      /** A watch ends on the server after a random [w, 2w) seconds and starts again. */
+      watchTimeoutSeconds: z._default(z.int().check(z.minimum(10), z.maximum(3600)), 300),
+    }),
+    {},
+  ),
   /** `ip`: the real device layer. `fake`: in-memory, for tests and dry demos only. */
   devices: z._default(z.enum(["ip", "fake"]), "ip"),
   /**
