@@ -134,11 +134,8 @@ export const AgentConfigSchema = z.strictObject({
     {},
   ),
   /**
-   * The Kubernetes API, which the agent alone reads (list and watch, kube/): where the API
-   * server is and how its caches list and watch. Without `kubeconfig`, the `KUBECONFIG`
-   * variable names one; without either, the agent uses its pod's service account
-   * (`KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT`, the token and CA under
-   * /var/run/secrets/kubernetes.io/serviceaccount).
+   * The Kubernetes API, read by the agent alone (kube/). Without `kubeconfig` (or the
+   * `KUBECONFIG` variable) the agent uses its pod's service account (in-cluster).
    */
   kubernetes: z.prefault(
     z.strictObject({

@@ -29,51 +29,22 @@
  * Handlers run synchronously, in event order, after the store has changed; one that
  * throws is logged and the others still run.
  *
+ * Why one file: the loop, the list, the watch and the application of one event are one
+ * state machine sharing the store, the resourceVersion, the backoff and the counters;
+ * split, each part would reach into the others' state.
+ *
  * @module
  */
 import { Backoff, type BackoffOptions } from "./_backoff.ts";
 import { lines } from "./_lines.ts";
-import { type Change, type Indexers, Store } from "./store.ts";
+import { type Change, Store } from "./store.ts";
+import { type KubeObject, objectKey, type ResourceKind } from "./kind.ts";
 import { KubeApiError, type KubeClient, KubeRequestError } from "./client.ts";
 import { BookmarkSchema, ListSchema, StatusSchema, WatchEventSchema } from "./wire.ts";
 import { sleep } from "../lib/async.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
 
-/** What every object the cache holds has: its name, namespace and resourceVersion. */
-export interface KubeObject {
-  metadata: { name: string; namespace?: string; resourceVersion?: string };
-}
-
-/** A schema that parses one object of a kind (zod's `safeParse` shape). */
-export interface ObjectSchema<T> {
-  safeParse(
-    value: unknown,
-  ): { success: true; data: T } | {
-    success: false;
-    error: { issues: readonly { path: readonly PropertyKey[]; message: string }[] };
-  };
-}
-
-/** One kind of object: where it is listed and watched, how it is parsed and indexed. */
-export interface ResourceKind<T extends KubeObject> {
-  /** The resource's plural name (`pods`), for logs and stats. */
-  resource: string;
-  /** The cluster-wide collection path (`/api/v1/pods`). */
-  path: string;
-  /** Parses an item or an event's object (and trims it). */
-  schema: ObjectSchema<T>;
-  /** Whether its objects live in namespaces (the key is then `namespace/name`). */
-  namespaced: boolean;
-  /** Secondary indexes. */
-  indexers?: Indexers<T>;
-}
-
-/** The key of an object: `namespace/name`, or `name` when it has no namespace. */
-export function objectKey(obj: KubeObject): string {
-  return obj.metadata.namespace
-    ? `${obj.metadata.namespace}/${obj.metadata.name}`
-    : obj.metadata.name;
-}
+export type { KubeObject, ResourceKind };
 
 /** Hears each change: `(undefined, new)` an add, `(old, new)` an update, `(old, undefined)` a delete. */
 export type Handler<T> = (old: T | undefined, cur: T | undefined) => void;

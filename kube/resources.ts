@@ -12,7 +12,7 @@ import {
   type Pod,
   PodSchema,
 } from "./objects.ts";
-import type { ResourceKind } from "./informer.ts";
+import type { ResourceKind } from "./kind.ts";
 
 const byNamespace = (o: { metadata: { namespace?: string } }) => [o.metadata.namespace ?? ""];
 
