@@ -45,6 +45,7 @@ const SOURCES = [
   "netns",
   "lib",
   "cli",
+  "kube",
 ];
 
 /** The stamp written beside the bundle. */
