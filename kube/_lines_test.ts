@@ -45,3 +45,21 @@ Deno.test("lines() releases the body when the reader stops early", async () => {
   }
   assertEquals(cancelled, true);
 });
+
+Deno.test("lines() gives up a pending read when its signal aborts, and cancels the body", async () => {
+  let cancelled: unknown = null;
+  const body = new ReadableStream<Uint8Array>({
+    start() {}, // never sends: the read stays pending until cancelled
+    cancel(reason) {
+      cancelled = reason;
+    },
+  });
+  const ac = new AbortController();
+  const reading = (async () => {
+    for await (const _ of lines(body, ac.signal)) { /* none */ }
+  })();
+  ac.abort(new Error("stop"));
+  const err = await reading.then(() => null, (e) => e);
+  assertEquals(String(err), "Error: stop");
+  assertEquals(String(cancelled), "Error: stop");
+});

@@ -216,18 +216,20 @@ export class KubeClient {
   }
 
   /**
-   * GETs `path` (a watch) and returns its body, to be read as it comes; `signal`
-   * aborts the request and the body. A non-2xx status throws {@linkcode KubeApiError}.
+   * GETs `path` (a watch) and returns the response, its body to be read as it comes;
+   * `signal` aborts the request. Keep the response referenced while reading its body
+   * (Deno 2.9.6 does not abort a body whose Response was collected; kube/_lines.ts
+   * cancels the reader on abort as well). A non-2xx status throws {@linkcode KubeApiError}.
    */
   async stream(
     path: string,
     query: GetOptions["query"],
     signal: AbortSignal,
-  ): Promise<ReadableStream<Uint8Array>> {
+  ): Promise<Response & { body: ReadableStream<Uint8Array> }> {
     const res = await this.#send(path, query, signal);
     if (!res.ok) throw await apiError(res, path);
     if (res.body === null) throw new KubeRequestError(`GET ${path} answered with no body`);
-    return res.body;
+    return res as Response & { body: ReadableStream<Uint8Array> };
   }
 
   /** Closes the connections. Requests in flight fail. */

@@ -362,14 +362,14 @@ export class Informer<T extends KubeObject> {
     try {
       this.#stats.watches++;
       if (!afterList) this.#stats.watchRestarts++;
-      const body = await this.#client.stream(this.kind.path, {
+      const res = await this.#client.stream(this.kind.path, {
         watch: 1,
         resourceVersion: this.#stats.resourceVersion ?? undefined,
         allowWatchBookmarks: true,
         timeoutSeconds,
         ...this.#selectors,
       }, ac.signal);
-      for await (const line of lines(body)) {
+      for await (const line of lines(res.body, ac.signal)) {
         clearTimeout(timer);
         timer = setTimeout(() => {
           idle = true;
