@@ -10,6 +10,9 @@
  *
  * See `deploy/agent.jsonc` for an example with every option.
  *
+ * Why one file: the schema is the one list of the agent's options, read top to bottom
+ * beside `deploy/agent.jsonc`; its loader and overrides only make sense with it.
+ *
  * @module
  */
 import { DEFAULT_SOCKET } from "../api/wire.ts";
@@ -159,6 +162,34 @@ export const AgentConfigSchema = z.strictObject({
       unreachableSeconds: z._default(z.number().check(z.minimum(0), z.maximum(86_400)), 60),
       /** How long kubelet has to answer a Register before it is tried again. */
       registerTimeoutSeconds: z._default(z.number().check(z.positive(), z.maximum(600)), 5),
+    }),
+    {},
+  ),
+  /**
+   * The Kubernetes API, read by the agent alone (kube/). Without `kubeconfig` (or the
+   * `KUBECONFIG` variable) the agent uses its pod's service account (in-cluster).
+   */
+  kubernetes: z.prefault(
+    z.strictObject({
+      /** A kubeconfig (JSON or YAML); the enim permission set reads /etc/enim. */
+      kubeconfig: z.optional(AbsolutePath),
+      /** The kubeconfig's context to use (default: its `current-context`). */
+      context: z.optional(z.string().check(z.minLength(1), z.maxLength(253))),
+      /** This node's name in Kubernetes (default: `NODE_NAME`, else the host name). */
+      nodeName: z.optional(
+        z.string().check(
+          z.regex(
+            /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/,
+            "Expected a Kubernetes node name (lowercase letters, digits, '-' and '.')",
+          ),
+        ),
+      ),
+      /** Objects per list page (`limit`). */
+      pageSize: z._default(z.int().check(z.minimum(1), z.maximum(10_000)), 500),
+      /** How long one list page or one GET may take. */
+      requestTimeoutSeconds: z._default(z.number().check(z.positive(), z.maximum(600)), 30),
+      /** A watch ends on the server after a random [w, 2w) seconds and starts again. */
+      watchTimeoutSeconds: z._default(z.int().check(z.minimum(10), z.maximum(3600)), 300),
     }),
     {},
   ),

@@ -178,3 +178,40 @@ Deno.test("timeouts.commandSeconds defaults to 10 s and must be positive and at 
     assertMatch(err.problems[0], /^timeouts\.commandSeconds: /);
   }
 });
+
+Deno.test("the kubernetes section has its defaults and checks each field", () => {
+  const base = '{"provider": {"name": "mock"}';
+  assertEquals(resolveConfig({ file: file(base + "}") }).kubernetes, {
+    pageSize: 500,
+    requestTimeoutSeconds: 30,
+    watchTimeoutSeconds: 300,
+  });
+  const cfg = resolveConfig({
+    file: file(
+      base + ', "kubernetes": {"kubeconfig": "/etc/enim/kubeconfig", "context": "prod", ' +
+        '"nodeName": "node-1.example", "pageSize": 100, "requestTimeoutSeconds": 5, ' +
+        '"watchTimeoutSeconds": 60}}',
+    ),
+  });
+  assertEquals(cfg.kubernetes, {
+    kubeconfig: "/etc/enim/kubeconfig",
+    context: "prod",
+    nodeName: "node-1.example",
+    pageSize: 100,
+    requestTimeoutSeconds: 5,
+    watchTimeoutSeconds: 60,
+  });
+  const bad: [string, RegExp][] = [
+    ['{"kubeconfig": "kubeconfig"}', /^kubernetes\.kubeconfig: Expected an absolute path/],
+    ['{"nodeName": "Node_1"}', /^kubernetes\.nodeName: Expected a Kubernetes node name/],
+    ['{"pageSize": 0}', /^kubernetes\.pageSize: /],
+    ['{"watchTimeoutSeconds": 5}', /^kubernetes\.watchTimeoutSeconds: /],
+    ['{"server": "https://x"}', /^kubernetes: .*\(server\)/],
+  ];
+  for (const [section, pattern] of bad) {
+    const err = configError(() =>
+      resolveConfig({ file: file(`${base}, "kubernetes": ${section}}`) })
+    );
+    assertMatch(err.problems[0], pattern);
+  }
+});

@@ -3,6 +3,10 @@
  * named namespaces, a bridge holding the subnet gateways, and
  * {@linkcode VethDeviceSimulator}, which makes each ENI a veth pair.
  *
+ * Why one file: the simulated VPC's bridge, its source check and its security groups
+ * are one nftables table whose sets the simulator fills port by port; split, the
+ * table's text and the code that fills it would drift apart.
+ *
  * What the kernel does with a simulated ENI whose pod namespace is deleted: a veth
  * pair is destroyed as a whole when either end's namespace goes away, so the VPC
  * end disappears too and nothing comes back to the node (a physical ENI, by

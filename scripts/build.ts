@@ -47,6 +47,7 @@ const SOURCES = [
   "kube",
   "policy",
   "cli",
+  "kube",
 ];
 
 /** The stamp written beside the bundle. */

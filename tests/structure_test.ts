@@ -158,6 +158,20 @@ Deno.test("no two production folders import each other (the rooms have floors)",
   assertEquals(both, []);
 });
 
+Deno.test("the CNI plugin process reaches nothing of kube/ (the agent alone talks to Kubernetes)", async () => {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["info", "--json", "--config", `${ROOT}/deno.json`, `${ROOT}/cni/main.ts`],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const info = JSON.parse(new TextDecoder().decode(out.stdout)) as {
+    modules: { specifier: string }[];
+  };
+  const files = info.modules.map((m) => m.specifier).filter((s) => s.startsWith("file://"));
+  assertEquals(files.length > 5, true, "deno info saw the plugin's graph");
+  assertEquals(files.filter((s) => s.startsWith(`file://${ROOT}/kube/`)), []);
+});
+
 Deno.test("api/ is below its users: it imports none of cni/, cli/, agent/ or manager/", async () => {
   const up = (await productionEdges()).filter(([from, to]) =>
     room(from) === "api" &&
