@@ -111,6 +111,14 @@ export class AgentFakeDevices implements DeviceLayer {
   sweepHostLinkRules(): Promise<number> {
     return this.fake.sweepHostLinkRules();
   }
+  loadRuleset(netns: string | null, text: string): Promise<void> {
+    this.#ensure(netns);
+    return this.fake.loadRuleset(netns, text);
+  }
+  listCounters(netns: string | null, table: string): Promise<string> {
+    this.#ensure(netns);
+    return this.fake.listCounters(netns, table);
+  }
   async netnsIdentity(path: string): Promise<NetnsIdentity | null> {
     this.#ensure(path);
     await this.fake.netnsIdentity(path);

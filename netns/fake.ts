@@ -76,7 +76,8 @@ export type FakeStep =
   | "inspect"
   | "netnsIdentity"
   | "pin"
-  | "hostLink";
+  | "hostLink"
+  | "nft";
 
 /** One recorded call. */
 export interface FakeCall {
@@ -110,6 +111,13 @@ export class FakeDeviceLayer implements DeviceLayer {
   nodeAddrs: NodeAddresses = { addresses: [], primary: {} };
   /** How often the node's nftables table was loaded. */
   tableLoads = 0;
+  /**
+   * Every nftables text loaded, by namespace (`NODE` or a path): `loadRuleset`'s, and a
+   * plug's `policyRuleset` once the plug succeeded (it rides in the pod's `nft -f`).
+   */
+  readonly rulesets = new Map<string, string[]>();
+  /** What `listCounters` answers, by namespace (`NODE` or a path); none: no counters. */
+  readonly counters = new Map<string, string>();
 
   // ---- test controls ----
 
@@ -395,6 +403,7 @@ export class FakeDeviceLayer implements DeviceLayer {
     }
     timing?.("move", 0);
     timing?.("configure", 0);
+    if (hl && p.policyRuleset) this.#loaded(p.netns, p.policyRuleset);
     if (isShaped(p.bandwidth)) {
       link.shaping = installedShaping(p.bandwidth, link.mtu);
       timing?.("shape", 0);
@@ -509,6 +518,30 @@ export class FakeDeviceLayer implements DeviceLayer {
     this.calls.push({ op: "ensureHostLinkTable", args: { legacy } });
     await this.#step("hostLink");
     this.tableLoads++;
+  }
+
+  #loaded(where: string, text: string): void {
+    const list = this.rulesets.get(where) ?? [];
+    list.push(text);
+    this.rulesets.set(where, list);
+  }
+
+  async loadRuleset(netns: string | null, text: string): Promise<void> {
+    this.calls.push({ op: "loadRuleset", args: { netns } });
+    await this.#step("nft");
+    if (netns !== null && !this.#ns.has(netns)) {
+      throw new DeviceError("nft", "netns_invalid", `Netns "${netns}" does not exist`);
+    }
+    this.#loaded(netns ?? NODE, text);
+  }
+
+  async listCounters(netns: string | null, table: string): Promise<string> {
+    this.calls.push({ op: "listCounters", args: { netns, table } });
+    await this.#step("nft");
+    if (netns !== null && !this.#ns.has(netns)) {
+      throw new DeviceError("nft", "netns_invalid", `Netns "${netns}" does not exist`);
+    }
+    return this.counters.get(netns ?? NODE) ?? '{"nftables":[]}';
   }
 
   async sweepHostLinkRules(): Promise<number> {

@@ -101,6 +101,7 @@ import {
   runIp,
   scratchFile,
   SH_BIN,
+  spawn,
   startFed,
   startWatch,
 } from "./ip.ts";
@@ -319,7 +320,7 @@ export class IpDeviceLayer implements DeviceLayer {
       ...(link ? podCommands(link) : []),
     ];
     const ns = await this.#useNetns("netns", p.netns);
-    const pod = await this.#startPodIp(ns, link, p.ifName);
+    const pod = await this.#startPodIp(ns, link, p.ifName, p.policyRuleset);
     try {
       return await this.#plugDevice(p, ns, config, pod);
     } finally {
@@ -336,13 +337,19 @@ export class IpDeviceLayer implements DeviceLayer {
    * The plug's one process in the pod's namespace, started before the move: with a
    * host link, `POD_POLICY_SCRIPT` (which needs neither the ENI nor the link in the
    * pod) runs its policy and the `ip` (its rules beside them, waiting for the move's
-   * rtnl lock); without, the `ip` alone.
+   * rtnl lock); without, the `ip` alone. `policyRuleset` (the pod's NetworkPolicy table)
+   * rides in the host link's ruleset file: one `nft -f`, before the device moves in.
    */
-  async #startPodIp(ns: Ns, link: HostLinkSpec | undefined, ifName: string): Promise<PodIp> {
+  async #startPodIp(
+    ns: Ns,
+    link: HostLinkSpec | undefined,
+    ifName: string,
+    policyRuleset?: string,
+  ): Promise<PodIp> {
     if (!link) return { process: startFed(inNetnsArgv(POD_IP, ns.ref)) };
     const ruleset = await scratchFile(
       this.#scratch ?? DEFAULT_SCRATCH_DIR,
-      podRuleset(link, ifName),
+      podRuleset(link, ifName) + (policyRuleset ?? ""),
     );
     const argv = inNetnsArgv([
       SH_BIN,
@@ -1147,6 +1154,38 @@ export class IpDeviceLayer implements DeviceLayer {
       () =>
         nftApply(nodeTableRuleset(legacy, marks), { netns: this.#node, scratchDir: this.#scratch }),
     );
+  }
+
+  /** Loads an nftables ruleset in `netns` (a path), or on the node when it is null. */
+  async loadRuleset(netns: string | null, text: string): Promise<void> {
+    const where = netns === null ? "on the node" : `in netns "${netns}"`;
+    if (netns !== null) await this.#requireNetns("nft", netns);
+    await this.#run(
+      "nft",
+      `Cannot load an nftables ruleset ${where}`,
+      () => nftApply(text, { netns: netns ?? this.#node, scratchDir: this.#scratch }),
+    );
+  }
+
+  /** The named counters of `table` (`inet enim_policy`) in `netns` (null: the node), as JSON text. */
+  async listCounters(netns: string | null, table: string): Promise<string> {
+    if (!/^(inet|ip|ip6|bridge|netdev|arp) [A-Za-z0-9_]{1,64}$/.test(table)) {
+      throw new TypeError(`Invalid nftables table "${table}"`);
+    }
+    const where = netns === null ? "on the node" : `in netns "${netns}"`;
+    if (netns !== null) await this.#requireNetns("nft", netns);
+    const { stdout } = await this.#run(
+      "nft",
+      `Cannot list the counters of table "${table}" ${where}`,
+      () =>
+        spawn(
+          inNetnsArgv(
+            [NFT_BIN, "-j", "list", "counters", "table", ...table.split(" ")],
+            netns ?? this.#node,
+          ),
+        ),
+    );
+    return stdout;
   }
 
   /**

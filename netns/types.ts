@@ -137,6 +137,12 @@ export interface PlugParams {
    * ENI's configure batch; any failure removes it with the ENI's rollback.
    */
   hostLink?: HostLinkSpec;
+  /**
+   * With a host link: more nftables text (the pod's NetworkPolicy table) loaded in the
+   * pod's namespace with the host link's own ruleset, by the same `nft -f`, before the
+   * device moves in: the ENI is filtered from its first packet.
+   */
+  policyRuleset?: string;
 }
 
 /** What {@linkcode DeviceLayer.unplug} takes. */
@@ -316,6 +322,18 @@ export interface DeviceLayer {
    * open for one operation; throws `netns_invalid` naming the path and what it is.
    */
   pin(path: string): Promise<PinnedNetns>;
+  /**
+   * Loads an nftables ruleset (`nft -f`, one transaction) in the namespace at `netns`
+   * (a path), or on the node when it is null. Throws {@linkcode DeviceError} with the
+   * namespace and nft's words.
+   */
+  loadRuleset(netns: string | null, text: string): Promise<void>;
+  /**
+   * The named counters of one nftables table (`family name`, e.g. `inet enim_policy`)
+   * in the namespace at `netns` (null: the node), as `nft -j list counters table` prints
+   * them (JSON text). Throws {@linkcode DeviceError}.
+   */
+  listCounters(netns: string | null, table: string): Promise<string>;
 }
 
 /** A network namespace held open for one operation (see `netns/pin.ts`). */
