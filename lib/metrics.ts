@@ -28,6 +28,7 @@ export type Phase =
   | "shape"
   | "unplug"
   | "inspect"
+  | "policy"
   | "state_write";
 
 /**
@@ -77,6 +78,18 @@ export interface DevicePluginCounts {
   unhealthy: Partial<Record<typeof UNHEALTHY_REASONS[number], number>>;
 }
 
+/** What NetworkPolicy enforcement shows in the metrics, read at scrape time. */
+export interface PolicyCounts {
+  /** The caches have synced and the enforcer has taken over. */
+  synced: boolean;
+  /** Per cache (`pods`, `namespaces`, `networkpolicies`): watches restarted, lists after the first. */
+  caches: { resource: string; watchRestarts: number; relists: number }[];
+  /** Per local pod and direction: how many (peer, ports) rules its policy admits. */
+  rules: { pod: string; direction: string; rules: number }[];
+  /** Per local pod, direction and place (`pod`: its namespace, `node`: its node end): drops. */
+  drops: { pod: string; direction: string; place: string; packets: number }[];
+}
+
 /** Why a device plugin device is Unhealthy (the label values of its gauge). */
 export const UNHEALTHY_REASONS = [
   "foreign",
@@ -118,6 +131,9 @@ export class Metrics implements PhaseRecorder {
   readonly devicePluginLists: Counter;
   #devicePlugin: () => DevicePluginCounts | null = () => null;
   #pool: () => Promise<PoolCounts> | PoolCounts = () => ({ attachable: 0, profiles: {} });
+  #policy: (() => Promise<PolicyCounts>) | null = null;
+  readonly policyEnforcement: Histogram;
+  readonly policyLoadFailures: Counter<"place">;
 
   /** `started`: when the agent started, epoch milliseconds. */
   constructor(started: number = Date.now()) {
@@ -155,7 +171,7 @@ export class Metrics implements PhaseRecorder {
     this.phaseDuration = new Histogram({
       name: "enim_phase_duration_seconds",
       help:
-        "Time spent in each phase of an operation (queue_wait, netns_check, provider, device_lookup, move, configure, shape, unplug, inspect, state_write)",
+        "Time spent in each phase of an operation (queue_wait, netns_check, provider, device_lookup, move, configure, shape, unplug, inspect, policy, state_write)",
       labelNames: ["op", "phase"],
       buckets: LATENCY_BUCKETS,
       registers,
@@ -326,6 +342,86 @@ export class Metrics implements PhaseRecorder {
         for (const reason of UNHEALTHY_REASONS) this.set({ reason }, p.unhealthy[reason] ?? 0);
       },
     });
+    this.policyEnforcement = new Histogram({
+      name: "enim_policy_enforcement_seconds",
+      help:
+        "NetworkPolicy: time from a Kubernetes watch event's arrival to its rules being in place in every pod and on the node",
+      buckets: LATENCY_BUCKETS,
+      registers,
+    });
+    this.policyLoadFailures = new Counter({
+      name: "enim_policy_load_failures_total",
+      help:
+        "NetworkPolicy: nftables loads that failed (each is retried), by place (pod: a pod's namespace, node)",
+      labelNames: ["place"],
+      registers,
+    });
+    // One read of the enforcer per scrape, shared by its metrics.
+    let policyReading: Promise<PolicyCounts> | null = null;
+    const policy = () => {
+      const source = this.#policy;
+      if (!source) return null;
+      policyReading ??= source().finally(() => policyReading = null);
+      return policyReading;
+    };
+    new Gauge({
+      name: "enim_policy_synced",
+      help:
+        "NetworkPolicy: whether the agent has synced with the Kubernetes API server and enforces (0 also when policy is off)",
+      registers,
+      async collect() {
+        this.set({}, (await policy())?.synced ? 1 : 0);
+      },
+    });
+    new Counter({
+      name: "enim_policy_watch_restarts_total",
+      help:
+        "NetworkPolicy: watches of the Kubernetes API started again other than after a list (a timeout, a failure), by resource",
+      labelNames: ["resource"],
+      registers,
+      async collect() {
+        for (const c of (await policy())?.caches ?? []) {
+          this.mirror({ resource: c.resource }, c.watchRestarts);
+        }
+      },
+    });
+    new Counter({
+      name: "enim_policy_relists_total",
+      help: "NetworkPolicy: lists of the Kubernetes API after the first (a 410 Gone), by resource",
+      labelNames: ["resource"],
+      registers,
+      async collect() {
+        for (const c of (await policy())?.caches ?? []) {
+          this.mirror({ resource: c.resource }, c.relists);
+        }
+      },
+    });
+    new Gauge({
+      name: "enim_policy_rules",
+      help:
+        "NetworkPolicy: the (peer, ports) rules a local pod's policy admits, by pod and direction (0: not isolated)",
+      labelNames: ["pod", "direction"],
+      registers,
+      async collect() {
+        this.reset();
+        for (const r of (await policy())?.rules ?? []) {
+          this.set({ pod: r.pod, direction: r.direction }, r.rules);
+        }
+      },
+    });
+    new Counter({
+      name: "enim_policy_dropped_packets_total",
+      help:
+        "NetworkPolicy: packets dropped by a local pod's policy, by pod, direction and place (pod: in its namespace, what crossed its ENI; node: at its host link's node end); read from nftables at most every 10 s",
+      labelNames: ["pod", "direction", "place"],
+      registers,
+      async collect() {
+        this.reset();
+        for (const d of (await policy())?.drops ?? []) {
+          this.mirror({ pod: d.pod, direction: d.direction, place: d.place }, d.packets);
+        }
+      },
+    });
     new Gauge({
       name: "enim_node_attachable_enis",
       help: "How many more ENIs the node can attach (the limit is shared by every profile)",
@@ -374,6 +470,21 @@ export class Metrics implements PhaseRecorder {
   /** Sets where the device plugin's gauges read from (null while it is off). */
   setDevicePluginSource(fn: () => DevicePluginCounts | null): void {
     this.#devicePlugin = fn;
+  }
+
+  /** Sets where the NetworkPolicy metrics read from (when policy is on). */
+  setPolicySource(fn: () => Promise<PolicyCounts>): void {
+    this.#policy = fn;
+  }
+
+  /** Records a watch event put in place `ms` after it arrived. */
+  policyEnforced(ms: number): void {
+    this.policyEnforcement.observe({}, ms / 1000);
+  }
+
+  /** Records a failed nftables load of NetworkPolicy (`pod` or `node`). */
+  policyLoadFailed(place: "pod" | "node"): void {
+    this.policyLoadFailures.inc({ place });
   }
 
   /** Sets where the pool gauges read their counts from. */

@@ -147,6 +147,15 @@ abstract class Metric<L extends string, S> implements Exposable {
     return s;
   }
 
+  /** Forgets every series (for a collect callback that sets the current ones again). */
+  reset(): void {
+    this.series.clear();
+    if (this.labelNames.length === 0) this.seriesOf({} as Labels<L>, () => this.zero());
+  }
+
+  /** The value a new series starts at. */
+  protected abstract zero(): S;
+
   /** The sample lines of the current series. */
   protected abstract samples(): string[];
 
@@ -162,13 +171,43 @@ abstract class Metric<L extends string, S> implements Exposable {
   }
 }
 
+/** What a counter is created with. */
+export interface CounterOptions<L extends string> extends MetricOptions<L> {
+  /**
+   * Sets the counter's values before each exposition from a count kept elsewhere (the
+   * kernel's, a cache's), with {@linkcode Counter.mirror} (`this` is the counter).
+   */
+  collect?: (this: Counter<L>) => void | Promise<void>;
+}
+
 /** A counter: a value per label set that only goes up. */
 export class Counter<L extends string = never> extends Metric<L, number> {
   readonly type = "counter";
+  readonly #collect?: (this: Counter<L>) => void | Promise<void>;
 
-  constructor(opts: MetricOptions<L>) {
+  constructor(opts: CounterOptions<L>) {
     super(opts);
+    this.#collect = opts.collect;
     if (this.labelNames.length === 0) this.seriesOf({} as Labels<L>, () => 0);
+  }
+
+  protected zero(): number {
+    return 0;
+  }
+
+  protected override beforeExposition(): void | Promise<void> {
+    return this.#collect?.call(this);
+  }
+
+  /**
+   * Sets the series of `labels` to a total counted elsewhere (a collect callback's); a
+   * smaller value than before reads as the source's reset, as Prometheus takes it.
+   *
+   * @throws {TypeError} for a value that is not a finite number
+   */
+  mirror(labels: Labels<L>, value: number): void {
+    if (!Number.isFinite(value)) throw new TypeError(`Value is not a valid number: ${value}`);
+    this.seriesOf(labels, () => 0).value = value;
   }
 
   /**
@@ -205,6 +244,10 @@ export class Gauge<L extends string = never> extends Metric<L, number> {
     super(opts);
     this.#collect = opts.collect;
     if (this.labelNames.length === 0) this.seriesOf({} as Labels<L>, () => 0);
+  }
+
+  protected zero(): number {
+    return 0;
   }
 
   /**
@@ -259,6 +302,10 @@ export class Histogram<L extends string = never> extends Metric<L, HistogramValu
 
   #empty(): HistogramValue {
     return { counts: this.buckets.map(() => 0), sum: 0, count: 0 };
+  }
+
+  protected zero(): HistogramValue {
+    return this.#empty();
   }
 
   /**

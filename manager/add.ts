@@ -32,6 +32,7 @@ import { type ManagerContext, message, ownerOf, zoneHoldMs } from "./context.ts"
 import type { OpTimer } from "./op_timer.ts";
 import { findDevice, release } from "./release.ts";
 import { hostLinkFor, prepareHostLink } from "./host_link.ts";
+import { policyCommitted, preparePolicy } from "./policy.ts";
 
 export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promise<AddResponse> {
   const pod = podKeyOf(req.pod);
@@ -161,8 +162,11 @@ export async function addPinned(
         : undefined;
       let placed: { ifindex: number; nodeName: string; shaping?: InstalledShaping };
       try {
+        const policy = link
+          ? await t.time("policy", () => preparePolicy(ctx, key, pod, req.ifName, link))
+          : undefined;
         placed = req.mode === "interface"
-          ? await plugIntoPod(ctx, req, pinned!, key, eni, ips, routes, t, link)
+          ? await plugIntoPod(ctx, req, pinned!, key, eni, ips, routes, t, link, policy)
           : await findForIpam(ctx, req, key, eni, identity !== null, t);
       } finally {
         if (link) ctx.hostLinks.releaseTable(key);
@@ -193,6 +197,7 @@ export async function addPinned(
           ifindex,
           nodeName,
         }));
+      if (link) await policyCommitted(ctx, key, req.netns);
       for (const r of recycled) {
         log.info("Older container's ENI enters recycling", { recycled: keyOf(r) });
       }
@@ -291,6 +296,7 @@ export async function plugIntoPod(
   routes: RouteSpec[],
   t: OpTimer,
   hostLink?: HostLinkSpec,
+  policyRuleset?: string,
 ): Promise<{ ifindex: number; nodeName: string; shaping?: InstalledShaping }> {
   // Recorded with the node name, before the link is made: what a rollback removes.
   const recorded = hostLink
@@ -312,6 +318,7 @@ export async function plugIntoPod(
       nodeName,
       ...(req.bandwidth ? { bandwidth: req.bandwidth } : {}),
       ...(hostLink ? { hostLink } : {}),
+      ...(hostLink && policyRuleset ? { policyRuleset } : {}),
       beforeMove: (name) =>
         t.sync("state_write", () =>
           ctx.state.update(key, {

@@ -17,6 +17,7 @@ import type { KeyedMutex } from "./mutex.ts";
 import type { Describer, DescriptionRecorder } from "./descriptions.ts";
 import type { AddAnswered } from "./gc.ts";
 import type { HostLinks } from "./host_link.ts";
+import type { PolicyHook } from "./types.ts";
 
 /** The manager's shared parts. */
 export interface ManagerContext {
@@ -47,6 +48,8 @@ export interface ManagerContext {
   readonly addAnswered: Map<string, AddAnswered>;
   /** The host links' upkeep: the node's addresses, its nftables table, warnings. */
   readonly hostLinks: HostLinks;
+  /** NetworkPolicy enforcement (`policy.ts`); null when it is off. */
+  readonly policy: PolicyHook | null;
   /**
    * DELs that have answered and are still bringing their device home (release.ts), by
    * attachment key: the pod's namespace path and the rest (it never rejects). An ADD in

@@ -44,6 +44,7 @@ import type {
   DelInput,
   EniManager,
   GcInput,
+  PolicyHook,
   ReconcileReport,
 } from "./types.ts";
 import { StateStore } from "./state.ts";
@@ -66,6 +67,7 @@ import { withDeadline } from "../lib/async.ts";
 import { HostLinks, sweepHostLinks } from "./host_link.ts";
 import { type KeeperOptions, NodeRouteKeeper } from "./node_routes.ts";
 import { hostLinkOf } from "./state.ts";
+import { restoredPolicyPods } from "./policy.ts";
 
 export { toApiError } from "./errors.ts";
 export { buildResult } from "./result.ts";
@@ -102,6 +104,8 @@ export interface ManagerOptions {
   nodeMarks?: { node: number; kubeProxyMasquerade: number };
   /** The node route keeper's timings (tests). */
   nodeRoutes?: KeeperOptions;
+  /** NetworkPolicy enforcement (the agent's enforcer); absent: off. */
+  policy?: PolicyHook;
 }
 
 /** The manager, with its state store exposed for the agent and tests. */
@@ -156,6 +160,7 @@ class ManagerImpl implements Manager {
       addAnswered: new Map(),
       hostLinks: new HostLinks(o.devices, o.log.child({ op: "host_link" }), state, o.nodeMarks),
       releasing: new Map(),
+      policy: o.policy ?? null,
     };
     const ctx = this.#ctx;
     this.#routes = new NodeRouteKeeper({
@@ -331,6 +336,8 @@ class ManagerImpl implements Manager {
       );
       const problem = await this.#hostLinkUpkeep("reconcile");
       if (problem) report.errors.push(problem);
+      // The ready pods' policy tables stay; the enforcer takes them over once synced.
+      this.#ctx.policy?.restore(restoredPolicyPods(this.#ctx.state.all()));
       if (complete) this.#reconciled = true;
       if (this.#watchAddresses) this.#routes.start();
       return report;

@@ -20,6 +20,7 @@ import { type AttachmentKey, keyOf } from "../providers/schema.ts";
 import { type ManagerContext, message, ownerOf } from "./context.ts";
 import { OpTimer } from "./op_timer.ts";
 import { poll } from "../lib/async.ts";
+import { policyRemoved } from "./policy.ts";
 
 /**
  * Finds an ENI's device on the node or, for an IPAM ADD with a usable pod namespace,
@@ -134,7 +135,7 @@ export async function release(
         } finally {
           pinned?.close();
         }
-      });
+      }).finally(() => policyRemoved(ctx, key));
     }
     if (o.holdUntil !== undefined && row.eniId && row.result) {
       t.sync("state_write", () => ctx.state.markHeld(key, o.holdUntil!, o.parkUntil ?? null));

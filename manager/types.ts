@@ -68,3 +68,47 @@ export interface EniManager {
   enis(): Promise<Eni[]>;
   close(): Promise<void>;
 }
+
+/** The pod and its ENI as {@linkcode PolicyHook.prepare} sees them. */
+export interface PolicyPod {
+  /** The pod, `namespace/name`. */
+  pod: string;
+  /** The attachment key, `containerId/ifName`. */
+  key: string;
+  /** The ENI's addresses (no prefix), one per family it has. */
+  addresses: { ipv4?: string; ipv6?: string };
+  /** The ENI's name in the pod (`eth0`). */
+  eniIfName: string;
+  /** The node end of the pod's host link (`enimh…`). */
+  nodeIfName: string;
+  /** The node's own addresses, as the host link routes them (always allowed). */
+  nodeAddresses: string[];
+}
+
+/** A pod the state records as ready with a host link, as the manager hands it over at start-up. */
+export interface RestoredPolicyPod extends Omit<PolicyPod, "nodeAddresses"> {
+  /** The pod's network namespace (what later edits of its table enter). */
+  netns: string;
+}
+
+/**
+ * NetworkPolicy enforcement as the manager sees it (the agent's enforcer implements it;
+ * the manager knows nothing of Kubernetes). Every call is about one attachment, by key.
+ */
+export interface PolicyHook {
+  /**
+   * Called by ADD (interface mode with a host link) once the ENI and the host link are
+   * planned, before the device is plugged: loads the node's part (the node end's
+   * chains) and returns the pod's own ruleset, which the plug loads in the pod's
+   * namespace before the device moves in (null: no policy for this pod). A throw fails
+   * the ADD (rolled back as any failure): an {@linkcode ApiError} reaches the runtime as
+   * it is.
+   */
+  prepare(p: PolicyPod): Promise<{ podRuleset: string } | null>;
+  /** The ADD recorded the attachment ready, the pod in `netns`: later edits go there. Never throws. */
+  committed(key: string, netns: string): Promise<void>;
+  /** The attachment is released (DEL, GC, a failed ADD, reconcile): its rules go. Never throws. */
+  removed(key: string): Promise<void>;
+  /** At start-up, after reconcile: the attachments the state records ready with a host link. */
+  restore(pods: RestoredPolicyPod[]): void;
+}

@@ -1,0 +1,106 @@
+/**
+ * The manager's side of NetworkPolicy (the hook of `types.ts`, which the agent's enforcer
+ * implements): ADD asks for the pod's ruleset before the plug and reports the attachment
+ * ready after it; a release forgets it; reconcile hands over the pods the state holds
+ * ready. Nothing here knows Kubernetes.
+ *
+ * @module
+ */
+import type { HostLinkSpec } from "../netns/types.ts";
+import { AddResponseSchema, ApiError } from "../api/schema.ts";
+import { userMessage } from "../lib/message.ts";
+import { type AttachmentKey, keyOf } from "../providers/schema.ts";
+import type { ManagerContext } from "./context.ts";
+import { type AttachmentRow, hostLinkOf } from "./state.ts";
+import type { RestoredPolicyPod } from "./types.ts";
+
+/**
+ * ADD's policy step, before the plug (interface mode with a host link): the node's part
+ * loaded, the pod's ruleset returned for the plug to load with the host link's (undefined:
+ * policy is off). A failure is an {@linkcode ApiError}: the enforcer's own, or
+ * `device_error` naming NetworkPolicy.
+ */
+export async function preparePolicy(
+  ctx: ManagerContext,
+  key: AttachmentKey,
+  pod: string,
+  eniIfName: string,
+  link: HostLinkSpec,
+): Promise<string | undefined> {
+  if (!ctx.policy) return undefined;
+  // Listed already for the link (HostLinks keeps them 30 s): no spawn here.
+  const node = await ctx.hostLinks.nodeAddresses().then((n) => n.addresses, () => []);
+  try {
+    const r = await ctx.policy.prepare({
+      pod,
+      key: keyOf(key),
+      addresses: { ...link.podAddresses },
+      eniIfName,
+      nodeIfName: link.nodeIfName,
+      nodeAddresses: node,
+    });
+    return r?.podRuleset;
+  } catch (err) {
+    if (err instanceof ApiError) throw err;
+    throw new ApiError(
+      "device_error",
+      `NetworkPolicy: cannot put the pod's policy in place: ${userMessage(err)}`,
+      undefined,
+      { cause: err },
+    );
+  }
+}
+
+/** ADD recorded the attachment ready: the enforcer's later edits of its table go to `netns`. */
+export async function policyCommitted(
+  ctx: ManagerContext,
+  key: AttachmentKey,
+  netns: string,
+): Promise<void> {
+  await ctx.policy?.committed(keyOf(key), netns).catch((err) =>
+    ctx.log.warn("NetworkPolicy: the pod's table could not be brought up to date", {
+      key: keyOf(key),
+      error: userMessage(err),
+    })
+  );
+}
+
+/** An attachment was released: the enforcer forgets it (never throws). */
+export async function policyRemoved(ctx: ManagerContext, key: AttachmentKey): Promise<void> {
+  await ctx.policy?.removed(keyOf(key)).catch((err) =>
+    ctx.log.warn("NetworkPolicy: a released pod's rules could not be removed", {
+      key: keyOf(key),
+      error: userMessage(err),
+    })
+  );
+}
+
+/** The attachments `rows` holds ready with a host link, as the enforcer takes them over. */
+export function restoredPolicyPods(rows: AttachmentRow[]): RestoredPolicyPod[] {
+  const out: RestoredPolicyPod[] = [];
+  for (const r of rows) {
+    if (r.state !== "ready" || r.mode !== "interface" || r.result === null) continue;
+    try {
+      const link = hostLinkOf(r);
+      const result = AddResponseSchema.parse(JSON.parse(r.result));
+      if (!link) continue;
+      const addresses: RestoredPolicyPod["addresses"] = {};
+      for (const ip of result.ips) {
+        const a = ip.address.split("/")[0];
+        if (a.includes(":")) addresses.ipv6 ??= a;
+        else addresses.ipv4 ??= a;
+      }
+      out.push({
+        pod: r.pod,
+        key: keyOf(r),
+        addresses,
+        eniIfName: r.ifName,
+        nodeIfName: link.nodeIfName,
+        netns: r.netns,
+      });
+    } catch {
+      // A record this agent cannot read: reconcile and GC deal with it, not policy.
+    }
+  }
+  return out;
+}
