@@ -31,6 +31,7 @@ import {
 } from "../providers/contract.ts";
 import type { DeviceLayer } from "../netns/types.ts";
 import type { ManagerOptions } from "../manager/manager.ts";
+import { type PolicyEnforcer, startPolicyEnforcer } from "./policy.ts";
 
 /** A device layer and, for fakes, the simulator that makes attached ENIs appear in it. */
 export interface DeviceSetup {
@@ -155,6 +156,8 @@ export interface AgentParts {
   simulator?: DeviceSimulator;
   /** The agent's metrics (phases, operations, provider latency, GC reclaims, pool). */
   metrics: Metrics;
+  /** NetworkPolicy enforcement, when it is on. */
+  policy: PolicyEnforcer | null;
   close(): Promise<void>;
 }
 
@@ -214,6 +217,9 @@ export async function startParts(
       for (const eni of await raw.list()) await simulator.plug(eni);
     }
     const provider = withProviderTimeout(raw, cfg.timeouts.providerSeconds * 1000, metrics);
+    // Before the manager: reconcile hands it the pods it finds ready.
+    const policy = await startPolicyEnforcer(cfg, { devices, metrics, log });
+    if (policy) closers.push(() => policy.close());
     const manager = await deps.createManager({
       db,
       provider,
@@ -233,13 +239,14 @@ export async function startParts(
         node: cfg.hostLink.nodeMark,
         kubeProxyMasquerade: cfg.hostLink.kubeProxyMasqueradeMark,
       },
+      ...(policy ? { policy } : {}),
     });
     closers.push(() => manager.close());
     metrics.setPoolSource(async () => poolCounts(await manager.status()));
     const report = await manager.reconcile();
     log.info("reconciled the state with the provider and the devices", { ...report });
     if (raw.start) await raw.start();
-    return { manager, provider, db, simulator, metrics, close: closeAll };
+    return { manager, provider, db, simulator, metrics, policy, close: closeAll };
   } catch (err) {
     await closeAll();
     throw err;
@@ -344,6 +351,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
       metrics: () => parts.metrics.text(),
       addTimeoutMs: cfg.timeouts.addSeconds * 1000,
       devicePlugin: () => (devicePlugin ?? pluginOff("The agent is starting")).status(),
+      ...(parts.policy ? { policy: parts.policy } : {}),
     });
     server = await serveUnix(cfg.socket, handler, {
       log,

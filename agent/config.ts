@@ -193,6 +193,25 @@ export const AgentConfigSchema = z.strictObject({
     }),
     {},
   ),
+  /**
+   * Kubernetes NetworkPolicy for the node's enim pods (with a host link), enforced by
+   * the agent in each pod's namespace and at its host link's node end.
+   */
+  networkPolicy: z.prefault(
+    z.strictObject({
+      /**
+       * `auto`: on when the Kubernetes API is configured (`kubernetes.kubeconfig`,
+       * `KUBECONFIG`, or a pod's service account: `KUBERNETES_SERVICE_HOST`); `true`: on
+       * (the agent does not start without API access); `false`: off.
+       */
+      enabled: z._default(z.union([z.boolean(), z.literal("auto")]), "auto"),
+      /** How long an ADD waits for the first sync with the API server before it fails (11). */
+      syncWaitSeconds: z._default(z.number().check(z.minimum(0), z.maximum(600)), 10),
+      /** Dropped packets logged per second and chain (the kernel log); 0: none. */
+      logDropsPerSecond: z._default(z.int().check(z.minimum(0), z.maximum(10_000)), 0),
+    }),
+    {},
+  ),
   /** `ip`: the real device layer. `fake`: in-memory, for tests and dry demos only. */
   devices: z._default(z.enum(["ip", "fake"]), "ip"),
   /**

@@ -22,6 +22,8 @@ import {
   CniCallSchema,
   type DevicePluginStatus,
   HTTP_STATUS,
+  type PodPolicyView,
+  type PolicyStatus,
 } from "../api/schema.ts";
 import type { EniManager } from "../manager/types.ts";
 import { LocalAgentClient, parseRequest } from "./local_client.ts";
@@ -52,7 +54,27 @@ export interface HandlerOptions {
   addTimeoutMs?: number;
   /** The device plugin's status, added to `GET /v1/status` when given. */
   devicePlugin?: () => DevicePluginStatus;
+  /** NetworkPolicy enforcement, when it is on: its status and `GET /v1/policy`. */
+  policy?: PolicySource;
 }
+
+/** What the API reads of the NetworkPolicy enforcer (`agent/policy.ts`). */
+export interface PolicySource {
+  /** Added to `GET /v1/status`. */
+  status(): PolicyStatus;
+  /** A local pod's effective policy (null: no attachment of it under policy here). */
+  view(pod: string): PodPolicyView | null;
+  /** Whether the enforcer has synced with the cluster. */
+  readonly synced: boolean;
+}
+
+/** A pod as `GET /v1/policy?pod=` names it: `namespace/name`. */
+const PodRefSchema = z.string().check(
+  z.regex(
+    /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\/[A-Za-z0-9]([-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?$/,
+    "Expected a pod as <namespace>/<name>",
+  ),
+);
 
 /** The plugin's `enim-cni-timeout-ms` header: whole ms, as its `timeoutSeconds` allows. */
 const PluginTimeoutSchema = z.pipe(
@@ -183,6 +205,7 @@ export const API_ROUTES: Readonly<Record<string, readonly string[]>> = {
   "/v1/status": ["GET"],
   "/v1/attachments": ["GET"],
   "/v1/enis": ["GET"],
+  "/v1/policy": ["GET"],
   "/v1/healthz": ["GET"],
   "/metrics": ["GET"],
 };
@@ -261,7 +284,44 @@ export function createHandler(opts: HandlerOptions): Handler {
     "/v1/status": {
       GET: async () => {
         const s = await api.status();
-        return json(opts.devicePlugin ? { ...s, devicePlugin: opts.devicePlugin() } : s);
+        return json({
+          ...s,
+          ...(opts.devicePlugin ? { devicePlugin: opts.devicePlugin() } : {}),
+          ...(opts.policy ? { policy: opts.policy.status() } : {}),
+        });
+      },
+    },
+    "/v1/policy": {
+      GET: (req) => {
+        const raw = new URL(req.url).searchParams.get("pod") ?? "";
+        const pod = z.safeParse(PodRefSchema, raw);
+        if (!pod.success) {
+          throw new ApiError(
+            "bad_request",
+            `Invalid pod ${JSON.stringify(raw.slice(0, 300))}: expected ?pod=<namespace>/<name>`,
+          );
+        }
+        const policy = opts.policy;
+        if (!policy) {
+          throw new ApiError(
+            "not_found",
+            "NetworkPolicy enforcement is off on this node (networkPolicy.enabled)",
+          );
+        }
+        if (!policy.synced) {
+          throw new ApiError(
+            "policy_unavailable",
+            "NetworkPolicy: the agent has not synced with the Kubernetes API server yet",
+          );
+        }
+        const view = policy.view(pod.data);
+        if (!view) {
+          throw new ApiError(
+            "not_found",
+            `The pod "${pod.data}" has no ENI with a host link on this node, so no NetworkPolicy of enim's`,
+          );
+        }
+        return Promise.resolve(json(view));
       },
     },
     "/v1/attachments": { GET: async () => json({ attachments: await api.attachments() }) },

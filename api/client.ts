@@ -22,6 +22,8 @@ import {
   type GcReport,
   GcReportSchema,
   type GcRequest,
+  type PodPolicyView,
+  PodPolicyViewSchema,
   type Status,
   StatusSchema,
 } from "./schema.ts";
@@ -51,6 +53,8 @@ export interface AgentClient {
   enis(): Promise<Eni[]>;
   /** Raw text of `GET /metrics`. */
   metrics(): Promise<string>;
+  /** A local pod's effective NetworkPolicy (`GET /v1/policy`); the operator commands' only. */
+  policy?(pod: string): Promise<PodPolicyView>;
 }
 
 const encoder = new TextEncoder();
@@ -160,6 +164,9 @@ export class SocketAgentClient implements AgentClient {
   }
   async enis(): Promise<Eni[]> {
     return (await this.#call("GET", "/v1/enis", EniList)).enis;
+  }
+  policy(pod: string): Promise<PodPolicyView> {
+    return this.#call("GET", `/v1/policy?pod=${encodeURIComponent(pod)}`, PodPolicyViewSchema);
   }
   async metrics(): Promise<string> {
     const res = await unixRequest(this.socketPath, "GET", "/metrics", undefined, this.timeoutMs);

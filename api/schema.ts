@@ -10,6 +10,7 @@
  * - `GET /v1/status` → {@linkcode StatusSchema}
  * - `GET /v1/attachments` → `{attachments: Attachment[]}`
  * - `GET /v1/enis` → `{enis: Eni[]}`
+ * - `GET /v1/policy?pod=<namespace>/<name>` → {@linkcode PodPolicyViewSchema} (NetworkPolicy on)
  * - `GET /v1/healthz` → `{ok: true}` (the agent is serving)
  * - `GET /metrics` → Prometheus text
  *
@@ -409,6 +410,100 @@ export const DevicePluginStatusSchema = z.object({
 /** The device plugin's status. */
 export type DevicePluginStatus = z.infer<typeof DevicePluginStatusSchema>;
 
+/** One cache of the Kubernetes API client, as status shows it. */
+export const KubeCacheStatusSchema = z.object({
+  resource: z.string(),
+  synced: z.boolean(),
+  objects: z.number().check(z.int()),
+  /** Lists after the first (a 410 Gone, an expired continue token). */
+  relists: z.number().check(z.int()),
+  /** Watches started again other than right after a list (a timeout, a failure). */
+  watchRestarts: z.number().check(z.int()),
+  /** Failed lists and watches. */
+  errors: z.number().check(z.int()),
+  /** The last failure, null after a success. */
+  lastError: z.nullable(z.string()),
+  /** When the last watch event arrived. */
+  lastEventAt: z.nullable(z.string()),
+  /** The resourceVersion of the last object event the enforcer put in place (null: none yet). */
+  enforcedResourceVersion: z.nullable(z.string()),
+});
+
+/** One local pod under NetworkPolicy, as status shows it. */
+export const PolicyPodStatusSchema = z.object({
+  pod: z.string(),
+  /** The attachment, `containerId/ifName`. */
+  key: z.string(),
+  /** The node end of its host link. */
+  nodeIfName: z.string(),
+  /** How many NetworkPolicies of its namespace select it. */
+  policies: z.number().check(z.int()),
+  ingressIsolated: z.boolean(),
+  egressIsolated: z.boolean(),
+  /**
+   * `enforced`: its table is the cluster's current state; `waiting`: the agent has not
+   * synced yet (the kernel keeps what an earlier agent loaded); `retrying`: the last load
+   * failed and is tried again; `unknown`: the pod is not in the cluster (its last rules stay).
+   */
+  state: z.enum(["enforced", "waiting", "retrying", "unknown"]),
+});
+
+/** NetworkPolicy enforcement on the node (present when it is on). */
+export const PolicyStatusSchema = z.object({
+  /** The caches have listed once and the enforcer took over: ADDs are served. */
+  synced: z.boolean(),
+  /** Watch events not put in place yet. */
+  pendingEvents: z.number().check(z.int()),
+  /** Loads that failed (each retried). */
+  loadFailures: z.number().check(z.int()),
+  caches: z.array(KubeCacheStatusSchema),
+  pods: z.array(PolicyPodStatusSchema),
+});
+/** NetworkPolicy enforcement on the node. */
+export type PolicyStatus = z.infer<typeof PolicyStatusSchema>;
+
+/** One rule of a pod's effective policy: a peer and the ports it may use. */
+export const PolicyRuleViewSchema = z.object({
+  /** `any`: every address; `pods`: pods a selector pair selects; `ipBlock`; `namedPort`. */
+  kind: z.enum(["any", "pods", "ipBlock", "namedPort"]),
+  /** What the peer is, in words (`pods app=web in namespaces team=a`, `10.0.0.0/8 except …`). */
+  peer: z.string(),
+  /** `any`, or each protocol's ports (`TCP 80`, `UDP 5000-5010`, `TCP port http`). */
+  ports: z.array(z.string()),
+  /** The peer's current members (addresses, prefixes, or `address port`); empty for `any`. */
+  members: z.array(z.string()),
+});
+
+/** One direction of a pod's effective policy. */
+export const PolicyDirectionViewSchema = z.object({
+  /** A policy applies to this direction: only what `rules` lists is admitted. */
+  isolated: z.boolean(),
+  rules: z.array(PolicyRuleViewSchema),
+});
+
+/** GET /v1/policy: a local pod's effective NetworkPolicy as the agent enforces it. */
+export const PodPolicyViewSchema = z.object({
+  pod: z.string(),
+  /** The pod's own addresses (always allowed: a pod never blocks itself). */
+  addresses: z.array(z.string()),
+  /** The node's addresses (always allowed both ways). */
+  nodeAddresses: z.array(z.string()),
+  /** The NetworkPolicies of its namespace that select it. */
+  policies: z.array(z.object({
+    name: z.string(),
+    ingress: z.boolean(),
+    egress: z.boolean(),
+    ingressRules: z.number().check(z.int()),
+    egressRules: z.number().check(z.int()),
+  })),
+  ingress: PolicyDirectionViewSchema,
+  egress: PolicyDirectionViewSchema,
+  /** What of those policies was ignored, and why. */
+  warnings: z.array(z.string()),
+});
+/** A local pod's effective NetworkPolicy. */
+export type PodPolicyView = z.infer<typeof PodPolicyViewSchema>;
+
 export const StatusSchema = z.object({
   version: z.string(),
   provider: z.string(),
@@ -454,6 +549,8 @@ export const StatusSchema = z.object({
   sticky: z._default(StickyStatusSchema, { parked: [], claims: [] }),
   /** The device plugin, when the agent runs one (absent from older agents). */
   devicePlugin: z.optional(DevicePluginStatusSchema),
+  /** NetworkPolicy enforcement, when it is on (absent from older agents and when off). */
+  policy: z.optional(PolicyStatusSchema),
   /** DELs that have answered and are still finishing (reads do not wait for them for long). */
   unfinishedDels: z._default(z.array(UnfinishedDelSchema), []),
   /**
@@ -489,6 +586,7 @@ export const API_ERROR_CODES = [
   "provider_error",
   "device_error",
   "busy",
+  "policy_unavailable",
   "state_unavailable",
   "internal",
 ] as const;
@@ -510,6 +608,7 @@ export const HTTP_STATUS: Record<ApiErrorCode, number> = {
   provider_error: 502,
   device_error: 500,
   busy: 503,
+  policy_unavailable: 503,
   state_unavailable: 507,
   internal: 500,
 };

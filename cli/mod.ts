@@ -1,5 +1,5 @@
 /**
- * The operator program: `enim agent`, `enim gc`, `enim status`, `enim version`.
+ * The operator program: `enim agent`, `enim gc`, `enim status`, `enim policy`, `enim version`.
  *
  * Each subcommand lives in its own file and registers itself on the program.
  * Parsing never exits the process: `runCli` returns the exit code.
@@ -10,6 +10,7 @@ import { Command, CommanderError } from "@commander-js/extra-typings";
 import { VERSION } from "../lib/version.ts";
 import { agentCommand } from "./agent.ts";
 import { gcCommand } from "./gc.ts";
+import { policyCommand } from "./policy.ts";
 import { statusCommand } from "./status.ts";
 import { versionCommand } from "./version.ts";
 
@@ -32,6 +33,7 @@ export function buildProgram(io: CliIo, exit: { code: number }) {
   program.addCommand(agentCommand(io, exit));
   program.addCommand(gcCommand(io, exit));
   program.addCommand(statusCommand(io, exit));
+  program.addCommand(policyCommand(io, exit));
   program.addCommand(versionCommand(io, exit));
   return program;
 }

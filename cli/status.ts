@@ -156,6 +156,44 @@ function devicePluginLines(s: Status): string {
   return out + "\n";
 }
 
+type PolicyPod = NonNullable<Status["policy"]>["pods"][number];
+
+const POLICY_COLUMNS: Column<PolicyPod>[] = [
+  { header: "POD", cell: (p) => p.pod },
+  { header: "POLICIES", cell: (p) => String(p.policies) },
+  {
+    header: "ISOLATED",
+    cell: (p) =>
+      [p.ingressIsolated ? "ingress" : "", p.egressIsolated ? "egress" : ""].filter(Boolean).join(
+        ", ",
+      ) || "no",
+  },
+  { header: "NODE END", cell: (p) => p.nodeIfName },
+  { header: "STATE", cell: (p) => p.state },
+];
+
+/**
+ * NetworkPolicy: whether the agent has synced (and so serves ADDs), the caches' watch
+ * restarts and last event, and per local pod how many policies select it.
+ */
+function policyLines(s: Status): string {
+  const p = s.policy;
+  if (!p) return "";
+  const restarts = p.caches.reduce((n, c) => n + c.watchRestarts, 0);
+  const last = p.caches.map((c) => c.lastEventAt).filter((t): t is string => t !== null).sort()
+    .at(-1);
+  let out = `NetworkPolicy: ${
+    p.synced ? "synced" : "NOT SYNCED (new pods' ADDs fail with 11 until it is)"
+  }, last event ${last ? `${formatAge(last)} ago` : "never"}, ${restarts} watch restart${
+    restarts === 1 ? "" : "s"
+  }, ${p.pendingEvents} event${p.pendingEvents === 1 ? "" : "s"} pending\n`;
+  for (const c of p.caches) {
+    if (c.lastError) out += `  ${c.resource}: ${c.lastError}\n`;
+  }
+  if (p.pods.length) out += renderTable(POLICY_COLUMNS, p.pods);
+  return out + "\n";
+}
+
 /** Renders the Status object as `enim status` prints it. */
 export function renderStatus(s: Status): string {
   const p = s.pool;
@@ -169,6 +207,7 @@ export function renderStatus(s: Status): string {
     (s.hostLinks.links > 0 ? `host links: ${s.hostLinks.links}\n` : "") + "\n";
   if (several) head += renderTable(PROFILE_COLUMNS, profiles) + "\n";
   head += devicePluginLines(s);
+  head += policyLines(s);
   head += providerWarnings(s);
   const columns = several
     ? [

@@ -79,6 +79,8 @@ const API_TO_CNI: Record<ApiErrorCode, { code: number; lead: string }> = {
   wrong_zone: { code: CNI_CODES.WRONG_ZONE, lead: "The sticky pod's ENI is in another zone" },
   device_error: { code: CNI_CODES.DEVICE_ERROR, lead: "Configuring the device failed" },
   busy: { code: CNI_CODES.TRY_AGAIN_LATER, lead: "The enim agent is busy; try again later" },
+  // Its messages name NetworkPolicy and what the runtime does (retry) themselves.
+  policy_unavailable: { code: CNI_CODES.TRY_AGAIN_LATER, lead: "" },
   state_unavailable: { code: CNI_CODES.IO_FAILURE, lead: "I/O failure" },
   not_found: { code: CNI_CODES.UNKNOWN_CONTAINER, lead: "Unknown container" },
   bad_request: { code: CNI_CODES.INVALID_CONFIG, lead: "The enim agent rejected the request" },
@@ -174,7 +176,7 @@ export function toCniError(
       );
     }
     const m = API_TO_CNI[err.code] ?? API_TO_CNI.internal;
-    return make(m.code, `${m.lead}: ${err.message}`, err.details);
+    return make(m.code, m.lead ? `${m.lead}: ${err.message}` : err.message, err.details);
   }
   // Any zod v4 error, zod/mini's or classic zod's (the BCE provider's).
   if (err instanceof $ZodError) {

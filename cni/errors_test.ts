@@ -92,6 +92,7 @@ Deno.test("toCniError() maps every agent API error code", async (t) => {
     provider_error: 104,
     device_error: 105,
     busy: 11,
+    policy_unavailable: 11,
     state_unavailable: 5,
     internal: 110,
   };

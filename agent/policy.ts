@@ -1,0 +1,949 @@
+/**
+ * NetworkPolicy enforcement on the node (issue 35): the manager's
+ * {@linkcode PolicyHook} over the cluster's caches (kube/) and the policy compiler
+ * (policy/), applied through the device layer (netns/, the only code that spawns).
+ *
+ * - **From the first packet.** An ADD waits (bounded: `networkPolicy.syncWaitSeconds`)
+ *   for the caches' first full list, fetches a pod the cache has not seen yet (5 s), and
+ *   fails with CNI code 11 when it cannot know the pod's policy: the runtime retries.
+ *   Otherwise `prepare` compiles the pod's policy, loads the node's table with the pod's
+ *   chains (at its node end, in parallel with the plug; `committed` waits for it) and
+ *   hands the pod's own table to the plug, which loads it in the pod's namespace with
+ *   the host link's ruleset before the ENI moves in.
+ * - **Kept in step.** Every cache event (pods, namespaces, NetworkPolicies) goes to one
+ *   serialized queue; a batch of events is applied to the compiler at once, then to the
+ *   kernel: set deltas as element edits in each pod that uses the set and on the node
+ *   (a failed edit replaces the sets whole), pods whose rules changed rendered again
+ *   (with what was loaded before, so what went is deleted), then the node's table.
+ *   A load that fails is retried with a backoff; nothing is ever flushed open.
+ * - **Never fail open.** Once synced, an API server outage leaves the caches as they
+ *   are, and they are enforced. An agent that starts while the API server is away
+ *   touches no table (the kernel keeps what the last agent loaded) until its caches
+ *   have synced; its ADDs answer 11 until then.
+ *
+ * Why one file: the queue, the attachments it keeps, the compiler and what was loaded
+ * where are one state machine; split, every part would reach into the others' state.
+ *
+ * @module
+ */
+import { ApiError, type PodPolicyView, type PolicyStatus } from "../api/schema.ts";
+import type { DeviceLayer } from "../netns/types.ts";
+import type { PolicyHook, PolicyPod, RestoredPolicyPod } from "../manager/types.ts";
+import { Kube, type Namespace, type NetworkPolicy, type Pod } from "../kube/mod.ts";
+import { type KubeEnv, kubeEnv } from "../kube/access.ts";
+import type { AgentConfig } from "./config.ts";
+import type { Metrics } from "../lib/metrics.ts";
+import {
+  type CompiledPolicy,
+  type DropLog,
+  nodeNames,
+  type NodePod,
+  nodeRuleset,
+  parseDropCounters,
+  PodNotFoundError,
+  podRuleset,
+  POLICY_TABLE,
+  PolicyEngine,
+  type PolicyUpdate,
+  type SetDelta,
+  setDeltaCommands,
+  setReplaceCommands,
+} from "../policy/mod.ts";
+import { type Logger, nullLogger } from "../lib/log.ts";
+import { userMessage } from "../lib/message.ts";
+import { sleep } from "../lib/async.ts";
+
+/** What the enforcer records in the agent's metrics (lib/metrics.ts implements it). */
+export interface PolicyRecorder {
+  /** A watch event was put in place, `ms` after it arrived. */
+  policyEnforced(ms: number): void;
+  /** A load in a pod's namespace or on the node failed (it is retried). */
+  policyLoadFailed(place: "pod" | "node"): void;
+}
+
+/** Options of {@linkcode PolicyEnforcer}. */
+export interface PolicyEnforcerOptions {
+  kube: Kube;
+  devices: DeviceLayer;
+  log?: Logger;
+  /** How long an ADD waits for the first sync (`networkPolicy.syncWaitSeconds`, default 10 s). */
+  syncWaitMs?: number;
+  /** Dropped packets logged per second and chain (`networkPolicy.logDropsPerSecond`; 0: off). */
+  logDropsPerSecond?: number;
+  /** How long the GET of a pod the cache lacks may take (default 5 s). */
+  getPodTimeoutMs?: number;
+  /** How often the node's addresses are listed again (default 60 s). */
+  nodeAddressesEveryMs?: number;
+  metrics?: PolicyRecorder;
+}
+
+/** One attachment under policy: a pod's ENI and its host link. */
+interface Att {
+  key: string;
+  /** `namespace/name`. */
+  pod: string;
+  namespace: string;
+  name: string;
+  ips: string[];
+  /** The ENI's name in the pod. */
+  eni: string;
+  /** The host link's node end. */
+  nodeEnd: string;
+  /** The pod's namespace; null until the ADD has recorded it (`committed`). */
+  netns: string | null;
+  /** Registration order (the newest attachment of a pod gives the pod its addresses). */
+  seq: number;
+  /** What the pod's table holds, as last rendered there (null: not known to this agent). */
+  loaded: CompiledPolicy | null;
+  /** The pod's table missed an edit (no namespace yet, a failed load): render it again. */
+  stale: boolean;
+  /** The compiler knows it (false: not synced yet, or the pod is not in the cluster). */
+  registered: boolean;
+  /** A restored pod the cluster does not have: its tables stay as they are. */
+  unknown: boolean;
+  /** The node's load that put its chains in place (prepare's). */
+  nodeReady?: Promise<boolean>;
+}
+
+/** A cache event waiting for the queue. */
+interface Event {
+  resource: "pods" | "namespaces" | "networkpolicies";
+  old: Pod | Namespace | NetworkPolicy | undefined;
+  cur: Pod | Namespace | NetworkPolicy | undefined;
+  /** When it arrived (`performance.now()`). */
+  at: number;
+}
+
+/** What a batch changed: set deltas, pods to render again, and whether the node must be. */
+class Changes {
+  readonly deltas: SetDelta[] = [];
+  readonly changed = new Set<string>();
+  node = false;
+  /** When each event of the batch arrived (`performance.now()`). */
+  readonly arrived: number[] = [];
+
+  add(u: PolicyUpdate): void {
+    this.deltas.push(...u.deltas);
+    for (const c of u.changed) this.changed.add(c);
+  }
+}
+
+/** The message of an ADD that cannot know its pod's policy yet (CNI code 11). */
+export const NOT_SYNCED =
+  "NetworkPolicy: the agent has not synced with the Kubernetes API server yet; the runtime retries";
+
+const TABLE = `inet ${POLICY_TABLE}`;
+/** The most pod namespaces loaded at once. */
+const PARALLEL_LOADS = 8;
+/** How stale the drop counters may be (they cost a spawn per pod). */
+const DROPS_TTL_MS = 10_000;
+
+/** Runs `fn` on each item, at most `limit` at once. */
+async function eachLimited<T>(items: T[], limit: number, fn: (t: T) => Promise<void>) {
+  let next = 0;
+  const worker = async () => {
+    while (next < items.length) await fn(items[next++]);
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
+}
+
+const sameSet = (a: string[], b: string[]) =>
+  a.length === b.length && [...a].sort().join() === [...b].sort().join();
+
+/** A dropped-packet count of one pod, direction and place. */
+export interface PolicyDrops {
+  pod: string;
+  direction: "ingress" | "egress";
+  place: "pod" | "node";
+  packets: number;
+}
+
+/** The agent's NetworkPolicy enforcer (see the module doc). */
+export class PolicyEnforcer implements PolicyHook {
+  readonly #kube: Kube;
+  readonly #devices: DeviceLayer;
+  readonly #log: Logger;
+  readonly #syncWaitMs: number;
+  readonly #getPodMs: number;
+  readonly #dropLog: DropLog | undefined;
+  readonly #metrics: PolicyRecorder | undefined;
+  readonly #atts = new Map<string, Att>();
+  readonly #events: Event[] = [];
+  readonly #enforcedRv = new Map<string, string>();
+  readonly #stop = new AbortController();
+  #engine: PolicyEngine | null = null;
+  #ready!: () => void;
+  readonly #readyP = new Promise<void>((r) => (this.#ready = r));
+  #tail: Promise<unknown> = Promise.resolve();
+  #scheduled = false;
+  #seq = 0;
+  #nodeAddrs: string[] = [];
+  #nodeLoaded: NodePod[] | null = null;
+  /** The node's table has not been rendered by this agent yet: its first load starts clean. */
+  #nodeFresh = true;
+  #nodeStale = false;
+  #retryMs = 0;
+  #retryTimer: ReturnType<typeof setTimeout> | undefined;
+  #loadFailures = 0;
+  #drops: { at: number; value: Promise<PolicyDrops[]> } | null = null;
+  readonly #started: Promise<void>;
+  readonly #unsubscribe: (() => void)[] = [];
+
+  /** Starts the three caches and, once they have synced, takes over the node's pods. */
+  constructor(o: PolicyEnforcerOptions) {
+    this.#kube = o.kube;
+    this.#devices = o.devices;
+    this.#log = (o.log ?? nullLogger).child({ component: "policy" });
+    this.#syncWaitMs = o.syncWaitMs ?? 10_000;
+    this.#getPodMs = o.getPodTimeoutMs ?? 5_000;
+    this.#dropLog = o.logDropsPerSecond ? { rate: o.logDropsPerSecond } : undefined;
+    this.#metrics = o.metrics;
+    this.#started = this.#start(o.nodeAddressesEveryMs ?? 60_000);
+  }
+
+  /** Whether the caches have synced and the enforcer has taken over. */
+  get synced(): boolean {
+    return this.#engine !== null;
+  }
+
+  /** Waits until the enforcer has taken over (tests, the bench); false after `timeoutMs`. */
+  async waitSynced(timeoutMs: number): Promise<boolean> {
+    if (this.#engine) return true;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<boolean>((r) => (timer = setTimeout(() => r(false), timeoutMs)));
+    try {
+      return await Promise.race([this.#readyP.then(() => true), late]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  // ---- start-up ----
+
+  async #start(nodeEveryMs: number): Promise<void> {
+    const signal = this.#stop.signal;
+    const caches = [this.#kube.pods, this.#kube.namespaces, this.#kube.networkPolicies];
+    // The node's addresses first, so that the engine is made in the same turn as the
+    // caches' last sync (no event can slip in between).
+    for (;;) {
+      try {
+        this.#nodeAddrs = (await this.#devices.nodeAddresses()).addresses;
+        break;
+      } catch (err) {
+        this.#log.warn("Cannot list the node's addresses; trying again", {
+          error: userMessage(err),
+        });
+        await sleep(2_000, signal).catch(() => {});
+        if (signal.aborted) return;
+      }
+    }
+    for (;;) {
+      const t0 = performance.now();
+      const synced = await Promise.all(caches.map((c) => c.waitSynced(30_000)));
+      if (signal.aborted) return;
+      if (synced.every(Boolean)) break;
+      this.#log.warn(
+        "NetworkPolicy is not enforced for new pods yet: the Kubernetes caches have not synced (ADDs answer 11; existing pods keep their rules)",
+        {
+          caches: this.#kube.stats().map((s) => ({
+            resource: s.resource,
+            synced: s.synced,
+            error: s.lastError,
+          })),
+        },
+      );
+      // A stopped cache answers at once: do not spin.
+      if (performance.now() - t0 < 1_000) await sleep(5_000, signal).catch(() => {});
+      if (signal.aborted) return;
+    }
+    // Same turn as the sync: subscribe, then index what the caches hold.
+    const on = (resource: Event["resource"]) => (old: unknown, cur: unknown) => {
+      this.#events.push({ resource, old, cur, at: performance.now() } as Event);
+      this.#schedule();
+    };
+    this.#unsubscribe.push(
+      this.#kube.pods.subscribe(on("pods"), { replay: false }),
+      this.#kube.namespaces.subscribe(on("namespaces"), { replay: false }),
+      this.#kube.networkPolicies.subscribe(on("networkpolicies"), { replay: false }),
+    );
+    const t0 = performance.now();
+    this.#engine = new PolicyEngine({
+      pods: () => this.#kube.pods.values(),
+      namespaces: () => this.#kube.namespaces.values(),
+      networkPolicies: () => this.#kube.networkPolicies.values(),
+    }, { nodeAddresses: this.#nodeAddrs });
+    for (const s of this.#kube.stats()) {
+      if (s.resourceVersion) this.#enforcedRv.set(s.resource, s.resourceVersion);
+    }
+    this.#log.info("NetworkPolicy: the caches have synced; enforcing", {
+      pods: this.#kube.pods.size,
+      namespaces: this.#kube.namespaces.size,
+      networkPolicies: this.#kube.networkPolicies.size,
+      localPods: this.#atts.size,
+      indexMs: Math.round(performance.now() - t0),
+    });
+    const init = this.#run(async () => {
+      const ch = new Changes();
+      ch.node = true;
+      for (const att of this.#atts.values()) this.#register(att, ch);
+      await this.#flush(ch).all;
+    });
+    this.#ready();
+    await init;
+    this.#watchNodeAddresses(nodeEveryMs);
+  }
+
+  #watchNodeAddresses(everyMs: number): void {
+    const tick = async () => {
+      if (this.#stop.signal.aborted) return;
+      try {
+        const now = (await this.#devices.nodeAddresses()).addresses;
+        await this.#run(() => this.#nodeAddressesAre(now));
+      } catch (err) {
+        this.#log.warn("Cannot list the node's addresses", { error: userMessage(err) });
+      }
+      if (!this.#stop.signal.aborted) timer = setTimeout(tick, everyMs);
+    };
+    let timer = setTimeout(tick, everyMs);
+    this.#stop.signal.addEventListener("abort", () => clearTimeout(timer), { once: true });
+  }
+
+  async #nodeAddressesAre(addresses: string[]): Promise<void> {
+    if (!this.#engine || sameSet(addresses, this.#nodeAddrs)) return;
+    this.#log.info("NetworkPolicy: the node's addresses changed", {
+      was: this.#nodeAddrs,
+      now: addresses,
+    });
+    this.#nodeAddrs = [...addresses];
+    const ch = this.#takeEvents();
+    ch.add(this.#engine.setNodeAddresses(addresses));
+    ch.node = true;
+    await this.#flush(ch).all;
+  }
+
+  // ---- the queue ----
+
+  /** Runs `fn` after everything queued before it (the one place the engine and tables change). */
+  #run<T>(fn: () => Promise<T>): Promise<T> {
+    const p = this.#tail.then(fn);
+    this.#tail = p.catch(() => {});
+    return p;
+  }
+
+  #schedule(): void {
+    if (this.#scheduled || this.#stop.signal.aborted) return;
+    this.#scheduled = true;
+    this.#run(() => this.#drain()).catch((err) =>
+      this.#log.error("NetworkPolicy: applying cache events failed", { error: userMessage(err) })
+    );
+  }
+
+  async #drain(): Promise<void> {
+    const ch = this.#takeEvents();
+    if (ch.arrived.length === 0 && !this.#anyStale()) return;
+    await this.#flush(ch).all;
+  }
+
+  /** Applies every pending event to the engine; what they changed. */
+  #takeEvents(): Changes {
+    this.#scheduled = false;
+    const ch = new Changes();
+    const batch = this.#events.splice(0);
+    const engine = this.#engine;
+    if (!engine) return ch;
+    for (const ev of batch) {
+      ch.arrived.push(ev.at);
+      const obj = (ev.cur ?? ev.old)!;
+      const rv = obj.metadata.resourceVersion;
+      try {
+        if (ev.resource === "pods") {
+          const pod = ev.cur as Pod | undefined;
+          if (pod) {
+            ch.add(engine.upsertPod(pod));
+            this.#podCameBack(`${pod.metadata.namespace}/${pod.metadata.name}`, ch);
+          } else {
+            ch.add(engine.deletePod(obj.metadata.namespace ?? "default", obj.metadata.name));
+          }
+        } else if (ev.resource === "namespaces") {
+          ch.add(
+            ev.cur
+              ? engine.upsertNamespace(ev.cur as Namespace)
+              : engine.deleteNamespace(obj.metadata.name),
+          );
+        } else {
+          ch.add(
+            ev.cur
+              ? engine.upsertPolicy(ev.cur as NetworkPolicy)
+              : engine.deletePolicy(obj.metadata.namespace ?? "default", obj.metadata.name),
+          );
+        }
+      } catch (err) {
+        this.#log.error("NetworkPolicy: a cache event could not be compiled", {
+          resource: ev.resource,
+          object: `${obj.metadata.namespace ?? ""}/${obj.metadata.name}`,
+          error: userMessage(err),
+        });
+      }
+      if (rv) this.#enforcedRv.set(ev.resource, rv);
+    }
+    return ch;
+  }
+
+  /** A restored pod the cluster did not have is back in the cache: enforce it now. */
+  #podCameBack(pod: string, ch: Changes): void {
+    for (const att of this.#atts.values()) {
+      if (att.pod === pod && !att.registered) this.#register(att, ch);
+    }
+  }
+
+  /** Registers `att` with the engine (its pod's newest attachment gives the addresses). */
+  #register(att: Att, ch: Changes): void {
+    const engine = this.#engine!;
+    const newest = this.#newestOf(att.pod) ?? att;
+    try {
+      const r = engine.addLocal({ namespace: att.namespace, name: att.name, ips: newest.ips });
+      ch.add(r);
+      ch.changed.add(att.pod);
+      ch.node = true;
+      att.registered = true;
+      att.unknown = false;
+      att.stale = true;
+    } catch (err) {
+      if (!(err instanceof PodNotFoundError)) throw err;
+      att.unknown = true;
+      this.#log.warn(
+        "NetworkPolicy: a pod of this node is not in the cluster; its rules stay as they are",
+        { pod: att.pod, key: att.key },
+      );
+    }
+  }
+
+  #newestOf(pod: string, except?: string): Att | undefined {
+    let best: Att | undefined;
+    for (const a of this.#atts.values()) {
+      if (a.pod === pod && a.key !== except && (!best || a.seq > best.seq)) best = a;
+    }
+    return best;
+  }
+
+  #anyStale(): boolean {
+    return this.#nodeStale || [...this.#atts.values()].some((a) => a.stale && a.netns !== null);
+  }
+
+  /**
+   * Puts `ch` in place: each pod's table (its deltas, or all of it when its rules changed
+   * or it missed an edit), then the node's. `node` settles when the node's load has (true
+   * when it succeeded), `all` when everything has.
+   */
+  #flush(ch: Changes): { node: Promise<boolean>; all: Promise<void> } {
+    const pods: Promise<void>[] = [];
+    const work: (() => Promise<void>)[] = [];
+    for (const att of this.#atts.values()) {
+      if (!att.registered) continue;
+      const mine = ch.deltas.filter((d) => d.users.includes(att.pod));
+      const full = ch.changed.has(att.pod) || att.stale;
+      if (att.netns === null) {
+        if (full || mine.length > 0) att.stale = true;
+        continue;
+      }
+      if (full) work.push(() => this.#renderPod(att));
+      else if (mine.length > 0) work.push(() => this.#editPod(att, mine));
+    }
+    pods.push(eachLimited(work, PARALLEL_LOADS, (w) => w()));
+    let node: Promise<boolean>;
+    if (ch.node || ch.changed.size > 0 || this.#nodeStale || this.#nodeLoaded === null) {
+      node = this.#renderNode();
+    } else if (ch.deltas.length > 0) {
+      node = this.#editNode(ch.deltas);
+    } else node = Promise.resolve(true);
+    const all = Promise.all([node, ...pods]).then(() => {
+      const now = performance.now();
+      for (const t of ch.arrived) this.#metrics?.policyEnforced(now - t);
+      this.#afterFlush();
+    });
+    return { node, all };
+  }
+
+  #afterFlush(): void {
+    if (!this.#anyStale()) {
+      this.#retryMs = 0;
+      return;
+    }
+    if (this.#retryTimer !== undefined || this.#stop.signal.aborted) return;
+    this.#retryMs = Math.min(30_000, this.#retryMs ? this.#retryMs * 2 : 1_000);
+    this.#retryTimer = setTimeout(() => {
+      this.#retryTimer = undefined;
+      this.#schedule();
+    }, this.#retryMs);
+  }
+
+  async #renderPod(att: Att): Promise<void> {
+    const c = this.#engine!.compiled(att.namespace, att.name);
+    if (!c || att.netns === null) return;
+    const text = podRuleset(c, {
+      eni: att.eni,
+      previous: att.loaded ?? undefined,
+      log: this.#dropLog,
+    });
+    try {
+      await this.#devices.loadRuleset(att.netns, text);
+      att.loaded = c;
+      att.stale = false;
+    } catch (err) {
+      this.#failed("pod", att, err);
+    }
+  }
+
+  async #editPod(att: Att, deltas: SetDelta[]): Promise<void> {
+    const text = deltas.map(setDeltaCommands).join("");
+    if (text === "") return;
+    try {
+      await this.#devices.loadRuleset(att.netns!, text);
+      return;
+    } catch (err) {
+      this.#log.debug("NetworkPolicy: a set edit failed; replacing the sets", {
+        pod: att.pod,
+        error: userMessage(err),
+      });
+    }
+    const c = this.#engine!.compiled(att.namespace, att.name);
+    const keys = new Set(deltas.map((d) => d.key));
+    const sets = c?.sets.filter((s) => keys.has(s.key)) ?? [];
+    try {
+      await this.#devices.loadRuleset(att.netns!, sets.map(setReplaceCommands).join(""));
+    } catch (err) {
+      this.#failed("pod", att, err);
+    }
+  }
+
+  #nodePods(): NodePod[] {
+    const out: NodePod[] = [];
+    for (const att of [...this.#atts.values()].sort((a, b) => a.seq - b.seq)) {
+      const policy = att.registered
+        ? this.#engine!.compiled(att.namespace, att.name)
+        : att.loaded ?? undefined;
+      if (policy) out.push({ nodeEnd: att.nodeEnd, policy });
+    }
+    return out;
+  }
+
+  async #renderNode(): Promise<boolean> {
+    const pods = this.#nodePods();
+    const split = { ipv4: [] as string[], ipv6: [] as string[] };
+    for (const a of this.#nodeAddrs) (a.includes(":") ? split.ipv6 : split.ipv4).push(a);
+    const node = pods[0]?.policy.node ?? split;
+    let text = nodeRuleset(pods, {
+      node,
+      previous: this.#nodeLoaded ?? undefined,
+      log: this.#dropLog,
+    });
+    // This agent's first load replaces what an earlier one left (one transaction).
+    if (this.#nodeFresh) text = `table ${TABLE} {}\ndelete table ${TABLE}\n${text}`;
+    try {
+      await this.#devices.loadRuleset(null, text);
+      this.#nodeLoaded = pods;
+      this.#nodeFresh = false;
+      this.#nodeStale = false;
+      return true;
+    } catch (err) {
+      this.#nodeStale = true;
+      this.#failed("node", null, err);
+      return false;
+    }
+  }
+
+  async #editNode(deltas: SetDelta[]): Promise<boolean> {
+    const text = deltas.map(setDeltaCommands).join("");
+    if (text === "") return true;
+    try {
+      await this.#devices.loadRuleset(null, text);
+      return true;
+    } catch {
+      // An element to delete was missing: render the whole table again.
+      return await this.#renderNode();
+    }
+  }
+
+  #failed(place: "pod" | "node", att: Att | null, err: unknown): void {
+    this.#loadFailures++;
+    this.#metrics?.policyLoadFailed(place);
+    if (att) att.stale = true;
+    this.#log.warn(
+      place === "pod"
+        ? "NetworkPolicy: loading a pod's table failed; trying again"
+        : "NetworkPolicy: loading the node's table failed; trying again",
+      { ...(att ? { pod: att.pod, netns: att.netns } : {}), error: userMessage(err) },
+    );
+  }
+
+  // ---- the manager's hook ----
+
+  async prepare(p: PolicyPod): Promise<{ podRuleset: string } | null> {
+    if (this.#stop.signal.aborted) throw new ApiError("busy", "The agent is shutting down");
+    if (!(await this.waitSynced(this.#syncWaitMs))) {
+      throw new ApiError("policy_unavailable", NOT_SYNCED);
+    }
+    const slash = p.pod.indexOf("/");
+    const namespace = p.pod.slice(0, slash), name = p.pod.slice(slash + 1);
+    let fetched: Pod | null = null;
+    if (!this.#kube.pods.get(p.pod)) {
+      try {
+        fetched = await this.#kube.getPod(namespace, name, { timeoutMs: this.#getPodMs });
+      } catch (err) {
+        throw new ApiError(
+          "policy_unavailable",
+          `NetworkPolicy: the pod "${p.pod}" is not in the agent's cache yet and the Kubernetes API server did not say what it is (${
+            userMessage(err)
+          }); the runtime retries`,
+        );
+      }
+      if (!fetched) {
+        throw new ApiError(
+          "policy_unavailable",
+          `NetworkPolicy: the Kubernetes API server has no pod "${p.pod}" (yet); the runtime retries`,
+        );
+      }
+    }
+    const ips = [p.addresses.ipv4, p.addresses.ipv6].filter((a): a is string => !!a);
+    let deliver!: (text: string) => void;
+    let refuse!: (err: unknown) => void;
+    const result = new Promise<string>((res, rej) => [deliver, refuse] = [res, rej]);
+    const task = this.#run(async () => {
+      const engine = this.#engine!;
+      const ch = this.#takeEvents();
+      try {
+        if (fetched && !this.#kube.pods.get(p.pod)) ch.add(engine.upsertPod(fetched));
+        if (p.nodeAddresses.length > 0 && !sameSet(p.nodeAddresses, this.#nodeAddrs)) {
+          this.#nodeAddrs = [...p.nodeAddresses];
+          ch.add(engine.setNodeAddresses(p.nodeAddresses));
+        }
+        const att: Att = {
+          key: p.key,
+          pod: p.pod,
+          namespace,
+          name,
+          ips,
+          eni: p.eniIfName,
+          nodeEnd: p.nodeIfName,
+          netns: null,
+          seq: ++this.#seq,
+          loaded: null,
+          stale: false,
+          registered: false,
+          unknown: false,
+        };
+        let r: ReturnType<PolicyEngine["addLocal"]>;
+        try {
+          r = engine.addLocal({ namespace, name, ips });
+        } catch (err) {
+          if (!(err instanceof PodNotFoundError)) throw err;
+          throw new ApiError(
+            "policy_unavailable",
+            `NetworkPolicy: the pod "${p.pod}" is not in the agent's cache yet; the runtime retries`,
+          );
+        }
+        this.#atts.set(p.key, att);
+        att.registered = true;
+        att.loaded = r.compiled;
+        ch.add(r);
+        ch.changed.delete(p.pod);
+        ch.node = true;
+        // Its other attachments (an older container's) render again; this one rides the plug.
+        for (const other of this.#atts.values()) {
+          if (other.pod === p.pod && other !== att) other.stale = true;
+        }
+        const text = podRuleset(r.compiled, { eni: p.eniIfName, log: this.#dropLog });
+        const flushed = this.#flush(ch);
+        att.nodeReady = flushed.node;
+        deliver(text);
+        await flushed.all;
+      } catch (err) {
+        refuse(err);
+        throw err;
+      }
+    });
+    task.catch(() => {});
+    return { podRuleset: await result };
+  }
+
+  async committed(key: string, netns: string): Promise<void> {
+    const att = this.#atts.get(key);
+    if (!att) return;
+    att.netns = netns;
+    if (!(await (att.nodeReady ?? Promise.resolve(true)))) {
+      // One more try, now: the ADD answers only with the pod's node chains in place.
+      const ok = await this.#run(() => this.#renderNode());
+      if (!ok) {
+        throw new ApiError(
+          "device_error",
+          `NetworkPolicy: cannot load the node's rules for pod "${att.pod}" (see the agent's log)`,
+        );
+      }
+    }
+    if (att.stale) await this.#run(() => this.#renderPod(att));
+  }
+
+  async removed(key: string): Promise<void> {
+    if (!this.#atts.has(key)) return;
+    await this.#run(async () => {
+      const att = this.#atts.get(key);
+      if (!att) return;
+      this.#atts.delete(key);
+      const engine = this.#engine;
+      if (!engine) return;
+      const ch = this.#takeEvents();
+      ch.node = true;
+      if (att.registered) {
+        const other = this.#newestOf(att.pod);
+        if (!other) ch.add(engine.removeLocal(att.namespace, att.name));
+        else if (other.registered && !sameSet(other.ips, att.ips)) {
+          ch.add(engine.addLocal({ namespace: att.namespace, name: att.name, ips: other.ips }));
+          ch.changed.add(att.pod);
+        }
+      }
+      await this.#flush(ch).all;
+    });
+  }
+
+  restore(pods: RestoredPolicyPod[]): void {
+    for (const p of pods) {
+      if (this.#atts.has(p.key)) continue;
+      const slash = p.pod.indexOf("/");
+      const att: Att = {
+        key: p.key,
+        pod: p.pod,
+        namespace: p.pod.slice(0, slash),
+        name: p.pod.slice(slash + 1),
+        ips: [p.addresses.ipv4, p.addresses.ipv6].filter((a): a is string => !!a),
+        eni: p.eniIfName,
+        nodeEnd: p.nodeIfName,
+        netns: p.netns,
+        seq: ++this.#seq,
+        loaded: null,
+        stale: true,
+        registered: false,
+        unknown: false,
+      };
+      this.#atts.set(p.key, att);
+      if (this.#engine) {
+        this.#run(async () => {
+          const ch = this.#takeEvents();
+          this.#register(att, ch);
+          await this.#flush(ch).all;
+        }).catch(() => {});
+      }
+    }
+  }
+
+  // ---- what operators see ----
+
+  /** The enforcer's state for `GET /v1/status`. */
+  status(): PolicyStatus {
+    const engine = this.#engine;
+    const iso = (ms: number | null) => (ms === null ? null : new Date(ms).toISOString());
+    return {
+      synced: engine !== null,
+      pendingEvents: this.#events.length,
+      loadFailures: this.#loadFailures,
+      caches: this.#kube.stats().map((s) => ({
+        resource: s.resource,
+        synced: s.synced,
+        objects: s.objects,
+        relists: s.relists,
+        watchRestarts: s.watchRestarts,
+        errors: s.errors,
+        lastError: s.lastError,
+        lastEventAt: iso(s.lastEventAt),
+        enforcedResourceVersion: this.#enforcedRv.get(s.resource) ?? null,
+      })),
+      pods: [...this.#atts.values()].sort((a, b) => a.pod.localeCompare(b.pod)).map((a) => {
+        const c = a.registered ? engine?.compiled(a.namespace, a.name) : undefined;
+        return {
+          pod: a.pod,
+          key: a.key,
+          nodeIfName: a.nodeEnd,
+          policies: c?.policies.length ?? 0,
+          ingressIsolated: c?.ingress.isolated ?? false,
+          egressIsolated: c?.egress.isolated ?? false,
+          state: !engine ? "waiting" : a.unknown ? "unknown" : a.stale ? "retrying" : "enforced",
+        };
+      }),
+    };
+  }
+
+  /** A local pod's effective policy (null: no attachment of it here, or not compiled yet). */
+  view(pod: string): PodPolicyView | null {
+    const att = this.#newestOf(pod);
+    if (!att || !this.#engine || !att.registered) return null;
+    const c = this.#engine.compiled(att.namespace, att.name);
+    return c ? policyView(c) : null;
+  }
+
+  /** The compiled policy of a local pod (tests and the bench). */
+  compiled(pod: string): CompiledPolicy | undefined {
+    const att = this.#newestOf(pod);
+    return att && this.#engine?.compiled(att.namespace, att.name);
+  }
+
+  /** Per pod and direction, how many rules its policy has (metrics). */
+  ruleCounts(): { pod: string; direction: "ingress" | "egress"; rules: number }[] {
+    const out: { pod: string; direction: "ingress" | "egress"; rules: number }[] = [];
+    const seen = new Set<string>();
+    for (const a of this.#atts.values()) {
+      if (seen.has(a.pod) || !a.registered) continue;
+      seen.add(a.pod);
+      const c = this.#engine?.compiled(a.namespace, a.name);
+      if (!c) continue;
+      for (const d of ["ingress", "egress"] as const) {
+        out.push({ pod: a.pod, direction: d, rules: c[d].isolated ? c[d].entries.length : 0 });
+      }
+    }
+    return out;
+  }
+
+  /**
+   * The drop counters of every local pod, in its namespace and at its node end (read at
+   * most every 10 s: a spawn per pod).
+   */
+  drops(): Promise<PolicyDrops[]> {
+    const now = performance.now();
+    if (!this.#drops || now - this.#drops.at > DROPS_TTL_MS) {
+      this.#drops = { at: now, value: this.#readDrops() };
+    }
+    return this.#drops.value;
+  }
+
+  async #readDrops(): Promise<PolicyDrops[]> {
+    const out: PolicyDrops[] = [];
+    const atts = [...this.#atts.values()].filter((a) => a.netns !== null);
+    await eachLimited(atts, PARALLEL_LOADS, async (a) => {
+      try {
+        const json = await this.#devices.listCounters(a.netns, TABLE);
+        for (const c of parseDropCounters(json)) {
+          out.push({ pod: a.pod, direction: c.direction, place: "pod", packets: c.packets });
+        }
+      } catch { /* a namespace going away: no counters */ }
+    });
+    try {
+      const byLink = new Map(
+        [...this.#atts.values()].map((a) => [nodeNames(a.nodeEnd).ingress.slice(3), a.pod]),
+      );
+      for (const c of parseDropCounters(await this.#devices.listCounters(null, TABLE))) {
+        const pod = c.link ? byLink.get(c.link) : undefined;
+        if (pod) out.push({ pod, direction: c.direction, place: "node", packets: c.packets });
+      }
+    } catch { /* no table on the node yet */ }
+    return out;
+  }
+
+  /** Stops the caches and the queue (the kernel keeps every table). */
+  async close(): Promise<void> {
+    if (this.#stop.signal.aborted) return;
+    this.#stop.abort();
+    clearTimeout(this.#retryTimer);
+    for (const u of this.#unsubscribe) u();
+    await this.#started.catch(() => {});
+    await this.#tail.catch(() => {});
+    await this.#kube.close();
+  }
+}
+
+/** What `enim policy` shows of a compiled policy. */
+export function policyView(c: CompiledPolicy): PodPolicyView {
+  const direction = (d: CompiledPolicy["ingress"]) => ({
+    isolated: d.isolated,
+    rules: d.entries.map((e) => {
+      const set = e.peer === null ? undefined : c.sets.find((s) => s.key === e.peer);
+      const ports = e.ports === null
+        ? ["any"]
+        : e.ports.map((m) =>
+          m.name !== undefined
+            ? `${m.protocol} port ${m.name}`
+            : m.port === undefined
+            ? `${m.protocol} any port`
+            : m.endPort !== undefined
+            ? `${m.protocol} ${m.port}-${m.endPort}`
+            : `${m.protocol} ${m.port}`
+        );
+      if (!set) return { kind: "any" as const, peer: "any address", ports, members: [] };
+      const members = set.kind === "namedPort"
+        ? [...set.ipv4, ...set.ipv6].map((m) => `${m.addr} ${m.port}`)
+        : [...set.ipv4, ...set.ipv6];
+      return { kind: set.kind, peer: set.text, ports, members };
+    }),
+  });
+  return {
+    pod: `${c.pod.namespace}/${c.pod.name}`,
+    addresses: [...c.pod.ipv4, ...c.pod.ipv6],
+    nodeAddresses: [...c.node.ipv4, ...c.node.ipv6],
+    policies: c.policies,
+    ingress: direction(c.ingress),
+    egress: direction(c.egress),
+    warnings: c.warnings,
+  };
+}
+
+/** Whether `networkPolicy.enabled` turns enforcement on, and why (for the log). */
+export function policyEnabled(
+  cfg: Pick<AgentConfig, "networkPolicy" | "kubernetes">,
+  env: KubeEnv,
+): { on: boolean; why: string } {
+  const e = cfg.networkPolicy.enabled;
+  if (e !== "auto") return { on: e, why: `networkPolicy.enabled is ${e}` };
+  if (cfg.kubernetes.kubeconfig) return { on: true, why: "kubernetes.kubeconfig is set" };
+  if (env.KUBECONFIG) return { on: true, why: "KUBECONFIG is set" };
+  if (env.KUBERNETES_SERVICE_HOST) {
+    return { on: true, why: "the agent runs in a pod (KUBERNETES_SERVICE_HOST)" };
+  }
+  return {
+    on: false,
+    why: "no Kubernetes API is configured (kubernetes.kubeconfig, KUBECONFIG, in-cluster)",
+  };
+}
+
+/**
+ * The agent's enforcer when `networkPolicy` is on (null when off): the Kubernetes API
+ * found (a configuration error stops the agent: it never runs open by mistake), the
+ * caches started. Registers its metrics.
+ */
+export async function startPolicyEnforcer(
+  cfg: AgentConfig,
+  o: { devices: DeviceLayer; metrics: Metrics; log: Logger; env?: KubeEnv },
+): Promise<PolicyEnforcer | null> {
+  const env = o.env ?? kubeEnv();
+  const { on, why } = policyEnabled(cfg, env);
+  if (!on) {
+    o.log.info("NetworkPolicy enforcement is off", { why });
+    return null;
+  }
+  const k = cfg.kubernetes;
+  const kube = await Kube.connect({
+    kubeconfig: k.kubeconfig,
+    context: k.context,
+    nodeName: k.nodeName,
+    pageSize: k.pageSize,
+    requestTimeoutSeconds: k.requestTimeoutSeconds,
+    watchTimeoutSeconds: k.watchTimeoutSeconds,
+    env,
+    log: o.log,
+  });
+  o.log.info("NetworkPolicy enforcement is on", { why });
+  const enforcer = new PolicyEnforcer({
+    kube,
+    devices: o.devices,
+    log: o.log,
+    syncWaitMs: cfg.networkPolicy.syncWaitSeconds * 1000,
+    logDropsPerSecond: cfg.networkPolicy.logDropsPerSecond,
+    metrics: o.metrics,
+  });
+  o.metrics.setPolicySource(async () => {
+    const s = enforcer.status();
+    return {
+      synced: s.synced,
+      caches: s.caches,
+      rules: enforcer.ruleCounts(),
+      drops: await enforcer.drops(),
+    };
+  });
+  return enforcer;
+}
