@@ -121,6 +121,8 @@ class Changes {
   node = false;
   /** When each event of the batch arrived (`performance.now()`). */
   readonly arrived: number[] = [];
+  /** The resourceVersion of the batch's last event of each kind (enforced once flushed). */
+  readonly rvs = new Map<string, string>();
 
   add(u: PolicyUpdate): void {
     this.deltas.push(...u.deltas);
@@ -384,7 +386,7 @@ export class PolicyEnforcer implements PolicyHook {
           error: userMessage(err),
         });
       }
-      if (rv) this.#enforcedRv.set(ev.resource, rv);
+      if (rv) ch.rvs.set(ev.resource, rv);
     }
     return ch;
   }
@@ -459,6 +461,7 @@ export class PolicyEnforcer implements PolicyHook {
     const all = Promise.all([node, ...pods]).then(() => {
       const now = performance.now();
       for (const t of ch.arrived) this.#metrics?.policyEnforced(now - t);
+      for (const [resource, rv] of ch.rvs) this.#enforcedRv.set(resource, rv);
       this.#afterFlush();
     });
     return { node, all };

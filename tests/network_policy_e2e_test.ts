@@ -1,0 +1,546 @@
+/**
+ * Kubernetes NetworkPolicy for enim pods, end to end on the real kernel (issue 35): a
+ * simulated node whose agent (the shipped bundle, the production permission set) reads
+ * the test API server (tests/support/kube_apiserver.ts, built from the published API);
+ * three namespaces of three pods each, created as kubelet creates them; the reachability
+ * matrix over TCP and UDP between the nine pods for each policy case, against the matrix
+ * the case writes by hand (the API's meaning, not enim's compiler); then changes while
+ * the pods keep running.
+ *
+ * @module
+ */
+import { assert, assertEquals } from "../lib/assert.ts";
+import { clientDeps } from "./support/clients.ts";
+import { TRAFFIC_NEEDS, who } from "./support/traffic.ts";
+import { KUBE_PROXY_NEEDS } from "./support/kube_proxy.ts";
+import {
+  type ClusterPod,
+  type ContainerPorts,
+  POD_PORTS,
+  PolicyCluster,
+} from "./support/policy_cluster.ts";
+import { passed, type Probe, type Prober, type ProbeResult } from "./support/prober.ts";
+import type { SimulatedNode } from "./support/node.ts";
+
+const DEPS = await clientDeps("network_policy_e2e_test", [...TRAFFIC_NEEDS, ...KUBE_PROXY_NEEDS]);
+
+/** The namespaces and their labels. */
+const NAMESPACES: Record<string, Record<string, string>> = {
+  alpha: { team: "a", env: "prod" },
+  beta: { team: "b", env: "prod" },
+  gamma: { team: "c", env: "dev" },
+};
+
+/** The pods of each namespace: labels and named container ports. */
+const APPS: Record<
+  string,
+  { labels: Record<string, string>; ports: (ns: string) => ContainerPorts }
+> = {
+  web: {
+    labels: { app: "web", tier: "front" },
+    ports: (ns) => [{ name: "http", containerPort: ns === "gamma" ? 8081 : 8080 }],
+  },
+  db: {
+    labels: { app: "db", tier: "back" },
+    ports: () => [{ name: "sql", containerPort: 5432 }, { name: "http", containerPort: 9050 }],
+  },
+  job: {
+    labels: { app: "job" },
+    ports: () => [{ name: "dns", containerPort: 53, protocol: "UDP" }],
+  },
+};
+
+/** A probe's end as a case's expectation sees it. */
+interface End {
+  id: string;
+  ns: string;
+  app: string;
+  tier?: string;
+  v4: string;
+  v6: string;
+}
+
+type Expect = (
+  s: End,
+  d: End,
+  proto: "tcp" | "udp",
+  port: number,
+  fam: 4 | 6,
+) => boolean;
+
+/** The pods by id, for a case's policies that name addresses. */
+type Pods = Record<string, ClusterPod>;
+
+/** One policy case: the policies in place (namespace, name, spec) and the matrix they give. */
+interface Case {
+  name: string;
+  policies: [string, string, unknown][] | ((p: Pods) => [string, string, unknown][]);
+  expect: Expect;
+  /** Probe IPv6 too (default IPv4 only). */
+  ipv6?: boolean;
+}
+
+const DB = { matchLabels: { app: "db" } };
+const WEB = { matchLabels: { app: "web" } };
+const JOB = { matchLabels: { app: "job" } };
+const TEAM = (t: string) => ({ namespaceSelector: { matchLabels: { team: t } } });
+
+/** The port a pod's container calls `http`: web's (8081 in gamma), db's 9050; job has none. */
+const httpPort = (d: End) =>
+  d.app === "web" ? (d.ns === "gamma" ? 8081 : 8080) : d.app === "db" ? 9050 : undefined;
+
+/** Each point of issue 35's Build 2, as a case. */
+const CASES: Case[] = [
+  {
+    name: "with no policy every pod reaches every pod on every port (default allow)",
+    policies: [],
+    expect: () => true,
+  },
+  {
+    name: "a default-deny ingress policy isolates every pod of its namespace for ingress only",
+    policies: [["alpha", "deny", { podSelector: {}, policyTypes: ["Ingress"] }]],
+    expect: (_s, d) => d.ns !== "alpha",
+  },
+  {
+    name: "a default-deny egress policy isolates every pod of its namespace for egress only",
+    policies: [["alpha", "deny", { podSelector: {}, policyTypes: ["Egress"] }]],
+    expect: (s) => s.ns !== "alpha",
+  },
+  {
+    name:
+      "a default-deny-all policy isolates both directions; each pod still reaches itself (IPv4 and IPv6)",
+    policies: [["alpha", "deny", { podSelector: {}, policyTypes: ["Ingress", "Egress"] }]],
+    ipv6: true,
+    expect: (s, d) => s.ns !== "alpha" && d.ns !== "alpha",
+  },
+  {
+    name: "policies are additive: an allow-all ingress policy beside a default deny allows all",
+    policies: [
+      ["alpha", "deny", { podSelector: {}, policyTypes: ["Ingress"] }],
+      ["alpha", "allow", { podSelector: {}, ingress: [{}] }],
+    ],
+    expect: () => true,
+  },
+  {
+    name: "spec.podSelector matchLabels isolates only the pods it selects",
+    policies: [["alpha", "db", { podSelector: DB, policyTypes: ["Ingress"] }]],
+    expect: (_s, d) => d.id !== "alpha/db",
+  },
+  {
+    name: "a podSelector peer alone selects pods of the policy's own namespace only",
+    policies: [["alpha", "db", { podSelector: DB, ingress: [{ from: [{ podSelector: WEB }] }] }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.id === "alpha/web",
+  },
+  {
+    name: "a namespaceSelector peer alone selects every pod of the selected namespaces",
+    policies: [["alpha", "db", { podSelector: DB, ingress: [{ from: [TEAM("b")] }] }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.ns === "beta",
+  },
+  {
+    name: "namespaceSelector and podSelector in one peer select the pods matching both (AND)",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ ...TEAM("b"), podSelector: WEB }] }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.id === "beta/web",
+  },
+  {
+    name: "namespaceSelector and podSelector as two peers select either (OR)",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [TEAM("b"), { podSelector: WEB }] }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.ns === "beta" || s.id === "alpha/web",
+  },
+  {
+    name: "an empty namespaceSelector with a podSelector selects those pods in every namespace",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ namespaceSelector: {}, podSelector: WEB }] }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.app === "web",
+  },
+  {
+    name: "matchExpressions In selects pods whose label has one of the values",
+    policies: [["alpha", "in", {
+      podSelector: { matchExpressions: [{ key: "app", operator: "In", values: ["web", "job"] }] },
+      policyTypes: ["Ingress"],
+    }]],
+    expect: (_s, d) => !(d.ns === "alpha" && (d.app === "web" || d.app === "job")),
+  },
+  {
+    name: "matchExpressions NotIn selects pods whose label is absent or has none of the values",
+    policies: [["alpha", "notin", {
+      podSelector: { matchExpressions: [{ key: "tier", operator: "NotIn", values: ["front"] }] },
+      policyTypes: ["Ingress"],
+    }]],
+    expect: (_s, d) => !(d.ns === "alpha" && d.app !== "web"),
+  },
+  {
+    name: "matchExpressions Exists selects pods that carry the key",
+    policies: [["alpha", "exists", {
+      podSelector: { matchExpressions: [{ key: "tier", operator: "Exists" }] },
+      policyTypes: ["Ingress"],
+    }]],
+    expect: (_s, d) => !(d.ns === "alpha" && d.tier !== undefined),
+  },
+  {
+    name: "matchExpressions DoesNotExist selects pods without the key",
+    policies: [["alpha", "dne", {
+      podSelector: { matchExpressions: [{ key: "tier", operator: "DoesNotExist" }] },
+      policyTypes: ["Ingress"],
+    }]],
+    expect: (_s, d) => d.id !== "alpha/job",
+  },
+  {
+    name: "matchLabels and matchExpressions of one namespaceSelector are ANDed",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{
+        from: [{
+          namespaceSelector: {
+            matchLabels: { env: "prod" },
+            matchExpressions: [{ key: "team", operator: "NotIn", values: ["a"] }],
+          },
+        }],
+      }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.ns === "beta",
+  },
+  {
+    name: "a namespace is selected by name through its kubernetes.io/metadata.name label",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{
+        from: [{ namespaceSelector: { matchLabels: { "kubernetes.io/metadata.name": "gamma" } } }],
+      }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.ns === "gamma",
+  },
+  {
+    name: "a numeric port admits that TCP port only (protocol defaults to TCP), from anyone",
+    policies: [["alpha", "db", { podSelector: DB, ingress: [{ ports: [{ port: 5432 }] }] }]],
+    expect: (_s, d, proto, port) => d.id !== "alpha/db" || (proto === "tcp" && port === 5432),
+  },
+  {
+    name: "a UDP port admits that UDP port only",
+    policies: [["alpha", "job", {
+      podSelector: JOB,
+      ingress: [{ ports: [{ protocol: "UDP", port: 53 }] }],
+    }]],
+    expect: (_s, d, proto, port) => d.id !== "alpha/job" || (proto === "udp" && port === 53),
+  },
+  {
+    name: "a port item with a protocol and no port admits every port of that protocol",
+    policies: [["alpha", "job", { podSelector: JOB, ingress: [{ ports: [{ protocol: "UDP" }] }] }]],
+    expect: (_s, d, proto) => d.id !== "alpha/job" || proto === "udp",
+  },
+  {
+    name: "endPort admits the range port..endPort inclusive",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ ports: [{ port: 8081, endPort: 9050 }] }],
+    }]],
+    expect: (_s, d, proto, port) =>
+      d.id !== "alpha/db" || (proto === "tcp" && port >= 8081 && port <= 9050),
+  },
+  {
+    name: "an ingress named port resolves against each target pod's own container ports",
+    policies: [["gamma", "http", { podSelector: {}, ingress: [{ ports: [{ port: "http" }] }] }]],
+    expect: (_s, d, proto, port) => d.ns !== "gamma" || (proto === "tcp" && port === httpPort(d)),
+  },
+  {
+    name: "an ingress named port must match the container port's protocol too",
+    policies: [["alpha", "job", {
+      podSelector: JOB,
+      ingress: [{ ports: [{ protocol: "TCP", port: "dns" }, { protocol: "UDP", port: "dns" }] }],
+    }]],
+    expect: (_s, d, proto, port) => d.id !== "alpha/job" || (proto === "udp" && port === 53),
+  },
+  {
+    name: "an egress named port with no `to` admits that port of every destination pod",
+    policies: [["alpha", "http", {
+      podSelector: {},
+      policyTypes: ["Egress"],
+      egress: [{ ports: [{ port: "http" }] }],
+    }]],
+    expect: (s, d, proto, port) => s.ns !== "alpha" || (proto === "tcp" && port === httpPort(d)),
+  },
+  {
+    name: "an egress named port resolves against the selected destination pods' ports",
+    policies: [["alpha", "sql", {
+      podSelector: {},
+      policyTypes: ["Egress"],
+      egress: [{ to: [{ namespaceSelector: {}, podSelector: DB }], ports: [{ port: "sql" }] }],
+    }]],
+    expect: (s, d, proto, port) =>
+      s.ns !== "alpha" || (d.app === "db" && proto === "tcp" && port === 5432),
+  },
+  {
+    name: "an ingress ipBlock admits its CIDR minus its excepts",
+    policies: (p) => [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{
+        from: [{
+          ipBlock: {
+            cidr: "10.99.0.0/24",
+            except: [`${p["beta/web"].v4}/32`, `${p["beta/db"].v4}/32`],
+          },
+        }],
+      }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || (s.id !== "beta/web" && s.id !== "beta/db"),
+  },
+  {
+    name: "an egress ipBlock admits the destinations it covers by address",
+    policies: (p) => [["alpha", "out", {
+      podSelector: {},
+      policyTypes: ["Egress"],
+      egress: [{
+        to: [{ ipBlock: { cidr: `${p["gamma/web"].v4}/32` } }, {
+          ipBlock: { cidr: `${p["gamma/db"].v4}/32` },
+        }],
+      }],
+    }]],
+    expect: (s, d) => s.ns !== "alpha" || d.id === "gamma/web" || d.id === "gamma/db",
+  },
+  {
+    name: "an IPv6 ipBlock admits IPv6 sources only (dual-stack pods)",
+    policies: (p) => [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ ipBlock: { cidr: `${p["beta/web"].v6}/128` } }] }],
+    }]],
+    ipv6: true,
+    expect: (s, d, _p, _port, fam) => d.id !== "alpha/db" || (fam === 6 && s.id === "beta/web"),
+  },
+  {
+    name:
+      "without policyTypes a policy applies to ingress always and to egress when it has egress rules",
+    policies: [["alpha", "web", { podSelector: WEB, egress: [{ to: [{ podSelector: DB }] }] }]],
+    expect: (s, d) => d.id !== "alpha/web" && (s.id !== "alpha/web" || d.id === "alpha/db"),
+  },
+  {
+    name: "policyTypes [Egress] leaves ingress alone even when the policy has ingress rules",
+    policies: [["alpha", "web", {
+      podSelector: WEB,
+      policyTypes: ["Egress"],
+      ingress: [{ from: [{ podSelector: DB }] }],
+    }]],
+    expect: (s) => s.id !== "alpha/web",
+  },
+  {
+    name: "a rule with ports and no `from` admits those ports from every source",
+    policies: [["alpha", "web", { podSelector: WEB, ingress: [{ ports: [{ port: 8080 }] }] }]],
+    expect: (_s, d, proto, port) => d.id !== "alpha/web" || (proto === "tcp" && port === 8080),
+  },
+  {
+    name: "a rule with `from` and no ports admits every protocol and port",
+    policies: [["alpha", "web", { podSelector: WEB, ingress: [{ from: [{ podSelector: DB }] }] }]],
+    expect: (s, d) => d.id !== "alpha/web" || s.id === "alpha/db",
+  },
+  {
+    name: "two policies selecting a pod admit the union of their rules",
+    policies: [
+      ["alpha", "p1", { podSelector: WEB, ingress: [{ from: [TEAM("b")] }] }],
+      ["alpha", "p2", {
+        podSelector: WEB,
+        ingress: [{ from: [TEAM("c")], ports: [{ port: 8080 }] }],
+      }],
+    ],
+    expect: (s, d, proto, port) =>
+      d.id !== "alpha/web" || s.ns === "beta" ||
+      (s.ns === "gamma" && proto === "tcp" && port === 8080),
+  },
+  {
+    name: "replies are allowed: a pod that may open nothing still answers what it admits",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      policyTypes: ["Ingress", "Egress"],
+      ingress: [{ from: [{ namespaceSelector: {} }] }],
+    }]],
+    expect: (s) => s.id !== "alpha/db",
+  },
+  {
+    name: "an egress rule with ports and no `to` admits those ports to every destination",
+    policies: [["alpha", "dns", {
+      podSelector: {},
+      policyTypes: ["Egress"],
+      egress: [{ ports: [{ protocol: "UDP", port: 53 }] }],
+    }]],
+    expect: (s, _d, proto, port) => s.ns !== "alpha" || (proto === "udp" && port === 53),
+  },
+  {
+    name: "an egress podSelector peer selects pods of the policy's namespace",
+    policies: [["alpha", "db", {
+      podSelector: {},
+      policyTypes: ["Egress"],
+      egress: [{ to: [{ podSelector: DB }] }],
+    }]],
+    expect: (s, d) => s.ns !== "alpha" || d.id === "alpha/db",
+  },
+  {
+    name: "policies of two namespaces each isolate their own pods, in both directions",
+    policies: [
+      ["alpha", "in", { podSelector: {}, ingress: [{ from: [TEAM("c")] }] }],
+      ["gamma", "out", {
+        podSelector: WEB,
+        policyTypes: ["Egress"],
+        egress: [{ to: [{ namespaceSelector: { matchLabels: { env: "prod" } } }] }],
+      }],
+    ],
+    expect: (s, d) =>
+      (d.ns !== "alpha" || s.ns === "gamma") && (s.id !== "gamma/web" || d.ns !== "gamma"),
+  },
+];
+
+const ends = (c: PolicyCluster): End[] =>
+  [...c.pods.values()].map((p) => ({
+    id: p.id,
+    ns: p.namespace,
+    app: p.name,
+    tier: p.labels.tier,
+    v4: p.v4,
+    v6: p.v6,
+  }));
+
+/** One cell of the matrix: source, destination, protocol, port and family. */
+interface Cell {
+  s: End;
+  d: End;
+  proto: "tcp" | "udp";
+  port: number;
+  fam: 4 | 6;
+}
+
+/** Probes `cells` (each from its source's prober), all at once; whether each got through. */
+async function probeCells(
+  c: PolicyCluster,
+  cells: Cell[],
+  timeoutMs: number,
+): Promise<{ cell: Cell; result: ProbeResult }[]> {
+  const bySource = new Map<string, Cell[]>();
+  for (const cell of cells) {
+    const list = bySource.get(cell.s.id) ?? [];
+    list.push(cell);
+    bySource.set(cell.s.id, list);
+  }
+  const out: { cell: Cell; result: ProbeResult }[] = [];
+  await Promise.all([...bySource].map(async ([id, list]) => {
+    const prober: Prober = c.pods.get(id)!.prober;
+    const probes: Probe[] = list.map((x) => ({
+      proto: x.proto,
+      addr: x.fam === 4 ? x.d.v4 : x.d.v6,
+      port: x.port,
+    }));
+    const results = await prober.probe(probes, timeoutMs);
+    list.forEach((cell, i) => out.push({ cell, result: results[i] }));
+  }));
+  return out;
+}
+
+const cellText = (x: Cell) => `${x.s.id} -> ${x.d.id} ${x.proto}/${x.port} IPv${x.fam}`;
+
+/**
+ * The whole matrix (every pod to every pod, itself included, on every port of
+ * {@linkcode POD_PORTS}, IPv4 and with `ipv6` IPv6) against `expect`: a cell that differs
+ * is probed again with a longer time (a loaded machine may lose a first packet) before it
+ * counts. Returns how many cells were probed.
+ */
+async function checkMatrix(c: PolicyCluster, expect: Expect, ipv6 = false): Promise<number> {
+  const all = ends(c);
+  const cells: Cell[] = [];
+  for (const fam of ipv6 ? [4, 6] as const : [4] as const) {
+    for (const s of all) {
+      for (const d of all) for (const p of POD_PORTS) cells.push({ s, d, ...p, fam });
+    }
+  }
+  const want = (x: Cell) => x.s.id === x.d.id || expect(x.s, x.d, x.proto, x.port, x.fam);
+  const first = await probeCells(c, cells, 1_000);
+  const wrong = first.filter((r) => passed(r.result) !== want(r.cell));
+  if (wrong.length) {
+    console.error(
+      `${wrong.length} of ${cells.length} cells differed at first (probed again): ${
+        wrong.slice(0, 5).map((r) => `${cellText(r.cell)}: ${r.result}`).join("; ")
+      }`,
+    );
+  }
+  const again = wrong.length ? await probeCells(c, wrong.map((r) => r.cell), 3_000) : [];
+  const still = again.filter((r) => passed(r.result) !== want(r.cell));
+  assertEquals(
+    still.map((r) => `${cellText(r.cell)}: ${r.result}, want ${want(r.cell) ? "pass" : "drop"}`),
+    [],
+    `${still.length} of ${cells.length} cells differ from the expected matrix`,
+  );
+  // An answer that got through came from the right pod, which saw the client's own address.
+  for (const { cell, result } of first) {
+    if (!result.startsWith("open ")) continue;
+    const own = cell.fam === 4 ? cell.s.v4 : cell.s.v6;
+    assertEquals(who(result.slice(5)), `${cell.d.id} ${own}`, cellText(cell));
+  }
+  return cells.length;
+}
+
+/** The policies in place now (namespace, name). */
+let current: [string, string][] = [];
+
+/** Replaces the policies in place with `policies` and waits until the agents enforce them. */
+async function setPolicies(c: PolicyCluster, policies: [string, string, unknown][]) {
+  for (const [ns, name] of current) c.remove("networkpolicies", ns, name);
+  current = [];
+  for (const [namespace, name, spec] of policies) {
+    c.put("networkpolicies", { metadata: { namespace, name }, spec });
+    current.push([namespace, name]);
+  }
+  await c.settle();
+}
+
+const podsOf = (c: PolicyCluster): Pods => Object.fromEntries(c.pods);
+
+/** The cluster of the test: node A with the nine pods. */
+async function cluster(): Promise<{ c: PolicyCluster; a: SimulatedNode }> {
+  const c = await PolicyCluster.start();
+  try {
+    for (const [ns, labels] of Object.entries(NAMESPACES)) c.namespace(ns, labels);
+    const a = await c.node("node-a", { nodeNic: true, mock: { enis: 12 } });
+    for (const ns of Object.keys(NAMESPACES)) {
+      for (const [app, def] of Object.entries(APPS)) {
+        await c.pod(a, "node-a", ns, app, def.labels, def.ports(ns));
+      }
+    }
+    await c.settle();
+    return { c, a };
+  } catch (err) {
+    await c.close();
+    throw err;
+  }
+}
+
+Deno.test({
+  name:
+    "NetworkPolicy: the reachability matrix of nine enim pods over TCP and UDP is what each policy case says",
+  ignore: DEPS.skip !== null,
+  async fn(t) {
+    const { c, a } = await cluster();
+    try {
+      current = [];
+      let probes = 0;
+      for (const k of CASES) {
+        await t.step(k.name, async () => {
+          await setPolicies(
+            c,
+            typeof k.policies === "function" ? k.policies(podsOf(c)) : k.policies,
+          );
+          probes += await checkMatrix(c, k.expect, k.ipv6);
+        });
+      }
+      await t.step(`${CASES.length} cases, ${probes} probes in all`, () => {
+        assert(CASES.length >= 30);
+      });
+    } catch (err) {
+      console.error(await a.agentLog());
+      throw err;
+    } finally {
+      await c.close();
+    }
+  },
+});
