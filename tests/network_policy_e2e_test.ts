@@ -21,6 +21,7 @@ import {
 } from "./support/policy_cluster.ts";
 import { passed, type Probe, type Prober, type ProbeResult } from "./support/prober.ts";
 import type { SimulatedNode } from "./support/node.ts";
+import { PodPolicyViewSchema } from "../api/schema.ts";
 
 const DEPS = await clientDeps("network_policy_e2e_test", [...TRAFFIC_NEEDS, ...KUBE_PROXY_NEEDS]);
 
@@ -496,6 +497,174 @@ async function setPolicies(c: PolicyCluster, policies: [string, string, unknown]
 
 const podsOf = (c: PolicyCluster): Pods => Object.fromEntries(c.pods);
 
+/** CRC32c (Castagnoli, reflected), SCTP's checksum. */
+function crc32c(bytes: Uint8Array): number {
+  let crc = 0xffffffff;
+  for (const b of bytes) {
+    crc ^= b;
+    for (let k = 0; k < 8; k++) crc = crc & 1 ? (crc >>> 1) ^ 0x82f63b78 : crc >>> 1;
+  }
+  return (crc ^ 0xffffffff) >>> 0;
+}
+
+/** An SCTP INIT packet (common header and INIT chunk) to `port`, its checksum set. */
+function sctpInit(port: number): Uint8Array {
+  const b = new Uint8Array(32);
+  const v = new DataView(b.buffer);
+  v.setUint16(0, 40000 + Math.floor(Math.random() * 20000));
+  v.setUint16(2, port);
+  // verification tag 0, checksum 0 for now; the INIT chunk:
+  v.setUint8(12, 1);
+  v.setUint16(14, 20);
+  v.setUint32(16, 0x12345678); // initiate tag
+  v.setUint32(20, 65536); // a_rwnd
+  v.setUint16(24, 10); // outbound streams
+  v.setUint16(26, 10); // inbound streams
+  v.setUint32(28, 1); // initial TSN
+  v.setUint32(8, crc32c(b), true);
+  return b;
+}
+
+/**
+ * Sends SCTP INITs from `from` to `addr` on each of `ports` (raw IP protocol 132 with
+ * socat: this kernel has no SCTP sockets, its netfilter still parses SCTP).
+ */
+async function sendSctp(c: PolicyCluster, from: ClusterPod, addr: string, ports: number[]) {
+  for (const port of ports) {
+    const child = new Deno.Command("/usr/sbin/ip", {
+      args: ["netns", "exec", from.ns.name, "/usr/bin/socat", "-u", "-", `IP4-SENDTO:${addr}:132`],
+      stdin: "piped",
+      stdout: "null",
+      stderr: "piped",
+    }).spawn();
+    const w = child.stdin.getWriter();
+    await w.write(sctpInit(port));
+    await w.close();
+    const out = await child.output();
+    assertEquals(out.code, 0, new TextDecoder().decode(out.stderr));
+  }
+  void c;
+}
+
+/** Counts, in `to`'s namespace, the SCTP packets to each port its policy let in. */
+async function sctpCounters(to: ClusterPod, ports: number[]): Promise<() => Promise<number[]>> {
+  const table = [
+    "table inet probe_sctp {",
+    ...ports.map((p) => `\tcounter to_${p} { }`),
+    "\tchain input {",
+    "\t\ttype filter hook input priority 10; policy accept;",
+    ...ports.map((p) => `\t\tsctp dport ${p} counter name to_${p}`),
+    "\t}",
+    "}",
+  ].join("\n");
+  const load = await to.node.vpc.exec(to.ns, [
+    "/bin/sh",
+    "-c",
+    'printf %s "$1" | /usr/sbin/nft -f -',
+    "sh",
+    table,
+  ]);
+  assertEquals(load.code, 0, load.stderr);
+  return async () => {
+    const r = await to.node.vpc.exec(to.ns, [
+      "/usr/sbin/nft",
+      "-j",
+      "list",
+      "counters",
+      "table",
+      "inet",
+      "probe_sctp",
+    ]);
+    const text = JSON.stringify(JSON.parse(r.stdout));
+    return ports.map((p) =>
+      Number(new RegExp(`"name":"to_${p}"[^}]*"packets":(\\d+)`).exec(text)?.[1] ?? NaN)
+    );
+  };
+}
+
+/**
+ * Label changes (a pod's, a namespace's), a pod's new address and a policy's deletion,
+ * while an allowed flow runs all along and must never be dropped.
+ */
+async function changesWhileTrafficRuns(t: Deno.TestContext, c: PolicyCluster, a: SimulatedNode) {
+  const P = podsOf(c);
+  const db = P["alpha/db"];
+  await setPolicies(c, [["alpha", "db", {
+    podSelector: DB,
+    ingress: [{
+      from: [{ podSelector: WEB }, { namespaceSelector: { matchLabels: { access: "db" } } }],
+      ports: [{ port: 5432 }],
+    }],
+  }]]);
+  const reach = async (from: ClusterPod) =>
+    passed((await from.prober.probe([{ proto: "tcp", addr: db.v4, port: 5432 }], 2_000))[0]);
+  let stop = false;
+  let rounds = 0;
+  const failures: string[] = [];
+  const traffic = (async () => {
+    while (!stop) {
+      const [r] = await P["alpha/web"].prober.probe(
+        [{ proto: "tcp", addr: db.v4, port: 5432 }],
+        2_000,
+      );
+      rounds++;
+      if (!r.startsWith("open alpha/db")) failures.push(r);
+      await new Promise((ok) => setTimeout(ok, 20));
+    }
+  })();
+  try {
+    await t.step("a pod's label change lets it in, and its change back keeps it out", async () => {
+      assertEquals(await reach(P["alpha/job"]), false);
+      c.relabel(P["alpha/job"], { app: "web" });
+      await c.settle();
+      assertEquals(await reach(P["alpha/job"]), true);
+      c.relabel(P["alpha/job"], { app: "job" });
+      await c.settle();
+      assertEquals(await reach(P["alpha/job"]), false);
+    });
+    await t.step("a namespace's label change lets its pods in", async () => {
+      assertEquals(await reach(P["gamma/db"]), false);
+      c.namespace("gamma", { ...NAMESPACES.gamma, access: "db" });
+      await c.settle();
+      assertEquals(await reach(P["gamma/db"]), true);
+      assertEquals(await reach(P["beta/db"]), false);
+    });
+    await t.step(
+      "a pod's new address replaces its old one in the sets that select it",
+      async () => {
+        const old = P["gamma/web"];
+        const fresh = await c.sandbox(a, "node-a", "gamma", "web", old.labels, old.ports, "-2");
+        await c.del(old);
+        await c.settle();
+        assert(fresh.v4 !== old.v4, "the new sandbox has a new ENI");
+        assertEquals(await reach(fresh), true);
+        const r = await a.enim(["policy", "alpha/db", "--json"]);
+        assertEquals(r.code, 0, r.stderr);
+        const view = PodPolicyViewSchema.parse(JSON.parse(r.stdout));
+        const members = view.ingress.rules.flatMap((x) => x.members);
+        assert(members.includes(fresh.v4), `${fresh.v4} in ${members}`);
+        assert(!members.includes(old.v4), `${old.v4} no longer in ${members}`);
+        const text = await a.enim(["policy", "alpha/db"]);
+        assertEquals(text.code, 0, text.stderr);
+        assert(text.stdout.includes("ingress: isolated"), text.stdout);
+        assert(text.stdout.includes("TCP 5432"), text.stdout);
+      },
+    );
+    await t.step("deleting the policy lets everyone in again", async () => {
+      assertEquals(await reach(P["beta/web"]), false);
+      await setPolicies(c, []);
+      assertEquals(await reach(P["beta/web"]), true);
+    });
+  } finally {
+    stop = true;
+    await traffic;
+  }
+  await t.step(`the allowed flow ran ${rounds} times through every change, never dropped`, () => {
+    assertEquals(failures, []);
+    assert(rounds >= 5, `${rounds} rounds`);
+  });
+}
+
 /** The cluster of the test: node A with the nine pods. */
 async function cluster(): Promise<{ c: PolicyCluster; a: SimulatedNode }> {
   const c = await PolicyCluster.start();
@@ -536,6 +705,62 @@ Deno.test({
       await t.step(`${CASES.length} cases, ${probes} probes in all`, () => {
         assert(CASES.length >= 30);
       });
+      const P = podsOf(c);
+      await t.step("SCTP: a port item of protocol SCTP admits SCTP to that port only", async () => {
+        const counts = await sctpCounters(P["alpha/db"], [7777, 7778]);
+        await setPolicies(c, []);
+        await sendSctp(c, P["alpha/web"], P["alpha/db"].v4, [7777, 7778]);
+        assertEquals(await counts(), [1, 1], "without a policy both get in");
+        await setPolicies(c, [["alpha", "db", {
+          podSelector: DB,
+          ingress: [{ ports: [{ protocol: "SCTP", port: 7777 }] }],
+        }]]);
+        await sendSctp(c, P["alpha/web"], P["alpha/db"].v4, [7777, 7778]);
+        assertEquals(await counts(), [2, 1], "7777 gets in, 7778 is dropped");
+        await setPolicies(c, [["alpha", "db", {
+          podSelector: DB,
+          ingress: [{ ports: [{ protocol: "TCP", port: 7777 }] }],
+        }]]);
+        await sendSctp(c, P["alpha/web"], P["alpha/db"].v4, [7777]);
+        assertEquals(await counts(), [2, 1], "a TCP port admits no SCTP");
+      });
+      await t.step(
+        "the pod's own node is always allowed both ways, even under deny-all",
+        async () => {
+          await setPolicies(c, [["alpha", "deny", {
+            podSelector: {},
+            policyTypes: ["Ingress", "Egress"],
+          }]]);
+          const nodeAddr = a.nic!.ipv4!;
+          await c.servers.start(a.vpc.node, "node-a", [{ proto: "tcp", port: 18080 }, {
+            proto: "udp",
+            port: 18053,
+          }]);
+          const node = await c.prober(a.vpc.node.name);
+          const alpha = [...c.pods.values()].filter((p) => p.namespace === "alpha");
+          const toPods = await node.probe(
+            alpha.flatMap((p) => [
+              { proto: "tcp" as const, addr: p.v4, port: 8080 },
+              { proto: "udp" as const, addr: p.v4, port: 53 },
+            ]),
+            3_000,
+          );
+          assertEquals(toPods.filter((r) => !passed(r)), [], "the node reaches every alpha pod");
+          for (const p of alpha) {
+            const r = await p.prober.probe([
+              { proto: "tcp", addr: nodeAddr, port: 18080 },
+              { proto: "udp", addr: nodeAddr, port: 18053 },
+            ], 3_000);
+            assertEquals(r.map((x) => x.startsWith("open node-a")), [true, true], p.id);
+          }
+          // And the deny holds for everything else.
+          const other = await P["beta/web"].prober.probe([
+            { proto: "tcp", addr: P["alpha/web"].v4, port: 8080 },
+          ], 1_000);
+          assertEquals(other, ["timeout"]);
+        },
+      );
+      await changesWhileTrafficRuns(t, c, a);
     } catch (err) {
       console.error(await a.agentLog());
       throw err;

@@ -54,7 +54,9 @@ export class KubeBridge implements AsyncDisposable {
           conn.readable.pipeTo(up.writable).catch(() => {}),
           up.readable.pipeTo(conn.writable).catch(() => {}),
         ]);
-      } catch { /* the server is down: the node sees its connection close */ } finally {
+      } catch {
+        /* the server is down: the node sees its connection close */
+      } finally {
         for (const c of [conn, up]) {
           if (!c) continue;
           this.#conns.delete(c);
@@ -99,15 +101,19 @@ export class KubeBridge implements AsyncDisposable {
 /** A kubeconfig (JSON) for the test API server at `https://127.0.0.1:<port>`. */
 export function kubeconfigFor(server: KubeApiServer, port: number, token = "test-token"): string {
   const ca = btoa(server.pki.caCert);
-  return JSON.stringify({
-    apiVersion: "v1",
-    kind: "Config",
-    clusters: [{
-      name: "test",
-      cluster: { server: `https://127.0.0.1:${port}`, "certificate-authority-data": ca },
-    }],
-    users: [{ name: "enim", user: { token } }],
-    contexts: [{ name: "test", context: { cluster: "test", user: "enim" } }],
-    "current-context": "test",
-  }, null, 2);
+  return JSON.stringify(
+    {
+      apiVersion: "v1",
+      kind: "Config",
+      clusters: [{
+        name: "test",
+        cluster: { server: `https://127.0.0.1:${port}`, "certificate-authority-data": ca },
+      }],
+      users: [{ name: "enim", user: { token } }],
+      contexts: [{ name: "test", context: { cluster: "test", user: "enim" } }],
+      "current-context": "test",
+    },
+    null,
+    2,
+  );
 }

@@ -50,6 +50,12 @@ export interface ClusterPod {
   prober: Prober;
   /** The CNI call's arguments (for DEL and a second ADD). */
   args: string;
+  /** The CNI container id of its sandbox. */
+  containerId: string;
+  /** Its container ports, as its Pod object lists them. */
+  ports: ContainerPorts;
+  /** The node's name in the cluster. */
+  nodeName: string;
 }
 
 /** The pod's container ports, as the Pod object lists them. */
@@ -148,14 +154,28 @@ export class PolicyCluster implements AsyncDisposable {
     ports: ContainerPorts,
   ): Promise<ClusterPod> {
     this.put("pods", this.podObject(namespace, name, labels, nodeName, ports));
-    const ns = await node.vpc.pod(`${namespace}-${name}`.slice(0, 32));
+    return await this.sandbox(node, nodeName, namespace, name, labels, ports, "");
+  }
+
+  /**
+   * A new sandbox of the pod (kubelet's next sandbox of the same Pod, in a new namespace
+   * `<ns>-<name><suffix>`, container `c-<ns>-<name><suffix>`): its ADD and its status;
+   * the test DELs the old one.
+   */
+  async sandbox(
+    node: SimulatedNode,
+    nodeName: string,
+    namespace: string,
+    name: string,
+    labels: Record<string, string>,
+    ports: ContainerPorts,
+    suffix: string,
+  ): Promise<ClusterPod> {
+    const ns = await node.vpc.pod(`${namespace}-${name}${suffix}`.slice(0, 32));
     await this.servers.start(ns, `${namespace}/${name}`, POD_PORTS);
     const args = `K8S_POD_NAMESPACE=${namespace};K8S_POD_NAME=${name};IgnoreUnknown=1`;
-    const res = await node.add(ns, {
-      containerId: `c-${namespace}-${name}`,
-      args,
-      config: this.netconf(node),
-    });
+    const containerId = `c-${namespace}-${name}${suffix}`;
+    const res = await node.add(ns, { containerId, args, config: this.netconf(node) });
     const addr = (fam: 4 | 6) =>
       res.ips.map((i) => i.address.split("/")[0]).find((x) => x.includes(":") === (fam === 6))!;
     const v4 = addr(4), v6 = addr(6);
@@ -174,9 +194,33 @@ export class PolicyCluster implements AsyncDisposable {
       v6,
       prober,
       args,
+      containerId,
+      ports,
+      nodeName,
     };
     this.pods.set(pod.id, pod);
     return pod;
+  }
+
+  /** DELs a sandbox of a pod (as kubelet does when it goes). */
+  async del(pod: ClusterPod): Promise<void> {
+    await pod.node.del(pod.ns, {
+      containerId: pod.containerId,
+      args: pod.args,
+      config: this.netconf(pod.node),
+    });
+  }
+
+  /** Gives a pod new labels (its Pod object written again, its status kept). */
+  relabel(pod: ClusterPod, labels: Record<string, string>): void {
+    pod.labels = labels;
+    this.put(
+      "pods",
+      this.podObject(pod.namespace, pod.name, labels, pod.nodeName, pod.ports, {
+        v4: pod.v4,
+        v6: pod.v6,
+      }),
+    );
   }
 
   /** A prober in any namespace (a node's, a VPC machine's). */
