@@ -98,8 +98,6 @@ export interface Manager extends EniManager {
   readonly state: StateStore;
   /** Resolves when every queued cloud description has been tried (tests). */
   descriptionsIdle(): Promise<void>;
-  /** Resolves when every host link left by a DEL has been removed (tests). */
-  hostLinksIdle(): Promise<void>;
   /** Resolves when every DEL that has answered has also brought its device home. */
   settled(): Promise<void>;
 }
@@ -221,7 +219,6 @@ class ManagerImpl implements Manager {
    */
   async #needsReleases(req: AddInput): Promise<boolean> {
     const ctx = this.#ctx;
-    if (ctx.hostLinks.pending) return true;
     if (ctx.releasing.size === 0) return false;
     if ([...ctx.releasing.values()].some((r) => r.netns === req.netns)) return true;
     if (req.ips.length > 0 || req.ranges.length > 0 || req.sticky) return true;
@@ -231,9 +228,6 @@ class ManagerImpl implements Manager {
 
   async settled(): Promise<void> {
     await Promise.all([...this.#ctx.releasing.values()].map((r) => r.rest));
-    // A sticky pod's host link, removed after its DEL answered: a pod end of that name
-    // in a namespace an ADD reuses would refuse its link.
-    await this.#ctx.hostLinks.idle();
   }
 
   check(req: CheckInput): Promise<void> {
@@ -330,11 +324,6 @@ class ManagerImpl implements Manager {
     this.#closed = true;
     await Promise.allSettled([...this.#inflight]);
     await this.#ctx.describer?.idle();
-    await this.#ctx.hostLinks.idle();
-  }
-
-  hostLinksIdle(): Promise<void> {
-    return this.#ctx.hostLinks.idle();
   }
 
   descriptionsIdle(): Promise<void> {

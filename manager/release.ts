@@ -70,8 +70,8 @@ export async function release(
      */
     park?: { until: number };
     /**
-     * DEL: the host link is left to the caller to remove once the DEL has answered
-     * (`HostLinks.removeLater`); a veth pair's removal costs the kernel more than the
+     * A sticky pod's DEL: the host link is left to the caller, which removes it once the
+     * DEL has answered (`del.ts`); a veth pair's removal costs the kernel more than the
      * rest of the DEL. Any other release removes it with the device.
      */
     deferHostLink?: boolean;
