@@ -33,18 +33,29 @@ export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promi
   const pod = podKeyOf(req.pod);
   const key: AttachmentKey = { containerId: req.containerId, ifName: req.ifName };
   const existing = ctx.state.get(key);
+  // A sticky pod's own container back (podman restarts it; a runtime sends its ADD again
+  // after the DEL): the ENI its DEL held is this ADD's, taken back below.
+  let kept: AttachmentRow | null = null;
   if (existing) {
+    const settled = existing.state === "ready" || existing.state === "recycling" ||
+      existing.state === "held";
+    if (settled && existing.pod !== pod) {
+      throw new ApiError(
+        "bad_request",
+        `Attachment "${keyOf(key)}" belongs to pod "${existing.pod}", not "${pod}"`,
+      );
+    }
     if ((existing.state === "ready" || existing.state === "recycling") && existing.result) {
-      if (existing.pod !== pod) {
-        throw new ApiError(
-          "bad_request",
-          `Attachment "${keyOf(key)}" belongs to pod "${existing.pod}", not "${pod}"`,
-        );
-      }
       ctx.log.debug("ADD retried: returning the stored result", { key: keyOf(key) });
       return AddResponseSchema.parse(JSON.parse(existing.result));
     }
-    // Left half done by a crash (reconcile normally handles these): undo it first.
+    if (existing.state === "held" && req.sticky && existing.profile === req.profile) {
+      kept = existing;
+    }
+  }
+  if (existing && !kept) {
+    // Left half done by a crash (reconcile normally handles these), or a hold this ADD
+    // cannot take back (no longer sticky, another profile): undo it first.
     try {
       await release(ctx, existing, { netnsUsable: true, leaveCallerDevice: true }, t);
     } catch (err) {
@@ -83,7 +94,7 @@ export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promi
     }
   }
   try {
-    return await addPinned(ctx, req, t, key, pod, owner, log, pinned);
+    return await addPinned(ctx, req, t, key, pod, owner, log, pinned, kept);
   } finally {
     pinned?.close();
   }
@@ -98,25 +109,37 @@ export async function addPinned(
   owner: Owner,
   log: Logger,
   pinned: PinnedNetns | null,
+  kept: AttachmentRow | null = null,
 ): Promise<AddResponse> {
   const identity = pinned?.identity ?? null;
-  t.sync("state_write", () =>
-    ctx.state.insertAdding({
-      ...key,
-      pod,
-      podUid: req.pod.uid ?? null,
-      network: req.network,
-      netns: req.netns,
-      mode: req.mode,
-      netnsDev: identity?.dev ?? null,
-      netnsIno: identity?.ino ?? null,
-      profile: req.profile,
-      sticky: req.sticky,
-    }));
+  const intent = {
+    ...key,
+    pod,
+    podUid: req.pod.uid ?? null,
+    network: req.network,
+    netns: req.netns,
+    mode: req.mode,
+    netnsDev: identity?.dev ?? null,
+    netnsIno: identity?.ino ?? null,
+    profile: req.profile,
+    sticky: req.sticky,
+  };
+  // The key's own held row becomes this ADD's intent, its ENI recorded on it (one
+  // transaction, as takeOverHeld does for a new container's key).
+  const revived = kept
+    ? t.sync("state_write", () => ctx.state.reviveHeld(intent))
+    : (t.sync("state_write", () => ctx.state.insertAdding(intent)), null);
+  if (kept && revived) {
+    ctx.addAnswered.delete(keyOf(key));
+    log.info("Taking back the sticky pod's held ENI for its container", {
+      eniId: revived.eniId,
+    });
+  }
   let allocating = false;
   let allocated = false;
   try {
-    const held = req.sticky ? await takeOverHeld(ctx, req, key, pod, log) : null;
+    const held = revived ??
+      (req.sticky ? await takeOverHeld(ctx, req, key, pod, log) : null);
     allocating = true;
     const eni = EniSchema.parse(
       await t.time("provider", () =>

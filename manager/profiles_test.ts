@@ -166,6 +166,40 @@ Deno.test("a sticky pod gets its ENI back after a delete and re-create; others d
     assertEquals(y.eniId, p1.eniId, "the next pod gets the plain pod's ENI");
   }));
 
+Deno.test("a sticky pod's container ADDed again under the same container ID after its DEL gets its held ENI back: same ENI, MAC and IP", () =>
+  withDefaults(async (n) => {
+    const pod = { namespace: "default", name: "db-0" };
+    // Another pod's ENI freed first, so that a fresh allocation would pick another ENI.
+    await add(n, "x", {});
+    const first = await add(n, "a1", { pod, sticky: true });
+    await n.mgr.del(delReq("x"));
+    await n.mgr.del(delReq("a1"));
+    assertEquals(n.mgr.state.get({ containerId: "ca1", ifName: "eth0" })?.state, "held");
+    // podman restarts the container: the same container ID, the same namespace.
+    const back = await add(n, "a1", { pod, sticky: true });
+    assertEquals([back.eniId, back.mac, back.ips], [first.eniId, first.mac, first.ips]);
+    const row = n.mgr.state.get({ containerId: "ca1", ifName: "eth0" })!;
+    assertEquals([row.state, row.eniId, row.holdUntil], ["ready", first.eniId, null]);
+    assertEquals((await n.owned()).get(first.eniId), "ca1/eth0");
+    assertEquals(n.devices.where(first.mac)?.ns, "/run/netns/pa1");
+    assertEquals((await n.mgr.status()).pool.held, 0);
+    // Its next DEL holds it again, and a GC pass of the grace period leaves it be.
+    await n.mgr.del(delReq("a1"));
+    assertEquals(n.mgr.state.get({ containerId: "ca1", ifName: "eth0" })?.state, "held");
+  }));
+
+Deno.test("a held ENI's container ADDed again but no longer sticky ends the hold: the ENI goes back to the pool", () =>
+  withDefaults(async (n) => {
+    const pod = { namespace: "default", name: "db-0" };
+    const first = await add(n, "a1", { pod, sticky: true });
+    await n.mgr.del(delReq("a1"));
+    const back = await add(n, "a1", { pod });
+    assertEquals(n.mgr.state.all().map((r) => [r.containerId, r.state]), [["ca1", "ready"]]);
+    assertEquals((await n.owned()).get(back.eniId), "ca1/eth0");
+    assertEquals((await n.mgr.status()).pool.held, 0);
+    assert(back.eniId === first.eniId || !(await n.owned()).has(first.eniId));
+  }));
+
 Deno.test("a hold expires and GC frees the ENI; the pod then gets a fresh one", () =>
   withDefaults(async (n) => {
     const pod = { namespace: "default", name: "db-0" };

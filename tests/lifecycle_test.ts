@@ -1,0 +1,81 @@
+/**
+ * A pod's life across DEL and ADD on the real agent (issue 33): the agent process
+ * (the shipped bundle, the production permission set) on a simulated node with real
+ * namespaces, `ip` paused at a chosen step (tests/support/ip_faults.ts) so that a
+ * second call arrives while the first is in the kernel.
+ */
+import { assert, assertEquals } from "../lib/assert.ts";
+import { withDeadline } from "../lib/async.ts";
+import { SimulatedNode } from "./support/node.ts";
+import { IpFaults } from "./support/ip_faults.ts";
+
+const AS_ROOT = Deno.uid() === 0;
+
+/** The DEL's move home: `ip link set dev <dev> netns <node> name <node name>` in the pod. */
+const DEL_MOVE_BACK = String.raw`link\sset\sdev\s\S+\snetns\s\S+\sname\s`;
+
+/** How many sockets the process has open. */
+function sockets(pid: number): number {
+  let n = 0;
+  for (const e of Deno.readDirSync(`/proc/${pid}/fd`)) {
+    try {
+      if (Deno.readLinkSync(`/proc/${pid}/fd/${e.name}`).startsWith("socket:")) n++;
+    } catch { /* closed meanwhile */ }
+  }
+  return n;
+}
+
+/** Waits until `cond` holds (polling); throws naming `what` after `ms`. */
+async function until(what: string, cond: () => boolean, ms = 10_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error(`Timed out waiting until ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+/** Fails the test when `p` has not settled within 2 s (a bound for a wedge, not a speed test). */
+function within2s<T>(p: Promise<T>, what: string): Promise<T> {
+  return withDeadline(p, 2000, () => new Error(`${what} did not finish within 2 s`));
+}
+
+Deno.test({
+  name:
+    "a sticky pod's ADD sent again while its DEL is in the kernel finishes, with the same ENI, and the agent still reads and stops",
+  ignore: !AS_ROOT,
+  async fn() {
+    await using node = await SimulatedNode.start({ nodeNic: true, mock: { enis: 2 } });
+    const faults = await IpFaults.install(node);
+    const pod = await node.vpc.pod("w");
+    const call = node.podCall(pod, {
+      args: "K8S_POD_NAMESPACE=default;K8S_POD_NAME=w;IgnoreUnknown=1;ENIM_STICKY=true",
+      config: node.netconf("1.1.0", { serviceCidrs: ["172.30.0.0/16"] }),
+    });
+    const first = await node.cni("ADD", call);
+    assertEquals(first.code, 0, first.stdout + first.stderr);
+    assertEquals((first.json?.interfaces as unknown[]).length, 3, "the ENI and the host link");
+    // The sticky DEL holds the attachment's lock while its device's move is in the kernel.
+    await faults.pause("pod", DEL_MOVE_BACK);
+    const del = node.cni("DEL", call);
+    await faults.hit();
+    // The runtime sends the ADD again (its plugin timed out and it retries; podman
+    // restarts the container): it reaches the agent and queues on the attachment.
+    const pid = node.agentPid!;
+    const before = sockets(pid);
+    const again = node.cni("ADD", call);
+    await until("the agent took the second call", () => sockets(pid) > before);
+    await new Promise((r) => setTimeout(r, 300));
+    await faults.go();
+    const [d, a] = await within2s(Promise.all([del, again]), "The DEL and the ADD behind it");
+    await faults.uninstall();
+    assertEquals(d.code, 0, d.stdout + d.stderr);
+    assertEquals(a.code, 0, a.stdout + a.stderr);
+    const mac = (r: typeof first) => (r.json?.interfaces as { mac: string }[])[0].mac;
+    assertEquals(mac(a), mac(first), "the sticky pod keeps its ENI");
+    const atts = await within2s(node.client.attachments(), "A read after them");
+    assertEquals(atts.map((x) => [x.containerId, x.state]), [[call.containerId, "ready"]]);
+    assert((await within2s(node.client.status(), "STATUS")).ready);
+    const stopped = await node.stopAgent("SIGTERM");
+    assertEquals(stopped?.code, 0, "the agent's close() returned");
+  },
+});
