@@ -183,7 +183,10 @@ class ManagerImpl implements Manager {
    * alone costs more than the rest of the DEL; nothing the runtime does next can undo
    * it (the namespace outlives its path while held; a crash leaves a `deleting` row
    * that reconcile finishes), and every later call on the attachment, every ADD that
-   * needs an ENI and every read of the state waits for it.
+   * needs an ENI and every read of the state waits for it. A namespace named by
+   * `/proc/<pid>/ns/net` (cri-dockerd) cannot be held open by the agent: that DEL
+   * answers after the move home. A sticky pod's DEL answers once its hold is recorded,
+   * and removes its host link after that answer (del.ts).
    */
   del(req: DelInput): Promise<void> {
     const ctx = this.#ctx;

@@ -166,6 +166,41 @@ Deno.test("a DEL answers after its work where nothing is left to hold: a sticky 
     assertEquals(n.mgr.state.all().map((r) => r.state), ["held"]);
   }, { mock: { enis: 2 }, answerEarly: true }));
 
+Deno.test("a DEL of a pod named by /proc/<pid>/ns/net answers only once its device is home: nothing holds that namespace open", () =>
+  withNode(async (n) => {
+    const netns = "/proc/4242/ns/net";
+    const a = await add(n, 1, { netns });
+    const open = n.devices.holdOn("unplug");
+    let done = false;
+    const del = n.mgr.del(delReq(1, { netns })).then(() => (done = true));
+    await settle();
+    assertEquals(done, false, "no early answer: the runtime may stop the sandbox right after it");
+    open();
+    await del;
+    assertEquals(n.devices.where(a.mac)?.ns, NODE, "home when the DEL answered");
+    assertEquals(n.mgr.state.all(), []);
+  }, { answerEarly: true }));
+
+Deno.test("a DEL whose /proc/<pid>/ns/net path names another pod's namespace by then leaves that pod's eth0 alone", () =>
+  withNode(async (n) => {
+    const netns = "/proc/4242/ns/net";
+    const a = await add(n, 1, { netns });
+    // The sandbox's process exits (its namespace goes, the ENI's device back on the node);
+    // PID 4242 is reused by a process of another pod whose namespace got the freed inode,
+    // with an eth0 of its own that carries no mark of enim.
+    n.devices.replaceNetns(netns, { reuseInode: true });
+    const theirs = "02:00:00:00:99:01";
+    n.devices.addNodeLink(theirs, "theirs");
+    n.devices.moveIntoNetns(theirs, netns, "eth0");
+    n.devices.editPodLink(netns, "eth0", (l) => delete l.alias);
+    await n.mgr.del(delReq(1, { netns }));
+    const left = n.devices.where(theirs);
+    assertEquals([left?.ns, left?.link.ifname, left?.link.mac], [netns, "eth0", theirs]);
+    const home = n.devices.where(a.mac);
+    assertEquals([home?.ns, home?.link.ifname], [NODE, a.nodeName]);
+    assertEquals(n.mgr.state.all(), []);
+  }));
+
 Deno.test("del() brings the device back when the pod's netns is already gone", () =>
   withNode(async (n) => {
     const a = await add(n, 1);

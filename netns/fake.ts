@@ -17,6 +17,7 @@
 import type { DeviceSimulator, Eni } from "../providers/contract.ts";
 import { HOST_LINK_GROUP, resultRoutes } from "./host_link.ts";
 import { type InstalledShaping, installedShaping, isShaped, liveShapingOf } from "./bandwidth.ts";
+import { namesOneNamespace } from "./pin.ts";
 import {
   DeviceError,
   type DeviceLayer,
@@ -408,7 +409,8 @@ export class FakeDeviceLayer implements DeviceLayer {
       links.find((l) => l.mac === p.mac) ??
         links.find((l) => l.alias === p.nodeName && l.ifname !== p.nodeName) ??
         (podName === undefined ? undefined : links.find((l) => l.ifname === podName));
-    const inPod = ns ? pick(ns.links, p.podName) : undefined;
+    const trusted = params.netns ? namesOneNamespace(params.netns) : false;
+    const inPod = ns ? pick(ns.links, trusted ? p.podName : undefined) : undefined;
     if (ns && inPod) {
       ns.links = ns.links.filter((l) => l !== inPod);
       this.#node.push(inPod);
@@ -516,7 +518,14 @@ export class FakeDeviceLayer implements DeviceLayer {
     await this.#step("pin");
     const ns = this.#ns.get(path);
     if (!ns) throw new DeviceError("netns", "netns_invalid", `Netns "${path}" does not exist`);
-    return { path, ref: path, identity: clone(ns.identity), close() {} };
+    // As the real layer: a /proc/<pid> path is used by path and keeps nothing alive.
+    return {
+      path,
+      ref: path,
+      identity: clone(ns.identity),
+      keepsAlive: !path.startsWith("/proc/"),
+      close() {},
+    };
   }
 
   async netnsIdentity(path: string): Promise<NetnsIdentity | null> {

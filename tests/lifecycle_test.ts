@@ -79,3 +79,48 @@ Deno.test({
     assertEquals(stopped?.code, 0, "the agent's close() returned");
   },
 });
+
+Deno.test({
+  name:
+    "a DEL through a /proc/<pid>/ns/net path (cri-dockerd's) answers only once the device is home",
+  ignore: !AS_ROOT,
+  async fn() {
+    await using node = await SimulatedNode.start({ mock: { enis: 2 } });
+    const faults = await IpFaults.install(node);
+    const pod = await node.vpc.pod("d");
+    // The sandbox's process, as cri-dockerd names its namespace: by the PID's path.
+    const sandbox = new Deno.Command("/usr/sbin/ip", {
+      args: ["netns", "exec", pod.name, "sleep", "120"],
+      stdin: "null",
+      stdout: "null",
+      stderr: "null",
+    }).spawn();
+    try {
+      const path = `/proc/${sandbox.pid}/ns/net`;
+      await until(
+        "the sandbox's process is in the pod's namespace",
+        () => Deno.readLinkSync(path) !== Deno.readLinkSync("/proc/self/ns/net"),
+      );
+      const call = { ...node.podCall(pod), netns: path };
+      const added = await node.cni("ADD", call);
+      assertEquals(added.code, 0, added.stdout + added.stderr);
+      await faults.pause("pod", DEL_MOVE_BACK);
+      let answered = false;
+      const del = node.cni("DEL", call).then((r) => (answered = true, r));
+      await faults.hit();
+      // An early answer would come now, before the move (a plain pod's DEL through a
+      // /run/netns path answers here): give it time to show.
+      await new Promise((r) => setTimeout(r, 1000));
+      assertEquals(answered, false, "the DEL answered while its device was still in the pod");
+      await faults.go();
+      const d = await del;
+      assertEquals(d.code, 0, d.stdout + d.stderr);
+      await faults.uninstall();
+      assertEquals(await node.client.attachments(), []);
+      assertEquals((await node.client.status()).pool.free, 2, "the device is home, the ENI free");
+    } finally {
+      sandbox.kill("SIGKILL");
+      await sandbox.status;
+    }
+  },
+});
