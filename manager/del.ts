@@ -86,7 +86,8 @@ export async function del(
   } catch (err) {
     const apiErr = ctx.apiError(err);
     // A DEL answers success only when what it did is recorded. The state could not be
-    // written: fail, so the runtime retries (nothing it asked for is acknowledged).
+    // written: fail, so the runtime retries (nothing it asked for is acknowledged); one
+    // that has answered already is retried by the manager (manager.ts finishAnswered).
     if (apiErr.code === "state_unavailable") throw apiErr;
     // A device or provider step failed, and the row records it (`deleting`, the error):
     // the pod's side is done as far as the runtime can help, and GC finishes the rest.

@@ -64,6 +64,7 @@ import { freeOrphan, reconcile } from "./reconcile.ts";
 import { status } from "./status.ts";
 import { HostLinks, sweepHostLinks } from "./host_link.ts";
 import { hostLinkOf } from "./state.ts";
+import { sleep } from "../lib/async.ts";
 import { toAttachment } from "./state.ts";
 
 export { toApiError } from "./errors.ts";
@@ -113,6 +114,8 @@ class ManagerImpl implements Manager {
   readonly #graceMs: number;
   readonly #sources: LivenessSource[];
   readonly #inflight = new Set<Promise<unknown>>();
+  /** Aborted by close(): cuts the waits between retries short. */
+  readonly #stopping = new AbortController();
   #closed = false;
   #reconciled = false;
 
@@ -199,18 +202,60 @@ class ManagerImpl implements Manager {
       // `answer` runs inside the lock, so after `whole` is assigned (KeyedMutex.run awaits).
       const whole: Promise<void> = this.#keyed("del", key, (t) =>
         del(ctx, req, t, () => {
-          const rest = whole.catch((err) =>
-            ctx.log.error("A DEL that had answered could not finish; GC will retry", {
-              key,
-              error: message(err),
-            })
-          );
+          const rest = whole.catch((err) => this.#finishAnswered(req, err));
           ctx.releasing.set(key, { netns: req.netns, rest });
           rest.finally(() => ctx.releasing.delete(key));
           resolve();
         }));
       whole.then(resolve, reject);
     });
+  }
+
+  /**
+   * The rest of a DEL that answered early failed. A state write that failed (the disk
+   * full, the store read-only) is not the runtime's to retry, told success already: it
+   * is counted and tried again, 0.5 s later doubling to 30 s, until the record is written,
+   * the row is no longer `deleting` (GC or an ADD of the key finished it), or the agent
+   * stops (reconcile finishes a `deleting` row at the next start). Meanwhile the DEL
+   * counts as finishing (`ctx.releasing`). Any other failure is on the row, for GC.
+   * Never throws.
+   */
+  async #finishAnswered(req: DelInput, err: unknown): Promise<void> {
+    const ctx = this.#ctx;
+    const key = keyOf(req);
+    for (let waitMs = 500;; waitMs = Math.min(waitMs * 2, 30_000)) {
+      const apiErr = ctx.apiError(err);
+      if (apiErr.code !== "state_unavailable") {
+        ctx.log.error("A DEL that had answered could not finish; GC will retry", {
+          key,
+          error: apiErr.message,
+        });
+        return;
+      }
+      ctx.metrics?.answeredDelStateFailed?.();
+      ctx.log.error("A DEL that had answered could not write the state; retrying", {
+        key,
+        retryInMs: waitMs,
+        error: apiErr.message,
+      });
+      await sleep(waitMs, this.#stopping.signal);
+      if (this.#closed) {
+        ctx.log.warn("The agent stops before a DEL's state was written; its next start does it", {
+          key,
+        });
+        return;
+      }
+      try {
+        await this.#keyed("del", key, async (t) => {
+          if (ctx.state.get(req)?.state !== "deleting") return;
+          await del(ctx, req, t, () => {});
+        });
+        ctx.log.info("A DEL that had answered is written now", { key });
+        return;
+      } catch (e) {
+        err = e;
+      }
+    }
   }
 
   /**
@@ -325,6 +370,7 @@ class ManagerImpl implements Manager {
 
   async close(): Promise<void> {
     this.#closed = true;
+    this.#stopping.abort();
     await Promise.allSettled([...this.#inflight]);
     await this.#ctx.describer?.idle();
   }

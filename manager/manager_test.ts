@@ -201,6 +201,34 @@ Deno.test("a DEL whose /proc/<pid>/ns/net path names another pod's namespace by 
     assertEquals(n.mgr.state.all(), []);
   }));
 
+Deno.test("a state write that fails after a DEL answered early is counted and retried until it is written", async () => {
+  let failures = 0;
+  const metrics = {
+    phase() {},
+    operation() {},
+    gcReclaim() {},
+    answeredDelStateFailed: () => void failures++,
+  };
+  await withNode(async (n) => {
+    const a = await add(n, 1);
+    // The disk is full for the row's last write, twice (the runtime was told success).
+    const full = Object.assign(new Error("database or disk is full"), { code: "ERR_SQLITE_ERROR" });
+    const write = n.mgr.state.delete.bind(n.mgr.state);
+    let left = 2;
+    n.mgr.state.delete = (k) => {
+      if (left-- > 0) throw full;
+      write(k);
+    };
+    await n.mgr.del(delReq(1));
+    await n.mgr.settled();
+    assertEquals(failures, 2, "each failed write counted");
+    assertEquals(n.mgr.state.all(), [], "written at the third try");
+    assertEquals(n.devices.where(a.mac)?.ns, NODE);
+    assertEquals((await n.owned()).size, 0);
+    assertEquals((await add(n, 2)).eniId, a.eniId, "the ENI is the next pod's");
+  }, { mock: { enis: 1 }, answerEarly: true, metrics });
+});
+
 Deno.test("del() brings the device back when the pod's netns is already gone", () =>
   withNode(async (n) => {
     const a = await add(n, 1);

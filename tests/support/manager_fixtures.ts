@@ -18,6 +18,7 @@ import { createManager, type Manager } from "../../manager/manager.ts";
 import { AddRequestSchema, type AddResponse, DelRequestSchema } from "../../api/schema.ts";
 import type { AddInput, DelInput } from "../../manager/types.ts";
 import type { LivenessSource } from "../../manager/gc.ts";
+import type { PhaseRecorder } from "../../lib/metrics.ts";
 
 /** A clock tests move by hand. */
 export class Clock {
@@ -129,6 +130,8 @@ export interface NodeOptions {
   log?: Logger;
   /** Zone-wide stickiness with this node hold (see {@linkcode ControlledProvider.zone}). */
   zone?: { nodeHoldSeconds: number };
+  /** Where the manager records its timings and counts (default: nowhere). */
+  metrics?: PhaseRecorder;
   /**
    * `mgr.del()` resolves when the manager's DEL answers, which may be before its device
    * is home (manager.ts `del`). Default false: it resolves once the DEL has finished its
@@ -163,6 +166,7 @@ export async function makeNode(o: NodeOptions = {}): Promise<Node> {
       livenessSources: o.livenessSources,
       stickyHoldMs: o.stickyHoldMs,
       describeAs: o.describeAs,
+      metrics: o.metrics,
     });
     if (!o.answerEarly) {
       const del = mgr.del.bind(mgr);
