@@ -198,5 +198,5 @@ Deno.test("an ADD of the same key queued behind a sticky pod's DEL with a host l
       2000,
       () => new Error("close() did not return within 2 s"),
     );
-  }, { answerEarly: true });
+  }, {});
 });

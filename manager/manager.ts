@@ -123,6 +123,8 @@ class ManagerImpl implements Manager {
     const now = o.now ?? Date.now;
     const state = StateStore.open(o.db, now);
     this.state = state;
+    // Read once: a closed database no longer tells it.
+    const statePath = o.db.location() ?? "the state database";
     this.#graceMs = o.gcGraceMs;
     this.#sources = o.livenessSources ?? defaultLivenessSources();
     this.#ctx = {
@@ -137,7 +139,7 @@ class ManagerImpl implements Manager {
       describer: o.describeAs
         ? new Describer(o.provider, o.log.child({ op: "describe" }), o.describeAs, o.metrics)
         : null,
-      apiError: (err) => toApiError(err, state.db.location() ?? "the state database"),
+      apiError: (err) => toApiError(err, statePath),
       addAnswered: new Map(),
       hostLinks: new HostLinks(o.devices, o.log.child({ op: "host_link" })),
       releasing: new Map(),

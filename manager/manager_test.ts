@@ -78,8 +78,10 @@ Deno.test("add() for a pod's new container gets a new ENI and recycles the old o
     assertEquals(byC.get("c1")?.state, "recycling");
     assertEquals(byC.get("c1-new")?.state, "ready");
     assertEquals((await n.mgr.status()).pool.recycling, 1);
-    // The old container's own DEL releases only its ENI.
+    // The old container's own DEL releases only its ENI (answered before the move home).
     await n.mgr.del(delReq(1));
+    assertEquals(n.mgr.state.get({ containerId: "c1", ifName: "eth0" })?.state, "deleting");
+    await n.mgr.settled();
     assertEquals(n.mgr.attachments().map((a) => a.containerId), ["c1-new"]);
     assertEquals([...(await n.owned()).keys()], [neu.eniId]);
     assertEquals(n.devices.where(old.mac)?.ns, NODE);
@@ -94,6 +96,7 @@ Deno.test("del() releases the ENI, is idempotent and succeeds for an unknown key
     await n.mgr.del(delReq(1));
     await n.mgr.del(delReq(1));
     await n.mgr.del(delReq("never", { netns: "" }));
+    await n.mgr.settled();
     assertEquals(n.mgr.attachments(), []);
     assertEquals((await n.owned()).size, 0);
     assertEquals(n.devices.snapshot()[NODE], before, "device back on the node, renamed, scrubbed");
@@ -127,7 +130,7 @@ Deno.test("a plain pod's DEL answers once its intent is recorded and its namespa
     assertEquals(order.sort(), ["add", "del again", "settled"]);
     assertEquals(n.mgr.attachments().map((x) => x.containerId), ["c2"]);
     await assertConsistent(n);
-  }, { mock: { enis: 1 }, answerEarly: true }));
+  }, { mock: { enis: 1 } }));
 
 Deno.test("an ADD in another namespace with a free ENI goes on beside a DEL that is still bringing its device home; one in the same namespace waits", () =>
   withNode(async (n) => {
@@ -145,7 +148,7 @@ Deno.test("an ADD in another namespace with a free ENI goes on beside a DEL that
     assertEquals((await again).eniId, a.eniId);
     await n.mgr.settled();
     await assertConsistent(n);
-  }, { mock: { enis: 2 }, answerEarly: true }));
+  }, { mock: { enis: 2 } }));
 
 Deno.test("a DEL answers after its work where nothing is left to hold: a sticky pod's hold, a namespace already gone", () =>
   withNode(async (n) => {
@@ -164,7 +167,7 @@ Deno.test("a DEL answers after its work where nothing is left to hold: a sticky 
     await n.mgr.del(delReq(2));
     assertEquals(n.devices.where(c.mac)?.ns, NODE, "home when the DEL answered");
     assertEquals(n.mgr.state.all().map((r) => r.state), ["held"]);
-  }, { mock: { enis: 2 }, answerEarly: true }));
+  }, { mock: { enis: 2 } }));
 
 Deno.test("a DEL of a pod named by /proc/<pid>/ns/net answers only once its device is home: nothing holds that namespace open", () =>
   withNode(async (n) => {
@@ -179,7 +182,7 @@ Deno.test("a DEL of a pod named by /proc/<pid>/ns/net answers only once its devi
     await del;
     assertEquals(n.devices.where(a.mac)?.ns, NODE, "home when the DEL answered");
     assertEquals(n.mgr.state.all(), []);
-  }, { answerEarly: true }));
+  }, {}));
 
 Deno.test("a DEL whose /proc/<pid>/ns/net path names another pod's namespace by then leaves that pod's eth0 alone", () =>
   withNode(async (n) => {
@@ -226,7 +229,7 @@ Deno.test("a state write that fails after a DEL answered early is counted and re
     assertEquals(n.devices.where(a.mac)?.ns, NODE);
     assertEquals((await n.owned()).size, 0);
     assertEquals((await add(n, 2)).eniId, a.eniId, "the ENI is the next pod's");
-  }, { mock: { enis: 1 }, answerEarly: true, metrics });
+  }, { mock: { enis: 1 }, metrics });
 });
 
 Deno.test("del() brings the device back when the pod's netns is already gone", () =>
@@ -243,7 +246,9 @@ Deno.test("del() that fails half way leaves the row deleting for GC", () =>
   withNode(async (n) => {
     await add(n, 1);
     n.devices.failOn("unplug");
+    // Answered before the move home: the move's failure comes after the answer.
     await n.mgr.del(delReq(1));
+    await n.mgr.settled();
     const [row] = n.mgr.state.all();
     assertEquals([row.state, row.gcFailures], ["deleting", 1]);
     assertStringIncludes(row.lastError!, "Injected failure");
@@ -524,6 +529,7 @@ Deno.test("32 parallel ADDs against 24 ENIs: 24 distinct ENIs, 8 no_eni_availabl
     assertEquals((await n.mgr.status()).canAllocate, false);
     await assertConsistent(n);
     await Promise.all(Array.from({ length: 32 }, (_, i) => n.mgr.del(delReq(i))));
+    await n.mgr.settled();
     assertEquals(n.mgr.attachments(), []);
     const st = await n.mgr.status();
     assertEquals([st.pool.free, st.pool.owned, st.canAllocate], [24, 0, true]);
@@ -697,6 +703,7 @@ Deno.test("reconcile() fixes every half-done state a crash leaves", async (t) =>
         assertEquals({ repaired: rep.repaired, errors: rep.errors }, { repaired: 1, errors: [] });
         assertEquals(n.devices.where(r.mac)?.ns, NODE);
         await n.mgr.del(delReq(1));
+        await n.mgr.settled();
         assertEquals((await n.owned()).size, 0);
         await assertConsistent(n);
       }),
@@ -726,6 +733,7 @@ Deno.test("operations on one attachment are serialized while other pods proceed"
     assertEquals([fast.eniId, slowDone], ["eni-mock-0001", false]);
     assertEquals((await slow).eniId, "eni-mock-0002");
     await del1;
+    await n.mgr.settled();
     assertEquals(n.mgr.attachments().map((a) => a.containerId), ["c2"], "DEL ran after the ADD");
     await assertConsistent(n);
   }, { mock: { enis: 2, preattached: 1, attachLatencyMs: 50 } }));

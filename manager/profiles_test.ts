@@ -109,6 +109,7 @@ Deno.test("inline security groups replace the ENI's while the pod owns it, then 
     assertEquals((await eni(n, r.eniId)).securityGroupIds, ["g-inline1", "g-inline2"]);
     assertEquals((await eni(n, r.eniId)).enterpriseSecurityGroupIds, []);
     await n.mgr.del(delReq(1));
+    await n.mgr.settled();
     assertEquals((await eni(n, r.eniId)).securityGroupIds, ["g-bbbb"]);
     const e = await add(n, 2, { profile: "b", securityGroupIds: ["esg-ent1"] });
     assertEquals(e.eniId, r.eniId, "the same pooled ENI, groups replaced again");
@@ -160,6 +161,7 @@ Deno.test("a sticky pod gets its ENI back after a delete and re-create; others d
     await n.mgr.del(delReq("x"));
     const p1 = await add(n, "p1", { pod: plain });
     await n.mgr.del(delReq("p1"));
+    await n.mgr.settled();
     assertEquals(n.mgr.state.all().filter((r) => r.state === "held"), []);
     assert(!(await n.owned()).has(p1.eniId), "freed in the cloud at once");
     const y = await add(n, "y", {});
@@ -275,6 +277,7 @@ Deno.test("the cloud description names the owning pod and node, and is restored 
     await n.mgr.descriptionsIdle();
     assertEquals((await eni(n, r.eniId)).description, "default/pod-1 on node-7");
     await n.mgr.del(delReq(1));
+    await n.mgr.settled();
     await n.mgr.descriptionsIdle();
     assertEquals((await eni(n, r.eniId)).description, null);
   }, { describeAs: "node-7" }));

@@ -200,6 +200,11 @@ export class FakeDeviceLayer implements DeviceLayer {
     });
   }
 
+  /** Whether a step was made to hang ({@linkcode hangOn}) and not cleared since. */
+  get hanging(): boolean {
+    return this.#hangs.size > 0;
+  }
+
   /** Makes `step` never return (a crash at that point, for reconcile tests). */
   hangOn(step: FakeStep): void {
     this.#hangs.add(step);

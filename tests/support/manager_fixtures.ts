@@ -133,11 +133,12 @@ export interface NodeOptions {
   /** Where the manager records its timings and counts (default: nowhere). */
   metrics?: PhaseRecorder;
   /**
-   * `mgr.del()` resolves when the manager's DEL answers, which may be before its device
-   * is home (manager.ts `del`). Default false: it resolves once the DEL has finished its
-   * rest too, since most tests check what a DEL leaves.
+   * `mgr.del()` resolves when the manager's DEL answers, as a runtime sees it: a plain
+   * pod's DEL may answer before its device is home (manager.ts `del`), and its rest goes
+   * on. True: `mgr.del()` resolves only once that rest is done too (`settled()`), for a
+   * test that checks what a DEL leaves behind right after it and means to. Default false.
    */
-  answerEarly?: boolean;
+  settleDels?: boolean;
 }
 
 /** Builds a node and runs reconcile once (as the agent does at start-up). */
@@ -168,7 +169,7 @@ export async function makeNode(o: NodeOptions = {}): Promise<Node> {
       describeAs: o.describeAs,
       metrics: o.metrics,
     });
-    if (!o.answerEarly) {
+    if (o.settleDels) {
       const del = mgr.del.bind(mgr);
       mgr.del = (req) => del(req).then(() => mgr.settled());
     }
@@ -193,8 +194,11 @@ export async function makeNode(o: NodeOptions = {}): Promise<Node> {
     },
     clock,
     async close() {
-      // Hung operations (simulated crashes) never settle: do not wait for them.
-      await Promise.race([parts.mgr.close(), Promise.resolve()]);
+      // Hung operations (simulated crashes) never settle: do not wait for them. Otherwise
+      // every operation ends first, a DEL's rest after its answer included.
+      const closing = parts.mgr.close();
+      const hung = parts.provider.hang !== null || devices.hanging;
+      await (hung ? Promise.race([closing, Promise.resolve()]) : closing);
       await parts.mock.close();
       parts.db.close();
       if (dir) await Deno.remove(dir, { recursive: true }).catch(() => {});
