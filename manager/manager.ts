@@ -5,7 +5,7 @@
  *
  * | operation | module                                   |
  * | --------- | ---------------------------------------- |
- * | ADD       | `add.ts` (rollback through `release.ts`) |
+ * | ADD       | `add.ts`, `place.ts` (rollback through `release.ts`) |
  * | DEL       | `del.ts` (hold or not), `release.ts`     |
  * | CHECK     | `check.ts`                               |
  * | GC        | `gc.ts` (liveness sources in `liveness/`) |
