@@ -9,6 +9,9 @@
  * `enim_phase_duration_seconds`, so operators and the next optimisation can see
  * where the time goes.
  *
+ * Why one file: the metric set is one registry whose names, help texts and label
+ * values are a contract with dashboards and alerts; one place keeps it whole.
+ *
  * @module
  */
 import { Counter, Gauge, Histogram, Registry } from "./prometheus.ts";
@@ -80,6 +83,9 @@ export interface DevicePluginCounts {
 export const UNHEALTHY_REASONS = [
   "foreign",
   "quarantined",
+  "parking",
+  "sticky_hold",
+  "no_device",
   "provider_unreachable",
   "agent_not_ready",
 ] as const;

@@ -251,7 +251,7 @@ Deno.test("a parked ENI is claimed on another node: same ENI, MAC and IPs; the n
   }
 });
 
-Deno.test("capacity() takes no slot from pods for a zone-sticky ENI being parked, parked or claimed", async () => {
+Deno.test("capacity() takes a zone-sticky ENI being parked off the slots for pods, none parked, and leaves a claimed one to its pod", async () => {
   const a = await nodeA();
   const b = await nodeOn(a, NODE_B);
   const forPods = async (env: TestEnv) => {
@@ -265,10 +265,20 @@ Deno.test("capacity() takes no slot from pods for a zone-sticky ENI being parked
     // The detach held back: the ENI is still attached here while its park is recorded.
     a.fake.inject({ kind: "slow", delayMs: 2000, match: { action: "detach" } });
     await a.provider.parkENI(owner("c1"), { until: Date.now() + HOUR });
-    assertEquals(await forPods(a), [8, 8, []], "being parked: the pod's, never \"not enim's\"");
+    // Its pod's DEL is done (kubelet has freed the pod's device): no pod can have it.
+    assertEquals(
+      await forPods(a),
+      [8, 7, [{ reason: "parking", count: 1, eniIds: [eni.id] }]],
+      'being parked: a slot no pod can have, never "not enim\'s"',
+    );
     assertEquals(cloud(a.fake, eni.id)?.instanceId, INSTANCE, "still attached here");
     assertEquals((await a.provider.status()).sticky?.parked.map((p) => p.state), ["parking"]);
     await parkedInCloud(a.fake, eni.id);
+    await eventually(
+      async () =>
+        (await a.provider.status()).sticky?.parked.map((p) => p.state).join() === "parked",
+      "the park to be done",
+    );
     assertEquals(await forPods(a), [8, 8, []], "parked in the VPC");
     const back = await b.provider.allocateNextENI(owner("c2"), { ...any, sticky: true });
     assertEquals(back.id, eni.id);
