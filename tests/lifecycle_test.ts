@@ -124,3 +124,35 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name:
+    "a sticky container restarted under the same container ID (podman) gets its held ENI back: same MAC and IP",
+  ignore: !AS_ROOT,
+  async fn() {
+    await using node = await SimulatedNode.start({ mock: { enis: 2 } });
+    const other = await node.vpc.pod("o");
+    const pod = await node.vpc.pod("s");
+    const call = node.podCall(pod, {
+      args: "K8S_POD_NAMESPACE=default;K8S_POD_NAME=s;IgnoreUnknown=1;ENIM_STICKY=true",
+    });
+    // Another pod's ENI freed before the sticky pod's DEL: a fresh allocation would take it.
+    await node.add(other);
+    const first = await node.cni("ADD", call);
+    assertEquals(first.code, 0, first.stdout + first.stderr);
+    await node.del(other);
+    const del = await node.cni("DEL", call);
+    assertEquals(del.code, 0, del.stdout + del.stderr);
+    assertEquals((await node.client.attachments()).map((a) => a.state), ["held"]);
+    const again = await node.cni("ADD", call);
+    assertEquals(again.code, 0, again.stdout + again.stderr);
+    const view = (r: typeof first) => ({
+      mac: (r.json?.interfaces as { mac: string }[])[0].mac,
+      ips: (r.json?.ips as { address: string }[]).map((i) => i.address),
+    });
+    assertEquals(view(again), view(first));
+    assertEquals((await node.client.attachments()).map((a) => [a.containerId, a.state]), [
+      [call.containerId, "ready"],
+    ]);
+  },
+});
