@@ -153,9 +153,12 @@ export async function addPinned(
         held: held.eniId,
         eniId: eni.id,
       });
-      await ctx.provider.deallocateENI(ownerOf(held)).catch((err) =>
-        log.warn("Freeing the held ENI failed; GC frees it", { error: message(err) })
-      );
+      // Its owner is another key's (never this one's: that would free the new ENI).
+      if (keyOf(held) !== keyOf(key)) {
+        await ctx.provider.deallocateENI(ownerOf(held)).catch((err) =>
+          log.warn("Freeing the held ENI failed; GC frees it", { error: message(err) })
+        );
+      }
     }
     const holder = ctx.state.byEni(eni.id);
     if (holder && keyOf(holder) !== keyOf(key)) {
