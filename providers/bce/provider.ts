@@ -287,7 +287,8 @@ export class BceProvider implements Provider {
 
   /**
    * Called by the manager when a released ENI's device is found nowhere. A lost ENI
-   * (deleted or detached out of band) cannot come back: say so at once. Otherwise one
+   * (deleted or detached out of band), or one this node parked in the VPC, cannot come
+   * back: say so at once. Otherwise one
    * detail call tells whether it is still attached here (BCE brings the device back
    * by itself) or has gone.
    */
@@ -298,6 +299,17 @@ export class BceProvider implements Provider {
       throw new ProviderError(
         "not_found",
         `ENI "${eniId}" was ${row.lost_reason}; its device cannot come back`,
+      );
+    }
+    // Parked for a zone-sticky pod (a DEL or reconcile that parked it was cut short
+    // before its record went): it left this node with the park, for good.
+    const parked = row ? undefined : core.store.parked().find((p) => p.eni_id === eniId);
+    if (parked) {
+      throw new ProviderError(
+        "not_found",
+        `ENI "${eniId}" is ${
+          parked.state === "parking" ? "being parked" : "parked"
+        } in the VPC for pod "${parked.pod}"; its device does not come back to this node`,
       );
     }
     // The manager asks again while it waits for the device: one detail call per 10 s is enough.

@@ -6,7 +6,7 @@
  * back from the fake, not from enim.
  */
 import { assert, assertEquals, assertStringIncludes } from "../../lib/assert.ts";
-import type { Owner } from "../contract.ts";
+import { type Owner, ProviderError } from "../contract.ts";
 import type { FakeBce, FakeEni } from "../../tests/support/bce_fake.ts";
 import {
   INSTANCE,
@@ -286,6 +286,34 @@ Deno.test("capacity() takes a zone-sticky ENI being parked off the slots for pod
     assertEquals(await forPods(a), [8, 8, []], "claimed elsewhere");
   } finally {
     await b.close();
+    await a.close();
+  }
+});
+
+Deno.test("repairDevice() says at once that an ENI this node is parking, or parked, does not come back (a kill cut its DEL short)", async () => {
+  const a = await nodeA();
+  try {
+    const eni = await a.provider.allocateNextENI(owner("c1"), { ...any, sticky: true });
+    a.fake.inject({ kind: "slow", delayMs: 2000, match: { action: "detach" } });
+    await a.provider.parkENI(owner("c1"), { until: Date.now() + HOUR });
+    for (const when of ["being parked", "parked"]) {
+      const err = await a.provider.repairDevice(eni.id).then(() => null, (e: unknown) => e);
+      assert(err instanceof ProviderError, String(err));
+      assertEquals(err.reason, "not_found", when);
+      assertStringIncludes(err.message, `is ${when} in the VPC`);
+      if (when === "being parked") {
+        await parkedInCloud(a.fake, eni.id);
+        await eventually(
+          async () =>
+            (await a.provider.status()).sticky?.parked.map((p) => p.state).join() === "parked",
+          "the park to be done",
+        );
+      }
+    }
+    // The manager's release of such a row then goes on: nothing is left to park or free.
+    await a.provider.parkENI(owner("c1"), { until: Date.now() + HOUR });
+    await a.provider.deallocateENI(owner("c1"));
+  } finally {
     await a.close();
   }
 });
