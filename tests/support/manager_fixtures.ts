@@ -97,7 +97,12 @@ export class ControlledProvider implements Provider {
   }
 }
 
-/** One node: state DB, mock cloud, fake devices and the manager. */
+/**
+ * One node: state DB, mock cloud, fake devices and the manager. `mgr.del()` resolves
+ * when the manager's DEL answers, as a runtime sees it (a plain pod's DEL answers before
+ * its device is home: manager.ts `del`); a test that checks what a DEL leaves behind
+ * waits for `mgr.settled()` itself.
+ */
 export interface Node {
   db: DatabaseSync;
   path: string;
@@ -132,13 +137,6 @@ export interface NodeOptions {
   zone?: { nodeHoldSeconds: number };
   /** Where the manager records its timings and counts (default: nowhere). */
   metrics?: PhaseRecorder;
-  /**
-   * `mgr.del()` resolves when the manager's DEL answers, as a runtime sees it: a plain
-   * pod's DEL may answer before its device is home (manager.ts `del`), and its rest goes
-   * on. True: `mgr.del()` resolves only once that rest is done too (`settled()`), for a
-   * test that checks what a DEL leaves behind right after it and means to. Default false.
-   */
-  settleDels?: boolean;
 }
 
 /** Builds a node and runs reconcile once (as the agent does at start-up). */
@@ -169,10 +167,6 @@ export async function makeNode(o: NodeOptions = {}): Promise<Node> {
       describeAs: o.describeAs,
       metrics: o.metrics,
     });
-    if (o.settleDels) {
-      const del = mgr.del.bind(mgr);
-      mgr.del = (req) => del(req).then(() => mgr.settled());
-    }
     return { db, mock: m, provider, mgr };
   };
   let parts = await open();
