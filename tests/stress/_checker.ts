@@ -14,7 +14,8 @@ import type { KeyRecord, Model } from "./_model.ts";
 
 /** Every kind of violation the harness reports, with what it means. */
 export const VIOLATION_CLASSES = {
-  half_done: "an attachment is still adding/deleting after reconcile finished",
+  half_done:
+    "an attachment is still adding/deleting after reconcile finished (deleting: but for a DEL answered since the agent started)",
   eni_held_twice: "two attachments record the same ENI",
   unknown_attachment: "an attachment for a key no client ever used",
   provider_owner_unrecorded:
@@ -159,10 +160,25 @@ export function checkInvariants(v: CheckViews): Violation[] {
     });
   };
 
+  // DELs acknowledged since the agent started may still be finishing (a DEL answers
+  // before its device is home, and the views are read each at its own moment): their
+  // record may be `deleting`, or gone while the provider, the kernel or the host link
+  // still show the step before.
+  const finishing = new Map(
+    [...model.keys].filter(([, r]) => r.status === "deleted" && r.finishing),
+  );
+  /** Whether `mac` in namespace `path` is the device of a DEL still finishing. */
+  const finishingDevice = (mac: string, path?: string) =>
+    [...finishing.values()].some((r) =>
+      r.added?.mac === mac.toLowerCase() && (path === undefined || r.netns === path)
+    );
+
   // ---- the state alone
   const holders = new Map<string, Attachment[]>();
   for (const a of attachments) {
-    if (a.state === "adding" || a.state === "deleting") {
+    if (a.state === "deleting" && finishing.has(keyOf(a))) {
+      // Its answered DEL is bringing the device home.
+    } else if (a.state === "adding" || a.state === "deleting") {
       add("half_done", keyOf(a), `Attachment "${keyOf(a)}" is left "${a.state}"`, {
         keys: [keyOf(a)],
         attachment: a,
@@ -191,6 +207,7 @@ export function checkInvariants(v: CheckViews): Violation[] {
     if (!e.owner) continue;
     const k = keyOf(e.owner);
     const a = byKey.get(k);
+    if (!a && finishing.has(k)) continue;
     if (!a || a.eniId !== e.id) {
       add(
         "provider_owner_unrecorded",
@@ -237,7 +254,7 @@ export function checkInvariants(v: CheckViews): Violation[] {
       });
     }
     const recorded = attachments.filter((a) => a.eniId === e.id || a.mac === mac);
-    if (!e.owner && recorded.length === 0) {
+    if (!e.owner && recorded.length === 0 && !finishingDevice(mac)) {
       const onNode = at.filter((l) => l.ns === "node");
       if (onNode.length === 0) {
         add(
@@ -296,7 +313,7 @@ export function checkInvariants(v: CheckViews): Violation[] {
       const rec = attachments.find((a) =>
         a.mac === l.mac && a.netns === pod.path && a.state !== "held"
       ) ?? linked.find((a) => a.hostLink!.podIfName === l.ifname && a.netns === pod.path);
-      if (!rec) {
+      if (!rec && !finishingDevice(l.mac, pod.path)) {
         const e = eniByMac.get(l.mac);
         const elsewhere = attachments.filter((a) => a.mac === l.mac);
         add(
@@ -318,6 +335,9 @@ export function checkInvariants(v: CheckViews): Violation[] {
   // ---- host links: every node end on the node belongs to an attachment that has one
   for (const l of kernel.node.links.filter((x) => x.nodeEnd)) {
     const owner = attachments.find((a) => a.hostLink?.nodeIfName === l.ifname);
+    // A DEL still finishing removes its link (with the device, or after a hold's answer).
+    const ownKey = owner ? keyOf(owner) : l.alias?.startsWith("enim:") ? l.alias.slice(5) : null;
+    if (ownKey !== null && finishing.has(ownKey)) continue;
     if (!owner || owner.state === "held") {
       add(
         "host_link_orphan",

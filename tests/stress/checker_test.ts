@@ -157,6 +157,32 @@ Deno.test("checkInvariants() reports each kind of divergence", async (t) => {
     assertEquals(classes(checkInvariants(f)), [["half_done", "s1-p0-c1/eth0"]]);
   });
 
+  await t.step(
+    "a DEL answered since the agent started is seen part way; after a kill it is not excused",
+    () => {
+      const f = fixture();
+      f.key.status = "deleted";
+      f.key.finishing = true;
+      // Recorded deleting, the device still in the pod, the ENI still owned.
+      f.attachments[0].state = "deleting";
+      assertEquals(classes(checkInvariants(f)), []);
+      // The record gone (read after the rest), the provider and the kernel read before it.
+      f.attachments = [];
+      assertEquals(classes(checkInvariants(f)), []);
+      f.enis[0] = eni(1, null);
+      assertEquals(classes(checkInvariants(f)), []);
+      // The agent was killed since: reconcile must have finished it.
+      f.model.agentKilled();
+      assertEquals(classes(checkInvariants(f)), [
+        ["free_eni_not_on_node", "eni-mock-0001"],
+        ["stray_device_in_pod", "eni-mock-0001"],
+      ]);
+      f.attachments = [attachment("s1-p0-c1", 1, { state: "deleting" })];
+      f.enis[0] = eni(1, "s1-p0-c1");
+      assertEquals(classes(checkInvariants(f)), [["half_done", "s1-p0-c1/eth0"]]);
+    },
+  );
+
   await t.step("a free ENI's device up with an address on the node, and one nowhere", () => {
     const f = fixture();
     f.kernel.node.links = [nodeLink(MAC2, { up: true, addrs: ["10.99.0.3/24"] })];
