@@ -12,6 +12,10 @@
  * | reconcile | `reconcile.ts`                           |
  * | status    | `status.ts`                              |
  *
+ * Why one file: the orchestrator's one job is the order and the locks of every
+ * operation against the others (what an ADD waits for, what a DEL answers before, what
+ * close() drains); split, those waits would be spread over files that each see half.
+ *
  * Crash safety: every operation records its intent in the state store before it
  * calls the provider or touches a device, and its outcome after, each in its own
  * committed transaction, so {@linkcode EniManager.reconcile} can roll back or

@@ -48,6 +48,10 @@ export const VIOLATION_CLASSES = {
     "a host link's node end is on the node but no attachment (but a held one) records it",
   host_link_missing:
     "an acknowledged ADD's host link is not whole: its node end on the node or its pod end in the pod",
+  host_link_rule_orphan:
+    "a node rule of a host link (priority 1500/1501) names a node end that is gone or that no attachment records",
+  host_link_rules_missing:
+    "a ready attachment's host link lacks its node rule (priority 1501, its table) for the pod's Service traffic",
   plant_missed: "the checker did not report a planted violation",
   // ---- zone mode (two nodes, one cloud: `_zone_checker.ts`)
   zone_attached_unrecorded:
@@ -348,6 +352,43 @@ export function checkInvariants(v: CheckViews): Violation[] {
             : "no attachment records it"
         }`,
         { ...(owner ? { keys: [keyOf(owner)], attachment: owner } : {}), extra: l },
+      );
+    }
+  }
+
+  // ---- host-link rules on the node: each names a node end an attachment records, and
+  // each ready attachment's link has its rule to its table (links of the layout before
+  // issue 34 record no table and have none)
+  for (const r of kernel.nodeRules ?? []) {
+    const owner = r.iif === null
+      ? undefined
+      : attachments.find((a) => a.hostLink?.nodeIfName === r.iif);
+    if (r.detached && owner?.state === "deleting") continue; // its DEL is removing them
+    if (r.detached || !owner) {
+      add(
+        "host_link_rule_orphan",
+        `${r.iif ?? "?"}@${r.priority}/${r.family}`,
+        `Node rule pref ${r.priority} (IPv${r.family}, iif ${r.iif ?? "none"}, lookup ${r.table}) ${
+          r.detached ? "names a node end that is gone" : "names a node end no attachment records"
+        }`,
+        { extra: r },
+      );
+    }
+  }
+  for (const a of attachments) {
+    const table = a.hostLink?.table;
+    if (a.state !== "ready" || table === undefined) continue;
+    const has = (kernel.nodeRules ?? []).some((r) =>
+      r.priority === 1501 && r.iif === a.hostLink!.nodeIfName && r.table === String(table)
+    );
+    if (!has) {
+      add(
+        "host_link_rules_missing",
+        keyOf(a),
+        `Attachment "${keyOf(a)}" is ready but the node has no rule pref 1501 iif ${
+          a.hostLink!.nodeIfName
+        } lookup ${table}`,
+        { keys: [keyOf(a)], attachment: a },
       );
     }
   }
