@@ -361,6 +361,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     opts.onReady?.(server);
     devicePlugin = await launchDevicePlugin(cfg.devicePlugin, {
       provider: parts.provider,
+      consumers: () => parts.manager.attachments().map((a) => ({ pod: a.pod, state: a.state })),
       metrics: parts.metrics,
       log,
       ready: () => !stopping,

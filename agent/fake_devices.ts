@@ -126,6 +126,12 @@ export class AgentFakeDevices implements DeviceLayer {
   }
   async pin(path: string): Promise<PinnedNetns> {
     const identity = await this.netnsIdentity(path);
-    return { path, ref: path, identity: identity!, close() {} };
+    return {
+      path,
+      ref: path,
+      identity: identity!,
+      keepsAlive: !path.startsWith("/proc/"),
+      close() {},
+    };
   }
 }

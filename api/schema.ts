@@ -355,12 +355,17 @@ export const AttachmentSchema = z.object({
   holdUntil: z._default(z.nullable(z.string()), null),
   /** Zone scope: until when, after its node hold, the ENI waits for its pod parked in the VPC. */
   parkUntil: z._default(z.nullable(z.string()), null),
-  /** Its host link: the two ends and the Service CIDRs the pod routes through it. */
+  /**
+   * Its host link: the two ends, the Service CIDRs the pod routes through it and the
+   * node-side table of the pod's Service traffic (absent on a link of the layout before
+   * issue 34).
+   */
   hostLink: z._default(
     z.nullable(z.object({
       nodeIfName: z.string(),
       podIfName: z.string(),
       serviceCidrs: z.array(z.string()),
+      table: z.optional(z.number().check(z.int())),
     })),
     null,
   ),

@@ -145,6 +145,11 @@ Deno.test("the DaemonSet's agent serves the device plugin in kubelet's folder", 
   assertEquals(inCm.devicePlugin.enabled, true);
   const dir = inCm.devicePlugin.dir ?? "/var/lib/kubelet/device-plugins";
   assertEquals(hostMount(agent, dir).hostPath, "/var/lib/kubelet/device-plugins");
+  // kubelet's pod-resources socket, beside the folder: which pods hold a device.
+  assertEquals(
+    hostMount(agent, "/var/lib/kubelet/pod-resources").hostPath,
+    "/var/lib/kubelet/pod-resources",
+  );
 });
 
 Deno.test("the admission policies that add enim.dev/eni to pods parse, with the expected kinds", async (t) => {

@@ -44,6 +44,11 @@ export interface PhaseRecorder {
   gcReclaim(result: string): void;
   /** Records a sticky pod's hold that expired (its ENI went back to the pool). */
   holdExpired?(profile: string): void;
+  /**
+   * Records a state write that failed after its DEL had answered the runtime (which,
+   * told success, never retries it): the manager tries it again.
+   */
+  answeredDelStateFailed?(): void;
 }
 
 /** One profile's pool counts. */
@@ -94,6 +99,9 @@ export interface PolicyCounts {
 export const UNHEALTHY_REASONS = [
   "foreign",
   "quarantined",
+  "parking",
+  "sticky_hold",
+  "no_device",
   "provider_unreachable",
   "agent_not_ready",
 ] as const;
@@ -125,6 +133,7 @@ export class Metrics implements PhaseRecorder {
   readonly gcReclaims: Counter<"result">;
   readonly providerLatency: Histogram<"provider" | "call" | "result">;
   readonly holdExpiries: Counter<"profile">;
+  readonly answeredDelStateFailures: Counter;
   readonly stickyZone: Counter<"event" | "profile">;
   readonly descriptions: Counter<"result">;
   readonly devicePluginRegistrations: Counter<"result">;
@@ -206,6 +215,12 @@ export class Metrics implements PhaseRecorder {
       name: "enim_sticky_hold_expiries_total",
       help: "Sticky pods' held ENIs freed because the pod did not come back in time, by profile",
       labelNames: ["profile"],
+      registers,
+    });
+    this.answeredDelStateFailures = new Counter({
+      name: "enim_del_state_write_failures_total",
+      help:
+        "State writes that failed after their DEL had answered the runtime early (the runtime will not retry it); the agent retries each until it is written",
       registers,
     });
     this.stickyZone = new Counter({
@@ -435,6 +450,10 @@ export class Metrics implements PhaseRecorder {
   /** Records a sticky pod's hold that expired. */
   holdExpired(profile: string): void {
     this.holdExpiries.inc({ profile });
+  }
+
+  answeredDelStateFailed(): void {
+    this.answeredDelStateFailures.inc({});
   }
 
   /** Records a zone-wide sticky event (park, claim, claim_conflict, expiry). */

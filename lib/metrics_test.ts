@@ -17,6 +17,7 @@ Deno.test("metrics exposes phase histograms, operation counters and pool gauges"
   m.stickyEvent("claim_conflict", "db");
   m.stickyEvent("claim_conflict", "db");
   m.description("ok");
+  m.answeredDelStateFailed();
   await m.time("add", "provider", () => Promise.resolve(1));
   m.phase("add", "move", 2.5);
   m.operation("add", "ok", 7);
@@ -30,6 +31,7 @@ Deno.test("metrics exposes phase histograms, operation counters and pool gauges"
   assertMatch(text, /enim_sticky_held_enis\{profile="b"\} 1/);
   assertMatch(text, /enim_sticky_hold_expiries_total\{profile="b"\} 1/);
   assertMatch(text, /enim_eni_descriptions_total\{result="ok"\} 1/);
+  assertMatch(text, /enim_del_state_write_failures_total 1/);
   assertMatch(text, /enim_sticky_zone_events_total\{event="park",profile="db"\} 1/);
   assertMatch(text, /enim_sticky_zone_events_total\{event="claim_conflict",profile="db"\} 2/);
   assertMatch(text, /enim_node_attachable_enis 4/);

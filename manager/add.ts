@@ -3,7 +3,7 @@
  * allocated (a sticky pod's held one taken back), its device moved and configured
  * (interface mode) or found (IPAM mode), the outcome recorded, the answer given;
  * the cloud description queued after it. Any failure rolls back through
- * `release.ts`.
+ * `release.ts`. Placing the device is `place.ts`'s.
  *
  * Why one file: ADD is one sequence, each step's rollback beside it; split, the order
  * of intent, allocation, move and outcome (what a crash at any point leaves) is no
@@ -11,15 +11,8 @@
  *
  * @module
  */
-import { type Eni, EniSchema, type Owner } from "../providers/contract.ts";
-import {
-  DeviceError,
-  type HostLinkSpec,
-  type InstalledShaping,
-  type PinnedNetns,
-  type PlugResult,
-  type RouteSpec,
-} from "../netns/types.ts";
+import { EniSchema, type Owner } from "../providers/contract.ts";
+import { DeviceError, type InstalledShaping, type PinnedNetns } from "../netns/types.ts";
 import { resultRoutes } from "../netns/host_link.ts";
 import type { Logger } from "../lib/log.ts";
 import { type AddResponse, AddResponseSchema, ApiError } from "../api/schema.ts";
@@ -30,7 +23,8 @@ import { checkChoice } from "./profiles.ts";
 import { buildResult } from "./result.ts";
 import { type ManagerContext, message, ownerOf, zoneHoldMs } from "./context.ts";
 import type { OpTimer } from "./op_timer.ts";
-import { findDevice, release } from "./release.ts";
+import { release } from "./release.ts";
+import { findForIpam, plugIntoPod } from "./place.ts";
 import { hostLinkFor, prepareHostLink } from "./host_link.ts";
 import { policyCommitted, preparePolicy } from "./policy.ts";
 
@@ -38,18 +32,29 @@ export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promi
   const pod = podKeyOf(req.pod);
   const key: AttachmentKey = { containerId: req.containerId, ifName: req.ifName };
   const existing = ctx.state.get(key);
+  // A sticky pod's own container back (podman restarts it; a runtime sends its ADD again
+  // after the DEL): the ENI its DEL held is this ADD's, taken back below.
+  let kept: AttachmentRow | null = null;
   if (existing) {
+    const settled = existing.state === "ready" || existing.state === "recycling" ||
+      existing.state === "held";
+    if (settled && existing.pod !== pod) {
+      throw new ApiError(
+        "bad_request",
+        `Attachment "${keyOf(key)}" belongs to pod "${existing.pod}", not "${pod}"`,
+      );
+    }
     if ((existing.state === "ready" || existing.state === "recycling") && existing.result) {
-      if (existing.pod !== pod) {
-        throw new ApiError(
-          "bad_request",
-          `Attachment "${keyOf(key)}" belongs to pod "${existing.pod}", not "${pod}"`,
-        );
-      }
       ctx.log.debug("ADD retried: returning the stored result", { key: keyOf(key) });
       return AddResponseSchema.parse(JSON.parse(existing.result));
     }
-    // Left half done by a crash (reconcile normally handles these): undo it first.
+    if (existing.state === "held" && req.sticky && existing.profile === req.profile) {
+      kept = existing;
+    }
+  }
+  if (existing && !kept) {
+    // Left half done by a crash (reconcile normally handles these), or a hold this ADD
+    // cannot take back (no longer sticky, another profile): undo it first.
     try {
       await release(ctx, existing, { netnsUsable: true, leaveCallerDevice: true }, t);
     } catch (err) {
@@ -88,7 +93,7 @@ export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promi
     }
   }
   try {
-    return await addPinned(ctx, req, t, key, pod, owner, log, pinned);
+    return await addPinned(ctx, req, t, key, pod, owner, log, pinned, kept);
   } finally {
     pinned?.close();
   }
@@ -103,25 +108,37 @@ export async function addPinned(
   owner: Owner,
   log: Logger,
   pinned: PinnedNetns | null,
+  kept: AttachmentRow | null = null,
 ): Promise<AddResponse> {
   const identity = pinned?.identity ?? null;
-  t.sync("state_write", () =>
-    ctx.state.insertAdding({
-      ...key,
-      pod,
-      podUid: req.pod.uid ?? null,
-      network: req.network,
-      netns: req.netns,
-      mode: req.mode,
-      netnsDev: identity?.dev ?? null,
-      netnsIno: identity?.ino ?? null,
-      profile: req.profile,
-      sticky: req.sticky,
-    }));
+  const intent = {
+    ...key,
+    pod,
+    podUid: req.pod.uid ?? null,
+    network: req.network,
+    netns: req.netns,
+    mode: req.mode,
+    netnsDev: identity?.dev ?? null,
+    netnsIno: identity?.ino ?? null,
+    profile: req.profile,
+    sticky: req.sticky,
+  };
+  // The key's own held row becomes this ADD's intent, its ENI recorded on it (one
+  // transaction, as takeOverHeld does for a new container's key).
+  const revived = kept
+    ? t.sync("state_write", () => ctx.state.reviveHeld(intent))
+    : (t.sync("state_write", () => ctx.state.insertAdding(intent)), null);
+  if (kept && revived) {
+    ctx.addAnswered.delete(keyOf(key));
+    log.info("Taking back the sticky pod's held ENI for its container", {
+      eniId: revived.eniId,
+    });
+  }
   let allocating = false;
   let allocated = false;
   try {
-    const held = req.sticky ? await takeOverHeld(ctx, req, key, pod, log) : null;
+    const held = revived ??
+      (req.sticky ? await takeOverHeld(ctx, req, key, pod, log) : null);
     allocating = true;
     const eni = EniSchema.parse(
       await t.time("provider", () =>
@@ -141,9 +158,12 @@ export async function addPinned(
         held: held.eniId,
         eniId: eni.id,
       });
-      await ctx.provider.deallocateENI(ownerOf(held)).catch((err) =>
-        log.warn("Freeing the held ENI failed; GC frees it", { error: message(err) })
-      );
+      // Its owner is another key's (never this one's: that would free the new ENI).
+      if (keyOf(held) !== keyOf(key)) {
+        await ctx.provider.deallocateENI(ownerOf(held)).catch((err) =>
+          log.warn("Freeing the held ENI failed; GC frees it", { error: message(err) })
+        );
+      }
     }
     const holder = ctx.state.byEni(eni.id);
     if (holder && keyOf(holder) !== keyOf(key)) {
@@ -278,138 +298,8 @@ export async function takeOverHeld(
   });
 }
 
-/**
- * Interface mode: moves the ENI's device into the pod and configures it (two spawns
- * when the device layer knows the device's node name). The ENI, its MAC and the
- * node name the move uses are recorded in one write just before the move, so a
- * crash after it leaves reconcile all it needs to bring the device back. A device
- * not on the node yet (a physical ENI returning from a pod, a simulated one being
- * re-created) is waited for up to 2 s, then the plug is tried once more.
- */
-export async function plugIntoPod(
-  ctx: ManagerContext,
-  req: AddInput,
-  pinned: PinnedNetns,
-  key: AttachmentKey,
-  eni: Eni,
-  ips: AddResponse["ips"],
-  routes: RouteSpec[],
-  t: OpTimer,
-  hostLink?: HostLinkSpec,
-  policyRuleset?: string,
-): Promise<{ ifindex: number; nodeName: string; shaping?: InstalledShaping }> {
-  // Recorded with the node name, before the link is made: what a rollback removes.
-  const recorded = hostLink
-    ? JSON.stringify({
-      nodeIfName: hostLink.nodeIfName,
-      podIfName: hostLink.podIfName,
-      serviceCidrs: req.hostLink?.serviceCidrs ?? [],
-      table: hostLink.table,
-    })
-    : undefined;
-  const plug = (nodeName?: string) =>
-    ctx.devices.plug({
-      mac: eni.mac,
-      netns: pinned,
-      ifName: req.ifName,
-      addresses: ips.map((i) => ({ cidr: i.address })),
-      routes,
-      mtu: req.mtu,
-      nodeName,
-      ...(req.bandwidth ? { bandwidth: req.bandwidth } : {}),
-      ...(hostLink ? { hostLink } : {}),
-      ...(hostLink && policyRuleset ? { policyRuleset } : {}),
-      beforeMove: (name) =>
-        t.sync("state_write", () =>
-          ctx.state.update(key, {
-            eniId: eni.id,
-            mac: eni.mac,
-            nodeName: name,
-            ...(recorded ? { hostLink: recorded } : {}),
-          })),
-      timing: (phase, ms) => t.add(phase, ms),
-    });
-  let r: PlugResult;
-  try {
-    r = await plug();
-  } catch (err) {
-    if (!(err instanceof DeviceError) || err.reason !== "not_found") throw err;
-    const found = await t.time("device_lookup", () => findDevice(ctx, eni.mac, null));
-    if (!found) {
-      throw new ApiError(
-        "device_error",
-        `No device with MAC "${eni.mac}" (ENI "${eni.id}") on the node`,
-      );
-    }
-    r = await plug(found.link.ifname);
-  }
-  // The device is in the namespace held since the start. If the path names another one
-  // now (deleted and re-created meanwhile), the pod the runtime knows is not that one:
-  // bring the device back and refuse, rather than record a pod that has no device.
-  const now = await ctx.devices.netnsIdentity(req.netns).catch(() => null);
-  if (!now || now.dev !== pinned.identity.dev || now.ino !== pinned.identity.ino) {
-    await ctx.devices.unplug({
-      mac: eni.mac,
-      nodeName: r.nodeName,
-      netns: pinned,
-      podName: req.ifName,
-      shapedIngress: r.shaping?.ingress !== undefined,
-      ...(hostLink ? { hostLink } : {}),
-    });
-    throw new ApiError(
-      "netns_invalid",
-      `Netns "${req.netns}" was replaced during the ADD (it named another namespace when the device was moved); nothing was kept`,
-    );
-  }
-  const { podIfindex: ifindex, nodeName, shaping } = r;
-  return shaping ? { ifindex, nodeName, shaping } : { ifindex, nodeName };
-}
-
 /** The result's `bandwidth`: the shaping the plug installed, when it shaped anything. */
 function shapingOf(placed: { shaping?: InstalledShaping }): Pick<AddResponse, "bandwidth"> {
   const s = placed.shaping;
   return s && (s.ingress || s.egress) ? { bandwidth: s } : {};
-}
-
-/**
- * IPAM mode: finds the ENI's device, on the node or (a device plugin such as
- * host-device moves it first) already in the pod, and records it; the calling
- * plugin moves it.
- */
-export async function findForIpam(
-  ctx: ManagerContext,
-  req: AddInput,
-  key: AttachmentKey,
-  eni: Eni,
-  podUsable: boolean,
-  t: OpTimer,
-): Promise<{ ifindex: number; nodeName: string }> {
-  const found = await t.time(
-    "device_lookup",
-    () => findDevice(ctx, eni.mac, podUsable ? req : null),
-  );
-  if (!found) {
-    throw new ApiError(
-      "device_error",
-      `No device with MAC "${eni.mac}" (ENI "${eni.id}") on the node${
-        podUsable ? " or in the pod" : ""
-      }`,
-    );
-  }
-  const { link, inPod } = found;
-  // A device plugin that moves the device before calling IPAM (host-device) keeps
-  // the node-side name in the alias, as enim itself does.
-  const nodeName = inPod ? (link.ifalias || link.ifname) : link.ifname;
-  if (inPod) {
-    ctx.log.info("The calling plugin has moved the device into the pod already", {
-      eniId: eni.id,
-      podName: link.ifname,
-      nodeName,
-    });
-  }
-  t.sync(
-    "state_write",
-    () => ctx.state.update(key, { eniId: eni.id, mac: eni.mac, nodeName, ifindex: link.ifindex }),
-  );
-  return { ifindex: link.ifindex, nodeName };
 }

@@ -67,6 +67,8 @@ Deno.test("del() takes the ifb of a shaped ingress away with the device", () =>
     await add(n, 2, { bandwidth: { egress: { rate: 1_000_000 } } });
     await n.mgr.del(delReq(1));
     await n.mgr.del(delReq(2));
+    // Both answered before their device's move home: what the moves took, once done.
+    await n.mgr.settled();
     assertEquals(unplugs(n).map((u) => u.shapedIngress), [true, false]);
     assertEquals((await n.owned()).size, 0);
   }));

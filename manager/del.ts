@@ -44,23 +44,18 @@ export async function del(
     : zone > 0
     ? { holdUntil: now + Math.min(zone, ctx.holdMs), parkUntil: until }
     : { park: { until } };
-  const link = hostLinkOf(row);
+  const link = hold ? hostLinkOf(row) : null;
   try {
     await release(ctx, row, {
       netnsUsable: true,
       leaveCallerDevice: true,
       ...how,
       // A plain pod's DEL answers before its device's move home, and its host link goes
-      // in that move's batch; a sticky pod's DEL answers once its hold is recorded, so
-      // its link is removed after the answer.
-      deferHostLink: link !== null && hold,
+      // in that move's batch; a sticky pod's DEL answers once its hold is recorded, and
+      // its link is removed after that answer (below).
+      deferHostLink: link !== null,
       ...(hold ? {} : { answer }),
     }, t);
-    // Queued behind this DEL on the attachment's lock, so an ADD of the same key waits
-    // for it; a crash before it runs leaves a node end no row records: GC removes it.
-    if (link && hold) {
-      ctx.hostLinks.removeLater(ctx.locks, `att:${keyOf(req)}`, link.nodeIfName);
-    }
     ctx.log.info(
       !hold
         ? "DEL done"
@@ -74,10 +69,25 @@ export async function del(
         ...(zone !== null ? { scope: "zone", nodeHoldSeconds: Math.round(zone / 1000) } : {}),
       },
     );
+    if (link) {
+      // Still under the attachment's lock, after the answer: a later call of this key
+      // (an ADD sent again) waits for it on that lock, and an ADD in the same namespace
+      // or one that needs a held ENI waits for it in `settled()`; nothing queued behind
+      // this DEL is waited for. A failure is logged; GC removes what is left.
+      answer();
+      await ctx.devices.removeHostLink(link.nodeIfName).catch((err) =>
+        ctx.log.warn("Cannot remove a DEL's host link; GC removes it", {
+          key: keyOf(req),
+          nodeIfName: link.nodeIfName,
+          error: message(err),
+        })
+      );
+    }
   } catch (err) {
     const apiErr = ctx.apiError(err);
     // A DEL answers success only when what it did is recorded. The state could not be
-    // written: fail, so the runtime retries (nothing it asked for is acknowledged).
+    // written: fail, so the runtime retries (nothing it asked for is acknowledged); one
+    // that has answered already is retried by the manager (manager.ts finishAnswered).
     if (apiErr.code === "state_unavailable") throw apiErr;
     // A device or provider step failed, and the row records it (`deleting`, the error):
     // the pod's side is done as far as the runtime can help, and GC finishes the rest.

@@ -27,7 +27,6 @@ import type { Logger } from "../lib/log.ts";
 import { ApiError, type HostLinkRequest } from "../api/schema.ts";
 import { hostLinkOf, type StateStore } from "./state.ts";
 import { userMessage } from "../lib/message.ts";
-import type { KeyedMutex } from "./mutex.ts";
 
 /** The attachment key the names and MACs derive from. */
 interface Key {
@@ -185,7 +184,6 @@ export class HostLinks {
   #addresses: { at: number; value: Promise<NodeAddresses> } | null = null;
   #table: Promise<void> | null = null;
   readonly #warned = new Set<string>();
-  readonly #pending = new Set<Promise<void>>();
 
   readonly #state: StateStore | null;
   /** Tables handed to ADDs that have not recorded their link yet, by attachment key. */
@@ -282,32 +280,6 @@ export class HostLinks {
       });
     }
     return this.#table;
-  }
-
-  /**
-   * Removes a DEL's host link once the DEL has answered: queued now on `lock` (the
-   * attachment's, which the DEL holds), so it runs right after it and before any later
-   * operation of that attachment. A failure is logged; GC removes what is left.
-   */
-  removeLater(locks: KeyedMutex, lock: string, nodeIfName: string): void {
-    const p = locks.run(lock, () => this.#devices.removeHostLink(nodeIfName))
-      .then(() => {}, (err) =>
-        this.#log.warn("Cannot remove a DEL's host link; GC removes it", {
-          nodeIfName,
-          error: userMessage(err),
-        }));
-    this.#pending.add(p);
-    p.finally(() => this.#pending.delete(p));
-  }
-
-  /** Whether a removal queued by {@linkcode removeLater} has not run yet. */
-  get pending(): boolean {
-    return this.#pending.size > 0;
-  }
-
-  /** Resolves when every removal queued by {@linkcode removeLater} has run. */
-  async idle(): Promise<void> {
-    while (this.#pending.size > 0) await Promise.allSettled([...this.#pending]);
   }
 
   /** Logs, once per network and agent run, that its pods' Services will not route. */

@@ -2,7 +2,8 @@ import { assert, assertEquals, assertRejects, assertStringIncludes } from "../li
 import { ApiError } from "../api/schema.ts";
 import { NODE } from "../netns/fake.ts";
 import { HOST_LINK_GROUP } from "../netns/host_link.ts";
-import { add, delReq, withNode } from "../tests/support/manager_fixtures.ts";
+import { withDeadline } from "../lib/async.ts";
+import { add, addReq, delReq, settle, withNode } from "../tests/support/manager_fixtures.ts";
 import { linkMacs, nodeIfNameFor, planHostLink, tableOf } from "./host_link.ts";
 
 const LINK = {
@@ -91,8 +92,8 @@ Deno.test("ADD with a host link plugs it with the ENI, records it, and DEL remov
       expected: { addresses: res.ips.map((i) => i.address), routes: res.routes },
     });
     await n.mgr.del(delReq(1));
-    // Removed right after the DEL answered, before any later operation of the attachment.
-    await n.mgr.hostLinksIdle();
+    // Removed with the device's move home, which may follow the DEL's answer.
+    await n.mgr.settled();
     assertEquals(await n.devices.hostLinks(), []);
     assertEquals(
       n.devices.snapshot()["/run/netns/p1"].links.some((l) => l.ifname === "host0"),
@@ -171,4 +172,36 @@ Deno.test("GC removes a node end no attachment records, and status names network
       { network: "blue", pods: ["default/pod-1"] },
     ]);
   });
+});
+
+Deno.test("an ADD of the same key queued behind a sticky pod's DEL with a host link finishes, and so do reads and close()", async () => {
+  await withNode(async (n) => {
+    n.devices.nodeAddrs = NODE_ADDRS;
+    await add(n, 1, { hostLink: LINK, sticky: true });
+    const open = n.devices.holdOn("unplug");
+    const del = n.mgr.del(delReq(1));
+    await settle();
+    // The runtime sends the ADD again (a plugin timeout and retry, a podman restart) while
+    // the sticky DEL holds the attachment: it queues on the attachment's lock.
+    const again = n.mgr.add(addReq(1, { hostLink: LINK, sticky: true }));
+    await settle();
+    open();
+    // A failure bound only: wedged, none of these ever settles.
+    const [, res] = await withDeadline(
+      Promise.all([del, again, n.mgr.settled(), n.mgr.status()]),
+      2000,
+      () => new Error("The DEL, the ADD queued behind it, or a read did not finish within 2 s"),
+    );
+    assertEquals(
+      res.hostLink?.nodeIfName,
+      nodeIfNameFor("enimh", { containerId: "c1", ifName: "eth0" }),
+    );
+    assertEquals(n.mgr.attachments().map((a) => [a.containerId, a.state]), [["c1", "ready"]]);
+    assertEquals((await n.devices.hostLinks()).map((l) => l.ifname), [res.hostLink!.nodeIfName]);
+    await withDeadline(
+      n.mgr.close(),
+      2000,
+      () => new Error("close() did not return within 2 s"),
+    );
+  }, {});
 });

@@ -5,12 +5,16 @@
  *
  * | operation | module                                   |
  * | --------- | ---------------------------------------- |
- * | ADD       | `add.ts` (rollback through `release.ts`) |
+ * | ADD       | `add.ts`, `place.ts` (rollback through `release.ts`) |
  * | DEL       | `del.ts` (hold or not), `release.ts`     |
  * | CHECK     | `check.ts`                               |
  * | GC        | `gc.ts` (liveness sources in `liveness/`) |
  * | reconcile | `reconcile.ts`                           |
  * | status    | `status.ts`                              |
+ *
+ * Why one file: the orchestrator's one job is the order and the locks of every
+ * operation against the others (what an ADD waits for, what a DEL answers before, what
+ * close() drains); split, those waits would be spread over files that each see half.
  *
  * Crash safety: every operation records its intent in the state store before it
  * calls the provider or touches a device, and its outcome after, each in its own
@@ -68,6 +72,7 @@ import { HostLinks, sweepHostLinks } from "./host_link.ts";
 import { type KeeperOptions, NodeRouteKeeper } from "./node_routes.ts";
 import { hostLinkOf } from "./state.ts";
 import { restoredPolicyPods } from "./policy.ts";
+import { sleep } from "../lib/async.ts";
 
 export { toApiError } from "./errors.ts";
 export { buildResult } from "./result.ts";
@@ -113,8 +118,6 @@ export interface Manager extends EniManager {
   readonly state: StateStore;
   /** Resolves when every queued cloud description has been tried (tests). */
   descriptionsIdle(): Promise<void>;
-  /** Resolves when every host link left by a DEL has been removed (tests). */
-  hostLinksIdle(): Promise<void>;
   /**
    * Resolves when every DEL that has answered has also brought its device home; with
    * `boundMs`, no later than `boundMs` after the latest of them answered.
@@ -135,6 +138,8 @@ class ManagerImpl implements Manager {
   readonly #inflight = new Set<Promise<unknown>>();
   readonly #routes: NodeRouteKeeper;
   readonly #watchAddresses: boolean;
+  /** Aborted by close(): cuts the waits between retries short. */
+  readonly #stopping = new AbortController();
   #closed = false;
   #reconciled = false;
 
@@ -142,6 +147,8 @@ class ManagerImpl implements Manager {
     const now = o.now ?? Date.now;
     const state = StateStore.open(o.db, now);
     this.state = state;
+    // Read once: a closed database no longer tells it.
+    const statePath = o.db.location() ?? "the state database";
     this.#graceMs = o.gcGraceMs;
     this.#sources = o.livenessSources ?? defaultLivenessSources();
     this.#ctx = {
@@ -156,7 +163,7 @@ class ManagerImpl implements Manager {
       describer: o.describeAs
         ? new Describer(o.provider, o.log.child({ op: "describe" }), o.describeAs, o.metrics)
         : null,
-      apiError: (err) => toApiError(err, state.db.location() ?? "the state database"),
+      apiError: (err) => toApiError(err, statePath),
       addAnswered: new Map(),
       hostLinks: new HostLinks(o.devices, o.log.child({ op: "host_link" }), state, o.nodeMarks),
       releasing: new Map(),
@@ -215,7 +222,10 @@ class ManagerImpl implements Manager {
    * alone costs more than the rest of the DEL; nothing the runtime does next can undo
    * it (the namespace outlives its path while held; a crash leaves a `deleting` row
    * that reconcile finishes), and every later call on the attachment, every ADD that
-   * needs an ENI and every read of the state waits for it.
+   * needs an ENI and every read of the state waits for it. A namespace named by
+   * `/proc/<pid>/ns/net` (cri-dockerd) cannot be held open by the agent: that DEL
+   * answers after the move home. A sticky pod's DEL answers once its hold is recorded,
+   * and removes its host link after that answer (del.ts).
    */
   del(req: DelInput): Promise<void> {
     const ctx = this.#ctx;
@@ -228,12 +238,7 @@ class ManagerImpl implements Manager {
       // `answer` runs inside the lock, so after `whole` is assigned (KeyedMutex.run awaits).
       const whole: Promise<void> = this.#keyed("del", key, (t) =>
         del(ctx, req, t, () => {
-          const rest = whole.catch((err) =>
-            ctx.log.error("A DEL that had answered could not finish; GC will retry", {
-              key,
-              error: message(err),
-            })
-          );
+          const rest = whole.catch((err) => this.#finishAnswered(req, err));
           ctx.releasing.set(key, {
             netns: req.netns,
             rest,
@@ -248,6 +253,53 @@ class ManagerImpl implements Manager {
   }
 
   /**
+   * The rest of a DEL that answered early failed. A state write that failed (the disk
+   * full, the store read-only) is not the runtime's to retry, told success already: it
+   * is counted and tried again, 0.5 s later doubling to 30 s, until the record is written,
+   * the row is no longer `deleting` (GC or an ADD of the key finished it), or the agent
+   * stops (reconcile finishes a `deleting` row at the next start). Meanwhile the DEL
+   * counts as finishing (`ctx.releasing`). Any other failure is on the row, for GC.
+   * Never throws.
+   */
+  async #finishAnswered(req: DelInput, err: unknown): Promise<void> {
+    const ctx = this.#ctx;
+    const key = keyOf(req);
+    for (let waitMs = 500;; waitMs = Math.min(waitMs * 2, 30_000)) {
+      const apiErr = ctx.apiError(err);
+      if (apiErr.code !== "state_unavailable") {
+        ctx.log.error("A DEL that had answered could not finish; GC will retry", {
+          key,
+          error: apiErr.message,
+        });
+        return;
+      }
+      ctx.metrics?.answeredDelStateFailed?.();
+      ctx.log.error("A DEL that had answered could not write the state; retrying", {
+        key,
+        retryInMs: waitMs,
+        error: apiErr.message,
+      });
+      await sleep(waitMs, this.#stopping.signal);
+      if (this.#closed) {
+        ctx.log.warn("The agent stops before a DEL's state was written; its next start does it", {
+          key,
+        });
+        return;
+      }
+      try {
+        await this.#keyed("del", key, async (t) => {
+          if (ctx.state.get(req)?.state !== "deleting") return;
+          await del(ctx, req, t, () => {});
+        });
+        ctx.log.info("A DEL that had answered is written now", { key });
+        return;
+      } catch (e) {
+        err = e;
+      }
+    }
+  }
+
+  /**
    * Whether an ADD must wait for DELs that answered before their device was home (del
    * below): one in the same namespace (its device and host link still hold their names
    * there), or an ADD that could otherwise only get a new ENI or none (its profile has no
@@ -256,7 +308,6 @@ class ManagerImpl implements Manager {
    */
   async #needsReleases(req: AddInput): Promise<boolean> {
     const ctx = this.#ctx;
-    if (ctx.hostLinks.pending) return true;
     if (ctx.releasing.size === 0) return false;
     if ([...ctx.releasing.values()].some((r) => r.netns === req.netns)) return true;
     if (req.ips.length > 0 || req.ranges.length > 0 || req.sticky) return true;
@@ -266,12 +317,7 @@ class ManagerImpl implements Manager {
 
   async settled(boundMs?: number): Promise<void> {
     const dels = [...this.#ctx.releasing.values()];
-    const all = (async () => {
-      await Promise.all(dels.map((r) => r.rest));
-      // A sticky pod's host link, removed after its DEL answered: a pod end of that name
-      // in a namespace an ADD reuses would refuse its link.
-      await this.#ctx.hostLinks.idle();
-    })();
+    const all = Promise.all(dels.map((r) => r.rest)).then(() => {});
     if (boundMs === undefined) return await all;
     // A read: it waits for a DEL that has just answered, not for one stuck (a throttled
     // cloud retried up to providerSeconds): that one it shows as unfinished.
@@ -385,13 +431,9 @@ class ManagerImpl implements Manager {
   async close(): Promise<void> {
     this.#closed = true;
     await this.#routes.close();
+    this.#stopping.abort();
     await Promise.allSettled([...this.#inflight]);
     await this.#ctx.describer?.idle();
-    await this.#ctx.hostLinks.idle();
-  }
-
-  hostLinksIdle(): Promise<void> {
-    return this.#ctx.hostLinks.idle();
   }
 
   descriptionsIdle(): Promise<void> {

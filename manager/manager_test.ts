@@ -78,8 +78,10 @@ Deno.test("add() for a pod's new container gets a new ENI and recycles the old o
     assertEquals(byC.get("c1")?.state, "recycling");
     assertEquals(byC.get("c1-new")?.state, "ready");
     assertEquals((await n.mgr.status()).pool.recycling, 1);
-    // The old container's own DEL releases only its ENI.
+    // The old container's own DEL releases only its ENI (answered before the move home).
     await n.mgr.del(delReq(1));
+    assertEquals(n.mgr.state.get({ containerId: "c1", ifName: "eth0" })?.state, "deleting");
+    await n.mgr.settled();
     assertEquals(n.mgr.attachments().map((a) => a.containerId), ["c1-new"]);
     assertEquals([...(await n.owned()).keys()], [neu.eniId]);
     assertEquals(n.devices.where(old.mac)?.ns, NODE);
@@ -94,6 +96,7 @@ Deno.test("del() releases the ENI, is idempotent and succeeds for an unknown key
     await n.mgr.del(delReq(1));
     await n.mgr.del(delReq(1));
     await n.mgr.del(delReq("never", { netns: "" }));
+    await n.mgr.settled();
     assertEquals(n.mgr.attachments(), []);
     assertEquals((await n.owned()).size, 0);
     assertEquals(n.devices.snapshot()[NODE], before, "device back on the node, renamed, scrubbed");
@@ -127,7 +130,7 @@ Deno.test("a plain pod's DEL answers once its intent is recorded and its namespa
     assertEquals(order.sort(), ["add", "del again", "settled"]);
     assertEquals(n.mgr.attachments().map((x) => x.containerId), ["c2"]);
     await assertConsistent(n);
-  }, { mock: { enis: 1 }, answerEarly: true }));
+  }, { mock: { enis: 1 } }));
 
 Deno.test("an ADD in another namespace with a free ENI goes on beside a DEL that is still bringing its device home; one in the same namespace waits", () =>
   withNode(async (n) => {
@@ -145,7 +148,7 @@ Deno.test("an ADD in another namespace with a free ENI goes on beside a DEL that
     assertEquals((await again).eniId, a.eniId);
     await n.mgr.settled();
     await assertConsistent(n);
-  }, { mock: { enis: 2 }, answerEarly: true }));
+  }, { mock: { enis: 2 } }));
 
 Deno.test("a DEL answers after its work where nothing is left to hold: a sticky pod's hold, a namespace already gone", () =>
   withNode(async (n) => {
@@ -164,7 +167,70 @@ Deno.test("a DEL answers after its work where nothing is left to hold: a sticky 
     await n.mgr.del(delReq(2));
     assertEquals(n.devices.where(c.mac)?.ns, NODE, "home when the DEL answered");
     assertEquals(n.mgr.state.all().map((r) => r.state), ["held"]);
-  }, { mock: { enis: 2 }, answerEarly: true }));
+  }, { mock: { enis: 2 } }));
+
+Deno.test("a DEL of a pod named by /proc/<pid>/ns/net answers only once its device is home: nothing holds that namespace open", () =>
+  withNode(async (n) => {
+    const netns = "/proc/4242/ns/net";
+    const a = await add(n, 1, { netns });
+    const open = n.devices.holdOn("unplug");
+    let done = false;
+    const del = n.mgr.del(delReq(1, { netns })).then(() => (done = true));
+    await settle();
+    assertEquals(done, false, "no early answer: the runtime may stop the sandbox right after it");
+    open();
+    await del;
+    assertEquals(n.devices.where(a.mac)?.ns, NODE, "home when the DEL answered");
+    assertEquals(n.mgr.state.all(), []);
+  }, {}));
+
+Deno.test("a DEL whose /proc/<pid>/ns/net path names another pod's namespace by then leaves that pod's eth0 alone", () =>
+  withNode(async (n) => {
+    const netns = "/proc/4242/ns/net";
+    const a = await add(n, 1, { netns });
+    // The sandbox's process exits (its namespace goes, the ENI's device back on the node);
+    // PID 4242 is reused by a process of another pod whose namespace got the freed inode,
+    // with an eth0 of its own that carries no mark of enim.
+    n.devices.replaceNetns(netns, { reuseInode: true });
+    const theirs = "02:00:00:00:99:01";
+    n.devices.addNodeLink(theirs, "theirs");
+    n.devices.moveIntoNetns(theirs, netns, "eth0");
+    n.devices.editPodLink(netns, "eth0", (l) => delete l.alias);
+    await n.mgr.del(delReq(1, { netns }));
+    const left = n.devices.where(theirs);
+    assertEquals([left?.ns, left?.link.ifname, left?.link.mac], [netns, "eth0", theirs]);
+    const home = n.devices.where(a.mac);
+    assertEquals([home?.ns, home?.link.ifname], [NODE, a.nodeName]);
+    assertEquals(n.mgr.state.all(), []);
+  }));
+
+Deno.test("a state write that fails after a DEL answered early is counted and retried until it is written", async () => {
+  let failures = 0;
+  const metrics = {
+    phase() {},
+    operation() {},
+    gcReclaim() {},
+    answeredDelStateFailed: () => void failures++,
+  };
+  await withNode(async (n) => {
+    const a = await add(n, 1);
+    // The disk is full for the row's last write, twice (the runtime was told success).
+    const full = Object.assign(new Error("database or disk is full"), { code: "ERR_SQLITE_ERROR" });
+    const write = n.mgr.state.delete.bind(n.mgr.state);
+    let left = 2;
+    n.mgr.state.delete = (k) => {
+      if (left-- > 0) throw full;
+      write(k);
+    };
+    await n.mgr.del(delReq(1));
+    await n.mgr.settled();
+    assertEquals(failures, 2, "each failed write counted");
+    assertEquals(n.mgr.state.all(), [], "written at the third try");
+    assertEquals(n.devices.where(a.mac)?.ns, NODE);
+    assertEquals((await n.owned()).size, 0);
+    assertEquals((await add(n, 2)).eniId, a.eniId, "the ENI is the next pod's");
+  }, { mock: { enis: 1 }, metrics });
+});
 
 Deno.test("del() brings the device back when the pod's netns is already gone", () =>
   withNode(async (n) => {
@@ -180,7 +246,9 @@ Deno.test("del() that fails half way leaves the row deleting for GC", () =>
   withNode(async (n) => {
     await add(n, 1);
     n.devices.failOn("unplug");
+    // Answered before the move home: the move's failure comes after the answer.
     await n.mgr.del(delReq(1));
+    await n.mgr.settled();
     const [row] = n.mgr.state.all();
     assertEquals([row.state, row.gcFailures], ["deleting", 1]);
     assertStringIncludes(row.lastError!, "Injected failure");
@@ -461,6 +529,7 @@ Deno.test("32 parallel ADDs against 24 ENIs: 24 distinct ENIs, 8 no_eni_availabl
     assertEquals((await n.mgr.status()).canAllocate, false);
     await assertConsistent(n);
     await Promise.all(Array.from({ length: 32 }, (_, i) => n.mgr.del(delReq(i))));
+    await n.mgr.settled();
     assertEquals(n.mgr.attachments(), []);
     const st = await n.mgr.status();
     assertEquals([st.pool.free, st.pool.owned, st.canAllocate], [24, 0, true]);
@@ -635,6 +704,7 @@ Deno.test("reconcile() fixes every half-done state a crash leaves", async (t) =>
         assertEquals({ repaired: rep.repaired, errors: rep.errors }, { repaired: 1, errors: [] });
         assertEquals(n.devices.where(r.mac)?.ns, NODE);
         await n.mgr.del(delReq(1));
+        await n.mgr.settled();
         assertEquals((await n.owned()).size, 0);
         await assertConsistent(n);
       }),
@@ -664,6 +734,7 @@ Deno.test("operations on one attachment are serialized while other pods proceed"
     assertEquals([fast.eniId, slowDone], ["eni-mock-0001", false]);
     assertEquals((await slow).eniId, "eni-mock-0002");
     await del1;
+    await n.mgr.settled();
     assertEquals(n.mgr.attachments().map((a) => a.containerId), ["c2"], "DEL ran after the ADD");
     await assertConsistent(n);
   }, { mock: { enis: 2, preattached: 1, attachLatencyMs: 50 } }));

@@ -51,18 +51,27 @@ export async function preparePolicy(
   }
 }
 
-/** ADD recorded the attachment ready: the enforcer's later edits of its table go to `netns`. */
+/**
+ * ADD recorded the attachment ready: the enforcer's later edits of its table go to
+ * `netns`, and the ADD answers only once the pod's node chains are in place (a failure
+ * fails the ADD, which is rolled back).
+ */
 export async function policyCommitted(
   ctx: ManagerContext,
   key: AttachmentKey,
   netns: string,
 ): Promise<void> {
-  await ctx.policy?.committed(keyOf(key), netns).catch((err) =>
-    ctx.log.warn("NetworkPolicy: the pod's table could not be brought up to date", {
-      key: keyOf(key),
-      error: userMessage(err),
-    })
-  );
+  try {
+    await ctx.policy?.committed(keyOf(key), netns);
+  } catch (err) {
+    if (err instanceof ApiError) throw err;
+    throw new ApiError(
+      "device_error",
+      `NetworkPolicy: cannot put the pod's policy in place: ${userMessage(err)}`,
+      undefined,
+      { cause: err },
+    );
+  }
 }
 
 /** An attachment was released: the enforcer forgets it (never throws). */

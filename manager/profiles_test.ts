@@ -109,6 +109,7 @@ Deno.test("inline security groups replace the ENI's while the pod owns it, then 
     assertEquals((await eni(n, r.eniId)).securityGroupIds, ["g-inline1", "g-inline2"]);
     assertEquals((await eni(n, r.eniId)).enterpriseSecurityGroupIds, []);
     await n.mgr.del(delReq(1));
+    await n.mgr.settled();
     assertEquals((await eni(n, r.eniId)).securityGroupIds, ["g-bbbb"]);
     const e = await add(n, 2, { profile: "b", securityGroupIds: ["esg-ent1"] });
     assertEquals(e.eniId, r.eniId, "the same pooled ENI, groups replaced again");
@@ -160,10 +161,45 @@ Deno.test("a sticky pod gets its ENI back after a delete and re-create; others d
     await n.mgr.del(delReq("x"));
     const p1 = await add(n, "p1", { pod: plain });
     await n.mgr.del(delReq("p1"));
+    await n.mgr.settled();
     assertEquals(n.mgr.state.all().filter((r) => r.state === "held"), []);
     assert(!(await n.owned()).has(p1.eniId), "freed in the cloud at once");
     const y = await add(n, "y", {});
     assertEquals(y.eniId, p1.eniId, "the next pod gets the plain pod's ENI");
+  }));
+
+Deno.test("a sticky pod's container ADDed again under the same container ID after its DEL gets its held ENI back: same ENI, MAC and IP", () =>
+  withDefaults(async (n) => {
+    const pod = { namespace: "default", name: "db-0" };
+    // Another pod's ENI freed first, so that a fresh allocation would pick another ENI.
+    await add(n, "x", {});
+    const first = await add(n, "a1", { pod, sticky: true });
+    await n.mgr.del(delReq("x"));
+    await n.mgr.del(delReq("a1"));
+    assertEquals(n.mgr.state.get({ containerId: "ca1", ifName: "eth0" })?.state, "held");
+    // podman restarts the container: the same container ID, the same namespace.
+    const back = await add(n, "a1", { pod, sticky: true });
+    assertEquals([back.eniId, back.mac, back.ips], [first.eniId, first.mac, first.ips]);
+    const row = n.mgr.state.get({ containerId: "ca1", ifName: "eth0" })!;
+    assertEquals([row.state, row.eniId, row.holdUntil], ["ready", first.eniId, null]);
+    assertEquals((await n.owned()).get(first.eniId), "ca1/eth0");
+    assertEquals(n.devices.where(first.mac)?.ns, "/run/netns/pa1");
+    assertEquals((await n.mgr.status()).pool.held, 0);
+    // Its next DEL holds it again, and a GC pass of the grace period leaves it be.
+    await n.mgr.del(delReq("a1"));
+    assertEquals(n.mgr.state.get({ containerId: "ca1", ifName: "eth0" })?.state, "held");
+  }));
+
+Deno.test("a held ENI's container ADDed again but no longer sticky ends the hold: the ENI goes back to the pool", () =>
+  withDefaults(async (n) => {
+    const pod = { namespace: "default", name: "db-0" };
+    const first = await add(n, "a1", { pod, sticky: true });
+    await n.mgr.del(delReq("a1"));
+    const back = await add(n, "a1", { pod });
+    assertEquals(n.mgr.state.all().map((r) => [r.containerId, r.state]), [["ca1", "ready"]]);
+    assertEquals((await n.owned()).get(back.eniId), "ca1/eth0");
+    assertEquals((await n.mgr.status()).pool.held, 0);
+    assert(back.eniId === first.eniId || !(await n.owned()).has(first.eniId));
   }));
 
 Deno.test("a hold expires and GC frees the ENI; the pod then gets a fresh one", () =>
@@ -241,6 +277,7 @@ Deno.test("the cloud description names the owning pod and node, and is restored 
     await n.mgr.descriptionsIdle();
     assertEquals((await eni(n, r.eniId)).description, "default/pod-1 on node-7");
     await n.mgr.del(delReq(1));
+    await n.mgr.settled();
     await n.mgr.descriptionsIdle();
     assertEquals((await eni(n, r.eniId)).description, null);
   }, { describeAs: "node-7" }));

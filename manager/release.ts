@@ -71,16 +71,17 @@ export async function release(
      */
     park?: { until: number };
     /**
-     * DEL: the host link is left to the caller to remove once the DEL has answered
-     * (`HostLinks.removeLater`); a veth pair's removal costs the kernel more than the
+     * A sticky pod's DEL: the host link is left to the caller, which removes it once the
+     * DEL has answered (`del.ts`); a veth pair's removal costs the kernel more than the
      * rest of the DEL. Any other release removes it with the device.
      */
     deferHostLink?: boolean;
     /**
      * DEL: called once the rest cannot be lost, so the DEL may answer: the intent is
-     * recorded and the pod's namespace is held (it outlives its path, so the runtime
-     * removing it cannot take the device), just before the device is moved home.
-     * Called at most once, and not at all on the other ways.
+     * recorded and the pod's namespace is held open by the agent (it outlives its path,
+     * so the runtime removing it cannot take the device), just before the device is
+     * moved home. Not called for a namespace named by `/proc/<pid>/ns/net` (its pin
+     * holds nothing open: `PinnedNetns.keepsAlive`), nor on the other ways.
      */
     answer?: () => void;
   },
@@ -129,7 +130,9 @@ export async function release(
           pinned.close();
           pinned = null;
         }
-        if (pinned && row.mode === "interface") o.answer?.();
+        // Early only while the pin keeps the namespace alive: a /proc/<pid> path keeps
+        // nothing, and a runtime stops the sandbox as soon as its DEL is answered.
+        if (pinned?.keepsAlive && row.mode === "interface") o.answer?.();
         try {
           await returnDevice(ctx, row, mac, nodeName, pinned, t, o.deferHostLink);
         } finally {

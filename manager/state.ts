@@ -388,6 +388,50 @@ export class StateStore {
   }
 
   /**
+   * A sticky pod's container back under its own key (podman's restart, an ADD sent
+   * again after the DEL), in one transaction: its `held` row becomes the `adding` row
+   * of `a`, keeping the ENI, MAC and node name of the hold and dropping the rest of
+   * the old attachment. Returns the held row as it was, or null when it is no longer
+   * held (GC freed it meanwhile): then `a` is recorded as a new intent instead.
+   */
+  reviveHeld(a: NewAttachment): AttachmentRow | null {
+    return transaction(this.db, () => {
+      const h = this.get(a);
+      if (!h) {
+        this.insertAdding(a);
+        return null;
+      }
+      if (h.state !== "held") {
+        throw new Error(`Attachment "${a.containerId}/${a.ifName}" is ${h.state}, not held`);
+      }
+      this.#update(a, {
+        pod: a.pod,
+        podUid: a.podUid,
+        network: a.network,
+        netns: a.netns,
+        netnsDev: a.netnsDev ?? null,
+        netnsIno: a.netnsIno ?? null,
+        mode: a.mode,
+        state: "adding",
+        ifindex: null,
+        result: null,
+        recycleSince: null,
+        gcFailures: 0,
+        lastError: null,
+        profile: a.profile ?? "default",
+        holdUntil: null,
+        parkUntil: null,
+        hostLink: null,
+      });
+      prepared(
+        this.db,
+        "UPDATE attachments SET sticky = ?, created_at = ? WHERE container_id = ? AND if_name = ?",
+      ).run(a.sticky ? 1 : 0, this.#now(), a.containerId, a.ifName);
+      return h;
+    });
+  }
+
+  /**
    * Records a DEL of a sticky pod: the ENI stays its pod's on this node until
    * `holdUntil`, then (zone scope, `parkUntil` given) parked in the VPC until `parkUntil`.
    */

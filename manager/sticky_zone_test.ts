@@ -81,6 +81,7 @@ Deno.test("a plain pod of a zone profile is released exactly as before: no hold,
   withNode(async (n) => {
     const p = await add(n, "p1", {});
     await n.mgr.del(delReq("p1"));
+    await n.mgr.settled();
     assertEquals(n.provider.parks.length, 0);
     assertEquals(n.mgr.state.all(), []);
     assert(!(await n.owned()).has(p.eniId));

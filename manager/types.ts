@@ -105,7 +105,10 @@ export interface PolicyHook {
    * it is.
    */
   prepare(p: PolicyPod): Promise<{ podRuleset: string } | null>;
-  /** The ADD recorded the attachment ready, the pod in `netns`: later edits go there. Never throws. */
+  /**
+   * The ADD recorded the attachment ready, the pod in `netns`: later edits go there.
+   * Resolves once the pod's node chains are in place; a throw fails the ADD.
+   */
   committed(key: string, netns: string): Promise<void>;
   /** The attachment is released (DEL, GC, a failed ADD, reconcile): its rules go. Never throws. */
   removed(key: string): Promise<void>;

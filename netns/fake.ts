@@ -24,6 +24,7 @@ import type { DeviceSimulator, Eni } from "../providers/contract.ts";
 import { HOST_LINK_GROUP, podRulesOf, resultRoutes } from "./host_link.ts";
 import type { RuleEntry } from "./ip.ts";
 import { type InstalledShaping, installedShaping, isShaped, liveShapingOf } from "./bandwidth.ts";
+import { namesOneNamespace } from "./pin.ts";
 import {
   DeviceError,
   type DeviceLayer,
@@ -214,6 +215,11 @@ export class FakeDeviceLayer implements DeviceLayer {
       error: error ?? new DeviceError(step, "failed", `Injected failure at "${step}"`),
       times,
     });
+  }
+
+  /** Whether a step was made to hang ({@linkcode hangOn}) and not cleared since. */
+  get hanging(): boolean {
+    return this.#hangs.size > 0;
   }
 
   /** Makes `step` never return (a crash at that point, for reconcile tests). */
@@ -427,7 +433,8 @@ export class FakeDeviceLayer implements DeviceLayer {
       links.find((l) => l.mac === p.mac) ??
         links.find((l) => l.alias === p.nodeName && l.ifname !== p.nodeName) ??
         (podName === undefined ? undefined : links.find((l) => l.ifname === podName));
-    const inPod = ns ? pick(ns.links, p.podName) : undefined;
+    const trusted = params.netns ? namesOneNamespace(params.netns) : false;
+    const inPod = ns ? pick(ns.links, trusted ? p.podName : undefined) : undefined;
     if (ns && inPod) {
       ns.links = ns.links.filter((l) => l !== inPod);
       this.#node.push(inPod);
@@ -569,7 +576,14 @@ export class FakeDeviceLayer implements DeviceLayer {
     await this.#step("pin");
     const ns = this.#ns.get(path);
     if (!ns) throw new DeviceError("netns", "netns_invalid", `Netns "${path}" does not exist`);
-    return { path, ref: path, identity: clone(ns.identity), close() {} };
+    // As the real layer: a /proc/<pid> path is used by path and keeps nothing alive.
+    return {
+      path,
+      ref: path,
+      identity: clone(ns.identity),
+      keepsAlive: !path.startsWith("/proc/"),
+      close() {},
+    };
   }
 
   async netnsIdentity(path: string): Promise<NetnsIdentity | null> {

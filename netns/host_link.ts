@@ -466,24 +466,21 @@ export const POD_POLICY_FAILED = 97;
  */
 export const POD_POLICY_SCRIPT = [
   'v4="$1" v6="$2" ret="$3" answer="$4" table="$5" ip="$7"',
-  // add FAMILY ARGS…: added, or there already ("File exists": the same rule).
-  'add() { f=$1; shift; out=$("$ip" "-$f" rule add "$@" 2>&1) || case "$out" in *"File exists"*) ;;' +
-  ' *) echo "Cannot add the IPv$f rule $*: $out" >&2; return 1;; esac; }',
-  // rules FAMILY ADDRESS: the return rule first; there already, the layout is (an earlier
-  // ADD in this namespace). Then the answer rule, the local table moved behind them and
-  // the main table's host routes: all at priority 0, in that order.
+  // rules FAMILY ADDRESS: an earlier ADD's rules in this namespace (another address,
+  // perhaps) go first; then, at priority 0 and in this order, the return rule, the answer
+  // rule, the local table moved behind them and the main table's host routes. The local
+  // table leaves and comes back within one ip process.
   "rules() {",
-  '  out=$("$ip" "-$1" rule add pref 0 to "$2" fwmark "$ret" lookup "$table" 2>&1) || case "$out" in',
-  '    *"File exists"*) return 0;;',
-  '    *) echo "Cannot add the IPv$1 rule pref 0 to $2 fwmark $ret lookup $table: $out" >&2; return 1;;',
-  "  esac",
-  '  add "$1" pref 0 iif lo fwmark "$answer" lookup "$table" &&',
-  "  printf 'rule del pref 0 lookup local\\nrule add pref 0 lookup local\\n" +
-  "rule add pref 0 lookup main suppress_prefixlength 0\\n' |",
-  '    "$ip" "-$1" -batch - >/dev/null 2>&1 ||',
-  '    { echo "Cannot move the IPv$1 local table behind enim\'s rules" >&2; return 1; }',
-  `  "$ip" "-$1" rule del pref ${LEGACY_ANSWER_PREF} fwmark "$answer" lookup "$table" 2>/dev/null`,
-  "  return 0",
+  '  r="rule del pref 0 fwmark $ret lookup $table"',
+  '  printf \'%s\\n\' "$r" "$r" "$r" "rule del pref 0 iif lo fwmark $answer lookup $table"' +
+  ' "rule del pref 0 lookup main suppress_prefixlength 0"' +
+  ` "rule del pref ${LEGACY_ANSWER_PREF} fwmark $answer lookup $table" |`,
+  '    "$ip" "-$1" -force -batch - >/dev/null 2>&1',
+  "  out=$(printf '%s\\n' \"rule add pref 0 to $2 fwmark $ret lookup $table\"" +
+  ' "rule add pref 0 iif lo fwmark $answer lookup $table" "rule del pref 0 lookup local"' +
+  ' "rule add pref 0 lookup local" "rule add pref 0 lookup main suppress_prefixlength 0" |',
+  '    "$ip" "-$1" -batch - 2>&1) ||',
+  '    { echo "Cannot add the IPv$1 rules pref 0 to $2 fwmark $ret lookup $table: $out" >&2; return 1; }',
   "}",
   '{ { [ -z "$v4" ] || rules 4 "$v4"; } && { [ -z "$v6" ] || rules 6 "$v6"; }; } < /dev/null &',
   "rules=$!",

@@ -51,7 +51,7 @@
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
-import { netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
+import { namesOneNamespace, netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
 import {
   altnameOf,
   checkIfName,
@@ -775,7 +775,13 @@ export class IpDeviceLayer implements DeviceLayer {
           "device_lookup",
           () => ipJson(z.array(LinkSchema), ["link", "show"], { netns: ns.ref }),
         );
-        inPod = pickDevice(links, mac, p.nodeName, p.podName);
+        // By the name enim gave it only where that name can be no other pod's device.
+        inPod = pickDevice(
+          links,
+          mac,
+          p.nodeName,
+          namesOneNamespace(p.netns!) ? p.podName : undefined,
+        );
         if (links.some((l) => l.ifname === ifbName(mac))) {
           ifb = [["link", "del", "dev", ifbName(mac)]];
           if (!inPod) await this.#removeIfb(ns, mac);

@@ -7,6 +7,7 @@ import { LinkSchema } from "./types.ts";
 import { SimulatedVpc } from "../tests/support/vpc.ts";
 import type { Eni } from "../providers/contract.ts";
 import { z } from "zod";
+import { poll } from "../lib/async.ts";
 
 const root = Deno.uid() === 0;
 const LinkAddrs = z.array(
@@ -414,6 +415,52 @@ Deno.test({
     );
     assertEquals(spawnCounter.count - n0, 3, "the direct try, a look in the pod, the move back");
     await assertHome(vpc, eni);
+  },
+});
+
+Deno.test({
+  name:
+    "unplug through a /proc/<pid>/ns/net path never takes another pod's eth0 by its name; the ENI's device is found on the node",
+  ignore: !root,
+  async fn() {
+    await using vpc = await SimulatedVpc.create();
+    const { devices, eni, pod } = await onePod(vpc);
+    // A process of another pod (its PID reused since the ADD) in a namespace whose eth0
+    // carries no mark of enim; the ENI's own device is on the node.
+    await ipBatch([["link", "add", "eth0", "type", "veth", "peer", "name", "eth0p"]], {
+      netns: pod.name,
+    });
+    const theirs = (await ipJson(z.array(LinkSchema), ["link", "show", "dev", "eth0"], {
+      netns: pod.name,
+    }))[0];
+    const sleeper = new Deno.Command("/usr/sbin/ip", {
+      args: ["netns", "exec", pod.name, "sleep", "60"],
+      stdin: "null",
+      stdout: "null",
+      stderr: "null",
+    }).spawn();
+    try {
+      const path = `/proc/${sleeper.pid}/ns/net`;
+      await poll(
+        async () =>
+          (await netnsIdentity(path))?.ino === (await netnsIdentity(pod.path))?.ino || null,
+        {
+          timeoutMs: 5000,
+          intervalMs: 20,
+        },
+      );
+      const nodeName = vethNames(eni.mac).node;
+      assertEquals(
+        await devices.unplug({ mac: eni.mac, nodeName, netns: path, podName: "eth0" }),
+        "node",
+      );
+      const left = await linkByMac(pod.name, theirs.address!);
+      assertEquals([left?.ifname, left?.address], ["eth0", theirs.address]);
+      await assertHome(vpc, eni);
+    } finally {
+      sleeper.kill("SIGKILL");
+      await sleeper.status;
+    }
   },
 });
 

@@ -16,9 +16,13 @@
  * outside what enim may read, the agent's own network namespace (the node's),
  * and the host's initial one. Deno's own permission messages never reach a user.
  *
- * Paths under /proc (runtimes may pass `/proc/<pid>/ns/net`) cannot be opened
- * by Deno short of `--allow-all`; they are checked with one `stat -L` spawn and
- * used by path (a process's namespace cannot be swapped under its path).
+ * Paths under /proc (runtimes may pass `/proc/<pid>/ns/net`; cri-dockerd does)
+ * cannot be opened by Deno short of `--allow-all`; they are checked with one
+ * `stat -L` spawn and used by path. Such a pin does not keep the namespace alive
+ * (`keepsAlive` false): once the process exits, its namespace may go and its PID
+ * name another process's namespace. Callers therefore finish their work with such
+ * a namespace before they answer, and never take a device there by its name alone
+ * ({@linkcode namesOneNamespace}).
  *
  * @module
  */
@@ -149,7 +153,7 @@ export async function pinNetns(path: string): Promise<PinnedNetns> {
     if (st.dev !== sys.nsfsDev) throw notANamespace(path, st.type);
     const identity = { dev: st.dev, ino: st.ino };
     refuseNode(path, identity, sys);
-    return { path, ref: path, identity, close() {} };
+    return { path, ref: path, identity, keepsAlive: false, close() {} };
   }
   if (path.startsWith("/proc/")) {
     throw invalid(path, "is under /proc but not a process's ns/net");
@@ -200,6 +204,7 @@ export async function pinNetns(path: string): Promise<PinnedNetns> {
       path,
       ref: `/proc/${Deno.pid}/fd/${fd}`,
       identity,
+      keepsAlive: true,
       close() {
         if (open) closeSync(fd);
         open = false;
@@ -209,6 +214,17 @@ export async function pinNetns(path: string): Promise<PinnedNetns> {
     closeSync(fd);
     throw err;
   }
+}
+
+/**
+ * Whether `netns` names one namespace for the whole of an operation, so that a device
+ * found there by the name enim gave it may be taken as the attachment's: a pin that
+ * keeps its namespace alive, or a path a runtime made for one sandbox (a bind mount
+ * such as /run/netns/cni-…). Not a `/proc/<pid>/ns/net` path, pinned or not: the PID
+ * may have been reused by then, and its `eth0` be another pod's.
+ */
+export function namesOneNamespace(netns: string | PinnedNetns): boolean {
+  return typeof netns === "string" ? !netns.startsWith("/proc/") : netns.keepsAlive;
 }
 
 /**

@@ -344,6 +344,12 @@ export interface PinnedNetns {
   readonly ref: string;
   /** The identity of the namespace held. */
   readonly identity: NetnsIdentity;
+  /**
+   * Whether this pin keeps the namespace alive and the same until it is closed (an open
+   * file of it). False for a `/proc/<pid>/ns/net` path used by path: the process may
+   * exit, its namespace go and its PID name another process's namespace meanwhile.
+   */
+  readonly keepsAlive: boolean;
   /** Lets it go (idempotent). */
   close(): void;
 }

@@ -364,11 +364,11 @@ export class ProviderError extends Error {
 /** Slots of the node's ENI limit that pods cannot get, and why. */
 export const CapacityHoldSchema = z.object({
   /**
-   * `foreign`: ENIs attached to the node that are not enim's (another program's, or
-   * attached by hand); `quarantined`: ENIs stuck attaching or detaching that the cloud
-   * would not release.
+   * The provider's: `foreign` (not enim's), `quarantined` (stuck), `parking` (zone-sticky
+   * ENIs detaching into the VPC). The device plugin's (deviceplugin/accounting.ts):
+   * `sticky_hold`, `no_device` (attachments kubelet counts no device for).
    */
-  reason: z.enum(["foreign", "quarantined"]),
+  reason: z.enum(["foreign", "quarantined", "parking", "sticky_hold", "no_device"]),
   count: z.number().check(z.int(), z.positive()),
   /** The ENIs, when the provider knows them (for `enim status`). */
   eniIds: z._default(z.array(z.string()), []),
@@ -377,10 +377,9 @@ export const CapacityHoldSchema = z.object({
 export type CapacityHold = z.infer<typeof CapacityHoldSchema>;
 
 /**
- * How many ENIs pods can get on this node: what the device plugin advertises to
- * kubelet (`enim.dev/eni`). ENIs pods hold count as theirs: the figure does not
- * change when pods take or give back ENIs, only when the node's limit or what
- * holds slots besides pods changes.
+ * How many ENIs pods can get on this node. A provider's figure counts pods' ENIs as
+ * theirs; the device plugin takes off what kubelet counts no device for
+ * (agent/deviceplugin/accounting.ts) and advertises the rest (`enim.dev/eni`).
  */
 export const NodeCapacitySchema = z.object({
   /** The node's ENI limit: how many ENIs it can have attached besides its primary NIC. */
@@ -389,8 +388,10 @@ export const NodeCapacitySchema = z.object({
   forPods: z.number().check(z.int(), z.minimum(0)),
   /** The slots pods cannot get, by reason. */
   unavailable: z._default(z.array(CapacityHoldSchema), []),
-  /** Where the limit came from (mock: `config`; BCE: `eni-quota-api`, `instance-eni-quota`, …). */
+  /** Where the limit came from (mock: `config`; BCE: `instance-eni-quota`, `eni-quota-api`, …). */
   source: z.string(),
+  /** Why the figure may be off (something it is made of could not be read). */
+  note: z.optional(z.string()),
 }).check(z.refine((c) => c.forPods <= c.limit, "Expected forPods at most the limit"));
 /** How many ENIs pods can get on this node. */
 export type NodeCapacity = z.infer<typeof NodeCapacitySchema>;

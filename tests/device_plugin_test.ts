@@ -86,7 +86,7 @@ async function until(
 
 Deno.test("the agent advertises the mock's capacity as enim.dev/eni and follows its quota, foreign ENIs and outages, with no duplicate list", async () => {
   await withSandbox(async (dir, sb) => {
-    await using kubelet = await FakeKubelet.start(sb.kubeletDir);
+    await using kubelet = await FakeKubelet.start(sb.kubeletDir, { podResources: true });
     const agent = await startAgent(sb, agentConfig(dir));
     const client = kubelet.plugin(
       (await kubelet.waitForRegistrations(1)).endpoint,
@@ -165,6 +165,66 @@ Deno.test("the agent advertises the mock's capacity as enim.dev/eni and follows 
         "eni-0:H eni-1:H eni-2:H eni-3:H eni-4:U",
       );
       assertEquals(watch.lists.length, 5);
+      watch.cancel();
+    } finally {
+      client.close();
+      assertEquals((await agent.stop("SIGTERM")).code, 0, agent.stderr());
+    }
+  }, { kubelet: true });
+});
+
+Deno.test("the agent takes the ENIs kubelet counts no device for off the healthy devices: a sticky pod's hold, a pod without the request, IPAM mode", async () => {
+  await withSandbox(async (dir, sb) => {
+    await using kubelet = await FakeKubelet.start(sb.kubeletDir, { podResources: true });
+    const agent = await startAgent(sb, agentConfig(dir));
+    const client = kubelet.plugin((await kubelet.waitForRegistrations(1)).endpoint);
+    const c = new SocketAgentClient(agent.socket);
+    /** Waits until the agent advertises `healthy` healthy devices; then their reasons. */
+    const advertised = async (healthy: number) => {
+      await until(
+        `${healthy} healthy devices`,
+        async () => (await c.status()).devicePlugin?.healthy === healthy,
+      );
+      const s = (await c.status()).devicePlugin!;
+      return Object.fromEntries(s.unhealthyReasons.map((u) => [u.reason, u.devices]));
+    };
+    try {
+      const watch = client.watch();
+      assertEquals(health(await watch.list(1)), "eni-0:H eni-1:H eni-2:H eni-3:H");
+      // A pod admitted with its device: its ENI is the device kubelet counts.
+      kubelet.admit("default", "pod-1", ["eni-0"]);
+      await c.add(podAddRequest(1));
+      // A pod of a namespace without the admission policy: kubelet counts no device.
+      kubelet.admit("default", "pod-2", []);
+      await c.add(podAddRequest(2));
+      assertEquals(await advertised(3), { no_device: 1 });
+      assertEquals(health(watch.last), "eni-0:H eni-1:H eni-2:H eni-3:U");
+      // A sticky pod, deleted: kubelet frees its device, the ENI stays held for it.
+      kubelet.admit("default", "pod-3", ["eni-1"]);
+      await c.add({ ...podAddRequest(3), sticky: true });
+      assertEquals(await advertised(3), { no_device: 1 });
+      kubelet.forget("default", "pod-3");
+      await c.del({ containerId: "ctr-3", ifName: "eth0", netns: "/run/netns/pod-3" });
+      assertEquals(await advertised(2), { sticky_hold: 1, no_device: 1 });
+      // IPAM mode under another plugin, for a pod kubelet gave no device.
+      await c.add({ ...podAddRequest(4), mode: "ipam", netns: "/dev/null" });
+      assertEquals(await advertised(1), { sticky_hold: 1, no_device: 2 });
+      assertEquals(health(watch.last), "eni-0:H eni-1:U eni-2:U eni-3:U");
+      const out = await runEnim(["status"], { sandbox: sb });
+      assertEquals(out.code, 0, out.stderr);
+      assertStringIncludes(out.stdout, "1 ENI held for sticky pods that are gone");
+      assertStringIncludes(
+        out.stdout,
+        "2 ENIs taken by attachments kubelet counts no enim.dev/eni",
+      );
+      assertMatch(
+        await metrics(agent),
+        /^enim_device_plugin_unhealthy_devices\{reason="sticky_hold"\} 1$/m,
+      );
+      // The sticky pod is re-created here and admitted: its device covers the hold.
+      kubelet.admit("default", "pod-3", ["eni-1"]);
+      assertEquals(await advertised(2), { no_device: 2 });
+      assert(kubelet.podResourcesCalls > 0);
       watch.cancel();
     } finally {
       client.close();

@@ -393,6 +393,66 @@ function r4(h: { ipv4?: string; ipv6?: string }): { v4: string; v6: string } {
 }
 
 Deno.test({
+  name:
+    "a pod namespace ADDed again (another container) gets enim's rules once, for its address, over an earlier container's rules for another, and its traffic works",
+  ignore: DEPS.skip !== null,
+  async fn() {
+    await using node = await kubeNode(3);
+    await using servers = new Servers();
+    const pod = await strictPod(node.vpc, "again");
+    const first = await node.add(pod, { containerId: "c-first", config: kubeConf(node) });
+    await node.del(pod, { containerId: "c-first", config: kubeConf(node) });
+    // The rules an earlier container of this namespace left for another address (its ENI
+    // then another one): the return rule names that address.
+    for (
+      const [fam, addr, stale] of [["-4", addrOf(first, 4), "10.99.0.99"], [
+        "-6",
+        addrOf(first, 6),
+        "fd00:99::99",
+      ]]
+    ) {
+      const ret = (op: string, to: string) =>
+        node.vpc.exec(pod, [
+          IP,
+          fam,
+          "rule",
+          op,
+          "pref",
+          "0",
+          "to",
+          to,
+          "fwmark",
+          "0x2000/0x2000",
+          "lookup",
+          "2000",
+        ]);
+      assertEquals((await ret("del", addr)).code, 0);
+      assertEquals((await ret("add", stale)).code, 0);
+    }
+    const again = await node.add(pod, { containerId: "c-again", config: kubeConf(node) });
+    const b4 = addrOf(again, 4);
+    const rules = async (fam: "-4" | "-6") =>
+      (await node.vpc.exec(pod, [IP, fam, "rule", "show", "pref", "0"])).stdout.trim().split("\n")
+        .map((l) => l.replace(/^0:\s+/, ""));
+    const cases = [["-4", b4, "10.99.0.99"], ["-6", addrOf(again, 6), "fd00:99::99"]] as const;
+    for (const [fam, addr, old] of cases) {
+      const got = await rules(fam);
+      assertEquals(got, [
+        `from all to ${addr} fwmark 0x2000/0x2000 lookup 2000`,
+        "from all fwmark 0x1000/0x1000 iif lo lookup 2000",
+        "from all lookup local",
+        "from all lookup main suppress_prefixlength 0",
+      ], got.join("\n"));
+      assert(!got.some((l) => l.includes(old)), got.join("\n"));
+    }
+    await servers.start(pod, "again", [{ proto: "tcp", port: 9090 }]);
+    const nic = node.nic!;
+    assertEquals(who(await ask(node.vpc.node, "tcp", b4, 9090)), `again ${nic.ipv4}`);
+    await node.del(pod, { containerId: "c-again", config: kubeConf(node) });
+  },
+});
+
+Deno.test({
   name: "with hostLink enabled false the pod gets exactly enim's ENI and nothing else",
   ignore: DEPS.skip !== null,
   async fn() {
@@ -478,7 +538,7 @@ Deno.test({
     assertEquals(out.code, 1);
     assertEquals(out.json?.code, 105, out.stdout);
     assertStringIncludes(String(out.json?.msg), "Cannot set the host link's policy");
-    assertStringIncludes(String(out.json?.msg), "Cannot add the IPv4 rule pref 0 to");
+    assertStringIncludes(String(out.json?.msg), "Cannot add the IPv4 rules pref 0 to");
     assertEquals((await node.client.status()).pool, before);
     assertEquals((await node.client.attachments()).length, 0);
     assertEquals(await nodeEnds(node.vpc), []);

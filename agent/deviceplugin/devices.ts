@@ -2,7 +2,8 @@
  * What the device plugin advertises, decided from the agent's own state: one
  * device per ENI slot of the node (the provider's {@linkcode NodeCapacity}), the
  * first `forPods` of them Healthy and the rest Unhealthy with the reason why
- * (slots taken by ENIs enim does not own, quarantined ENIs), or every one
+ * (slots taken by ENIs enim does not own, quarantined ENIs, ENIs being parked, and
+ * those attachments take that kubelet counts no device for: `accounting.ts`), or every one
  * Unhealthy while the provider has not answered past a threshold or the agent is
  * not ready.
  *
@@ -13,6 +14,7 @@
  * @module
  */
 import {
+  type CapacityHold,
   type NodeCapacity,
   NodeCapacitySchema,
   type Provider,
@@ -72,6 +74,31 @@ function named(ids: string[]): string {
   return ` (${shown}${ids.length > 5 ? `, ${ids.length - 5} more` : ""})`;
 }
 
+/** The sentence for slots pods cannot get, by its reason. */
+function holdMessage(hold: CapacityHold): string {
+  const n = hold.count;
+  switch (hold.reason) {
+    case "foreign":
+      return `${plural(n, "slot")} of the node's ENI limit taken by ${
+        plural(n, "ENI")
+      } enim does not own${named(hold.eniIds)}`;
+    case "quarantined":
+      return `${plural(n, "ENI")} stuck attaching or detaching, quarantined${named(hold.eniIds)}`;
+    case "parking":
+      return `${plural(n, "ENI")} of zone-sticky pods being detached into the VPC${
+        named(hold.eniIds)
+      }`;
+    case "sticky_hold":
+      return `${
+        plural(n, "ENI")
+      } held for sticky pods that are gone, until they come back or their hold ends`;
+    case "no_device":
+      return `${
+        plural(n, "ENI")
+      } taken by attachments kubelet counts no enim.dev/eni device for (pods without the request, podman, an older container's, one being released)`;
+  }
+}
+
 /** Decides the advertised devices (see the module doc). */
 export function advertise(h: HealthInputs): Advertised {
   const cap = h.capacity;
@@ -112,24 +139,14 @@ export function advertise(h: HealthInputs): Advertised {
       const n = Math.min(hold.count, left);
       if (n <= 0) continue;
       left -= n;
-      unhealthy.push({
-        reason: hold.reason,
-        devices: n,
-        message: hold.reason === "foreign"
-          ? `${plural(hold.count, "slot")} of the node's ENI limit taken by ${
-            plural(hold.count, "ENI")
-          } enim does not own${named(hold.eniIds)}`
-          : `${plural(hold.count, "ENI")} stuck attaching or detaching, quarantined${
-            named(hold.eniIds)
-          }`,
-      });
+      unhealthy.push({ reason: hold.reason, devices: n, message: holdMessage(hold) });
     }
   }
   const devices: Device[] = [];
   for (let i = 0; i < limit; i++) {
     devices.push({ ID: deviceId(i), health: i < healthy ? HEALTHY : UNHEALTHY });
   }
-  return { devices, limit, healthy, unhealthy, note: null };
+  return { devices, limit, healthy, unhealthy, note: cap.note ?? null };
 }
 
 /** A key that is equal for equal device lists (ListAndWatch sends a list only when it changes). */

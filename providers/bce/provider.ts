@@ -240,9 +240,11 @@ export class BceProvider implements Provider {
 
   /**
    * How many ENIs pods can get: the node limit less the ENIs attached to the node
-   * that are not this provider's and the quarantined ones (stuck attaching or
-   * detaching), as of the last list. Fails while the lists fail (BCE unreachable):
-   * the figure would be stale. With the limit unknown, the ENIs the node holds.
+   * that are not this provider's, the quarantined ones (stuck attaching or detaching)
+   * and the zone-sticky ones being parked (detaching into the VPC: their pod's DEL is
+   * done, kubelet has freed its device), as of the last list. Fails while the lists
+   * fail (BCE unreachable): the figure would be stale. With the limit unknown, the
+   * ENIs the node holds.
    */
   capacity(): Promise<NodeCapacityInput> {
     const core = this.#core;
@@ -262,28 +264,31 @@ export class BceProvider implements Provider {
     const quarantined = core.store.quarantined().map((q) => q.eni_id).sort();
     const stuck = new Set(quarantined);
     const foreign = [...core.foreign].filter((id) => !stuck.has(id)).sort();
-    const held = foreign.length + quarantined.length;
+    const parking = core.store.intents()
+      .filter((i) => i.kind === "park" && i.eni_id !== null && !stuck.has(i.eni_id))
+      .map((i) => i.eni_id!).sort();
+    const holds = [
+      { reason: "foreign" as const, eniIds: foreign },
+      { reason: "quarantined" as const, eniIds: quarantined },
+      { reason: "parking" as const, eniIds: parking },
+    ].filter((h) => h.eniIds.length > 0).map((h) => ({ ...h, count: h.eniIds.length }));
+    const unavailable = holds.reduce((n, h) => n + h.count, 0);
+    // Unknown limit: the ENIs the node holds (a park intent is in intentSlots already).
     const limit = core.limit.source === "unresolved"
-      ? core.store.slotRows() + core.store.intentSlots() + held
+      ? core.store.slotRows() + core.store.intentSlots() + foreign.length + quarantined.length
       : core.limit.max;
     return Promise.resolve({
       limit,
-      forPods: Math.max(0, limit - held),
-      unavailable: [
-        ...(foreign.length
-          ? [{ reason: "foreign" as const, count: foreign.length, eniIds: foreign }]
-          : []),
-        ...(quarantined.length
-          ? [{ reason: "quarantined" as const, count: quarantined.length, eniIds: quarantined }]
-          : []),
-      ],
+      forPods: Math.max(0, limit - unavailable),
+      unavailable: holds,
       source: core.limit.source,
     });
   }
 
   /**
    * Called by the manager when a released ENI's device is found nowhere. A lost ENI
-   * (deleted or detached out of band) cannot come back: say so at once. Otherwise one
+   * (deleted or detached out of band), or one this node parked in the VPC, cannot come
+   * back: say so at once. Otherwise one
    * detail call tells whether it is still attached here (BCE brings the device back
    * by itself) or has gone.
    */
@@ -294,6 +299,17 @@ export class BceProvider implements Provider {
       throw new ProviderError(
         "not_found",
         `ENI "${eniId}" was ${row.lost_reason}; its device cannot come back`,
+      );
+    }
+    // Parked for a zone-sticky pod (a DEL or reconcile that parked it was cut short
+    // before its record went): it left this node with the park, for good.
+    const parked = row ? undefined : core.store.parked().find((p) => p.eni_id === eniId);
+    if (parked) {
+      throw new ProviderError(
+        "not_found",
+        `ENI "${eniId}" is ${
+          parked.state === "parking" ? "being parked" : "parked"
+        } in the VPC for pod "${parked.pod}"; its device does not come back to this node`,
       );
     }
     // The manager asks again while it waits for the device: one detail call per 10 s is enough.

@@ -40,7 +40,7 @@ Deno.test("capacity() follows the instance's quota and the ENIs that are not our
       limit: 6,
       forPods: 6,
       unavailable: [],
-      source: "eni-quota-api",
+      source: "instance-eni-quota",
     });
     // BCE raises the instance's quota: the next pass asks again.
     fake.opts.instances[INSTANCE].eniQuota = 8;
@@ -53,7 +53,7 @@ Deno.test("capacity() follows the instance's quota and the ENIs that are not our
       limit: 8,
       forPods: 7,
       unavailable: [{ reason: "foreign", count: 1, eniIds: [other.eniId] }],
-      source: "eni-quota-api",
+      source: "instance-eni-quota",
     });
     assertEquals((await env.provider.status()).attachable, 7, "status agrees");
     // BCE stops answering: the figure would be stale, so capacity() says so.

@@ -407,7 +407,7 @@ Deno.test("IPv6 is requested on a dual-stack subnet and reported in the ENI", as
 
 // ---- 6. node limit fallbacks ------------------------------------------------------------------
 
-Deno.test("the node limit falls back from /v1/eni/quota to the instance's eniQuota or the config, and the agent starts anyway", async (t) => {
+Deno.test("the node limit comes from the instance's eniQuota (primary NIC excluded, as CCE reads it), falls back to /v1/eni/quota, CCE's CPU rule or the config, and the agent starts anyway", async (t) => {
   const failQuota = {
     kind: "status" as const,
     status: 500,
@@ -423,12 +423,24 @@ Deno.test("the node limit falls back from /v1/eni/quota to the instance's eniQuo
   const limit = async (env: Awaited<ReturnType<typeof setup>>) =>
     LimitSchema.parse((await env.provider.status()).details);
 
-  await t.step("/v1/eni/quota answers → its totalQuantity", async () => {
+  await t.step("the instance detail answers → its eniQuota, /v1/eni/quota not asked", async () => {
     const env = await setup({ fake: { instances: { [INSTANCE]: { eniQuota: 6 } } } });
     try {
-      assertEquals(await limit(env), { maxEnisPerNode: 6, limitSource: "eni-quota-api" });
+      assertEquals(await limit(env), { maxEnisPerNode: 6, limitSource: "instance-eni-quota" });
+      assertEquals(env.fake.requests.filter((r) => r.path === "/v1/eni/quota"), []);
     } finally {
       await env.close();
+    }
+  });
+  await t.step("the instance detail fails → /v1/eni/quota's totalQuantity", async () => {
+    const fake = startFake({ instances: { [INSTANCE]: { eniQuota: 5 } } });
+    fake.inject(failInstance, 50);
+    const env = await setup({ withFake: fake });
+    try {
+      assertEquals(await limit(env), { maxEnisPerNode: 5, limitSource: "eni-quota-api" });
+    } finally {
+      await env.close();
+      await fake.close();
     }
   });
   await t.step("configured below it → the configured value (a cap)", async () => {
@@ -442,7 +454,7 @@ Deno.test("the node limit falls back from /v1/eni/quota to the instance's eniQuo
       await env.close();
     }
   });
-  await t.step("/v1/eni/quota fails → the instance detail's eniQuota (as CCE)", async () => {
+  await t.step("/v1/eni/quota failing changes nothing: the instance's eniQuota", async () => {
     const fake = startFake({ instances: { [INSTANCE]: { eniQuota: 5 } } });
     fake.inject(failQuota, 50);
     const from = LOG_LINES.length;
@@ -503,7 +515,10 @@ Deno.test("the node limit falls back from /v1/eni/quota to the instance's eniQuo
         fake.clearFaults();
         await env.provider.close();
         const p2 = await env.restart();
-        assertEquals(LimitSchema.parse((await p2.status()).details).limitSource, "eni-quota-api");
+        assertEquals(
+          LimitSchema.parse((await p2.status()).details).limitSource,
+          "instance-eni-quota",
+        );
         await p2.allocateNextENI(owner(1), ANY_ADDRESS);
       } finally {
         await env.close();

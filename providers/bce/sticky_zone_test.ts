@@ -6,7 +6,7 @@
  * back from the fake, not from enim.
  */
 import { assert, assertEquals, assertStringIncludes } from "../../lib/assert.ts";
-import type { Owner } from "../contract.ts";
+import { type Owner, ProviderError } from "../contract.ts";
 import type { FakeBce, FakeEni } from "../../tests/support/bce_fake.ts";
 import {
   ANY_ADDRESS,
@@ -257,7 +257,7 @@ Deno.test("a parked ENI is claimed on another node: same ENI, MAC and IPs; the n
   }
 });
 
-Deno.test("capacity() takes no slot from pods for a zone-sticky ENI being parked, parked or claimed", async () => {
+Deno.test("capacity() takes a zone-sticky ENI being parked off the slots for pods, none parked, and leaves a claimed one to its pod", async () => {
   const a = await nodeA();
   const b = await nodeOn(a, NODE_B);
   const forPods = async (env: TestEnv) => {
@@ -271,10 +271,20 @@ Deno.test("capacity() takes no slot from pods for a zone-sticky ENI being parked
     // The detach held back: the ENI is still attached here while its park is recorded.
     a.fake.inject({ kind: "slow", delayMs: 2000, match: { action: "detach" } });
     await a.provider.parkENI(owner("c1"), { until: Date.now() + HOUR });
-    assertEquals(await forPods(a), [8, 8, []], "being parked: the pod's, never \"not enim's\"");
+    // Its pod's DEL is done (kubelet has freed the pod's device): no pod can have it.
+    assertEquals(
+      await forPods(a),
+      [8, 7, [{ reason: "parking", count: 1, eniIds: [eni.id] }]],
+      'being parked: a slot no pod can have, never "not enim\'s"',
+    );
     assertEquals(cloud(a.fake, eni.id)?.instanceId, INSTANCE, "still attached here");
     assertEquals((await a.provider.status()).sticky?.parked.map((p) => p.state), ["parking"]);
     await parkedInCloud(a.fake, eni.id);
+    await eventually(
+      async () =>
+        (await a.provider.status()).sticky?.parked.map((p) => p.state).join() === "parked",
+      "the park to be done",
+    );
     assertEquals(await forPods(a), [8, 8, []], "parked in the VPC");
     const back = await b.provider.allocateNextENI(owner("c2"), { ...ANY_ADDRESS, sticky: true });
     assertEquals(back.id, eni.id);
@@ -282,6 +292,34 @@ Deno.test("capacity() takes no slot from pods for a zone-sticky ENI being parked
     assertEquals(await forPods(a), [8, 8, []], "claimed elsewhere");
   } finally {
     await b.close();
+    await a.close();
+  }
+});
+
+Deno.test("repairDevice() says at once that an ENI this node is parking, or parked, does not come back (a kill cut its DEL short)", async () => {
+  const a = await nodeA();
+  try {
+    const eni = await a.provider.allocateNextENI(owner("c1"), { ...ANY_ADDRESS, sticky: true });
+    a.fake.inject({ kind: "slow", delayMs: 2000, match: { action: "detach" } });
+    await a.provider.parkENI(owner("c1"), { until: Date.now() + HOUR });
+    for (const when of ["being parked", "parked"]) {
+      const err = await a.provider.repairDevice(eni.id).then(() => null, (e: unknown) => e);
+      assert(err instanceof ProviderError, String(err));
+      assertEquals(err.reason, "not_found", when);
+      assertStringIncludes(err.message, `is ${when} in the VPC`);
+      if (when === "being parked") {
+        await parkedInCloud(a.fake, eni.id);
+        await eventually(
+          async () =>
+            (await a.provider.status()).sticky?.parked.map((p) => p.state).join() === "parked",
+          "the park to be done",
+        );
+      }
+    }
+    // The manager's release of such a row then goes on: nothing is left to park or free.
+    await a.provider.parkENI(owner("c1"), { until: Date.now() + HOUR });
+    await a.provider.deallocateENI(owner("c1"));
+  } finally {
     await a.close();
   }
 });

@@ -14,7 +14,8 @@ import type { KeyRecord, Model } from "./_model.ts";
 
 /** Every kind of violation the harness reports, with what it means. */
 export const VIOLATION_CLASSES = {
-  half_done: "an attachment is still adding/deleting after reconcile finished",
+  half_done:
+    "an attachment is still adding/deleting after reconcile finished (deleting: but for a DEL answered since the agent started)",
   eni_held_twice: "two attachments record the same ENI",
   unknown_attachment: "an attachment for a key no client ever used",
   provider_owner_unrecorded:
@@ -47,6 +48,10 @@ export const VIOLATION_CLASSES = {
     "a host link's node end is on the node but no attachment (but a held one) records it",
   host_link_missing:
     "an acknowledged ADD's host link is not whole: its node end on the node or its pod end in the pod",
+  host_link_rule_orphan:
+    "a node rule of a host link (priority 1500/1501) names a node end that is gone or that no attachment records",
+  host_link_rules_missing:
+    "a ready attachment's host link lacks its node rule (priority 1501, its table) for the pod's Service traffic",
   plant_missed: "the checker did not report a planted violation",
   // ---- zone mode (two nodes, one cloud: `_zone_checker.ts`)
   zone_attached_unrecorded:
@@ -159,10 +164,25 @@ export function checkInvariants(v: CheckViews): Violation[] {
     });
   };
 
+  // DELs acknowledged since the agent started may still be finishing (a DEL answers
+  // before its device is home, and the views are read each at its own moment): their
+  // record may be `deleting`, or gone while the provider, the kernel or the host link
+  // still show the step before.
+  const finishing = new Map(
+    [...model.keys].filter(([, r]) => r.status === "deleted" && r.finishing),
+  );
+  /** Whether `mac` in namespace `path` is the device of a DEL still finishing. */
+  const finishingDevice = (mac: string, path?: string) =>
+    [...finishing.values()].some((r) =>
+      r.added?.mac === mac.toLowerCase() && (path === undefined || r.netns === path)
+    );
+
   // ---- the state alone
   const holders = new Map<string, Attachment[]>();
   for (const a of attachments) {
-    if (a.state === "adding" || a.state === "deleting") {
+    if (a.state === "deleting" && finishing.has(keyOf(a))) {
+      // Its answered DEL is bringing the device home.
+    } else if (a.state === "adding" || a.state === "deleting") {
       add("half_done", keyOf(a), `Attachment "${keyOf(a)}" is left "${a.state}"`, {
         keys: [keyOf(a)],
         attachment: a,
@@ -191,6 +211,7 @@ export function checkInvariants(v: CheckViews): Violation[] {
     if (!e.owner) continue;
     const k = keyOf(e.owner);
     const a = byKey.get(k);
+    if (!a && finishing.has(k)) continue;
     if (!a || a.eniId !== e.id) {
       add(
         "provider_owner_unrecorded",
@@ -237,7 +258,7 @@ export function checkInvariants(v: CheckViews): Violation[] {
       });
     }
     const recorded = attachments.filter((a) => a.eniId === e.id || a.mac === mac);
-    if (!e.owner && recorded.length === 0) {
+    if (!e.owner && recorded.length === 0 && !finishingDevice(mac)) {
       const onNode = at.filter((l) => l.ns === "node");
       if (onNode.length === 0) {
         add(
@@ -296,7 +317,7 @@ export function checkInvariants(v: CheckViews): Violation[] {
       const rec = attachments.find((a) =>
         a.mac === l.mac && a.netns === pod.path && a.state !== "held"
       ) ?? linked.find((a) => a.hostLink!.podIfName === l.ifname && a.netns === pod.path);
-      if (!rec) {
+      if (!rec && !finishingDevice(l.mac, pod.path)) {
         const e = eniByMac.get(l.mac);
         const elsewhere = attachments.filter((a) => a.mac === l.mac);
         add(
@@ -318,6 +339,9 @@ export function checkInvariants(v: CheckViews): Violation[] {
   // ---- host links: every node end on the node belongs to an attachment that has one
   for (const l of kernel.node.links.filter((x) => x.nodeEnd)) {
     const owner = attachments.find((a) => a.hostLink?.nodeIfName === l.ifname);
+    // A DEL still finishing removes its link (with the device, or after a hold's answer).
+    const ownKey = owner ? keyOf(owner) : l.alias?.startsWith("enim:") ? l.alias.slice(5) : null;
+    if (ownKey !== null && finishing.has(ownKey)) continue;
     if (!owner || owner.state === "held") {
       add(
         "host_link_orphan",
@@ -328,6 +352,43 @@ export function checkInvariants(v: CheckViews): Violation[] {
             : "no attachment records it"
         }`,
         { ...(owner ? { keys: [keyOf(owner)], attachment: owner } : {}), extra: l },
+      );
+    }
+  }
+
+  // ---- host-link rules on the node: each names a node end an attachment records, and
+  // each ready attachment's link has its rule to its table (links of the layout before
+  // issue 34 record no table and have none)
+  for (const r of kernel.nodeRules ?? []) {
+    const owner = r.iif === null
+      ? undefined
+      : attachments.find((a) => a.hostLink?.nodeIfName === r.iif);
+    if (r.detached && owner?.state === "deleting") continue; // its DEL is removing them
+    if (r.detached || !owner) {
+      add(
+        "host_link_rule_orphan",
+        `${r.iif ?? "?"}@${r.priority}/${r.family}`,
+        `Node rule pref ${r.priority} (IPv${r.family}, iif ${r.iif ?? "none"}, lookup ${r.table}) ${
+          r.detached ? "names a node end that is gone" : "names a node end no attachment records"
+        }`,
+        { extra: r },
+      );
+    }
+  }
+  for (const a of attachments) {
+    const table = a.hostLink?.table;
+    if (a.state !== "ready" || table === undefined) continue;
+    const has = (kernel.nodeRules ?? []).some((r) =>
+      r.priority === 1501 && r.iif === a.hostLink!.nodeIfName && r.table === String(table)
+    );
+    if (!has) {
+      add(
+        "host_link_rules_missing",
+        keyOf(a),
+        `Attachment "${keyOf(a)}" is ready but the node has no rule pref 1501 iif ${
+          a.hostLink!.nodeIfName
+        } lookup ${table}`,
+        { keys: [keyOf(a)], attachment: a },
       );
     }
   }

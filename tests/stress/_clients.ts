@@ -426,6 +426,8 @@ export class Operations {
       // The plugin answers a DEL alone when the agent is down and the namespace gone
       // (docs/runtimes.md, "Errors"): nothing is undone then, and the agent's GC reclaims the ENI.
       k.delDeferred = c.via === "plugin" && !live && ctx.agentEpoch !== epoch;
+      // Otherwise the agent may still be bringing the device home, as after any answer.
+      k.finishing = !k.delDeferred && ctx.agentEpoch === epoch;
       if (k.delDeferred) {
         ctx.figures.delDeferred++;
         m.note(k, "DEL acknowledged by the plugin alone (the agent was killed meanwhile)");

@@ -77,8 +77,21 @@ export interface NamespaceView {
 }
 
 /** Everything the checks read from the kernel, at one moment of quiet. */
+/** A policy-routing rule of the node at enim's host-link priorities (`ip -j rule`). */
+export interface KernelRule {
+  family: 4 | 6;
+  priority: number;
+  iif: string | null;
+  /** The rule's input device does not exist (`[detached]`). */
+  detached: boolean;
+  table: string | null;
+  src: string | null;
+}
+
 export interface KernelView {
   node: NamespaceView;
+  /** The node's rules at enim's host-link priorities (1500, 1501). */
+  nodeRules: KernelRule[];
   /** The pod namespaces the harness knows, existing or not, by path. */
   pods: Map<string, NamespaceView>;
   /** MACs whose VPC end exists (every simulated ENI device that the kernel still has). */
@@ -157,18 +170,48 @@ export async function readVpcEnds(vpcName: string): Promise<Set<string>> {
   return new Set(links.map((l) => macOfVpcEnd(l.ifname)).filter((m): m is string => m !== null));
 }
 
+const RuleShowSchema = z.array(z.looseObject({
+  priority: z.number(),
+  iif: z.optional(z.string()),
+  iif_detached: z.optional(z.unknown()),
+  table: z.optional(z.string()),
+  src: z.optional(z.string()),
+}));
+
+/** The node's rules at enim's host-link priorities, both families. */
+export async function readNodeRules(nodeName: string): Promise<KernelRule[]> {
+  const out: KernelRule[] = [];
+  for (const family of [4, 6] as const) {
+    const r = await ipOut(["-n", nodeName, `-${family}`, "-j", "rule", "show"]);
+    if (r.code !== 0) throw new Error(`Cannot list the rules of "${nodeName}": ${r.stderr.trim()}`);
+    for (const rule of RuleShowSchema.parse(jsonLines(r.stdout)[0] ?? [])) {
+      if (rule.priority !== 1500 && rule.priority !== 1501) continue;
+      out.push({
+        family,
+        priority: rule.priority,
+        iif: rule.iif ?? null,
+        detached: "iif_detached" in rule,
+        table: rule.table ?? null,
+        src: rule.src ?? null,
+      });
+    }
+  }
+  return out;
+}
+
 /** Reads the node, the given pod namespaces and the VPC ends. */
 export async function readKernel(
   nodeName: string,
   vpcName: string,
   podNames: string[],
 ): Promise<KernelView> {
-  const [node, vpcEnds, ...pods] = await Promise.all([
+  const [node, nodeRules, vpcEnds, ...pods] = await Promise.all([
     readNamespace(nodeName),
+    readNodeRules(nodeName),
     readVpcEnds(vpcName),
     ...podNames.map(readNamespace),
   ]);
-  return { node, vpcEnds, pods: new Map(pods.map((p) => [p.path, p])) };
+  return { node, nodeRules, vpcEnds, pods: new Map(pods.map((p) => [p.path, p])) };
 }
 
 /** Where a MAC is: one entry per namespace holding a link with it. */

@@ -69,6 +69,12 @@ export interface KeyRecord {
    */
   delDeferred: boolean;
   /**
+   * Its DEL was acknowledged and the agent has not been killed since: the agent may
+   * still be finishing it (a DEL answers once its intent is recorded, before its device
+   * is home), so the views may show it part way, each read at its own moment.
+   */
+  finishing: boolean;
+  /**
    * When (`Date.now()`, the agent's clock) the first ADD since the key last held nothing
    * was sent: no attachment of the key was made before, so a stale CNI GC list may take
    * it only once the agent's grace period has passed since then (null: no ADD since).
@@ -180,6 +186,7 @@ export class Model {
         added: null,
         reclaimable: null,
         delDeferred: false,
+        finishing: false,
         addSince: null,
         staleExcused: null,
         history: [],
@@ -287,10 +294,14 @@ export class Model {
     }
   }
 
-  /** The agent was killed: no pass of a stale GC sent before goes on after this. */
+  /**
+   * The agent was killed: no pass of a stale GC sent before goes on after this, and
+   * no answered DEL is finishing any more (reconcile finishes what is left at start).
+   */
   agentKilled(): void {
     const now = Date.now();
     for (const w of [...this.staleGcs]) this.staleGcEnded(w, now);
+    for (const k of this.keys.values()) k.finishing = false;
   }
 
   /** The key's attachment is gone for sure (DEL acknowledged, ADD refused): a new life. */

@@ -138,6 +138,7 @@ export async function runPlant(
         network: "enim-stress",
       });
       k.status = "deleted";
+      k.finishing = true;
       if (k.containerId === m.containerId(pod)) pod.ctr++;
       m.note(k, "PLANT undone: DEL acknowledged");
     };

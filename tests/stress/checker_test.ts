@@ -8,7 +8,7 @@ import { type Eni, makeEni } from "../../providers/schema.ts";
 import { readyAttachment } from "../support/records.ts";
 import { nodeLink } from "./_fixtures.ts";
 import { checkInvariants, type ViolationClass } from "./_checker.ts";
-import type { KernelLink, KernelView, NamespaceView } from "./_kernel.ts";
+import type { KernelLink, KernelRule, KernelView, NamespaceView } from "./_kernel.ts";
 import { Model, type PodRecord } from "./_model.ts";
 
 const MAC1 = "02:e1:0a:00:00:01";
@@ -77,6 +77,7 @@ function fixture() {
     node: ns("/run/netns/t-node", [nodeLink(MAC2)]),
     pods: new Map([[POD0, ns(POD0, [podLink(MAC1, 1)])]]),
     vpcEnds: new Set([MAC1, MAC2]),
+    nodeRules: [],
   };
   return {
     model,
@@ -157,6 +158,32 @@ Deno.test("checkInvariants() reports each kind of divergence", async (t) => {
     assertEquals(classes(checkInvariants(f)), [["half_done", "s1-p0-c1/eth0"]]);
   });
 
+  await t.step(
+    "a DEL answered since the agent started is seen part way; after a kill it is not excused",
+    () => {
+      const f = fixture();
+      f.key.status = "deleted";
+      f.key.finishing = true;
+      // Recorded deleting, the device still in the pod, the ENI still owned.
+      f.attachments[0].state = "deleting";
+      assertEquals(classes(checkInvariants(f)), []);
+      // The record gone (read after the rest), the provider and the kernel read before it.
+      f.attachments = [];
+      assertEquals(classes(checkInvariants(f)), []);
+      f.enis[0] = eni(1, null);
+      assertEquals(classes(checkInvariants(f)), []);
+      // The agent was killed since: reconcile must have finished it.
+      f.model.agentKilled();
+      assertEquals(classes(checkInvariants(f)), [
+        ["free_eni_not_on_node", "eni-mock-0001"],
+        ["stray_device_in_pod", "eni-mock-0001"],
+      ]);
+      f.attachments = [attachment("s1-p0-c1", 1, { state: "deleting" })];
+      f.enis[0] = eni(1, "s1-p0-c1");
+      assertEquals(classes(checkInvariants(f)), [["half_done", "s1-p0-c1/eth0"]]);
+    },
+  );
+
   await t.step("a free ENI's device up with an address on the node, and one nowhere", () => {
     const f = fixture();
     f.kernel.node.links = [nodeLink(MAC2, { up: true, addrs: ["10.99.0.3/24"] })];
@@ -229,6 +256,46 @@ Deno.test("checkInvariants() reports each kind of divergence", async (t) => {
       ["host_link_orphan", "enimh0000000001"],
     ]);
   });
+
+  await t.step(
+    "a node rule whose node end is gone or unrecorded; a ready link without its rule",
+    () => {
+      const f = fixture();
+      const hl = { nodeIfName: "enimh0000000001", podIfName: "host0" };
+      f.key.added!.hostLink = { ...hl, podMac: "0a:00:00:00:00:01" };
+      f.attachments[0].hostLink = { ...hl, serviceCidrs: [], table: 0x10000001 };
+      f.kernel.node.links.push(
+        nodeLink("0e:00:00:00:00:01", { ifname: hl.nodeIfName, up: true, nodeEnd: true }),
+      );
+      f.kernel.pods.get(POD0)!.links.push(
+        nodeLink("0a:00:00:00:00:01", { ifname: "host0", up: true }),
+      );
+      const rule = (over: Partial<KernelRule>): KernelRule => ({
+        family: 4,
+        priority: 1501,
+        iif: hl.nodeIfName,
+        detached: false,
+        table: String(0x10000001),
+        src: "10.99.0.2",
+        ...over,
+      });
+      f.kernel.nodeRules = [rule({}), rule({ priority: 1500, table: "main" })];
+      assertEquals(classes(checkInvariants(f)), []);
+      // Its table's rule gone: the pod's Service traffic would leave by the node's NIC.
+      f.kernel.nodeRules = [rule({ priority: 1500, table: "main" })];
+      assertEquals(classes(checkInvariants(f)), [["host_link_rules_missing", "s1-p0-c1/eth0"]]);
+      // Rules of a node end that is gone, and of one no attachment records.
+      f.kernel.nodeRules = [
+        rule({}),
+        rule({ iif: "enimh0000000009", detached: true }),
+        rule({ iif: "enimh0000000008" }),
+      ];
+      assertEquals(classes(checkInvariants(f)), [
+        ["host_link_rule_orphan", "enimh0000000009@1501/4"],
+        ["host_link_rule_orphan", "enimh0000000008@1501/4"],
+      ]);
+    },
+  );
 
   await t.step("after the final GC, anything left is a leak", () => {
     const f = fixture();

@@ -70,6 +70,7 @@ function kernel(macs: string[]): KernelView {
     node: { name: "n", path: "/run/netns/n", exists: true, ino: 1, links },
     pods: new Map(),
     vpcEnds: new Set(macs),
+    nodeRules: [],
   };
 }
 

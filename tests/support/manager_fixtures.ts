@@ -18,6 +18,7 @@ import { createManager, type Manager } from "../../manager/manager.ts";
 import { AddRequestSchema, type AddResponse, DelRequestSchema } from "../../api/schema.ts";
 import type { AddInput, DelInput } from "../../manager/types.ts";
 import type { LivenessSource } from "../../manager/gc.ts";
+import type { PhaseRecorder } from "../../lib/metrics.ts";
 
 /** A clock tests move by hand. */
 export class Clock {
@@ -96,7 +97,12 @@ export class ControlledProvider implements Provider {
   }
 }
 
-/** One node: state DB, mock cloud, fake devices and the manager. */
+/**
+ * One node: state DB, mock cloud, fake devices and the manager. `mgr.del()` resolves
+ * when the manager's DEL answers, as a runtime sees it (a plain pod's DEL answers before
+ * its device is home: manager.ts `del`); a test that checks what a DEL leaves behind
+ * waits for `mgr.settled()` itself.
+ */
 export interface Node {
   db: DatabaseSync;
   path: string;
@@ -129,12 +135,8 @@ export interface NodeOptions {
   log?: Logger;
   /** Zone-wide stickiness with this node hold (see {@linkcode ControlledProvider.zone}). */
   zone?: { nodeHoldSeconds: number };
-  /**
-   * `mgr.del()` resolves when the manager's DEL answers, which may be before its device
-   * is home (manager.ts `del`). Default false: it resolves once the DEL has finished its
-   * rest too, since most tests check what a DEL leaves.
-   */
-  answerEarly?: boolean;
+  /** Where the manager records its timings and counts (default: nowhere). */
+  metrics?: PhaseRecorder;
 }
 
 /** Builds a node and runs reconcile once (as the agent does at start-up). */
@@ -163,11 +165,8 @@ export async function makeNode(o: NodeOptions = {}): Promise<Node> {
       livenessSources: o.livenessSources,
       stickyHoldMs: o.stickyHoldMs,
       describeAs: o.describeAs,
+      metrics: o.metrics,
     });
-    if (!o.answerEarly) {
-      const del = mgr.del.bind(mgr);
-      mgr.del = (req) => del(req).then(() => mgr.settled());
-    }
     return { db, mock: m, provider, mgr };
   };
   let parts = await open();
@@ -189,8 +188,11 @@ export async function makeNode(o: NodeOptions = {}): Promise<Node> {
     },
     clock,
     async close() {
-      // Hung operations (simulated crashes) never settle: do not wait for them.
-      await Promise.race([parts.mgr.close(), Promise.resolve()]);
+      // Hung operations (simulated crashes) never settle: do not wait for them. Otherwise
+      // every operation ends first, a DEL's rest after its answer included.
+      const closing = parts.mgr.close();
+      const hung = parts.provider.hang !== null || devices.hanging;
+      await (hung ? Promise.race([closing, Promise.resolve()]) : closing);
       await parts.mock.close();
       parts.db.close();
       if (dir) await Deno.remove(dir, { recursive: true }).catch(() => {});

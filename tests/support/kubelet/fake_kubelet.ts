@@ -8,9 +8,16 @@
  * starting kubelet does to the folder: it deletes every file in it, then serves a
  * new `kubelet.sock`.
  *
- * Built only from the published API: `deviceplugin_v1beta1.proto` beside this file,
- * loaded with `@grpc/proto-loader`, on `@grpc/grpc-js` (test-only imports); it
- * imports none of enim's code. Every message received is parsed with zod.
+ * With `podResources`, it also serves kubelet's pod-resources API (`List` and `Get`)
+ * on `pod-resources/kubelet.sock` beside the folder, from the pods the test says
+ * kubelet has admitted with their devices ({@linkcode FakeKubelet.admit},
+ * {@linkcode FakeKubelet.forget}): kubelet lists a pod from its admission, when its
+ * devices are allocated, until it is gone.
+ *
+ * Built only from the published API: `deviceplugin_v1beta1.proto` and
+ * `podresources_v1.proto` beside this file, loaded with `@grpc/proto-loader`, on
+ * `@grpc/grpc-js` (test-only imports); it imports none of enim's code. Every
+ * message received is parsed with zod.
  *
  * @module
  */
@@ -20,6 +27,9 @@ import { z } from "zod";
 import { callUnary } from "../grpc_unary.ts";
 
 const PROTO = new URL("./deviceplugin_v1beta1.proto", import.meta.url).pathname;
+const POD_RESOURCES_PROTO = new URL("./podresources_v1.proto", import.meta.url).pathname;
+/** kubelet's pod-resources socket, in `pod-resources/` of its root directory. */
+export const POD_RESOURCES_SOCKET = "pod-resources/kubelet.sock";
 /** kubelet's socket name in its folder (constants.go `KubeletSocket`). */
 export const KUBELET_SOCKET = "kubelet.sock";
 /** The only version this kubelet accepts (constants.go `SupportedVersions`). */
@@ -78,6 +88,37 @@ export class RpcError extends Error {
   }
 }
 
+type Callback = (err: grpc.ServiceError | null, res: unknown) => void;
+type UnaryMethod = (
+  req: unknown,
+  meta: grpc.Metadata,
+  opts: grpc.CallOptions,
+  cb: Callback,
+) => void;
+
+/** A pod kubelet has admitted: its containers and the devices each was given, by resource. */
+export interface AdmittedPod {
+  namespace: string;
+  name: string;
+  containers: { name: string; devices: { resource_name: string; device_ids: string[] }[] }[];
+}
+
+let podResourcesService: grpc.ServiceDefinition | null = null;
+function loadPodResources(): grpc.ServiceDefinition {
+  if (!podResourcesService) {
+    const def = protoLoader.loadSync(POD_RESOURCES_PROTO, {
+      keepCase: true,
+      longs: Number,
+      enums: String,
+      defaults: true,
+    });
+    const pkg = grpc.loadPackageDefinition(def).v1 as grpc.GrpcObject;
+    const Ctor = z.custom<grpc.ServiceClientConstructor>((v) => typeof v === "function");
+    podResourcesService = Ctor.parse(pkg.PodResourcesLister).service;
+  }
+  return podResourcesService;
+}
+
 let api: { registration: grpc.ServiceClientConstructor; plugin: grpc.ServiceClientConstructor };
 function load() {
   if (!api) {
@@ -121,17 +162,96 @@ export class FakeKubelet implements AsyncDisposable {
   /** Every refused Register, with kubelet's message. */
   readonly refused: { request: RegisterRequest; message: string }[] = [];
   #server: grpc.Server | null = null;
+  #podResources: grpc.Server | null = null;
+  /** The pods admitted, by `namespace/name` (what the pod-resources API lists). */
+  readonly #pods = new Map<string, AdmittedPod>();
+  /** How many pod-resources calls were answered. */
+  podResourcesCalls = 0;
   #waiters: (() => void)[] = [];
 
   private constructor(dir: string) {
     this.dir = dir;
   }
 
-  /** Starts serving Registration on `<dir>/kubelet.sock`. */
-  static async start(dir: string): Promise<FakeKubelet> {
+  /**
+   * Starts serving Registration on `<dir>/kubelet.sock` and, with `podResources`, the
+   * pod-resources API on `<dir>/../pod-resources/kubelet.sock`.
+   */
+  static async start(dir: string, opts: { podResources?: boolean } = {}): Promise<FakeKubelet> {
     const k = new FakeKubelet(dir);
     await k.#serve();
+    if (opts.podResources) await k.#servePodResources();
     return k;
+  }
+
+  /** The path of kubelet's pod-resources socket (beside the device-plugin folder). */
+  get podResourcesSocket(): string {
+    return `${this.dir.replace(/\/[^/]*\/?$/, "")}/${POD_RESOURCES_SOCKET}`;
+  }
+
+  /**
+   * kubelet admits a pod: its first container gets `deviceIds` of `resource` (none: a
+   * pod without the request, which kubelet lists with no device).
+   */
+  admit(
+    namespace: string,
+    name: string,
+    deviceIds: string[],
+    resource = "enim.dev/eni",
+  ): void {
+    this.#pods.set(`${namespace}/${name}`, {
+      namespace,
+      name,
+      containers: [{
+        name: "app",
+        devices: deviceIds.length ? [{ resource_name: resource, device_ids: deviceIds }] : [],
+      }],
+    });
+  }
+
+  /** kubelet is done with a pod (deleted, its containers gone): its devices are free. */
+  forget(namespace: string, name: string): void {
+    this.#pods.delete(`${namespace}/${name}`);
+  }
+
+  async #servePodResources(): Promise<void> {
+    const path = this.podResourcesSocket;
+    await Deno.mkdir(path.slice(0, path.lastIndexOf("/")), { recursive: true });
+    await Deno.remove(path).catch(() => {});
+    const server = new grpc.Server();
+    // As kubelet answers: every container with its CPUs too (enim must skip what it
+    // does not read), the devices as admitted.
+    const wire = (p: AdmittedPod) => ({
+      name: p.name,
+      namespace: p.namespace,
+      containers: p.containers.map((c) => ({ ...c, cpu_ids: [0, 1], memory: [] })),
+    });
+    server.addService(loadPodResources(), {
+      List: (_call: grpc.ServerUnaryCall<unknown, unknown>, cb: grpc.sendUnaryData<unknown>) => {
+        this.podResourcesCalls++;
+        cb(null, { pod_resources: [...this.#pods.values()].map(wire) });
+      },
+      GetAllocatableResources: (
+        _call: grpc.ServerUnaryCall<unknown, unknown>,
+        cb: grpc.sendUnaryData<unknown>,
+      ) => cb(null, { devices: [], cpu_ids: [], memory: [] }),
+      Get: (call: grpc.ServerUnaryCall<unknown, unknown>, cb: grpc.sendUnaryData<unknown>) => {
+        const req = z.object({ pod_name: z.string(), pod_namespace: z.string() }).parse(
+          call.request,
+        );
+        const p = this.#pods.get(`${req.pod_namespace}/${req.pod_name}`);
+        if (!p) cb({ code: grpc.status.NOT_FOUND, details: "pod not found" });
+        else cb(null, { pod_resources: wire(p) });
+      },
+    });
+    await new Promise<void>((resolve, reject) =>
+      server.bindAsync(
+        `unix:${path}`,
+        grpc.ServerCredentials.createInsecure(),
+        (err) => err ? reject(err) : resolve(),
+      )
+    );
+    this.#podResources = server;
   }
 
   /** The path of kubelet's socket. */
@@ -220,6 +340,13 @@ export class FakeKubelet implements AsyncDisposable {
   async [Symbol.asyncDispose](): Promise<void> {
     for (const w of this.#waiters.splice(0)) w();
     await this.stop();
+    const pr = this.#podResources;
+    this.#podResources = null;
+    if (pr) {
+      await new Promise<void>((resolve) => pr.tryShutdown(() => resolve()));
+      pr.forceShutdown();
+      await Deno.remove(this.podResourcesSocket).catch(() => {});
+    }
   }
 }
 
