@@ -12,12 +12,13 @@
 import { assert, assertEquals } from "../lib/assert.ts";
 import { clientDeps } from "./support/clients.ts";
 import { TRAFFIC_NEEDS, who } from "./support/traffic.ts";
-import { KUBE_PROXY_NEEDS } from "./support/kube_proxy.ts";
+import { installKubeProxy, KUBE_PROXY_NEEDS, type ServicePort } from "./support/kube_proxy.ts";
 import {
   type ClusterPod,
   type ContainerPorts,
   POD_PORTS,
   PolicyCluster,
+  SERVICE_CIDRS,
 } from "./support/policy_cluster.ts";
 import { passed, type Probe, type Prober, type ProbeResult } from "./support/prober.ts";
 import type { SimulatedNode } from "./support/node.ts";
@@ -763,6 +764,251 @@ Deno.test({
       await changesWhileTrafficRuns(t, c, a);
     } catch (err) {
       console.error(await a.agentLog());
+      throw err;
+    } finally {
+      await c.close();
+    }
+  },
+});
+
+/** Node B's default profile: its own subnets (node A's is the VPC's, 10.99.0.0/24). */
+const NODE_B_SUBNETS = { ipv4: "10.97.0.0/24", ipv6: "fd00:97::/64" };
+
+/** Probes once, and once more with a longer time when the first differs from `want`. */
+async function expectReach(from: ClusterPod, addr: string, port: number, want: boolean) {
+  const probe = { proto: "tcp" as const, addr, port };
+  let [r] = await from.prober.probe([probe], want ? 2_000 : 1_000);
+  if (passed(r) !== want) [r] = await from.prober.probe([probe], 3_000);
+  assertEquals(passed(r), want, `${from.id} -> ${addr}:${port}: ${r}`);
+  return r;
+}
+
+Deno.test({
+  name:
+    "NetworkPolicy through Services: a backend admitting only web is reached through its ClusterIP by web pods of its node and of another node, by no other pod; a client's egress policy that excludes a backend keeps it from that backend's Service",
+  ignore: DEPS.skip !== null,
+  async fn(t) {
+    const c = await PolicyCluster.start();
+    try {
+      c.namespace("alpha", { team: "a" });
+      c.namespace("beta", { team: "b" });
+      const a = await c.node("node-a", { nodeNic: true, mock: { enis: 6 } });
+      const b = await c.node("node-b", {
+        joinVpc: a.vpc,
+        nodeNic: true,
+        subnets: NODE_B_SUBNETS,
+        mock: { enis: 4, macPrefix: "02:e1:0b", idPrefix: "eni-mockb-" },
+      });
+      const db = APPS.db;
+      const backend = await c.pod(a, "node-a", "alpha", "db", db.labels, db.ports("alpha"));
+      const other = await c.pod(a, "node-a", "beta", "db", db.labels, db.ports("beta"));
+      const web = await c.pod(a, "node-a", "alpha", "web", APPS.web.labels, []);
+      const job = await c.pod(a, "node-a", "alpha", "job", APPS.job.labels, []);
+      const webB = await c.pod(b, "node-b", "alpha", "web-b", APPS.web.labels, []);
+      const jobB = await c.pod(b, "node-b", "alpha", "job-b", APPS.job.labels, []);
+      const services: ServicePort[] = [
+        svc("db", "alpha", "172.30.0.10", backend.v4),
+        svc("db", "beta", "172.30.0.11", other.v4),
+      ];
+      for (const n of [a, b]) {
+        await installKubeProxy(n.vpc.node.name, "iptables", services, [{
+          family: 4,
+          serviceCidr: SERVICE_CIDRS.ipv4,
+          nodeIPs: [n.nic!.ipv4!],
+        }]);
+      }
+      await t.step("without a policy every client reaches both Services", async () => {
+        for (const p of [web, job, webB, jobB]) {
+          assertEquals(
+            who((await expectReach(p, "172.30.0.10", 5432, true)).slice(5)),
+            `alpha/db ${p.v4}`,
+          );
+          await expectReach(p, "172.30.0.11", 5432, true);
+        }
+      });
+      await setPolicies(c, [["alpha", "db", {
+        podSelector: DB,
+        ingress: [{ from: [{ podSelector: WEB }], ports: [{ port: 5432 }] }],
+      }]]);
+      await t.step(
+        "a backend admitting only web: web reaches it through its ClusterIP from its own node and from another, seen with its own address; job does not",
+        async () => {
+          for (const p of [web, webB]) {
+            assertEquals(
+              who((await expectReach(p, "172.30.0.10", 5432, true)).slice(5)),
+              `alpha/db ${p.v4}`,
+              p.id,
+            );
+            await expectReach(p, backend.v4, 5432, true);
+          }
+          for (const p of [job, jobB]) {
+            await expectReach(p, "172.30.0.10", 5432, false);
+            await expectReach(p, backend.v4, 5432, false);
+            await expectReach(p, "172.30.0.11", 5432, true);
+          }
+        },
+      );
+      await setPolicies(c, [["alpha", "web", {
+        podSelector: { matchExpressions: [{ key: "app", operator: "In", values: ["web"] }] },
+        policyTypes: ["Egress"],
+        egress: [{ to: [{ ipBlock: { cidr: "0.0.0.0/0", except: [`${backend.v4}/32`] } }] }],
+      }]]);
+      await t.step(
+        "a client's egress policy that excludes a backend keeps it from that backend's Service, on both nodes, and not from another",
+        async () => {
+          for (const p of [web, webB]) {
+            await expectReach(p, "172.30.0.10", 5432, false);
+            await expectReach(p, backend.v4, 5432, false);
+            await expectReach(p, "172.30.0.11", 5432, true);
+          }
+          await expectReach(job, "172.30.0.10", 5432, true);
+        },
+      );
+      await t.step("the VPC's source check dropped nothing of a pod", async () => {
+        assertEquals(await a.vpc.sourceCheckDrops(), 0);
+      });
+    } catch (err) {
+      for (const n of c.nodes) console.error(await n.agentLog());
+      throw err;
+    } finally {
+      current = [];
+      await c.close();
+    }
+  },
+});
+
+/** A ClusterIP Service of one TCP port 5432 → the backend's 5432. */
+function svc(name: string, namespace: string, clusterIP: string, ip: string): ServicePort {
+  return {
+    namespace,
+    name,
+    portName: "pg",
+    protocol: "tcp",
+    clusterIP,
+    port: 5432,
+    endpoints: [{ ip, port: 5432 }],
+  };
+}
+
+/**
+ * Probes `targets` from each prober over and over until `stop` resolves; returns every
+ * answer that got through (an open connection or a reset: a packet reached the pod).
+ */
+async function probeLoop(
+  probers: Prober[],
+  targets: Probe[],
+  stop: Promise<unknown>,
+): Promise<{ through: string[]; rounds: number }> {
+  let done = false;
+  stop.finally(() => done = true);
+  const through: string[] = [];
+  let rounds = 0;
+  await Promise.all(probers.map(async (p) => {
+    while (!done) {
+      const r = await p.probe(targets, 300);
+      rounds++;
+      r.forEach((x, i) => {
+        if (passed(x)) through.push(`${p.netns} -> ${targets[i].addr}:${targets[i].port} ${x}`);
+      });
+    }
+  }));
+  return { through, rounds };
+}
+
+Deno.test({
+  name:
+    "NetworkPolicy from the first packet: a pod whose policy denies all ingress is reached by no packet before, during or after its ADD; an agent restarted while the API server is down keeps the deny, and answers a new pod's ADD with 11 until it has synced",
+  ignore: DEPS.skip !== null,
+  async fn(t) {
+    const c = await PolicyCluster.start();
+    try {
+      c.namespace("secure", { team: "s" });
+      c.namespace("open", { team: "o" });
+      const a = await c.node("node-a", {
+        nodeNic: true,
+        mock: { enis: 5 },
+        extra: { networkPolicy: { syncWaitSeconds: 2 } },
+      });
+      const client = await c.pod(a, "node-a", "open", "client", { app: "client" }, []);
+      const outside = await a.vpc.host("outside", 60);
+      const outsider = await c.prober(outside.ns.name);
+      c.put("networkpolicies", {
+        metadata: { namespace: "secure", name: "deny" },
+        spec: { podSelector: {}, policyTypes: ["Ingress"] },
+      });
+      await c.settle();
+      // The victim's address is one of the free ENIs'; probe them all.
+      const free = (await a.client.enis()).filter((e) => e.owner === null && e.ipv4);
+      const targets: Probe[] = free.flatMap((e) => [
+        { proto: "tcp" as const, addr: e.ipv4!.address, port: 8080 },
+        { proto: "udp" as const, addr: e.ipv4!.address, port: 53 },
+      ]);
+      let victim!: ClusterPod;
+      await t.step("no packet reaches the pod before, during or after its ADD", async () => {
+        let added!: () => void;
+        const after = new Promise<void>((r) => added = r).then(() =>
+          new Promise((ok) => setTimeout(ok, 1_500))
+        );
+        const loop = probeLoop([client.prober, outsider], targets, after);
+        await new Promise((ok) => setTimeout(ok, 500));
+        victim = await c.pod(a, "node-a", "secure", "victim", { app: "victim" }, [{
+          name: "http",
+          containerPort: 8080,
+        }]);
+        added();
+        const { through, rounds } = await loop;
+        assert(targets.some((x) => x.addr === victim.v4), "the victim got one of the probed ENIs");
+        assertEquals(through, [], `${rounds} rounds of probes`);
+        assert(rounds >= 4, `${rounds} rounds`);
+      });
+      await t.step("an agent restarted while the API server is down keeps the deny", async () => {
+        await a.stopAgent();
+        await c.server.down();
+        await a.startAgent();
+        const { through, rounds } = await probeLoop(
+          [client.prober, outsider],
+          [{ proto: "tcp", addr: victim.v4, port: 8080 }, {
+            proto: "udp",
+            addr: victim.v4,
+            port: 53,
+          }],
+          new Promise((ok) => setTimeout(ok, 1_500)),
+        );
+        assertEquals(through, [], `${rounds} rounds of probes`);
+        const s = await a.client.status();
+        assertEquals(s.policy?.synced, false);
+        assertEquals(s.policy?.pods.map((p) => [p.pod, p.state]), [
+          ["open/client", "waiting"],
+          ["secure/victim", "waiting"],
+        ]);
+      });
+      await t.step("a new pod's ADD while the agent has never synced answers 11", async () => {
+        c.put("pods", c.podObject("secure", "late", { app: "late" }, "node-a", []));
+        const ns = await a.vpc.pod("secure-late");
+        const call = {
+          containerId: "c-secure-late",
+          args: "K8S_POD_NAMESPACE=secure;K8S_POD_NAME=late;IgnoreUnknown=1",
+          config: c.netconf(a),
+        };
+        const r = await a.cni("ADD", a.podCall(ns, call));
+        assertEquals(r.json?.code, 11, r.stdout);
+        assertEquals(
+          r.json?.msg,
+          "NetworkPolicy: the agent has not synced with the Kubernetes API server yet; the runtime retries",
+        );
+        c.server.up();
+        await c.settle(60_000);
+        const again = await a.cni("ADD", a.podCall(ns, call));
+        assertEquals(again.code, 0, again.stdout);
+      });
+      await t.step("once synced the deny still holds; without it the pod is reached", async () => {
+        await expectReach(client, victim.v4, 8080, false);
+        c.remove("networkpolicies", "secure", "deny");
+        await c.settle();
+        await expectReach(client, victim.v4, 8080, true);
+      });
+    } catch (err) {
+      for (const n of c.nodes) console.error(await n.agentLog());
       throw err;
     } finally {
       await c.close();
