@@ -420,10 +420,10 @@ export class PolicyEnforcer implements PolicyHook {
     }
   }
 
-  #newestOf(pod: string, except?: string): Att | undefined {
+  #newestOf(pod: string): Att | undefined {
     let best: Att | undefined;
     for (const a of this.#atts.values()) {
-      if (a.pod === pod && a.key !== except && (!best || a.seq > best.seq)) best = a;
+      if (a.pod === pod && (!best || a.seq > best.seq)) best = a;
     }
     return best;
   }
@@ -845,9 +845,10 @@ export class PolicyEnforcer implements PolicyHook {
     this.#stop.abort();
     clearTimeout(this.#retryTimer);
     for (const u of this.#unsubscribe) u();
+    // Closing the caches ends the start-up's wait for their sync.
+    await this.#kube.close();
     await this.#started.catch(() => {});
     await this.#tail.catch(() => {});
-    await this.#kube.close();
   }
 }
 

@@ -1,0 +1,210 @@
+/**
+ * The NetworkPolicy enforcer against the test API server (tests/support/kube_apiserver.ts)
+ * and the fake device layer (no root): its bounded waits and errors (CNI 11), what it
+ * loads where and when, and that it never touches a table before its first sync.
+ */
+import { assert, assertEquals, assertRejects, assertStringIncludes } from "../lib/assert.ts";
+import { poll } from "../lib/async.ts";
+import { makeTestPki, type TestPki } from "../tests/support/kube_pki.ts";
+import { KubeApiServer } from "../tests/support/kube_apiserver.ts";
+import { makeNamespace, makePod } from "../tests/support/kube_objects.ts";
+import { Kube } from "../kube/mod.ts";
+import { FakeDeviceLayer, NODE } from "../netns/fake.ts";
+import { ApiError } from "../api/schema.ts";
+import { NOT_SYNCED, PolicyEnforcer } from "./policy.ts";
+import type { PolicyPod } from "../manager/types.ts";
+
+const FAST = { backoff: { initialMs: 20, maxMs: 100 }, pageSize: 50 };
+
+async function withServer(fn: (server: KubeApiServer, pki: TestPki) => Promise<void>) {
+  const pki = await makeTestPki();
+  const server = KubeApiServer.start({ pki });
+  try {
+    await fn(server, pki);
+  } finally {
+    await server.close();
+    await Deno.remove(pki.dir, { recursive: true });
+  }
+}
+
+function enforcer(server: KubeApiServer, devices: FakeDeviceLayer, syncWaitMs = 200) {
+  const kube = new Kube(
+    {
+      server: server.url,
+      caCerts: [server.pki.caCert],
+      token: { value: "test-token" },
+      source: "t",
+    },
+    "n1",
+    FAST,
+  );
+  return new PolicyEnforcer({ kube, devices, syncWaitMs, getPodTimeoutMs: 1_000 });
+}
+
+function pod(namespace: string, name: string, ip?: string) {
+  return makePod({ namespace, name, labels: { app: name }, nodeName: "n1", ip });
+}
+
+const add = (pod: string, ip: string, end: string): PolicyPod => ({
+  pod,
+  key: `c-${end}/eth0`,
+  addresses: { ipv4: ip },
+  eniIfName: "eth0",
+  nodeIfName: end,
+  nodeAddresses: ["10.0.0.254"],
+});
+
+const denyAll = (namespace: string) => ({
+  metadata: { namespace, name: "deny" },
+  spec: { podSelector: {}, policyTypes: ["Ingress"] },
+});
+
+Deno.test("prepare() waits for the first sync, bounded, then fails with CNI 11's policy_unavailable", async () => {
+  await withServer(async (server) => {
+    await server.down();
+    const devices = new FakeDeviceLayer();
+    const e = enforcer(server, devices);
+    try {
+      const err = await assertRejects(
+        () => e.prepare(add("a/web", "10.1.0.1", "enimh1")),
+        ApiError,
+      );
+      assertEquals([err.code, err.message], ["policy_unavailable", NOT_SYNCED]);
+      assertEquals(devices.rulesets.size, 0, "nothing loaded");
+      assertEquals(e.status().synced, false);
+    } finally {
+      await e.close();
+    }
+  });
+});
+
+Deno.test("a pod the cache lacks is fetched from the API server; one it does not have fails the ADD with 11", async () => {
+  await withServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    const devices = new FakeDeviceLayer();
+    const e = enforcer(server, devices);
+    try {
+      assert(await e.waitSynced(10_000));
+      const err = await assertRejects(
+        () => e.prepare(add("a/web", "10.1.0.1", "enimh1")),
+        ApiError,
+      );
+      assertEquals(err.code, "policy_unavailable");
+      assertStringIncludes(err.message, `has no pod "a/web"`);
+      // Created a moment ago: the watch may not have brought it yet; the GET does.
+      server.put("pods", pod("a", "web"));
+      const r = await e.prepare(add("a/web", "10.1.0.1", "enimh1"));
+      assertStringIncludes(r!.podRuleset, "table inet enim_policy");
+      assert(server.requests.some((q) => q.path === "/api/v1/namespaces/a/pods/web"));
+    } finally {
+      await e.close();
+    }
+  });
+});
+
+Deno.test("prepare() puts the node's chains in place before committed() resolves, and the pod's table rides the plug; later changes go to its namespace", async () => {
+  await withServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    server.put("pods", pod("a", "web"));
+    const devices = new FakeDeviceLayer();
+    devices.addNetns("/run/netns/web");
+    const e = enforcer(server, devices);
+    try {
+      assert(await e.waitSynced(10_000));
+      const r = await e.prepare(add("a/web", "10.1.0.1", "enimh1"));
+      assert(!r!.podRuleset.includes('counter name "drop_ingress" drop'), "not isolated yet");
+      await e.committed("c-enimh1/eth0", "/run/netns/web");
+      const node = devices.rulesets.get(NODE)!;
+      assertStringIncludes(node.at(-1)!, '"enimh1" : jump in_enimh1');
+      assertStringIncludes(
+        node[0],
+        "delete table inet enim_policy",
+        "the agent's first load starts clean",
+      );
+      server.put("networkpolicies", denyAll("a"));
+      await poll(() => Promise.resolve(devices.rulesets.get("/run/netns/web")?.length || null), {
+        timeoutMs: 10_000,
+        intervalMs: 10,
+      });
+      const table = devices.rulesets.get("/run/netns/web")!.at(-1)!;
+      assertStringIncludes(table, 'counter name "drop_ingress" drop');
+      assertEquals(e.status().pods.map((p) => [p.pod, p.policies, p.ingressIsolated]), [
+        ["a/web", 1, true],
+      ]);
+      assertEquals(e.view("a/web")?.ingress, { isolated: true, rules: [] });
+      await e.removed("c-enimh1/eth0");
+      assertStringIncludes(
+        devices.rulesets.get(NODE)!.at(-1)!,
+        "delete chain inet enim_policy in_enimh1",
+      );
+      assertEquals(e.status().pods, []);
+    } finally {
+      await e.close();
+    }
+  });
+});
+
+Deno.test("an enforcer that starts while the API server is down touches no table until it has synced", async () => {
+  await withServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    server.put("pods", pod("a", "web", "10.1.0.1"));
+    server.put("networkpolicies", denyAll("a"));
+    await server.down();
+    const devices = new FakeDeviceLayer();
+    devices.addNetns("/run/netns/web");
+    const e = enforcer(server, devices);
+    try {
+      e.restore([{
+        pod: "a/web",
+        key: "c-1/eth0",
+        addresses: { ipv4: "10.1.0.1" },
+        eniIfName: "eth0",
+        nodeIfName: "enimh1",
+        netns: "/run/netns/web",
+      }]);
+      assertEquals(await e.waitSynced(300), false);
+      assertEquals(devices.rulesets.size, 0, "the kernel keeps what the last agent loaded");
+      assertEquals(e.status().pods.map((p) => p.state), ["waiting"]);
+      server.up();
+      assert(await e.waitSynced(10_000));
+      await poll(() => Promise.resolve(e.status().pods[0].state === "enforced" || null), {
+        timeoutMs: 10_000,
+        intervalMs: 10,
+      });
+      assertStringIncludes(devices.rulesets.get("/run/netns/web")!.at(-1)!, "drop_ingress");
+      assertStringIncludes(devices.rulesets.get(NODE)![0], "jump in_enimh1");
+    } finally {
+      await e.close();
+    }
+  });
+});
+
+Deno.test("a failed load is retried until the pod's table has its deny", async () => {
+  await withServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    server.put("pods", pod("a", "web"));
+    const devices = new FakeDeviceLayer();
+    devices.addNetns("/run/netns/web");
+    const e = enforcer(server, devices);
+    try {
+      assert(await e.waitSynced(10_000));
+      await e.prepare(add("a/web", "10.1.0.1", "enimh1"));
+      await e.committed("c-enimh1/eth0", "/run/netns/web");
+      const loads = devices.rulesets.get("/run/netns/web")?.length ?? 0;
+      devices.failOn("nft", undefined, 2);
+      server.put("networkpolicies", denyAll("a"));
+      await poll(
+        () =>
+          Promise.resolve(
+            (devices.rulesets.get("/run/netns/web")?.length ?? 0) > loads &&
+                e.status().pods[0].state === "enforced" || null,
+          ),
+        { timeoutMs: 15_000, intervalMs: 20 },
+      );
+      assert(e.status().loadFailures >= 1);
+      assertStringIncludes(devices.rulesets.get("/run/netns/web")!.at(-1)!, "drop_ingress");
+    } finally {
+      await e.close();
+    }
+  });
+});
