@@ -40,7 +40,7 @@ function headline(name: "ingress" | "egress", d: PodPolicyView["ingress"]): stri
   if (!d.isolated) return `${name}: not isolated: everything is admitted`;
   const n = d.rules.length;
   return `${name}: isolated: ${
-    n === 0 ? "nothing is admitted" : `${n} rule${n === 1 ? "" : "s"} admit`
+    n === 0 ? "nothing is admitted" : n === 1 ? "1 rule admits" : `${n} rules admit`
   } (besides replies, the node and the pod itself)`;
 }
 

@@ -283,3 +283,45 @@ Deno.test("enim status shows what the device plugin advertises and why devices a
     assertEquals(renderStatus(StatusSchema.parse(base)).includes("device plugin"), false);
   });
 });
+
+Deno.test("enim status shows NetworkPolicy's sync, its caches and each local pod's policies", () => {
+  const cache = (resource: string, restarts: number) => ({
+    resource,
+    synced: false,
+    objects: 0,
+    relists: 0,
+    watchRestarts: restarts,
+    errors: 1,
+    lastError: resource === "pods" ? "GET /api/v1/pods failed: connection refused" : null,
+    lastEventAt: null,
+    enforcedResourceVersion: null,
+  });
+  const text = statusText({
+    provider: "mock",
+    pool: { free: 1, owned: 1, recycling: 0, attachable: 0 },
+    policy: {
+      synced: false,
+      pendingEvents: 0,
+      loadFailures: 0,
+      caches: [cache("pods", 2), cache("namespaces", 1)],
+      pods: [{
+        pod: "shop/db",
+        key: "c1/eth0",
+        nodeIfName: "enimh0123456789",
+        policies: 2,
+        ingressIsolated: true,
+        egressIsolated: false,
+        state: "waiting",
+      }],
+    },
+  });
+  assertStringIncludes(
+    text,
+    "NetworkPolicy: NOT SYNCED (new pods' ADDs fail with 11 until it is), last event never, 3 watch restarts, 0 events pending\n" +
+      "  pods: GET /api/v1/pods failed: connection refused\n",
+  );
+  assertMatch(
+    text,
+    /POD\s+POLICIES\s+ISOLATED\s+NODE END\s+STATE\nshop\/db\s+2\s+ingress\s+enimh0123456789\s+waiting/,
+  );
+});

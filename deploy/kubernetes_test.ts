@@ -46,8 +46,40 @@ Deno.test("the DaemonSet runs the agent in the node's network namespace on every
   assertEquals(pod.priorityClassName, "system-node-critical");
   assert(pod.tolerations.some((t: Obj) => t.operator === "Exists" && t.key === undefined));
   assertEquals(agent.command.slice(1), ["agent", "--config", "/etc/enim/agent.jsonc"]);
-  // The environment the tests and the bench run the agent with (tests/support/agent_proc.ts).
-  assertEquals(agent.env, [{ name: "MALLOC_ARENA_MAX", value: "2" }]);
+  // The environment the tests and the bench run the agent with (tests/support/agent_proc.ts),
+  // and the node's name for the Kubernetes client (kubernetes.nodeName's default).
+  assertEquals(agent.env, [
+    { name: "MALLOC_ARENA_MAX", value: "2" },
+    { name: "NODE_NAME", valueFrom: { fieldRef: { fieldPath: "spec.nodeName" } } },
+  ]);
+});
+
+Deno.test("the agent runs as a service account that may read pods, namespaces and NetworkPolicies, and nothing else", async () => {
+  const docs = await load("deploy/kubernetes/rbac.yaml");
+  assertEquals(docs.map((d) => `${d.apiVersion} ${d.kind}`), [
+    "v1 ServiceAccount",
+    "rbac.authorization.k8s.io/v1 ClusterRole",
+    "rbac.authorization.k8s.io/v1 ClusterRoleBinding",
+  ]);
+  const [sa, role, binding] = docs;
+  assertEquals(pod.serviceAccountName, sa.metadata.name);
+  assertEquals(sa.metadata.namespace, ds.metadata.namespace);
+  assertEquals(pod.automountServiceAccountToken, true);
+  assertEquals(role.rules, [
+    { apiGroups: [""], resources: ["pods"], verbs: ["get", "list", "watch"] },
+    { apiGroups: [""], resources: ["namespaces"], verbs: ["list", "watch"] },
+    { apiGroups: ["networking.k8s.io"], resources: ["networkpolicies"], verbs: ["list", "watch"] },
+  ]);
+  assertEquals(binding.roleRef, {
+    apiGroup: "rbac.authorization.k8s.io",
+    kind: "ClusterRole",
+    name: role.metadata.name,
+  });
+  assertEquals(binding.subjects, [{
+    kind: "ServiceAccount",
+    name: sa.metadata.name,
+    namespace: sa.metadata.namespace,
+  }]);
 });
 
 Deno.test("the agent can manage devices and namespaces: privileged or NET_ADMIN and SYS_ADMIN", () => {
