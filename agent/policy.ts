@@ -39,6 +39,7 @@ import {
   nodeNames,
   type NodePod,
   nodeRuleset,
+  nodeUpdate,
   parseDropCounters,
   PodNotFoundError,
   podRuleset,
@@ -95,6 +96,12 @@ interface Att {
   seq: number;
   /** What the pod's table holds, as last rendered there (null: not known to this agent). */
   loaded: CompiledPolicy | null;
+  /**
+   * The pod's policy as last compiled (its rules current: compiled again whenever they
+   * change; its sets' members may lag behind the deltas): what the node's incremental
+   * updates and the status read, without materializing every set again.
+   */
+  compiled: CompiledPolicy | null;
   /** The pod's table missed an edit (no namespace yet, a failed load): render it again. */
   stale: boolean;
   /** The compiler knows it (false: not synced yet, or the pod is not in the cluster). */
@@ -114,7 +121,10 @@ interface Event {
   at: number;
 }
 
-/** What a batch changed: set deltas, pods to render again, and whether the node must be. */
+/**
+ * What a batch changed: set deltas, pods to render again, and whether the node's whole
+ * table must be rendered again (else it gets an update: `nodeUpdate`).
+ */
 class Changes {
   readonly deltas: SetDelta[] = [];
   readonly changed = new Set<string>();
@@ -406,7 +416,7 @@ export class PolicyEnforcer implements PolicyHook {
       const r = engine.addLocal({ namespace: att.namespace, name: att.name, ips: newest.ips });
       ch.add(r);
       ch.changed.add(att.pod);
-      ch.node = true;
+      att.compiled = r.compiled;
       att.registered = true;
       att.unknown = false;
       att.stale = true;
@@ -451,13 +461,14 @@ export class PolicyEnforcer implements PolicyHook {
       if (full) work.push(() => this.#renderPod(att));
       else if (mine.length > 0) work.push(() => this.#editPod(att, mine));
     }
+    // The node needs the changed pods' rules now (the renders above compile them anyway).
+    for (const att of this.#atts.values()) {
+      if (att.registered && ch.changed.has(att.pod)) this.#compile(att);
+    }
     pods.push(eachLimited(work, PARALLEL_LOADS, (w) => w()));
-    let node: Promise<boolean>;
-    if (ch.node || ch.changed.size > 0 || this.#nodeStale || this.#nodeLoaded === null) {
-      node = this.#renderNode();
-    } else if (ch.deltas.length > 0) {
-      node = this.#editNode(ch.deltas);
-    } else node = Promise.resolve(true);
+    const node = ch.node || this.#nodeStale || this.#nodeFresh || this.#nodeLoaded === null
+      ? this.#renderNode()
+      : this.#updateNode(ch);
     const all = Promise.all([node, ...pods]).then(() => {
       const now = performance.now();
       for (const t of ch.arrived) this.#metrics?.policyEnforced(now - t);
@@ -480,8 +491,14 @@ export class PolicyEnforcer implements PolicyHook {
     }, this.#retryMs);
   }
 
+  /** The pod's policy compiled now (its sets' current members), kept as `att.compiled`. */
+  #compile(att: Att): CompiledPolicy | null {
+    att.compiled = this.#engine?.compiled(att.namespace, att.name) ?? att.compiled;
+    return att.compiled;
+  }
+
   async #renderPod(att: Att): Promise<void> {
-    const c = this.#engine!.compiled(att.namespace, att.name);
+    const c = this.#compile(att);
     if (!c || att.netns === null) return;
     const text = podRuleset(c, {
       eni: att.eni,
@@ -519,19 +536,55 @@ export class PolicyEnforcer implements PolicyHook {
     }
   }
 
-  #nodePods(): NodePod[] {
+  /**
+   * The node's pods: each attachment's node end and its pod's policy, compiled now
+   * (`fresh`) or as last compiled (its rules current; enough for `nodeUpdate`, which
+   * fills only new sets, and new sets come from the pods whose rules just changed).
+   */
+  #nodePods(fresh: boolean): NodePod[] {
     const out: NodePod[] = [];
     for (const att of [...this.#atts.values()].sort((a, b) => a.seq - b.seq)) {
-      const policy = att.registered
-        ? this.#engine!.compiled(att.namespace, att.name)
-        : att.loaded ?? undefined;
+      const policy = att.registered && fresh
+        ? this.#compile(att)
+        : att.registered
+        ? att.compiled
+        : att.loaded;
       if (policy) out.push({ nodeEnd: att.nodeEnd, policy });
     }
     return out;
   }
 
+  /**
+   * The node's table brought up to date without rendering it whole: the deltas of the sets
+   * it keeps, then the pods that came, went or whose rules changed (`nodeUpdate`); a failure
+   * renders it whole.
+   */
+  async #updateNode(ch: Changes): Promise<boolean> {
+    const previous = this.#nodeLoaded!;
+    const pods = this.#nodePods(false);
+    const keys = (list: NodePod[]) => new Set(list.flatMap((p) => p.policy.sets.map((s) => s.key)));
+    const before = keys(previous), now = keys(pods);
+    const changed = [...this.#atts.values()]
+      .filter((a) => ch.changed.has(a.pod))
+      .map((a) => a.nodeEnd);
+    const text = ch.deltas.filter((d) => before.has(d.key) && now.has(d.key))
+      .map(setDeltaCommands).join("") +
+      nodeUpdate(pods, { previous, changed, log: this.#dropLog });
+    if (text === "") return true;
+    try {
+      await this.#devices.loadRuleset(null, text);
+      this.#nodeLoaded = pods;
+      return true;
+    } catch (err) {
+      this.#log.debug("NetworkPolicy: the node's update failed; rendering it whole", {
+        error: userMessage(err),
+      });
+      return await this.#renderNode();
+    }
+  }
+
   async #renderNode(): Promise<boolean> {
-    const pods = this.#nodePods();
+    const pods = this.#nodePods(true);
     const split = { ipv4: [] as string[], ipv6: [] as string[] };
     for (const a of this.#nodeAddrs) (a.includes(":") ? split.ipv6 : split.ipv4).push(a);
     const node = pods[0]?.policy.node ?? split;
@@ -552,18 +605,6 @@ export class PolicyEnforcer implements PolicyHook {
       this.#nodeStale = true;
       this.#failed("node", null, err);
       return false;
-    }
-  }
-
-  async #editNode(deltas: SetDelta[]): Promise<boolean> {
-    const text = deltas.map(setDeltaCommands).join("");
-    if (text === "") return true;
-    try {
-      await this.#devices.loadRuleset(null, text);
-      return true;
-    } catch {
-      // An element to delete was missing: render the whole table again.
-      return await this.#renderNode();
     }
   }
 
@@ -631,6 +672,7 @@ export class PolicyEnforcer implements PolicyHook {
           netns: null,
           seq: ++this.#seq,
           loaded: null,
+          compiled: null,
           stale: false,
           registered: false,
           unknown: false,
@@ -648,12 +690,15 @@ export class PolicyEnforcer implements PolicyHook {
         this.#atts.set(p.key, att);
         att.registered = true;
         att.loaded = r.compiled;
+        att.compiled = r.compiled;
         ch.add(r);
         ch.changed.delete(p.pod);
-        ch.node = true;
         // Its other attachments (an older container's) render again; this one rides the plug.
         for (const other of this.#atts.values()) {
-          if (other.pod === p.pod && other !== att) other.stale = true;
+          if (other.pod === p.pod && other !== att) {
+            other.stale = true;
+            other.compiled = r.compiled;
+          }
         }
         const text = podRuleset(r.compiled, { eni: p.eniIfName, log: this.#dropLog });
         const flushed = this.#flush(ch);
@@ -695,7 +740,6 @@ export class PolicyEnforcer implements PolicyHook {
       const engine = this.#engine;
       if (!engine) return;
       const ch = this.#takeEvents();
-      ch.node = true;
       if (att.registered) {
         const other = this.#newestOf(att.pod);
         if (!other) ch.add(engine.removeLocal(att.namespace, att.name));
@@ -723,6 +767,7 @@ export class PolicyEnforcer implements PolicyHook {
         netns: p.netns,
         seq: ++this.#seq,
         loaded: null,
+        compiled: null,
         stale: true,
         registered: false,
         unknown: false,
@@ -760,7 +805,7 @@ export class PolicyEnforcer implements PolicyHook {
         enforcedResourceVersion: this.#enforcedRv.get(s.resource) ?? null,
       })),
       pods: [...this.#atts.values()].sort((a, b) => a.pod.localeCompare(b.pod)).map((a) => {
-        const c = a.registered ? engine?.compiled(a.namespace, a.name) : undefined;
+        const c = a.registered ? a.compiled : null;
         return {
           pod: a.pod,
           key: a.key,
@@ -795,7 +840,7 @@ export class PolicyEnforcer implements PolicyHook {
     for (const a of this.#atts.values()) {
       if (seen.has(a.pod) || !a.registered) continue;
       seen.add(a.pod);
-      const c = this.#engine?.compiled(a.namespace, a.name);
+      const c = a.compiled;
       if (!c) continue;
       for (const d of ["ingress", "egress"] as const) {
         out.push({ pod: a.pod, direction: d, rules: c[d].isolated ? c[d].entries.length : 0 });

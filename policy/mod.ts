@@ -27,6 +27,8 @@ export {
   type NodePod,
   nodeRuleset,
   type NodeRulesetOptions,
+  nodeUpdate,
+  type NodeUpdateOptions,
   parseDropCounters,
   podRuleset,
   type PodRulesetOptions,

@@ -344,6 +344,92 @@ export function nodeRuleset(pods: NodePod[], opts: NodeRulesetOptions): string {
   return lines.join("\n") + "\n";
 }
 
+/** Options of {@linkcode nodeUpdate}. */
+export interface NodeUpdateOptions {
+  /** What the node's table holds now (the last render or update loaded). */
+  previous: NodePod[];
+  /** Node ends whose pod's rules changed (their chains are rendered again). */
+  changed?: Iterable<string>;
+  /** Log dropped packets (off by default). */
+  log?: DropLog;
+}
+
+/**
+ * The node's table brought from `previous` to `pods` without touching what did not
+ * change: sets no pod had are declared and filled, sets no pod has any more deleted; the
+ * chains, counters and verdict-map elements of pods that came (and of `changed` pods: their
+ * chains only) are made, those of pods that went deleted. The other pods' chains and every
+ * set both have are left as they are (their members change by set deltas), so an ADD or a
+ * DEL costs the node one pod's worth, whatever the cluster's size. The node's addresses
+ * must be those `previous` was loaded with (else render the whole table:
+ * {@linkcode nodeRuleset}). Empty when nothing changed.
+ */
+export function nodeUpdate(pods: NodePod[], opts: NodeUpdateOptions): string {
+  const setsOf = (list: NodePod[]) => {
+    const m = new Map<string, PeerSet>();
+    for (const p of list) for (const s of p.policy.sets) if (!m.has(s.key)) m.set(s.key, s);
+    return m;
+  };
+  const before = setsOf(opts.previous), now = setsOf(pods);
+  const newSets = [...now.values()].filter((s) => !before.has(s.key));
+  const goneSets = [...before.keys()].filter((k) => !now.has(k));
+  const prevEnds = new Set(opts.previous.map((p) => p.nodeEnd));
+  const ends = new Set(pods.map((p) => p.nodeEnd));
+  const changed = new Set(opts.changed ?? []);
+  const touched = pods.filter((p) => !prevEnds.has(p.nodeEnd) || changed.has(p.nodeEnd));
+  const gone = opts.previous.filter((p) => !ends.has(p.nodeEnd));
+  if (!newSets.length && !goneSets.length && !touched.length && !gone.length) return "";
+  const lines: string[] = [
+    `table ${T} {`,
+    ...newSets.flatMap((s) => FAMS.map((f) => setDecl(s, f))),
+    ...touched.flatMap((p) => {
+      const n = nodeNames(p.nodeEnd);
+      return [
+        `\tchain ${n.ingress} { }`,
+        `\tchain ${n.egress} { }`,
+        `\tcounter ${n.dropIngress} { }`,
+        `\tcounter ${n.dropEgress} { }`,
+      ];
+    }),
+    "}",
+    ...newSets.flatMap(fillSet),
+  ];
+  for (const p of touched) {
+    const n = nodeNames(p.nodeEnd);
+    const end = checkIfName(p.nodeEnd);
+    lines.push(
+      `flush chain ${T} ${n.ingress}`,
+      `flush chain ${T} ${n.egress}`,
+      ...directionRules(p.policy, "ingress", "node", n.dropIngress, opts.log)
+        .map((r) => `add rule ${T} ${n.ingress} ${r}`),
+      ...directionRules(p.policy, "egress", "node", n.dropEgress, opts.log)
+        .map((r) => `add rule ${T} ${n.egress} ${r}`),
+    );
+    if (!prevEnds.has(p.nodeEnd)) {
+      lines.push(
+        `add element ${T} ingress_links { "${end}" : jump ${n.ingress} }`,
+        `add element ${T} egress_links { "${end}" : jump ${n.egress} }`,
+      );
+    }
+  }
+  for (const p of gone) {
+    const n = nodeNames(p.nodeEnd);
+    const end = checkIfName(p.nodeEnd);
+    lines.push(
+      `delete element ${T} ingress_links { "${end}" }`,
+      `delete element ${T} egress_links { "${end}" }`,
+      `flush chain ${T} ${n.ingress}`,
+      `flush chain ${T} ${n.egress}`,
+      `delete chain ${T} ${n.ingress}`,
+      `delete chain ${T} ${n.egress}`,
+      `delete counter ${T} ${n.dropIngress}`,
+      `delete counter ${T} ${n.dropEgress}`,
+    );
+  }
+  lines.push(...goneSets.flatMap((k) => FAMS.map((f) => `delete set ${T} ${setName(k, f)}`)));
+  return lines.join("\n") + "\n";
+}
+
 /**
  * A set's membership change as element edits (deletes, then adds), for every table
  * that holds the set (the pods' in `delta.users`, and the node's): no rule is touched.
