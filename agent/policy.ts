@@ -110,6 +110,8 @@ interface Att {
   unknown: boolean;
   /** The node's load that put its chains in place (prepare's). */
   nodeReady?: Promise<boolean>;
+  /** How many times its table was rendered whole (the latest render's outcome counts). */
+  renders: number;
 }
 
 /** A cache event waiting for the queue. */
@@ -159,6 +161,16 @@ async function eachLimited<T>(items: T[], limit: number, fn: (t: T) => Promise<v
   await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
 }
 
+/**
+ * A compiled policy without its sets' members: all that a `previous` render, the node's
+ * update of an unchanged pod and the status read (rules, set keys and kinds). Keeping
+ * the members of every pod's big sets three times over cost the agent tens of MB.
+ */
+const light = (c: CompiledPolicy): CompiledPolicy => ({
+  ...c,
+  sets: c.sets.map((s) => ({ ...s, ipv4: [], ipv6: [] }) as typeof s),
+});
+
 const sameSet = (a: string[], b: string[]) =>
   a.length === b.length && [...a].sort().join() === [...b].sort().join();
 
@@ -181,12 +193,22 @@ export class PolicyEnforcer implements PolicyHook {
   readonly #metrics: PolicyRecorder | undefined;
   readonly #atts = new Map<string, Att>();
   readonly #events: Event[] = [];
-  readonly #enforcedRv = new Map<string, string>();
+  /** What an ADD's prepare left for the pods' tables until the ADD has answered. */
+  #deferred: Changes | null = null;
+  /** Per kind, the resourceVersion put in place, and the flush that did (flushes overlap). */
+  readonly #enforcedRv = new Map<string, { rv: string; flush: number }>();
+  #flushes = 0;
+  /** The last flush's end: a flush ends only after every earlier one (its versions count then). */
+  #lastFlush: Promise<unknown> = Promise.resolve();
   readonly #stop = new AbortController();
   #engine: PolicyEngine | null = null;
   #ready!: () => void;
   readonly #readyP = new Promise<void>((r) => (this.#ready = r));
-  #tail: Promise<unknown> = Promise.resolve();
+  /** Each table's chain of loads: a pod's namespace path, or "" for the node. */
+  readonly #tables = new Map<string, Promise<boolean>>();
+  /** The queue: tasks not started yet, in order, and the loop running them. */
+  readonly #tasks: (() => Promise<void>)[] = [];
+  #pump: Promise<void> | null = null;
   #scheduled = false;
   #seq = 0;
   #nodeAddrs: string[] = [];
@@ -285,7 +307,7 @@ export class PolicyEnforcer implements PolicyHook {
       networkPolicies: () => this.#kube.networkPolicies.values(),
     }, { nodeAddresses: this.#nodeAddrs });
     for (const s of this.#kube.stats()) {
-      if (s.resourceVersion) this.#enforcedRv.set(s.resource, s.resourceVersion);
+      if (s.resourceVersion) this.#enforcedRv.set(s.resource, { rv: s.resourceVersion, flush: 0 });
     }
     this.#log.info("NetworkPolicy: the caches have synced; enforcing", {
       pods: this.#kube.pods.size,
@@ -294,18 +316,19 @@ export class PolicyEnforcer implements PolicyHook {
       localPods: this.#atts.size,
       indexMs: Math.round(performance.now() - t0),
     });
-    const init = this.#run(async () => {
+    const init = this.#run(() => {
       const ch = new Changes();
       ch.node = true;
       for (const att of this.#atts.values()) this.#register(att, ch);
-      await this.#flush(ch).all;
+      return Promise.resolve({ done: this.#flush(ch).all });
     });
     this.#ready();
-    await init;
+    await (await init).done;
     this.#watchNodeAddresses(nodeEveryMs);
   }
 
   #watchNodeAddresses(everyMs: number): void {
+    if (this.#stop.signal.aborted) return;
     const tick = async () => {
       if (this.#stop.signal.aborted) return;
       try {
@@ -320,8 +343,8 @@ export class PolicyEnforcer implements PolicyHook {
     this.#stop.signal.addEventListener("abort", () => clearTimeout(timer), { once: true });
   }
 
-  async #nodeAddressesAre(addresses: string[]): Promise<void> {
-    if (!this.#engine || sameSet(addresses, this.#nodeAddrs)) return;
+  #nodeAddressesAre(addresses: string[]): Promise<void> {
+    if (!this.#engine || sameSet(addresses, this.#nodeAddrs)) return Promise.resolve();
     this.#log.info("NetworkPolicy: the node's addresses changed", {
       was: this.#nodeAddrs,
       now: addresses,
@@ -330,16 +353,28 @@ export class PolicyEnforcer implements PolicyHook {
     const ch = this.#takeEvents();
     ch.add(this.#engine.setNodeAddresses(addresses));
     ch.node = true;
-    await this.#flush(ch).all;
+    this.#flush(ch);
+    return Promise.resolve();
   }
 
   // ---- the queue ----
 
-  /** Runs `fn` after everything queued before it (the one place the engine and tables change). */
-  #run<T>(fn: () => Promise<T>): Promise<T> {
-    const p = this.#tail.then(fn);
-    this.#tail = p.catch(() => {});
-    return p;
+  /**
+   * Runs `fn` after everything queued before it (the one place the engine and tables
+   * change); with `first`, before everything queued but not started yet (an ADD waits for
+   * the task running, never for the pods' edits queued behind it: a queued drain finds
+   * its events taken by then, and applies what is left).
+   */
+  #run<T>(fn: () => Promise<T>, o: { first?: boolean } = {}): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      const task = () => fn().then(resolve, reject);
+      if (o.first) this.#tasks.unshift(task);
+      else this.#tasks.push(task);
+      this.#pump ??= (async () => {
+        while (this.#tasks.length > 0) await this.#tasks.shift()!();
+        this.#pump = null;
+      })();
+    });
   }
 
   #schedule(): void {
@@ -350,16 +385,19 @@ export class PolicyEnforcer implements PolicyHook {
     );
   }
 
-  async #drain(): Promise<void> {
+  #drain(): Promise<void> {
     const ch = this.#takeEvents();
-    if (ch.arrived.length === 0 && !this.#anyStale()) return;
-    await this.#flush(ch).all;
+    if (ch.arrived.length > 0 || ch.deltas.length > 0 || ch.changed.size > 0 || this.#anyStale()) {
+      this.#flush(ch);
+    }
+    return Promise.resolve();
   }
 
   /** Applies every pending event to the engine; what they changed. */
   #takeEvents(): Changes {
     this.#scheduled = false;
-    const ch = new Changes();
+    const ch = this.#deferred ?? new Changes();
+    this.#deferred = null;
     const batch = this.#events.splice(0);
     const engine = this.#engine;
     if (!engine) return ch;
@@ -416,7 +454,7 @@ export class PolicyEnforcer implements PolicyHook {
       const r = engine.addLocal({ namespace: att.namespace, name: att.name, ips: newest.ips });
       ch.add(r);
       ch.changed.add(att.pod);
-      att.compiled = r.compiled;
+      att.compiled = light(r.compiled);
       att.registered = true;
       att.unknown = false;
       att.stale = true;
@@ -444,13 +482,18 @@ export class PolicyEnforcer implements PolicyHook {
 
   /**
    * Puts `ch` in place: each pod's table (its deltas, or all of it when its rules changed
-   * or it missed an edit), then the node's. `node` settles when the node's load has (true
-   * when it succeeded), `all` when everything has.
+   * or it missed an edit), and the node's. The texts are rendered now, in the engine's
+   * order; their loads go to each table's own chain (`#load`), so a table never sees them
+   * out of order while the queue goes on. `node` settles when the node's load has (true
+   * when it succeeded), `all` when every load has. With `deferPods`, the pods' part waits
+   * for the next drain.
    */
-  #flush(ch: Changes): { node: Promise<boolean>; all: Promise<void> } {
-    const pods: Promise<void>[] = [];
-    const work: (() => Promise<void>)[] = [];
-    for (const att of this.#atts.values()) {
+  #flush(ch: Changes, o: { deferPods?: boolean } = {}): {
+    node: Promise<boolean>;
+    all: Promise<void>;
+  } {
+    const loads: Promise<unknown>[] = [];
+    for (const att of o.deferPods ? [] : this.#atts.values()) {
       if (!att.registered) continue;
       const mine = ch.deltas.filter((d) => d.users.includes(att.pod));
       const full = ch.changed.has(att.pod) || att.stale;
@@ -458,24 +501,57 @@ export class PolicyEnforcer implements PolicyHook {
         if (full || mine.length > 0) att.stale = true;
         continue;
       }
-      if (full) work.push(() => this.#renderPod(att));
-      else if (mine.length > 0) work.push(() => this.#editPod(att, mine));
+      if (full) loads.push(this.#renderPod(att));
+      else if (mine.length > 0) loads.push(this.#editPod(att, mine));
     }
-    // The node needs the changed pods' rules now (the renders above compile them anyway).
-    for (const att of this.#atts.values()) {
-      if (att.registered && ch.changed.has(att.pod)) this.#compile(att);
-    }
-    pods.push(eachLimited(work, PARALLEL_LOADS, (w) => w()));
     const node = ch.node || this.#nodeStale || this.#nodeFresh || this.#nodeLoaded === null
       ? this.#renderNode()
       : this.#updateNode(ch);
-    const all = Promise.all([node, ...pods]).then(() => {
+    if (o.deferPods) {
+      // The other pods' edits wait until the ADD has answered (they only ever admit more:
+      // the new pod joining their sets); the next drain applies them first.
+      const d = new Changes();
+      d.deltas.push(...ch.deltas);
+      for (const c of ch.changed) d.changed.add(c);
+      d.arrived.push(...ch.arrived.splice(0));
+      for (const [k, v] of ch.rvs) d.rvs.set(k, v);
+      ch.rvs.clear();
+      this.#deferred = d;
+    }
+    const flush = ++this.#flushes;
+    const all = Promise.all([this.#lastFlush, node, ...loads]).then(() => {
       const now = performance.now();
       for (const t of ch.arrived) this.#metrics?.policyEnforced(now - t);
-      for (const [resource, rv] of ch.rvs) this.#enforcedRv.set(resource, rv);
+      // An earlier flush may end after this one: it never takes the version back.
+      for (const [resource, rv] of ch.rvs) {
+        if ((this.#enforcedRv.get(resource)?.flush ?? -1) < flush) {
+          this.#enforcedRv.set(resource, { rv, flush });
+        }
+      }
       this.#afterFlush();
     });
+    this.#lastFlush = all.catch(() => {});
     return { node, all };
+  }
+
+  /**
+   * Loads `text` in a table after whatever was queued for that table before (each pod's
+   * namespace and the node have a chain of their own); true when it loaded.
+   */
+  #load(netns: string | null, text: string): Promise<boolean> {
+    const key = netns ?? "";
+    const before = this.#tables.get(key) ?? Promise.resolve(true);
+    const p = before.then(() =>
+      this.#devices.loadRuleset(netns, text).then(() => true, (err) => {
+        this.#failed(netns === null ? "node" : "pod", netns, err);
+        return false;
+      })
+    );
+    this.#tables.set(key, p);
+    p.finally(() => {
+      if (this.#tables.get(key) === p) this.#tables.delete(key);
+    });
+    return p;
   }
 
   #afterFlush(): void {
@@ -491,60 +567,63 @@ export class PolicyEnforcer implements PolicyHook {
     }, this.#retryMs);
   }
 
-  /** The pod's policy compiled now (its sets' current members), kept as `att.compiled`. */
+  /** The pod's policy compiled now (its sets' current members); kept light as `att.compiled`. */
   #compile(att: Att): CompiledPolicy | null {
-    att.compiled = this.#engine?.compiled(att.namespace, att.name) ?? att.compiled;
-    return att.compiled;
+    const c = this.#engine?.compiled(att.namespace, att.name);
+    if (!c) return att.compiled;
+    att.compiled = light(c);
+    return c;
   }
 
-  async #renderPod(att: Att): Promise<void> {
+  /** The pod's whole table, rendered now (after what it was last rendered as), queued. */
+  #renderPod(att: Att): Promise<boolean> {
     const c = this.#compile(att);
-    if (!c || att.netns === null) return;
+    if (!c || att.netns === null) return Promise.resolve(true);
     const text = podRuleset(c, {
       eni: att.eni,
       previous: att.loaded ?? undefined,
       log: this.#dropLog,
     });
-    try {
-      await this.#devices.loadRuleset(att.netns, text);
-      att.loaded = c;
-      att.stale = false;
-    } catch (err) {
-      this.#failed("pod", att, err);
-    }
+    att.loaded = light(c);
+    att.stale = false;
+    const seq = ++att.renders;
+    return this.#load(att.netns, text).then((ok) => {
+      // A failed load leaves what was there: unknown now, rendered whole again later.
+      if (!ok) {
+        att.stale = true;
+        if (att.renders === seq) att.loaded = null;
+      }
+      return ok;
+    });
   }
 
-  async #editPod(att: Att, deltas: SetDelta[]): Promise<void> {
+  /** The deltas of the pod's sets, queued; a failed edit replaces those sets whole. */
+  #editPod(att: Att, deltas: SetDelta[]): Promise<boolean> {
     const text = deltas.map(setDeltaCommands).join("");
-    if (text === "") return;
-    try {
-      await this.#devices.loadRuleset(att.netns!, text);
-      return;
-    } catch (err) {
-      this.#log.debug("NetworkPolicy: a set edit failed; replacing the sets", {
-        pod: att.pod,
-        error: userMessage(err),
+    if (text === "" || att.netns === null) return Promise.resolve(true);
+    const netns = att.netns;
+    return this.#load(netns, text).then((ok) => {
+      if (ok) return true;
+      // An element to delete was missing: the sets' current members, whole.
+      const c = this.#compile(att);
+      const keys = new Set(deltas.map((d) => d.key));
+      const sets = c?.sets.filter((s) => keys.has(s.key)) ?? [];
+      return this.#load(netns, sets.map(setReplaceCommands).join("")).then((again) => {
+        if (!again) att.stale = true;
+        return again;
       });
-    }
-    const c = this.#engine!.compiled(att.namespace, att.name);
-    const keys = new Set(deltas.map((d) => d.key));
-    const sets = c?.sets.filter((s) => keys.has(s.key)) ?? [];
-    try {
-      await this.#devices.loadRuleset(att.netns!, sets.map(setReplaceCommands).join(""));
-    } catch (err) {
-      this.#failed("pod", att, err);
-    }
+    });
   }
 
   /**
-   * The node's pods: each attachment's node end and its pod's policy, compiled now
-   * (`fresh`) or as last compiled (its rules current; enough for `nodeUpdate`, which
-   * fills only new sets, and new sets come from the pods whose rules just changed).
+   * The node's pods: each attachment's node end and its pod's policy, compiled now when
+   * `fresh` says so, else as last compiled (its rules current; enough for `nodeUpdate`,
+   * which fills only new sets, and new sets come from the pods whose rules just changed).
    */
-  #nodePods(fresh: boolean): NodePod[] {
+  #nodePods(fresh: (att: Att) => boolean): NodePod[] {
     const out: NodePod[] = [];
     for (const att of [...this.#atts.values()].sort((a, b) => a.seq - b.seq)) {
-      const policy = att.registered && fresh
+      const policy = att.registered && fresh(att)
         ? this.#compile(att)
         : att.registered
         ? att.compiled
@@ -559,9 +638,11 @@ export class PolicyEnforcer implements PolicyHook {
    * it keeps, then the pods that came, went or whose rules changed (`nodeUpdate`); a failure
    * renders it whole.
    */
-  async #updateNode(ch: Changes): Promise<boolean> {
+  #updateNode(ch: Changes): Promise<boolean> {
     const previous = this.#nodeLoaded!;
-    const pods = this.#nodePods(false);
+    const had = new Set(previous.map((p) => p.nodeEnd));
+    // Fresh (with members) for the pods whose chains are made: only they bring new sets.
+    const pods = this.#nodePods((a) => ch.changed.has(a.pod) || !had.has(a.nodeEnd));
     const keys = (list: NodePod[]) => new Set(list.flatMap((p) => p.policy.sets.map((s) => s.key)));
     const before = keys(previous), now = keys(pods);
     const changed = [...this.#atts.values()]
@@ -570,21 +651,19 @@ export class PolicyEnforcer implements PolicyHook {
     const text = ch.deltas.filter((d) => before.has(d.key) && now.has(d.key))
       .map(setDeltaCommands).join("") +
       nodeUpdate(pods, { previous, changed, log: this.#dropLog });
-    if (text === "") return true;
-    try {
-      await this.#devices.loadRuleset(null, text);
-      this.#nodeLoaded = pods;
-      return true;
-    } catch (err) {
-      this.#log.debug("NetworkPolicy: the node's update failed; rendering it whole", {
-        error: userMessage(err),
-      });
-      return await this.#renderNode();
-    }
+    if (text === "") return Promise.resolve(true);
+    this.#nodeLoaded = pods.map((p) => ({ nodeEnd: p.nodeEnd, policy: light(p.policy) }));
+    return this.#load(null, text).then((ok) => {
+      if (ok) return true;
+      this.#log.debug("NetworkPolicy: the node's update failed; rendering it whole");
+      this.#nodeLoaded = null;
+      return this.#renderNode();
+    });
   }
 
-  async #renderNode(): Promise<boolean> {
-    const pods = this.#nodePods(true);
+  /** The node's whole table, rendered now (after what it was last rendered as), queued. */
+  #renderNode(): Promise<boolean> {
+    const pods = this.#nodePods(() => true);
     const split = { ipv4: [] as string[], ipv6: [] as string[] };
     for (const a of this.#nodeAddrs) (a.includes(":") ? split.ipv6 : split.ipv4).push(a);
     const node = pods[0]?.policy.node ?? split;
@@ -595,28 +674,29 @@ export class PolicyEnforcer implements PolicyHook {
     });
     // This agent's first load replaces what an earlier one left (one transaction).
     if (this.#nodeFresh) text = `table ${TABLE} {}\ndelete table ${TABLE}\n${text}`;
-    try {
-      await this.#devices.loadRuleset(null, text);
-      this.#nodeLoaded = pods;
-      this.#nodeFresh = false;
-      this.#nodeStale = false;
-      return true;
-    } catch (err) {
-      this.#nodeStale = true;
-      this.#failed("node", null, err);
-      return false;
-    }
+    const fresh = this.#nodeFresh;
+    this.#nodeLoaded = pods.map((p) => ({ nodeEnd: p.nodeEnd, policy: light(p.policy) }));
+    this.#nodeFresh = false;
+    this.#nodeStale = false;
+    return this.#load(null, text).then((ok) => {
+      if (!ok) {
+        // What the table holds now is unknown: the next flush renders it whole again.
+        this.#nodeStale = true;
+        this.#nodeLoaded = null;
+        this.#nodeFresh ||= fresh;
+      }
+      return ok;
+    });
   }
 
-  #failed(place: "pod" | "node", att: Att | null, err: unknown): void {
+  #failed(place: "pod" | "node", netns: string | null, err: unknown): void {
     this.#loadFailures++;
     this.#metrics?.policyLoadFailed(place);
-    if (att) att.stale = true;
     this.#log.warn(
       place === "pod"
         ? "NetworkPolicy: loading a pod's table failed; trying again"
         : "NetworkPolicy: loading the node's table failed; trying again",
-      { ...(att ? { pod: att.pod, netns: att.netns } : {}), error: userMessage(err) },
+      { ...(netns ? { netns } : {}), error: userMessage(err) },
     );
   }
 
@@ -652,7 +732,7 @@ export class PolicyEnforcer implements PolicyHook {
     let deliver!: (text: string) => void;
     let refuse!: (err: unknown) => void;
     const result = new Promise<string>((res, rej) => [deliver, refuse] = [res, rej]);
-    const task = this.#run(async () => {
+    const task = this.#run(() => {
       const engine = this.#engine!;
       const ch = this.#takeEvents();
       try {
@@ -672,6 +752,7 @@ export class PolicyEnforcer implements PolicyHook {
           netns: null,
           seq: ++this.#seq,
           loaded: null,
+          renders: 0,
           compiled: null,
           stale: false,
           registered: false,
@@ -689,27 +770,28 @@ export class PolicyEnforcer implements PolicyHook {
         }
         this.#atts.set(p.key, att);
         att.registered = true;
-        att.loaded = r.compiled;
-        att.compiled = r.compiled;
+        att.loaded = light(r.compiled);
+        att.compiled = att.loaded;
         ch.add(r);
         ch.changed.delete(p.pod);
         // Its other attachments (an older container's) render again; this one rides the plug.
         for (const other of this.#atts.values()) {
           if (other.pod === p.pod && other !== att) {
             other.stale = true;
-            other.compiled = r.compiled;
+            other.compiled = att.loaded;
           }
         }
         const text = podRuleset(r.compiled, { eni: p.eniIfName, log: this.#dropLog });
-        const flushed = this.#flush(ch);
+        const flushed = this.#flush(ch, { deferPods: true });
         att.nodeReady = flushed.node;
         deliver(text);
-        await flushed.all;
       } catch (err) {
+        // What the events taken above changed still goes in.
+        this.#flush(ch);
         refuse(err);
-        throw err;
       }
-    });
+      return Promise.resolve();
+    }, { first: true });
     task.catch(() => {});
     return { podRuleset: await result };
   }
@@ -720,7 +802,7 @@ export class PolicyEnforcer implements PolicyHook {
     att.netns = netns;
     if (!(await (att.nodeReady ?? Promise.resolve(true)))) {
       // One more try, now: the ADD answers only with the pod's node chains in place.
-      const ok = await this.#run(() => this.#renderNode());
+      const ok = await (await this.#run(() => Promise.resolve({ p: this.#renderNode() }))).p;
       if (!ok) {
         throw new ApiError(
           "device_error",
@@ -728,17 +810,19 @@ export class PolicyEnforcer implements PolicyHook {
         );
       }
     }
-    if (att.stale) await this.#run(() => this.#renderPod(att));
+    if (att.stale) await (await this.#run(() => Promise.resolve({ p: this.#renderPod(att) }))).p;
+    // The other pods' edits that prepare left for after the answer.
+    if (this.#deferred) this.#schedule();
   }
 
   async removed(key: string): Promise<void> {
     if (!this.#atts.has(key)) return;
-    await this.#run(async () => {
+    const done = await this.#run(() => {
       const att = this.#atts.get(key);
-      if (!att) return;
+      if (!att) return Promise.resolve(undefined);
       this.#atts.delete(key);
       const engine = this.#engine;
-      if (!engine) return;
+      if (!engine) return Promise.resolve(undefined);
       const ch = this.#takeEvents();
       if (att.registered) {
         const other = this.#newestOf(att.pod);
@@ -748,8 +832,9 @@ export class PolicyEnforcer implements PolicyHook {
           ch.changed.add(att.pod);
         }
       }
-      await this.#flush(ch).all;
+      return Promise.resolve({ all: this.#flush(ch).all });
     });
+    await done?.all;
   }
 
   restore(pods: RestoredPolicyPod[]): void {
@@ -767,6 +852,7 @@ export class PolicyEnforcer implements PolicyHook {
         netns: p.netns,
         seq: ++this.#seq,
         loaded: null,
+        renders: 0,
         compiled: null,
         stale: true,
         registered: false,
@@ -774,10 +860,11 @@ export class PolicyEnforcer implements PolicyHook {
       };
       this.#atts.set(p.key, att);
       if (this.#engine) {
-        this.#run(async () => {
+        this.#run(() => {
           const ch = this.#takeEvents();
           this.#register(att, ch);
-          await this.#flush(ch).all;
+          this.#flush(ch);
+          return Promise.resolve();
         }).catch(() => {});
       }
     }
@@ -791,7 +878,7 @@ export class PolicyEnforcer implements PolicyHook {
     const iso = (ms: number | null) => (ms === null ? null : new Date(ms).toISOString());
     return {
       synced: engine !== null,
-      pendingEvents: this.#events.length,
+      pendingEvents: this.#events.length + (this.#deferred ? 1 : 0),
       loadFailures: this.#loadFailures,
       caches: this.#kube.stats().map((s) => ({
         resource: s.resource,
@@ -802,7 +889,7 @@ export class PolicyEnforcer implements PolicyHook {
         errors: s.errors,
         lastError: s.lastError,
         lastEventAt: iso(s.lastEventAt),
-        enforcedResourceVersion: this.#enforcedRv.get(s.resource) ?? null,
+        enforcedResourceVersion: this.#enforcedRv.get(s.resource)?.rv ?? null,
       })),
       pods: [...this.#atts.values()].sort((a, b) => a.pod.localeCompare(b.pod)).map((a) => {
         const c = a.registered ? a.compiled : null;
@@ -893,7 +980,8 @@ export class PolicyEnforcer implements PolicyHook {
     // Closing the caches ends the start-up's wait for their sync.
     await this.#kube.close();
     await this.#started.catch(() => {});
-    await this.#tail.catch(() => {});
+    while (this.#pump) await this.#pump;
+    while (this.#tables.size > 0) await Promise.all([...this.#tables.values()]);
   }
 }
 
