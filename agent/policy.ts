@@ -110,8 +110,21 @@ interface Att {
   unknown: boolean;
   /** The node's load that put its chains in place (prepare's). */
   nodeReady?: Promise<boolean>;
-  /** How many times its table was rendered whole (the latest render's outcome counts). */
-  renders: number;
+}
+
+/** One load waiting for its table: `run` loads (and renders, when it is whole); true when it loaded. */
+interface TableWork {
+  run: () => Promise<boolean>;
+  /** A whole render: what is queued before it and has not started is superseded. */
+  whole: boolean;
+  resolve: (ok: boolean) => void;
+}
+
+/** A table's loads, in order: one at a time. */
+interface TableQueue {
+  items: TableWork[];
+  /** The loop running them, while it runs. */
+  running: Promise<void> | null;
 }
 
 /** A cache event waiting for the queue. */
@@ -147,8 +160,10 @@ export const NOT_SYNCED =
   "NetworkPolicy: the agent has not synced with the Kubernetes API server yet; the runtime retries";
 
 const TABLE = `inet ${POLICY_TABLE}`;
-/** The most pod namespaces loaded at once. */
+/** The most pod namespaces loaded at once (the drop counters' reads). */
 const PARALLEL_LOADS = 8;
+/** The most whole renders at once: each holds its pod's sets' members and text in memory. */
+const PARALLEL_RENDERS = 2;
 /** How stale the drop counters may be (they cost a spawn per pod). */
 const DROPS_TTL_MS = 10_000;
 
@@ -205,7 +220,10 @@ export class PolicyEnforcer implements PolicyHook {
   #ready!: () => void;
   readonly #readyP = new Promise<void>((r) => (this.#ready = r));
   /** Each table's chain of loads: a pod's namespace path, or "" for the node. */
-  readonly #tables = new Map<string, Promise<boolean>>();
+  readonly #tables = new Map<string, TableQueue>();
+  /** Whole renders running now, and those waiting for a slot. */
+  #rendering = 0;
+  readonly #renderWaiters: (() => void)[] = [];
   /** The queue: tasks not started yet, in order, and the loop running them. */
   readonly #tasks: (() => Promise<void>)[] = [];
   #pump: Promise<void> | null = null;
@@ -535,23 +553,40 @@ export class PolicyEnforcer implements PolicyHook {
   }
 
   /**
-   * Loads `text` in a table after whatever was queued for that table before (each pod's
-   * namespace and the node have a chain of their own); true when it loaded.
+   * Queues a load for a table (a pod's namespace path, or null: the node) after whatever
+   * was queued for it before, one at a time; a whole render supersedes what is queued and
+   * not started (it renders when it runs, from the engine's state then, so a burst of
+   * changes costs one render, and no text waits in memory).
    */
-  #load(netns: string | null, text: string): Promise<boolean> {
+  #enqueue(netns: string | null, run: () => Promise<boolean>, whole = false): Promise<boolean> {
     const key = netns ?? "";
-    const before = this.#tables.get(key) ?? Promise.resolve(true);
-    const p = before.then(() =>
-      this.#devices.loadRuleset(netns, text).then(() => true, (err) => {
-        this.#failed(netns === null ? "node" : "pod", netns, err);
-        return false;
-      })
-    );
-    this.#tables.set(key, p);
-    p.finally(() => {
-      if (this.#tables.get(key) === p) this.#tables.delete(key);
+    let q = this.#tables.get(key);
+    if (!q) this.#tables.set(key, q = { items: [], running: null });
+    const queue = q;
+    return new Promise<boolean>((resolve) => {
+      if (whole) { for (const it of queue.items.splice(0)) it.resolve(true); }
+      queue.items.push({ run, whole, resolve });
+      queue.running ??= (async () => {
+        while (queue.items.length > 0) {
+          const it = queue.items.shift()!;
+          it.resolve(await it.run().catch(() => false));
+        }
+        queue.running = null;
+        if (this.#tables.get(key) === queue) this.#tables.delete(key);
+      })();
     });
-    return p;
+  }
+
+  /** Loads `text` in a table, queued after its earlier loads; true when it loaded. */
+  #load(netns: string | null, text: string): Promise<boolean> {
+    return this.#enqueue(
+      netns,
+      () =>
+        this.#devices.loadRuleset(netns, text).then(() => true, (err) => {
+          this.#failed(netns === null ? "node" : "pod", netns, err);
+          return false;
+        }),
+    );
   }
 
   #afterFlush(): void {
@@ -575,26 +610,48 @@ export class PolicyEnforcer implements PolicyHook {
     return c;
   }
 
-  /** The pod's whole table, rendered now (after what it was last rendered as), queued. */
+  /**
+   * The pod's whole table, queued: rendered when its turn comes, from the engine's state
+   * then and after what the table holds (`loaded`, which only a load that succeeded sets).
+   */
   #renderPod(att: Att): Promise<boolean> {
+    const netns = att.netns;
+    if (netns === null || !this.#engine) return Promise.resolve(true);
+    att.stale = false;
+    return this.#enqueue(netns, async () => {
+      if (!this.#atts.has(att.key)) return true;
+      if (this.#rendering >= PARALLEL_RENDERS) {
+        await new Promise<void>((r) => this.#renderWaiters.push(r));
+      }
+      this.#rendering++;
+      try {
+        return await this.#renderPodNow(att, netns);
+      } finally {
+        this.#rendering--;
+        this.#renderWaiters.shift()?.();
+      }
+    }, true);
+  }
+
+  /** Renders the pod's table from the engine's state now and loads it. */
+  async #renderPodNow(att: Att, netns: string): Promise<boolean> {
     const c = this.#compile(att);
-    if (!c || att.netns === null) return Promise.resolve(true);
+    if (!c) return true;
     const text = podRuleset(c, {
       eni: att.eni,
       previous: att.loaded ?? undefined,
       log: this.#dropLog,
     });
-    att.loaded = light(c);
-    att.stale = false;
-    const seq = ++att.renders;
-    return this.#load(att.netns, text).then((ok) => {
-      // A failed load leaves what was there: unknown now, rendered whole again later.
-      if (!ok) {
-        att.stale = true;
-        if (att.renders === seq) att.loaded = null;
-      }
-      return ok;
-    });
+    try {
+      await this.#devices.loadRuleset(netns, text);
+      att.loaded = light(c);
+      return true;
+    } catch (err) {
+      // The transaction left what was there: rendered whole again later.
+      this.#failed("pod", netns, err);
+      att.stale = true;
+      return false;
+    }
   }
 
   /** The deltas of the pod's sets, queued; a failed edit replaces those sets whole. */
@@ -752,7 +809,6 @@ export class PolicyEnforcer implements PolicyHook {
           netns: null,
           seq: ++this.#seq,
           loaded: null,
-          renders: 0,
           compiled: null,
           stale: false,
           registered: false,
@@ -852,7 +908,6 @@ export class PolicyEnforcer implements PolicyHook {
         netns: p.netns,
         seq: ++this.#seq,
         loaded: null,
-        renders: 0,
         compiled: null,
         stale: true,
         registered: false,
@@ -981,7 +1036,9 @@ export class PolicyEnforcer implements PolicyHook {
     await this.#kube.close();
     await this.#started.catch(() => {});
     while (this.#pump) await this.#pump;
-    while (this.#tables.size > 0) await Promise.all([...this.#tables.values()]);
+    while (this.#tables.size > 0) {
+      await Promise.all([...this.#tables.values()].map((q) => q.running));
+    }
   }
 }
 

@@ -196,6 +196,11 @@ try {
     if (r.code !== 0) throw new Error(`ADD of ${l.name}: ${r.stdout}`);
   }
   report.localAdds = stats(addMs);
+  const mem = async () => {
+    const m = await procStatus(pid);
+    return { vmHwmMB: mb(m.VmHWM), rssMB: mb(m.VmRSS) };
+  };
+  report.memory = { afterLocalAdds: await mem() };
 
   // 3. Watch events, one at a time: write, then poll until enforced.
   const rvOf = (o: Obj) => Number(o.metadata.resourceVersion);
@@ -237,6 +242,7 @@ try {
     all.push(ms);
     byKind.set(resource, [...(byKind.get(resource) ?? []), ms]);
   }
+  (report.memory as Record<string, unknown>).afterEvents = await mem();
   report.eventToEnforcement = {
     all: stats(all),
     ...Object.fromEntries([...byKind].map(([k, v]) => [k, stats(v)])),
@@ -261,6 +267,7 @@ try {
   for (const [resource, rv] of lastRv) await enforced(resource, rv);
   const cpu1 = await procCpu(pid);
   report.cpuPerEventMs = Math.round((cpu1.own - cpu0.own) / burst * 100) / 100;
+  (report.memory as Record<string, unknown>).afterBurst = await mem();
 
   // 5. ADD p50, policy on then off (the same pods re-created).
   // Pods the policies select (apps app-0…app-9), and pods no policy selects.
