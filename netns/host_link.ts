@@ -462,14 +462,13 @@ export const POD_POLICY_FAILED = 97;
 /**
  * The host link's pod-side policy, run by the one process a plug starts in the pod's
  * namespace (through `nsenter --net`) before the rest of its arguments, the plug's
- * `ip -batch -` (fed once the device is in the pod): the sysctls (forwarding, for the
- * pod's own Service traffic the node sends back; no early demux, which would hand a
- * reply of that traffic to a local socket of the same 5-tuple and drop it;
- * `src_valid_mark`), the pod's ruleset, and per family the rules: the return rule and
- * the answer rule, then the local table moved behind them (added at its new
- * priority before it leaves priority 0, so it is never absent). A rule that is there
- * already (an earlier ADD in the same namespace) is fine; a rule of the same priority
- * that is not enim's is left alone and enim's is added beside it. The rules wait for
+ * `ip -batch -` (fed once the device is in the pod): the sysctls (no early demux, which
+ * would hand a reply of the pod's Service traffic the node sends back to a local socket
+ * of the same 5-tuple and drop it; `src_valid_mark`; forwarding, for that traffic, after
+ * that `ip`), the pod's ruleset, and per family the rules, all at priority 0: the return
+ * rule and the answer rule, the local table moved behind them and the main table's host
+ * routes (an earlier ADD's in the same namespace are cleared when they are in the way; a
+ * rule that is not enim's is left alone and enim's are added beside it). The rules wait for
  * the node's rtnl lock, which the device's move holds for most of its time, so they
  * run in the background while the ruleset loads (nftables does not take that lock)
  * and that `ip` starts; the script waits for them before it exits. A failed policy
@@ -505,13 +504,17 @@ export const POD_POLICY_SCRIPT = [
   '{ { [ -z "$v4" ] || rules 4 "$v4"; } && { [ -z "$v6" ] || rules 6 "$v6"; }; } < /dev/null &',
   "rules=$!",
   'sys() { printf %s "$2" > /proc/sys/net/$1; }',
-  '{ sys ipv4/ip_early_demux 0 && { [ -z "$v4" ] || { sys ipv4/ip_forward 1 &&' +
-  ' sys ipv4/conf/all/src_valid_mark 1; }; } && { [ -z "$v6" ] || sys ipv6/conf/all/forwarding 1; }; } &&',
+  '{ sys ipv4/ip_early_demux 0 && { [ -z "$v4" ] || sys ipv4/conf/all/src_valid_mark 1; }; } &&',
   '  "$8" -f "$6" ||',
   `  { wait "$rules"; exit ${POD_POLICY_FAILED}; }`,
   "shift 8",
   "rc=0",
   '[ "$#" -eq 0 ] || { "$@"; rc=$?; }',
+  // Forwarding once that ip is done, and the move with it: the kernel takes the rtnl lock
+  // for these writes with a trylock and restarts the write while it fails, spinning on a
+  // core for as long as the move holds the lock.
+  '{ [ -z "$v4" ] || sys ipv4/ip_forward 1; } && { [ -z "$v6" ] || sys ipv6/conf/all/forwarding 1; } ||',
+  `  { wait "$rules"; exit ${POD_POLICY_FAILED}; }`,
   `wait "$rules" || exit ${POD_POLICY_FAILED}`,
   'exit "$rc"',
 ].join("\n");
