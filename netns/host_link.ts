@@ -183,10 +183,27 @@ export function nodeCommands(s: HostLinkSpec, podNs: string): string[][] {
       String(s.table),
     ]);
   }
-  const v4 = s.podAddresses.ipv4;
-  if (v4) cmds.push(...nodeRuleCommands(s, v4, "add"));
   return cmds;
 }
+
+/**
+ * The node end's rules and its `src_valid_mark`, run by one process in the node's
+ * namespace once the move's batch made the link (`sh` through `nsenter`: Deno writes
+ * under /proc/sys only with every permission, and `ip rule` takes `-6` only on its
+ * command line). Each family's rules are added from their batch file; when that fails
+ * (rules of an earlier link of the same name, not removed yet) they are deleted and
+ * added again. `src_valid_mark` lets the strict reverse-path check of the pod's Service
+ * replies, which come in from the node end, look their source up with their mark.
+ * Arguments: `$1` the node end's `src_valid_mark` path (empty: no IPv4), `$2` the `ip`
+ * binary, `$3`/`$4` the IPv4 add/delete batch files, `$5`/`$6` the IPv6 ones (empty:
+ * none of that family).
+ */
+export const NODE_END_SCRIPT = [
+  'p="$1" ip="$2"',
+  'rules() { [ -z "$2" ] && return 0; "$ip" "$1" -batch "$2" 2>/dev/null ||' +
+  ' { "$ip" "$1" -force -batch "$3" >/dev/null 2>&1; "$ip" "$1" -batch "$2"; }; }',
+  'rules -4 "$3" "$4" && rules -6 "$5" "$6" && { [ -z "$p" ] || printf 1 > "$p"; }',
+].join("\n");
 
 /**
  * The node's main-table routes and permanent neighbours over a node end (part of
@@ -445,14 +462,13 @@ export const POD_POLICY_FAILED = 97;
 /**
  * The host link's pod-side policy, run by the one process a plug starts in the pod's
  * namespace (through `nsenter --net`) before the rest of its arguments, the plug's
- * `ip -batch -` (fed once the device is in the pod): the sysctls (forwarding, for the
- * pod's own Service traffic the node sends back; no early demux, which would hand a
- * reply of that traffic to a local socket of the same 5-tuple and drop it;
- * `src_valid_mark`), the pod's ruleset, and per family the rules: the return rule and
- * the answer rule, then the local table moved behind them (added at its new
- * priority before it leaves priority 0, so it is never absent). A rule that is there
- * already (an earlier ADD in the same namespace) is fine; a rule of the same priority
- * that is not enim's is left alone and enim's is added beside it. The rules wait for
+ * `ip -batch -` (fed once the device is in the pod): the sysctls (no early demux, which
+ * would hand a reply of the pod's Service traffic the node sends back to a local socket
+ * of the same 5-tuple and drop it; `src_valid_mark`; forwarding, for that traffic, after
+ * that `ip`), the pod's ruleset, and per family the rules, all at priority 0: the return
+ * rule and the answer rule, the local table moved behind them and the main table's host
+ * routes (an earlier ADD's in the same namespace are cleared when they are in the way; a
+ * rule that is not enim's is left alone and enim's are added beside it). The rules wait for
  * the node's rtnl lock, which the device's move holds for most of its time, so they
  * run in the background while the ruleset loads (nftables does not take that lock)
  * and that `ip` starts; the script waits for them before it exits. A failed policy
@@ -466,32 +482,39 @@ export const POD_POLICY_FAILED = 97;
  */
 export const POD_POLICY_SCRIPT = [
   'v4="$1" v6="$2" ret="$3" answer="$4" table="$5" ip="$7"',
-  // rules FAMILY ADDRESS: an earlier ADD's rules in this namespace (another address,
-  // perhaps) go first; then, at priority 0 and in this order, the return rule, the answer
-  // rule, the local table moved behind them and the main table's host routes. The local
-  // table leaves and comes back within one ip process.
+  // rules FAMILY ADDRESS: at priority 0 and in this order, the return rule, the answer
+  // rule, the local table moved behind them and the main table's host routes, in one
+  // ip (the local table leaves and comes back within it). When that fails (an earlier
+  // ADD's rules in this namespace, for another address perhaps), they are deleted and
+  // added again.
   "rules() {",
   '  r="rule del pref 0 fwmark $ret lookup $table"',
+  "  add() { printf '%s\\n' \"rule add pref 0 to $2 fwmark $ret lookup $table\"" +
+  ' "rule add pref 0 iif lo fwmark $answer lookup $table" "rule del pref 0 lookup local"' +
+  ' "rule add pref 0 lookup local" "rule add pref 0 lookup main suppress_prefixlength 0" |',
+  '    "$ip" "-$1" -batch - 2>&1; }',
+  '  add "$1" "$2" >/dev/null && return 0',
   '  printf \'%s\\n\' "$r" "$r" "$r" "rule del pref 0 iif lo fwmark $answer lookup $table"' +
   ' "rule del pref 0 lookup main suppress_prefixlength 0"' +
   ` "rule del pref ${LEGACY_ANSWER_PREF} fwmark $answer lookup $table" |`,
   '    "$ip" "-$1" -force -batch - >/dev/null 2>&1',
-  "  out=$(printf '%s\\n' \"rule add pref 0 to $2 fwmark $ret lookup $table\"" +
-  ' "rule add pref 0 iif lo fwmark $answer lookup $table" "rule del pref 0 lookup local"' +
-  ' "rule add pref 0 lookup local" "rule add pref 0 lookup main suppress_prefixlength 0" |',
-  '    "$ip" "-$1" -batch - 2>&1) ||',
+  '  out=$(add "$1" "$2") ||',
   '    { echo "Cannot add the IPv$1 rules pref 0 to $2 fwmark $ret lookup $table: $out" >&2; return 1; }',
   "}",
   '{ { [ -z "$v4" ] || rules 4 "$v4"; } && { [ -z "$v6" ] || rules 6 "$v6"; }; } < /dev/null &',
   "rules=$!",
   'sys() { printf %s "$2" > /proc/sys/net/$1; }',
-  '{ sys ipv4/ip_early_demux 0 && { [ -z "$v4" ] || { sys ipv4/ip_forward 1 &&' +
-  ' sys ipv4/conf/all/src_valid_mark 1; }; } && { [ -z "$v6" ] || sys ipv6/conf/all/forwarding 1; }; } &&',
+  '{ sys ipv4/ip_early_demux 0 && { [ -z "$v4" ] || sys ipv4/conf/all/src_valid_mark 1; }; } &&',
   '  "$8" -f "$6" ||',
   `  { wait "$rules"; exit ${POD_POLICY_FAILED}; }`,
   "shift 8",
   "rc=0",
   '[ "$#" -eq 0 ] || { "$@"; rc=$?; }',
+  // Forwarding once that ip is done, and the move with it: the kernel takes the rtnl lock
+  // for these writes with a trylock and restarts the write while it fails, spinning on a
+  // core for as long as the move holds the lock.
+  '{ [ -z "$v4" ] || sys ipv4/ip_forward 1; } && { [ -z "$v6" ] || sys ipv6/conf/all/forwarding 1; } ||',
+  `  { wait "$rules"; exit ${POD_POLICY_FAILED}; }`,
   `wait "$rules" || exit ${POD_POLICY_FAILED}`,
   'exit "$rc"',
 ].join("\n");

@@ -40,7 +40,9 @@ Deno.test("the node side creates the pair with the pod end in the pod, and route
     "neigh replace fd00:99::11 lladdr 0a:01:02:03:04:05 dev enimh0123456789 nud permanent",
     "route replace default via 10.99.0.11 dev enimh0123456789 onlink table 268438204",
     "route replace ::/0 via fd00:99::11 dev enimh0123456789 onlink table 268438204",
-    // The IPv4 rules ride in the batch; the IPv6 ones need `ip -6` (below).
+  ]);
+  // The rules come after the link exists, from one process on the node (NODE_END_SCRIPT).
+  assertEquals(nodeRuleCommands(SPEC, "10.99.0.11", "add").map((c) => c.join(" ")), [
     "rule add pref 1500 from 10.99.0.11 iif enimh0123456789 fwmark 0x1000/0x1000 lookup main suppress_prefixlength 31",
     "rule add pref 1501 from 10.99.0.11 iif enimh0123456789 fwmark 0x1000/0x1000 lookup 268438204",
   ]);

@@ -111,6 +111,7 @@ import {
   type HostLinkRef,
   type HostLinkSpec,
   isNodeEnd,
+  NODE_END_SCRIPT,
   NODE_RULE_PREF,
   nodeCommands,
   nodeRouteCommands,
@@ -499,47 +500,56 @@ export class IpDeviceLayer implements DeviceLayer {
    * the rules).
    */
   async #moveBatch(lines: string[][], link: HostLinkSpec | undefined): Promise<Pending> {
-    const v6 = link?.podAddresses.ipv6;
-    if (!link) {
-      await this.#batch(lines, this.#node);
-      return { pending: Promise.resolve() };
-    }
-    const [moved, rules] = await Promise.allSettled([
-      this.#batch(lines, this.#node),
-      v6 ? this.#batch(nodeRuleCommands(link, v6, "add"), this.#node, false, false, 6) : null,
-    ]);
-    if (moved.status === "rejected") throw moved.reason;
-    const fail = (what: string, err: unknown): never => {
+    await this.#batch(lines, this.#node);
+    if (!link) return { pending: Promise.resolve() };
+    // The node end's rules and sysctl, beside the configuring of the pod (a process of its
+    // own); the plug waits for it.
+    const p = this.#nodeEndPolicy(link).catch((err) => {
       throw new DeviceError(
         "host_link",
         "failed",
-        `Cannot ${what} of the host link "${link.nodeIfName}": ${errText(err)}`,
+        `Cannot add the node's rules of the host link "${link.nodeIfName}": ${errText(err)}`,
         { cause: err },
       );
-    };
-    if (rules.status === "rejected") fail("add the node's IPv6 rules", rules.reason);
-    if (!link.podAddresses.ipv4) return { pending: Promise.resolve() };
-    // The reverse-path check of the pod's Service replies (they come in from the node
-    // end) looks their source up with their mark, as the node's rules route them. Set
-    // beside the configuring of the pod (a process of its own); the plug waits for it.
-    const p = this.#nodeSysctl(`ipv4/conf/${link.nodeIfName}/src_valid_mark`, "1")
-      .catch((err) => fail("set src_valid_mark on the node end", err));
+    });
     p.catch(() => {});
     return { pending: p };
   }
 
-  /**
-   * Writes a sysctl of the node's namespace (`key` under /proc/sys/net) through
-   * `nsenter` and `sh` (Deno allows writes under /proc/sys only with every permission).
-   */
-  async #nodeSysctl(key: string, value: string): Promise<void> {
-    const path = `/proc/sys/net/${key}`;
-    const argv = inNetnsArgv(
-      [SH_BIN, "-c", 'printf %s "$2" > "$1"', "sh", path, value],
-      this.#node ?? "/proc/self/ns/net",
-    );
-    const out = await exec(argv);
-    if (out.code !== 0) throw new Error(out.stderr.trim() || `exit ${out.code}`);
+  /** Runs {@linkcode NODE_END_SCRIPT} for a new link: its rules, both families, and its sysctl. */
+  async #nodeEndPolicy(link: HostLinkSpec): Promise<void> {
+    const dir = this.#scratch ?? DEFAULT_SCRATCH_DIR;
+    const files: string[] = [];
+    const file = async (cmds: string[][]) => {
+      const f = await scratchFile(dir, cmds.map(batchLine).join("\n") + "\n");
+      files.push(f);
+      return f;
+    };
+    try {
+      const args: string[] = [];
+      for (const fam of ["ipv4", "ipv6"] as const) {
+        const addr = link.podAddresses[fam];
+        args.push(
+          ...(addr
+            ? [
+              await file(nodeRuleCommands(link, addr, "add")),
+              await file(nodeRuleCommands(link, addr, "del")),
+            ]
+            : ["", ""]),
+        );
+      }
+      const sysctl = link.podAddresses.ipv4
+        ? `/proc/sys/net/ipv4/conf/${link.nodeIfName}/src_valid_mark`
+        : "";
+      const argv = inNetnsArgv(
+        [SH_BIN, "-c", NODE_END_SCRIPT, "enim-node-end", sysctl, IP_BIN, ...args],
+        this.#node ?? "/proc/self/ns/net",
+      );
+      const out = await exec(argv);
+      if (out.code !== 0) throw new Error(out.stderr.trim() || `exit ${out.code}`);
+    } finally {
+      await Promise.all(files.map((f) => Deno.remove(f).catch(() => {})));
+    }
   }
 
   /** The error for a host link the node-side batch could not create. */

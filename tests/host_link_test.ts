@@ -76,6 +76,25 @@ async function strictPod(vpc: SimulatedVpc, name: string): Promise<NetnsHandle> 
 const addrOf = (r: AddResult, fam: 4 | 6) =>
   r.ips.map((i) => i.address.split("/")[0]).find((a) => a.includes(":") === (fam === 6))!;
 
+/**
+ * The scene of the Service tests: a VPC machine `r` in another subnet, two enim pods `a`
+ * and `b` on the node (strict rp_filter) with their ADD results, and each one's addresses
+ * and the node's.
+ */
+async function twoPods(node: SimulatedNode) {
+  const { vpc } = node;
+  const nic = node.nic!;
+  const r = await vpc.host("r", 50, { ipv4: "10.98.0.0/24", ipv6: "fd00:98::/64" });
+  const a = await strictPod(vpc, "a");
+  const b = await strictPod(vpc, "b");
+  const ra = await node.add(a, { config: kubeConf(node) });
+  const rb = await node.add(b, { config: kubeConf(node) });
+  const A = { v4: addrOf(ra, 4), v6: addrOf(ra, 6) };
+  const B = { v4: addrOf(rb, 4), v6: addrOf(rb, 6) };
+  const N = { v4: nic.ipv4!, v6: nic.ipv6! };
+  return { vpc, r, a, b, ra, rb, A, B, N };
+}
+
 /** One Service (TCP port 80 "http", UDP port 53 "dns") per family and backend. */
 function services(backends: Record<string, { v4: string; v6: string }>): ServicePort[] {
   const out: ServicePort[] = [];
@@ -123,16 +142,7 @@ Deno.test({
     const node = await kubeNode();
     await using servers = new Servers();
     try {
-      const { vpc } = node;
-      const nic = node.nic!;
-      const r = await vpc.host("r", 50, { ipv4: "10.98.0.0/24", ipv6: "fd00:98::/64" });
-      const a = await strictPod(vpc, "a");
-      const b = await strictPod(vpc, "b");
-      const ra = await node.add(a, { config: kubeConf(node) });
-      const rb = await node.add(b, { config: kubeConf(node) });
-      const A = { v4: addrOf(ra, 4), v6: addrOf(ra, 6) };
-      const B = { v4: addrOf(rb, 4), v6: addrOf(rb, 6) };
-      const N = { v4: nic.ipv4!, v6: nic.ipv6! };
+      const { vpc, r, a, b, ra, A, B, N } = await twoPods(node);
       const R = { v4: r.ipv4!, v6: r.ipv6! };
       await serve(servers, [[r.ns, "r"], [b, "b"], [vpc.node, "node"]]);
       const svcs = services({ remote: R, pod: B, node: N });
@@ -309,17 +319,8 @@ Deno.test({
     const node = await kubeNode();
     await using servers = new Servers();
     try {
-      const { vpc } = node;
-      const nic = node.nic!;
-      const r = await vpc.host("r", 50, { ipv4: "10.98.0.0/24", ipv6: "fd00:98::/64" });
+      const { vpc, r, a, b, ra, A, B, N } = await twoPods(node);
       const c = await vpc.host("c", 60, { ipv4: "10.98.0.0/24", ipv6: "fd00:98::/64" });
-      const a = await strictPod(vpc, "a");
-      const b = await strictPod(vpc, "b");
-      const ra = await node.add(a, { config: kubeConf(node) });
-      const rb = await node.add(b, { config: kubeConf(node) });
-      const A = { v4: addrOf(ra, 4), v6: addrOf(ra, 6) };
-      const B = { v4: addrOf(rb, 4), v6: addrOf(rb, 6) };
-      const N = { v4: nic.ipv4!, v6: nic.ipv6! };
       // sbr (source-based routing) after enim, as a conflist would chain it: it moves the
       // ENI's routes to a table of their own and adds "from <pod address> lookup" rules.
       const sbrEnv = {
@@ -530,8 +531,9 @@ Deno.test({
     const faults = await IpFaults.install(node);
     const pod = await node.vpc.pod("policy");
     const before = (await node.client.status()).pool;
-    // The policy's rule, in the pod's one process that runs before its ip batch.
-    await faults.fail("pod", "rule\\sadd\\spref\\s0\\sto\\s");
+    // The policy's rules, in the pod's one process that runs before its ip batch: both the
+    // first try and the one after clearing an earlier ADD's rules fail.
+    await faults.fail("pod", "rule\\sadd\\spref\\s0\\sto\\s", 2);
     const out = await node.cni("ADD", node.podCall(pod, { config: kubeConf(node) }));
     assert(await faults.fired(), "the rule's ip ran in the pod");
     await faults.uninstall();
