@@ -16,7 +16,7 @@
  * @module
  */
 import { DEFAULT_SOCKET } from "../api/wire.ts";
-import { MarkBitSchema } from "../api/schema.ts";
+import { MarkConfigSchema } from "../api/schema.ts";
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import { parse as parseJsonc, type ParseError, printParseErrorCode } from "jsonc-parser";
@@ -50,15 +50,6 @@ const AbsolutePath = z.string().check(
   z.refine(
     (s) => s.startsWith("/") && !s.split("/").some((p) => p === ".."),
     "Expected an absolute path without '..'",
-  ),
-);
-
-/** A mark of one bit: a number or a hex string (`"0x1000"`). */
-const MarkOption = z.pipe(
-  z.union([z.number(), z.string().check(z.regex(/^0x[0-9a-fA-F]{1,8}$/))]),
-  z.pipe(
-    z.transform((v: number | string) => typeof v === "number" ? v : parseInt(v, 16)),
-    MarkBitSchema,
   ),
 );
 
@@ -119,8 +110,8 @@ export const AgentConfigSchema = z.strictObject({
    */
   hostLink: z.prefault(
     z.strictObject({
-      nodeMark: z._default(MarkOption, 0x1000),
-      kubeProxyMasqueradeMark: z._default(MarkOption, 0x4000),
+      nodeMark: z._default(MarkConfigSchema, 0x1000),
+      kubeProxyMasqueradeMark: z._default(MarkConfigSchema, 0x4000),
     }).check(z.refine((h) => h.nodeMark !== h.kubeProxyMasqueradeMark, {
       message: "hostLink.nodeMark and hostLink.kubeProxyMasqueradeMark need a bit each",
     })),

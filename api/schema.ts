@@ -126,6 +126,15 @@ export const MarkBitSchema = z.number().check(
   }),
 );
 
+/** A mark of one bit in a config file: a number, or a hex string (`"0x1000"`). */
+export const MarkConfigSchema = z.pipe(
+  z.union([z.number(), z.string().check(z.regex(/^0x[0-9a-fA-F]{1,8}$/))]),
+  z.pipe(
+    z.transform((v: number | string) => typeof v === "number" ? v : parseInt(v, 16)),
+    MarkBitSchema,
+  ),
+);
+
 export const HostLinkRequestSchema = z.object({
   podIfName: IfNameSchema,
   nodeIfPrefix: NodeIfPrefixSchema,

@@ -29,7 +29,7 @@ import { NetworkCidrSchema } from "../providers/schema.ts";
 import {
   type HostLinkRequest,
   IfNameSchema,
-  MarkBitSchema,
+  MarkConfigSchema,
   type Mode,
   NodeIfPrefixSchema,
 } from "../api/schema.ts";
@@ -40,15 +40,6 @@ import { DEFAULT_MARKS } from "../netns/host_link.ts";
 export const DEFAULT_POD_IF_NAME = "host0";
 /** The default prefix of node-end names (the rest is a hash of the attachment key). */
 export const DEFAULT_NODE_IF_PREFIX = "enimh";
-
-/** A mark of one bit in the network config: a number, or a hex string (`"0x1000"`). */
-const MarkConfigSchema = z.pipe(
-  z.union([z.number(), z.string().check(z.regex(/^0x[0-9a-fA-F]{1,8}$/))]),
-  z.pipe(
-    z.transform((v: number | string) => typeof v === "number" ? v : parseInt(v, 16)),
-    MarkBitSchema,
-  ),
-);
 
 /** The host link's fields of enim's section (spread into `EnimSectionSchema`). */
 export const hostLinkFields = {

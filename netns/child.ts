@@ -258,21 +258,26 @@ async function settle(
   throw new CommandTimeoutError(argv, timeoutMs, "unkillable", -1);
 }
 
-/**
- * Runs any argv (binary first) once, counting the spawn, and returns its exit code and
- * output; throws {@linkcode CommandTimeoutError} when it misses its deadline.
- */
-export function exec(argv: string[], limits: CommandLimits = {}): Promise<ExecOutput> {
+/** Starts `argv` (binary first) with piped output and the children's environment, counting the spawn. */
+function spawnChild(argv: string[], stdin: "null" | "piped"): Deno.ChildProcess {
   const [bin, ...args] = argv;
   spawnCounter.count++;
-  const child = new Deno.Command(bin, {
+  return new Deno.Command(bin, {
     args,
-    stdin: "null",
+    stdin,
     stdout: "piped",
     stderr: "piped",
     clearEnv: true,
     env: CHILD_ENV,
   }).spawn();
+}
+
+/**
+ * Runs any argv (binary first) once, counting the spawn, and returns its exit code and
+ * output; throws {@linkcode CommandTimeoutError} when it misses its deadline.
+ */
+export function exec(argv: string[], limits: CommandLimits = {}): Promise<ExecOutput> {
+  const child = spawnChild(argv, "null");
   return settle(child, argv, drain(child.stdout), drain(child.stderr), Promise.resolve(), limits);
 }
 
@@ -310,16 +315,7 @@ async function write(stdin: WritableStream<Uint8Array>, text: string): Promise<v
  * waited for. Its deadline starts with the feed.
  */
 export function startFed(argv: string[], limits: CommandLimits = {}): FedProcess {
-  const [bin, ...args] = argv;
-  spawnCounter.count++;
-  const child = new Deno.Command(bin, {
-    args,
-    stdin: "piped",
-    stdout: "piped",
-    stderr: "piped",
-    clearEnv: true,
-    env: CHILD_ENV,
-  }).spawn();
+  const child = spawnChild(argv, "piped");
   const stdout = drain(child.stdout);
   const stderr = drain(child.stderr);
   let outcome: Promise<ExecOutput> | null = null;
@@ -353,16 +349,7 @@ export function startWatch(
   onLine: (line: string) => void,
   limits: Pick<CommandLimits, "graceMs"> = {},
 ): Watch {
-  const [bin, ...args] = argv;
-  spawnCounter.count++;
-  const child = new Deno.Command(bin, {
-    args,
-    stdin: "null",
-    stdout: "piped",
-    stderr: "piped",
-    clearEnv: true,
-    env: CHILD_ENV,
-  }).spawn();
+  const child = spawnChild(argv, "null");
   const err = drain(child.stderr);
   const lines = (async () => {
     let rest = "";
