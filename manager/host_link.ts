@@ -215,10 +215,7 @@ export class HostLinks {
   reserveTable(k: Key): number {
     const key = keyOf(k);
     const taken = new Map<number, string>(this.#reserved);
-    for (const r of this.#state?.all() ?? []) {
-      const t = hostLinkOf(r)?.table;
-      if (t !== undefined && r.state !== "held") taken.set(t, keyOf(r));
-    }
+    for (const r of this.#state?.hostLinkTables() ?? []) taken.set(r.table, keyOf(r.key));
     let table = tableOf(k);
     while (taken.has(table) && taken.get(table) !== key) {
       table = table + 1 >= 0x7fffffff ? NODE_TABLE_BASE : table + 1;

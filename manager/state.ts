@@ -210,6 +210,12 @@ export type RecordedHostLink = z.infer<typeof RecordedHostLinkSchema>;
 export function hostLinkOf(r: Pick<AttachmentRow, "hostLink">): RecordedHostLink | null {
   return r.hostLink === null ? null : RecordedHostLinkSchema.parse(JSON.parse(r.hostLink));
 }
+/** A row of {@linkcode StateStore.hostLinkTables}. */
+const HostLinkTableRowSchema = z.object({
+  containerId: z.string(),
+  ifName: z.string(),
+  table: z.number().check(z.int()),
+});
 const SELECT = `SELECT ${
   Object.entries(COLUMNS).map(([k, c]) => `${c} AS "${k}"`).join(", ")
 } FROM attachments`;
@@ -264,6 +270,23 @@ export class StateStore {
   /** The attachment with this key, or null. */
   get(k: AttachmentKey): AttachmentRow | null {
     return this.#rows("WHERE container_id = ? AND if_name = ?", k.containerId, k.ifName)[0] ?? null;
+  }
+
+  /**
+   * The per-pod routing tables the host links of rows not held record (issue 34), by
+   * attachment key: what an ADD must not reuse. One narrow query, not every row parsed
+   * whole: an ADD asks it each time.
+   */
+  hostLinkTables(): { key: AttachmentKey; table: number }[] {
+    return prepared(
+      this.db,
+      `SELECT container_id AS "containerId", if_name AS "ifName",
+         json_extract(host_link, '$.table') AS "table" FROM attachments
+       WHERE state != 'held' AND json_extract(host_link, '$.table') IS NOT NULL`,
+    ).all().map((r) => {
+      const row = HostLinkTableRowSchema.parse(r);
+      return { key: { containerId: row.containerId, ifName: row.ifName }, table: row.table };
+    });
   }
 
   /** Every attachment, oldest first. */
