@@ -37,6 +37,9 @@ export function podKey(namespace: string, name: string): string {
 
 const byKey = (x: Addr, y: Addr) => (x.key < y.key ? -1 : x.key > y.key ? 1 : 0);
 
+/** One shared empty address list (most pods have one family): never written to. */
+const NO_ADDRS: Addr[] = Object.freeze([]) as never;
+
 /** Parsed addresses by family, sorted and unique; what is no address is dropped. */
 export function splitAddrs(ips: readonly string[]): { a4: Addr[]; a6: Addr[] } {
   const a4: Addr[] = [], a6: Addr[] = [];
@@ -48,7 +51,22 @@ export function splitAddrs(ips: readonly string[]): { a4: Addr[]; a6: Addr[] } {
   }
   if (a4.length > 1) a4.sort(byKey);
   if (a6.length > 1) a6.sort(byKey);
-  return { a4, a6 };
+  return { a4: a4.length ? a4 : NO_ADDRS, a6: a6.length ? a6 : NO_ADDRS };
+}
+
+/**
+ * The pods with one label value: the pod alone while it is the only one (a label unique
+ * to each pod, a StatefulSet's pod name, costs no set), a set from the second on.
+ */
+type Posting = PodRec | Set<PodRec>;
+
+function postingSize(p: Posting): number {
+  return p instanceof Set ? p.size : 1;
+}
+
+function* postingPods(p: Posting): Iterable<PodRec> {
+  if (p instanceof Set) yield* p;
+  else yield p;
 }
 
 /** Canonical addresses by family, sorted and unique; what is no address is dropped. */
@@ -62,7 +80,7 @@ export class PodIndex {
   readonly pods = new Map<string, PodRec>();
   readonly #byNamespace = new Map<string, Map<string, PodRec>>();
   /** namespace → label key → value → pods. */
-  readonly #byLabel = new Map<string, Map<string, Map<string, Set<PodRec>>>>();
+  readonly #byLabel = new Map<string, Map<string, Map<string, Posting>>>();
   readonly #nsLabels = new Map<string, Labels>();
   /** Local pods' addresses, as enim assigned them. */
   readonly #overrides = new Map<string, string[]>();
@@ -85,7 +103,7 @@ export class PodIndex {
       ? splitAddrs(override)
       : eligible && pod.ips.length > 0
       ? splitAddrs(pod.ips)
-      : { a4: [], a6: [] };
+      : { a4: NO_ADDRS, a6: NO_ADDRS };
     return { key, namespace, labels: pod.metadata.labels, ports: pod.ports, a4, a6, pod };
   }
 
@@ -107,9 +125,10 @@ export class PodIndex {
     for (const [k, v] of Object.entries(rec.labels ?? {})) {
       let values = keys.get(k);
       if (!values) keys.set(k, values = new Map());
-      let set = values.get(v);
-      if (!set) values.set(v, set = new Set());
-      set.add(rec);
+      const had = values.get(v);
+      if (had === undefined) values.set(v, rec);
+      else if (had instanceof Set) had.add(rec);
+      else values.set(v, new Set([had, rec]));
     }
     return old;
   }
@@ -125,9 +144,12 @@ export class PodIndex {
     const keys = this.#byLabel.get(rec.namespace)!;
     for (const [k, v] of Object.entries(rec.labels ?? {})) {
       const values = keys.get(k)!;
-      const set = values.get(v)!;
-      set.delete(rec);
-      if (set.size === 0) values.delete(v);
+      const had = values.get(v)!;
+      if (!(had instanceof Set)) values.delete(v);
+      else {
+        had.delete(rec);
+        if (had.size === 1) values.set(v, had.values().next().value!);
+      }
       if (values.size === 0) keys.delete(k);
     }
     if (keys.size === 0) this.#byLabel.delete(rec.namespace);
@@ -168,7 +190,7 @@ export class PodIndex {
     const all = this.#byNamespace.get(namespace);
     if (!all) return;
     const keys = this.#byLabel.get(namespace);
-    let best: Set<PodRec>[] | null = null;
+    let best: Posting[] | null = null;
     let bestSize = all.size;
     for (const r of reqs) {
       if (r.operator !== "In" && r.operator !== "Exists") continue;
@@ -178,14 +200,14 @@ export class PodIndex {
         : r.operator === "In"
         ? r.values.map((v) => values.get(v)).filter((s) => s !== undefined)
         : [...values.values()];
-      const size = lists.reduce((n, s) => n + s.size, 0);
+      const size = lists.reduce((n, s) => n + postingSize(s), 0);
       if (size < bestSize || best === null && size <= bestSize) {
         best = lists;
         bestSize = size;
       }
     }
     // A pod has one value per key, so the lists of one requirement are disjoint.
-    const candidates = best ? best.flatMap((s) => [...s]) : all.values();
+    const candidates = best ? best.flatMap((s) => [...postingPods(s)]) : all.values();
     for (const rec of candidates) if (matches(reqs, rec.labels)) yield rec;
   }
 }
