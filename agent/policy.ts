@@ -52,7 +52,7 @@ import {
 } from "../policy/mod.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
 import { userMessage } from "../lib/message.ts";
-import { sleep } from "../lib/async.ts";
+import { sleep, Slots } from "../lib/async.ts";
 
 /** What the enforcer records in the agent's metrics (lib/metrics.ts implements it). */
 export interface PolicyRecorder {
@@ -108,6 +108,8 @@ interface Att {
   registered: boolean;
   /** A restored pod the cluster does not have: its tables stay as they are. */
   unknown: boolean;
+  /** Known to have no table in its namespace (ADDed while no policy selected it). */
+  noTable?: boolean;
   /** The node's load that put its chains in place (prepare's). */
   nodeReady?: Promise<boolean>;
 }
@@ -160,7 +162,11 @@ export const NOT_SYNCED =
   "NetworkPolicy: the agent has not synced with the Kubernetes API server yet; the runtime retries";
 
 const TABLE = `inet ${POLICY_TABLE}`;
-/** The most pod namespaces loaded at once (the drop counters' reads). */
+/**
+ * The most pod namespaces loaded at once (set edits, the drop counters' reads): a
+ * namespace's label change edits every local pod's sets, and fifty `nft` processes at
+ * once only share the same CPUs, each with its spawn's buffers in the agent.
+ */
 const PARALLEL_LOADS = 8;
 /** The most whole renders at once: each holds its pod's sets' members and text in memory. */
 const PARALLEL_RENDERS = 2;
@@ -185,6 +191,13 @@ const light = (c: CompiledPolicy): CompiledPolicy => ({
   ...c,
   sets: c.sets.map((s) => ({ ...s, ipv4: [], ipv6: [] }) as typeof s),
 });
+
+/**
+ * Whether a policy isolates the pod in some direction. A pod no policy selects (most pods
+ * of most clusters) gets no table in its namespace and no chains on the node: what is not
+ * jumped to is accepted. Its table and chains are made when a policy first selects it.
+ */
+const isolates = (c: CompiledPolicy): boolean => c.ingress.isolated || c.egress.isolated;
 
 const sameSet = (a: string[], b: string[]) =>
   a.length === b.length && [...a].sort().join() === [...b].sort().join();
@@ -224,6 +237,8 @@ export class PolicyEnforcer implements PolicyHook {
   /** Whole renders running now, and those waiting for a slot. */
   #rendering = 0;
   readonly #renderWaiters: (() => void)[] = [];
+  /** The pods' set edits running now (at most {@linkcode PARALLEL_LOADS}). */
+  readonly #podLoads = new Slots(PARALLEL_LOADS);
   /** The queue: tasks not started yet, in order, and the loop running them. */
   readonly #tasks: (() => Promise<void>)[] = [];
   #pump: Promise<void> | null = null;
@@ -579,14 +594,13 @@ export class PolicyEnforcer implements PolicyHook {
 
   /** Loads `text` in a table, queued after its earlier loads; true when it loaded. */
   #load(netns: string | null, text: string): Promise<boolean> {
-    return this.#enqueue(
-      netns,
-      () =>
-        this.#devices.loadRuleset(netns, text).then(() => true, (err) => {
-          this.#failed(netns === null ? "node" : "pod", netns, err);
-          return false;
-        }),
-    );
+    const load = () =>
+      this.#devices.loadRuleset(netns, text).then(() => true, (err) => {
+        this.#failed(netns === null ? "node" : "pod", netns, err);
+        return false;
+      });
+    // The node's table (an ADD may be waiting for it) never queues behind the pods'.
+    return this.#enqueue(netns, netns === null ? load : () => this.#podLoads.run(load));
   }
 
   #afterFlush(): void {
@@ -637,6 +651,8 @@ export class PolicyEnforcer implements PolicyHook {
   async #renderPodNow(att: Att, netns: string): Promise<boolean> {
     const c = this.#compile(att);
     if (!c) return true;
+    // Still open and no table made: nothing to load.
+    if (att.noTable && !isolates(c)) return true;
     const text = podRuleset(c, {
       eni: att.eni,
       previous: att.loaded ?? undefined,
@@ -645,6 +661,7 @@ export class PolicyEnforcer implements PolicyHook {
     try {
       await this.#devices.loadRuleset(netns, text);
       att.loaded = light(c);
+      att.noTable = false;
       return true;
     } catch (err) {
       // The transaction left what was there: rendered whole again later.
@@ -685,7 +702,7 @@ export class PolicyEnforcer implements PolicyHook {
         : att.registered
         ? att.compiled
         : att.loaded;
-      if (policy) out.push({ nodeEnd: att.nodeEnd, policy });
+      if (policy && isolates(policy)) out.push({ nodeEnd: att.nodeEnd, policy });
     }
     return out;
   }
@@ -826,18 +843,22 @@ export class PolicyEnforcer implements PolicyHook {
         }
         this.#atts.set(p.key, att);
         att.registered = true;
-        att.loaded = light(r.compiled);
-        att.compiled = att.loaded;
+        att.compiled = light(r.compiled);
+        // A pod no policy selects gets no table (see `isolates`).
+        att.noTable = !isolates(r.compiled);
+        att.loaded = att.noTable ? null : att.compiled;
         ch.add(r);
         ch.changed.delete(p.pod);
         // Its other attachments (an older container's) render again; this one rides the plug.
         for (const other of this.#atts.values()) {
           if (other.pod === p.pod && other !== att) {
             other.stale = true;
-            other.compiled = att.loaded;
+            other.compiled = att.compiled;
           }
         }
-        const text = podRuleset(r.compiled, { eni: p.eniIfName, log: this.#dropLog });
+        const text = att.noTable
+          ? ""
+          : podRuleset(r.compiled, { eni: p.eniIfName, log: this.#dropLog });
         const flushed = this.#flush(ch, { deferPods: true });
         att.nodeReady = flushed.node;
         deliver(text);
@@ -1005,7 +1026,7 @@ export class PolicyEnforcer implements PolicyHook {
 
   async #readDrops(): Promise<PolicyDrops[]> {
     const out: PolicyDrops[] = [];
-    const atts = [...this.#atts.values()].filter((a) => a.netns !== null);
+    const atts = [...this.#atts.values()].filter((a) => a.netns !== null && !a.noTable);
     await eachLimited(atts, PARALLEL_LOADS, async (a) => {
       try {
         const json = await this.#devices.listCounters(a.netns, TABLE);

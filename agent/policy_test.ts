@@ -94,7 +94,8 @@ Deno.test("a pod the cache lacks is fetched from the API server; one it does not
       // Created a moment ago: the watch may not have brought it yet; the GET does.
       server.put("pods", pod("a", "web"));
       const r = await e.prepare(add("a/web", "10.1.0.1", "enimh1"));
-      assertStringIncludes(r!.podRuleset, "table inet enim_policy");
+      assertEquals(r!.podRuleset, "", "known now, and no policy selects it: no table");
+      assertEquals(e.status().pods.map((p) => [p.pod, p.policies]), [["a/web", 0]]);
       assert(server.requests.some((q) => q.path === "/api/v1/namespaces/a/pods/web"));
     } finally {
       await e.close();
@@ -102,7 +103,7 @@ Deno.test("a pod the cache lacks is fetched from the API server; one it does not
   });
 });
 
-Deno.test("prepare() puts the node's chains in place before committed() resolves, and the pod's table rides the plug; later changes go to its namespace", async () => {
+Deno.test("a pod no policy selects gets no table and no node chains; the first policy that selects it makes both, and its removal takes the chains", async () => {
   await withServer(async (server) => {
     server.put("namespaces", makeNamespace("a"));
     server.put("pods", pod("a", "web"));
@@ -112,10 +113,10 @@ Deno.test("prepare() puts the node's chains in place before committed() resolves
     try {
       assert(await e.waitSynced(10_000));
       const r = await e.prepare(add("a/web", "10.1.0.1", "enimh1"));
-      assert(!r!.podRuleset.includes('counter name "drop_ingress" drop'), "not isolated yet");
+      assertEquals(r!.podRuleset, "", "not isolated: no table rides the plug");
       await e.committed("c-enimh1/eth0", "/run/netns/web");
       const node = devices.rulesets.get(NODE)!;
-      assertStringIncludes(node.at(-1)!, '"enimh1" : jump in_enimh1');
+      assert(!node.some((t) => t.includes("enimh1")), "no chains on the node either");
       assertStringIncludes(
         node[0],
         "delete table inet enim_policy",
@@ -127,7 +128,16 @@ Deno.test("prepare() puts the node's chains in place before committed() resolves
         intervalMs: 10,
       });
       const table = devices.rulesets.get("/run/netns/web")!.at(-1)!;
+      assertStringIncludes(table, "table inet enim_policy {");
       assertStringIncludes(table, 'counter name "drop_ingress" drop');
+      await poll(
+        () =>
+          Promise.resolve(
+            devices.rulesets.get(NODE)!.some((t) => t.includes('"enimh1" : jump in_enimh1')) ||
+              null,
+          ),
+        { timeoutMs: 10_000, intervalMs: 10 },
+      );
       assertEquals(e.status().pods.map((p) => [p.pod, p.policies, p.ingressIsolated]), [
         ["a/web", 1, true],
       ]);

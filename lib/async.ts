@@ -69,3 +69,26 @@ export async function poll<T>(
     await sleep(Math.min(wait, left), o.signal);
   }
 }
+
+/** At most `size` holders at once; the others wait, first come first served. */
+export class Slots {
+  #free: number;
+  readonly #waiters: (() => void)[] = [];
+
+  constructor(size: number) {
+    this.#free = size;
+  }
+
+  /** Runs `fn` once a slot is free, and frees it after. */
+  async run<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.#free > 0) this.#free--;
+    else await new Promise<void>((r) => this.#waiters.push(r));
+    try {
+      return await fn();
+    } finally {
+      const next = this.#waiters.shift();
+      if (next) next();
+      else this.#free++;
+    }
+  }
+}
