@@ -198,7 +198,19 @@ try {
   report.localAdds = stats(addMs);
   const mem = async () => {
     const m = await procStatus(pid);
-    return { vmHwmMB: mb(m.VmHWM), rssMB: mb(m.VmRSS) };
+    const heap = (kind: string) =>
+      Number(
+        new RegExp(`^enim_agent_memory_bytes\\{kind="${kind}"\\} (\\d+)`, "m").exec(metricsText)
+          ?.[1] ?? 0,
+      );
+    const metricsText = await n.client.metrics();
+    return {
+      vmHwmMB: mb(m.VmHWM),
+      rssMB: mb(m.VmRSS),
+      heapUsedMB: mb(heap("heap_used") / 1024),
+      heapTotalMB: mb(heap("heap_total") / 1024),
+      externalMB: mb(heap("external") / 1024),
+    };
   };
   report.memory = { afterLocalAdds: await mem() };
 
@@ -283,8 +295,11 @@ try {
     server.put("pods", makePod({ ...l, nodeName: "node-bench" }));
   }
   await enforced("pods", Number(server.resourceVersion));
+  /** The agent's CPU time (its own and its children's) per ADD and DEL, by cycle. */
+  const cpuPerCycle: Record<string, { agentMs: number; childrenMs: number }> = {};
   const cycle = async (tag: string, pods: typeof selected): Promise<number[]> => {
     const out: number[] = [];
+    const c0 = await procCpu(n.agentPid!);
     for (let k = 0; k < N.adds; k++) {
       const l = pods[k];
       const ns = await n.vpc.pod(`${tag}-${k}`);
@@ -301,12 +316,19 @@ try {
       if (d.code !== 0) throw new Error(`DEL ${tag}-${k}: ${d.stdout}`);
       await n.vpc.deletePod(ns);
     }
+    const c1 = await procCpu(n.agentPid!);
+    cpuPerCycle[tag] = {
+      agentMs: Math.round((c1.own - c0.own) / N.adds * 10) / 10,
+      childrenMs: Math.round((c1.children - c0.children) / N.adds * 10) / 10,
+    };
     return out;
   };
   const phases0 = parsePhases(await n.client.metrics());
   const on = await cycle("on", selected);
-  const phasesOn = phaseDelta(phases0, parsePhases(await n.client.metrics()));
+  const phasesMid = parsePhases(await n.client.metrics());
+  const phasesOn = phaseDelta(phases0, phasesMid);
   const onPlain = await cycle("on-plain", plain);
+  const phasesOnPlain = phaseDelta(phasesMid, parsePhases(await n.client.metrics()));
   const end = await procStatus(pid);
   report.end = { vmHwmMB: mb(end.VmHWM), rssMB: mb(end.VmRSS) };
   await n.stopAgent();
@@ -323,7 +345,12 @@ try {
     policyOn: stats(on),
     policyOnNotSelected: stats(onPlain),
     policyOff: stats(off),
-    phasesMeanMs: { policyOn: addPhases(phasesOn), policyOff: addPhases(phasesOff) },
+    cpuPerAddAndDel: cpuPerCycle,
+    phasesMeanMs: {
+      policyOn: addPhases(phasesOn),
+      policyOnNotSelected: addPhases(phasesOnPlain),
+      policyOff: addPhases(phasesOff),
+    },
   };
   console.log(JSON.stringify(report, null, 2));
 } finally {

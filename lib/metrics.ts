@@ -29,6 +29,7 @@ export type Phase =
   | "unplug"
   | "inspect"
   | "policy"
+  | "policy_commit"
   | "state_write";
 
 /**

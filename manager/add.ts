@@ -217,7 +217,7 @@ export async function addPinned(
           ifindex,
           nodeName,
         }));
-      if (link) await policyCommitted(ctx, key, req.netns);
+      if (link) await t.time("policy_commit", () => policyCommitted(ctx, key, req.netns));
       for (const r of recycled) {
         log.info("Older container's ENI enters recycling", { recycled: keyOf(r) });
       }
