@@ -51,22 +51,46 @@ export function splitAddrs(ips: readonly string[]): { a4: Addr[]; a6: Addr[] } {
   }
   if (a4.length > 1) a4.sort(byKey);
   if (a6.length > 1) a6.sort(byKey);
-  return { a4: a4.length ? a4 : NO_ADDRS, a6: a6.length ? a6 : NO_ADDRS };
+  // Copies of exactly their length: a list built by push keeps room for 16 more (152
+  // bytes per pod of the index, kept as long as the pod).
+  return { a4: a4.length ? a4.slice() : NO_ADDRS, a6: a6.length ? a6.slice() : NO_ADDRS };
 }
 
 /**
  * The pods with one label value: the pod alone while it is the only one (a label unique
- * to each pod, a StatefulSet's pod name, costs no set), a set from the second on.
+ * to each pod, a StatefulSet's pod name, costs no collection), a short array up to
+ * {@linkcode POSTING_ARRAY_MAX} pods (a third of a Set's size), a Set beyond.
  */
-type Posting = PodRec | Set<PodRec>;
+type Posting = PodRec | PodRec[] | Set<PodRec>;
+const POSTING_ARRAY_MAX = 16;
 
 function postingSize(p: Posting): number {
-  return p instanceof Set ? p.size : 1;
+  return p instanceof Set ? p.size : Array.isArray(p) ? p.length : 1;
 }
 
 function* postingPods(p: Posting): Iterable<PodRec> {
-  if (p instanceof Set) yield* p;
+  if (p instanceof Set || Array.isArray(p)) yield* p;
   else yield p;
+}
+
+/** `p` with `rec` added. */
+function postingAdd(p: Posting | undefined, rec: PodRec): Posting {
+  if (p === undefined) return rec;
+  if (p instanceof Set) return p.add(rec);
+  // A new array each time: exactly its length (a push would leave room for 16 more).
+  if (!Array.isArray(p)) return [p, rec];
+  return p.length < POSTING_ARRAY_MAX ? [...p, rec] : new Set([...p, rec]);
+}
+
+/** `p` without `rec` (undefined: empty). */
+function postingRemove(p: Posting, rec: PodRec): Posting | undefined {
+  if (p instanceof Set) {
+    p.delete(rec);
+    return p.size > POSTING_ARRAY_MAX / 2 ? p : p.size === 0 ? undefined : [...p];
+  }
+  if (!Array.isArray(p)) return p === rec ? undefined : p;
+  const left = p.filter((r) => r !== rec);
+  return left.length > 1 ? left : left[0];
 }
 
 /** Canonical addresses by family, sorted and unique; what is no address is dropped. */
@@ -125,10 +149,7 @@ export class PodIndex {
     for (const [k, v] of Object.entries(rec.labels ?? {})) {
       let values = keys.get(k);
       if (!values) keys.set(k, values = new Map());
-      const had = values.get(v);
-      if (had === undefined) values.set(v, rec);
-      else if (had instanceof Set) had.add(rec);
-      else values.set(v, new Set([had, rec]));
+      values.set(v, postingAdd(values.get(v), rec));
     }
     return old;
   }
@@ -144,12 +165,9 @@ export class PodIndex {
     const keys = this.#byLabel.get(rec.namespace)!;
     for (const [k, v] of Object.entries(rec.labels ?? {})) {
       const values = keys.get(k)!;
-      const had = values.get(v)!;
-      if (!(had instanceof Set)) values.delete(v);
-      else {
-        had.delete(rec);
-        if (had.size === 1) values.set(v, had.values().next().value!);
-      }
+      const left = postingRemove(values.get(v)!, rec);
+      if (left === undefined) values.delete(v);
+      else values.set(v, left);
       if (values.size === 0) keys.delete(k);
     }
     if (keys.size === 0) this.#byLabel.delete(rec.namespace);
