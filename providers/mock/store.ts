@@ -136,3 +136,16 @@ export function sameOwner(r: Row, o: Owner): boolean {
 }
 
 export const hex = (b: number) => (b & 0xff).toString(16).padStart(2, "0");
+
+const DataVersionSchema = z.object({ data_version: z.number() });
+const ChangesSchema = z.object({ t: z.number() });
+
+/**
+ * What changes whenever the table may have: SQLite's `data_version` (another connection
+ * wrote: another node of the simulated VPC) and `total_changes()` (this one did).
+ */
+export function changeStamp(db: DatabaseSync): string {
+  const v = DataVersionSchema.parse(prepared(db, "PRAGMA data_version").get()).data_version;
+  const t = ChangesSchema.parse(prepared(db, "SELECT total_changes() AS t").get()).t;
+  return `${v}/${t}`;
+}
