@@ -41,6 +41,7 @@ import {
   nodeRuleset,
   nodeUpdate,
   parseDropCounters,
+  type PeerSet,
   PodNotFoundError,
   podRuleset,
   POLICY_TABLE,
@@ -617,10 +618,10 @@ export class PolicyEnforcer implements PolicyHook {
   }
 
   /** The pod's policy compiled now (its sets' current members); kept light as `att.compiled`. */
-  #compile(att: Att): CompiledPolicy | null {
-    const c = this.#engine?.compiled(att.namespace, att.name);
+  #compile(att: Att, members = true): CompiledPolicy | null {
+    const c = this.#engine?.compiled(att.namespace, att.name, { members });
     if (!c) return att.compiled;
-    att.compiled = light(c);
+    att.compiled = members ? light(c) : c;
     return c;
   }
 
@@ -691,14 +692,15 @@ export class PolicyEnforcer implements PolicyHook {
 
   /**
    * The node's pods: each attachment's node end and its pod's policy, compiled now when
-   * `fresh` says so, else as last compiled (its rules current; enough for `nodeUpdate`,
+   * `fresh` says so (its sets' members left out when `members` is false), else as last
+   * compiled (its rules current; enough for `nodeUpdate`,
    * which fills only new sets, and new sets come from the pods whose rules just changed).
    */
-  #nodePods(fresh: (att: Att) => boolean): NodePod[] {
+  #nodePods(fresh: (att: Att) => boolean, members = true): NodePod[] {
     const out: NodePod[] = [];
     for (const att of [...this.#atts.values()].sort((a, b) => a.seq - b.seq)) {
       const policy = att.registered && fresh(att)
-        ? this.#compile(att)
+        ? this.#compile(att, members)
         : att.registered
         ? att.compiled
         : att.loaded;
@@ -715,10 +717,30 @@ export class PolicyEnforcer implements PolicyHook {
   #updateNode(ch: Changes): Promise<boolean> {
     const previous = this.#nodeLoaded!;
     const had = new Set(previous.map((p) => p.nodeEnd));
-    // Fresh (with members) for the pods whose chains are made: only they bring new sets.
-    const pods = this.#nodePods((a) => ch.changed.has(a.pod) || !had.has(a.nodeEnd));
+    // Compiled again for the pods whose chains are made (only they bring new sets), their
+    // rules alone; members only for the sets the node does not hold yet.
+    const pods = this.#nodePods((a) => ch.changed.has(a.pod) || !had.has(a.nodeEnd), false);
     const keys = (list: NodePod[]) => new Set(list.flatMap((p) => p.policy.sets.map((s) => s.key)));
     const before = keys(previous), now = keys(pods);
+    const filled = new Map<string, PeerSet>();
+    try {
+      for (const p of pods) {
+        if (p.policy.sets.every((s) => before.has(s.key))) continue;
+        const full = (key: string) => {
+          let f = filled.get(key);
+          if (!f) filled.set(key, f = this.#engine!.peerSet(key));
+          return f;
+        };
+        p.policy = {
+          ...p.policy,
+          sets: p.policy.sets.map((s) => (before.has(s.key) ? s : full(s.key))),
+        };
+      }
+    } catch {
+      // A set no longer in use (the engine moved on): render the node whole.
+      this.#nodeLoaded = null;
+      return this.#renderNode();
+    }
     const changed = [...this.#atts.values()]
       .filter((a) => ch.changed.has(a.pod))
       .map((a) => a.nodeEnd);

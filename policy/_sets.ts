@@ -163,8 +163,8 @@ export class SetStore {
     }
   }
 
-  /** Set `key` with its current members, sorted. */
-  peerSet(key: string): PeerSet {
+  /** Set `key` with its current members, sorted (with `members` false: none, an empty list). */
+  peerSet(key: string, members = true): PeerSet {
     const s = this.#sets.get(key);
     if (!s) throw new Error(`No peer set "${key}" is in use`);
     if (s.kind === "ipBlock") {
@@ -175,8 +175,8 @@ export class SetStore {
         key: s.key,
         kind: "pods",
         text: s.text,
-        ipv4: sorted(s.c4),
-        ipv6: sorted(s.c6),
+        ipv4: members ? sorted(s.c4) : [],
+        ipv6: members ? sorted(s.c6) : [],
       };
     }
     return {
@@ -185,8 +185,8 @@ export class SetStore {
       text: s.text,
       protocol: s.protocol!,
       portName: s.portName!,
-      ipv4: sorted(s.c4).map(addrPort),
-      ipv6: sorted(s.c6).map(addrPort),
+      ipv4: members ? sorted(s.c4).map(addrPort) : [],
+      ipv6: members ? sorted(s.c6).map(addrPort) : [],
     };
   }
 

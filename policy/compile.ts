@@ -37,7 +37,7 @@ import { type PreparedPolicy, preparePolicy } from "./_prepare.ts";
 import { PodIndex, podKey, splitFamilies } from "./_pod_index.ts";
 import { podRules, type Rules } from "./_rules.ts";
 import { DeltaLog, SetStore } from "./_sets.ts";
-import type { CompiledPolicy, SetDelta } from "./types.ts";
+import type { CompiledPolicy, PeerSet, SetDelta } from "./types.ts";
 
 export { podKey } from "./_pod_index.ts";
 
@@ -205,10 +205,23 @@ export class PolicyEngine {
     return this.#finish(log, []);
   }
 
-  /** The current compiled policy of a local pod (sets with their current members). */
-  compiled(namespace: string, name: string): CompiledPolicy | undefined {
+  /**
+   * The current compiled policy of a local pod: its sets with their current members, or
+   * with `members: false` without (its rules alone: sorting a set of thousands of members
+   * is most of the cost, and what holds them in memory).
+   */
+  compiled(
+    namespace: string,
+    name: string,
+    opts: { members?: boolean } = {},
+  ): CompiledPolicy | undefined {
     const st = this.#locals.get(podKey(namespace, name));
-    return st ? this.#materialize(st) : undefined;
+    return st ? this.#materialize(st, opts.members ?? true) : undefined;
+  }
+
+  /** A set in use, with its current members. */
+  peerSet(key: string): PeerSet {
+    return this.#sets.peerSet(key);
   }
 
   /** The keys (`namespace/name`) of the local pods, sorted. */
@@ -336,13 +349,13 @@ export class PolicyEngine {
     return changed;
   }
 
-  #materialize(st: LocalState): CompiledPolicy {
+  #materialize(st: LocalState, members = true): CompiledPolicy {
     return {
       pod: { namespace: st.namespace, name: st.name, ipv4: st.self.v4, ipv6: st.self.v6 },
       node: { ipv4: this.#node.v4, ipv6: this.#node.v6 },
       ingress: st.rules.ingress,
       egress: st.rules.egress,
-      sets: [...st.rules.specs.keys()].sort().map((k) => this.#sets.peerSet(k)),
+      sets: [...st.rules.specs.keys()].sort().map((k) => this.#sets.peerSet(k, members)),
       policies: st.rules.policies,
       warnings: st.rules.warnings,
     };
