@@ -538,12 +538,15 @@ export class PolicyEnforcer implements PolicyHook {
       if (full) loads.push(this.#renderPod(att));
       else if (mine.length > 0) loads.push(this.#editPod(att, mine));
     }
+    // With `deferPods` the node's set edits wait too (the node's update then holds only
+    // the new pod's chains and the sets new to the node): the deferred flush applies them.
     const node = ch.node || this.#nodeStale || this.#nodeFresh || this.#nodeLoaded === null
       ? this.#renderNode()
-      : this.#updateNode(ch);
+      : this.#updateNode(ch, !o.deferPods);
     if (o.deferPods) {
-      // The other pods' edits wait until the ADD has answered (they only ever admit more:
-      // the new pod joining their sets); the next drain applies them first.
+      // The other pods' edits, and the node's edits of its sets, wait until the ADD has
+      // answered (they only ever admit more: the new pod joining the sets); the next
+      // drain applies them first.
       const d = new Changes();
       d.deltas.push(...ch.deltas);
       for (const c of ch.changed) d.changed.add(c);
@@ -711,10 +714,10 @@ export class PolicyEnforcer implements PolicyHook {
 
   /**
    * The node's table brought up to date without rendering it whole: the deltas of the sets
-   * it keeps, then the pods that came, went or whose rules changed (`nodeUpdate`); a failure
-   * renders it whole.
+   * it keeps (unless `deltas` is false: an ADD's, applied after it answers), then the pods
+   * that came, went or whose rules changed (`nodeUpdate`); a failure renders it whole.
    */
-  #updateNode(ch: Changes): Promise<boolean> {
+  #updateNode(ch: Changes, deltas = true): Promise<boolean> {
     const previous = this.#nodeLoaded!;
     const had = new Set(previous.map((p) => p.nodeEnd));
     // Compiled again for the pods whose chains are made (only they bring new sets), their
@@ -744,7 +747,7 @@ export class PolicyEnforcer implements PolicyHook {
     const changed = [...this.#atts.values()]
       .filter((a) => ch.changed.has(a.pod))
       .map((a) => a.nodeEnd);
-    const text = ch.deltas.filter((d) => before.has(d.key) && now.has(d.key))
+    const text = (deltas ? ch.deltas : []).filter((d) => before.has(d.key) && now.has(d.key))
       .map(setDeltaCommands).join("") +
       nodeUpdate(pods, { previous, changed, log: this.#dropLog });
     if (text === "") return Promise.resolve(true);
@@ -910,8 +913,17 @@ export class PolicyEnforcer implements PolicyHook {
       }
     }
     if (att.stale) await (await this.#run(() => Promise.resolve({ p: this.#renderPod(att) }))).p;
-    // The other pods' edits that prepare left for after the answer.
-    if (this.#deferred) this.#schedule();
+    // The other pods' and the node's edits that prepare left for after the answer: in a
+    // later task, once the ADD's answer is on its way (rendering them and starting their
+    // `nft` processes took the main thread while the answer waited).
+    if (this.#deferred) {
+      const timer = setTimeout(() => {
+        this.#stop.signal.removeEventListener("abort", cancel);
+        this.#schedule();
+      }, 0);
+      const cancel = () => clearTimeout(timer);
+      this.#stop.signal.addEventListener("abort", cancel, { once: true });
+    }
   }
 
   async removed(key: string): Promise<void> {
