@@ -16,7 +16,9 @@
  * - ADD p50 with policy on (pods the policies select, whose tables hold sets of thousands
  *   of members; and pods no policy selects) and, after a restart with
  *   `networkPolicy.enabled: false`, off (CNI ADD as a runtime calls it, DEL between), with
- *   the ADD's phases (means, from the agent's metrics);
+ *   the ADD's phases (means, from the agent's metrics); back to back (each ADD shares the
+ *   CPUs with what the DEL before it left running: the device's way home and, with
+ *   policy, the other pods' set edits), and settled (each ADD 300 ms after that DEL);
  * - the agent's VmHWM and RSS at the end.
  *
  *     deno run -A --config tests/deno.json bench/policy_agent.ts [--pods N] [--policies N]
@@ -60,6 +62,8 @@ const N = {
 };
 const SERVICE_CIDRS = ["172.30.0.0/16", "fd00:30::/108"];
 const APPS = 50;
+/** How long a settled ADD waits for the node to finish what came before it. */
+const SETTLE_MS = 300;
 
 const nsName = (i: number) => `team-${i % N.namespaces}`;
 const nsLabels = (i: number) => ({ team: `t${i % 7}`, env: i % 3 === 0 ? "prod" : "dev" });
@@ -297,7 +301,12 @@ try {
   await enforced("pods", Number(server.resourceVersion));
   /** The agent's CPU time (its own and its children's) per ADD and DEL, by cycle. */
   const cpuPerCycle: Record<string, { agentMs: number; childrenMs: number }> = {};
-  const cycle = async (tag: string, pods: typeof selected): Promise<number[]> => {
+  /**
+   * ADD then DEL of each pod, timed from the plugin's spawn to its exit; `settleMs` > 0
+   * waits that long before each ADD, so that the node has finished the work an earlier
+   * DEL and ADD left running (the device's way home, other pods' set edits).
+   */
+  const cycle = async (tag: string, pods: typeof selected, settleMs = 0): Promise<number[]> => {
     const out: number[] = [];
     const c0 = await procCpu(n.agentPid!);
     for (let k = 0; k < N.adds; k++) {
@@ -308,6 +317,7 @@ try {
         args: `K8S_POD_NAMESPACE=${l.namespace};K8S_POD_NAME=${l.name};IgnoreUnknown=1`,
         config: conf,
       });
+      if (settleMs > 0) await sleep(settleMs);
       const a0 = performance.now();
       const r = await n.cni("ADD", call);
       out.push(performance.now() - a0);
@@ -329,6 +339,8 @@ try {
   const phasesOn = phaseDelta(phases0, phasesMid);
   const onPlain = await cycle("on-plain", plain);
   const phasesOnPlain = phaseDelta(phasesMid, parsePhases(await n.client.metrics()));
+  const onSettled = await cycle("on-settled", selected, SETTLE_MS);
+  const onPlainSettled = await cycle("on-plain-settled", plain, SETTLE_MS);
   const end = await procStatus(pid);
   report.end = { vmHwmMB: mb(end.VmHWM), rssMB: mb(end.VmRSS) };
   await n.stopAgent();
@@ -337,6 +349,7 @@ try {
   const phases1 = parsePhases(await n.client.metrics());
   const off = await cycle("off", selected);
   const phasesOff = phaseDelta(phases1, parsePhases(await n.client.metrics()));
+  const offSettled = await cycle("off-settled", selected, SETTLE_MS);
   const addPhases = (ph: typeof phasesOn) =>
     Object.fromEntries(
       Object.entries(ph).filter(([k]) => k.startsWith("add/")).map(([k, v]) => [k, v.meanMs]),
@@ -345,6 +358,12 @@ try {
     policyOn: stats(on),
     policyOnNotSelected: stats(onPlain),
     policyOff: stats(off),
+    /** The same, each ADD after the node settled (see `cycle`). */
+    settled: {
+      policyOn: stats(onSettled),
+      policyOnNotSelected: stats(onPlainSettled),
+      policyOff: stats(offSettled),
+    },
     cpuPerAddAndDel: cpuPerCycle,
     phasesMeanMs: {
       policyOn: addPhases(phasesOn),
