@@ -544,9 +544,9 @@ export class PolicyEnforcer implements PolicyHook {
       ? this.#renderNode()
       : this.#updateNode(ch, !o.deferPods);
     if (o.deferPods) {
-      // The other pods' edits, and the node's edits of its sets, wait until the ADD has
-      // answered (they only ever admit more: the new pod joining the sets); the next
-      // drain applies them first.
+      // The other pods' edits, and the node's edits of its sets, that an ADD's own change
+      // brings wait until it has answered (they only ever admit more: the new pod joining
+      // the sets); the next drain applies them first.
       const d = new Changes();
       d.deltas.push(...ch.deltas);
       for (const c of ch.changed) d.changed.add(c);
@@ -833,7 +833,14 @@ export class PolicyEnforcer implements PolicyHook {
     const result = new Promise<string>((res, rej) => [deliver, refuse] = [res, rej]);
     const task = this.#run(() => {
       const engine = this.#engine!;
-      const ch = this.#takeEvents();
+      // What came before this ADD (cache events, an earlier ADD's deferred edits) goes in
+      // now, as any drain puts it; only this ADD's own edits wait for its answer.
+      const before = this.#takeEvents();
+      if (
+        before.arrived.length > 0 || before.deltas.length > 0 || before.changed.size > 0 ||
+        before.node || before.rvs.size > 0
+      ) this.#flush(before);
+      const ch = new Changes();
       try {
         if (fetched && !this.#kube.pods.get(p.pod)) ch.add(engine.upsertPod(fetched));
         if (p.nodeAddresses.length > 0 && !sameSet(p.nodeAddresses, this.#nodeAddrs)) {
@@ -888,7 +895,7 @@ export class PolicyEnforcer implements PolicyHook {
         att.nodeReady = flushed.node;
         deliver(text);
       } catch (err) {
-        // What the events taken above changed still goes in.
+        // What this ADD changed before it failed still goes in.
         this.#flush(ch);
         refuse(err);
       }

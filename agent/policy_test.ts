@@ -130,13 +130,16 @@ Deno.test("a pod no policy selects gets no table and no node chains; the first p
       const table = devices.rulesets.get("/run/netns/web")!.at(-1)!;
       assertStringIncludes(table, "table inet enim_policy {");
       assertStringIncludes(table, 'counter name "drop_ingress" drop');
-      await poll(
-        () =>
-          Promise.resolve(
-            devices.rulesets.get(NODE)!.some((t) => t.includes('"enimh1" : jump in_enimh1')) ||
-              null,
-          ),
-        { timeoutMs: 10_000, intervalMs: 10 },
+      assert(
+        await poll(
+          () =>
+            Promise.resolve(
+              devices.rulesets.get(NODE)!.some((t) => t.includes('"enimh1" : jump in_enimh1')) ||
+                null,
+            ),
+          { timeoutMs: 10_000, intervalMs: 10 },
+        ),
+        "the node's chains for web, once a policy selects it",
       );
       assertEquals(e.status().pods.map((p) => [p.pod, p.policies, p.ingressIsolated]), [
         ["a/web", 1, true],
@@ -213,6 +216,66 @@ Deno.test("a failed load is retried until the pod's table has its deny", async (
       );
       assert(e.status().loadFailures >= 1);
       assertStringIncludes(devices.rulesets.get("/run/netns/web")!.at(-1)!, "drop_ingress");
+    } finally {
+      await e.close();
+    }
+  });
+});
+
+Deno.test("the edits an ADD brings to other pods' tables and to the node's sets wait until it has answered", async () => {
+  await withServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    server.put(
+      "pods",
+      makePod({ namespace: "a", name: "web", labels: { app: "web" }, nodeName: "n1" }),
+    );
+    for (const n of ["c1", "c2"]) {
+      server.put(
+        "pods",
+        makePod({ namespace: "a", name: n, labels: { app: "client" }, nodeName: "n1" }),
+      );
+    }
+    server.put("networkpolicies", {
+      metadata: { namespace: "a", name: "web-from-clients" },
+      spec: {
+        podSelector: { matchLabels: { app: "web" } },
+        ingress: [{ from: [{ podSelector: { matchLabels: { app: "client" } } }] }],
+      },
+    });
+    const devices = new FakeDeviceLayer();
+    for (const n of ["web", "c1"]) devices.addNetns(`/run/netns/${n}`);
+    const e = enforcer(server, devices);
+    try {
+      assert(await e.waitSynced(10_000));
+      const web = await e.prepare(add("a/web", "10.1.0.1", "enimh1"));
+      assertStringIncludes(web!.podRuleset, 'counter name "drop_ingress" drop', "web is isolated");
+      await e.committed("c-enimh1/eth0", "/run/netns/web");
+      const has = (netns: string, ip: string) =>
+        (devices.rulesets.get(netns) ?? []).some((t) => t.includes(ip));
+      // web's own ADD's edits, after its answer, done.
+      assert(
+        await poll(() => Promise.resolve(e.status().pendingEvents === 0 || null), {
+          timeoutMs: 10_000,
+          intervalMs: 10,
+        }),
+      );
+      await new Promise((r) => setTimeout(r, 200));
+      // c1's ADD: its address joins web's client set, in web's table and on the node, only
+      // once that ADD has answered.
+      const c1 = await e.prepare(add("a/c1", "10.1.0.7", "enimh2"));
+      assertEquals(c1!.podRuleset, "", "no policy selects c1");
+      // Time for any load the ADD started to land.
+      await new Promise((r) => setTimeout(r, 100));
+      assert(!has("/run/netns/web", "10.1.0.7"), "web's table waits for c1's answer");
+      assert(!has(NODE, "10.1.0.7"), "the node's set waits for c1's answer");
+      await e.committed("c-enimh2/eth0", "/run/netns/c1");
+      assert(
+        await poll(
+          () => Promise.resolve(has("/run/netns/web", "10.1.0.7") && has(NODE, "10.1.0.7") || null),
+          { timeoutMs: 10_000, intervalMs: 10 },
+        ),
+        "c1's address is in web's table and on the node once its ADD has answered",
+      );
     } finally {
       await e.close();
     }
