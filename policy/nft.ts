@@ -264,6 +264,55 @@ export function nodeNames(nodeEnd: string) {
   };
 }
 
+/** A node pod's chains and counters, as declarations inside `table … { }`. */
+function nodePodObjects(p: NodePod): string[] {
+  const n = nodeNames(p.nodeEnd);
+  return [
+    `\tchain ${n.ingress} { }`,
+    `\tchain ${n.egress} { }`,
+    `\tcounter ${n.dropIngress} { }`,
+    `\tcounter ${n.dropEgress} { }`,
+  ];
+}
+
+/** A node pod's rules, into its two (flushed or new) chains. */
+function nodePodRules(p: NodePod, log: DropLog | undefined): string[] {
+  const n = nodeNames(p.nodeEnd);
+  return [
+    ...directionRules(p.policy, "ingress", "node", n.dropIngress, log)
+      .map((r) => `add rule ${T} ${n.ingress} ${r}`),
+    ...directionRules(p.policy, "egress", "node", n.dropEgress, log)
+      .map((r) => `add rule ${T} ${n.egress} ${r}`),
+  ];
+}
+
+/** The verdict map elements that send a node pod's traffic to its chains. */
+function nodePodLinks(p: NodePod): string[] {
+  const n = nodeNames(p.nodeEnd);
+  const end = checkIfName(p.nodeEnd);
+  return [
+    `add element ${T} ingress_links { "${end}" : jump ${n.ingress} }`,
+    `add element ${T} egress_links { "${end}" : jump ${n.egress} }`,
+  ];
+}
+
+/** The flushes of a node pod's two chains. */
+function nodePodFlushes(p: NodePod): string[] {
+  const n = nodeNames(p.nodeEnd);
+  return [`flush chain ${T} ${n.ingress}`, `flush chain ${T} ${n.egress}`];
+}
+
+/** The deletion of a node pod's (flushed, unreferenced) chains and its counters. */
+function nodePodDeletes(p: NodePod): string[] {
+  const n = nodeNames(p.nodeEnd);
+  return [
+    `delete chain ${T} ${n.ingress}`,
+    `delete chain ${T} ${n.egress}`,
+    `delete counter ${T} ${n.dropIngress}`,
+    `delete counter ${T} ${n.dropEgress}`,
+  ];
+}
+
 /**
  * The node's ruleset for every local pod (loaded in the node's namespace with `nft -f`;
  * render it again when a pod comes or goes, or its rules change): table `inet
@@ -287,15 +336,6 @@ export function nodeRuleset(pods: NodePod[], opts: NodeRulesetOptions): string {
   for (const p of opts.previous ?? []) {
     for (const s of p.policy.sets) if (!keys.has(s.key)) goneSets.set(s.key, s);
   }
-  const objects = (p: NodePod) => {
-    const n = nodeNames(p.nodeEnd);
-    return [
-      `\tchain ${n.ingress} { }`,
-      `\tchain ${n.egress} { }`,
-      `\tcounter ${n.dropIngress} { }`,
-      `\tcounter ${n.dropEgress} { }`,
-    ];
-  };
   const lines = [
     `table ${T} {`,
     ...NODE_SET_DECLS,
@@ -303,25 +343,14 @@ export function nodeRuleset(pods: NodePod[], opts: NodeRulesetOptions): string {
     "\tmap ingress_links { type ifname : verdict; }",
     "\tmap egress_links { type ifname : verdict; }",
     "\tchain forward { type filter hook forward priority filter; policy accept; }",
-    ...pods.flatMap(objects),
-    ...gonePods.flatMap(objects),
+    ...pods.flatMap(nodePodObjects),
+    ...gonePods.flatMap(nodePodObjects),
     "}",
     `flush chain ${T} forward`,
     `flush map ${T} ingress_links`,
     `flush map ${T} egress_links`,
-    ...[...pods, ...gonePods].flatMap((p) => {
-      const n = nodeNames(p.nodeEnd);
-      return [`flush chain ${T} ${n.ingress}`, `flush chain ${T} ${n.egress}`];
-    }),
-    ...gonePods.flatMap((p) => {
-      const n = nodeNames(p.nodeEnd);
-      return [
-        `delete chain ${T} ${n.ingress}`,
-        `delete chain ${T} ${n.egress}`,
-        `delete counter ${T} ${n.dropIngress}`,
-        `delete counter ${T} ${n.dropEgress}`,
-      ];
-    }),
+    ...[...pods, ...gonePods].flatMap(nodePodFlushes),
+    ...gonePods.flatMap(nodePodDeletes),
     ...[...goneSets.keys()].flatMap((k) => FAMS.map((f) => `delete set ${T} ${setName(k, f)}`)),
     ...nodeSetLines(opts.node),
     ...sets.flatMap(fillSet),
@@ -329,18 +358,7 @@ export function nodeRuleset(pods: NodePod[], opts: NodeRulesetOptions): string {
     `add rule ${T} forward iifname vmap @egress_links`,
     `add rule ${T} forward oifname vmap @ingress_links`,
   ];
-  for (const p of pods) {
-    const n = nodeNames(p.nodeEnd);
-    const end = checkIfName(p.nodeEnd);
-    lines.push(
-      `add element ${T} ingress_links { "${end}" : jump ${n.ingress} }`,
-      `add element ${T} egress_links { "${end}" : jump ${n.egress} }`,
-      ...directionRules(p.policy, "ingress", "node", n.dropIngress, opts.log)
-        .map((r) => `add rule ${T} ${n.ingress} ${r}`),
-      ...directionRules(p.policy, "egress", "node", n.dropEgress, opts.log)
-        .map((r) => `add rule ${T} ${n.egress} ${r}`),
-    );
-  }
+  for (const p of pods) lines.push(...nodePodLinks(p), ...nodePodRules(p, opts.log));
   return lines.join("\n") + "\n";
 }
 
@@ -382,48 +400,21 @@ export function nodeUpdate(pods: NodePod[], opts: NodeUpdateOptions): string {
   const lines: string[] = [
     `table ${T} {`,
     ...newSets.flatMap((s) => FAMS.map((f) => setDecl(s, f))),
-    ...touched.flatMap((p) => {
-      const n = nodeNames(p.nodeEnd);
-      return [
-        `\tchain ${n.ingress} { }`,
-        `\tchain ${n.egress} { }`,
-        `\tcounter ${n.dropIngress} { }`,
-        `\tcounter ${n.dropEgress} { }`,
-      ];
-    }),
+    ...touched.flatMap(nodePodObjects),
     "}",
     ...newSets.flatMap(fillSet),
   ];
   for (const p of touched) {
-    const n = nodeNames(p.nodeEnd);
-    const end = checkIfName(p.nodeEnd);
-    lines.push(
-      `flush chain ${T} ${n.ingress}`,
-      `flush chain ${T} ${n.egress}`,
-      ...directionRules(p.policy, "ingress", "node", n.dropIngress, opts.log)
-        .map((r) => `add rule ${T} ${n.ingress} ${r}`),
-      ...directionRules(p.policy, "egress", "node", n.dropEgress, opts.log)
-        .map((r) => `add rule ${T} ${n.egress} ${r}`),
-    );
-    if (!prevEnds.has(p.nodeEnd)) {
-      lines.push(
-        `add element ${T} ingress_links { "${end}" : jump ${n.ingress} }`,
-        `add element ${T} egress_links { "${end}" : jump ${n.egress} }`,
-      );
-    }
+    lines.push(...nodePodFlushes(p), ...nodePodRules(p, opts.log));
+    if (!prevEnds.has(p.nodeEnd)) lines.push(...nodePodLinks(p));
   }
   for (const p of gone) {
-    const n = nodeNames(p.nodeEnd);
     const end = checkIfName(p.nodeEnd);
     lines.push(
       `delete element ${T} ingress_links { "${end}" }`,
       `delete element ${T} egress_links { "${end}" }`,
-      `flush chain ${T} ${n.ingress}`,
-      `flush chain ${T} ${n.egress}`,
-      `delete chain ${T} ${n.ingress}`,
-      `delete chain ${T} ${n.egress}`,
-      `delete counter ${T} ${n.dropIngress}`,
-      `delete counter ${T} ${n.dropEgress}`,
+      ...nodePodFlushes(p),
+      ...nodePodDeletes(p),
     );
   }
   lines.push(...goneSets.flatMap((k) => FAMS.map((f) => `delete set ${T} ${setName(k, f)}`)));
