@@ -14,6 +14,17 @@ import type { ManagerContext } from "./context.ts";
 import { type AttachmentRow, hostLinkOf } from "./state.ts";
 import type { RestoredPolicyPod } from "./types.ts";
 
+/** The enforcer's own {@linkcode ApiError} as it is; anything else as `device_error`. */
+function asPolicyError(err: unknown): ApiError {
+  if (err instanceof ApiError) return err;
+  return new ApiError(
+    "device_error",
+    `NetworkPolicy: cannot put the pod's policy in place: ${userMessage(err)}`,
+    undefined,
+    { cause: err },
+  );
+}
+
 /**
  * ADD's policy step, before the plug (interface mode with a host link): the node's part
  * loaded, the pod's ruleset returned for the plug to load with the host link's (undefined:
@@ -41,13 +52,7 @@ export async function preparePolicy(
     });
     return r?.podRuleset;
   } catch (err) {
-    if (err instanceof ApiError) throw err;
-    throw new ApiError(
-      "device_error",
-      `NetworkPolicy: cannot put the pod's policy in place: ${userMessage(err)}`,
-      undefined,
-      { cause: err },
-    );
+    throw asPolicyError(err);
   }
 }
 
@@ -64,13 +69,7 @@ export async function policyCommitted(
   try {
     await ctx.policy?.committed(keyOf(key), netns);
   } catch (err) {
-    if (err instanceof ApiError) throw err;
-    throw new ApiError(
-      "device_error",
-      `NetworkPolicy: cannot put the pod's policy in place: ${userMessage(err)}`,
-      undefined,
-      { cause: err },
-    );
+    throw asPolicyError(err);
   }
 }
 
