@@ -17,6 +17,7 @@
 import { parseArgs } from "node:util";
 import { V8_FLAGS } from "../scripts/build.ts";
 import { permissionFlags } from "../scripts/_permissions.ts";
+import { procStatus } from "./_proc.ts";
 import { makeTestPki } from "../tests/support/kube_pki.ts";
 import { KubeApiServer, type Obj } from "../tests/support/kube_apiserver.ts";
 import { makeNamespace, makeNetworkPolicy, makePod } from "../tests/support/kube_objects.ts";
@@ -57,11 +58,10 @@ function* podObjects(pods: number, namespaces: number, nodes: number): Generator
 }
 
 /** VmRSS and VmHWM of process `pid`, in MB. */
-async function procStatus(pid: number): Promise<{ rssMB: number; hwmMB: number }> {
-  const text = await Deno.readTextFile(`/proc/${pid}/status`);
-  const mb = (k: string) =>
-    Math.round(Number(new RegExp(`${k}:\\s+(\\d+)`).exec(text)?.[1]) / 1024 * 10) / 10;
-  return { rssMB: mb("VmRSS"), hwmMB: mb("VmHWM") };
+async function memoryOf(pid: number): Promise<{ rssMB: number; hwmMB: number }> {
+  const vm = await procStatus(pid);
+  const mb = (kb: number) => Math.round(kb / 1024 * 10) / 10;
+  return { rssMB: mb(vm.VmRSS), hwmMB: mb(vm.VmHWM) };
 }
 
 const pki = await makeTestPki();
@@ -128,7 +128,7 @@ try {
     }
     const p = JSON.parse(buffer.slice(0, nl));
     buffer = buffer.slice(nl + 1);
-    phases[p.phase] = { ...p, ...await procStatus(child.pid) };
+    phases[p.phase] = { ...p, ...await memoryOf(child.pid) };
     await writer.write(new TextEncoder().encode("\n"));
   }
   await writer.close();
