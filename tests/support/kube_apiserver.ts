@@ -40,6 +40,7 @@
  *
  * @module
  */
+import { splice } from "./splice.ts";
 import type { TestPki } from "./kube_pki.ts";
 
 /** The resources served. */
@@ -196,30 +197,11 @@ class Relay {
   #relay(conn: Deno.TcpConn): void {
     // Without it each small write waits for the peer's delayed ACK (~40 ms a request).
     conn.setNoDelay(true);
-    this.#conns.add(conn);
-    const pipe = (async () => {
-      let up: Deno.Conn | null = null;
-      try {
-        const tcp = await Deno.connect({ hostname: "127.0.0.1", port: this.#backend });
-        tcp.setNoDelay(true);
-        up = tcp;
-        this.#conns.add(up);
-        await Promise.all([
-          conn.readable.pipeTo(up.writable).catch(() => {}),
-          up.readable.pipeTo(conn.writable).catch(() => {}),
-        ]);
-      } catch {
-        /* the backend is gone: the client sees its connection close */
-      } finally {
-        for (const c of [conn, up]) {
-          if (c === null) continue;
-          this.#conns.delete(c);
-          try {
-            c.close();
-          } catch { /* closed by a pipe or by cut() */ }
-        }
-      }
-    })();
+    const pipe = splice(conn, async () => {
+      const up = await Deno.connect({ hostname: "127.0.0.1", port: this.#backend });
+      up.setNoDelay(true);
+      return up;
+    }, this.#conns);
     this.#pipes.add(pipe);
     pipe.finally(() => this.#pipes.delete(pipe));
   }

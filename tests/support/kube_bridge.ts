@@ -10,6 +10,7 @@
  *
  * @module
  */
+import { splice } from "./splice.ts";
 import { LoopbackRelay } from "./loopback_relay.ts";
 import type { KubeApiServer } from "./kube_apiserver.ts";
 
@@ -42,30 +43,12 @@ export class KubeBridge implements AsyncDisposable {
   }
 
   #pipe(conn: Deno.Conn): void {
-    this.#conns.add(conn);
     const port = Number(new URL(this.#server.url).port);
-    const p = (async () => {
-      let up: Deno.TcpConn | null = null;
-      try {
-        up = await Deno.connect({ hostname: "127.0.0.1", port });
-        up.setNoDelay(true);
-        this.#conns.add(up);
-        await Promise.all([
-          conn.readable.pipeTo(up.writable).catch(() => {}),
-          up.readable.pipeTo(conn.writable).catch(() => {}),
-        ]);
-      } catch {
-        /* the server is down: the node sees its connection close */
-      } finally {
-        for (const c of [conn, up]) {
-          if (!c) continue;
-          this.#conns.delete(c);
-          try {
-            c.close();
-          } catch { /* closed by a pipe */ }
-        }
-      }
-    })();
+    const p = splice(conn, async () => {
+      const up = await Deno.connect({ hostname: "127.0.0.1", port });
+      up.setNoDelay(true);
+      return up;
+    }, this.#conns);
     this.#pipes.add(p);
     p.finally(() => this.#pipes.delete(p));
   }

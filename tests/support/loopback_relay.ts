@@ -14,6 +14,7 @@
  * @module
  */
 import { awaitOrKill, spawnDenoInNetns } from "./command.ts";
+import { splice } from "./splice.ts";
 
 async function main(): Promise<void> {
   const path = Deno.args[0];
@@ -22,28 +23,7 @@ async function main(): Promise<void> {
   const conns = new Set<Deno.Conn>();
   const serve = (async () => {
     for await (const conn of listener) {
-      conns.add(conn);
-      (async () => {
-        let upstream: Deno.UnixConn | null = null;
-        try {
-          upstream = await Deno.connect({ transport: "unix", path });
-          conns.add(upstream);
-          await Promise.all([
-            conn.readable.pipeTo(upstream.writable).catch(() => {}),
-            upstream.readable.pipeTo(conn.writable).catch(() => {}),
-          ]);
-        } catch {
-          // The fake went away: the client sees its connection close.
-        } finally {
-          for (const c of [conn, upstream]) {
-            if (!c) continue;
-            conns.delete(c);
-            try {
-              c.close();
-            } catch { /* closed by the pipe */ }
-          }
-        }
-      })();
+      splice(conn, () => Deno.connect({ transport: "unix", path }), conns);
     }
   })();
   // EOF on stdin ends the relay.
