@@ -174,15 +174,6 @@ const PARALLEL_RENDERS = 2;
 /** How stale the drop counters may be (they cost a spawn per pod). */
 const DROPS_TTL_MS = 10_000;
 
-/** Runs `fn` on each item, at most `limit` at once. */
-async function eachLimited<T>(items: T[], limit: number, fn: (t: T) => Promise<void>) {
-  let next = 0;
-  const worker = async () => {
-    while (next < items.length) await fn(items[next++]);
-  };
-  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
-}
-
 /**
  * A compiled policy without its sets' members: all that a `previous` render, the node's
  * update of an unchanged pod and the status read (rules, set keys and kinds). Keeping
@@ -235,10 +226,9 @@ export class PolicyEnforcer implements PolicyHook {
   readonly #readyP = new Promise<void>((r) => (this.#ready = r));
   /** Each table's chain of loads: a pod's namespace path, or "" for the node. */
   readonly #tables = new Map<string, TableQueue>();
-  /** Whole renders running now, and those waiting for a slot. */
-  #rendering = 0;
-  readonly #renderWaiters: (() => void)[] = [];
-  /** The pods' set edits running now (at most {@linkcode PARALLEL_LOADS}). */
+  /** Whole renders (at most {@linkcode PARALLEL_RENDERS} at once). */
+  readonly #renders = new Slots(PARALLEL_RENDERS);
+  /** The loads in pods' namespaces other than whole renders: set edits, counter reads. */
   readonly #podLoads = new Slots(PARALLEL_LOADS);
   /** The queue: tasks not started yet, in order, and the loop running them. */
   readonly #tasks: (() => Promise<void>)[] = [];
@@ -638,16 +628,7 @@ export class PolicyEnforcer implements PolicyHook {
     att.stale = false;
     return this.#enqueue(netns, async () => {
       if (!this.#atts.has(att.key)) return true;
-      if (this.#rendering >= PARALLEL_RENDERS) {
-        await new Promise<void>((r) => this.#renderWaiters.push(r));
-      }
-      this.#rendering++;
-      try {
-        return await this.#renderPodNow(att, netns);
-      } finally {
-        this.#rendering--;
-        this.#renderWaiters.shift()?.();
-      }
+      return await this.#renders.run(() => this.#renderPodNow(att, netns));
     }, true);
   }
 
@@ -1068,14 +1049,16 @@ export class PolicyEnforcer implements PolicyHook {
   async #readDrops(): Promise<PolicyDrops[]> {
     const out: PolicyDrops[] = [];
     const atts = [...this.#atts.values()].filter((a) => a.netns !== null && !a.noTable);
-    await eachLimited(atts, PARALLEL_LOADS, async (a) => {
-      try {
-        const json = await this.#devices.listCounters(a.netns, TABLE);
-        for (const c of parseDropCounters(json)) {
-          out.push({ pod: a.pod, direction: c.direction, place: "pod", packets: c.packets });
-        }
-      } catch { /* a namespace going away: no counters */ }
-    });
+    await Promise.all(atts.map((a) =>
+      this.#podLoads.run(async () => {
+        try {
+          const json = await this.#devices.listCounters(a.netns, TABLE);
+          for (const c of parseDropCounters(json)) {
+            out.push({ pod: a.pod, direction: c.direction, place: "pod", packets: c.packets });
+          }
+        } catch { /* a namespace going away: no counters */ }
+      })
+    ));
     try {
       const byLink = new Map(
         [...this.#atts.values()].map((a) => [nodeNames(a.nodeEnd).ingress.slice(3), a.pod]),

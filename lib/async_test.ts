@@ -1,4 +1,4 @@
-import { poll, sleep, withDeadline } from "./async.ts";
+import { poll, sleep, Slots, withDeadline } from "./async.ts";
 import { assertEquals, assertRejects } from "./assert.ts";
 
 Deno.test("withDeadline() answers with the promise, or the timeout error, and leaves no timer", async () => {
@@ -35,4 +35,32 @@ Deno.test("poll() returns the first value, or null after the timeout, backing of
     }),
     null,
   );
+});
+
+Deno.test("Slots runs at most its size at once, the others in their order, and frees a slot that threw", async () => {
+  const slots = new Slots(2);
+  let running = 0, most = 0;
+  const order: number[] = [];
+  const job = (i: number) =>
+    slots.run(async () => {
+      running++;
+      most = Math.max(most, running);
+      order.push(i);
+      await sleep(5);
+      running--;
+      if (i === 1) throw new Error("one");
+      return i;
+    });
+  const results = await Promise.allSettled([0, 1, 2, 3, 4].map(job));
+  assertEquals(most, 2);
+  assertEquals(order, [0, 1, 2, 3, 4]);
+  assertEquals(results.map((r) => r.status), [
+    "fulfilled",
+    "rejected",
+    "fulfilled",
+    "fulfilled",
+    "fulfilled",
+  ]);
+  // A new arrival after all that finds both slots free.
+  assertEquals(await Promise.all([job(5), job(6)]), [5, 6]);
 });
