@@ -202,12 +202,12 @@ try {
   report.localAdds = stats(addMs);
   const mem = async () => {
     const m = await procStatus(pid);
+    const metricsText = await n.client.metrics();
     const heap = (kind: string) =>
       Number(
         new RegExp(`^enim_agent_memory_bytes\\{kind="${kind}"\\} (\\d+)`, "m").exec(metricsText)
           ?.[1] ?? 0,
       );
-    const metricsText = await n.client.metrics();
     return {
       vmHwmMB: mb(m.VmHWM),
       rssMB: mb(m.VmRSS),
