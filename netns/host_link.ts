@@ -187,23 +187,15 @@ export function nodeCommands(s: HostLinkSpec, podNs: string): string[][] {
 }
 
 /**
- * The node end's rules and its `src_valid_mark`, run by one process in the node's
- * namespace once the move's batch made the link (`sh` through `nsenter`: Deno writes
- * under /proc/sys only with every permission, and `ip rule` takes `-6` only on its
- * command line). Each family's rules are added from their batch file; when that fails
- * (rules of an earlier link of the same name, not removed yet) they are deleted and
- * added again. `src_valid_mark` lets the strict reverse-path check of the pod's Service
- * replies, which come in from the node end, look their source up with their mark.
- * Arguments: `$1` the node end's `src_valid_mark` path (empty: no IPv4), `$2` the `ip`
- * binary, `$3`/`$4` the IPv4 add/delete batch files, `$5`/`$6` the IPv6 ones (empty:
- * none of that family).
+ * The node's one sysctl, written when enim's node table is loaded (before the node's
+ * first host link of an agent run, and again with the table): the reverse-path check
+ * looks a packet's source up with its mark (`net.ipv4.conf.all.src_valid_mark`, as
+ * `wg-quick` sets it). The pod's Service replies come in from its node end with the
+ * node mark, which leads their lookup to the pod's table; without it a strict
+ * `rp_filter` drops them. (Deno writes under /proc/sys only with every permission:
+ * `sh` writes it.)
  */
-export const NODE_END_SCRIPT = [
-  'p="$1" ip="$2"',
-  'rules() { [ -z "$2" ] && return 0; "$ip" "$1" -batch "$2" 2>/dev/null ||' +
-  ' { "$ip" "$1" -force -batch "$3" >/dev/null 2>&1; "$ip" "$1" -batch "$2"; }; }',
-  'rules -4 "$3" "$4" && rules -6 "$5" "$6" && { [ -z "$p" ] || printf 1 > "$p"; }',
-].join("\n");
+export const NODE_SYSCTL_SCRIPT = "printf 1 > /proc/sys/net/ipv4/conf/all/src_valid_mark";
 
 /**
  * The node's main-table routes and permanent neighbours over a node end (part of

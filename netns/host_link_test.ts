@@ -41,7 +41,7 @@ Deno.test("the node side creates the pair with the pod end in the pod, and route
     "route replace default via 10.99.0.11 dev enimh0123456789 onlink table 268438204",
     "route replace ::/0 via fd00:99::11 dev enimh0123456789 onlink table 268438204",
   ]);
-  // The rules come after the link exists, from one process on the node (NODE_END_SCRIPT).
+  // The IPv4 rules open the move's batch; the IPv6 ones have an `ip -6 -batch` of their own.
   assertEquals(nodeRuleCommands(SPEC, "10.99.0.11", "add").map((c) => c.join(" ")), [
     "rule add pref 1500 from 10.99.0.11 iif enimh0123456789 fwmark 0x1000/0x1000 lookup main suppress_prefixlength 31",
     "rule add pref 1501 from 10.99.0.11 iif enimh0123456789 fwmark 0x1000/0x1000 lookup 268438204",

@@ -111,8 +111,8 @@ import {
   type HostLinkRef,
   type HostLinkSpec,
   isNodeEnd,
-  NODE_END_SCRIPT,
   NODE_RULE_PREF,
+  NODE_SYSCTL_SCRIPT,
   nodeCommands,
   nodeRouteCommands,
   nodeRuleCommands,
@@ -444,7 +444,12 @@ export class IpDeviceLayer implements DeviceLayer {
       nodeName,
     ];
     const link = p.hostLink;
-    const lines = link ? [...nodeCommands(link, ns.ref), move] : [move];
+    // The node's IPv4 rules first (a batch line's `ip rule` is IPv4): a failure there
+    // has made nothing yet.
+    const rules4 = link?.podAddresses.ipv4
+      ? nodeRuleCommands(link, link.podAddresses.ipv4, "add")
+      : [];
+    const lines = link ? [...rules4, ...nodeCommands(link, ns.ref), move] : [move];
     let pending: Pending = { pending: Promise.resolve() };
     try {
       try {
@@ -453,12 +458,20 @@ export class IpDeviceLayer implements DeviceLayer {
         if (!link || !(err instanceof IpError)) throw err;
         // The batch stops at its first failure: what came before it was done.
         const failed = failedLines(err.stderr)[0] ?? lines.length;
-        await this.#dropHostLinkLogged(link);
+        const exists = /File exists/i.test(err.stderr);
+        // "File exists" at a rule: rules of an earlier node end of this name; at the link:
+        // that node end itself, or the pod end's name taken in the pod (no node end then).
+        let leftover = false;
+        if (exists && failed === rules4.length + 1) {
+          leftover = await this.removeHostLink(link.nodeIfName).catch(() => false);
+        }
+        if (!leftover) {
+          await this.#dropHostLinkLogged(link);
+          leftover = exists && failed <= rules4.length;
+        }
         if (failed === lines.length) throw err;
-        const staleNodeEnd = failed === 1 && /File exists/i.test(err.stderr) &&
-          await this.removeHostLink(link.nodeIfName).catch(() => false);
-        if (!staleNodeEnd) throw this.#hostLinkError(link, ns, err);
-        // A node end of this attachment's name left behind: it is gone now, once more.
+        if (!leftover) throw this.#hostLinkError(link, ns, err);
+        // What an earlier node end of this attachment's name left: gone now, once more.
         this.#log.warn("Removed a leftover node end of this attachment's host link", {
           nodeIfName: link.nodeIfName,
         });
@@ -495,20 +508,19 @@ export class IpDeviceLayer implements DeviceLayer {
 
   /**
    * The move's batch on the node and, for a host link of a pod with IPv6, its IPv6
-   * rules on the node beside it (`ip -6`: a batch line cannot say its family). A
-   * failure of the rules is the host link's (the caller removes the link, and with it
-   * the rules).
+   * rules on the node after it (`ip -6 -batch`: a batch line cannot say its family),
+   * which the plug waits for. A failure of the rules is the host link's (the caller
+   * removes the link, and with it the rules).
    */
   async #moveBatch(lines: string[][], link: HostLinkSpec | undefined): Promise<Pending> {
     await this.#batch(lines, this.#node);
-    if (!link) return { pending: Promise.resolve() };
-    // The node end's rules and sysctl, beside the configuring of the pod (a process of its
-    // own); the plug waits for it.
-    const p = this.#nodeEndPolicy(link).catch((err) => {
+    const v6 = link?.podAddresses.ipv6;
+    if (!link || !v6) return { pending: Promise.resolve() };
+    const p = this.#nodeRules6(link, v6).catch((err) => {
       throw new DeviceError(
         "host_link",
         "failed",
-        `Cannot add the node's rules of the host link "${link.nodeIfName}": ${errText(err)}`,
+        `Cannot add the node's IPv6 rules of the host link "${link.nodeIfName}": ${errText(err)}`,
         { cause: err },
       );
     });
@@ -516,39 +528,18 @@ export class IpDeviceLayer implements DeviceLayer {
     return { pending: p };
   }
 
-  /** Runs {@linkcode NODE_END_SCRIPT} for a new link: its rules, both families, and its sysctl. */
-  async #nodeEndPolicy(link: HostLinkSpec): Promise<void> {
-    const dir = this.#scratch ?? DEFAULT_SCRATCH_DIR;
-    const files: string[] = [];
-    const file = async (cmds: string[][]) => {
-      const f = await scratchFile(dir, cmds.map(batchLine).join("\n") + "\n");
-      files.push(f);
-      return f;
-    };
+  /**
+   * Adds the node's IPv6 rules of a new link; when that fails (rules of an earlier node
+   * end of the same name, not removed yet) they are deleted and added again.
+   */
+  async #nodeRules6(link: HostLinkSpec, addr: string): Promise<void> {
+    const add = nodeRuleCommands(link, addr, "add");
     try {
-      const args: string[] = [];
-      for (const fam of ["ipv4", "ipv6"] as const) {
-        const addr = link.podAddresses[fam];
-        args.push(
-          ...(addr
-            ? [
-              await file(nodeRuleCommands(link, addr, "add")),
-              await file(nodeRuleCommands(link, addr, "del")),
-            ]
-            : ["", ""]),
-        );
-      }
-      const sysctl = link.podAddresses.ipv4
-        ? `/proc/sys/net/ipv4/conf/${link.nodeIfName}/src_valid_mark`
-        : "";
-      const argv = inNetnsArgv(
-        [SH_BIN, "-c", NODE_END_SCRIPT, "enim-node-end", sysctl, IP_BIN, ...args],
-        this.#node ?? "/proc/self/ns/net",
-      );
-      const out = await exec(argv);
-      if (out.code !== 0) throw new Error(out.stderr.trim() || `exit ${out.code}`);
-    } finally {
-      await Promise.all(files.map((f) => Deno.remove(f).catch(() => {})));
+      await this.#batch(add, this.#node, false, false, 6);
+    } catch {
+      await this.#batch(nodeRuleCommands(link, addr, "del"), this.#node, false, true, 6)
+        .catch(() => {});
+      await this.#batch(add, this.#node, false, false, 6);
     }
   }
 
@@ -1157,19 +1148,34 @@ export class IpDeviceLayer implements DeviceLayer {
   }
 
   /**
-   * Loads enim's nftables table on the node (`nft -f`, replacing the table); `legacy`:
-   * the node ends of pods on the layout before issue 34 (`nodeTableRuleset`).
+   * Loads enim's nftables table on the node (`nft -f`, replacing the table; `legacy`:
+   * the node ends of pods on the layout before issue 34, `nodeTableRuleset`) and sets
+   * the node's `net.ipv4.conf.all.src_valid_mark` (see {@linkcode NODE_SYSCTL_SCRIPT}).
    */
   async ensureHostLinkTable(
     legacy: string[] = [],
     marks: { node: number; kubeProxyMasquerade: number } = DEFAULT_MARKS,
   ): Promise<void> {
-    await this.#run(
-      "host_link",
-      "Cannot load enim's nftables table on the node",
-      () =>
-        nftApply(nodeTableRuleset(legacy, marks), { netns: this.#node, scratchDir: this.#scratch }),
-    );
+    await Promise.all([
+      this.#run(
+        "host_link",
+        "Cannot load enim's nftables table on the node",
+        () =>
+          nftApply(nodeTableRuleset(legacy, marks), {
+            netns: this.#node,
+            scratchDir: this.#scratch,
+          }),
+      ),
+      this.#run("host_link", "Cannot set the node's src_valid_mark", async () => {
+        // `sh` through `nsenter` (the agent runs `sh` only that way).
+        const argv = inNetnsArgv(
+          [SH_BIN, "-c", NODE_SYSCTL_SCRIPT],
+          this.#node ?? "/proc/self/ns/net",
+        );
+        const out = await exec(argv);
+        if (out.code !== 0) throw new Error(out.stderr.trim() || `exit ${out.code}`);
+      }),
+    ]);
   }
 
   /** Loads an nftables ruleset in `netns` (a path), or on the node when it is null. */

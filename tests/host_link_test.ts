@@ -26,6 +26,7 @@ import { clientDeps, runInNode } from "./support/clients.ts";
 import { IpFaults } from "./support/ip_faults.ts";
 import { nodeEnds, strayNodeEndArgs } from "./support/host_link_fixtures.ts";
 import { poll } from "../lib/async.ts";
+import { nodeIfNameFor } from "../manager/host_link.ts";
 
 const DEPS = await clientDeps("host_link_test", [
   ...TRAFFIC_NEEDS,
@@ -582,5 +583,77 @@ Deno.test({
     const gc = await node.enim(["gc"]);
     assertEquals(gc.code, 0, gc.stdout + gc.stderr);
     assertEquals(await nodeEnds(node.vpc), []);
+  },
+});
+
+Deno.test({
+  name:
+    "an ADD replaces what an earlier node end of its name left on the node (its IPv4 and IPv6 rules, the link too), and the pod works",
+  ignore: DEPS.skip !== null,
+  async fn(t) {
+    // One ENI: each ADD of the container gets the same address, so what an earlier node
+    // end of its name left is exactly what the ADD adds (an agent killed after the rules).
+    await using node = await kubeNode(1);
+    await using servers = new Servers();
+    const { vpc } = node;
+    const N = { v4: node.nic!.ipv4!, v6: node.nic!.ipv6! };
+    const containerId = "c-leftover";
+    const name = nodeIfNameFor("enimh", { containerId, ifName: "eth0" });
+    const rules = async (fam: "-4" | "-6") =>
+      (await vpc.exec(vpc.node, [IP, fam, "rule", "show", "iif", name])).stdout.trim()
+        .split("\n").filter((l) => l.trim()).map((l) => l.trim().replace(/\s+/g, " "));
+    const pod = await strictPod(vpc, "left");
+    const call = () => node.podCall(pod, { containerId, config: kubeConf(node) });
+    const first = await node.add(pod, { containerId, config: kubeConf(node) });
+    const want = { "-4": await rules("-4"), "-6": await rules("-6") };
+    assertEquals([want["-4"].length, want["-6"].length], [2, 2], JSON.stringify(want));
+    const del = await node.cni("DEL", call());
+    assertEquals(del.code, 0, del.stdout + del.stderr);
+    // The DEL answers before the device's move home, which removes the link and its rules.
+    const gone = async () =>
+      (await nodeEnds(vpc)).length === 0 && (await rules("-4")).length === 0 &&
+        (await rules("-6")).length === 0 || null;
+    assert(
+      await poll(gone, { timeoutMs: 5_000, intervalMs: 20 }),
+      "DEL removed the link and rules",
+    );
+    for (const leftover of ["rules", "link and rules"]) {
+      await t.step(`${leftover} of the name`, async () => {
+        for (const fam of ["-4", "-6"] as const) {
+          for (const line of want[fam]) {
+            const [pref, ...rest] = line.split(" ");
+            const out = await vpc.exec(vpc.node, [
+              IP,
+              fam,
+              "rule",
+              "add",
+              "pref",
+              pref.replace(":", ""),
+              ...rest,
+            ]);
+            assertEquals(out.code, 0, out.stderr);
+          }
+        }
+        if (leftover !== "rules") {
+          await vpc.exec(vpc.node, [IP, ...strayNodeEndArgs(name, "enimhstray1")]);
+          assertEquals(await nodeEnds(vpc), [name]);
+        }
+        const r = await node.add(pod, { containerId, config: kubeConf(node) });
+        assertEquals(r.ips, first.ips, "the same address as the first ADD");
+        assertEquals(await nodeEnds(vpc), [name]);
+        assertEquals(await rules("-4"), want["-4"]);
+        assertEquals(await rules("-6"), want["-6"]);
+        const A = { v4: addrOf(r, 4), v6: addrOf(r, 6) };
+        await servers.start(pod, "p", [{ proto: "tcp", port: 9090 + leftover.length }]);
+        assertEquals(who(await ask(vpc.node, "tcp", A.v4, 9090 + leftover.length)), `p ${N.v4}`);
+        assertEquals(who(await ask(vpc.node, "tcp", A.v6, 9090 + leftover.length)), `p ${N.v6}`);
+        const again = await node.cni("DEL", call());
+        assertEquals(again.code, 0, again.stdout + again.stderr);
+        assert(
+          await poll(gone, { timeoutMs: 5_000, intervalMs: 20 }),
+          "DEL removed the link and rules",
+        );
+      });
+    }
   },
 });
