@@ -508,15 +508,27 @@ export class IpDeviceLayer implements DeviceLayer {
 
   /**
    * The move's batch on the node and, for a host link of a pod with IPv6, its IPv6
-   * rules on the node after it (`ip -6 -batch`: a batch line cannot say its family),
-   * which the plug waits for. A failure of the rules is the host link's (the caller
-   * removes the link, and with it the rules).
+   * rules on the node beside it (`ip -6 -batch`: a batch line cannot say its family; a
+   * rule needs no link, and its exec overlaps the move), which the plug waits for. When
+   * the move's batch fails, it returns once the rules have settled (the caller removes
+   * them with the link). A failure of the rules is the host link's (the caller removes
+   * the link, and with it the rules).
    */
   async #moveBatch(lines: string[][], link: HostLinkSpec | undefined): Promise<Pending> {
-    await this.#batch(lines, this.#node);
     const v6 = link?.podAddresses.ipv6;
-    if (!link || !v6) return { pending: Promise.resolve() };
-    const p = this.#nodeRules6(link, v6).catch((err) => {
+    if (!link || !v6) {
+      await this.#batch(lines, this.#node);
+      return { pending: Promise.resolve() };
+    }
+    const rules = this.#nodeRules6(link, v6);
+    rules.catch(() => {});
+    try {
+      await this.#batch(lines, this.#node);
+    } catch (err) {
+      await rules.catch(() => {});
+      throw err;
+    }
+    const p = rules.catch((err) => {
       throw new DeviceError(
         "host_link",
         "failed",
