@@ -16,7 +16,7 @@
  * - ADD p50 with policy on (pods the policies select, whose tables hold sets of thousands
  *   of members; and pods no policy selects) and, after a restart with
  *   `networkPolicy.enabled: false`, off (CNI ADD as a runtime calls it, DEL between), with
- *   the ADD's phases (means, from the agent's metrics); back to back (each ADD shares the
+ *   the ADD's phases (means, from the agent's metrics, for both kinds); back to back (each ADD shares the
  *   CPUs with what the DEL before it left running: the device's way home and, with
  *   policy, the other pods' set edits), and settled (each ADD 300 ms after that DEL);
  * - the agent's VmHWM and RSS at the end.
@@ -339,8 +339,12 @@ try {
   const phasesOn = phaseDelta(phases0, phasesMid);
   const onPlain = await cycle("on-plain", plain);
   const phasesOnPlain = phaseDelta(phasesMid, parsePhases(await n.client.metrics()));
+  const phases2 = parsePhases(await n.client.metrics());
   const onSettled = await cycle("on-settled", selected, SETTLE_MS);
+  const phases3 = parsePhases(await n.client.metrics());
   const onPlainSettled = await cycle("on-plain-settled", plain, SETTLE_MS);
+  const phasesOnSettled = phaseDelta(phases2, phases3);
+  const phasesOnPlainSettled = phaseDelta(phases3, parsePhases(await n.client.metrics()));
   const end = await procStatus(pid);
   report.end = { vmHwmMB: mb(end.VmHWM), rssMB: mb(end.VmRSS) };
   await n.stopAgent();
@@ -349,7 +353,9 @@ try {
   const phases1 = parsePhases(await n.client.metrics());
   const off = await cycle("off", selected);
   const phasesOff = phaseDelta(phases1, parsePhases(await n.client.metrics()));
+  const phases4 = parsePhases(await n.client.metrics());
   const offSettled = await cycle("off-settled", selected, SETTLE_MS);
+  const phasesOffSettled = phaseDelta(phases4, parsePhases(await n.client.metrics()));
   const addPhases = (ph: typeof phasesOn) =>
     Object.fromEntries(
       Object.entries(ph).filter(([k]) => k.startsWith("add/")).map(([k, v]) => [k, v.meanMs]),
@@ -369,6 +375,11 @@ try {
       policyOn: addPhases(phasesOn),
       policyOnNotSelected: addPhases(phasesOnPlain),
       policyOff: addPhases(phasesOff),
+      settled: {
+        policyOn: addPhases(phasesOnSettled),
+        policyOnNotSelected: addPhases(phasesOnPlainSettled),
+        policyOff: addPhases(phasesOffSettled),
+      },
     },
   };
   console.log(JSON.stringify(report, null, 2));
