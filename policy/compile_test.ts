@@ -747,6 +747,9 @@ Deno.test("compile: a peer's label change becomes a set edit, and the rules stay
   }]);
   assertEquals(rulesOf(after), rulesOf(before));
   assert(admits(after, { direction: "ingress", peer: "10.0.1.3", protocol: "TCP", port: 1 }));
+  // Unchanged since, the set's sorted members are the same list (sorted once, not per call).
+  const again = engine.compiled("alpha", "db")!;
+  assert(again.sets[0].ipv4 === after.sets[0].ipv4 && again.sets[0].ipv6 === after.sets[0].ipv6);
   // And back: the element goes.
   job.labels = { app: "job" };
   const back = engine.upsertPod(podObject(job));
