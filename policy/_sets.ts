@@ -40,11 +40,14 @@ interface DynSet {
   c6: Map<string, Counted>;
   /**
    * The members sorted, per family, as {@linkcode SetStore.peerSet} last returned them
-   * (dropped when the family's members change): sorting thousands of members took a
-   * pod's ADD 6 ms, for a set other local pods held already.
+   * (kept up to date by copies as members come and go: a list once returned never
+   * changes): sorting thousands of members took a pod's ADD 6 ms, for a set other local
+   * pods held already.
    */
   sorted4?: readonly string[];
   sorted6?: readonly string[];
+  /** Copies made since the lists were last asked for (past {@linkcode RESORT_LIMIT}, dropped). */
+  resorts?: number;
   users: Set<string>;
 }
 
@@ -60,6 +63,13 @@ interface BlockSet {
 type SetState = DynSet | BlockSet;
 
 const NONE: [Elem[], Elem[]] = [[], []];
+
+/**
+ * How many members may come or go between two reads of a set's sorted lists before the
+ * lists are dropped (sorted again when next read): a namespace's label change moves
+ * thousands of members at once, and one copy each would cost more than a sort.
+ */
+const RESORT_LIMIT = 16;
 
 /** Element edits of sets during one change (net: an add then a delete cancels). */
 export class DeltaLog {
@@ -178,6 +188,7 @@ export class SetStore {
       return { key: s.key, kind: "ipBlock", text: s.text, ipv4: s.v4, ipv6: s.v6 };
     }
     // Shared arrays (the cache's): no reader changes a set's member list.
+    if (members) s.resorts = 0;
     const v4 = members ? (s.sorted4 ??= sorted(s.c4)) as string[] : [];
     const v6 = members ? (s.sorted6 ??= sorted(s.c6)) as string[] : [];
     if (s.kind === "pods") return { key: s.key, kind: "pods", text: s.text, ipv4: v4, ipv6: v6 };
@@ -311,19 +322,46 @@ export class SetStore {
       if (c) c.n++;
       else {
         m.set(el.text, { n: 1, key: el.key });
-        this.#changed(s, family);
+        this.#resort(s, family, el, true);
         log?.note(s, family, el, true);
       }
     } else if (c && c.n === 1) {
+      this.#resort(s, family, el, false);
       m.delete(el.text);
-      this.#changed(s, family);
       log?.note(s, family, el, false);
     } else if (c) c.n--;
   }
 
-  /** The members of one family of `s` changed: its sorted list is made again when asked. */
-  #changed(s: DynSet, family: 4 | 6): void {
-    if (family === 4) s.sorted4 = undefined;
-    else s.sorted6 = undefined;
+  /**
+   * `el` joined (or, still counted, is leaving) one family of `s`: its sorted list, when
+   * there is one, is replaced by a copy with `el` put in (or taken out) at its place.
+   */
+  #resort(s: DynSet, family: 4 | 6, el: Elem, added: boolean): void {
+    const list = family === 4 ? s.sorted4 : s.sorted6;
+    if (!list) return;
+    s.resorts = (s.resorts ?? 0) + 1;
+    if (s.resorts > RESORT_LIMIT) {
+      s.sorted4 = s.sorted6 = undefined;
+      return;
+    }
+    const m = family === 4 ? s.c4 : s.c6;
+    // The first position whose key is not below el's.
+    let lo = 0, hi = list.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (m.get(list[mid])!.key < el.key) lo = mid + 1;
+      else hi = mid;
+    }
+    const next = list.slice();
+    if (added) next.splice(lo, 0, el.text);
+    else if (next[lo] === el.text) next.splice(lo, 1);
+    else {
+      // Not where its key says (cannot happen): sorted again when next asked.
+      if (family === 4) s.sorted4 = undefined;
+      else s.sorted6 = undefined;
+      return;
+    }
+    if (family === 4) s.sorted4 = next;
+    else s.sorted6 = next;
   }
 }

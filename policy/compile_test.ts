@@ -1012,7 +1012,7 @@ Deno.test("compile: after any sequence of label, address and namespace changes, 
         );
       }
       const deleted = new Set<string>();
-      for (const o of ops) {
+      for (const [i, o] of ops.entries()) {
         let u: PolicyUpdate;
         if (o.kind === "ns") {
           if (o.value === undefined) delete nsLabels[o.ns][o.key];
@@ -1041,6 +1041,11 @@ Deno.test("compile: after any sequence of label, address and namespace changes, 
           }
         }
         applyUpdate(engine, tables, u);
+        // Every other change, every local pod's sets read: their sorted lists are then
+        // kept up to date by the changes between reads, or dropped past a limit.
+        if (i % 2 === 0) {
+          for (const p of locals) engine.compiled(p.namespace, p.name);
+        }
       }
       // A fresh engine over the same world compiles the same policies, and the tables
       // the deltas kept hold exactly the current members.
