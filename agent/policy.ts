@@ -171,6 +171,8 @@ const TABLE = `inet ${POLICY_TABLE}`;
 const PARALLEL_LOADS = 8;
 /** The most whole renders at once: each holds its pod's sets' members and text in memory. */
 const PARALLEL_RENDERS = 2;
+/** How long an ADD's edits of other pods' tables and the node's sets wait after its answer. */
+const DEFERRED_EDITS_DELAY_MS = 25;
 /** How stale the drop counters may be (they cost a spawn per pod). */
 const DROPS_TTL_MS = 10_000;
 
@@ -901,14 +903,15 @@ export class PolicyEnforcer implements PolicyHook {
       }
     }
     if (att.stale) await (await this.#run(() => Promise.resolve({ p: this.#renderPod(att) }))).p;
-    // The other pods' and the node's edits that prepare left for after the answer: in a
-    // later task, once the ADD's answer is on its way (rendering them and starting their
-    // `nft` processes took the main thread while the answer waited).
+    // The other pods' and the node's edits that prepare left for after the answer: a
+    // little later, once the ADD's answer is on its way and its plugin process has exited
+    // (rendering them and starting their `nft` processes took the main thread and the
+    // CPUs while both waited). They only admit more; the pod's containers start later.
     if (this.#deferred) {
       const timer = setTimeout(() => {
         this.#stop.signal.removeEventListener("abort", cancel);
         this.#schedule();
-      }, 0);
+      }, DEFERRED_EDITS_DELAY_MS);
       const cancel = () => clearTimeout(timer);
       this.#stop.signal.addEventListener("abort", cancel, { once: true });
     }
