@@ -83,7 +83,6 @@ import {
   batchLine,
   CommandTimeoutError,
   DEFAULT_SCRATCH_DIR,
-  exec,
   type FedProcess,
   inNetnsArgv,
   IP_BIN,
@@ -1178,15 +1177,13 @@ export class IpDeviceLayer implements DeviceLayer {
             scratchDir: this.#scratch,
           }),
       ),
-      this.#run("host_link", "Cannot set the node's src_valid_mark", async () => {
-        // `sh` through `nsenter` (the agent runs `sh` only that way).
-        const argv = inNetnsArgv(
-          [SH_BIN, "-c", NODE_SYSCTL_SCRIPT],
-          this.#node ?? "/proc/self/ns/net",
-        );
-        const out = await exec(argv);
-        if (out.code !== 0) throw new Error(out.stderr.trim() || `exit ${out.code}`);
-      }),
+      // `sh` through `nsenter` (the agent runs `sh` only that way).
+      this.#run(
+        "host_link",
+        "Cannot set the node's src_valid_mark",
+        () =>
+          spawn(inNetnsArgv([SH_BIN, "-c", NODE_SYSCTL_SCRIPT], this.#node ?? "/proc/self/ns/net")),
+      ),
     ]);
   }
 
