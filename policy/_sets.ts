@@ -44,8 +44,7 @@ interface DynSet {
    * changes): sorting thousands of members took a pod's ADD 6 ms, for a set other local
    * pods held already.
    */
-  sorted4?: readonly string[];
-  sorted6?: readonly string[];
+  sorted: [v4: readonly string[] | undefined, v6: readonly string[] | undefined];
   /** Copies made since the lists were last asked for (past {@linkcode RESORT_LIMIT}, dropped). */
   resorts?: number;
   users: Set<string>;
@@ -189,8 +188,8 @@ export class SetStore {
     }
     // Shared arrays (the cache's): no reader changes a set's member list.
     if (members) s.resorts = 0;
-    const v4 = members ? (s.sorted4 ??= sorted(s.c4)) as string[] : [];
-    const v6 = members ? (s.sorted6 ??= sorted(s.c6)) as string[] : [];
+    const v4 = members ? (s.sorted[0] ??= sorted(s.c4)) as string[] : [];
+    const v6 = members ? (s.sorted[1] ??= sorted(s.c6)) as string[] : [];
     if (s.kind === "pods") return { key: s.key, kind: "pods", text: s.text, ipv4: v4, ipv6: v6 };
     return {
       key: s.key,
@@ -257,6 +256,7 @@ export class SetStore {
       ...(spec.kind === "namedPort" ? { protocol: spec.protocol, portName: spec.portName } : {}),
       c4: new Map(),
       c6: new Map(),
+      sorted: [undefined, undefined],
       users: new Set(),
     };
     const namespaces = d.def.namespace !== undefined
@@ -337,11 +337,12 @@ export class SetStore {
    * there is one, is replaced by a copy with `el` put in (or taken out) at its place.
    */
   #resort(s: DynSet, family: 4 | 6, el: Elem, added: boolean): void {
-    const list = family === 4 ? s.sorted4 : s.sorted6;
+    const f = family === 4 ? 0 : 1;
+    const list = s.sorted[f];
     if (!list) return;
     s.resorts = (s.resorts ?? 0) + 1;
     if (s.resorts > RESORT_LIMIT) {
-      s.sorted4 = s.sorted6 = undefined;
+      s.sorted = [undefined, undefined];
       return;
     }
     const m = family === 4 ? s.c4 : s.c6;
@@ -355,13 +356,7 @@ export class SetStore {
     const next = list.slice();
     if (added) next.splice(lo, 0, el.text);
     else if (next[lo] === el.text) next.splice(lo, 1);
-    else {
-      // Not where its key says (cannot happen): sorted again when next asked.
-      if (family === 4) s.sorted4 = undefined;
-      else s.sorted6 = undefined;
-      return;
-    }
-    if (family === 4) s.sorted4 = next;
-    else s.sorted6 = next;
+    // Not where its key says (cannot happen): sorted again when next asked.
+    s.sorted[f] = added || next.length < list.length ? next : undefined;
   }
 }
