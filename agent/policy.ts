@@ -907,13 +907,9 @@ export class PolicyEnforcer implements PolicyHook {
     // little later, once the ADD's answer is on its way and its plugin process has exited
     // (rendering them and starting their `nft` processes took the main thread and the
     // CPUs while both waited). They only admit more; the pod's containers start later.
+    // (Stopping ends the wait, and `#schedule` then does nothing.)
     if (this.#deferred) {
-      const timer = setTimeout(() => {
-        this.#stop.signal.removeEventListener("abort", cancel);
-        this.#schedule();
-      }, DEFERRED_EDITS_DELAY_MS);
-      const cancel = () => clearTimeout(timer);
-      this.#stop.signal.addEventListener("abort", cancel, { once: true });
+      sleep(DEFERRED_EDITS_DELAY_MS, this.#stop.signal).then(() => this.#schedule());
     }
   }
 
