@@ -14,15 +14,17 @@
  *   (`enim_policy_enforcement_seconds`: arrival to enforcement);
  * - CPU per event: a burst of events, the agent's CPU time over it divided by their number;
  * - ADD p50 with policy on (pods the policies select, whose tables hold sets of thousands
- *   of members; and pods no policy selects) and, after a restart with
- *   `networkPolicy.enabled: false`, off (CNI ADD as a runtime calls it, DEL between), with
- *   the ADD's phases (means, from the agent's metrics, for both kinds); back to back (each ADD shares the
+ *   of members; and pods no policy selects) and off (the agent restarted with
+ *   `networkPolicy.enabled: false`), CNI ADD as a runtime calls it, DEL between, with the
+ *   ADD's phases (means, from the agent's metrics); back to back (each ADD shares the
  *   CPUs with what the DEL before it left running: the device's way home and, with
- *   policy, the other pods' set edits), and settled (each ADD 300 ms after that DEL);
- * - the agent's VmHWM and RSS at the end.
+ *   policy, the other pods' set edits), and settled (each ADD 300 ms after that DEL). In
+ *   `--rounds` rounds whose halves alternate (on, off; off, on; …): the machine's drift
+ *   over the minutes lands on both sides. On minus off is given pooled and per round;
+ * - the agent's VmHWM and RSS after the first round's ADDs with policy on (its peak).
  *
  *     deno run -A --config tests/deno.json bench/policy_agent.ts [--pods N] [--policies N]
- *       [--namespaces N] [--locals N] [--events N] [--adds N] [--page-size N]
+ *       [--namespaces N] [--locals N] [--events N] [--adds N] [--rounds N] [--page-size N]
  *
  * @module
  */
@@ -47,6 +49,7 @@ const { values } = parseArgs({
     locals: { type: "string", default: "50" },
     events: { type: "string", default: "200" },
     adds: { type: "string", default: "20" },
+    rounds: { type: "string", default: "2" },
     "page-size": { type: "string", default: "100" },
   },
 });
@@ -58,6 +61,7 @@ const N = {
   locals: Number(values.locals),
   events: Number(values.events),
   adds: Number(values.adds),
+  rounds: Number(values.rounds),
   pageSize: Number(values["page-size"]),
 };
 const SERVICE_CIDRS = ["172.30.0.0/16", "fd00:30::/108"];
@@ -299,15 +303,24 @@ try {
     server.put("pods", makePod({ ...l, nodeName: "node-bench" }));
   }
   await enforced("pods", Number(server.resourceVersion));
-  /** The agent's CPU time (its own and its children's) per ADD and DEL, by cycle. */
-  const cpuPerCycle: Record<string, { agentMs: number; childrenMs: number }> = {};
+  /** The agent's CPU time (its own and its children's) per ADD and DEL, by cycle kind. */
+  const cpu = new Map<string, { agentMs: number; childrenMs: number; n: number }>();
+  /** The ADD phases' sums and counts, by cycle kind. */
+  const phaseSums = new Map<string, Map<string, { sum: number; count: number }>>();
   /**
    * ADD then DEL of each pod, timed from the plugin's spawn to its exit; `settleMs` > 0
    * waits that long before each ADD, so that the node has finished the work an earlier
    * DEL and ADD left running (the device's way home, other pods' set edits).
    */
-  const cycle = async (tag: string, pods: typeof selected, settleMs = 0): Promise<number[]> => {
+  const cycle = async (
+    kind: string,
+    round: number,
+    pods: typeof selected,
+    settleMs = 0,
+  ): Promise<number[]> => {
+    const tag = `${kind}-${round}`;
     const out: number[] = [];
+    const before = parsePhases(await n.client.metrics());
     const c0 = await procCpu(n.agentPid!);
     for (let k = 0; k < N.adds; k++) {
       const l = pods[k];
@@ -327,58 +340,122 @@ try {
       await n.vpc.deletePod(ns);
     }
     const c1 = await procCpu(n.agentPid!);
-    cpuPerCycle[tag] = {
-      agentMs: Math.round((c1.own - c0.own) / N.adds * 10) / 10,
-      childrenMs: Math.round((c1.children - c0.children) / N.adds * 10) / 10,
-    };
+    const c = cpu.get(kind) ?? { agentMs: 0, childrenMs: 0, n: 0 };
+    c.agentMs += c1.own - c0.own;
+    c.childrenMs += c1.children - c0.children;
+    c.n += N.adds;
+    cpu.set(kind, c);
+    const sums = phaseSums.get(kind) ?? new Map();
+    for (
+      const [k, f] of Object.entries(phaseDelta(before, parsePhases(await n.client.metrics())))
+    ) {
+      if (!k.startsWith("add/")) continue;
+      const e = sums.get(k) ?? { sum: 0, count: 0 };
+      e.sum += f.meanMs * f.count;
+      e.count += f.count;
+      sums.set(k, e);
+    }
+    phaseSums.set(kind, sums);
     return out;
   };
-  const phases0 = parsePhases(await n.client.metrics());
-  const on = await cycle("on", selected);
-  const phasesMid = parsePhases(await n.client.metrics());
-  const phasesOn = phaseDelta(phases0, phasesMid);
-  const onPlain = await cycle("on-plain", plain);
-  const phasesOnPlain = phaseDelta(phasesMid, parsePhases(await n.client.metrics()));
-  const phases2 = parsePhases(await n.client.metrics());
-  const onSettled = await cycle("on-settled", selected, SETTLE_MS);
-  const phases3 = parsePhases(await n.client.metrics());
-  const onPlainSettled = await cycle("on-plain-settled", plain, SETTLE_MS);
-  const phasesOnSettled = phaseDelta(phases2, phases3);
-  const phasesOnPlainSettled = phaseDelta(phases3, parsePhases(await n.client.metrics()));
-  const end = await procStatus(pid);
-  report.end = { vmHwmMB: mb(end.VmHWM), rssMB: mb(end.VmRSS) };
-  await n.stopAgent();
-  await n.editConfig((c) => (c.networkPolicy = { enabled: false }));
-  await n.startAgent();
-  const phases1 = parsePhases(await n.client.metrics());
-  const off = await cycle("off", selected);
-  const phasesOff = phaseDelta(phases1, parsePhases(await n.client.metrics()));
-  const phases4 = parsePhases(await n.client.metrics());
-  const offSettled = await cycle("off-settled", selected, SETTLE_MS);
-  const phasesOffSettled = phaseDelta(phases4, parsePhases(await n.client.metrics()));
-  const addPhases = (ph: typeof phasesOn) =>
+  /** Restarts the agent with policy on or off; with it on, waits for its first sync. */
+  const restart = async (on: boolean) => {
+    await n.stopAgent();
+    await n.editConfig((c) => {
+      if (on) delete c.networkPolicy;
+      else c.networkPolicy = { enabled: false };
+    });
+    await n.startAgent();
+    if (!on) return;
+    for (;;) {
+      const p = (await status()).policy;
+      if (p?.synced && p.pendingEvents === 0) break;
+      await sleep(50);
+    }
+    await sleep(2_000);
+  };
+  // Rounds alternate which half comes first (on, off; off, on; …), the agent restarted
+  // between the halves: the machine's drift over the minutes lands on both sides.
+  const samples = new Map<string, number[]>();
+  const rounds: Record<string, number>[] = [];
+  const half = async (on: boolean, round: number) => {
+    const runs: [string, typeof selected, number][] = on
+      ? [
+        ["on", selected, 0],
+        ["on-plain", plain, 0],
+        ["on-settled", selected, SETTLE_MS],
+        ["on-plain-settled", plain, SETTLE_MS],
+      ]
+      : [["off", selected, 0], ["off-settled", selected, SETTLE_MS]];
+    for (const [kind, pods, settle] of runs) {
+      const xs = await cycle(kind, round, pods, settle);
+      samples.set(kind, [...(samples.get(kind) ?? []), ...xs]);
+      rounds[round][kind] = stats(xs).p50;
+    }
+  };
+  let policyOn = true;
+  for (let r = 0; r < N.rounds; r++) {
+    rounds.push({});
+    for (const on of r % 2 === 0 ? [true, false] : [false, true]) {
+      if (on !== policyOn) {
+        await restart(on);
+        policyOn = on;
+      }
+      await half(on, r);
+      if (on && !report.end) {
+        const end = await procStatus(n.agentPid!);
+        report.end = { vmHwmMB: mb(end.VmHWM), rssMB: mb(end.VmRSS) };
+      }
+    }
+  }
+  const pooled = (kind: string) => stats(samples.get(kind)!);
+  const round1 = (v: number) => Math.round(v * 10) / 10;
+  /** Per round, policy on's p50 minus off's, for one kind of ADD. */
+  const deltas = (on: string, off: string) => rounds.map((r) => round1(r[on] - r[off]));
+  const mean = (xs: number[]) => round1(xs.reduce((a, b) => a + b, 0) / xs.length);
+  const phasesOf = (kind: string) =>
     Object.fromEntries(
-      Object.entries(ph).filter(([k]) => k.startsWith("add/")).map(([k, v]) => [k, v.meanMs]),
+      [...phaseSums.get(kind)!].map(([k, v]) => [k, Math.round(v.sum / v.count * 100) / 100]),
     );
+  const deltaOf = (on: string, off: string) => {
+    const d = deltas(on, off);
+    return { pooled: round1(pooled(on).p50 - pooled(off).p50), perRound: d, meanOfRounds: mean(d) };
+  };
   report.add = {
-    policyOn: stats(on),
-    policyOnNotSelected: stats(onPlain),
-    policyOff: stats(off),
+    rounds: N.rounds,
+    perRoundP50: rounds,
+    policyOn: pooled("on"),
+    policyOnNotSelected: pooled("on-plain"),
+    policyOff: pooled("off"),
     /** The same, each ADD after the node settled (see `cycle`). */
     settled: {
-      policyOn: stats(onSettled),
-      policyOnNotSelected: stats(onPlainSettled),
-      policyOff: stats(offSettled),
+      policyOn: pooled("on-settled"),
+      policyOnNotSelected: pooled("on-plain-settled"),
+      policyOff: pooled("off-settled"),
     },
-    cpuPerAddAndDel: cpuPerCycle,
-    phasesMeanMs: {
-      policyOn: addPhases(phasesOn),
-      policyOnNotSelected: addPhases(phasesOnPlain),
-      policyOff: addPhases(phasesOff),
+    /** Policy on's ADD p50 minus off's: pooled over the rounds, and per round. */
+    onMinusOff: {
+      selected: deltaOf("on", "off"),
+      notSelected: deltaOf("on-plain", "off"),
       settled: {
-        policyOn: addPhases(phasesOnSettled),
-        policyOnNotSelected: addPhases(phasesOnPlainSettled),
-        policyOff: addPhases(phasesOffSettled),
+        selected: deltaOf("on-settled", "off-settled"),
+        notSelected: deltaOf("on-plain-settled", "off-settled"),
+      },
+    },
+    cpuPerAddAndDel: Object.fromEntries(
+      [...cpu].map(([k, v]) => [k, {
+        agentMs: round1(v.agentMs / v.n),
+        childrenMs: round1(v.childrenMs / v.n),
+      }]),
+    ),
+    phasesMeanMs: {
+      policyOn: phasesOf("on"),
+      policyOnNotSelected: phasesOf("on-plain"),
+      policyOff: phasesOf("off"),
+      settled: {
+        policyOn: phasesOf("on-settled"),
+        policyOnNotSelected: phasesOf("on-plain-settled"),
+        policyOff: phasesOf("off-settled"),
       },
     },
   };
