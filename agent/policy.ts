@@ -6,10 +6,11 @@
  * - **From the first packet.** An ADD waits (bounded: `networkPolicy.syncWaitSeconds`)
  *   for the caches' first full list, fetches a pod the cache has not seen yet (5 s), and
  *   fails with CNI code 11 when it cannot know the pod's policy: the runtime retries.
- *   Otherwise `prepare` compiles the pod's policy, loads the node's table with the pod's
- *   chains (at its node end, in parallel with the plug; `committed` waits for it) and
- *   hands the pod's own table to the plug, which loads it in the pod's namespace with
- *   the host link's ruleset before the ENI moves in.
+ *   Otherwise `prepare` hands the plug a way to the pod's own table: called once the
+ *   ENI's move has started (the compiling overlaps it), it compiles the pod's policy,
+ *   loads the node's table with the pod's chains (at its node end, in parallel with the
+ *   plug; `committed` waits for it) and gives the text, which the plug loads in the
+ *   pod's namespace with the host link's ruleset before the ENI is configured.
  * - **Kept in step.** Every cache event (pods, namespaces, NetworkPolicies) goes to one
  *   serialized queue; a batch of events is applied to the compiler at once, then to the
  *   kernel: set deltas as element edits in each pod that uses the set and on the node
@@ -784,7 +785,7 @@ export class PolicyEnforcer implements PolicyHook {
 
   // ---- the manager's hook ----
 
-  async prepare(p: PolicyPod): Promise<{ podRuleset: string } | null> {
+  async prepare(p: PolicyPod): Promise<{ podRuleset: () => Promise<string> } | null> {
     if (this.#stop.signal.aborted) throw new ApiError("busy", "The agent is shutting down");
     if (!(await this.waitSynced(this.#syncWaitMs))) {
       throw new ApiError("policy_unavailable", NOT_SYNCED);
@@ -811,6 +812,21 @@ export class PolicyEnforcer implements PolicyHook {
       }
     }
     const ips = [p.addresses.ipv4, p.addresses.ipv6].filter((a): a is string => !!a);
+    return { podRuleset: () => this.#admit(p, namespace, name, ips, fetched) };
+  }
+
+  /**
+   * ADD's own change, queued first: the pod registered with the engine (its addresses in
+   * the sets it belongs to), its node chains loading, and its table's text, which the
+   * plug loads in the pod (empty: no policy isolates it).
+   */
+  async #admit(
+    p: PolicyPod,
+    namespace: string,
+    name: string,
+    ips: string[],
+    fetched: Pod | null,
+  ): Promise<string> {
     let deliver!: (text: string) => void;
     let refuse!: (err: unknown) => void;
     const result = new Promise<string>((res, rej) => [deliver, refuse] = [res, rej]);
@@ -885,7 +901,7 @@ export class PolicyEnforcer implements PolicyHook {
       return Promise.resolve();
     }, { first: true });
     task.catch(() => {});
-    return { podRuleset: await result };
+    return await result;
   }
 
   async committed(key: string, netns: string): Promise<void> {

@@ -54,6 +54,13 @@ const add = (pod: string, ip: string, end: string): PolicyPod => ({
   nodeAddresses: ["10.0.0.254"],
 });
 
+/** ADD's policy step as the plug takes it: prepare, then the pod's table (its own call). */
+async function admit(e: PolicyEnforcer, p: PolicyPod): Promise<string> {
+  const r = await e.prepare(p);
+  assert(r, "policy is on: prepare gives the pod's table");
+  return await r.podRuleset();
+}
+
 const denyAll = (namespace: string) => ({
   metadata: { namespace, name: "deny" },
   spec: { podSelector: {}, policyTypes: ["Ingress"] },
@@ -93,8 +100,8 @@ Deno.test("a pod the cache lacks is fetched from the API server; one it does not
       assertStringIncludes(err.message, `has no pod "a/web"`);
       // Created a moment ago: the watch may not have brought it yet; the GET does.
       server.put("pods", pod("a", "web"));
-      const r = await e.prepare(add("a/web", "10.1.0.1", "enimh1"));
-      assertEquals(r!.podRuleset, "", "known now, and no policy selects it: no table");
+      const r = await admit(e, add("a/web", "10.1.0.1", "enimh1"));
+      assertEquals(r, "", "known now, and no policy selects it: no table");
       assertEquals(e.status().pods.map((p) => [p.pod, p.policies]), [["a/web", 0]]);
       assert(server.requests.some((q) => q.path === "/api/v1/namespaces/a/pods/web"));
     } finally {
@@ -112,8 +119,8 @@ Deno.test("a pod no policy selects gets no table and no node chains; the first p
     const e = enforcer(server, devices);
     try {
       assert(await e.waitSynced(10_000));
-      const r = await e.prepare(add("a/web", "10.1.0.1", "enimh1"));
-      assertEquals(r!.podRuleset, "", "not isolated: no table rides the plug");
+      const r = await admit(e, add("a/web", "10.1.0.1", "enimh1"));
+      assertEquals(r, "", "not isolated: no table rides the plug");
       await e.committed("c-enimh1/eth0", "/run/netns/web");
       const node = devices.rulesets.get(NODE)!;
       assert(!node.some((t) => t.includes("enimh1")), "no chains on the node either");
@@ -201,7 +208,7 @@ Deno.test("a failed load is retried until the pod's table has its deny", async (
     const e = enforcer(server, devices);
     try {
       assert(await e.waitSynced(10_000));
-      await e.prepare(add("a/web", "10.1.0.1", "enimh1"));
+      await admit(e, add("a/web", "10.1.0.1", "enimh1"));
       await e.committed("c-enimh1/eth0", "/run/netns/web");
       const loads = devices.rulesets.get("/run/netns/web")?.length ?? 0;
       devices.failOn("nft", undefined, 2);
@@ -247,8 +254,8 @@ Deno.test("the edits an ADD brings to other pods' tables and to the node's sets 
     const e = enforcer(server, devices);
     try {
       assert(await e.waitSynced(10_000));
-      const web = await e.prepare(add("a/web", "10.1.0.1", "enimh1"));
-      assertStringIncludes(web!.podRuleset, 'counter name "drop_ingress" drop', "web is isolated");
+      const web = await admit(e, add("a/web", "10.1.0.1", "enimh1"));
+      assertStringIncludes(web, 'counter name "drop_ingress" drop', "web is isolated");
       await e.committed("c-enimh1/eth0", "/run/netns/web");
       const has = (netns: string, ip: string) =>
         (devices.rulesets.get(netns) ?? []).some((t) => t.includes(ip));
@@ -262,8 +269,8 @@ Deno.test("the edits an ADD brings to other pods' tables and to the node's sets 
       await new Promise((r) => setTimeout(r, 200));
       // c1's ADD: its address joins web's client set, in web's table and on the node, only
       // once that ADD has answered.
-      const c1 = await e.prepare(add("a/c1", "10.1.0.7", "enimh2"));
-      assertEquals(c1!.podRuleset, "", "no policy selects c1");
+      const c1 = await admit(e, add("a/c1", "10.1.0.7", "enimh2"));
+      assertEquals(c1, "", "no policy selects c1");
       // Time for any load the ADD started to land.
       await new Promise((r) => setTimeout(r, 100));
       assert(!has("/run/netns/web", "10.1.0.7"), "web's table waits for c1's answer");

@@ -183,7 +183,7 @@ export async function addPinned(
       let placed: { ifindex: number; nodeName: string; shaping?: InstalledShaping };
       try {
         const policy = link
-          ? await t.time("policy", () => preparePolicy(ctx, key, pod, req.ifName, link))
+          ? await t.time("policy", () => preparePolicy(ctx, key, pod, req.ifName, link, t))
           : undefined;
         placed = req.mode === "interface"
           ? await plugIntoPod(ctx, req, pinned!, key, eni, ips, routes, t, link, policy)

@@ -39,7 +39,7 @@ export async function plugIntoPod(
   routes: RouteSpec[],
   t: OpTimer,
   hostLink?: HostLinkSpec,
-  policyRuleset?: string,
+  policyRuleset?: () => Promise<string>,
 ): Promise<{ ifindex: number; nodeName: string; shaping?: InstalledShaping }> {
   // Recorded with the node name, before the link is made: what a rollback removes.
   const recorded = hostLink

@@ -11,6 +11,7 @@ import { AddResponseSchema, ApiError } from "../api/schema.ts";
 import { userMessage } from "../lib/message.ts";
 import { type AttachmentKey, keyOf } from "../providers/schema.ts";
 import type { ManagerContext } from "./context.ts";
+import type { OpTimer } from "./op_timer.ts";
 import { type AttachmentRow, hostLinkOf } from "./state.ts";
 import type { RestoredPolicyPod } from "./types.ts";
 
@@ -26,10 +27,12 @@ function asPolicyError(err: unknown): ApiError {
 }
 
 /**
- * ADD's policy step, before the plug (interface mode with a host link): the node's part
- * loaded, the pod's ruleset returned for the plug to load with the host link's (undefined:
- * policy is off). A failure is an {@linkcode ApiError}: the enforcer's own, or
- * `device_error` naming NetworkPolicy.
+ * ADD's policy step, before the plug (interface mode with a host link): whether the
+ * pod's policy can be known, and the pod's ruleset as a call the plug makes once, when
+ * the device's move has started (undefined: policy is off); that call loads the node's
+ * part and gives the text, timed as the `policy` phase with this step. A failure of
+ * either is an {@linkcode ApiError}: the enforcer's own, or `device_error` naming
+ * NetworkPolicy.
  */
 export async function preparePolicy(
   ctx: ManagerContext,
@@ -37,12 +40,14 @@ export async function preparePolicy(
   pod: string,
   eniIfName: string,
   link: HostLinkSpec,
-): Promise<string | undefined> {
+  t: OpTimer,
+): Promise<(() => Promise<string>) | undefined> {
   if (!ctx.policy) return undefined;
   // Listed already for the link (HostLinks keeps them 30 s): no spawn here.
   const node = await ctx.hostLinks.nodeAddresses().then((n) => n.addresses, () => []);
+  let r: Awaited<ReturnType<NonNullable<ManagerContext["policy"]>["prepare"]>>;
   try {
-    const r = await ctx.policy.prepare({
+    r = await ctx.policy.prepare({
       pod,
       key: keyOf(key),
       addresses: { ...link.podAddresses },
@@ -50,10 +55,16 @@ export async function preparePolicy(
       nodeIfName: link.nodeIfName,
       nodeAddresses: node,
     });
-    return r?.podRuleset;
   } catch (err) {
     throw asPolicyError(err);
   }
+  if (!r) return undefined;
+  const made = r;
+  let text: Promise<string> | undefined;
+  return () =>
+    text ??= t.time("policy", () => made.podRuleset()).catch((err) => {
+      throw asPolicyError(err);
+    });
 }
 
 /**

@@ -98,13 +98,15 @@ export interface RestoredPolicyPod extends Omit<PolicyPod, "nodeAddresses"> {
 export interface PolicyHook {
   /**
    * Called by ADD (interface mode with a host link) once the ENI and the host link are
-   * planned, before the device is plugged: loads the node's part (the node end's
-   * chains) and returns the pod's own ruleset, which the plug loads in the pod's
-   * namespace before the device moves in (null: no policy for this pod). A throw fails
-   * the ADD (rolled back as any failure): an {@linkcode ApiError} reaches the runtime as
-   * it is.
+   * planned, before the device is plugged: settles whether the pod's policy can be known
+   * (a throw fails the ADD before anything moves). It returns the pod's own ruleset as a
+   * call (null: no policy for this pod), which the plug makes once, when the device's
+   * move has started: it loads the node's part (the node end's chains) and gives the
+   * text the plug loads in the pod's namespace before the device is configured. A throw,
+   * of either, fails the ADD (rolled back as any failure): an {@linkcode ApiError}
+   * reaches the runtime as it is.
    */
-  prepare(p: PolicyPod): Promise<{ podRuleset: string } | null>;
+  prepare(p: PolicyPod): Promise<{ podRuleset: () => Promise<string> } | null>;
   /**
    * The ADD recorded the attachment ready, the pod in `netns`: later edits go there.
    * Resolves once the pod's node chains are in place; a throw fails the ADD.

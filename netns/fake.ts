@@ -323,7 +323,7 @@ export class FakeDeviceLayer implements DeviceLayer {
 
   async plug(params: PlugParams): Promise<PlugResult> {
     const p = { ...params, netns: pathOf(params.netns) };
-    const { timing, nodeName: _hint, beforeMove, ...args } = p;
+    const { timing, nodeName: _hint, beforeMove, policyRuleset, ...args } = p;
     this.calls.push({ op: "plug", args: clone(args) });
     await this.#step("plug");
     const ns = this.#ns.get(p.netns);
@@ -355,7 +355,10 @@ export class FakeDeviceLayer implements DeviceLayer {
     link.alias = nodeName;
     link.ifname = p.ifName;
     ns.links.push(link);
+    let policy: string | undefined;
     try {
+      // As the real layer: the policy's text is made while the device moves.
+      policy = hl && policyRuleset ? await policyRuleset() : undefined;
       await this.#step("plug:after-move");
     } catch (err) {
       // The real layer rolls its own steps back before throwing.
@@ -409,7 +412,7 @@ export class FakeDeviceLayer implements DeviceLayer {
     }
     timing?.("move", 0);
     timing?.("configure", 0);
-    if (hl && p.policyRuleset) this.#loaded(p.netns, p.policyRuleset);
+    if (policy) this.#loaded(p.netns, policy);
     if (isShaped(p.bandwidth)) {
       link.shaping = installedShaping(p.bandwidth, link.mtu);
       timing?.("shape", 0);

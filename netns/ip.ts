@@ -110,24 +110,32 @@ export const DEFAULT_SCRATCH_DIR = "/run/enim/ip";
 let seq = 0;
 const madeDirs = new Set<string>();
 
-/** Writes `text` to a new file in `dir` (created 0700 once) and returns its path. */
-export async function scratchFile(dir: string, text: string): Promise<string> {
+/**
+ * Writes `text` to a new file in `dir` (created 0700 once) and returns its path. It
+ * writes synchronously (a small file on the runtime dir's tmpfs): a spawn that reads it
+ * starts in the caller's own task, so that the caller's next work overlaps the child's
+ * (the plug computes the pod's policy while the device moves).
+ */
+export function scratchFile(dir: string, text: string): string {
   if (!madeDirs.has(dir)) {
-    await Deno.mkdir(dir, { recursive: true, mode: 0o700 });
+    Deno.mkdirSync(dir, { recursive: true, mode: 0o700 });
     madeDirs.add(dir);
   }
   const path = `${dir}/${Deno.pid}-${++seq}.batch`;
-  await Deno.writeFile(path, encoder.encode(text), { mode: 0o600 });
+  Deno.writeFileSync(path, encoder.encode(text), { mode: 0o600 });
   return path;
 }
 
-/** Writes `text` to a new file in `dir` (created 0700 once), runs `fn` with its path, removes it. */
+/**
+ * Writes `text` to a new file in `dir` (created 0700 once), runs `fn` with its path
+ * (in the caller's task: {@linkcode scratchFile}), removes it.
+ */
 export async function withScratchFile<T>(
   dir: string,
   text: string,
   fn: (path: string) => Promise<T>,
 ): Promise<T> {
-  const path = await scratchFile(dir, text);
+  const path = scratchFile(dir, text);
   try {
     return await fn(path);
   } finally {

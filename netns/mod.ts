@@ -298,7 +298,8 @@ export class IpDeviceLayer implements DeviceLayer {
    * Moves the device into the pod renamed `ifName`, and configures it; rolls back on
    * failure. Two spawns when the device's node name is known (the caller's or the
    * cache's): the pod's `ip -batch -`, started first so that its exec (and nsenter's)
-   * overlaps the move, and the move (one netlink call: netns, name and alias); the pod's
+   * overlaps the move (with a `policyRuleset`, just after the move's, once that text is
+   * made: its making overlaps the move), and the move (one netlink call: netns, name and alias); the pod's
    * process is fed the configure batch once the device is there, whose first command
    * shows the moved link so its MAC is checked. With a host link, its node side runs in
    * the move's batch, its pod side in the configure batch, and its policy first in the
@@ -320,34 +321,51 @@ export class IpDeviceLayer implements DeviceLayer {
       ...(link ? podCommands(link) : []),
     ];
     const ns = await this.#useNetns("netns", p.netns);
-    const pod = await this.#startPodIp(ns, link, p.ifName, p.policyRuleset);
+    let pod: Promise<PodIp> | undefined;
+    // Once: with the policy's text, when the plug's `policyRuleset` gives it.
+    const startPod = () =>
+      pod ??= (async () =>
+        this.#startPodIp(
+          ns,
+          link,
+          p.ifName,
+          p.policyRuleset ? await p.policyRuleset() : undefined,
+        ))();
+    // Without a policy to wait for, the pod's process starts before the move.
+    if (!p.policyRuleset) startPod().catch(() => {});
     try {
-      return await this.#plugDevice(p, ns, config, pod);
+      return await this.#plugDevice(p, ns, config, startPod);
     } finally {
       // Not fed (the move failed): it reads end-of-file and exits; what its policy left
       // after a failed plug is inert (`netns/host_link.ts`). Fed: this is its outcome
       // again, which the configure step has turned into the plug's error already (a
-      // deadline missed, say), never to replace that error here.
-      await pod.process.feed("").catch(() => {});
-      if (pod.ruleset) await Deno.remove(pod.ruleset).catch(() => {});
+      // deadline missed, say), never to replace that error here. Never started (the
+      // policy's text failed): nothing to end.
+      const started = await pod?.catch(() => null);
+      if (started) {
+        await started.process.feed("").catch(() => {});
+        if (started.ruleset) await Deno.remove(started.ruleset).catch(() => {});
+      }
     }
   }
 
   /**
-   * The plug's one process in the pod's namespace, started before the move: with a
-   * host link, `POD_POLICY_SCRIPT` (which needs neither the ENI nor the link in the
-   * pod) runs its policy and the `ip` (its rules beside them, waiting for the move's
-   * rtnl lock); without, the `ip` alone. `policyRuleset` (the pod's NetworkPolicy table)
-   * rides in the host link's ruleset file: one `nft -f`, before the device moves in.
+   * The plug's one process in the pod's namespace, started before the move (with a
+   * policy to wait for: once the move's processes run): with a host link,
+   * `POD_POLICY_SCRIPT` (which needs neither the ENI nor the link in the pod) runs its
+   * policy and the `ip` (its rules beside them, waiting for the move's rtnl lock);
+   * without, the `ip` alone. `policyRuleset` (the pod's NetworkPolicy table) rides in
+   * the host link's ruleset file: one `nft -f`, before the device is configured (it
+   * stays down until then).
    */
-  async #startPodIp(
+  #startPodIp(
     ns: Ns,
     link: HostLinkSpec | undefined,
     ifName: string,
     policyRuleset?: string,
-  ): Promise<PodIp> {
+  ): PodIp {
     if (!link) return { process: startFed(inNetnsArgv(POD_IP, ns.ref)) };
-    const ruleset = await scratchFile(
+    const ruleset = scratchFile(
       this.#scratch ?? DEFAULT_SCRATCH_DIR,
       podRuleset(link, ifName) + (policyRuleset ?? ""),
     );
@@ -366,7 +384,12 @@ export class IpDeviceLayer implements DeviceLayer {
    * The device moved (with the host link's node side), configured and shaped; rolled
    * back on failure (the device, its ifb, the host link).
    */
-  async #plugDevice(p: PlugParams, ns: Ns, config: string[][], pod: PodIp): Promise<PlugResult> {
+  async #plugDevice(
+    p: PlugParams,
+    ns: Ns,
+    config: string[][],
+    startPod: () => Promise<PodIp>,
+  ): Promise<PlugResult> {
     const link = p.hostLink;
     const mac = normalizeMac(p.mac);
     for (let attempt = 0;; attempt++) {
@@ -374,8 +397,13 @@ export class IpDeviceLayer implements DeviceLayer {
       const nodeName = await this.#nodeNameOf(p, lookup);
       p.beforeMove?.(nodeName);
       let pending: Pending;
+      // The move's processes are running once `#move` returns its promise (their batch
+      // files are written synchronously): the policy's text is made while they work.
+      const moving = this.#move(p, ns, nodeName);
+      const podStarted = startPod();
+      podStarted.catch(() => {});
       try {
-        pending = await this.#move(p, ns, nodeName);
+        pending = await moving;
       } catch (err) {
         if (!lookup && err instanceof DeviceError && noSuchDevice(err.cause)) {
           this.#log.debug("Stale device name; looking the device up", { mac, nodeName });
@@ -387,6 +415,15 @@ export class IpDeviceLayer implements DeviceLayer {
       let shaping: InstalledShaping | undefined;
       let shown: Link | null;
       try {
+        let pod: PodIp;
+        try {
+          pod = await podStarted;
+        } catch (err) {
+          // The policy's text failed (its own error is the plug's): the device goes home.
+          await pending.pending.catch(() => {});
+          await this.#bringBackLogged(p, ns, nodeName);
+          throw err;
+        }
         shown = await this.#configure(p, ns, config, nodeName, pod);
         if (shown !== null) {
           try {

@@ -1,5 +1,6 @@
 import { assert, assertEquals, assertNotEquals, assertRejects } from "../lib/assert.ts";
-import { ipBatch, ipJson, runIp, spawnCounter } from "./ip.ts";
+import { inNetnsArgv, ipBatch, ipJson, NFT_BIN, runIp, spawn, spawnCounter } from "./ip.ts";
+import { DEFAULT_MARKS, type HostLinkSpec } from "./host_link.ts";
 import { configureCommands, DeviceError, IpDeviceLayer, netnsIdentity } from "./mod.ts";
 import { vethNames } from "./sim.ts";
 import { AddrInfoSchema } from "./ip.ts";
@@ -211,6 +212,93 @@ Deno.test({
     await assertHome(vpc, eni);
   },
 });
+
+/** A host link for `eni` (the node end's name is the test's own: the node is the VPC's). */
+function hostLinkFor(eni: Eni): HostLinkSpec {
+  return {
+    nodeIfName: "enimhtest000001",
+    podIfName: "host0",
+    nodeMac: "0e:01:02:03:04:05",
+    podMac: "0a:01:02:03:04:05",
+    alias: "enim:c1/eth0",
+    podAddresses: { ipv4: eni.ipv4!.address },
+    nodeSource: {},
+    routes: [{ dst: "172.30.0.0/16" }],
+    table: 0x10000abc,
+    marks: DEFAULT_MARKS,
+  };
+}
+
+const POLICY_TABLE = "table inet enim_policy {\n\tchain x {\n\t}\n}\n";
+
+Deno.test({
+  name:
+    "plug() with a host link makes the pod's policy text while the device moves (it stays down until that text is loaded), and loads it",
+  ignore: !root,
+  async fn() {
+    await using vpc = await SimulatedVpc.create();
+    const { devices, eni, pod } = await onePod(vpc);
+    let calls = 0;
+    await devices.plug({
+      ...plugArgs(eni, pod.path),
+      hostLink: hostLinkFor(eni),
+      policyRuleset: async () => {
+        calls++;
+        // The move does not wait for this text: the device reaches the pod meanwhile,
+        // down (nothing configures it before its policy is loaded).
+        const moved = await poll(async () => {
+          const l = await linkByMac(pod.path, eni.mac);
+          return l && !l.flags.includes("UP") ? l : null;
+        }, { timeoutMs: 5_000, intervalMs: 5 });
+        assert(moved, "the device moved into the pod while its policy's text was made");
+        return POLICY_TABLE;
+      },
+    });
+    assertEquals(calls, 1);
+    const link = await linkByMac(pod.path, eni.mac);
+    assert(link?.flags.includes("UP"), "configured once the text was in");
+    const tables = await ipJsonNft(pod.path);
+    assert(tables.includes("enim_policy"), tables.join(", "));
+  },
+});
+
+Deno.test({
+  name:
+    "plug() fails with the policy text's own error when making it fails once the move has started: the device is home, the host link gone",
+  ignore: !root,
+  async fn() {
+    await using vpc = await SimulatedVpc.create();
+    const { devices, eni, pod } = await onePod(vpc);
+    const link = hostLinkFor(eni);
+    const own = new Error("the policy's own failure");
+    const err = await assertRejects(() =>
+      devices.plug({
+        ...plugArgs(eni, pod.path),
+        hostLink: link,
+        policyRuleset: async () => {
+          await poll(() => linkByMac(pod.path, eni.mac), { timeoutMs: 5_000, intervalMs: 5 });
+          throw own;
+        },
+      })
+    );
+    assertEquals(err, own);
+    await assertHome(vpc, eni);
+    const nodeLinks = await ipJson(LinkAddrs, ["addr", "show"], { netns: vpc.node.name });
+    assert(!nodeLinks.some((l) => l.ifname === link.nodeIfName), "no node end left");
+    const podLinks = await ipJson(LinkAddrs, ["addr", "show"], { netns: pod.path });
+    assertEquals(podLinks.map((l) => l.ifname), ["lo"]);
+    assertEquals(await ipJsonNft(pod.path), [], "no table of the plug's in the pod");
+  },
+});
+
+/** The nftables tables in `netns` (a path), by name. */
+async function ipJsonNft(netns: string): Promise<string[]> {
+  const { stdout } = await spawn(inNetnsArgv([NFT_BIN, "-j", "list", "tables"], netns));
+  const parsed = z.object({
+    nftables: z.array(z.looseObject({ table: z.optional(z.object({ name: z.string() })) })),
+  }).parse(JSON.parse(stdout));
+  return parsed.nftables.flatMap((e) => e.table ? [e.table.name] : []);
+}
 
 Deno.test({
   name: "plug() rejects a netns that is no namespace, and a MAC that is not on the node",

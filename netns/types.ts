@@ -140,9 +140,12 @@ export interface PlugParams {
   /**
    * With a host link: more nftables text (the pod's NetworkPolicy table) loaded in the
    * pod's namespace with the host link's own ruleset, by the same `nft -f`, before the
-   * device moves in: the ENI is filtered from its first packet.
+   * device is configured (it is down until then): the ENI is filtered from its first
+   * packet. Called once, when the move's processes have started, so that making the
+   * text overlaps the move; a rejection fails the plug with that error (the device
+   * brought back).
    */
-  policyRuleset?: string;
+  policyRuleset?: () => Promise<string>;
 }
 
 /** What {@linkcode DeviceLayer.unplug} takes. */
