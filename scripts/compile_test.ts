@@ -115,7 +115,7 @@ Deno.test("compileArgs() compiles the bundle with the enim permission set and no
     "compile",
     "--no-config",
     "--no-lock",
-    "--v8-flags=--max-semi-space-size=1,--lite-mode",
+    "--v8-flags=--max-semi-space-size=1,--lite-mode,--heap-growing-percent=30",
     ...flags,
     "--output",
     "/out/enim",
