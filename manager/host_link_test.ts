@@ -2,7 +2,8 @@ import { assert, assertEquals, assertRejects, assertStringIncludes } from "../li
 import { ApiError } from "../api/schema.ts";
 import { NODE } from "../netns/fake.ts";
 import { HOST_LINK_GROUP } from "../netns/host_link.ts";
-import { withDeadline } from "../lib/async.ts";
+import { poll, withDeadline } from "../lib/async.ts";
+import type { PolicyHook } from "./types.ts";
 import { add, addReq, delReq, settle, withNode } from "../tests/support/manager_fixtures.ts";
 import { linkMacs, nodeIfNameFor, planHostLink, tableOf } from "./host_link.ts";
 
@@ -100,6 +101,42 @@ Deno.test("ADD with a host link plugs it with the ENI, records it, and DEL remov
       false,
     );
   });
+});
+
+Deno.test("a DEL forgets the pod's NetworkPolicy while its device goes home, and the ENI is freed only after", async () => {
+  const calls: string[] = [];
+  const policy: PolicyHook = {
+    prepare: () => Promise.resolve({ podRuleset: () => Promise.resolve("") }),
+    committed: () => Promise.resolve(),
+    removed: (key) => {
+      calls.push(`removed ${key}`);
+      return Promise.resolve();
+    },
+    restore: () => {},
+  };
+  await withNode(async (n) => {
+    n.devices.nodeAddrs = NODE_ADDRS;
+    await add(n, 1, { hostLink: LINK });
+    const release = n.devices.holdOn("unplug");
+    try {
+      await n.mgr.del(delReq(1));
+      // The move home waits: the policy's removal (its edits of other pods' tables) has
+      // not waited for it.
+      assert(
+        await poll(() => Promise.resolve(calls.length > 0 || null), {
+          timeoutMs: 2_000,
+          intervalMs: 5,
+        }),
+        "removed() while the device is on its way home",
+      );
+      assertEquals(calls, ["removed c1/eth0"]);
+      assertEquals((await n.owned()).size, 1, "the ENI is not freed before the device is home");
+    } finally {
+      release();
+    }
+    await n.mgr.settled();
+    assertEquals((await n.owned()).size, 0);
+  }, { policy });
 });
 
 Deno.test("CHECK reports a host link whose node end is gone", async () => {

@@ -133,10 +133,18 @@ export async function release(
         // Early only while the pin keeps the namespace alive: a /proc/<pid> path keeps
         // nothing, and a runtime stops the sandbox as soon as its DEL is answered.
         if (pinned?.keepsAlive && row.mode === "interface") o.answer?.();
+        // The pod's NetworkPolicy goes while its device goes home, not after: its edits of
+        // the other pods' tables and the node's (its address leaves their sets) then run
+        // beside the move home, before the runtime's next ADD comes, instead of beside that
+        // ADD. Its containers stopped before the runtime called DEL. They are done before
+        // the ENI (and its address) can go to another pod. (The call after this step covers
+        // every other way out of it; a second call does nothing.)
+        const rules = policyRemoved(ctx, key);
         try {
           await returnDevice(ctx, row, mac, nodeName, pinned, t, o.deferHostLink);
         } finally {
           pinned?.close();
+          await rules;
         }
       }).finally(() => policyRemoved(ctx, key));
     }

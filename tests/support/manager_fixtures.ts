@@ -16,7 +16,7 @@ import type { AllocationRequestInput, Eni, Owner, Provider } from "../../provide
 import { FakeDeviceLayer } from "../../netns/fake.ts";
 import { createManager, type Manager } from "../../manager/manager.ts";
 import { AddRequestSchema, type AddResponse, DelRequestSchema } from "../../api/schema.ts";
-import type { AddInput, DelInput } from "../../manager/types.ts";
+import type { AddInput, DelInput, PolicyHook } from "../../manager/types.ts";
 import type { LivenessSource } from "../../manager/gc.ts";
 import type { PhaseRecorder } from "../../lib/metrics.ts";
 
@@ -137,6 +137,8 @@ export interface NodeOptions {
   zone?: { nodeHoldSeconds: number };
   /** Where the manager records its timings and counts (default: nowhere). */
   metrics?: PhaseRecorder;
+  /** NetworkPolicy enforcement (default: none). */
+  policy?: PolicyHook;
 }
 
 /** Builds a node and runs reconcile once (as the agent does at start-up). */
@@ -166,6 +168,7 @@ export async function makeNode(o: NodeOptions = {}): Promise<Node> {
       stickyHoldMs: o.stickyHoldMs,
       describeAs: o.describeAs,
       metrics: o.metrics,
+      policy: o.policy,
     });
     return { db, mock: m, provider, mgr };
   };
