@@ -235,8 +235,8 @@ export function pluginEntry(entry: string): string {
  * old generation grow only ~10% past what the last full collection kept before the next
  * one starts. With NetworkPolicy on, the agent's cluster caches keep ~45 MB live, and
  * the few MB each ADD and DEL promote started a full (incremental) mark of all of it
- * about once per ADD and DEL: most of the agent's extra CPU with policy on. 30% keeps
- * that collection to about one in three. Measured (`bench/policy_agent.ts`, 2026-11-27,
+ * about once per ADD and DEL (each ~7–17 ms of pause and ~8–37 ms of marking steps). 30% makes
+ * that collection rarer. Measured (`bench/policy_agent.ts`, 2026-11-27,
  * one run each): the agent's CPU per ADD and DEL 56–61 → 43–46 ms, CPU per cache event
  * 8.65 → 7.4 ms, its VmHWM 123 → 126 MB (goal ≤ 150); without policy (`deno task
  * bench`) the agent's VmHWM stays within its run-to-run spread (72.5 MB; 73.7–79.9
