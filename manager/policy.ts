@@ -45,26 +45,20 @@ export async function preparePolicy(
   if (!ctx.policy) return undefined;
   // Listed already for the link (HostLinks keeps them 30 s): no spawn here.
   const node = await ctx.hostLinks.nodeAddresses().then((n) => n.addresses, () => []);
-  let r: Awaited<ReturnType<NonNullable<ManagerContext["policy"]>["prepare"]>>;
-  try {
-    r = await ctx.policy.prepare({
-      pod,
-      key: keyOf(key),
-      addresses: { ...link.podAddresses },
-      eniIfName,
-      nodeIfName: link.nodeIfName,
-      nodeAddresses: node,
-    });
-  } catch (err) {
+  const rethrow = (err: unknown): never => {
     throw asPolicyError(err);
-  }
+  };
+  const r = await ctx.policy.prepare({
+    pod,
+    key: keyOf(key),
+    addresses: { ...link.podAddresses },
+    eniIfName,
+    nodeIfName: link.nodeIfName,
+    nodeAddresses: node,
+  }).catch(rethrow);
   if (!r) return undefined;
-  const made = r;
   let text: Promise<string> | undefined;
-  return () =>
-    text ??= t.time("policy", () => made.podRuleset()).catch((err) => {
-      throw asPolicyError(err);
-    });
+  return () => text ??= t.time("policy", () => r.podRuleset()).catch(rethrow);
 }
 
 /**
