@@ -299,13 +299,13 @@ export class IpDeviceLayer implements DeviceLayer {
    * failure. Two spawns when the device's node name is known (the caller's or the
    * cache's): the pod's `ip -batch -`, started first so that its exec (and nsenter's)
    * overlaps the move (with a `policyRuleset`, just after the move's, once that text is
-   * made: its making overlaps the move), and the move (one netlink call: netns, name and alias); the pod's
-   * process is fed the configure batch once the device is there, whose first command
-   * shows the moved link so its MAC is checked. With a host link, its node side runs in
-   * the move's batch, its pod side in the configure batch, and its policy first in the
-   * pod's process, before that `ip` (`POD_POLICY_SCRIPT`); with bandwidth limits, the
-   * configure batch also makes the ifb and one `tc -batch` shapes. A failure anywhere
-   * brings the device back and removes the ifb and the host link.
+   * made: its making overlaps the move), and the move (one netlink call: netns, name
+   * and alias); the pod's process is fed the configure batch once the device is there,
+   * whose first command shows the moved link so its MAC is checked. With a host link,
+   * its node side runs in the move's batch, its pod side in the configure batch, and its
+   * policy first in the pod's process, before that `ip` (`POD_POLICY_SCRIPT`); with
+   * bandwidth limits, the configure batch also makes the ifb and one `tc -batch` shapes.
+   * A failure anywhere brings the device back and removes the ifb and the host link.
    */
   async plug(p: PlugParams): Promise<PlugResult> {
     checkIfName(p.ifName);

@@ -257,7 +257,7 @@ Deno.test({
     assertEquals(calls, 1);
     const link = await linkByMac(pod.path, eni.mac);
     assert(link?.flags.includes("UP"), "configured once the text was in");
-    const tables = await ipJsonNft(pod.path);
+    const tables = await nftTables(pod.path);
     assert(tables.includes("enim_policy"), tables.join(", "));
   },
 });
@@ -287,12 +287,12 @@ Deno.test({
     assert(!nodeLinks.some((l) => l.ifname === link.nodeIfName), "no node end left");
     const podLinks = await ipJson(LinkAddrs, ["addr", "show"], { netns: pod.path });
     assertEquals(podLinks.map((l) => l.ifname), ["lo"]);
-    assertEquals(await ipJsonNft(pod.path), [], "no table of the plug's in the pod");
+    assertEquals(await nftTables(pod.path), [], "no table of the plug's in the pod");
   },
 });
 
 /** The nftables tables in `netns` (a path), by name. */
-async function ipJsonNft(netns: string): Promise<string[]> {
+async function nftTables(netns: string): Promise<string[]> {
   const { stdout } = await spawn(inNetnsArgv([NFT_BIN, "-j", "list", "tables"], netns));
   const parsed = z.object({
     nftables: z.array(z.looseObject({ table: z.optional(z.object({ name: z.string() })) })),
