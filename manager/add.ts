@@ -1,7 +1,8 @@
 /**
- * ADD: the pod's choice checked, its namespace pinned, the intent recorded, an ENI
- * allocated (a sticky pod's held one taken back; with none free, DELs still bringing
- * theirs home are waited for, bounded), its device moved and configured
+ * ADD: the pod's choice checked (with NetworkPolicy, the enforcer's first sync waited
+ * for), its namespace pinned, the intent recorded, an ENI allocated (a sticky pod's held
+ * one taken back; with none free, DELs still bringing theirs home are waited for,
+ * bounded), its device moved and configured
  * (interface mode) or found (IPAM mode), the outcome recorded, the answer given;
  * the cloud description queued after it. Any failure rolls back through
  * `release.ts`. Placing the device is `place.ts`'s.
@@ -27,7 +28,7 @@ import type { OpTimer } from "./op_timer.ts";
 import { release } from "./release.ts";
 import { findForIpam, plugIntoPod } from "./place.ts";
 import { hostLinkFor, prepareHostLink } from "./host_link.ts";
-import { policyCommitted, preparePolicy } from "./policy.ts";
+import { policyCommitted, policySynced, preparePolicy } from "./policy.ts";
 import { withDeadline } from "../lib/async.ts";
 
 export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promise<AddResponse> {
@@ -78,6 +79,10 @@ export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promi
     );
   }
   await prepareHostLink(ctx.hostLinks, ctx.provider.profiles(), req, pod);
+  // Before anything is recorded or an ENI taken: an ADD waiting for NetworkPolicy's first
+  // sync holds none of the pool's ENIs (and gives up with nothing to undo).
+  const synced = policySynced(ctx, req, t);
+  if (synced) await synced;
   const owner: Owner = { pod, containerId: req.containerId, ifName: req.ifName };
   const log = ctx.log.child({ op: "add", key: keyOf(key), pod });
   // The namespace is proven and held before anything is recorded or allocated: every
