@@ -232,6 +232,7 @@ export async function startParts(
       ],
       metrics,
       stickyHoldMs: cfg.sticky.holdSeconds * 1000,
+      delWaitMs: cfg.timeouts.delWaitSeconds * 1000,
       describeAs: cfg.cloudDescriptions ? nodeName() : null,
       // Restores the node's routes to pods when the node's address comes back.
       watchNodeAddresses: true,

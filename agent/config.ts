@@ -86,6 +86,11 @@ export const AgentConfigSchema = z.strictObject({
       /** How long one provider call may take before it fails as `unavailable`. */
       providerSeconds: z._default(z.number().check(z.positive(), z.maximum(3600)), 60),
       /**
+       * How long, in all, an ADD that finds no free ENI waits for DELs that have answered
+       * and are still bringing their ENIs home, before it answers `no_eni_available`.
+       */
+      delWaitSeconds: z._default(z.number().check(z.minimum(0), z.maximum(600)), 10),
+      /**
        * How long one child process (`ip`, `tc`, `nft`, `nsenter`, `stat`) may run before
        * it is killed (SIGTERM, then SIGKILL) and its operation fails.
        */

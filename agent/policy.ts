@@ -785,6 +785,16 @@ export class PolicyEnforcer implements PolicyHook {
 
   // ---- the manager's hook ----
 
+  whenSynced(): Promise<void> | null {
+    if (this.#engine) return null;
+    if (this.#stop.signal.aborted) {
+      return Promise.reject(new ApiError("busy", "The agent is shutting down"));
+    }
+    return this.waitSynced(this.#syncWaitMs).then((synced) => {
+      if (!synced) throw new ApiError("policy_unavailable", NOT_SYNCED);
+    });
+  }
+
   async prepare(p: PolicyPod): Promise<{ podRuleset: () => Promise<string> } | null> {
     if (this.#stop.signal.aborted) throw new ApiError("busy", "The agent is shutting down");
     if (!(await this.waitSynced(this.#syncWaitMs))) {

@@ -77,6 +77,9 @@ Deno.test("prepare() waits for the first sync, bounded, then fails with CNI 11's
         ApiError,
       );
       assertEquals([err.code, err.message], ["policy_unavailable", NOT_SYNCED]);
+      // The wait an ADD makes before it takes an ENI gives up the same way.
+      const before = await assertRejects(() => e.whenSynced()!, ApiError);
+      assertEquals([before.code, before.message], ["policy_unavailable", NOT_SYNCED]);
       assertEquals(devices.rulesets.size, 0, "nothing loaded");
       assertEquals(e.status().synced, false);
     } finally {
@@ -92,6 +95,7 @@ Deno.test("a pod the cache lacks is fetched from the API server; one it does not
     const e = enforcer(server, devices);
     try {
       assert(await e.waitSynced(10_000));
+      assertEquals(e.whenSynced(), null, "synced: an ADD waits for nothing");
       const err = await assertRejects(
         () => e.prepare(add("a/web", "10.1.0.1", "enimh1")),
         ApiError,

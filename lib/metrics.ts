@@ -20,6 +20,7 @@ import { Counter, Gauge, Histogram, Registry } from "./prometheus.ts";
 /** Phases of an operation. */
 export type Phase =
   | "queue_wait"
+  | "del_wait"
   | "netns_check"
   | "provider"
   | "device_lookup"
@@ -28,6 +29,7 @@ export type Phase =
   | "shape"
   | "unplug"
   | "inspect"
+  | "policy_sync"
   | "policy"
   | "policy_commit"
   | "state_write";
@@ -181,7 +183,7 @@ export class Metrics implements PhaseRecorder {
     this.phaseDuration = new Histogram({
       name: "enim_phase_duration_seconds",
       help:
-        "Time spent in each phase of an operation (queue_wait, netns_check, provider, device_lookup, move, configure, shape, unplug, inspect, policy, state_write)",
+        "Time spent in each phase of an operation (queue_wait, del_wait, netns_check, provider, device_lookup, move, configure, shape, unplug, inspect, policy_sync, policy, policy_commit, state_write)",
       labelNames: ["op", "phase"],
       buckets: LATENCY_BUCKETS,
       registers,

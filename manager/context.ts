@@ -51,6 +51,11 @@ export interface ManagerContext {
   /** NetworkPolicy enforcement (`policy.ts`); null when it is off. */
   readonly policy: PolicyHook | null;
   /**
+   * How long, in all, an ADD that finds no free ENI waits for the DELs of `releasing`
+   * (add.ts `allocate`; `timeouts.delWaitSeconds`).
+   */
+  readonly delWaitMs: number;
+  /**
    * DELs that have answered and are still bringing their device home (release.ts), by
    * attachment key: the pod's namespace path and the rest (it never rejects). An ADD in
    * that namespace, or one that needs their ENI, waits for them, so a DEL then an ADD

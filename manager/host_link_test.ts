@@ -106,6 +106,7 @@ Deno.test("ADD with a host link plugs it with the ENI, records it, and DEL remov
 Deno.test("a DEL forgets the pod's NetworkPolicy while its device goes home, and the ENI is freed only after", async () => {
   const calls: string[] = [];
   const policy: PolicyHook = {
+    whenSynced: () => null,
     prepare: () => Promise.resolve({ podRuleset: () => Promise.resolve("") }),
     committed: () => Promise.resolve(),
     removed: (key) => {

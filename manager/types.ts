@@ -97,6 +97,15 @@ export interface RestoredPolicyPod extends Omit<PolicyPod, "nodeAddresses"> {
  */
 export interface PolicyHook {
   /**
+   * Called by ADD (interface mode with a host link) before it takes an ENI, so that an
+   * ADD that cannot know its pod's policy yet holds none while it waits: null when the
+   * enforcer has synced (the ADD goes on at once), otherwise a wait that resolves once it
+   * has, or rejects (an {@linkcode ApiError}: `policy_unavailable` after the enforcer's
+   * bound, `networkPolicy.syncWaitSeconds`) with what {@linkcode PolicyHook.prepare}
+   * would have thrown.
+   */
+  whenSynced(): Promise<void> | null;
+  /**
    * Called by ADD (interface mode with a host link) once the ENI and the host link are
    * planned, before the device is plugged: settles whether the pod's policy can be known
    * (a throw fails the ADD before anything moves). It returns the pod's own ruleset as a
