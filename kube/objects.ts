@@ -93,12 +93,23 @@ function _sloppyCidr(text: string): string {
   return m.slice(1, 5).map((o) => String(Number(o))).join(".") + m[5];
 }
 
+/**
+ * CIDRs read, by their text (null: none): a cluster's policies repeat the same blocks.
+ * Bounded: past 4096 the table starts again.
+ */
+const CIDRS = new Map<string, string | null>();
+
 /** A CIDR of either family (`10.0.0.0/8`, `2001:db8::/64`), in the form enim's IP math reads. */
 export const CidrSchema = z.pipe(
   z.string(),
   z.transform((s, ctx) => {
-    const cidr = _sloppyCidr(s);
-    if (isCidr(cidr)) return cidr;
+    let cidr = CIDRS.get(s);
+    if (cidr === undefined) {
+      if (CIDRS.size >= 4096) CIDRS.clear();
+      const sloppy = _sloppyCidr(s);
+      CIDRS.set(s, cidr = isCidr(sloppy) ? sloppy : null);
+    }
+    if (cidr !== null) return cidr;
     ctx.issues.push({ code: "custom", message: `Expected a CIDR, got "${s}"`, input: s });
     return z.NEVER;
   }),
@@ -248,6 +259,10 @@ export const NetworkPolicySchema = z.pipe(
     spec: z.unknown(),
   }),
   z.transform((p): NetworkPolicy => {
+    // The API server sends no nulls: only a spec that does not parse as it is is copied
+    // without them and parsed again.
+    const first = NetworkPolicySpecSchema.safeParse(p.spec ?? {});
+    if (first.success) return { metadata: p.metadata, spec: first.data };
     const raw = _withoutNulls(p.spec ?? {});
     const spec = NetworkPolicySpecSchema.safeParse(raw);
     if (spec.success) return { metadata: p.metadata, spec: spec.data };
