@@ -55,6 +55,7 @@ import {
 import { type Logger, nullLogger } from "../lib/log.ts";
 import { userMessage } from "../lib/message.ts";
 import { sleep, Slots } from "../lib/async.ts";
+import { UnreadablePolicies } from "./policy_unreadable.ts";
 
 /** What the enforcer records in the agent's metrics (lib/metrics.ts implements it). */
 export interface PolicyRecorder {
@@ -249,6 +250,8 @@ export class PolicyEnforcer implements PolicyHook {
   #drops: { at: number; value: Promise<PolicyDrops[]> } | null = null;
   readonly #started: Promise<void>;
   readonly #unsubscribe: (() => void)[] = [];
+  /** The cluster's policies it cannot read (each fails closed): logged, and listed. */
+  readonly #unreadable: UnreadablePolicies;
 
   /** Starts the three caches and, once they have synced, takes over the node's pods. */
   constructor(o: PolicyEnforcerOptions) {
@@ -259,6 +262,8 @@ export class PolicyEnforcer implements PolicyHook {
     this.#getPodMs = o.getPodTimeoutMs ?? 5_000;
     this.#dropLog = o.logDropsPerSecond ? { rate: o.logDropsPerSecond } : undefined;
     this.#metrics = o.metrics;
+    this.#unreadable = new UnreadablePolicies(o.kube.networkPolicies, this.#log);
+    this.#unsubscribe.push(() => this.#unreadable.close());
     this.#started = this.#start(o.nodeAddressesEveryMs ?? 60_000);
   }
 
@@ -1026,6 +1031,7 @@ export class PolicyEnforcer implements PolicyHook {
           state: !engine ? "waiting" : a.unknown ? "unknown" : a.stale ? "retrying" : "enforced",
         };
       }),
+      unreadable: this.#unreadable.list(),
     };
   }
 
@@ -1207,6 +1213,7 @@ export async function startPolicyEnforcer(
       caches: s.caches,
       rules: enforcer.ruleCounts(),
       drops: await enforcer.drops(),
+      unreadable: s.unreadable.map((u) => u.policy),
     };
   });
   return enforcer;

@@ -462,6 +462,27 @@ export const PolicyPodStatusSchema = z.object({
   state: z.enum(["enforced", "waiting", "retrying", "unknown"]),
 });
 
+/**
+ * A NetworkPolicy the agent cannot read (a protocol, selector operator or field it does
+ * not know, a malformed value): it fails closed, isolating `selects` in its namespace for
+ * the directions it names and admitting nothing.
+ */
+export const UnreadablePolicyStatusSchema = z.object({
+  /** `namespace/name`. */
+  policy: z.string(),
+  resourceVersion: z.nullable(z.string()),
+  /** What could not be read, `path: message`. */
+  reason: z.string(),
+  /** The pods it isolates: its podSelector (`app=db`), or `<all>` when that cannot be read. */
+  selects: z.string(),
+  /** Its podSelector cannot be read: every pod of its namespace is isolated. */
+  wholeNamespace: z.boolean(),
+  ingress: z.boolean(),
+  egress: z.boolean(),
+});
+/** An unreadable NetworkPolicy. */
+export type UnreadablePolicyStatus = z.infer<typeof UnreadablePolicyStatusSchema>;
+
 /** NetworkPolicy enforcement on the node (present when it is on). */
 export const PolicyStatusSchema = z.object({
   /** The caches have listed once and the enforcer took over: ADDs are served. */
@@ -472,6 +493,8 @@ export const PolicyStatusSchema = z.object({
   loadFailures: z.number().check(z.int()),
   caches: z.array(KubeCacheStatusSchema),
   pods: z.array(PolicyPodStatusSchema),
+  /** The cluster's NetworkPolicies the agent cannot read (each fails closed), by name. */
+  unreadable: z._default(z.array(UnreadablePolicyStatusSchema), []),
 });
 /** NetworkPolicy enforcement on the node. */
 export type PolicyStatus = z.infer<typeof PolicyStatusSchema>;
@@ -509,6 +532,8 @@ export const PodPolicyViewSchema = z.object({
     egress: z.boolean(),
     ingressRules: z.number().check(z.int()),
     egressRules: z.number().check(z.int()),
+    /** Why the agent cannot read it (it then isolates and admits nothing). */
+    unreadable: z.optional(z.string()),
   })),
   ingress: PolicyDirectionViewSchema,
   egress: PolicyDirectionViewSchema,

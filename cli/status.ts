@@ -174,7 +174,8 @@ const POLICY_COLUMNS: Column<PolicyPod>[] = [
 
 /**
  * NetworkPolicy: whether the agent has synced (and so serves ADDs), the caches' watch
- * restarts and last event, and per local pod how many policies select it.
+ * restarts and last event, each policy it cannot read (and what that fails closed to),
+ * and per local pod how many policies select it.
  */
 function policyLines(s: Status): string {
   const p = s.policy;
@@ -189,6 +190,13 @@ function policyLines(s: Status): string {
   }, ${p.pendingEvents} event${p.pendingEvents === 1 ? "" : "s"} pending\n`;
   for (const c of p.caches) {
     if (c.lastError) out += `  ${c.resource}: ${c.lastError}\n`;
+  }
+  for (const u of p.unreadable) {
+    const [ns] = u.policy.split("/");
+    const who = u.wholeNamespace ? `every pod of namespace ${ns}` : `pods ${u.selects} in ${ns}`;
+    const dirs = [u.ingress ? "ingress" : "", u.egress ? "egress" : ""].filter(Boolean);
+    out += `UNREADABLE NetworkPolicy ${u.policy}: ${u.reason}; failing closed: ${who} ` +
+      `isolated for ${dirs.join(" and ")}, nothing admitted by it\n`;
   }
   if (p.pods.length) out += renderTable(POLICY_COLUMNS, p.pods);
   return out + "\n";

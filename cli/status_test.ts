@@ -313,8 +313,30 @@ Deno.test("enim status shows NetworkPolicy's sync, its caches and each local pod
         egressIsolated: false,
         state: "waiting",
       }],
+      unreadable: [{
+        policy: "shop/future",
+        resourceVersion: "12",
+        reason: 'spec.ingress.0.ports.0.protocol: Invalid option (got "FOO")',
+        selects: "app=db",
+        wholeNamespace: false,
+        ingress: true,
+        egress: false,
+      }, {
+        policy: "shop/gt",
+        resourceVersion: "13",
+        reason: "spec.podSelector.matchExpressions.0.operator: Invalid option",
+        selects: "<all>",
+        wholeNamespace: true,
+        ingress: true,
+        egress: true,
+      }],
     },
   });
+  assertStringIncludes(
+    text,
+    'UNREADABLE NetworkPolicy shop/future: spec.ingress.0.ports.0.protocol: Invalid option (got "FOO"); failing closed: pods app=db in shop isolated for ingress, nothing admitted by it\n' +
+      "UNREADABLE NetworkPolicy shop/gt: spec.podSelector.matchExpressions.0.operator: Invalid option; failing closed: every pod of namespace shop isolated for ingress and egress, nothing admitted by it\n",
+  );
   assertStringIncludes(
     text,
     "NetworkPolicy: NOT SYNCED (new pods' ADDs fail with 11 until it is), last event never, 3 watch restarts, 0 events pending\n" +

@@ -22,7 +22,9 @@
  *    but the open stream.
  *
  * Every list item and watch event is parsed through a schema; a malformed one is
- * logged (the first ten, then every thousandth), counted and skipped. A Deno
+ * logged (the first ten, then every thousandth), counted and skipped. (A NetworkPolicy
+ * is never skipped for its spec: its schema keeps one it cannot read, failing closed;
+ * see kube/objects.ts. Skipping it would leave the pods it selects open.) A Deno
  * permission error stops the cache (it would fail the same way forever) with the
  * reason in its stats.
  *

@@ -96,6 +96,8 @@ export interface PolicyCounts {
   rules: { pod: string; direction: string; rules: number }[];
   /** Per local pod, direction and place (`pod`: its namespace, `node`: its node end): drops. */
   drops: { pod: string; direction: string; place: string; packets: number }[];
+  /** The cluster's NetworkPolicies the agent cannot read (`namespace/name`; each fails closed). */
+  unreadable?: string[];
 }
 
 /** Why a device plugin device is Unhealthy (the label values of its gauge). */
@@ -425,6 +427,17 @@ export class Metrics implements PhaseRecorder {
         for (const r of (await policy())?.rules ?? []) {
           this.set({ pod: r.pod, direction: r.direction }, r.rules);
         }
+      },
+    });
+    new Gauge({
+      name: "enim_policy_unreadable",
+      help:
+        "NetworkPolicy: 1 for each policy of the cluster the agent cannot read, by policy (namespace/name); each fails closed: it isolates the pods it selects (its whole namespace when its podSelector cannot be read) and admits nothing",
+      labelNames: ["policy"],
+      registers,
+      async collect() {
+        this.reset();
+        for (const p of (await policy())?.unreadable ?? []) this.set({ policy: p }, 1);
       },
     });
     new Counter({

@@ -359,6 +359,37 @@ Deno.test("a malformed list item is skipped and the rest is cached", async () =>
   });
 });
 
+Deno.test("a NetworkPolicy the agent cannot read is cached, marked unreadable, never skipped (list and watch)", async () => {
+  await withServer(async (server) => {
+    const future = (name: string) => {
+      const p = makeNetworkPolicy("default", name);
+      p.spec.ingress[0].ports[0].protocol = "FOO";
+      return p;
+    };
+    server.put("networkpolicies", future("listed"));
+    server.put("networkpolicies", makeNetworkPolicy("default", "fine"));
+    const kube = new Kube(accessTo(server), "n1", FAST);
+    try {
+      assert(await kube.networkPolicies.waitSynced(10_000));
+      await until("the watch", () => server.watchCount("networkpolicies") === 1);
+      server.put("networkpolicies", future("watched"));
+      await until("watched", () => kube.networkPolicies.get("default/watched") !== undefined);
+      for (const name of ["listed", "watched"]) {
+        const p = kube.networkPolicies.get(`default/${name}`)!;
+        assertMatch(p.unreadable?.reason ?? "", /^spec\.ingress\.0\.ports\.0\.protocol: .*"FOO"/);
+        assertEquals(p.spec, {
+          podSelector: { matchLabels: { app: name } },
+          policyTypes: ["Ingress"],
+        });
+      }
+      assertEquals(kube.networkPolicies.get("default/fine")?.unreadable, undefined);
+      assertEquals(kube.networkPolicies.stats().malformed, 0);
+    } finally {
+      await kube.close();
+    }
+  });
+});
+
 Deno.test("a handler that throws is logged and the other handlers still hear the change", async () => {
   await withServer(async (server) => {
     const lines: string[] = [];
