@@ -28,6 +28,7 @@ import { poll } from "../lib/async.ts";
 const DEPS = await clientDeps("host_link_spoof_test", [...TRAFFIC_NEEDS, ...KUBE_PROXY_NEEDS]);
 
 const IP = "/usr/sbin/ip";
+const NFT = "/usr/sbin/nft";
 const SERVICE_CIDRS = { ipv4: "172.30.0.0/16", ipv6: "fd00:30::/108" };
 const CLUSTER_IP = { 4: "172.30.0.20", 6: "fd00:30::20" } as const;
 /** An address of the node's VPC subnet that nothing holds. */
@@ -116,52 +117,62 @@ Deno.test({
       const atB = await sinks.start(b, POD_PORT);
       await holdOnLoopback(node, a, [B[4], B[6], VPC_FREE[4], VPC_FREE[6]]);
 
+      /** One round: the spoofed bursts, then a's own; none of the spoofed may arrive. */
+      const round = async (round: string) => {
+        const spoofed: Burst[] = [];
+        const own: Burst[] = [];
+        for (const fam of [4, 6] as const) {
+          const dests = [["node", N[fam], NODE_PORT], ["b", CLUSTER_IP[fam], 53]] as const;
+          for (const [sink, to, port] of dests) {
+            for (const [who, from] of [["pod-b", B[fam]], ["vpc", VPC_FREE[fam]]] as const) {
+              const tag = `${round}-${sink}-${who}-${fam}`;
+              spoofed.push({ bind: from, to, port, count: COUNT, tag });
+            }
+            own.push({ bind: A[fam], to, port, count: COUNT, tag: `${round}-${sink}-own-${fam}` });
+          }
+        }
+        // The spoofed first: once the pod's own have all arrived (the same path, sent
+        // after them), whatever of the spoofed could arrive has.
+        await sendUdp(a, [...spoofed, ...own]);
+        for (const fam of [4, 6] as const) {
+          for (const [sink, s] of [["node", atNode], ["b", atB]] as const) {
+            const tag = `${round}-${sink}-own-${fam}`;
+            assertEquals(await arrived(s, tag, COUNT), COUNT, `${tag}: a's own address`);
+            for (const peer of s.tagged(tag)) assertEquals(peer.peer, A[fam]);
+          }
+        }
+        const through = spoofed.flatMap((x) => {
+          const s = x.tag.split("-")[1] === "node" ? atNode : atB;
+          const n = s.tagged(x.tag).length;
+          return n > 0 ? [`${x.tag} (from ${x.bind} to ${x.to}): ${n} of ${COUNT}`] : [];
+        });
+        assertEquals(through, [], "spoofed datagrams arrived");
+      };
+
       for (const rp of ["0", "1", "2"]) {
         await t.step(`rp_filter ${rp} (all and a's node end)`, async () => {
           await vpc.sysctl(vpc.node, {
             "net/ipv4/conf/all/rp_filter": rp,
             [`net/ipv4/conf/${nodeEnd}/rp_filter`]: rp,
           });
-          const spoofed: Burst[] = [];
-          const own: Burst[] = [];
-          for (const fam of [4, 6] as const) {
-            for (
-              const [sink, to, port] of [["node", N[fam], NODE_PORT], [
-                "b",
-                CLUSTER_IP[fam],
-                53,
-              ]] as const
-            ) {
-              for (const [who, from] of [["pod-b", B[fam]], ["vpc", VPC_FREE[fam]]] as const) {
-                spoofed.push({
-                  bind: from,
-                  to,
-                  port,
-                  count: COUNT,
-                  tag: `${rp}-${sink}-${who}-${fam}`,
-                });
-              }
-              own.push({ bind: A[fam], to, port, count: COUNT, tag: `${rp}-${sink}-own-${fam}` });
-            }
-          }
-          // The spoofed first: once the pod's own have all arrived (the same path, sent
-          // after them), whatever of the spoofed could arrive has.
-          await sendUdp(a, [...spoofed, ...own]);
-          for (const fam of [4, 6] as const) {
-            for (const [sink, s] of [["node", atNode], ["b", atB]] as const) {
-              const tag = `${rp}-${sink}-own-${fam}`;
-              assertEquals(await arrived(s, tag, COUNT), COUNT, `${tag}: a's own address`);
-              for (const peer of s.tagged(tag)) assertEquals(peer.peer, A[fam]);
-            }
-          }
-          const through = spoofed.flatMap((x) => {
-            const s = x.tag.split("-")[1] === "node" ? atNode : atB;
-            const n = s.tagged(x.tag).length;
-            return n > 0 ? [`${x.tag} (from ${x.bind} to ${x.to}): ${n} of ${COUNT}`] : [];
-          });
-          assertEquals(through, [], "spoofed datagrams arrived");
+          await round(`rp${rp}`);
         });
       }
+
+      await t.step(
+        "rp_filter 0, the node's table gone (a firewall's flush) and the agent restarted: reconcile puts the check back",
+        async () => {
+          await vpc.sysctl(vpc.node, {
+            "net/ipv4/conf/all/rp_filter": "0",
+            [`net/ipv4/conf/${nodeEnd}/rp_filter`]: "0",
+          });
+          await node.stopAgent();
+          const del = await vpc.exec(vpc.node, [NFT, "delete", "table", "inet", "enim"]);
+          assertEquals(del.code, 0, del.stderr);
+          await node.startAgent();
+          await round("restart");
+        },
+      );
 
       await t.step(
         "the ENI path: the VPC's per-port source check drops what a sends from b's or a free address",
