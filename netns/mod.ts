@@ -130,6 +130,7 @@ import {
   type HostLinkNodeSide,
   type HostLinkNodeState,
   type HostLinkState,
+  KUBE_IPVS_LINK,
   type Link,
   LinkSchema,
   type NetnsIdentity,
@@ -1366,7 +1367,9 @@ export class IpDeviceLayer implements DeviceLayer {
 
 /**
  * The node's addresses from a listing of its links (with addresses) and its default
- * routes: global scope only, node ends left out; the primary per family is the default
+ * routes: global scope only, node ends and `kube-ipvs0` (kube-proxy's IPVS mode binds
+ * every ClusterIP there: Services, not the node; taken for the node's, each Service
+ * change would render every pod's policy again) left out; the primary per family is the default
  * route's preferred source, else the first global address of its link, else the first
  * of any link.
  */
@@ -1378,7 +1381,7 @@ export function nodeAddressesOf(
   }[],
   defaults: { dst: string; gateway?: string; dev?: string; prefsrc?: string }[],
 ): NodeAddresses {
-  const own = links.filter((l) => !isNodeEnd(l));
+  const own = links.filter((l) => !isNodeEnd(l) && l.ifname !== KUBE_IPVS_LINK);
   const global = (l: (typeof own)[number], fam: "inet" | "inet6") =>
     l.addr_info.filter((a) => a.family === fam && a.scope === "global").map((a) => a.local);
   const addresses = own.flatMap((l) => [...global(l, "inet"), ...global(l, "inet6")]);
