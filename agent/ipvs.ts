@@ -6,9 +6,10 @@
  * would skip the backend's ingress and the client's egress. So with NetworkPolicy on, the
  * agent looks for IPVS mode — the `kube-ipvs0` link kube-proxy binds every ClusterIP to,
  * and virtual services in `/proc/net/ip_vs` (the node's namespace: the file is per
- * network namespace) — at start, every `networkPolicy.ipvsCheckSeconds` (kube-proxy may
- * switch modes when it restarts), and, for the services, again at each ADD (a file read).
- * While it is found, or cannot be ruled out, every ADD under policy is refused with
+ * network namespace; read through the device layer, as Deno reads nothing under /proc/net
+ * without every permission) — at start, before any ADD, and every
+ * `networkPolicy.ipvsCheckSeconds` (kube-proxy may switch modes when it restarts). While
+ * it is found, or cannot be ruled out, every ADD under policy is refused with
  * `policy_unenforceable` (CNI code 111): never a pod with half its policy enforced. The
  * agent says why in its log at start and at each change, `enim status` shows it
  * (`ipvs`), and so does `enim_policy_ipvs_refusing`.
@@ -45,8 +46,8 @@ export function ipvsServices(text: string): number {
 
 /** Options of {@linkcode IpvsWatch.start}. */
 export interface IpvsWatchOptions {
-  /** The node's links (`kube-ipvs0`). */
-  devices: Pick<DeviceLayer, "nodeLinks">;
+  /** The node's links (`kube-ipvs0`), and the file as the node's namespace shows it. */
+  devices: Pick<DeviceLayer, "nodeLinks" | "readNodeFile">;
   log: Logger;
   /** The file IPVS lists its services in (`networkPolicy.ipvsProcFile`). */
   procFile?: string;
@@ -71,7 +72,7 @@ interface Reading {
  * or cannot be ruled out (fail closed).
  */
 export class IpvsWatch {
-  readonly #devices: Pick<DeviceLayer, "nodeLinks">;
+  readonly #devices: Pick<DeviceLayer, "nodeLinks" | "readNodeFile">;
   readonly #log: Logger;
   readonly #procFile: string;
   readonly #intervalMs: number;
@@ -87,7 +88,7 @@ export class IpvsWatch {
     this.#devices = o.devices;
     this.#log = o.log;
     this.#procFile = o.procFile ?? IPVS_PROC_FILE;
-    this.#intervalMs = o.intervalMs ?? 10_000;
+    this.#intervalMs = o.intervalMs ?? 5_000;
   }
 
   /** Looks once (the agent says what it found), then every `intervalMs` until {@linkcode close}. */
@@ -148,18 +149,6 @@ export class IpvsWatch {
     return this.#running;
   }
 
-  /** IPVS's services read again (an ADD's look: a file read, no process). */
-  async fresh(): Promise<void> {
-    const services = await this.#services();
-    const r = this.#reading;
-    this.#reading = {
-      ...r,
-      services: services.count,
-      error: services.error ?? (r.link === null ? r.error : null),
-    };
-    this.#report();
-  }
-
   /** The ADD's error while {@linkcode refusing}. */
   refusal(pod: string): ApiError {
     this.#refused++;
@@ -200,10 +189,15 @@ export class IpvsWatch {
 
   async #services(): Promise<{ count: number | null; error: string | null }> {
     try {
-      return { count: ipvsServices(await Deno.readTextFile(this.#procFile)), error: null };
-    } catch (err) {
+      const text = this.#devices.readNodeFile
+        ? await this.#devices.readNodeFile(this.#procFile)
+        : await Deno.readTextFile(this.#procFile).catch((err) => {
+          if (err instanceof Deno.errors.NotFound) return null;
+          throw err;
+        });
       // No file: the kernel has no IPVS here (the module is not loaded).
-      if (err instanceof Deno.errors.NotFound) return { count: 0, error: null };
+      return { count: text === null ? 0 : ipvsServices(text), error: null };
+    } catch (err) {
       return { count: null, error: `cannot read ${this.#procFile}: ${userMessage(err)}` };
     }
   }
@@ -238,9 +232,8 @@ export class IpvsWatch {
  */
 export function refusingUnderIpvs(hook: PolicyHook, ipvs: IpvsWatch): PolicyHook {
   return {
-    async prepare(p) {
-      await ipvs.fresh();
-      if (ipvs.refusing) throw ipvs.refusal(p.pod);
+    prepare(p) {
+      if (ipvs.refusing) return Promise.reject(ipvs.refusal(p.pod));
       return hook.prepare(p);
     },
     committed: (key, netns) => hook.committed(key, netns),
@@ -258,7 +251,7 @@ export function refusingUnderIpvs(hook: PolicyHook, ipvs: IpvsWatch): PolicyHook
 export async function startIpvsWatch(
   cfg: Pick<AgentConfig, "networkPolicy">,
   o: {
-    devices: Pick<DeviceLayer, "nodeLinks">;
+    devices: Pick<DeviceLayer, "nodeLinks" | "readNodeFile">;
     metrics: Pick<Metrics, "setIpvsSource">;
     log: Logger;
     closers: (() => Promise<void> | void)[];

@@ -78,31 +78,31 @@ Deno.test("the watch refuses while kube-ipvs0 or an IPVS service is there, and s
     assertEquals(s.lines.length, 2, "no new line without a change");
   });
   await t.step(
-    "the link gone, IPVS services in the file: refusing, read at the ADD's look",
+    "the link gone, IPVS services in the file: refusing",
     async () => {
       s.links = s.links.filter((l) => l.ifname !== "kube-ipvs0");
       await w.check();
       assertEquals(w.refusing, false);
       assertEquals(s.lines.at(-1)?.level, "info");
       await Deno.writeTextFile(s.proc, SERVICES);
-      await w.fresh();
+      await w.check();
       assert(w.refusing);
       assertStringIncludes(w.status().reason, "3 IPVS services in");
     },
   );
   await t.step("the file's services gone (its header stays): not refusing", async () => {
     await Deno.writeTextFile(s.proc, HEADER);
-    await w.fresh();
+    await w.check();
     assertEquals(w.refusing, false);
   });
   await t.step("a file that cannot be read: not ruled out, refusing", async () => {
     await Deno.remove(s.proc);
     await Deno.mkdir(s.proc);
-    await w.fresh();
+    await w.check();
     assert(w.refusing);
     assertStringIncludes(w.status().reason, "IPVS mode cannot be ruled out: cannot read");
     await Deno.remove(s.proc);
-    await w.fresh();
+    await w.check();
     assertEquals(w.refusing, false);
   });
   await t.step("links that cannot be listed after a look: the last answer stands", async () => {
@@ -121,9 +121,6 @@ Deno.test("a watch whose first look cannot list the links refuses until a look c
   assert(w.refusing);
   assertEquals(w.status().link, null);
   assertStringIncludes(w.status().reason, "cannot list the node's links: no ip");
-  // The ADD's look reads only the file: the links stay unknown.
-  await w.fresh();
-  assert(w.refusing);
   s.failLinks = null;
   assert(
     await poll(() => Promise.resolve(!w.refusing || null), { timeoutMs: 5000, intervalMs: 10 }),
@@ -174,6 +171,7 @@ Deno.test("refusingUnderIpvs() fails prepare with policy_unenforceable while ref
   };
   assertEquals(await guarded.prepare(pod), null);
   await Deno.writeTextFile(s.proc, SERVICES);
+  await w.check();
   const err = await assertRejects(() => guarded.prepare(pod), ApiError);
   assertEquals(err.code, "policy_unenforceable");
   assertStringIncludes(err.message, "kube-proxy runs in IPVS mode (3 IPVS services in");

@@ -141,3 +141,27 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name:
+    "readNodeFile() reads a file as the node's namespace shows it (its /proc/net), whole, and null for one that does not exist",
+  ignore: !root,
+  async fn() {
+    const vpc = await SimulatedVpc.create();
+    const dir = await Deno.makeTempDir({ prefix: "enim-read-" });
+    try {
+      await vpc.nodeNic();
+      const devices = new IpDeviceLayer({ node: vpc.node.name });
+      // The node's own /proc/net: its eth0, which the test process's namespace has not.
+      const dev = await devices.readNodeFile("/proc/net/dev");
+      assert(dev !== null && /^\s*eth0:/m.test(dev), String(dev));
+      const text = "first line\n  -> second, indented\nno newline at the end";
+      await Deno.writeTextFile(`${dir}/f`, text);
+      assertEquals(await devices.readNodeFile(`${dir}/f`), text + "\n");
+      assertEquals(await devices.readNodeFile(`${dir}/missing`), null);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+      await vpc.close();
+    }
+  },
+});

@@ -299,6 +299,11 @@ export interface DeviceLayer {
     legacy?: string[],
     marks?: { node: number; kubeProxyMasquerade: number },
   ): Promise<void>;
+  /**
+   * Reads a file as the node's namespace shows it (`/proc/net/ip_vs`); null when it does
+   * not exist. Optional: without it the caller reads the file itself.
+   */
+  readNodeFile?(path: string): Promise<string | null>;
   /** Deletes the node's host-link rules whose node end is gone; returns how many. */
   sweepHostLinkRules(): Promise<number>;
   /**

@@ -133,11 +133,13 @@ Deno.test({
       });
 
       await t.step(
-        "IPVS services in /proc/net/ip_vs refuse the next ADD (read at each ADD), their header alone does not",
+        "IPVS services in /proc/net/ip_vs (read in the node's namespace) refuse ADDs, their header alone does not",
         async () => {
           await Deno.writeTextFile(procFile, ONE_SERVICE);
+          await refusing(node, true);
           await refused("1 IPVS service in /run/enim/ip_vs");
           await Deno.writeTextFile(procFile, HEADER);
+          await refusing(node, false);
           const out = await tryAdd();
           assertEquals(out.code, 0, out.stdout + out.stderr);
         },
