@@ -187,3 +187,29 @@ Deno.test("refusingUnderIpvs() fails prepare with policy_unenforceable while ref
     "restore 0",
   ]);
 });
+
+Deno.test("the watch reads the file through the device layer when the layer can (the node's namespace), and never itself then", async () => {
+  const files = new Map<string, string>();
+  const asked: string[] = [];
+  const log = new Logger(() => {}, "error");
+  const w = await IpvsWatch.start({
+    devices: {
+      nodeLinks: () => Promise.resolve([link("eth0")]),
+      readNodeFile: (path) => {
+        asked.push(path);
+        return Promise.resolve(files.get(path) ?? null);
+      },
+    },
+    log,
+    procFile: "/proc/net/ip_vs",
+  });
+  try {
+    assertEquals(w.refusing, false);
+    files.set("/proc/net/ip_vs", SERVICES);
+    await w.check();
+    assert(w.refusing);
+    assertEquals(asked, ["/proc/net/ip_vs", "/proc/net/ip_vs"]);
+  } finally {
+    await w.close();
+  }
+});
