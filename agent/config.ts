@@ -205,6 +205,16 @@ export const AgentConfigSchema = z.strictObject({
       syncWaitSeconds: z._default(z.number().check(z.minimum(0), z.maximum(600)), 10),
       /** Dropped packets logged per second and chain (the kernel log); 0: none. */
       logDropsPerSecond: z._default(z.int().check(z.minimum(0), z.maximum(10_000)), 0),
+      /**
+       * How often the agent looks again for kube-proxy's IPVS mode (`kube-ipvs0`,
+       * `/proc/net/ip_vs`), under which it refuses ADDs (`agent/ipvs.ts`).
+       */
+      ipvsCheckSeconds: z._default(z.number().check(z.minimum(0.1), z.maximum(3600)), 5),
+      /** Where IPVS lists its virtual services (tests point it elsewhere). */
+      ipvsProcFile: z._default(
+        z.string().check(z.regex(/^\/[^\0]*$/, "Expected an absolute path")),
+        "/proc/net/ip_vs",
+      ),
     }),
     {},
   ),

@@ -111,6 +111,9 @@ export class AgentFakeDevices implements DeviceLayer {
   sweepHostLinkRules(): Promise<number> {
     return this.fake.sweepHostLinkRules();
   }
+  readNodeFile(path: string): Promise<string | null> {
+    return this.fake.readNodeFile(path);
+  }
   loadRuleset(netns: string | null, text: string): Promise<void> {
     this.#ensure(netns);
     return this.fake.loadRuleset(netns, text);

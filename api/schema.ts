@@ -483,6 +483,24 @@ export const UnreadablePolicyStatusSchema = z.object({
 /** An unreadable NetworkPolicy. */
 export type UnreadablePolicyStatus = z.infer<typeof UnreadablePolicyStatusSchema>;
 
+/** kube-proxy's IPVS mode on the node, as NetworkPolicy sees it (`agent/ipvs.ts`). */
+export const IpvsStatusSchema = z.object({
+  /** ADDs under NetworkPolicy are refused (code 111): IPVS mode found, or not ruled out. */
+  refusing: z.boolean(),
+  /** Whether the `kube-ipvs0` link is there (null: the links could not be listed). */
+  link: z.nullable(z.boolean()),
+  /** IPVS's virtual services (`/proc/net/ip_vs`; null: it could not be read). */
+  services: z.nullable(z.number().check(z.int())),
+  /** What was found, in words. */
+  reason: z.string(),
+  /** When the node's links were last looked at (ISO 8601). */
+  checkedAt: z.nullable(z.string()),
+  /** ADDs refused since the agent started. */
+  refusedAdds: z.number().check(z.int()),
+});
+/** kube-proxy's IPVS mode on the node. */
+export type IpvsStatus = z.infer<typeof IpvsStatusSchema>;
+
 /** NetworkPolicy enforcement on the node (present when it is on). */
 export const PolicyStatusSchema = z.object({
   /** The caches have listed once and the enforcer took over: ADDs are served. */
@@ -590,6 +608,8 @@ export const StatusSchema = z.object({
   devicePlugin: z.optional(DevicePluginStatusSchema),
   /** NetworkPolicy enforcement, when it is on (absent from older agents and when off). */
   policy: z.optional(PolicyStatusSchema),
+  /** kube-proxy's IPVS mode, looked for while NetworkPolicy is on (absent otherwise). */
+  ipvs: z.optional(IpvsStatusSchema),
   /** DELs that have answered and are still finishing (reads do not wait for them for long). */
   unfinishedDels: z._default(z.array(UnfinishedDelSchema), []),
   /**
@@ -626,6 +646,7 @@ export const API_ERROR_CODES = [
   "device_error",
   "busy",
   "policy_unavailable",
+  "policy_unenforceable",
   "state_unavailable",
   "internal",
 ] as const;
@@ -648,6 +669,7 @@ export const HTTP_STATUS: Record<ApiErrorCode, number> = {
   device_error: 500,
   busy: 503,
   policy_unavailable: 503,
+  policy_unenforceable: 503,
   state_unavailable: 507,
   internal: 500,
 };

@@ -202,6 +202,13 @@ function policyLines(s: Status): string {
   return out + "\n";
 }
 
+/** kube-proxy's IPVS mode, when NetworkPolicy refuses ADDs because of it. */
+function ipvsLines(s: Status): string {
+  const i = s.ipvs;
+  if (!i || !i.refusing) return "";
+  return `NETWORKPOLICY REFUSES NEW PODS: kube-proxy's IPVS mode (${i.reason}) bypasses enim's node-side rules; ADDs fail with 111 (${i.refusedAdds} so far) until kube-proxy runs in iptables or nftables mode, or networkPolicy.enabled is false\n\n`;
+}
+
 /** Renders the Status object as `enim status` prints it. */
 export function renderStatus(s: Status): string {
   const p = s.pool;
@@ -216,6 +223,7 @@ export function renderStatus(s: Status): string {
   if (several) head += renderTable(PROFILE_COLUMNS, profiles) + "\n";
   head += devicePluginLines(s);
   head += policyLines(s);
+  head += ipvsLines(s);
   head += providerWarnings(s);
   const columns = several
     ? [

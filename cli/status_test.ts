@@ -347,3 +347,20 @@ Deno.test("enim status shows NetworkPolicy's sync, its caches and each local pod
     /POD\s+POLICIES\s+ISOLATED\s+NODE END\s+STATE\nshop\/db\s+2\s+ingress\s+enimh0123456789\s+waiting/,
   );
 });
+
+Deno.test("enim status says when NetworkPolicy refuses new pods under kube-proxy's IPVS mode, and nothing when it does not", () => {
+  const ipvs = (refusing: boolean) => ({
+    refusing,
+    link: refusing,
+    services: 0,
+    reason: refusing ? 'link "kube-ipvs0"' : "none found",
+    checkedAt: "2026-11-27T10:00:00.000Z",
+    refusedAdds: refusing ? 3 : 0,
+  });
+  const base = { provider: "mock", pool: { free: 1, owned: 0, recycling: 0, attachable: 0 } };
+  assertStringIncludes(
+    statusText({ ...base, ipvs: ipvs(true) }),
+    `NETWORKPOLICY REFUSES NEW PODS: kube-proxy's IPVS mode (link "kube-ipvs0") bypasses enim's node-side rules; ADDs fail with 111 (3 so far) until kube-proxy runs in iptables or nftables mode, or networkPolicy.enabled is false\n`,
+  );
+  assertEquals(statusText({ ...base, ipvs: ipvs(false) }), statusText(base));
+});

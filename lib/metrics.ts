@@ -146,6 +146,7 @@ export class Metrics implements PhaseRecorder {
   #devicePlugin: () => DevicePluginCounts | null = () => null;
   #pool: () => Promise<PoolCounts> | PoolCounts = () => ({ attachable: 0, profiles: {} });
   #policy: (() => Promise<PolicyCounts>) | null = null;
+  #ipvs: (() => boolean) | null = null;
   readonly policyEnforcement: Histogram;
   readonly policyLoadFailures: Counter<"place">;
 
@@ -384,6 +385,16 @@ export class Metrics implements PhaseRecorder {
       policyReading ??= source().finally(() => policyReading = null);
       return policyReading;
     };
+    const ipvs = () => this.#ipvs?.() ?? false;
+    new Gauge({
+      name: "enim_policy_ipvs_refusing",
+      help:
+        "NetworkPolicy: 1 while kube-proxy's IPVS mode is found on the node (or cannot be ruled out) and ADDs are refused with CNI code 111; 0 otherwise and when policy is off",
+      registers,
+      collect() {
+        this.set({}, ipvs() ? 1 : 0);
+      },
+    });
     new Gauge({
       name: "enim_policy_synced",
       help:
@@ -510,6 +521,11 @@ export class Metrics implements PhaseRecorder {
   /** Sets where the NetworkPolicy metrics read from (when policy is on). */
   setPolicySource(fn: () => Promise<PolicyCounts>): void {
     this.#policy = fn;
+  }
+
+  /** Sets where `enim_policy_ipvs_refusing` reads from (when policy is on). */
+  setIpvsSource(fn: () => boolean): void {
+    this.#ipvs = fn;
   }
 
   /** Records a watch event put in place `ms` after it arrived. */

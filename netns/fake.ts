@@ -119,6 +119,8 @@ export class FakeDeviceLayer implements DeviceLayer {
   readonly rulesets = new Map<string, string[]>();
   /** What `listCounters` answers, by namespace (`NODE` or a path); none: no counters. */
   readonly counters = new Map<string, string>();
+  /** Files as the node's namespace shows them (`readNodeFile`); any other is missing. */
+  readonly nodeFiles = new Map<string, string>();
 
   // ---- test controls ----
 
@@ -519,6 +521,10 @@ export class FakeDeviceLayer implements DeviceLayer {
     this.calls.push({ op: "nodeAddresses", args: {} });
     await Promise.resolve();
     return clone(this.nodeAddrs);
+  }
+
+  readNodeFile(path: string): Promise<string | null> {
+    return Promise.resolve(this.nodeFiles.get(path) ?? null);
   }
 
   async ensureHostLinkTable(
