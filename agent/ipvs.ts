@@ -236,6 +236,7 @@ export function refusingUnderIpvs(hook: PolicyHook, ipvs: IpvsWatch): PolicyHook
       if (ipvs.refusing) return Promise.reject(ipvs.refusal(p.pod));
       return hook.prepare(p);
     },
+    whenSynced: () => hook.whenSynced(),
     committed: (key, netns) => hook.committed(key, netns),
     removed: (key) => hook.removed(key),
     restore: (pods) => hook.restore(pods),

@@ -146,6 +146,7 @@ Deno.test("refusingUnderIpvs() fails prepare with policy_unenforceable while ref
   const w = await s.watch();
   const calls: string[] = [];
   const hook: PolicyHook = {
+    whenSynced: () => null,
     prepare: (p) => {
       calls.push(`prepare ${p.pod}`);
       return Promise.resolve(null);
