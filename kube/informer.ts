@@ -488,7 +488,11 @@ export class Informer<T extends KubeObject> {
         ...this.#selectors,
       }, ac.signal);
       for await (const line of lines(res.body, ac.signal)) {
-        if (this.#apply(line)) progressed = true;
+        if (this.#apply(line) && !progressed) {
+          // A watch that delivers works: the next failure waits from the first step.
+          progressed = true;
+          this.#backoff.reset();
+        }
         // Events still coming two periods into the watch, and no bookmark among them:
         // the connection lives and the server sends none.
         if (this.#stats.bookmarkSupport === "unknown" && this.#now() - started > this.#quietMs) {
@@ -503,7 +507,6 @@ export class Informer<T extends KubeObject> {
           `The watch of ${this.kind.resource} ended within a second with no event`,
         );
       }
-      if (progressed) this.#backoff.reset();
       this.#stats.lastError = null;
       return progressed;
     } catch (err) {
