@@ -736,7 +736,10 @@ Deno.test("a watch that hears nothing for two bookmark periods (a blackholed con
       await until("b, through a new watch", () => kube.pods.get("default/b") !== undefined);
       await until("the late namespace", () => kube.namespaces.get("late") !== undefined);
       const s = kube.pods.stats();
-      assertEquals(s.silentWatches, 1, JSON.stringify(s));
+      // The cache that noticed first dropped the shared connection; the other's watch broke
+      // with it, or noticed too.
+      const silent = s.silentWatches + kube.namespaces.stats().silentWatches;
+      assert(silent >= 1, JSON.stringify([s, kube.namespaces.stats()]));
       assertEquals(s.relists, 0, "watched again from where it was, not listed");
       assertEquals(
         s.resourceVersion !== null &&
@@ -795,15 +798,20 @@ Deno.test("a server that sends no bookmarks: one silent watch is watched again, 
 
 Deno.test("a server that sends no bookmarks is found out by events that keep coming for two periods without one", async () => {
   await withServer(async (server) => {
-    const kube = new Kube(accessTo(server), "n1", { ...FAST, watchBookmarkSeconds: 0.1 });
+    const lines: string[] = [];
+    const log = new Logger((l) => lines.push(l), "debug");
+    const kube = new Kube(accessTo(server), "n1", { ...FAST, watchBookmarkSeconds: 0.5, log });
     try {
       assert(await kube.pods.waitSynced(10_000));
-      for (let i = 0; kube.pods.stats().bookmarkSupport === "unknown" && i < 200; i++) {
-        server.put("pods", pod(`p${i}`, `10.1.1.${i}`));
+      for (let i = 0; kube.pods.stats().bookmarkSupport === "unknown" && i < 500; i++) {
+        server.put("pods", pod(`p${i}`, `10.1.${i >> 8}.${i & 255}`));
         await new Promise((ok) => setTimeout(ok, 20));
       }
-      const s = kube.pods.stats();
-      assertEquals([s.bookmarkSupport, s.silentWatches, s.watches], ["none", 0, 1]);
+      assertEquals(kube.pods.stats().bookmarkSupport, "none");
+      const told = lines.map((l) => JSON.parse(l)).filter((l) =>
+        l.msg.includes("sends no watch bookmarks")
+      );
+      assertEquals(told.map((l) => l.why), ["events came for two bookmark periods without one"]);
     } finally {
       await kube.close();
     }
