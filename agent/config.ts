@@ -186,6 +186,11 @@ export const AgentConfigSchema = z.strictObject({
       requestTimeoutSeconds: z._default(z.number().check(z.positive(), z.maximum(600)), 30),
       /** A watch ends on the server after a random [w, 2w) seconds and starts again. */
       watchTimeoutSeconds: z._default(z.int().check(z.minimum(10), z.maximum(3600)), 300),
+      /**
+       * How often the API server sends each watch a bookmark (kube-apiserver: every
+       * minute); a watch that hears nothing for twice this is taken for dead.
+       */
+      watchBookmarkSeconds: z._default(z.number().check(z.positive(), z.maximum(600)), 60),
     }),
     {},
   ),

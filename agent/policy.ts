@@ -1017,6 +1017,8 @@ export class PolicyEnforcer implements PolicyHook {
         errors: s.errors,
         lastError: s.lastError,
         lastEventAt: iso(s.lastEventAt),
+        bookmarks: s.bookmarkSupport,
+        silentWatches: s.silentWatches,
         enforcedResourceVersion: this.#enforcedRv.get(s.resource)?.rv ?? null,
       })),
       pods: [...this.#atts.values()].sort((a, b) => a.pod.localeCompare(b.pod)).map((a) => {
@@ -1194,6 +1196,7 @@ export async function startPolicyEnforcer(
     pageSize: k.pageSize,
     requestTimeoutSeconds: k.requestTimeoutSeconds,
     watchTimeoutSeconds: k.watchTimeoutSeconds,
+    watchBookmarkSeconds: k.watchBookmarkSeconds,
     env,
     log: o.log,
   });

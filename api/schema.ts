@@ -439,6 +439,14 @@ export const KubeCacheStatusSchema = z.object({
   lastError: z.nullable(z.string()),
   /** When the last watch event arrived. */
   lastEventAt: z.nullable(z.string()),
+  /**
+   * Whether the API server sends watch bookmarks: `unknown` until one came (`seen`) or
+   * the cache found it sends none (`none`: a dead watch is then noticed only past its
+   * timeout). Absent from an older agent.
+   */
+  bookmarks: z.optional(z.enum(["unknown", "seen", "none"])),
+  /** Watches taken for dead because they were silent too long. Absent from an older agent. */
+  silentWatches: z.optional(z.number().check(z.int())),
   /** The resourceVersion of the last object event the enforcer put in place (null: none yet). */
   enforcedResourceVersion: z.nullable(z.string()),
 });

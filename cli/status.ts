@@ -190,6 +190,10 @@ function policyLines(s: Status): string {
   }, ${p.pendingEvents} event${p.pendingEvents === 1 ? "" : "s"} pending\n`;
   for (const c of p.caches) {
     if (c.lastError) out += `  ${c.resource}: ${c.lastError}\n`;
+    if (c.bookmarks === "none") {
+      out += `  ${c.resource}: the API server sends no watch bookmarks: a dead watch is ` +
+        `noticed only past its timeout (kubernetes.watchTimeoutSeconds)\n`;
+    }
   }
   for (const u of p.unreadable) {
     const [ns] = u.policy.split("/");

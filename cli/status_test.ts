@@ -294,6 +294,8 @@ Deno.test("enim status shows NetworkPolicy's sync, its caches and each local pod
     errors: 1,
     lastError: resource === "pods" ? "GET /api/v1/pods failed: connection refused" : null,
     lastEventAt: null,
+    bookmarks: resource === "pods" ? "seen" as const : "none" as const,
+    silentWatches: 0,
     enforcedResourceVersion: null,
   });
   const text = statusText({
@@ -340,7 +342,8 @@ Deno.test("enim status shows NetworkPolicy's sync, its caches and each local pod
   assertStringIncludes(
     text,
     "NetworkPolicy: NOT SYNCED (new pods' ADDs fail with 11 until it is), last event never, 3 watch restarts, 0 events pending\n" +
-      "  pods: GET /api/v1/pods failed: connection refused\n",
+      "  pods: GET /api/v1/pods failed: connection refused\n" +
+      "  namespaces: the API server sends no watch bookmarks: a dead watch is noticed only past its timeout (kubernetes.watchTimeoutSeconds)\n",
   );
   assertMatch(
     text,
