@@ -200,6 +200,11 @@ export const AgentConfigSchema = z.strictObject({
       syncWaitSeconds: z._default(z.number().check(z.minimum(0), z.maximum(600)), 10),
       /** Dropped packets logged per second and chain (the kernel log); 0: none. */
       logDropsPerSecond: z._default(z.int().check(z.minimum(0), z.maximum(10_000)), 0),
+      /**
+       * The most a freed ENI waits before it goes back to the pool while the API still
+       * shows its last pod holding its addresses; 0: no wait.
+       */
+      reuseWaitSeconds: z._default(z.number().check(z.minimum(0), z.maximum(600)), 30),
     }),
     {},
   ),

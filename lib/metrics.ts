@@ -30,6 +30,7 @@ export type Phase =
   | "inspect"
   | "policy"
   | "policy_commit"
+  | "reuse_wait"
   | "state_write";
 
 /**

@@ -139,6 +139,78 @@ Deno.test("a DEL forgets the pod's NetworkPolicy while its device goes home, and
   }, { policy });
 });
 
+Deno.test("a DEL's ENI goes back to the pool only once the policy's reuse wait ends; the DEL answers before it, and an ADD on the full node waits for it", async () => {
+  const waits: { addresses: string[]; end: () => void }[] = [];
+  const policy: PolicyHook = {
+    prepare: () => Promise.resolve({ podRuleset: () => Promise.resolve("") }),
+    committed: () => Promise.resolve(),
+    removed: () => Promise.resolve(),
+    restore: () => {},
+    reuseWait: (addresses) => {
+      let end!: () => void;
+      const p = new Promise<void>((r) => end = r);
+      waits.push({ addresses, end });
+      return p;
+    },
+  };
+  await withNode(async (n) => {
+    n.devices.nodeAddrs = NODE_ADDRS;
+    const first = await add(n, 1, { hostLink: LINK });
+    await add(n, 2, { hostLink: LINK });
+    // The DEL answers; its ENI stays its pod's while the wait lasts.
+    await n.mgr.del(delReq(1));
+    assert(
+      await poll(() => Promise.resolve(waits.length > 0 || null), {
+        timeoutMs: 2_000,
+        intervalMs: 5,
+      }),
+      "the DEL waits",
+    );
+    assertEquals(waits[0].addresses, first.ips.map((i) => i.address.split("/")[0]));
+    assertEquals((await n.owned()).size, 2, "not back in the pool while it waits");
+    // A new pod needs that ENI (the pool has no other): its ADD waits too.
+    let added: string | null = null;
+    const adding = add(n, 3, { hostLink: LINK }).then((r) => added = r.eniId);
+    await new Promise((ok) => setTimeout(ok, 100));
+    assertEquals(added, null, "the ADD waits for the freed ENI");
+    waits[0].end();
+    await adding;
+    assertEquals(added, first.eniId, "then it gets it");
+  }, { policy, mock: { enis: 2 } });
+});
+
+Deno.test("a DEL without NetworkPolicy, and a sticky pod's DEL, do not wait before the ENI goes back", async () => {
+  let asked = 0;
+  const policy: PolicyHook = {
+    prepare: () => Promise.resolve({ podRuleset: () => Promise.resolve("") }),
+    committed: () => Promise.resolve(),
+    removed: () => Promise.resolve(),
+    restore: () => {},
+    reuseWait: () => {
+      asked++;
+      return null;
+    },
+  };
+  await withNode(async (n) => {
+    n.devices.nodeAddrs = NODE_ADDRS;
+    await add(n, 1, { hostLink: LINK });
+    await n.mgr.del(delReq(1));
+    await n.mgr.settled();
+    assertEquals([(await n.owned()).size, asked], [0, 1], "asked, and told it may go at once");
+    await add(n, 2, { hostLink: LINK, sticky: true });
+    await n.mgr.del(delReq(2));
+    await n.mgr.settled();
+    assertEquals(asked, 1, "a sticky pod's hold keeps the ENI for that pod: nothing to ask");
+  }, { policy });
+  await withNode(async (n) => {
+    n.devices.nodeAddrs = NODE_ADDRS;
+    await add(n, 1, { hostLink: LINK });
+    await n.mgr.del(delReq(1));
+    await n.mgr.settled();
+    assertEquals((await n.owned()).size, 0);
+  });
+});
+
 Deno.test("CHECK reports a host link whose node end is gone", async () => {
   await withNode(async (n) => {
     n.devices.nodeAddrs = NODE_ADDRS;

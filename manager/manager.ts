@@ -168,6 +168,7 @@ class ManagerImpl implements Manager {
       hostLinks: new HostLinks(o.devices, o.log.child({ op: "host_link" }), state, o.nodeMarks),
       releasing: new Map(),
       policy: o.policy ?? null,
+      stopping: this.#stopping.signal,
     };
     const ctx = this.#ctx;
     this.#routes = new NodeRouteKeeper({

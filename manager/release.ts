@@ -77,6 +77,13 @@ export async function release(
      */
     deferHostLink?: boolean;
     /**
+     * DEL, GC: the ENI goes back to the pool only once no pod the cluster shows holds its
+     * addresses, bounded (the enforcer's `reuseWait`; without NetworkPolicy, at once):
+     * other nodes know whose an address is only from the API. A DEL answers before it
+     * waits. Reconcile does not wait (the agent's start would).
+     */
+    reuseWait?: boolean;
+    /**
      * DEL: called once the rest cannot be lost, so the DEL may answer: the intent is
      * recorded and the pod's namespace is held open by the agent (it outlives its path,
      * so the runtime removing it cannot take the device), just before the device is
@@ -88,6 +95,11 @@ export async function release(
   t: OpTimer = new OpTimer(),
 ): Promise<void> {
   const key: AttachmentKey = { containerId: row.containerId, ifName: row.ifName };
+  let answered = false;
+  const answer = () => {
+    if (!answered) o.answer?.();
+    answered = true;
+  };
   if (row.state !== "deleting") {
     t.sync("state_write", () => ctx.state.update(key, { state: "deleting" }));
   }
@@ -132,7 +144,7 @@ export async function release(
         }
         // Early only while the pin keeps the namespace alive: a /proc/<pid> path keeps
         // nothing, and a runtime stops the sandbox as soon as its DEL is answered.
-        if (pinned?.keepsAlive && row.mode === "interface") o.answer?.();
+        if (pinned?.keepsAlive && row.mode === "interface") answer();
         // The pod's NetworkPolicy goes while its device goes home, not after: its edits of
         // the other pods' tables and the node's (its address leaves their sets) then run
         // beside the move home, before the runtime's next ADD comes, instead of beside that
@@ -153,6 +165,12 @@ export async function release(
       return;
     }
     const parking = o.park !== undefined && !o.skipProvider && ctx.provider.parkENI !== undefined;
+    const wait = o.reuseWait && !parking && !o.skipProvider ? reuseWaitOf(ctx, row) : null;
+    if (wait) {
+      // The device is home and the intent recorded: the runtime need not wait with us.
+      answer();
+      await t.time("reuse_wait", () => wait);
+    }
     if (parking) {
       // The provider records the park before it answers; its cloud record replaces
       // the description, so no "freed" description follows.
@@ -167,6 +185,20 @@ export async function release(
     t.sync("state_write", () => ctx.state.recordFailure(key, message(err)));
     throw err;
   }
+}
+
+/** The enforcer's reuse wait for the addresses `row`'s ADD gave its pod (null: none). */
+function reuseWaitOf(ctx: ManagerContext, row: AttachmentRow): Promise<void> | null {
+  if (!ctx.policy?.reuseWait || row.result === null) return null;
+  let addresses: string[];
+  try {
+    addresses = AddResponseSchema.parse(JSON.parse(row.result)).ips.map((i) =>
+      i.address.split("/")[0]
+    );
+  } catch {
+    return null;
+  }
+  return ctx.policy.reuseWait(addresses, ctx.stopping);
 }
 
 /**

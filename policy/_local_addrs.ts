@@ -87,7 +87,10 @@ export class LocalAddresses {
     return this.#released.get(addr)?.some((r) => r.key === key && sameUid(r.uid, uid)) ?? false;
   }
 
-  /** Whether the API object of pod `key` (`uid`) may lend `addr`: nobody holds it, and it did not release it. */
+  /**
+   * Whether the API object of pod `key` (`uid`) may lend `addr`: nobody holds it, and it
+   * did not release it.
+   */
   mayLend(addr: string, key: string, uid: string | null): boolean {
     return !this.#held.has(addr) && !this.released(addr, key, uid);
   }

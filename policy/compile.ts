@@ -89,6 +89,12 @@ export interface PolicyUpdate {
   deltas: SetDelta[];
   /** The local pods (`namespace/name`) whose rules changed: render them again. */
   changed: string[];
+  /**
+   * Addresses that stopped being a pod's, which some set had admitted as that pod's (its
+   * DEL here, its final status or deletion, another pod claiming them): the connections
+   * tracked for them were that pod's, and go with it (present only when there are any).
+   */
+  retired?: string[];
 }
 
 /**
@@ -376,12 +382,21 @@ export class PolicyEngine {
     const pruned = this.#index.local.prune(key, pod);
     const rec = pod ? this.#index.record(pod) : undefined;
     const old = rec ? this.#index.put(rec) : this.#index.remove(key);
-    this.#sets.movePod(old, rec, log);
+    this.#move(old, rec, log);
     const was = old ? listedOf(old) : [], now = rec ? listedOf(rec) : [];
     const touched = new Set(pruned);
     for (const a of was) if (!now.some((b) => b.text === a.text)) touched.add(a.text);
     for (const a of now) if (!was.some((b) => b.text === a.text)) touched.add(a.text);
     this.#refresh(touched, key, log);
+  }
+
+  /** Moves a pod's set contributions, noting the addresses it no longer contributes. */
+  #move(old: PodRec | undefined, rec: PodRec | undefined, log: DeltaLog): void {
+    this.#sets.movePod(old, rec, log);
+    if (!old) return;
+    for (const a of [...old.a4, ...old.a6]) {
+      if (!rec || ![...rec.a4, ...rec.a6].some((b) => b.text === a.text)) log.lost.add(a.text);
+    }
   }
 
   /** Records again the pods (but `skip`) that list one of `addrs`, moving what changed. */
@@ -392,7 +407,7 @@ export class PolicyEngine {
         const next = this.#index.record(rec.pod);
         if (sameAddrs(rec, next)) continue;
         this.#index.put(next);
-        this.#sets.movePod(rec, next, log);
+        this.#move(rec, next, log);
       }
     }
   }
@@ -440,7 +455,18 @@ export class PolicyEngine {
 
   #finish(log: DeltaLog, changed: string[]): PolicyUpdate {
     const skip = new Set(changed);
-    return { deltas: this.#sets.deltas(log, skip), changed: [...skip].sort() };
+    const deltas = this.#sets.deltas(log, skip);
+    const update: PolicyUpdate = { deltas, changed: [...skip].sort() };
+    if (log.lost.size === 0) return update;
+    // Of the addresses a pod let go, those some local pod admitted as its.
+    const deleted = new Set<string>();
+    for (const d of deltas) {
+      for (const e of [...d.ipv4.delete, ...d.ipv6.delete]) {
+        deleted.add(typeof e === "string" ? e : e.addr);
+      }
+    }
+    const retired = [...log.lost].filter((a) => deleted.has(a)).sort();
+    return retired.length > 0 ? { ...update, retired } : update;
   }
 }
 

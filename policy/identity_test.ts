@@ -116,6 +116,7 @@ Deno.test("identity: a DEL'd pod whose API object still shows its address Runnin
     delete: [A],
   }]);
   assert(!from(a(), A), "after its DEL, y/b's address is not admitted as y/b's");
+  assertEquals(del.retired, [A], "the connections tracked for it were y/b's: they go");
 
   // z/e gets y/b's ENI, so its address, while the API still shows y/b with it.
   const ze: P = { ns: "z", name: "e", uid: "u-ze", app: "e", ips: [], phase: "Pending" };
@@ -200,6 +201,7 @@ Deno.test("identity: in the API's view an address two pods claim is neither's; a
   // Remote pods: another node reused y/b's address before y/b's status was final.
   const u = engine.upsertPod(podOf(ze));
   assertEquals(u.deltas.map((d) => d.ipv4), [{ add: [], delete: [A] }]);
+  assertEquals(u.retired, [A]);
   assert(!from(a(), A), "claimed by y/b and z/e: admitted as neither");
   // A relist sees the same.
   engine.resync(viewOf([xa, yb, ze].map(podOf), NAMESPACES(), POLICIES()));
