@@ -55,7 +55,7 @@ import {
 import { type Logger, nullLogger } from "../lib/log.ts";
 import { userMessage } from "../lib/message.ts";
 import { sleep, Slots } from "../lib/async.ts";
-import { reuseWait } from "./address_reuse.ts";
+import { ReuseWaits } from "./address_reuse.ts";
 
 /** What the enforcer records in the agent's metrics (lib/metrics.ts implements it). */
 export interface PolicyRecorder {
@@ -246,6 +246,8 @@ export class PolicyEnforcer implements PolicyHook {
   readonly #syncWaitMs: number;
   readonly #getPodMs: number;
   readonly #reuseWaitMs: number;
+  /** Freed ENIs waiting for the API to stop showing their pods (`address_reuse.ts`). */
+  #reuse: ReuseWaits | null = null;
   readonly #dropLog: DropLog | undefined;
   readonly #metrics: PolicyRecorder | undefined;
   readonly #atts = new Map<string, Att>();
@@ -1059,7 +1061,8 @@ export class PolicyEnforcer implements PolicyHook {
 
   reuseWait(addresses: string[], signal: AbortSignal): Promise<void> | null {
     if (this.#stop.signal.aborted || signal.aborted) return null;
-    return reuseWait(this.#kube.pods, addresses, {
+    this.#reuse ??= new ReuseWaits(this.#kube.pods);
+    return this.#reuse.wait(addresses, {
       boundMs: this.#reuseWaitMs,
       signal: AbortSignal.any([signal, this.#stop.signal]),
       log: this.#log,

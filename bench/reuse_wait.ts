@@ -13,6 +13,8 @@
  * - `stuck`: the wait on with a bound of 5 s; the old pod never leaves the API (a stuck
  *   finalizer).
  *
+ * The four nodes run at once, their rounds alternating.
+ *
  * `deno run -A --config tests/deno.json bench/reuse_wait.ts [--rounds 10]` (as root:
  * real network namespaces, the shipped bundle; `deno task build` first).
  *
@@ -34,78 +36,89 @@ const CASES: Case[] = [
   { name: "stuck", waitSeconds: 5, finalAfterMs: null },
 ];
 
-async function run(k: Case): Promise<number[]> {
-  const c = await PolicyCluster.start();
-  try {
-    c.namespace("w", { team: "w" });
-    const node = await c.node("node-a", {
-      mock: { enis: 3 },
-      extra: { networkPolicy: { reuseWaitSeconds: k.waitSeconds } },
-    });
-    // Selected by a policy (the usual case where it matters).
-    c.put("networkpolicies", {
-      metadata: { namespace: "w", name: "in" },
-      spec: { podSelector: {}, ingress: [{ from: [{ podSelector: {} }] }] },
-    });
-    const live: ClusterPod[] = [];
-    let n = 0;
-    for (; n < 3; n++) live.push(await c.pod(node, "node-a", "w", `p${n}`, { app: "p" }, []));
-    await c.settle();
-    const out: number[] = [];
-    for (let i = 0; i < ROUNDS + 1; i++) {
-      const old = live.shift()!;
-      const o = c.podObject("w", old.name, old.labels, "node-a", [], { v4: old.v4, v6: old.v6 });
-      o.metadata.deletionTimestamp = new Date(Date.now() + 30_000).toISOString();
-      o.metadata.deletionGracePeriodSeconds = 30;
-      c.put("pods", o);
-      await c.settle();
-      // The new pod's object and sandbox, ready before the DEL (kubelet's order).
-      const name = `p${n++}`;
-      c.put("pods", c.podObject("w", name, { app: "p" }, "node-a", []));
-      const next = {
-        name,
-        ns: await node.vpc.pod(`w-${name}`),
-        containerId: `c-w-${name}`,
-        args: c.cniArgs("w", name),
-      };
-      await c.del(old);
-      const final = () => {
-        o.status.phase = "Failed";
-        c.put("pods", o);
-        c.remove("pods", "w", old.name);
-      };
-      if (k.finalAfterMs === 0) final();
-      const later = k.finalAfterMs ? setTimeout(final, k.finalAfterMs) : undefined;
-      const t0 = performance.now();
-      const res = await node.add(next.ns, {
-        containerId: next.containerId,
-        args: next.args,
-        config: c.netconf(node),
-      });
-      const ms = performance.now() - t0;
-      clearTimeout(later);
-      if (k.finalAfterMs === null) final();
-      const addr = (fam: 4 | 6) =>
-        res.ips.map((x) => x.address.split("/")[0]).find((x) => x.includes(":") === (fam === 6))!;
-      if (addr(4) !== old.v4) throw new Error(`The new pod got ${addr(4)}, not ${old.v4}`);
-      c.put(
-        "pods",
-        c.podObject("w", next.name, { app: "p" }, "node-a", [], {
-          v4: addr(4),
-          v6: addr(6),
-        }),
-      );
-      live.push({ ...old, ...next, v4: addr(4), v6: addr(6) });
-      await node.vpc.deletePod(old.ns);
-      if (i > 0) out.push(ms); // the first round warms up
-      await c.settle();
-    }
-    return out;
-  } finally {
-    await c.close();
-  }
+/** One case's node, its pods, and one round of it. */
+interface Bench {
+  c: PolicyCluster;
+  round(): Promise<number>;
 }
 
-const results: Record<string, ReturnType<typeof stats>> = {};
-for (const k of CASES) results[k.name] = stats(await run(k));
-console.log(JSON.stringify({ rounds: ROUNDS, addMs: results }, null, 2));
+/** A cluster of one node of 3 ENIs, all in use, configured for case `k`. */
+async function setUp(k: Case): Promise<Bench> {
+  const c = await PolicyCluster.start();
+  c.namespace("w", { team: "w" });
+  const node = await c.node("node-a", {
+    mock: { enis: 3 },
+    extra: { networkPolicy: { reuseWaitSeconds: k.waitSeconds } },
+  });
+  // Selected by a policy (the usual case where it matters).
+  c.put("networkpolicies", {
+    metadata: { namespace: "w", name: "in" },
+    spec: { podSelector: {}, ingress: [{ from: [{ podSelector: {} }] }] },
+  });
+  const live: ClusterPod[] = [];
+  let n = 0;
+  for (; n < 3; n++) live.push(await c.pod(node, "node-a", "w", `p${n}`, { app: "p" }, []));
+  await c.settle();
+  const round = async () => {
+    const old = live.shift()!;
+    const o = c.podObject("w", old.name, old.labels, "node-a", [], { v4: old.v4, v6: old.v6 });
+    o.metadata.deletionTimestamp = new Date(Date.now() + 30_000).toISOString();
+    o.metadata.deletionGracePeriodSeconds = 30;
+    c.put("pods", o);
+    await c.settle();
+    // The new pod's object and sandbox, ready before the DEL (kubelet's order).
+    const name = `p${n++}`;
+    c.put("pods", c.podObject("w", name, { app: "p" }, "node-a", []));
+    const next = {
+      name,
+      ns: await node.vpc.pod(`w-${name}`),
+      containerId: `c-w-${name}`,
+      args: c.cniArgs("w", name),
+    };
+    await c.del(old);
+    const final = () => {
+      o.status.phase = "Failed";
+      c.put("pods", o);
+      c.remove("pods", "w", old.name);
+    };
+    if (k.finalAfterMs === 0) final();
+    const later = k.finalAfterMs ? setTimeout(final, k.finalAfterMs) : undefined;
+    const t0 = performance.now();
+    const res = await node.add(next.ns, {
+      containerId: next.containerId,
+      args: next.args,
+      config: c.netconf(node),
+    });
+    const ms = performance.now() - t0;
+    clearTimeout(later);
+    if (k.finalAfterMs === null) final();
+    const addr = (fam: 4 | 6) =>
+      res.ips.map((x) => x.address.split("/")[0]).find((x) => x.includes(":") === (fam === 6))!;
+    if (addr(4) !== old.v4) throw new Error(`The new pod got ${addr(4)}, not ${old.v4}`);
+    c.put("pods", c.podObject("w", name, { app: "p" }, "node-a", [], { v4: addr(4), v6: addr(6) }));
+    live.push({ ...old, ...next, v4: addr(4), v6: addr(6) });
+    await node.vpc.deletePod(old.ns);
+    await c.settle();
+    return ms;
+  };
+  return { c, round };
+}
+
+// Every case's node at once, their rounds alternating (the order turned each round), so
+// that the machine's drift lands on each alike; the first round of each warms up.
+const benches: Bench[] = [];
+try {
+  for (const k of CASES) benches.push(await setUp(k));
+  const samples: number[][] = CASES.map(() => []);
+  for (let i = 0; i < ROUNDS + 1; i++) {
+    for (let j = 0; j < CASES.length; j++) {
+      const at = (i + j) % CASES.length;
+      const ms = await benches[at].round();
+      if (i > 0) samples[at].push(ms);
+    }
+  }
+  const addMs = Object.fromEntries(CASES.map((k, i) => [k.name, stats(samples[i])]));
+  console.log(JSON.stringify({ rounds: ROUNDS, addMs }, null, 2));
+} finally {
+  for (const b of benches) await b.c.close().catch(() => {});
+}

@@ -179,6 +179,43 @@ Deno.test("a DEL's ENI goes back to the pool only once the policy's reuse wait e
   }, { policy, mock: { enis: 2 } });
 });
 
+Deno.test("a new sandbox of the pod whose old one's ENI waits for reuse is not held up: the same pod (same uid) takes it; another pod is", async () => {
+  let waits = 0;
+  const policy: PolicyHook = {
+    prepare: () => Promise.resolve({ podRuleset: () => Promise.resolve("") }),
+    committed: () => Promise.resolve(),
+    removed: () => Promise.resolve(),
+    restore: () => {},
+    // Waits until told to stop (as the enforcer's does while the API shows the pod).
+    reuseWait: (_addresses, signal) => {
+      waits++;
+      return new Promise<void>((r) => signal.addEventListener("abort", () => r(), { once: true }));
+    },
+  };
+  const pod = (uid?: string) => ({ namespace: "default", name: "pod-1", ...(uid ? { uid } : {}) });
+  await withNode(async (n) => {
+    n.devices.nodeAddrs = NODE_ADDRS;
+    const first = await add(n, 1, { hostLink: LINK, pod: pod("u1") });
+    await n.mgr.del(delReq(1));
+    await poll(() => Promise.resolve(waits > 0 || null), { timeoutMs: 2_000, intervalMs: 5 });
+    // Another pod of that name (another uid) waits.
+    let other: string | null = null;
+    const adding = add(n, 2, { hostLink: LINK, pod: pod("u2") }).then((r) => other = r.eniId);
+    await new Promise((ok) => setTimeout(ok, 100));
+    assertEquals(other, null, "a pod re-created under the name is another pod: it waits");
+    // The same pod's next sandbox: the wait ends, and one of them gets the ENI.
+    const again = await withDeadline(
+      add(n, 3, { hostLink: LINK, netns: "/run/netns/p3", pod: pod("u1") }).catch((err) => err),
+      10_000,
+      () => new Error("the same pod's ADD is held up by its old sandbox's reuse wait"),
+    );
+    await withDeadline(adding.catch(() => {}), 10_000, () => new Error("held up"));
+    const got = [other, again?.eniId ?? null].filter((x) => x !== null);
+    assertEquals(got.length, 1, "one ENI: one of them has it, the other found none");
+    assertEquals(got[0], first.eniId);
+  }, { policy, mock: { enis: 1 } });
+});
+
 Deno.test("a DEL without NetworkPolicy, and a sticky pod's DEL, do not wait before the ENI goes back", async () => {
   let asked = 0;
   const policy: PolicyHook = {

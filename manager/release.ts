@@ -100,6 +100,13 @@ export async function release(
     if (!answered) o.answer?.();
     answered = true;
   };
+  // From the start: the pod's next ADD may come while its device is still going home.
+  let mine: Map<string, { pod: string; uid: string | null; skip: AbortController }> | undefined;
+  if (o.reuseWait) {
+    mine = releasing.get(ctx);
+    if (!mine) releasing.set(ctx, mine = new Map());
+    mine.set(keyOf(key), { pod: row.pod, uid: row.podUid, skip: new AbortController() });
+  }
   if (row.state !== "deleting") {
     t.sync("state_write", () => ctx.state.update(key, { state: "deleting" }));
   }
@@ -165,12 +172,7 @@ export async function release(
       return;
     }
     const parking = o.park !== undefined && !o.skipProvider && ctx.provider.parkENI !== undefined;
-    const wait = o.reuseWait && !parking && !o.skipProvider ? reuseWaitOf(ctx, row) : null;
-    if (wait) {
-      // The device is home and the intent recorded: the runtime need not wait with us.
-      answer();
-      await t.time("reuse_wait", () => wait);
-    }
+    if (o.reuseWait && !parking && !o.skipProvider) await reuseWait(ctx, row, answer, t);
     if (parking) {
       // The provider records the park before it answers; its cloud record replaces
       // the description, so no "freed" description follows.
@@ -184,21 +186,62 @@ export async function release(
   } catch (err) {
     t.sync("state_write", () => ctx.state.recordFailure(key, message(err)));
     throw err;
+  } finally {
+    mine?.delete(keyOf(key));
   }
 }
 
-/** The enforcer's reuse wait for the addresses `row`'s ADD gave its pod (null: none). */
-function reuseWaitOf(ctx: ManagerContext, row: AttachmentRow): Promise<void> | null {
-  if (!ctx.policy?.reuseWait || row.result === null) return null;
+/** The releases that may wait for reuse, by attachment key, of each manager. */
+const releasing = new WeakMap<
+  ManagerContext,
+  Map<string, { pod: string; uid: string | null; skip: AbortController }>
+>();
+
+/**
+ * An ADD of `pod` (its uid, when the runtime passed it) looks for an ENI: a release of
+ * that same pod's earlier sandbox (kubelet DELs the old one before it ADDs the new)
+ * does not wait for the API to stop showing the pod with its address, or stops
+ * waiting: whether that address comes back to the pod or not, it is the same pod's.
+ * Without a uid nothing changes (a pod re-created under its name is another pod).
+ */
+export function podReturns(ctx: ManagerContext, pod: string, uid: string | undefined): void {
+  if (!uid) return;
+  for (const r of releasing.get(ctx)?.values() ?? []) {
+    if (r.pod === pod && r.uid === uid) r.skip.abort();
+  }
+}
+
+/**
+ * The reuse wait of a release: once the device is home, the ENI goes back to the pool
+ * when the enforcer says no pod the cluster shows holds the addresses `row`'s ADD gave
+ * (`PolicyHook.reuseWait`), or when the manager stops, or when the same pod's next ADD
+ * comes ({@linkcode podReturns}). The DEL answers before it waits.
+ */
+async function reuseWait(
+  ctx: ManagerContext,
+  row: AttachmentRow,
+  answer: () => void,
+  t: OpTimer,
+): Promise<void> {
+  if (!ctx.policy?.reuseWait || row.result === null) return;
   let addresses: string[];
   try {
     addresses = AddResponseSchema.parse(JSON.parse(row.result)).ips.map((i) =>
       i.address.split("/")[0]
     );
   } catch {
-    return null;
+    return;
   }
-  return ctx.policy.reuseWait(addresses, ctx.stopping);
+  const own = releasing.get(ctx)?.get(keyOf(row));
+  if (own?.skip.signal.aborted) return;
+  const wait = ctx.policy.reuseWait(
+    addresses,
+    own ? AbortSignal.any([ctx.stopping, own.skip.signal]) : ctx.stopping,
+  );
+  if (!wait) return;
+  // The device is home and the intent recorded: the runtime need not wait with us.
+  answer();
+  await t.time("reuse_wait", () => wait);
 }
 
 /**
