@@ -220,6 +220,11 @@ export const AgentConfigSchema = z.strictObject({
         z.string().check(z.regex(/^\/[^\0]*$/, "Expected an absolute path")),
         "/proc/net/ip_vs",
       ),
+      /**
+       * The most a freed ENI waits before it goes back to the pool while the API still
+       * shows its last pod holding its addresses; 0: no wait.
+       */
+      reuseWaitSeconds: z._default(z.number().check(z.minimum(0), z.maximum(600)), 30),
     }),
     {},
   ),

@@ -122,6 +122,10 @@ export class AgentFakeDevices implements DeviceLayer {
     this.#ensure(netns);
     return this.fake.listCounters(netns, table);
   }
+  flushConntrack(netns: string | null, addresses: string[]): Promise<void> {
+    this.#ensure(netns);
+    return this.fake.flushConntrack(netns, addresses);
+  }
   async netnsIdentity(path: string): Promise<NetnsIdentity | null> {
     this.#ensure(path);
     await this.fake.netnsIdentity(path);

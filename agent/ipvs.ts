@@ -240,6 +240,7 @@ export function refusingUnderIpvs(hook: PolicyHook, ipvs: IpvsWatch): PolicyHook
     committed: (key, netns) => hook.committed(key, netns),
     removed: (key) => hook.removed(key),
     restore: (pods) => hook.restore(pods),
+    reuseWait: (addresses, signal) => hook.reuseWait(addresses, signal),
   };
 }
 

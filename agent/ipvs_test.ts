@@ -147,6 +147,7 @@ Deno.test("refusingUnderIpvs() fails prepare with policy_unenforceable while ref
   const calls: string[] = [];
   const hook: PolicyHook = {
     whenSynced: () => null,
+    reuseWait: () => null,
     prepare: (p) => {
       calls.push(`prepare ${p.pod}`);
       return Promise.resolve(null);

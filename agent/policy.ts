@@ -56,6 +56,7 @@ import { type Logger, nullLogger } from "../lib/log.ts";
 import { userMessage } from "../lib/message.ts";
 import { sleep, Slots } from "../lib/async.ts";
 import { UnreadablePolicies } from "./policy_unreadable.ts";
+import { ReuseWaits } from "./address_reuse.ts";
 
 /** What the enforcer records in the agent's metrics (lib/metrics.ts implements it). */
 export interface PolicyRecorder {
@@ -78,6 +79,11 @@ export interface PolicyEnforcerOptions {
   getPodTimeoutMs?: number;
   /** How often the node's addresses are listed again (default 60 s). */
   nodeAddressesEveryMs?: number;
+  /**
+   * The most a freed ENI waits for the API to stop showing its pod
+   * (`networkPolicy.reuseWaitSeconds`, default 30 s).
+   */
+  reuseWaitMs?: number;
   metrics?: PolicyRecorder;
 }
 
@@ -86,6 +92,8 @@ interface Att {
   key: string;
   /** `namespace/name`. */
   pod: string;
+  /** The pod's uid (CNI_ARGS `K8S_POD_UID`; null: the runtime did not say). */
+  uid: string | null;
   namespace: string;
   name: string;
   ips: string[];
@@ -122,6 +130,8 @@ interface TableWork {
   run: () => Promise<boolean>;
   /** A whole render: what is queued before it and has not started is superseded. */
   whole: boolean;
+  /** Never superseded: runs after the whole render that would have (a conntrack flush). */
+  keep?: boolean;
   resolve: (ok: boolean) => void;
 }
 
@@ -153,10 +163,13 @@ class Changes {
   readonly arrived: number[] = [];
   /** The resourceVersion of the batch's last event of each kind (enforced once flushed). */
   readonly rvs = new Map<string, string>();
+  /** Addresses no longer their pod's: their tracked connections go (`PolicyUpdate.retired`). */
+  readonly retired = new Set<string>();
 
   add(u: PolicyUpdate): void {
     this.deltas.push(...u.deltas);
     for (const c of u.changed) this.changed.add(c);
+    for (const a of u.retired ?? []) this.retired.add(a);
   }
 }
 
@@ -195,6 +208,26 @@ const light = (c: CompiledPolicy): CompiledPolicy => ({
  */
 const isolates = (c: CompiledPolicy): boolean => c.ingress.isolated || c.egress.isolated;
 
+/**
+ * The retired addresses of `ch` that a pod's table held: those `mine` (its sets' deltas)
+ * deletes, or all of them (null: the table is rendered whole).
+ */
+function retiredIn(ch: Changes, mine: SetDelta[] | null): string[] {
+  if (ch.retired.size === 0) return [];
+  if (mine === null) return [...ch.retired];
+  const out = new Set<string>();
+  for (const d of mine) {
+    for (const e of [...d.ipv4.delete, ...d.ipv6.delete]) {
+      const a = typeof e === "string" ? e : e.addr;
+      if (ch.retired.has(a)) out.add(a);
+    }
+  }
+  return [...out];
+}
+
+/** The local pod of an attachment, for the engine. */
+const localOf = (att: Att) => ({ namespace: att.namespace, name: att.name });
+
 const sameSet = (a: string[], b: string[]) =>
   a.length === b.length && [...a].sort().join() === [...b].sort().join();
 
@@ -213,6 +246,9 @@ export class PolicyEnforcer implements PolicyHook {
   readonly #log: Logger;
   readonly #syncWaitMs: number;
   readonly #getPodMs: number;
+  readonly #reuseWaitMs: number;
+  /** Freed ENIs waiting for the API to stop showing their pods (`address_reuse.ts`). */
+  #reuse: ReuseWaits | null = null;
   readonly #dropLog: DropLog | undefined;
   readonly #metrics: PolicyRecorder | undefined;
   readonly #atts = new Map<string, Att>();
@@ -260,6 +296,7 @@ export class PolicyEnforcer implements PolicyHook {
     this.#log = (o.log ?? nullLogger).child({ component: "policy" });
     this.#syncWaitMs = o.syncWaitMs ?? 10_000;
     this.#getPodMs = o.getPodTimeoutMs ?? 5_000;
+    this.#reuseWaitMs = o.reuseWaitMs ?? 30_000;
     this.#dropLog = o.logDropsPerSecond ? { rate: o.logDropsPerSecond } : undefined;
     this.#metrics = o.metrics;
     this.#unreadable = new UnreadablePolicies(o.kube.networkPolicies, this.#log);
@@ -483,7 +520,7 @@ export class PolicyEnforcer implements PolicyHook {
     const engine = this.#engine!;
     const newest = this.#newestOf(att.pod) ?? att;
     try {
-      const r = engine.addLocal({ namespace: att.namespace, name: att.name, ips: newest.ips });
+      const r = engine.addLocal({ ...localOf(att), ips: newest.ips, uid: newest.uid ?? undefined });
       ch.add(r);
       ch.changed.add(att.pod);
       att.compiled = light(r.compiled);
@@ -535,12 +572,15 @@ export class PolicyEnforcer implements PolicyHook {
       }
       if (full) loads.push(this.#renderPod(att));
       else if (mine.length > 0) loads.push(this.#editPod(att, mine));
+      const gone = retiredIn(ch, full ? null : mine);
+      if (gone.length > 0 && !att.noTable) loads.push(this.#forget(att.netns, gone));
     }
     // With `deferPods` the node's set edits wait too (the node's update then holds only
     // the new pod's chains and the sets new to the node): the deferred flush applies them.
     const node = ch.node || this.#nodeStale || this.#nodeFresh || this.#nodeLoaded === null
       ? this.#renderNode()
       : this.#updateNode(ch, !o.deferPods);
+    if (!o.deferPods && ch.retired.size > 0) loads.push(this.#forget(null, [...ch.retired]));
     if (o.deferPods) {
       // The other pods' edits, and the node's edits of its sets, that an ADD's own change
       // brings wait until it has answered (they only ever admit more: the new pod joining
@@ -551,6 +591,7 @@ export class PolicyEnforcer implements PolicyHook {
       d.arrived.push(...ch.arrived.splice(0));
       for (const [k, v] of ch.rvs) d.rvs.set(k, v);
       ch.rvs.clear();
+      for (const a of ch.retired) d.retired.add(a);
       this.#deferred = d;
     }
     const flush = ++this.#flushes;
@@ -575,14 +616,22 @@ export class PolicyEnforcer implements PolicyHook {
    * not started (it renders when it runs, from the engine's state then, so a burst of
    * changes costs one render, and no text waits in memory).
    */
-  #enqueue(netns: string | null, run: () => Promise<boolean>, whole = false): Promise<boolean> {
+  #enqueue(
+    netns: string | null,
+    run: () => Promise<boolean>,
+    whole = false,
+    keep = false,
+  ): Promise<boolean> {
     const key = netns ?? "";
     let q = this.#tables.get(key);
     if (!q) this.#tables.set(key, q = { items: [], running: null });
     const queue = q;
     return new Promise<boolean>((resolve) => {
-      if (whole) { for (const it of queue.items.splice(0)) it.resolve(true); }
-      queue.items.push({ run, whole, resolve });
+      // What must run after the table's next load (`keep`: a flush of tracked
+      // connections) is not superseded: it runs after the whole render.
+      const kept = whole ? queue.items.filter((it) => it.keep) : [];
+      if (whole) { for (const it of queue.items.splice(0)) if (!it.keep) it.resolve(true); }
+      queue.items.push({ run, whole, resolve, ...(keep ? { keep } : {}) }, ...kept);
       queue.running ??= (async () => {
         while (queue.items.length > 0) {
           const it = queue.items.shift()!;
@@ -592,6 +641,27 @@ export class PolicyEnforcer implements PolicyHook {
         if (this.#tables.get(key) === queue) this.#tables.delete(key);
       })();
     });
+  }
+
+  /**
+   * Deletes the connections tracked for `addresses` in a table's namespace (null: the
+   * node), queued after its loads (so its sets no longer admit them as their old pod's):
+   * they were that pod's. A failure is logged (new connections are denied all the same).
+   */
+  #forget(netns: string | null, addresses: string[]): Promise<boolean> {
+    return this.#enqueue(
+      netns,
+      () =>
+        this.#devices.flushConntrack(netns, addresses).then(() => true, (err) => {
+          this.#log.warn(
+            "NetworkPolicy: cannot delete the tracked connections of addresses no longer their pod's",
+            { ...(netns ? { netns } : {}), addresses, error: userMessage(err) },
+          );
+          return false;
+        }),
+      false,
+      true,
+    );
   }
 
   /** Loads `text` in a table, queued after its earlier loads; true when it loaded. */
@@ -864,6 +934,7 @@ export class PolicyEnforcer implements PolicyHook {
         const att: Att = {
           key: p.key,
           pod: p.pod,
+          uid: p.uid ?? null,
           namespace,
           name,
           ips,
@@ -879,7 +950,7 @@ export class PolicyEnforcer implements PolicyHook {
         };
         let r: ReturnType<PolicyEngine["addLocal"]>;
         try {
-          r = engine.addLocal({ namespace, name, ips });
+          r = engine.addLocal({ namespace, name, ips, uid: p.uid });
         } catch (err) {
           if (!(err instanceof PodNotFoundError)) throw err;
           throw new ApiError(
@@ -905,8 +976,12 @@ export class PolicyEnforcer implements PolicyHook {
         const text = att.noTable
           ? ""
           : podRuleset(r.compiled, { eni: p.eniIfName, log: this.#dropLog });
-        const flushed = this.#flush(ch, { deferPods: true });
-        att.nodeReady = flushed.node;
+        // An address this pod takes from another (an object the API still shows with it,
+        // after a restart forgot its DEL) leaves that one's sets before the ADD answers:
+        // only what admits more waits for the answer.
+        const restricts = ch.retired.size > 0;
+        const flushed = this.#flush(ch, { deferPods: !restricts });
+        att.nodeReady = restricts ? flushed.all.then(() => flushed.node) : flushed.node;
         deliver(text);
       } catch (err) {
         // What this ADD changed before it failed still goes in.
@@ -957,7 +1032,7 @@ export class PolicyEnforcer implements PolicyHook {
         const other = this.#newestOf(att.pod);
         if (!other) ch.add(engine.removeLocal(att.namespace, att.name));
         else if (other.registered && !sameSet(other.ips, att.ips)) {
-          ch.add(engine.addLocal({ namespace: att.namespace, name: att.name, ips: other.ips }));
+          ch.add(engine.addLocal({ ...localOf(att), ips: other.ips, uid: other.uid ?? undefined }));
           ch.changed.add(att.pod);
         }
       }
@@ -973,6 +1048,7 @@ export class PolicyEnforcer implements PolicyHook {
       const att: Att = {
         key: p.key,
         pod: p.pod,
+        uid: p.uid ?? null,
         namespace: p.pod.slice(0, slash),
         name: p.pod.slice(slash + 1),
         ips: [p.addresses.ipv4, p.addresses.ipv6].filter((a): a is string => !!a),
@@ -996,6 +1072,16 @@ export class PolicyEnforcer implements PolicyHook {
         }).catch(() => {});
       }
     }
+  }
+
+  reuseWait(addresses: string[], signal: AbortSignal): Promise<void> | null {
+    if (this.#stop.signal.aborted || signal.aborted) return null;
+    this.#reuse ??= new ReuseWaits(this.#kube.pods);
+    return this.#reuse.wait(addresses, {
+      boundMs: this.#reuseWaitMs,
+      signal: AbortSignal.any([signal, this.#stop.signal]),
+      log: this.#log,
+    });
   }
 
   // ---- what operators see ----
@@ -1207,6 +1293,7 @@ export async function startPolicyEnforcer(
     log: o.log,
     syncWaitMs: cfg.networkPolicy.syncWaitSeconds * 1000,
     logDropsPerSecond: cfg.networkPolicy.logDropsPerSecond,
+    reuseWaitMs: cfg.networkPolicy.reuseWaitSeconds * 1000,
     metrics: o.metrics,
   });
   o.metrics.setPolicySource(async () => {

@@ -310,14 +310,21 @@ function sharedPorts(ports: ContainerPort[]): ContainerPort[] {
 }
 
 /**
- * `v1.Pod`, the parts policy needs: labels, node, host networking, named container
- * ports (of containers and init containers: a restartable init container, a sidecar,
- * can serve a port; unnamed ones are dropped), phase and IPs. Containers are flattened
- * to their ports. Empty lists are one shared frozen array.
+ * `v1.Pod`, the parts policy needs: its uid (a pod's identity: a pod re-created under
+ * the same name is another pod), labels, node, host networking, named container ports
+ * (of containers and init containers: a restartable init container, a sidecar, can serve
+ * a port; unnamed ones are dropped), phase, IPs, and `deleting` when its deletion has
+ * begun (`metadata.deletionTimestamp`, the pod Terminating: its containers run until
+ * their grace period ends; `graceSeconds` is `metadata.deletionGracePeriodSeconds`, null
+ * when absent). Containers are flattened to their ports. Empty lists are one shared
+ * frozen array.
  */
 export const PodSchema = z.pipe(
   z.object({
-    metadata: ObjectMetaSchema,
+    metadata: z.extend(ObjectMetaSchema, {
+      deletionTimestamp: z.optional(z.string()),
+      deletionGracePeriodSeconds: z.optional(z.number()),
+    }),
     spec: z._default(
       z.object({
         nodeName: z.optional(z.string()),
@@ -344,8 +351,12 @@ export const PodSchema = z.pipe(
     const ports = named.length > 0 ? sharedPorts(named) : NO_PORTS;
     const listed = p.status.podIPs?.map((x) => x.ip) ?? (p.status.podIP ? [p.status.podIP] : []);
     const ips = listed.length > 0 ? listed : NO_IPS;
+    const { deletionTimestamp, deletionGracePeriodSeconds, ...metadata } = p.metadata;
     return {
-      metadata: p.metadata,
+      metadata,
+      ...(deletionTimestamp !== undefined
+        ? { deleting: { at: deletionTimestamp, graceSeconds: deletionGracePeriodSeconds ?? null } }
+        : {}),
       nodeName: p.spec.nodeName,
       hostNetwork: p.spec.hostNetwork ?? false,
       ports,

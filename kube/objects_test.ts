@@ -4,7 +4,7 @@
  * is kept, marked, with a spec that fails closed.
  */
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
-import { NetworkPolicySchema } from "./objects.ts";
+import { NetworkPolicySchema, PodSchema } from "./objects.ts";
 
 const META = { name: "p", namespace: "shop", uid: "u1", resourceVersion: "7" };
 const parse = (spec: unknown) =>
@@ -318,4 +318,30 @@ Deno.test("a NetworkPolicy without a name cannot be kept (it has no key); one wi
   const odd = NetworkPolicySchema.safeParse({ metadata: { name: "x", labels: { a: 7 } }, spec: 7 });
   assert(odd.success, "its labels are not read, its spec fails closed");
   assertEquals(odd.data.unreadable?.wholeNamespace, true);
+});
+
+const pod = (metadata: Record<string, unknown>) =>
+  PodSchema.parse({
+    apiVersion: "v1",
+    kind: "Pod",
+    metadata: { name: "b", namespace: "y", uid: "u-1", ...metadata },
+    status: { phase: "Running", podIPs: [{ ip: "10.0.0.2" }] },
+  });
+
+Deno.test("PodSchema keeps a pod's uid, and when its deletion began with what grace", () => {
+  const running = pod({});
+  assertEquals(running.metadata, { name: "b", namespace: "y", uid: "u-1" });
+  assertEquals(running.deleting, undefined);
+  const terminating = pod({
+    deletionTimestamp: "2026-12-01T10:00:30Z",
+    deletionGracePeriodSeconds: 30,
+  });
+  assertEquals(terminating.metadata, { name: "b", namespace: "y", uid: "u-1" });
+  assertEquals(terminating.deleting, { at: "2026-12-01T10:00:30Z", graceSeconds: 30 });
+  assertEquals(
+    pod({ deletionTimestamp: "2026-12-01T10:00:30Z" }).deleting,
+    { at: "2026-12-01T10:00:30Z", graceSeconds: null },
+  );
+  assertEquals(terminating.phase, "Running");
+  assertEquals(terminating.ips, ["10.0.0.2"]);
 });

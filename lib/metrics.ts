@@ -32,6 +32,7 @@ export type Phase =
   | "policy_sync"
   | "policy"
   | "policy_commit"
+  | "reuse_wait"
   | "state_write";
 
 /**

@@ -206,7 +206,10 @@ export async function addPinned(
       let placed: { ifindex: number; nodeName: string; shaping?: InstalledShaping };
       try {
         const policy = link
-          ? await t.time("policy", () => preparePolicy(ctx, key, pod, req.ifName, link, t))
+          ? await t.time(
+            "policy",
+            () => preparePolicy(ctx, key, { key: pod, uid: req.pod.uid }, req.ifName, link, t),
+          )
           : undefined;
         placed = req.mode === "interface"
           ? await plugIntoPod(ctx, req, pinned!, key, eni, ips, routes, t, link, policy)

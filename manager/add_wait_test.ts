@@ -176,6 +176,9 @@ class UnsyncedPolicy implements PolicyHook {
   whenSynced(): Promise<void> | null {
     return this.synced ? null : this.#wait.p;
   }
+  reuseWait(): null {
+    return null;
+  }
   async prepare(p: { key: string }) {
     await this.#wait.p;
     this.prepared.push(p.key);

@@ -52,7 +52,7 @@ import type {
   ReconcileReport,
 } from "./types.ts";
 import { StateStore } from "./state.ts";
-import { keyOf } from "../providers/schema.ts";
+import { keyOf, podKeyOf } from "../providers/schema.ts";
 import { KeyedMutex } from "./mutex.ts";
 import { checkAttachment } from "./check.ts";
 import { type LivenessSource, runGc } from "./gc.ts";
@@ -64,7 +64,7 @@ import { toApiError } from "./errors.ts";
 import { type OpTimer, timed } from "./op_timer.ts";
 import { add } from "./add.ts";
 import { del } from "./del.ts";
-import { release } from "./release.ts";
+import { podReturns, release } from "./release.ts";
 import { freeOrphan, reconcile } from "./reconcile.ts";
 import { attachmentView, status } from "./status.ts";
 import { withDeadline } from "../lib/async.ts";
@@ -174,6 +174,7 @@ class ManagerImpl implements Manager {
       releasing: new Map(),
       policy: o.policy ?? null,
       delWaitMs: o.delWaitMs ?? 10_000,
+      stopping: this.#stopping.signal,
     };
     const ctx = this.#ctx;
     this.#routes = new NodeRouteKeeper({
@@ -213,6 +214,8 @@ class ManagerImpl implements Manager {
   add(req: AddInput): Promise<AddResponse> {
     const key = keyOf(req);
     return this.#keyed("add", key, async (t) => {
+      // A new sandbox of a pod whose old one's DEL is releasing its ENI: no reuse wait.
+      podReturns(this.#ctx, podKeyOf(req.pod), req.pod.uid);
       // Its device and host link still hold their names there. (One that needs their ENI
       // waits for them in add.ts, before it takes one.)
       if (this.#sameNetnsReleasing(req)) await t.time("del_wait", () => this.settled());

@@ -58,7 +58,7 @@ export function policySynced(
 export async function preparePolicy(
   ctx: ManagerContext,
   key: AttachmentKey,
-  pod: string,
+  pod: { key: string; uid?: string },
   eniIfName: string,
   link: HostLinkSpec,
   t: OpTimer,
@@ -70,7 +70,8 @@ export async function preparePolicy(
     throw asPolicyError(err);
   };
   const r = await ctx.policy.prepare({
-    pod,
+    pod: pod.key,
+    ...(pod.uid ? { uid: pod.uid } : {}),
     key: keyOf(key),
     addresses: { ...link.podAddresses },
     eniIfName,
@@ -126,6 +127,7 @@ export function restoredPolicyPods(rows: AttachmentRow[]): RestoredPolicyPod[] {
       }
       out.push({
         pod: r.pod,
+        ...(r.podUid ? { uid: r.podUid } : {}),
         key: keyOf(r),
         addresses,
         eniIfName: r.ifName,

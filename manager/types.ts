@@ -73,6 +73,8 @@ export interface EniManager {
 export interface PolicyPod {
   /** The pod, `namespace/name`. */
   pod: string;
+  /** The pod's uid (CNI_ARGS `K8S_POD_UID`; absent when the runtime did not pass it). */
+  uid?: string;
   /** The attachment key, `containerId/ifName`. */
   key: string;
   /** The ENI's addresses (no prefix), one per family it has. */
@@ -125,4 +127,11 @@ export interface PolicyHook {
   removed(key: string): Promise<void>;
   /** At start-up, after reconcile: the attachments the state records ready with a host link. */
   restore(pods: RestoredPolicyPod[]): void;
+  /**
+   * A released ENI is about to go back to the pool (DEL, GC): null when its addresses
+   * may go to another pod now; else a wait, which resolves once the cluster no longer
+   * shows a pod holding them (other nodes would take the next pod for that one), or
+   * after the enforcer's bound, or when `signal` aborts. Never rejects.
+   */
+  reuseWait(addresses: string[], signal: AbortSignal): Promise<void> | null;
 }

@@ -560,6 +560,18 @@ export class FakeDeviceLayer implements DeviceLayer {
     return this.counters.get(netns ?? NODE) ?? '{"nftables":[]}';
   }
 
+  /** Every `flushConntrack`, in order: the namespace (`NODE` or a path) and addresses. */
+  readonly conntrackFlushes: { netns: string; addresses: string[] }[] = [];
+
+  async flushConntrack(netns: string | null, addresses: string[]): Promise<void> {
+    this.calls.push({ op: "flushConntrack", args: { netns, addresses } });
+    await this.#step("nft");
+    if (netns !== null && !this.#ns.has(netns)) {
+      throw new DeviceError("conntrack", "netns_invalid", `Netns "${netns}" does not exist`);
+    }
+    this.conntrackFlushes.push({ netns: netns ?? NODE, addresses: [...addresses] });
+  }
+
   async sweepHostLinkRules(): Promise<number> {
     this.calls.push({ op: "sweepHostLinkRules", args: {} });
     await this.#step("hostLink");

@@ -51,6 +51,7 @@
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
+import { isIp, normalizeIp } from "../lib/ip.ts";
 import { namesOneNamespace, netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
 import {
   altnameOf,
@@ -82,6 +83,7 @@ import {
   AddrInfoSchema,
   batchLine,
   CommandTimeoutError,
+  CONNTRACK_BIN,
   DEFAULT_SCRATCH_DIR,
   type FedProcess,
   inNetnsArgv,
@@ -201,6 +203,18 @@ class PolicyError extends Error {
 interface Pending {
   pending: Promise<void>;
 }
+
+/**
+ * Deletes the tracked connections of each address (`"$@"`), original and reply
+ * direction, source and destination; `conntrack -D` exits 1 when it found none, which
+ * is fine. Fails (127) without `conntrack`.
+ */
+const CONNTRACK_FLUSH_SCRIPT =
+  `[ -x ${CONNTRACK_BIN} ] || { echo "${CONNTRACK_BIN} (conntrack-tools) is not installed" >&2; exit 127; }
+for a in "$@"; do
+  for f in --orig-src --orig-dst --reply-src --reply-dst; do ${CONNTRACK_BIN} -D "$f" "$a" >/dev/null 2>&1; done
+done
+exit 0`;
 
 export class IpDeviceLayer implements DeviceLayer {
   readonly #node: NetnsRef;
@@ -1276,6 +1290,31 @@ export class IpDeviceLayer implements DeviceLayer {
         ),
     );
     return stdout;
+  }
+
+  /**
+   * Deletes the tracked connections of `addresses` in `netns` (null: the node): one
+   * shell in the namespace runs `conntrack -D` for each address as the original and the
+   * reply direction's source and destination (a connection a Service's DNAT rewrote
+   * names the pod in its reply direction only).
+   */
+  async flushConntrack(netns: string | null, addresses: string[]): Promise<void> {
+    const addrs = addresses.map((a) => {
+      if (!isIp(a)) throw new TypeError(`Invalid address "${a}"`);
+      return normalizeIp(a);
+    });
+    if (addrs.length === 0) return;
+    const where = netns === null ? "on the node" : `in netns "${netns}"`;
+    if (netns !== null) await this.#requireNetns("conntrack", netns);
+    await this.#run(
+      "conntrack",
+      `Cannot delete the tracked connections of ${addrs.join(", ")} ${where}`,
+      () =>
+        spawn(inNetnsArgv(
+          [SH_BIN, "-c", CONNTRACK_FLUSH_SCRIPT, "sh", ...addrs],
+          netns ?? this.#node ?? "/proc/self/ns/net",
+        )),
+    );
   }
 
   /**

@@ -351,6 +351,12 @@ export interface DeviceLayer {
    * them (JSON text). Throws {@linkcode DeviceError}.
    */
   listCounters(netns: string | null, table: string): Promise<string>;
+  /**
+   * Deletes the connections tracked in the namespace at `netns` (null: the node) to or
+   * from any of `addresses`, either direction, NAT'd or not (`conntrack -D`): they were
+   * another pod's. Throws {@linkcode DeviceError} (an invalid address, no `conntrack`).
+   */
+  flushConntrack(netns: string | null, addresses: string[]): Promise<void>;
 }
 
 /** A network namespace held open for one operation (see `netns/pin.ts`). */

@@ -1011,14 +1011,25 @@ Deno.test("compile: an egress named-port set follows its pods' addresses", () =>
   const set = c.sets[0];
   assertEquals(set.kind, "namedPort");
   assertEquals(set.ipv4.length, 6);
-  // A pod elsewhere (not local: its addresses come from its status).
-  assertEquals(engine.removeLocal("gamma", "db"), { deltas: [], changed: [] });
+  // Its DEL: its addresses leave the set at once, though its API object still lists them.
+  const gone = engine.removeLocal("gamma", "db");
+  assertEquals(gone.deltas.map((d) => [d.ipv4, d.ipv6]), [[
+    { add: [], delete: [{ addr: "10.0.3.2", port: 9050 }] },
+    { add: [], delete: [{ addr: "fd00::3:2", port: 9050 }] },
+  ]]);
+  // A pod elsewhere, not local: its addresses come from its status (not those it let go
+  // here: the local pod had no uid, so any pod of its name).
   const db = pods.find((p) => p.namespace === "gamma" && p.name === "db")!;
   db.ips = ["10.0.3.99", "fd00::3:2"];
   const update = engine.upsertPod(podObject(db));
-  assertEquals(update.deltas.map((d) => d.ipv4), [{
-    add: [{ addr: "10.0.3.99", port: 9050 }],
-    delete: [{ addr: "10.0.3.2", port: 9050 }],
+  assertEquals(update.deltas.map((d) => [d.ipv4, d.ipv6]), [[
+    { add: [{ addr: "10.0.3.99", port: 9050 }], delete: [] },
+    { add: [], delete: [] },
+  ]]);
+  db.ips = ["10.0.3.98"];
+  assertEquals(engine.upsertPod(podObject(db)).deltas.map((d) => d.ipv4), [{
+    add: [{ addr: "10.0.3.98", port: 9050 }],
+    delete: [{ addr: "10.0.3.99", port: 9050 }],
   }]);
 });
 
