@@ -25,10 +25,13 @@
  *
  * @module
  */
-import { type KubeAccess, KubeAccessError, type TokenSpec } from "./access.ts";
+import type { KubeAccess } from "./access.ts";
 import { StatusSchema } from "./wire.ts";
 import { ListBodyError, listItems } from "./_list_body.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
+import { errorText, TokenSource } from "./_token.ts";
+
+export { errorText };
 import { VERSION } from "../lib/version.ts";
 
 /** The API server answered with an error status. */
@@ -85,62 +88,6 @@ export interface ListStream {
   items: AsyncGenerator<unknown>;
   /** The list's other members (`metadata`, …), complete once `items` is done. */
   rest: Record<string, unknown>;
-}
-
-/** The bearer token, re-read from its file as it rotates. */
-class TokenSource {
-  readonly #spec: TokenSpec;
-  readonly #maxAgeMs: number;
-  readonly #now: () => number;
-  readonly #log: Logger;
-  #value: string | undefined;
-  #readAt = -Infinity;
-  /** How many times the file was read (tests watch rotation with it). */
-  reads = 0;
-
-  constructor(spec: TokenSpec, maxAgeMs: number, now: () => number, log: Logger) {
-    this.#spec = spec;
-    this.#maxAgeMs = maxAgeMs;
-    this.#now = now;
-    this.#log = log;
-    if ("value" in spec) this.#value = spec.value;
-  }
-
-  /** Whether a 401 may be cured by reading the token again. */
-  get rotates(): boolean {
-    return "file" in this.#spec;
-  }
-
-  /** The token; from the file again when `fresh` or when the copy is too old. */
-  async get(fresh: boolean): Promise<string | undefined> {
-    if (!("file" in this.#spec)) return this.#value;
-    if (!fresh && this.#value !== undefined && this.#now() - this.#readAt < this.#maxAgeMs) {
-      return this.#value;
-    }
-    const file = this.#spec.file;
-    this.#readAt = this.#now();
-    this.reads++;
-    try {
-      const text = (await Deno.readTextFile(file)).trim();
-      if (text === "") throw new Error("the file is empty");
-      if (text !== this.#value && this.#value !== undefined) {
-        this.#log.info("The Kubernetes API token changed; using the new one", { file });
-      }
-      this.#value = text;
-    } catch (err) {
-      if (this.#value === undefined) {
-        throw new KubeAccessError(
-          `Cannot read the Kubernetes API token "${file}": ${errorText(err)}`,
-          { cause: err },
-        );
-      }
-      this.#log.warn("Cannot read the Kubernetes API token again; using the one read before", {
-        file,
-        error: err,
-      });
-    }
-    return this.#value;
-  }
 }
 
 /**
@@ -412,11 +359,4 @@ async function apiError(res: Response, path: string): Promise<KubeApiError> {
     `The Kubernetes API server answered GET ${path} with ${res.status}` +
       (reason ? ` ${reason}` : "") + (message ? `: ${message}` : ""),
   );
-}
-
-/** An error's message with its cause's (fetch hides the TLS or socket reason in `cause`). */
-export function errorText(err: unknown): string {
-  const msg = err instanceof Error ? err.message : String(err);
-  const cause = err instanceof Error && err.cause instanceof Error ? `: ${err.cause.message}` : "";
-  return msg + cause;
 }

@@ -1,7 +1,13 @@
 /**
  * A list-and-watch cache of one kind of object, the way client-go's reflector and
  * informer work (kubernetes/kubernetes `staging/src/k8s.io/client-go/tools/cache`, and
- * the "API Concepts" page for the wire format):
+ * the "API Concepts" page for the wire format).
+ *
+ * Why one file: the loop, the list, the watch and the application of one event are one
+ * state machine sharing the store, the resourceVersion, the backoff and the counters;
+ * split, each part would reach into the others' state.
+ *
+ * The steps:
  *
  * 1. **List**; the list's `resourceVersion` is the point the whole list is consistent
  *    at. The store becomes exactly the list: handlers hear an add for a new object, an
@@ -55,10 +61,6 @@
  *
  * Handlers run synchronously, in event order, after the store has changed; one that
  * throws is logged and the others still run.
- *
- * Why one file: the loop, the list, the watch and the application of one event are one
- * state machine sharing the store, the resourceVersion, the backoff and the counters;
- * split, each part would reach into the others' state.
  *
  * @module
  */
