@@ -31,7 +31,7 @@ import {
 } from "../providers/contract.ts";
 import type { DeviceLayer } from "../netns/types.ts";
 import type { ManagerOptions } from "../manager/manager.ts";
-import { type PolicyEnforcer, startPolicyEnforcer } from "./policy.ts";
+import { type PolicyEnforcer, startPolicyEnforcer } from "./policy/mod.ts";
 
 /** A device layer and, for fakes, the simulator that makes attached ENIs appear in it. */
 export interface DeviceSetup {

@@ -58,7 +58,7 @@ export interface HandlerOptions {
   policy?: PolicySource;
 }
 
-/** What the API reads of the NetworkPolicy enforcer (`agent/policy.ts`). */
+/** What the API reads of the NetworkPolicy enforcer (`agent/policy/`). */
 export interface PolicySource {
   /** Added to `GET /v1/status`. */
   status(): PolicyStatus;

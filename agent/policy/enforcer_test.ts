@@ -3,16 +3,16 @@
  * and the fake device layer (no root): its bounded waits and errors (CNI 11), what it
  * loads where and when, and that it never touches a table before its first sync.
  */
-import { assert, assertEquals, assertRejects, assertStringIncludes } from "../lib/assert.ts";
-import { poll } from "../lib/async.ts";
-import { makeTestPki, type TestPki } from "../tests/support/kube_pki.ts";
-import { KubeApiServer } from "../tests/support/kube_apiserver.ts";
-import { makeNamespace, makePod } from "../tests/support/kube_objects.ts";
-import { Kube } from "../kube/mod.ts";
-import { FakeDeviceLayer, NODE } from "../netns/fake.ts";
-import { ApiError } from "../api/schema.ts";
-import { NOT_SYNCED, PolicyEnforcer } from "./policy.ts";
-import type { PolicyPod } from "../manager/types.ts";
+import { assert, assertEquals, assertRejects, assertStringIncludes } from "../../lib/assert.ts";
+import { poll } from "../../lib/async.ts";
+import { makeTestPki, type TestPki } from "../../tests/support/kube_pki.ts";
+import { KubeApiServer } from "../../tests/support/kube_apiserver.ts";
+import { makeNamespace, makePod } from "../../tests/support/kube_objects.ts";
+import { Kube } from "../../kube/mod.ts";
+import { FakeDeviceLayer, NODE } from "../../netns/fake.ts";
+import { ApiError } from "../../api/schema.ts";
+import { NOT_SYNCED, PolicyEnforcer } from "./enforcer.ts";
+import type { PolicyPod } from "../../manager/types.ts";
 
 const FAST = { backoff: { initialMs: 20, maxMs: 100 }, pageSize: 50 };
 

@@ -1,60 +1,41 @@
 /**
- * NetworkPolicy enforcement on the node (issue 35): the manager's
- * {@linkcode PolicyHook} over the cluster's caches (kube/) and the policy compiler
- * (policy/), applied through the device layer (netns/, the only code that spawns).
+ * The agent's NetworkPolicy enforcer: the manager's {@linkcode PolicyHook} over the
+ * cluster's caches (kube/) and the policy compiler (policy/), applied through the device
+ * layer (netns/). What it promises is in `mod.ts`; its parts:
  *
- * - **From the first packet.** An ADD waits (bounded: `networkPolicy.syncWaitSeconds`)
- *   for the caches' first full list, fetches a pod the cache has not seen yet (5 s), and
- *   fails with CNI code 11 when it cannot know the pod's policy: the runtime retries.
- *   Otherwise `prepare` hands the plug a way to the pod's own table: called once the
- *   ENI's move has started (the compiling overlaps it), it compiles the pod's policy,
- *   loads the node's table with the pod's chains (at its node end, in parallel with the
- *   plug; `committed` waits for it) and gives the text, which the plug loads in the
- *   pod's namespace with the host link's ruleset before the ENI is configured.
- * - **Kept in step.** Every cache event (pods, namespaces, NetworkPolicies) goes to one
- *   serialized queue; a batch of events is applied to the compiler at once, then to the
- *   kernel: set deltas as element edits in each pod that uses the set and on the node
- *   (a failed edit replaces the sets whole), pods whose rules changed rendered again
- *   (with what was loaded before, so what went is deleted), then the node's table.
- *   A load that fails is retried with a backoff; nothing is ever flushed open.
- * - **Never fail open.** Once synced, an API server outage leaves the caches as they
- *   are, and they are enforced. An agent that starts while the API server is away
- *   touches no table (the kernel keeps what the last agent loaded) until its caches
- *   have synced; its ADDs answer 11 until then.
+ * - this class: start-up, the queue every change goes through, what a batch of changes
+ *   does to the tables (`#flush`), and the hook's calls (ADD's prepare and commit, a
+ *   release, the pods handed over at start-up);
+ * - `_table_loads.ts`: each table's loads, in order; `_pod_table.ts`, `_node_table.ts`:
+ *   what is rendered or edited in a pod's namespace and on the node;
+ * - `_changes.ts`: the events waiting and what a batch changed; `_attachment.ts`: what
+ *   is kept per attachment; `_status.ts`: what operators see.
  *
- * Why one file: the queue, the attachments it keeps, the compiler and what was loaded
- * where are one state machine; split, every part would reach into the others' state.
+ * Why one file: the queue, the attachments it keeps and the compiler are one state
+ * machine, whose every change goes through the queue.
  *
  * @module
  */
-import { ApiError, type PodPolicyView, type PolicyStatus } from "../api/schema.ts";
-import type { DeviceLayer } from "../netns/types.ts";
-import type { PolicyHook, PolicyPod, RestoredPolicyPod } from "../manager/types.ts";
-import { Kube, type Namespace, type NetworkPolicy, type Pod } from "../kube/mod.ts";
-import { type KubeEnv, kubeEnv } from "../kube/access.ts";
-import type { AgentConfig } from "./config.ts";
-import type { Metrics } from "../lib/metrics.ts";
+import { ApiError, type PodPolicyView, type PolicyStatus } from "../../api/schema.ts";
+import type { DeviceLayer } from "../../netns/types.ts";
+import type { PolicyHook, PolicyPod, RestoredPolicyPod } from "../../manager/types.ts";
+import type { Kube, Namespace, NetworkPolicy, Pod } from "../../kube/mod.ts";
 import {
   type CompiledPolicy,
   type DropLog,
-  nodeNames,
-  type NodePod,
-  nodeRuleset,
-  nodeUpdate,
-  parseDropCounters,
-  type PeerSet,
   PodNotFoundError,
   podRuleset,
-  POLICY_TABLE,
   PolicyEngine,
-  type PolicyUpdate,
-  type SetDelta,
-  setDeltaCommands,
-  setReplaceCommands,
-} from "../policy/mod.ts";
-import { type Logger, nullLogger } from "../lib/log.ts";
-import { userMessage } from "../lib/message.ts";
-import { sleep, Slots } from "../lib/async.ts";
+} from "../../policy/mod.ts";
+import { type Logger, nullLogger } from "../../lib/log.ts";
+import { userMessage } from "../../lib/message.ts";
+import { sleep } from "../../lib/async.ts";
+import { type Att, isolates, light, newestOf, sameSet } from "./_attachment.ts";
+import { Changes, type PolicyEvent } from "./_changes.ts";
+import { type LoadPlace, TableLoads } from "./_table_loads.ts";
+import { NodeTable } from "./_node_table.ts";
+import { editPod, type PodTableDeps, renderPod } from "./_pod_table.ts";
+import { type PolicyDrops, policyStatus, policyView, readDrops, ruleCounts } from "./_status.ts";
 
 /** What the enforcer records in the agent's metrics (lib/metrics.ts implements it). */
 export interface PolicyRecorder {
@@ -80,130 +61,14 @@ export interface PolicyEnforcerOptions {
   metrics?: PolicyRecorder;
 }
 
-/** One attachment under policy: a pod's ENI and its host link. */
-interface Att {
-  key: string;
-  /** `namespace/name`. */
-  pod: string;
-  namespace: string;
-  name: string;
-  ips: string[];
-  /** The ENI's name in the pod. */
-  eni: string;
-  /** The host link's node end. */
-  nodeEnd: string;
-  /** The pod's namespace; null until the ADD has recorded it (`committed`). */
-  netns: string | null;
-  /** Registration order (the newest attachment of a pod gives the pod its addresses). */
-  seq: number;
-  /** What the pod's table holds, as last rendered there (null: not known to this agent). */
-  loaded: CompiledPolicy | null;
-  /**
-   * The pod's policy as last compiled (its rules current: compiled again whenever they
-   * change; its sets' members may lag behind the deltas): what the node's incremental
-   * updates and the status read, without materializing every set again.
-   */
-  compiled: CompiledPolicy | null;
-  /** The pod's table missed an edit (no namespace yet, a failed load): render it again. */
-  stale: boolean;
-  /** The compiler knows it (false: not synced yet, or the pod is not in the cluster). */
-  registered: boolean;
-  /** A restored pod the cluster does not have: its tables stay as they are. */
-  unknown: boolean;
-  /** Known to have no table in its namespace (ADDed while no policy selected it). */
-  noTable?: boolean;
-  /** The node's load that put its chains in place (prepare's). */
-  nodeReady?: Promise<boolean>;
-}
-
-/** One load waiting for its table: `run` loads (and renders, when it is whole); true when it loaded. */
-interface TableWork {
-  run: () => Promise<boolean>;
-  /** A whole render: what is queued before it and has not started is superseded. */
-  whole: boolean;
-  resolve: (ok: boolean) => void;
-}
-
-/** A table's loads, in order: one at a time. */
-interface TableQueue {
-  items: TableWork[];
-  /** The loop running them, while it runs. */
-  running: Promise<void> | null;
-}
-
-/** A cache event waiting for the queue. */
-interface Event {
-  resource: "pods" | "namespaces" | "networkpolicies";
-  old: Pod | Namespace | NetworkPolicy | undefined;
-  cur: Pod | Namespace | NetworkPolicy | undefined;
-  /** When it arrived (`performance.now()`). */
-  at: number;
-}
-
-/**
- * What a batch changed: set deltas, pods to render again, and whether the node's whole
- * table must be rendered again (else it gets an update: `nodeUpdate`).
- */
-class Changes {
-  readonly deltas: SetDelta[] = [];
-  readonly changed = new Set<string>();
-  node = false;
-  /** When each event of the batch arrived (`performance.now()`). */
-  readonly arrived: number[] = [];
-  /** The resourceVersion of the batch's last event of each kind (enforced once flushed). */
-  readonly rvs = new Map<string, string>();
-
-  add(u: PolicyUpdate): void {
-    this.deltas.push(...u.deltas);
-    for (const c of u.changed) this.changed.add(c);
-  }
-}
-
 /** The message of an ADD that cannot know its pod's policy yet (CNI code 11). */
 export const NOT_SYNCED =
   "NetworkPolicy: the agent has not synced with the Kubernetes API server yet; the runtime retries";
 
-const TABLE = `inet ${POLICY_TABLE}`;
-/**
- * The most pod namespaces loaded at once (set edits, the drop counters' reads): a
- * namespace's label change edits every local pod's sets, and fifty `nft` processes at
- * once only share the same CPUs, each with its spawn's buffers in the agent.
- */
-const PARALLEL_LOADS = 8;
-/** The most whole renders at once: each holds its pod's sets' members and text in memory. */
-const PARALLEL_RENDERS = 2;
 /** How long an ADD's edits of other pods' tables and the node's sets wait after its answer. */
 const DEFERRED_EDITS_DELAY_MS = 25;
 /** How stale the drop counters may be (they cost a spawn per pod). */
 const DROPS_TTL_MS = 10_000;
-
-/**
- * A compiled policy without its sets' members: all that a `previous` render, the node's
- * update of an unchanged pod and the status read (rules, set keys and kinds). Keeping
- * the members of every pod's big sets three times over cost the agent tens of MB.
- */
-const light = (c: CompiledPolicy): CompiledPolicy => ({
-  ...c,
-  sets: c.sets.map((s) => ({ ...s, ipv4: [], ipv6: [] }) as typeof s),
-});
-
-/**
- * Whether a policy isolates the pod in some direction. A pod no policy selects (most pods
- * of most clusters) gets no table in its namespace and no chains on the node: what is not
- * jumped to is accepted. Its table and chains are made when a policy first selects it.
- */
-const isolates = (c: CompiledPolicy): boolean => c.ingress.isolated || c.egress.isolated;
-
-const sameSet = (a: string[], b: string[]) =>
-  a.length === b.length && [...a].sort().join() === [...b].sort().join();
-
-/** A dropped-packet count of one pod, direction and place. */
-export interface PolicyDrops {
-  pod: string;
-  direction: "ingress" | "egress";
-  place: "pod" | "node";
-  packets: number;
-}
 
 /** The agent's NetworkPolicy enforcer (see the module doc). */
 export class PolicyEnforcer implements PolicyHook {
@@ -215,7 +80,7 @@ export class PolicyEnforcer implements PolicyHook {
   readonly #dropLog: DropLog | undefined;
   readonly #metrics: PolicyRecorder | undefined;
   readonly #atts = new Map<string, Att>();
-  readonly #events: Event[] = [];
+  readonly #events: PolicyEvent[] = [];
   /** What an ADD's prepare left for the pods' tables until the ADD has answered. */
   #deferred: Changes | null = null;
   /** Per kind, the resourceVersion put in place, and the flush that did (flushes overlap). */
@@ -227,22 +92,15 @@ export class PolicyEnforcer implements PolicyHook {
   #engine: PolicyEngine | null = null;
   #ready!: () => void;
   readonly #readyP = new Promise<void>((r) => (this.#ready = r));
-  /** Each table's chain of loads: a pod's namespace path, or "" for the node. */
-  readonly #tables = new Map<string, TableQueue>();
-  /** Whole renders (at most {@linkcode PARALLEL_RENDERS} at once). */
-  readonly #renders = new Slots(PARALLEL_RENDERS);
-  /** The loads in pods' namespaces other than whole renders: set edits, counter reads. */
-  readonly #podLoads = new Slots(PARALLEL_LOADS);
+  readonly #loads: TableLoads;
+  readonly #node: NodeTable;
+  readonly #podTables: PodTableDeps;
   /** The queue: tasks not started yet, in order, and the loop running them. */
   readonly #tasks: (() => Promise<void>)[] = [];
   #pump: Promise<void> | null = null;
   #scheduled = false;
   #seq = 0;
   #nodeAddrs: string[] = [];
-  #nodeLoaded: NodePod[] | null = null;
-  /** The node's table has not been rendered by this agent yet: its first load starts clean. */
-  #nodeFresh = true;
-  #nodeStale = false;
   #retryMs = 0;
   #retryTimer: ReturnType<typeof setTimeout> | undefined;
   #loadFailures = 0;
@@ -259,6 +117,28 @@ export class PolicyEnforcer implements PolicyHook {
     this.#getPodMs = o.getPodTimeoutMs ?? 5_000;
     this.#dropLog = o.logDropsPerSecond ? { rate: o.logDropsPerSecond } : undefined;
     this.#metrics = o.metrics;
+    const failed = (place: LoadPlace, netns: string | null, err: unknown) =>
+      this.#failed(place, netns, err);
+    const compile = (att: Att, members = true) => this.#compile(att, members);
+    this.#loads = new TableLoads(o.devices, failed);
+    this.#node = new NodeTable({
+      loads: this.#loads,
+      log: this.#log,
+      dropLog: this.#dropLog,
+      atts: () => this.#atts.values(),
+      compile,
+      peerSet: (key) => this.#engine!.peerSet(key),
+      nodeAddresses: () => this.#nodeAddrs,
+    });
+    this.#podTables = {
+      devices: o.devices,
+      loads: this.#loads,
+      dropLog: this.#dropLog,
+      has: (key) => this.#atts.has(key),
+      synced: () => this.#engine !== null,
+      compile,
+      failed,
+    };
     this.#started = this.#start(o.nodeAddressesEveryMs ?? 60_000);
   }
 
@@ -318,8 +198,8 @@ export class PolicyEnforcer implements PolicyHook {
       if (signal.aborted) return;
     }
     // Same turn as the sync: subscribe, then index what the caches hold.
-    const on = (resource: Event["resource"]) => (old: unknown, cur: unknown) => {
-      this.#events.push({ resource, old, cur, at: performance.now() } as Event);
+    const on = (resource: PolicyEvent["resource"]) => (old: unknown, cur: unknown) => {
+      this.#events.push({ resource, old, cur, at: performance.now() } as PolicyEvent);
       this.#schedule();
     };
     this.#unsubscribe.push(
@@ -496,15 +376,11 @@ export class PolicyEnforcer implements PolicyHook {
   }
 
   #newestOf(pod: string): Att | undefined {
-    let best: Att | undefined;
-    for (const a of this.#atts.values()) {
-      if (a.pod === pod && (!best || a.seq > best.seq)) best = a;
-    }
-    return best;
+    return newestOf(this.#atts.values(), pod);
   }
 
   #anyStale(): boolean {
-    return this.#nodeStale || [...this.#atts.values()].some((a) => a.stale && a.netns !== null);
+    return this.#node.stale || [...this.#atts.values()].some((a) => a.stale && a.netns !== null);
   }
 
   /**
@@ -528,14 +404,14 @@ export class PolicyEnforcer implements PolicyHook {
         if (full || mine.length > 0) att.stale = true;
         continue;
       }
-      if (full) loads.push(this.#renderPod(att));
-      else if (mine.length > 0) loads.push(this.#editPod(att, mine));
+      if (full) loads.push(renderPod(this.#podTables, att));
+      else if (mine.length > 0) loads.push(editPod(this.#podTables, att, mine));
     }
     // With `deferPods` the node's set edits wait too (the node's update then holds only
     // the new pod's chains and the sets new to the node): the deferred flush applies them.
-    const node = ch.node || this.#nodeStale || this.#nodeFresh || this.#nodeLoaded === null
-      ? this.#renderNode()
-      : this.#updateNode(ch, !o.deferPods);
+    const node = ch.node || this.#node.needsWhole
+      ? this.#node.render()
+      : this.#node.update(ch, !o.deferPods);
     if (o.deferPods) {
       // The other pods' edits, and the node's edits of its sets, that an ADD's own change
       // brings wait until it has answered (they only ever admit more: the new pod joining
@@ -563,43 +439,6 @@ export class PolicyEnforcer implements PolicyHook {
     this.#lastFlush = all.catch(() => {});
     return { node, all };
   }
-
-  /**
-   * Queues a load for a table (a pod's namespace path, or null: the node) after whatever
-   * was queued for it before, one at a time; a whole render supersedes what is queued and
-   * not started (it renders when it runs, from the engine's state then, so a burst of
-   * changes costs one render, and no text waits in memory).
-   */
-  #enqueue(netns: string | null, run: () => Promise<boolean>, whole = false): Promise<boolean> {
-    const key = netns ?? "";
-    let q = this.#tables.get(key);
-    if (!q) this.#tables.set(key, q = { items: [], running: null });
-    const queue = q;
-    return new Promise<boolean>((resolve) => {
-      if (whole) { for (const it of queue.items.splice(0)) it.resolve(true); }
-      queue.items.push({ run, whole, resolve });
-      queue.running ??= (async () => {
-        while (queue.items.length > 0) {
-          const it = queue.items.shift()!;
-          it.resolve(await it.run().catch(() => false));
-        }
-        queue.running = null;
-        if (this.#tables.get(key) === queue) this.#tables.delete(key);
-      })();
-    });
-  }
-
-  /** Loads `text` in a table, queued after its earlier loads; true when it loaded. */
-  #load(netns: string | null, text: string): Promise<boolean> {
-    const load = () =>
-      this.#devices.loadRuleset(netns, text).then(() => true, (err) => {
-        this.#failed(netns === null ? "node" : "pod", netns, err);
-        return false;
-      });
-    // The node's table (an ADD may be waiting for it) never queues behind the pods'.
-    return this.#enqueue(netns, netns === null ? load : () => this.#podLoads.run(load));
-  }
-
   #afterFlush(): void {
     if (!this.#anyStale()) {
       this.#retryMs = 0;
@@ -621,158 +460,7 @@ export class PolicyEnforcer implements PolicyHook {
     return c;
   }
 
-  /**
-   * The pod's whole table, queued: rendered when its turn comes, from the engine's state
-   * then and after what the table holds (`loaded`, which only a load that succeeded sets).
-   */
-  #renderPod(att: Att): Promise<boolean> {
-    const netns = att.netns;
-    if (netns === null || !this.#engine) return Promise.resolve(true);
-    att.stale = false;
-    return this.#enqueue(netns, async () => {
-      if (!this.#atts.has(att.key)) return true;
-      return await this.#renders.run(() => this.#renderPodNow(att, netns));
-    }, true);
-  }
-
-  /** Renders the pod's table from the engine's state now and loads it. */
-  async #renderPodNow(att: Att, netns: string): Promise<boolean> {
-    const c = this.#compile(att);
-    if (!c) return true;
-    // Still open and no table made: nothing to load.
-    if (att.noTable && !isolates(c)) return true;
-    const text = podRuleset(c, {
-      eni: att.eni,
-      previous: att.loaded ?? undefined,
-      log: this.#dropLog,
-    });
-    try {
-      await this.#devices.loadRuleset(netns, text);
-      att.loaded = light(c);
-      att.noTable = false;
-      return true;
-    } catch (err) {
-      // The transaction left what was there: rendered whole again later.
-      this.#failed("pod", netns, err);
-      att.stale = true;
-      return false;
-    }
-  }
-
-  /** The deltas of the pod's sets, queued; a failed edit replaces those sets whole. */
-  #editPod(att: Att, deltas: SetDelta[]): Promise<boolean> {
-    const text = deltas.map(setDeltaCommands).join("");
-    if (text === "" || att.netns === null) return Promise.resolve(true);
-    const netns = att.netns;
-    return this.#load(netns, text).then((ok) => {
-      if (ok) return true;
-      // An element to delete was missing: the sets' current members, whole.
-      const c = this.#compile(att);
-      const keys = new Set(deltas.map((d) => d.key));
-      const sets = c?.sets.filter((s) => keys.has(s.key)) ?? [];
-      return this.#load(netns, sets.map(setReplaceCommands).join("")).then((again) => {
-        if (!again) att.stale = true;
-        return again;
-      });
-    });
-  }
-
-  /**
-   * The node's pods: each attachment's node end and its pod's policy, compiled now when
-   * `fresh` says so (its sets' members left out when `members` is false), else as last
-   * compiled (its rules current; enough for `nodeUpdate`,
-   * which fills only new sets, and new sets come from the pods whose rules just changed).
-   */
-  #nodePods(fresh: (att: Att) => boolean, members = true): NodePod[] {
-    const out: NodePod[] = [];
-    for (const att of [...this.#atts.values()].sort((a, b) => a.seq - b.seq)) {
-      const policy = att.registered && fresh(att)
-        ? this.#compile(att, members)
-        : att.registered
-        ? att.compiled
-        : att.loaded;
-      if (policy && isolates(policy)) out.push({ nodeEnd: att.nodeEnd, policy });
-    }
-    return out;
-  }
-
-  /**
-   * The node's table brought up to date without rendering it whole: the deltas of the sets
-   * it keeps (unless `deltas` is false: an ADD's, applied after it answers), then the pods
-   * that came, went or whose rules changed (`nodeUpdate`); a failure renders it whole.
-   */
-  #updateNode(ch: Changes, deltas = true): Promise<boolean> {
-    const previous = this.#nodeLoaded!;
-    const had = new Set(previous.map((p) => p.nodeEnd));
-    // Compiled again for the pods whose chains are made (only they bring new sets), their
-    // rules alone; members only for the sets the node does not hold yet.
-    const pods = this.#nodePods((a) => ch.changed.has(a.pod) || !had.has(a.nodeEnd), false);
-    const keys = (list: NodePod[]) => new Set(list.flatMap((p) => p.policy.sets.map((s) => s.key)));
-    const before = keys(previous), now = keys(pods);
-    const filled = new Map<string, PeerSet>();
-    try {
-      for (const p of pods) {
-        if (p.policy.sets.every((s) => before.has(s.key))) continue;
-        const full = (key: string) => {
-          let f = filled.get(key);
-          if (!f) filled.set(key, f = this.#engine!.peerSet(key));
-          return f;
-        };
-        p.policy = {
-          ...p.policy,
-          sets: p.policy.sets.map((s) => (before.has(s.key) ? s : full(s.key))),
-        };
-      }
-    } catch {
-      // A set no longer in use (the engine moved on): render the node whole.
-      this.#nodeLoaded = null;
-      return this.#renderNode();
-    }
-    const changed = [...this.#atts.values()]
-      .filter((a) => ch.changed.has(a.pod))
-      .map((a) => a.nodeEnd);
-    const text = (deltas ? ch.deltas : []).filter((d) => before.has(d.key) && now.has(d.key))
-      .map(setDeltaCommands).join("") +
-      nodeUpdate(pods, { previous, changed, log: this.#dropLog });
-    if (text === "") return Promise.resolve(true);
-    this.#nodeLoaded = pods.map((p) => ({ nodeEnd: p.nodeEnd, policy: light(p.policy) }));
-    return this.#load(null, text).then((ok) => {
-      if (ok) return true;
-      this.#log.debug("NetworkPolicy: the node's update failed; rendering it whole");
-      this.#nodeLoaded = null;
-      return this.#renderNode();
-    });
-  }
-
-  /** The node's whole table, rendered now (after what it was last rendered as), queued. */
-  #renderNode(): Promise<boolean> {
-    const pods = this.#nodePods(() => true);
-    const split = { ipv4: [] as string[], ipv6: [] as string[] };
-    for (const a of this.#nodeAddrs) (a.includes(":") ? split.ipv6 : split.ipv4).push(a);
-    const node = pods[0]?.policy.node ?? split;
-    let text = nodeRuleset(pods, {
-      node,
-      previous: this.#nodeLoaded ?? undefined,
-      log: this.#dropLog,
-    });
-    // This agent's first load replaces what an earlier one left (one transaction).
-    if (this.#nodeFresh) text = `table ${TABLE} {}\ndelete table ${TABLE}\n${text}`;
-    const fresh = this.#nodeFresh;
-    this.#nodeLoaded = pods.map((p) => ({ nodeEnd: p.nodeEnd, policy: light(p.policy) }));
-    this.#nodeFresh = false;
-    this.#nodeStale = false;
-    return this.#load(null, text).then((ok) => {
-      if (!ok) {
-        // What the table holds now is unknown: the next flush renders it whole again.
-        this.#nodeStale = true;
-        this.#nodeLoaded = null;
-        this.#nodeFresh ||= fresh;
-      }
-      return ok;
-    });
-  }
-
-  #failed(place: "pod" | "node", netns: string | null, err: unknown): void {
+  #failed(place: LoadPlace, netns: string | null, err: unknown): void {
     this.#loadFailures++;
     this.#metrics?.policyLoadFailed(place);
     this.#log.warn(
@@ -835,10 +523,7 @@ export class PolicyEnforcer implements PolicyHook {
       // What came before this ADD (cache events, an earlier ADD's deferred edits) goes in
       // now, as any drain puts it; only this ADD's own edits wait for its answer.
       const before = this.#takeEvents();
-      if (
-        before.arrived.length > 0 || before.deltas.length > 0 || before.changed.size > 0 ||
-        before.node || before.rvs.size > 0
-      ) this.#flush(before);
+      if (!before.empty) this.#flush(before);
       const ch = new Changes();
       try {
         if (fetched && !this.#kube.pods.get(p.pod)) ch.add(engine.upsertPod(fetched));
@@ -910,7 +595,7 @@ export class PolicyEnforcer implements PolicyHook {
     att.netns = netns;
     if (!(await (att.nodeReady ?? Promise.resolve(true)))) {
       // One more try, now: the ADD answers only with the pod's node chains in place.
-      const ok = await (await this.#run(() => Promise.resolve({ p: this.#renderNode() }))).p;
+      const ok = await (await this.#run(() => Promise.resolve({ p: this.#node.render() }))).p;
       if (!ok) {
         throw new ApiError(
           "device_error",
@@ -918,7 +603,9 @@ export class PolicyEnforcer implements PolicyHook {
         );
       }
     }
-    if (att.stale) await (await this.#run(() => Promise.resolve({ p: this.#renderPod(att) }))).p;
+    if (att.stale) {
+      await (await this.#run(() => Promise.resolve({ p: renderPod(this.#podTables, att) }))).p;
+    }
     // The other pods' and the node's edits that prepare left for after the answer: a
     // little later, once the ADD's answer is on its way and its plugin process has exited
     // (rendering them and starting their `nft` processes took the main thread and the
@@ -982,41 +669,18 @@ export class PolicyEnforcer implements PolicyHook {
       }
     }
   }
-
   // ---- what operators see ----
 
   /** The enforcer's state for `GET /v1/status`. */
   status(): PolicyStatus {
-    const engine = this.#engine;
-    const iso = (ms: number | null) => (ms === null ? null : new Date(ms).toISOString());
-    return {
-      synced: engine !== null,
+    return policyStatus({
+      synced: this.#engine !== null,
       pendingEvents: this.#events.length + (this.#deferred ? 1 : 0),
       loadFailures: this.#loadFailures,
-      caches: this.#kube.stats().map((s) => ({
-        resource: s.resource,
-        synced: s.synced,
-        objects: s.objects,
-        relists: s.relists,
-        watchRestarts: s.watchRestarts,
-        errors: s.errors,
-        lastError: s.lastError,
-        lastEventAt: iso(s.lastEventAt),
-        enforcedResourceVersion: this.#enforcedRv.get(s.resource)?.rv ?? null,
-      })),
-      pods: [...this.#atts.values()].sort((a, b) => a.pod.localeCompare(b.pod)).map((a) => {
-        const c = a.registered ? a.compiled : null;
-        return {
-          pod: a.pod,
-          key: a.key,
-          nodeIfName: a.nodeEnd,
-          policies: c?.policies.length ?? 0,
-          ingressIsolated: c?.ingress.isolated ?? false,
-          egressIsolated: c?.egress.isolated ?? false,
-          state: !engine ? "waiting" : a.unknown ? "unknown" : a.stale ? "retrying" : "enforced",
-        };
-      }),
-    };
+      caches: this.#kube.stats(),
+      enforcedRv: (resource) => this.#enforcedRv.get(resource)?.rv ?? null,
+      atts: this.#atts.values(),
+    });
   }
 
   /** A local pod's effective policy (null: no attachment of it here, or not compiled yet). */
@@ -1035,18 +699,7 @@ export class PolicyEnforcer implements PolicyHook {
 
   /** Per pod and direction, how many rules its policy has (metrics). */
   ruleCounts(): { pod: string; direction: "ingress" | "egress"; rules: number }[] {
-    const out: { pod: string; direction: "ingress" | "egress"; rules: number }[] = [];
-    const seen = new Set<string>();
-    for (const a of this.#atts.values()) {
-      if (seen.has(a.pod) || !a.registered) continue;
-      seen.add(a.pod);
-      const c = a.compiled;
-      if (!c) continue;
-      for (const d of ["ingress", "egress"] as const) {
-        out.push({ pod: a.pod, direction: d, rules: c[d].isolated ? c[d].entries.length : 0 });
-      }
-    }
-    return out;
+    return ruleCounts(this.#atts.values());
   }
 
   /**
@@ -1056,34 +709,12 @@ export class PolicyEnforcer implements PolicyHook {
   drops(): Promise<PolicyDrops[]> {
     const now = performance.now();
     if (!this.#drops || now - this.#drops.at > DROPS_TTL_MS) {
-      this.#drops = { at: now, value: this.#readDrops() };
+      this.#drops = {
+        at: now,
+        value: readDrops(this.#devices, this.#loads, [...this.#atts.values()]),
+      };
     }
     return this.#drops.value;
-  }
-
-  async #readDrops(): Promise<PolicyDrops[]> {
-    const out: PolicyDrops[] = [];
-    const atts = [...this.#atts.values()].filter((a) => a.netns !== null && !a.noTable);
-    await Promise.all(atts.map((a) =>
-      this.#podLoads.run(async () => {
-        try {
-          const json = await this.#devices.listCounters(a.netns, TABLE);
-          for (const c of parseDropCounters(json)) {
-            out.push({ pod: a.pod, direction: c.direction, place: "pod", packets: c.packets });
-          }
-        } catch { /* a namespace going away: no counters */ }
-      })
-    ));
-    try {
-      const byLink = new Map(
-        [...this.#atts.values()].map((a) => [nodeNames(a.nodeEnd).ingress.slice(3), a.pod]),
-      );
-      for (const c of parseDropCounters(await this.#devices.listCounters(null, TABLE))) {
-        const pod = c.link ? byLink.get(c.link) : undefined;
-        if (pod) out.push({ pod, direction: c.direction, place: "node", packets: c.packets });
-      }
-    } catch { /* no table on the node yet */ }
-    return out;
   }
 
   /** Stops the caches and the queue (the kernel keeps every table). */
@@ -1096,108 +727,6 @@ export class PolicyEnforcer implements PolicyHook {
     await this.#kube.close();
     await this.#started.catch(() => {});
     while (this.#pump) await this.#pump;
-    while (this.#tables.size > 0) {
-      await Promise.all([...this.#tables.values()].map((q) => q.running));
-    }
+    await this.#loads.idle();
   }
-}
-
-/** What `enim policy` shows of a compiled policy. */
-export function policyView(c: CompiledPolicy): PodPolicyView {
-  const direction = (d: CompiledPolicy["ingress"]) => ({
-    isolated: d.isolated,
-    rules: d.entries.map((e) => {
-      const set = e.peer === null ? undefined : c.sets.find((s) => s.key === e.peer);
-      const ports = e.ports === null
-        ? ["any"]
-        : e.ports.map((m) =>
-          m.name !== undefined
-            ? `${m.protocol} port ${m.name}`
-            : m.port === undefined
-            ? `${m.protocol} any port`
-            : m.endPort !== undefined
-            ? `${m.protocol} ${m.port}-${m.endPort}`
-            : `${m.protocol} ${m.port}`
-        );
-      if (!set) return { kind: "any" as const, peer: "any address", ports, members: [] };
-      const members = set.kind === "namedPort"
-        ? [...set.ipv4, ...set.ipv6].map((m) => `${m.addr} ${m.port}`)
-        : [...set.ipv4, ...set.ipv6];
-      return { kind: set.kind, peer: set.text, ports, members };
-    }),
-  });
-  return {
-    pod: `${c.pod.namespace}/${c.pod.name}`,
-    addresses: [...c.pod.ipv4, ...c.pod.ipv6],
-    nodeAddresses: [...c.node.ipv4, ...c.node.ipv6],
-    policies: c.policies,
-    ingress: direction(c.ingress),
-    egress: direction(c.egress),
-    warnings: c.warnings,
-  };
-}
-
-/** Whether `networkPolicy.enabled` turns enforcement on, and why (for the log). */
-export function policyEnabled(
-  cfg: Pick<AgentConfig, "networkPolicy" | "kubernetes">,
-  env: KubeEnv,
-): { on: boolean; why: string } {
-  const e = cfg.networkPolicy.enabled;
-  if (e !== "auto") return { on: e, why: `networkPolicy.enabled is ${e}` };
-  if (cfg.kubernetes.kubeconfig) return { on: true, why: "kubernetes.kubeconfig is set" };
-  if (env.KUBECONFIG) return { on: true, why: "KUBECONFIG is set" };
-  if (env.KUBERNETES_SERVICE_HOST) {
-    return { on: true, why: "the agent runs in a pod (KUBERNETES_SERVICE_HOST)" };
-  }
-  return {
-    on: false,
-    why: "no Kubernetes API is configured (kubernetes.kubeconfig, KUBECONFIG, in-cluster)",
-  };
-}
-
-/**
- * The agent's enforcer when `networkPolicy` is on (null when off): the Kubernetes API
- * found (a configuration error stops the agent: it never runs open by mistake), the
- * caches started. Registers its metrics.
- */
-export async function startPolicyEnforcer(
-  cfg: AgentConfig,
-  o: { devices: DeviceLayer; metrics: Metrics; log: Logger; env?: KubeEnv },
-): Promise<PolicyEnforcer | null> {
-  const env = o.env ?? kubeEnv();
-  const { on, why } = policyEnabled(cfg, env);
-  if (!on) {
-    o.log.info("NetworkPolicy enforcement is off", { why });
-    return null;
-  }
-  const k = cfg.kubernetes;
-  const kube = await Kube.connect({
-    kubeconfig: k.kubeconfig,
-    context: k.context,
-    nodeName: k.nodeName,
-    pageSize: k.pageSize,
-    requestTimeoutSeconds: k.requestTimeoutSeconds,
-    watchTimeoutSeconds: k.watchTimeoutSeconds,
-    env,
-    log: o.log,
-  });
-  o.log.info("NetworkPolicy enforcement is on", { why });
-  const enforcer = new PolicyEnforcer({
-    kube,
-    devices: o.devices,
-    log: o.log,
-    syncWaitMs: cfg.networkPolicy.syncWaitSeconds * 1000,
-    logDropsPerSecond: cfg.networkPolicy.logDropsPerSecond,
-    metrics: o.metrics,
-  });
-  o.metrics.setPolicySource(async () => {
-    const s = enforcer.status();
-    return {
-      synced: s.synced,
-      caches: s.caches,
-      rules: enforcer.ruleCounts(),
-      drops: await enforcer.drops(),
-    };
-  });
-  return enforcer;
 }
