@@ -2,12 +2,21 @@
  * The node's policy table: what this agent last loaded there, rendered whole (after what
  * it was last rendered as) or brought up to date by an update of what changed.
  *
+ * Every local pod's chains are in each load: the new ones, or those already there. A pod
+ * the compiler does not know (a restored pod the cluster does not have) keeps its chains
+ * as they are, whoever loaded them: its verdict-map elements are added back after the
+ * whole render's flush of the maps, its chains are declared (a no-op when they exist)
+ * and never flushed, and no set is deleted while such a pod is there (its chains may use
+ * any). What an earlier agent left is dropped by the first whole render made while no
+ * such pod is there (the table deleted and made again, in one transaction).
+ *
  * @module
  */
 import type { Logger } from "../../lib/log.ts";
 import {
   type CompiledPolicy,
   type DropLog,
+  nodeNames,
   type NodePod,
   nodeRuleset,
   nodeUpdate,
@@ -41,8 +50,11 @@ export class NodeTable {
   readonly #d: NodeTableDeps;
   /** What the table holds, as this agent last loaded it (null: unknown, render it whole). */
   loaded: NodePod[] | null = null;
-  /** The node's table has not been rendered by this agent yet: its first load starts clean. */
-  fresh = true;
+  /**
+   * The table may hold what this agent did not load (an earlier agent's): the next whole
+   * render made while no chains are kept starts clean.
+   */
+  unclean = true;
   /** A load failed: what the table holds is unknown until a whole render loads. */
   stale = false;
 
@@ -52,7 +64,13 @@ export class NodeTable {
 
   /** Whether the next change must render the table whole (not only update it). */
   get needsWhole(): boolean {
-    return this.stale || this.fresh || this.loaded === null;
+    return this.stale || this.loaded === null || (this.unclean && this.#kept().length === 0);
+  }
+
+  /** The node ends whose chains are kept as they are: attachments the compiler does not know. */
+  #kept(): string[] {
+    return [...this.#d.atts()].filter((a) => !a.registered).sort((a, b) => a.seq - b.seq)
+      .map((a) => a.nodeEnd);
   }
 
   /**
@@ -64,11 +82,8 @@ export class NodeTable {
   #pods(fresh: (att: Att) => boolean, members = true): NodePod[] {
     const out: NodePod[] = [];
     for (const att of [...this.#d.atts()].sort((a, b) => a.seq - b.seq)) {
-      const policy = att.registered && fresh(att)
-        ? this.#d.compile(att, members)
-        : att.registered
-        ? att.compiled
-        : att.loaded;
+      if (!att.registered) continue;
+      const policy = fresh(att) ? this.#d.compile(att, members) : att.compiled;
       if (policy && isolates(policy)) out.push({ nodeEnd: att.nodeEnd, policy });
     }
     return out;
@@ -80,7 +95,9 @@ export class NodeTable {
    * that came, went or whose rules changed (`nodeUpdate`); a failure renders it whole.
    */
   update(ch: Changes, deltas = true): Promise<boolean> {
-    const previous = this.loaded!;
+    const kept = this.#kept();
+    const keep = new Set(kept);
+    const previous = this.loaded!.filter((p) => !keep.has(p.nodeEnd));
     const had = new Set(previous.map((p) => p.nodeEnd));
     // Compiled again for the pods whose chains are made (only they bring new sets), their
     // rules alone; members only for the sets the node does not hold yet.
@@ -109,9 +126,10 @@ export class NodeTable {
     const changed = [...this.#d.atts()]
       .filter((a) => ch.changed.has(a.pod))
       .map((a) => a.nodeEnd);
-    const text = (deltas ? ch.deltas : []).filter((d) => before.has(d.key) && now.has(d.key))
+    let text = (deltas ? ch.deltas : []).filter((d) => before.has(d.key) && now.has(d.key))
       .map(setDeltaCommands).join("") +
       nodeUpdate(pods, { previous, changed, log: this.#d.dropLog });
+    if (kept.length > 0) text = withoutSetDeletes(text);
     if (text === "") return Promise.resolve(true);
     this.loaded = pods.map((p) => ({ nodeEnd: p.nodeEnd, policy: light(p.policy) }));
     return this.#d.loads.load(null, text).then((ok) => {
@@ -124,29 +142,55 @@ export class NodeTable {
 
   /** The node's whole table, rendered now (after what it was last rendered as), queued. */
   render(): Promise<boolean> {
+    const kept = this.#kept();
+    const keep = new Set(kept);
     const pods = this.#pods(() => true);
     const split = { ipv4: [] as string[], ipv6: [] as string[] };
     for (const a of this.#d.nodeAddresses()) (a.includes(":") ? split.ipv6 : split.ipv4).push(a);
     const node = pods[0]?.policy.node ?? split;
     let text = nodeRuleset(pods, {
       node,
-      previous: this.loaded ?? undefined,
+      previous: this.loaded?.filter((p) => !keep.has(p.nodeEnd)),
       log: this.#d.dropLog,
     });
-    // This agent's first load replaces what an earlier one left (one transaction).
-    if (this.fresh) text = `table ${TABLE} {}\ndelete table ${TABLE}\n${text}`;
-    const fresh = this.fresh;
+    const clean = this.unclean && kept.length === 0;
+    // What an earlier agent left goes, in the same transaction as the new table.
+    if (clean) text = `table ${TABLE} {}\ndelete table ${TABLE}\n${text}`;
+    if (kept.length > 0) text = withoutSetDeletes(text) + keptChains(kept);
+    const unclean = this.unclean;
     this.loaded = pods.map((p) => ({ nodeEnd: p.nodeEnd, policy: light(p.policy) }));
-    this.fresh = false;
+    if (clean) this.unclean = false;
     this.stale = false;
     return this.#d.loads.load(null, text).then((ok) => {
       if (!ok) {
         // What the table holds now is unknown: the next flush renders it whole again.
         this.stale = true;
         this.loaded = null;
-        this.fresh ||= fresh;
+        this.unclean ||= unclean;
       }
       return ok;
     });
   }
+}
+
+/**
+ * The chains of pods kept as they are (see the module doc): declared (made empty when
+ * missing: an empty chain returns, as no chain does) and jumped to again.
+ */
+function keptChains(ends: string[]): string {
+  const names = ends.map((end) => ({ end, ...nodeNames(end) }));
+  return [
+    `table ${TABLE} {`,
+    ...names.flatMap((n) => [`\tchain ${n.ingress} { }`, `\tchain ${n.egress} { }`]),
+    "}",
+    ...names.flatMap((n) => [
+      `add element ${TABLE} ingress_links { "${n.end}" : jump ${n.ingress} }`,
+      `add element ${TABLE} egress_links { "${n.end}" : jump ${n.egress} }`,
+    ]),
+  ].join("\n") + "\n";
+}
+
+/** `text` without its set deletions: a kept chain may use any set. */
+function withoutSetDeletes(text: string): string {
+  return text.split("\n").filter((l) => !l.startsWith(`delete set ${TABLE} `)).join("\n");
 }

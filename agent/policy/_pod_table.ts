@@ -46,22 +46,23 @@ export function renderPod(d: PodTableDeps, att: Att): Promise<boolean> {
 
 /** Renders the pod's table from the engine's state now and loads it. */
 async function renderPodNow(d: PodTableDeps, att: Att, netns: string): Promise<boolean> {
-  const c = d.compile(att);
-  if (!c) return true;
-  // Still open and no table made: nothing to load.
-  if (att.noTable && !isolates(c)) return true;
-  const text = podRuleset(c, {
-    eni: att.eni,
-    previous: att.loaded ?? undefined,
-    log: d.dropLog,
-  });
   try {
+    const c = d.compile(att);
+    if (!c) return true;
+    // Still open and no table made: nothing to load.
+    if (att.noTable && !isolates(c)) return true;
+    const text = podRuleset(c, {
+      eni: att.eni,
+      previous: att.loaded ?? undefined,
+      log: d.dropLog,
+    });
     await d.devices.loadRuleset(netns, text);
     att.loaded = light(c);
     att.noTable = false;
     return true;
   } catch (err) {
-    // The transaction left what was there: rendered whole again later.
+    // The transaction left what was there (or the render failed before it): rendered
+    // whole again later.
     d.failed("pod", netns, err);
     att.stale = true;
     return false;

@@ -73,7 +73,12 @@ export class TableLoads {
       queue.running ??= (async () => {
         while (queue.items.length > 0) {
           const it = queue.items.shift()!;
-          it.resolve(await it.run().catch(() => false));
+          // A load that throws, even synchronously, is a failed load: the table goes on.
+          let ok = false;
+          try {
+            ok = await it.run();
+          } catch { /* its caller renders it again (a whole render marks it stale) */ }
+          it.resolve(ok);
         }
         queue.running = null;
         if (this.#tables.get(key) === queue) this.#tables.delete(key);

@@ -30,6 +30,9 @@ import {
 import { type Logger, nullLogger } from "../../lib/log.ts";
 import { userMessage } from "../../lib/message.ts";
 import { sleep } from "../../lib/async.ts";
+import { QueueStoppedError, SerialQueue } from "../../lib/serial_queue.ts";
+import { PolicyLifecycle, type PolicyPhase } from "./lifecycle.ts";
+import { listNodeAddresses, waitForCaches } from "./_startup.ts";
 import { type Att, isolates, light, newestOf, sameSet } from "./_attachment.ts";
 import { Changes, type PolicyEvent } from "./_changes.ts";
 import { type LoadPlace, TableLoads } from "./_table_loads.ts";
@@ -58,6 +61,11 @@ export interface PolicyEnforcerOptions {
   getPodTimeoutMs?: number;
   /** How often the node's addresses are listed again (default 60 s). */
   nodeAddressesEveryMs?: number;
+  /**
+   * The backoff of a failed load's retry and of a failed change's recovery: the first
+   * wait (default 1 s), doubling up to `maxMs` (default 30 s).
+   */
+  retry?: { initialMs: number; maxMs: number };
   metrics?: PolicyRecorder;
 }
 
@@ -88,27 +96,30 @@ export class PolicyEnforcer implements PolicyHook {
   #flushes = 0;
   /** The last flush's end: a flush ends only after every earlier one (its versions count then). */
   #lastFlush: Promise<unknown> = Promise.resolve();
-  readonly #stop = new AbortController();
   #engine: PolicyEngine | null = null;
-  #ready!: () => void;
-  readonly #readyP = new Promise<void>((r) => (this.#ready = r));
+  readonly #life: PolicyLifecycle;
+  /** The queue: the one place the engine and the tables change, one task at a time. */
+  readonly #queue: SerialQueue;
   readonly #loads: TableLoads;
   readonly #node: NodeTable;
   readonly #podTables: PodTableDeps;
-  /** The queue: tasks not started yet, in order, and the loop running them. */
-  readonly #tasks: (() => Promise<void>)[] = [];
-  #pump: Promise<void> | null = null;
   #scheduled = false;
+  /** A task failed: the recovery (compile everything again, render every table) is queued. */
+  #recovering = false;
   #seq = 0;
   #nodeAddrs: string[] = [];
+  readonly #retryInitialMs: number;
+  readonly #retryMaxMs: number;
   #retryMs = 0;
   #retryTimer: ReturnType<typeof setTimeout> | undefined;
   #loadFailures = 0;
   #drops: { at: number; value: Promise<PolicyDrops[]> } | null = null;
-  readonly #started: Promise<void>;
   readonly #unsubscribe: (() => void)[] = [];
 
-  /** Starts the three caches and, once they have synced, takes over the node's pods. */
+  /**
+   * Starts the three caches' wait and the node's addresses' listing; once both are done
+   * and the manager has handed over the node's pods ({@linkcode restore}), takes over.
+   */
   constructor(o: PolicyEnforcerOptions) {
     this.#kube = o.kube;
     this.#devices = o.devices;
@@ -117,6 +128,8 @@ export class PolicyEnforcer implements PolicyHook {
     this.#getPodMs = o.getPodTimeoutMs ?? 5_000;
     this.#dropLog = o.logDropsPerSecond ? { rate: o.logDropsPerSecond } : undefined;
     this.#metrics = o.metrics;
+    this.#retryInitialMs = o.retry?.initialMs ?? 1_000;
+    this.#retryMaxMs = o.retry?.maxMs ?? 30_000;
     const failed = (place: LoadPlace, netns: string | null, err: unknown) =>
       this.#failed(place, netns, err);
     const compile = (att: Att, members = true) => this.#compile(att, members);
@@ -139,7 +152,27 @@ export class PolicyEnforcer implements PolicyHook {
       compile,
       failed,
     };
-    this.#started = this.#start(o.nodeAddressesEveryMs ?? 60_000);
+    this.#queue = new SerialQueue({
+      retryInitialMs: this.#retryInitialMs,
+      retryMaxMs: this.#retryMaxMs,
+      onError: (err, a) =>
+        this.#log.error("NetworkPolicy: compiling every local pod again failed; trying again", {
+          attempt: a.attempt,
+          retryInMs: a.retryInMs,
+          error: userMessage(err),
+        }),
+    });
+    const everyMs = o.nodeAddressesEveryMs ?? 60_000;
+    this.#life = new PolicyLifecycle({
+      nodeAddresses: async (signal) => {
+        const addrs = await listNodeAddresses(this.#devices, this.#log, signal);
+        if (addrs) this.#nodeAddrs = addrs;
+      },
+      sync: (signal) => waitForCaches(this.#kube, this.#log, signal),
+      takeOver: () => this.#takeOver(),
+      run: (signal) => this.#watchNodeAddresses(everyMs, signal),
+      drain: () => this.#drain(),
+    }, { log: this.#log });
   }
 
   /** Whether the caches have synced and the enforcer has taken over. */
@@ -147,57 +180,50 @@ export class PolicyEnforcer implements PolicyHook {
     return this.#engine !== null;
   }
 
-  /** Waits until the enforcer has taken over (tests, the bench); false after `timeoutMs`. */
-  async waitSynced(timeoutMs: number): Promise<boolean> {
-    if (this.#engine) return true;
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const late = new Promise<boolean>((r) => (timer = setTimeout(() => r(false), timeoutMs)));
-    try {
-      return await Promise.race([this.#readyP.then(() => true), late]);
-    } finally {
-      clearTimeout(timer);
-    }
+  /** The enforcer's phase (lifecycle.ts). */
+  get phase(): PolicyPhase {
+    return this.#life.phase;
   }
 
-  // ---- start-up ----
+  /** Waits until the enforcer has taken over (tests, the bench); false after `timeoutMs`. */
+  waitSynced(timeoutMs: number): Promise<boolean> {
+    return this.#life.served(timeoutMs);
+  }
 
-  async #start(nodeEveryMs: number): Promise<void> {
-    const signal = this.#stop.signal;
-    const caches = [this.#kube.pods, this.#kube.namespaces, this.#kube.networkPolicies];
-    // The node's addresses first, so that the engine is made in the same turn as the
-    // caches' last sync (no event can slip in between).
-    for (;;) {
-      try {
-        this.#nodeAddrs = (await this.#devices.nodeAddresses()).addresses;
-        break;
-      } catch (err) {
-        this.#log.warn("Cannot list the node's addresses; trying again", {
-          error: userMessage(err),
-        });
-        await sleep(2_000, signal).catch(() => {});
-        if (signal.aborted) return;
-      }
+  /**
+   * Resolves true once nothing is queued, no event waits, no load runs and no table waits
+   * for a retry; false after `timeoutMs` (tests: what the enforcer knows is then loaded).
+   */
+  async idle(timeoutMs: number): Promise<boolean> {
+    const until = performance.now() + timeoutMs;
+    while (performance.now() < until) {
+      await this.#queue.idle();
+      await this.#loads.idle();
+      await this.#lastFlush;
+      if (
+        this.#events.length === 0 && !this.#deferred && !this.#scheduled && !this.#recovering &&
+        this.#queue.pending === 0 && !this.#anyStale()
+      ) return true;
+      await sleep(5);
     }
-    for (;;) {
-      const t0 = performance.now();
-      const synced = await Promise.all(caches.map((c) => c.waitSynced(30_000)));
-      if (signal.aborted) return;
-      if (synced.every(Boolean)) break;
-      this.#log.warn(
-        "NetworkPolicy is not enforced for new pods yet: the Kubernetes caches have not synced (ADDs answer 11; existing pods keep their rules)",
-        {
-          caches: this.#kube.stats().map((s) => ({
-            resource: s.resource,
-            synced: s.synced,
-            error: s.lastError,
-          })),
-        },
-      );
-      // A stopped cache answers at once: do not spin.
-      if (performance.now() - t0 < 1_000) await sleep(5_000, signal).catch(() => {});
-      if (signal.aborted) return;
-    }
-    // Same turn as the sync: subscribe, then index what the caches hold.
+    return false;
+  }
+
+  // ---- start-up and stop (the phases are lifecycle.ts's) ----
+
+  /**
+   * The take-over, in one turn: the compiler indexes what the caches hold, the enforcer
+   * subscribes to their changes, and the first render is queued: every attachment the
+   * manager handed over is registered, and every table rendered (the node's whole, with
+   * each local pod's chains). Resolves once that render has settled.
+   */
+  #takeOver(): Promise<void> {
+    const t0 = performance.now();
+    const engine = new PolicyEngine({
+      pods: () => this.#kube.pods.values(),
+      namespaces: () => this.#kube.namespaces.values(),
+      networkPolicies: () => this.#kube.networkPolicies.values(),
+    }, { nodeAddresses: this.#nodeAddrs });
     const on = (resource: PolicyEvent["resource"]) => (old: unknown, cur: unknown) => {
       this.#events.push({ resource, old, cur, at: performance.now() } as PolicyEvent);
       this.#schedule();
@@ -207,15 +233,8 @@ export class PolicyEnforcer implements PolicyHook {
       this.#kube.namespaces.subscribe(on("namespaces"), { replay: false }),
       this.#kube.networkPolicies.subscribe(on("networkpolicies"), { replay: false }),
     );
-    const t0 = performance.now();
-    this.#engine = new PolicyEngine({
-      pods: () => this.#kube.pods.values(),
-      namespaces: () => this.#kube.namespaces.values(),
-      networkPolicies: () => this.#kube.networkPolicies.values(),
-    }, { nodeAddresses: this.#nodeAddrs });
-    for (const s of this.#kube.stats()) {
-      if (s.resourceVersion) this.#enforcedRv.set(s.resource, { rv: s.resourceVersion, flush: 0 });
-    }
+    this.#engine = engine;
+    this.#cachesEnforced(0);
     this.#log.info("NetworkPolicy: the caches have synced; enforcing", {
       pods: this.#kube.pods.size,
       namespaces: this.#kube.namespaces.size,
@@ -223,35 +242,39 @@ export class PolicyEnforcer implements PolicyHook {
       localPods: this.#atts.size,
       indexMs: Math.round(performance.now() - t0),
     });
-    const init = this.#run(() => {
+    return this.#run(() => {
       const ch = new Changes();
       ch.node = true;
       for (const att of this.#atts.values()) this.#register(att, ch);
-      return Promise.resolve({ done: this.#flush(ch).all });
-    });
-    this.#ready();
-    await (await init).done;
-    this.#watchNodeAddresses(nodeEveryMs);
+      return { done: this.#flush(ch).all };
+    }).then((r) => r.done);
   }
 
-  #watchNodeAddresses(everyMs: number): void {
-    if (this.#stop.signal.aborted) return;
+  /** The caches' resourceVersions count as enforced once flush `flush` has settled. */
+  #cachesEnforced(flush: number): void {
+    for (const s of this.#kube.stats()) {
+      if (s.resourceVersion) this.#enforcedRv.set(s.resource, { rv: s.resourceVersion, flush });
+    }
+  }
+
+  #watchNodeAddresses(everyMs: number, signal: AbortSignal): void {
     const tick = async () => {
-      if (this.#stop.signal.aborted) return;
+      if (signal.aborted) return;
+      let now: string[] | null = null;
       try {
-        const now = (await this.#devices.nodeAddresses()).addresses;
-        await this.#run(() => this.#nodeAddressesAre(now));
+        now = (await this.#devices.nodeAddresses()).addresses;
       } catch (err) {
         this.#log.warn("Cannot list the node's addresses", { error: userMessage(err) });
       }
-      if (!this.#stop.signal.aborted) timer = setTimeout(tick, everyMs);
+      if (now) await this.#run(() => this.#nodeAddressesAre(now)).catch(() => {});
+      if (!signal.aborted) timer = setTimeout(tick, everyMs);
     };
     let timer = setTimeout(tick, everyMs);
-    this.#stop.signal.addEventListener("abort", () => clearTimeout(timer), { once: true });
+    signal.addEventListener("abort", () => clearTimeout(timer), { once: true });
   }
 
-  #nodeAddressesAre(addresses: string[]): Promise<void> {
-    if (!this.#engine || sameSet(addresses, this.#nodeAddrs)) return Promise.resolve();
+  #nodeAddressesAre(addresses: string[]): void {
+    if (!this.#engine || sameSet(addresses, this.#nodeAddrs)) return;
     this.#log.info("NetworkPolicy: the node's addresses changed", {
       was: this.#nodeAddrs,
       now: addresses,
@@ -261,7 +284,17 @@ export class PolicyEnforcer implements PolicyHook {
     ch.add(this.#engine.setNodeAddresses(addresses));
     ch.node = true;
     this.#flush(ch);
-    return Promise.resolve();
+  }
+
+  /** The lifecycle's drain: no more events, the caches closed, the queue and loads done. */
+  async #drain(): Promise<void> {
+    clearTimeout(this.#retryTimer);
+    this.#retryTimer = undefined;
+    for (const u of this.#unsubscribe.splice(0)) u();
+    // Closing the caches ends the start-up's wait for their sync.
+    await this.#kube.close();
+    await this.#queue.stop();
+    await this.#loads.idle();
   }
 
   // ---- the queue ----
@@ -270,34 +303,81 @@ export class PolicyEnforcer implements PolicyHook {
    * Runs `fn` after everything queued before it (the one place the engine and tables
    * change); with `first`, before everything queued but not started yet (an ADD waits for
    * the task running, never for the pods' edits queued behind it: a queued drain finds
-   * its events taken by then, and applies what is left).
+   * its events taken by then, and applies what is left). A task that fails, but for an
+   * {@linkcode ApiError} of its own, may have left the compiler half changed and its
+   * changes unloaded: the recovery is queued (`#taskFailed`). Once stopping, tasks are
+   * refused as `busy`.
    */
-  #run<T>(fn: () => Promise<T>, o: { first?: boolean } = {}): Promise<T> {
-    return new Promise<T>((resolve, reject) => {
-      const task = () => fn().then(resolve, reject);
-      if (o.first) this.#tasks.unshift(task);
-      else this.#tasks.push(task);
-      this.#pump ??= (async () => {
-        while (this.#tasks.length > 0) await this.#tasks.shift()!();
-        this.#pump = null;
-      })();
+  #run<T>(fn: () => T, o: { first?: boolean } = {}): Promise<T> {
+    return this.#queue.run(fn, o).catch((err) => {
+      if (err instanceof QueueStoppedError) {
+        throw new ApiError("busy", "The agent is shutting down");
+      }
+      if (!(err instanceof ApiError)) this.#taskFailed(err);
+      throw err;
     });
   }
 
-  #schedule(): void {
-    if (this.#scheduled || this.#stop.signal.aborted) return;
-    this.#scheduled = true;
-    this.#run(() => this.#drain()).catch((err) =>
-      this.#log.error("NetworkPolicy: applying cache events failed", { error: userMessage(err) })
+  /**
+   * A task failed half way: what it changed in the compiler may be partly applied, and
+   * what it took from the events (and an ADD's deferred edits) is not loaded. The
+   * recovery, queued with a backoff until it succeeds, compiles everything again from the
+   * caches and renders every table whole; meanwhile every table keeps what it holds.
+   */
+  #taskFailed(err: unknown): void {
+    this.#log.error(
+      "NetworkPolicy: applying a change failed; compiling every local pod again and rendering every table",
+      {
+        error: userMessage(err),
+        ...(err instanceof Error && err.stack ? { stack: err.stack } : {}),
+      },
     );
+    for (const att of this.#atts.values()) if (att.registered) att.stale = true;
+    if (this.#recovering || this.#queue.stopped) return;
+    this.#recovering = true;
+    this.#queue.retry(() => this.#recover(), { name: "recover" }).catch(() => {});
   }
 
-  #drain(): Promise<void> {
+  /** The recovery (`#taskFailed`): the compiler rebuilt from the caches, every table whole. */
+  #recover(): void {
+    const engine = this.#engine;
+    if (!engine) return;
+    // The caches hold every event delivered so far: the rebuild reads them all.
+    this.#events.splice(0);
+    this.#scheduled = false;
+    this.#deferred = null;
+    const ch = new Changes();
+    ch.add(engine.resync({
+      pods: () => this.#kube.pods.values(),
+      namespaces: () => this.#kube.namespaces.values(),
+      networkPolicies: () => this.#kube.networkPolicies.values(),
+    }));
+    ch.node = true;
+    for (const att of this.#atts.values()) {
+      if (att.registered) {
+        att.stale = true;
+        ch.changed.add(att.pod);
+      } else this.#register(att, ch);
+    }
+    for (const st of this.#kube.stats()) {
+      if (st.resourceVersion) ch.rvs.set(st.resource, st.resourceVersion);
+    }
+    this.#flush(ch);
+    this.#recovering = false;
+    this.#log.info("NetworkPolicy: every local pod compiled again; rendering every table");
+  }
+
+  #schedule(): void {
+    if (this.#scheduled || this.#queue.stopped) return;
+    this.#scheduled = true;
+    this.#run(() => this.#drainEvents()).catch(() => {});
+  }
+
+  #drainEvents(): void {
     const ch = this.#takeEvents();
     if (ch.arrived.length > 0 || ch.deltas.length > 0 || ch.changed.size > 0 || this.#anyStale()) {
       this.#flush(ch);
     }
-    return Promise.resolve();
   }
 
   /** Applies every pending event to the engine; what they changed. */
@@ -335,11 +415,13 @@ export class PolicyEnforcer implements PolicyHook {
           );
         }
       } catch (err) {
+        // The compiler may be half changed: the recovery rebuilds it from the caches.
         this.#log.error("NetworkPolicy: a cache event could not be compiled", {
           resource: ev.resource,
           object: `${obj.metadata.namespace ?? ""}/${obj.metadata.name}`,
           error: userMessage(err),
         });
+        this.#taskFailed(err);
       }
       if (rv) ch.rvs.set(ev.resource, rv);
     }
@@ -361,6 +443,9 @@ export class PolicyEnforcer implements PolicyHook {
       const r = engine.addLocal({ namespace: att.namespace, name: att.name, ips: newest.ips });
       ch.add(r);
       ch.changed.add(att.pod);
+      // Its chains were kept as they were: the node's table is rendered whole, with the
+      // new ones or (no policy isolating it now) without.
+      if (att.unknown) ch.node = true;
       att.compiled = light(r.compiled);
       att.registered = true;
       att.unknown = false;
@@ -368,6 +453,8 @@ export class PolicyEnforcer implements PolicyHook {
     } catch (err) {
       if (!(err instanceof PodNotFoundError)) throw err;
       att.unknown = true;
+      // Nothing to render: its tables stay as they are until it comes back.
+      att.stale = false;
       this.#log.warn(
         "NetworkPolicy: a pod of this node is not in the cluster; its rules stay as they are",
         { pod: att.pod, key: att.key },
@@ -444,8 +531,11 @@ export class PolicyEnforcer implements PolicyHook {
       this.#retryMs = 0;
       return;
     }
-    if (this.#retryTimer !== undefined || this.#stop.signal.aborted) return;
-    this.#retryMs = Math.min(30_000, this.#retryMs ? this.#retryMs * 2 : 1_000);
+    if (this.#retryTimer !== undefined || this.#queue.stopped) return;
+    this.#retryMs = Math.min(
+      this.#retryMaxMs,
+      this.#retryMs ? this.#retryMs * 2 : this.#retryInitialMs,
+    );
     this.#retryTimer = setTimeout(() => {
       this.#retryTimer = undefined;
       this.#schedule();
@@ -474,9 +564,10 @@ export class PolicyEnforcer implements PolicyHook {
   // ---- the manager's hook ----
 
   async prepare(p: PolicyPod): Promise<{ podRuleset: () => Promise<string> } | null> {
-    if (this.#stop.signal.aborted) throw new ApiError("busy", "The agent is shutting down");
-    if (!(await this.waitSynced(this.#syncWaitMs))) {
-      throw new ApiError("policy_unavailable", NOT_SYNCED);
+    const busy = () => new ApiError("busy", "The agent is shutting down");
+    if (this.#life.stopping) throw busy();
+    if (!(await this.#life.served(this.#syncWaitMs))) {
+      throw this.#life.stopping ? busy() : new ApiError("policy_unavailable", NOT_SYNCED);
     }
     const slash = p.pod.indexOf("/");
     const namespace = p.pod.slice(0, slash), name = p.pod.slice(slash + 1);
@@ -515,10 +606,7 @@ export class PolicyEnforcer implements PolicyHook {
     ips: string[],
     fetched: Pod | null,
   ): Promise<string> {
-    let deliver!: (text: string) => void;
-    let refuse!: (err: unknown) => void;
-    const result = new Promise<string>((res, rej) => [deliver, refuse] = [res, rej]);
-    const task = this.#run(() => {
+    return await this.#run(() => {
       const engine = this.#engine!;
       // What came before this ADD (cache events, an earlier ADD's deferred edits) goes in
       // now, as any drain puts it; only this ADD's own edits wait for its answer.
@@ -530,6 +618,8 @@ export class PolicyEnforcer implements PolicyHook {
         if (p.nodeAddresses.length > 0 && !sameSet(p.nodeAddresses, this.#nodeAddrs)) {
           this.#nodeAddrs = [...p.nodeAddresses];
           ch.add(engine.setNodeAddresses(p.nodeAddresses));
+          // The node's own set holds them: its table is rendered whole.
+          ch.node = true;
         }
         const att: Att = {
           key: p.key,
@@ -564,29 +654,34 @@ export class PolicyEnforcer implements PolicyHook {
         att.noTable = !isolates(r.compiled);
         att.loaded = att.noTable ? null : att.compiled;
         ch.add(r);
-        ch.changed.delete(p.pod);
-        // Its other attachments (an older container's) render again; this one rides the plug.
+        // Its other attachments (an older sandbox's) render again, their node chains too
+        // (the pod's addresses are this one's now); this one rides the plug.
+        let others = false;
         for (const other of this.#atts.values()) {
           if (other.pod === p.pod && other !== att) {
             other.stale = true;
             other.compiled = att.compiled;
+            others = true;
           }
         }
+        if (!others) ch.changed.delete(p.pod);
         const text = att.noTable
           ? ""
           : podRuleset(r.compiled, { eni: p.eniIfName, log: this.#dropLog });
         const flushed = this.#flush(ch, { deferPods: true });
         att.nodeReady = flushed.node;
-        deliver(text);
+        return text;
       } catch (err) {
-        // What this ADD changed before it failed still goes in.
-        this.#flush(ch);
-        refuse(err);
+        // What this ADD changed before it failed still goes in (a failure of that, too,
+        // is the recovery's); the ADD fails with its own error.
+        try {
+          this.#flush(ch);
+        } catch (again) {
+          this.#taskFailed(again);
+        }
+        throw err;
       }
-      return Promise.resolve();
     }, { first: true });
-    task.catch(() => {});
-    return await result;
   }
 
   async committed(key: string, netns: string): Promise<void> {
@@ -595,7 +690,7 @@ export class PolicyEnforcer implements PolicyHook {
     att.netns = netns;
     if (!(await (att.nodeReady ?? Promise.resolve(true)))) {
       // One more try, now: the ADD answers only with the pod's node chains in place.
-      const ok = await (await this.#run(() => Promise.resolve({ p: this.#node.render() }))).p;
+      const ok = await (await this.#run(() => ({ p: this.#node.render() }))).p;
       if (!ok) {
         throw new ApiError(
           "device_error",
@@ -604,7 +699,7 @@ export class PolicyEnforcer implements PolicyHook {
       }
     }
     if (att.stale) {
-      await (await this.#run(() => Promise.resolve({ p: renderPod(this.#podTables, att) }))).p;
+      await (await this.#run(() => ({ p: renderPod(this.#podTables, att) }))).p;
     }
     // The other pods' and the node's edits that prepare left for after the answer: a
     // little later, once the ADD's answer is on its way and its plugin process has exited
@@ -612,7 +707,7 @@ export class PolicyEnforcer implements PolicyHook {
     // CPUs while both waited). They only admit more; the pod's containers start later.
     // (Stopping ends the wait, and `#schedule` then does nothing.)
     if (this.#deferred) {
-      sleep(DEFERRED_EDITS_DELAY_MS, this.#stop.signal).then(() => this.#schedule());
+      sleep(DEFERRED_EDITS_DELAY_MS, this.#life.signal).then(() => this.#schedule());
     }
   }
 
@@ -620,22 +715,52 @@ export class PolicyEnforcer implements PolicyHook {
     if (!this.#atts.has(key)) return;
     const done = await this.#run(() => {
       const att = this.#atts.get(key);
-      if (!att) return Promise.resolve(undefined);
+      if (!att) return undefined;
       this.#atts.delete(key);
       const engine = this.#engine;
-      if (!engine) return Promise.resolve(undefined);
+      if (!engine) return undefined;
       const ch = this.#takeEvents();
-      if (att.registered) {
+      if (!att.registered) {
+        // Its chains were kept as an earlier agent loaded them: the node's table is
+        // rendered whole without them.
+        ch.node = true;
+      } else {
         const other = this.#newestOf(att.pod);
         if (!other) ch.add(engine.removeLocal(att.namespace, att.name));
-        else if (other.registered && !sameSet(other.ips, att.ips)) {
-          ch.add(engine.addLocal({ namespace: att.namespace, name: att.name, ips: other.ips }));
-          ch.changed.add(att.pod);
+        else if (att.seq > other.seq && other.registered && !sameSet(other.ips, att.ips)) {
+          // It gave the pod its addresses; the newest attachment left gives them now.
+          this.#readdress(att, other, ch);
         }
       }
-      return Promise.resolve({ all: this.#flush(ch).all });
+      return { all: this.#flush(ch).all };
     });
     await done?.all;
+  }
+
+  /**
+   * The pod's newest attachment went: the one left (`other`) gives the pod its addresses
+   * now. A pod the cluster no longer has cannot be compiled again: the compiler forgets
+   * it (its addresses leave every set) and its attachments keep their tables and node
+   * chains as they are, as a restored pod the cluster does not have.
+   */
+  #readdress(gone: Att, other: Att, ch: Changes): void {
+    const engine = this.#engine!;
+    if (this.#kube.pods.get(gone.pod)) {
+      ch.add(engine.addLocal({ namespace: gone.namespace, name: gone.name, ips: other.ips }));
+      ch.changed.add(gone.pod);
+      return;
+    }
+    ch.add(engine.removeLocal(gone.namespace, gone.name));
+    for (const a of this.#atts.values()) {
+      if (a.pod !== gone.pod) continue;
+      a.registered = false;
+      a.unknown = true;
+      a.stale = false;
+    }
+    this.#log.warn(
+      "NetworkPolicy: a pod of this node is not in the cluster; its rules stay as they are",
+      { pod: gone.pod, key: other.key },
+    );
   }
 
   restore(pods: RestoredPolicyPod[]): void {
@@ -664,10 +789,11 @@ export class PolicyEnforcer implements PolicyHook {
           const ch = this.#takeEvents();
           this.#register(att, ch);
           this.#flush(ch);
-          return Promise.resolve();
         }).catch(() => {});
       }
     }
+    // The first call hands over the node's pods: the take-over may begin (lifecycle.ts).
+    this.#life.restored();
   }
   // ---- what operators see ----
 
@@ -719,14 +845,6 @@ export class PolicyEnforcer implements PolicyHook {
 
   /** Stops the caches and the queue (the kernel keeps every table). */
   async close(): Promise<void> {
-    if (this.#stop.signal.aborted) return;
-    this.#stop.abort();
-    clearTimeout(this.#retryTimer);
-    for (const u of this.#unsubscribe) u();
-    // Closing the caches ends the start-up's wait for their sync.
-    await this.#kube.close();
-    await this.#started.catch(() => {});
-    while (this.#pump) await this.#pump;
-    await this.#loads.idle();
+    await this.#life.stop();
   }
 }
