@@ -40,6 +40,11 @@ export interface Att {
   noTable?: boolean;
   /** The node's load that put its chains in place (prepare's). */
   nodeReady?: Promise<boolean>;
+  /**
+   * Its chains may be on the node (false: known not to be): it was restored (an earlier
+   * agent may have left them), or a load of them was made and no later one deleted them.
+   */
+  nodeChains?: boolean;
 }
 
 /**

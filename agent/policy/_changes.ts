@@ -27,6 +27,14 @@ export class Changes {
   readonly arrived: number[] = [];
   /** The resourceVersion of the batch's last event of each kind (enforced once flushed). */
   readonly rvs = new Map<string, string>();
+  /**
+   * The node's table applies `deltas` from this index on: those before it were made before
+   * its last whole render, which put their members in already (applied again, a delete
+   * would find its element gone, and the load fail).
+   */
+  nodeDeltasFrom = 0;
+  /** Deferred: the node's whole renders made when these deltas were (`NodeTable.renders`). */
+  nodeRenders = -1;
 
   /** Adds an engine update's deltas and changed pods. */
   add(u: PolicyUpdate): void {

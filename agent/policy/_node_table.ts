@@ -51,12 +51,15 @@ export class NodeTable {
   /** What the table holds, as this agent last loaded it (null: unknown, render it whole). */
   loaded: NodePod[] | null = null;
   /**
-   * The table may hold what this agent did not load (an earlier agent's): the next whole
-   * render made while no chains are kept starts clean.
+   * The table may hold what this agent does not know of (an earlier agent's, chains kept
+   * for a pod the compiler forgot, a load that failed): the next whole render made while
+   * no chains are kept starts clean.
    */
   unclean = true;
   /** A load failed: what the table holds is unknown until a whole render loads. */
   stale = false;
+  /** Whole renders made (each from the compiler's state then, every set's members in). */
+  renders = 0;
 
   constructor(deps: NodeTableDeps) {
     this.#d = deps;
@@ -120,22 +123,28 @@ export class NodeTable {
       }
     } catch {
       // A set no longer in use (the engine moved on): render the node whole.
-      this.loaded = null;
       return this.render();
     }
     const changed = [...this.#d.atts()]
       .filter((a) => ch.changed.has(a.pod))
       .map((a) => a.nodeEnd);
-    let text = (deltas ? ch.deltas : []).filter((d) => before.has(d.key) && now.has(d.key))
+    let text = (deltas ? ch.deltas.slice(ch.nodeDeltasFrom) : [])
+      .filter((d) => before.has(d.key) && now.has(d.key))
       .map(setDeltaCommands).join("") +
       nodeUpdate(pods, { previous, changed, log: this.#d.dropLog });
     if (kept.length > 0) text = withoutSetDeletes(text);
     if (text === "") return Promise.resolve(true);
+    const was = this.loaded!;
     this.loaded = pods.map((p) => ({ nodeEnd: p.nodeEnd, policy: light(p.policy) }));
+    const ends = new Set(pods.map((p) => p.nodeEnd));
+    this.#chainsMaybe(ends);
     return this.#d.loads.load(null, text).then((ok) => {
-      if (ok) return true;
+      if (ok) {
+        this.#chainsGone((a) => had.has(a.nodeEnd) && !ends.has(a.nodeEnd));
+        return true;
+      }
       this.#d.log.debug("NetworkPolicy: the node's update failed; rendering it whole");
-      this.loaded = null;
+      this.loaded = mayHold(was, this.loaded!);
       return this.render();
     });
   }
@@ -148,28 +157,50 @@ export class NodeTable {
     const split = { ipv4: [] as string[], ipv6: [] as string[] };
     for (const a of this.#d.nodeAddresses()) (a.includes(":") ? split.ipv6 : split.ipv4).push(a);
     const node = pods[0]?.policy.node ?? split;
-    let text = nodeRuleset(pods, {
-      node,
-      previous: this.loaded?.filter((p) => !keep.has(p.nodeEnd)),
-      log: this.#d.dropLog,
-    });
     const clean = this.unclean && kept.length === 0;
+    const previous = (this.loaded ?? []).filter((p) => !keep.has(p.nodeEnd));
+    if (!clean) {
+      // A local pod no policy isolates may still have chains this agent does not know of
+      // (a load that failed, an earlier agent's): they go too (declared first, so this
+      // holds whether they are there or not). Left, they would come back with their old
+      // rules were the pod's chains ever kept.
+      const listed = new Set([...pods, ...previous].map((p) => p.nodeEnd));
+      for (const a of this.#d.atts()) {
+        if (!a.registered || !a.nodeChains || listed.has(a.nodeEnd) || !a.compiled) continue;
+        previous.push({ nodeEnd: a.nodeEnd, policy: { ...a.compiled, sets: [] } });
+      }
+    }
+    const ends = new Set(pods.map((p) => p.nodeEnd));
+    this.#chainsMaybe(ends);
+    this.renders++;
+    let text = nodeRuleset(pods, { node, previous, log: this.#d.dropLog });
     // What an earlier agent left goes, in the same transaction as the new table.
     if (clean) text = `table ${TABLE} {}\ndelete table ${TABLE}\n${text}`;
     if (kept.length > 0) text = withoutSetDeletes(text) + keptChains(kept);
-    const unclean = this.unclean;
     this.loaded = pods.map((p) => ({ nodeEnd: p.nodeEnd, policy: light(p.policy) }));
     if (clean) this.unclean = false;
     this.stale = false;
     return this.#d.loads.load(null, text).then((ok) => {
       if (!ok) {
-        // What the table holds now is unknown: the next flush renders it whole again.
+        // The table holds what it held (the transaction failed): the next flush renders it
+        // whole again, after all that it may hold, and made again clean when it can (what
+        // failed may be something this agent does not know of).
         this.stale = true;
-        this.loaded = null;
-        this.unclean ||= unclean;
-      }
+        this.loaded = mayHold(previous, this.loaded!);
+        this.unclean = true;
+      } else this.#chainsGone((a) => a.registered && !ends.has(a.nodeEnd));
       return ok;
     });
+  }
+
+  /** The pods of `ends` have chains on the node now, or will once the load in flight is in. */
+  #chainsMaybe(ends: Set<string>): void {
+    for (const a of this.#d.atts()) if (ends.has(a.nodeEnd)) a.nodeChains = true;
+  }
+
+  /** A load that succeeded deleted the chains of the attachments `gone` says. */
+  #chainsGone(gone: (a: Att) => boolean): void {
+    for (const a of this.#d.atts()) if (gone(a)) a.nodeChains = false;
   }
 }
 
@@ -188,6 +219,25 @@ function keptChains(ends: string[]): string {
       `add element ${TABLE} egress_links { "${n.end}" : jump ${n.egress} }`,
     ]),
   ].join("\n") + "\n";
+}
+
+/**
+ * What the node's table may hold after a load of `tried` failed over `held`: every pod and
+ * set of either (a later whole render declares what it deletes, so each may be missing).
+ */
+function mayHold(held: NodePod[], tried: NodePod[]): NodePod[] {
+  const out = new Map<string, NodePod>();
+  for (const p of [...held, ...tried]) {
+    const had = out.get(p.nodeEnd);
+    if (!had) {
+      out.set(p.nodeEnd, p);
+      continue;
+    }
+    const keys = new Set(had.policy.sets.map((x) => x.key));
+    const sets = [...had.policy.sets, ...p.policy.sets.filter((x) => !keys.has(x.key))];
+    out.set(p.nodeEnd, { nodeEnd: p.nodeEnd, policy: { ...p.policy, sets } });
+  }
+  return [...out.values()];
 }
 
 /** `text` without its set deletions: a kept chain may use any set. */

@@ -384,6 +384,10 @@ export class PolicyEnforcer implements PolicyHook {
   #takeEvents(): Changes {
     this.#scheduled = false;
     const ch = this.#deferred ?? new Changes();
+    // The node's table was rendered whole since: the deferred deltas are in it.
+    if (this.#deferred && this.#deferred.nodeRenders !== this.#node.renders) {
+      ch.nodeDeltasFrom = ch.deltas.length;
+    }
     this.#deferred = null;
     const batch = this.#events.splice(0);
     const engine = this.#engine;
@@ -509,6 +513,7 @@ export class PolicyEnforcer implements PolicyHook {
       d.arrived.push(...ch.arrived.splice(0));
       for (const [k, v] of ch.rvs) d.rvs.set(k, v);
       ch.rvs.clear();
+      d.nodeRenders = this.#node.renders;
       this.#deferred = d;
     }
     const flush = ++this.#flushes;
@@ -751,6 +756,9 @@ export class PolicyEnforcer implements PolicyHook {
       return;
     }
     ch.add(engine.removeLocal(gone.namespace, gone.name));
+    // Their chains are no longer this agent's to render: once they go, the table is made
+    // again clean.
+    this.#node.unclean = true;
     for (const a of this.#atts.values()) {
       if (a.pod !== gone.pod) continue;
       a.registered = false;
@@ -782,6 +790,7 @@ export class PolicyEnforcer implements PolicyHook {
         stale: true,
         registered: false,
         unknown: false,
+        nodeChains: true,
       };
       this.#atts.set(p.key, att);
       if (this.#engine) {

@@ -449,7 +449,9 @@ class World implements AsyncDisposable {
     if (!ip) return "nothing (no free address)";
     const present = this.objects.pods.has(pod);
     if (!present && withObject) {
+      // kubelet's Pod first: a pod the cluster had lost is back, whatever the ADD answers.
       this.put("pods", this.podObject(pod, this.labelsOf(pod), undefined, "n1"));
+      this.frozen.delete(pod);
     }
     const end = `enimh${++this.#ends}`;
     const key = `c-${end}/eth0`;
@@ -503,14 +505,21 @@ class World implements AsyncDisposable {
     const model = new ModelDeviceLayer().model;
     const pods = new Map<string, TableView["chains"] | TableView>();
     const nodePods: NodePod[] = [];
-    for (const l of [...this.locals].sort((a, b) => a.seq - b.seq)) {
+    const locals = [...this.locals].sort((a, b) => a.seq - b.seq);
+    // Every local pod first, with enim's addresses: a pod's sets hold the others'.
+    for (const l of locals) {
+      if (this.frozen.has(l.pod)) continue;
+      const [namespace, name] = l.pod.split("/");
+      engine.addLocal({ namespace, name, ips: [this.newestOf(l.pod)!.ip] });
+    }
+    for (const l of locals) {
       const frozen = this.frozen.get(l.pod);
       if (frozen) {
         pods.set(l.key, frozen.pod.get(l.key) ?? {});
         continue;
       }
       const [namespace, name] = l.pod.split("/");
-      const c = engine.addLocal({ namespace, name, ips: [this.newestOf(l.pod)!.ip] }).compiled;
+      const c = engine.compiled(namespace, name)!;
       if (c.ingress.isolated || c.egress.isolated) {
         model.apply(l.key, podRuleset(c, { eni: "eth0" }));
         nodePods.push({ nodeEnd: l.end, policy: c });
@@ -611,6 +620,15 @@ Deno.test({
             canonical(frozen.now) === canonical(frozen.then);
           return same || null;
         }, { timeoutMs: 15_000, intervalMs: 5 });
+        if (!ok && !last) {
+          throw new Error(
+            `after step ${i} (seed ${SEED}) the enforcer did not settle: ${
+              caughtUp(w) ? "idle() stayed false" : "its caches lag"
+            }; the last steps:\n${done.slice(-12).join("\n")}\nstatus: ${
+              JSON.stringify(w.enforcer.status())
+            }`,
+          );
+        }
         if (!ok) {
           const { want, got, frozen } = last!;
           const tail = done.slice(-12).join("\n");

@@ -155,9 +155,10 @@ export class NftModel {
     throw new NftModelError(`The model does not know the declaration "${decl}"`);
   }
 
-  #inUse(t: ModelTable, pred: (r: ReturnType<typeof refs>) => boolean): boolean {
-    for (const c of t.chains.values()) if (c.rules.some((r) => pred(refs(r)))) return true;
-    return false;
+  /** The first chain with a rule `pred` holds (null: none). */
+  #inUse(t: ModelTable, pred: (r: ReturnType<typeof refs>) => boolean): string | null {
+    for (const [name, c] of t.chains) if (c.rules.some((r) => pred(refs(r)))) return name;
+    return null;
   }
 
   #statement(
@@ -182,20 +183,19 @@ export class NftModel {
     if (verb === "delete" && kind !== "element") {
       if (kind === "set") {
         need(t.sets.get(name), "set");
-        if (this.#inUse(t, (r) => r.sets.includes(name))) {
-          throw new NftModelError(`Set "${name}" is in use: "${line}"`);
-        }
+        const user = this.#inUse(t, (r) => r.sets.includes(name));
+        if (user) throw new NftModelError(`Set "${name}" is in use by chain "${user}": "${line}"`);
         t.sets.delete(name);
       } else if (kind === "chain") {
         const c = need(t.chains.get(name), "chain");
         if (c.rules.length > 0) throw new NftModelError(`Chain "${name}" is not empty`);
-        const jumped = this.#inUse(t, (r) => r.chains.includes(name)) ||
+        const jumped = this.#inUse(t, (r) => r.chains.includes(name)) !== null ||
           [...t.maps.values()].some((m) => [...m.values()].includes(`jump ${name}`));
         if (jumped) throw new NftModelError(`Chain "${name}" is in use: "${line}"`);
         t.chains.delete(name);
       } else if (kind === "counter") {
         need(t.counters.has(name) ? true : undefined, "counter");
-        if (this.#inUse(t, (r) => r.counters.includes(name))) {
+        if (this.#inUse(t, (r) => r.counters.includes(name)) !== null) {
           throw new NftModelError(`Counter "${name}" is in use: "${line}"`);
         }
         t.counters.delete(name);
