@@ -217,7 +217,8 @@ export async function startParts(
       for (const eni of await raw.list()) await simulator.plug(eni);
     }
     const provider = withProviderTimeout(raw, cfg.timeouts.providerSeconds * 1000, metrics);
-    // Before the manager: reconcile hands it the pods it finds ready.
+    // Before the manager, so that its caches sync while reconcile runs; it touches no table
+    // until reconcile, as it begins, has handed it the node's ready pods (lifecycle.ts).
     const policy = await startPolicyEnforcer(cfg, { devices, metrics, log });
     if (policy) closers.push(() => policy.close());
     const manager = await deps.createManager({

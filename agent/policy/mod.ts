@@ -18,9 +18,11 @@
  *   (with what was loaded before, so what went is deleted), then the node's table.
  *   A load that fails is retried with a backoff; nothing is ever flushed open.
  * - **Never fail open.** Once synced, an API server outage leaves the caches as they
- *   are, and they are enforced. An agent that starts while the API server is away
- *   touches no table (the kernel keeps what the last agent loaded) until its caches
- *   have synced; its ADDs answer 11 until then.
+ *   are, and they are enforced. A starting agent touches no table (the kernel keeps what
+ *   the last agent loaded) until its caches have synced and the manager has handed over
+ *   the node's pods (lifecycle.ts); its ADDs answer 11 until then. A pod the cluster no
+ *   longer has keeps its last rules. No change can stop the queue: one that fails half
+ *   way has every table rendered again from the caches.
  *
  * The enforcer is `enforcer.ts` (its parts are named there); this module starts it.
  *
