@@ -7,7 +7,7 @@
  * both or refused by both, and after each the table holds the same objects (per set its
  * elements, per map its keys, per chain its rules).
  */
-import { assert, assertEquals } from "../../lib/assert.ts";
+import { assertEquals } from "../../lib/assert.ts";
 import { netnsExec, NFT_BIN } from "../../netns/ip.ts";
 import { createNetns, deleteNetns, uniqueName } from "../../netns/sim.ts";
 import { NODE } from "../../netns/fake.ts";
