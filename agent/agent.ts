@@ -32,6 +32,7 @@ import {
 import type { DeviceLayer } from "../netns/types.ts";
 import type { ManagerOptions } from "../manager/manager.ts";
 import { type PolicyEnforcer, startPolicyEnforcer } from "./policy/mod.ts";
+import { type IpvsWatch, refusingUnderIpvs, startIpvsWatch } from "./ipvs.ts";
 
 /** A device layer and, for fakes, the simulator that makes attached ENIs appear in it. */
 export interface DeviceSetup {
@@ -158,6 +159,8 @@ export interface AgentParts {
   metrics: Metrics;
   /** NetworkPolicy enforcement, when it is on. */
   policy: PolicyEnforcer | null;
+  /** kube-proxy's IPVS mode, watched while policy is on (ADDs are refused under it). */
+  ipvs: IpvsWatch | null;
   close(): Promise<void>;
 }
 
@@ -221,6 +224,7 @@ export async function startParts(
     // until reconcile, as it begins, has handed it the node's ready pods (lifecycle.ts).
     const policy = await startPolicyEnforcer(cfg, { devices, metrics, log });
     if (policy) closers.push(() => policy.close());
+    const ipvs = policy ? await startIpvsWatch(cfg, { devices, metrics, log, closers }) : null;
     const manager = await deps.createManager({
       db,
       provider,
@@ -233,6 +237,7 @@ export async function startParts(
       ],
       metrics,
       stickyHoldMs: cfg.sticky.holdSeconds * 1000,
+      delWaitMs: cfg.timeouts.delWaitSeconds * 1000,
       describeAs: cfg.cloudDescriptions ? nodeName() : null,
       // Restores the node's routes to pods when the node's address comes back.
       watchNodeAddresses: true,
@@ -240,14 +245,14 @@ export async function startParts(
         node: cfg.hostLink.nodeMark,
         kubeProxyMasquerade: cfg.hostLink.kubeProxyMasqueradeMark,
       },
-      ...(policy ? { policy } : {}),
+      ...(policy ? { policy: ipvs ? refusingUnderIpvs(policy, ipvs) : policy } : {}),
     });
     closers.push(() => manager.close());
     metrics.setPoolSource(async () => poolCounts(await manager.status()));
     const report = await manager.reconcile();
     log.info("reconciled the state with the provider and the devices", { ...report });
     if (raw.start) await raw.start();
-    return { manager, provider, db, simulator, metrics, policy, close: closeAll };
+    return { manager, provider, db, simulator, metrics, policy, ipvs, close: closeAll };
   } catch (err) {
     await closeAll();
     throw err;
@@ -352,7 +357,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
       metrics: () => parts.metrics.text(),
       addTimeoutMs: cfg.timeouts.addSeconds * 1000,
       devicePlugin: () => (devicePlugin ?? pluginOff("The agent is starting")).status(),
-      ...(parts.policy ? { policy: parts.policy } : {}),
+      ...(parts.policy && parts.ipvs ? { policy: parts.policy, ipvs: parts.ipvs.status } : {}),
     });
     server = await serveUnix(cfg.socket, handler, {
       log,

@@ -86,6 +86,11 @@ export const AgentConfigSchema = z.strictObject({
       /** How long one provider call may take before it fails as `unavailable`. */
       providerSeconds: z._default(z.number().check(z.positive(), z.maximum(3600)), 60),
       /**
+       * How long, in all, an ADD that finds no free ENI waits for DELs that have answered
+       * and are still bringing their ENIs home, before it answers `no_eni_available`.
+       */
+      delWaitSeconds: z._default(z.number().check(z.minimum(0), z.maximum(600)), 10),
+      /**
        * How long one child process (`ip`, `tc`, `nft`, `nsenter`, `stat`) may run before
        * it is killed (SIGTERM, then SIGKILL) and its operation fails.
        */
@@ -181,6 +186,11 @@ export const AgentConfigSchema = z.strictObject({
       requestTimeoutSeconds: z._default(z.number().check(z.positive(), z.maximum(600)), 30),
       /** A watch ends on the server after a random [w, 2w) seconds and starts again. */
       watchTimeoutSeconds: z._default(z.int().check(z.minimum(10), z.maximum(3600)), 300),
+      /**
+       * How often the API server sends each watch a bookmark (kube-apiserver: every
+       * minute); a watch that hears nothing for twice this is taken for dead.
+       */
+      watchBookmarkSeconds: z._default(z.number().check(z.positive(), z.maximum(600)), 60),
     }),
     {},
   ),
@@ -200,6 +210,21 @@ export const AgentConfigSchema = z.strictObject({
       syncWaitSeconds: z._default(z.number().check(z.minimum(0), z.maximum(600)), 10),
       /** Dropped packets logged per second and chain (the kernel log); 0: none. */
       logDropsPerSecond: z._default(z.int().check(z.minimum(0), z.maximum(10_000)), 0),
+      /**
+       * How often the agent looks again for kube-proxy's IPVS mode (`kube-ipvs0`,
+       * `/proc/net/ip_vs`), under which it refuses ADDs (`agent/ipvs.ts`).
+       */
+      ipvsCheckSeconds: z._default(z.number().check(z.minimum(0.1), z.maximum(3600)), 5),
+      /** Where IPVS lists its virtual services (tests point it elsewhere). */
+      ipvsProcFile: z._default(
+        z.string().check(z.regex(/^\/[^\0]*$/, "Expected an absolute path")),
+        "/proc/net/ip_vs",
+      ),
+      /**
+       * The most a freed ENI waits before it goes back to the pool while the API still
+       * shows its last pod holding its addresses; 0: no wait.
+       */
+      reuseWaitSeconds: z._default(z.number().check(z.minimum(0), z.maximum(600)), 30),
     }),
     {},
   ),

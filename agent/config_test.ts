@@ -185,12 +185,13 @@ Deno.test("the kubernetes section has its defaults and checks each field", () =>
     pageSize: 500,
     requestTimeoutSeconds: 30,
     watchTimeoutSeconds: 300,
+    watchBookmarkSeconds: 60,
   });
   const cfg = resolveConfig({
     file: file(
       base + ', "kubernetes": {"kubeconfig": "/etc/enim/kubeconfig", "context": "prod", ' +
         '"nodeName": "node-1.example", "pageSize": 100, "requestTimeoutSeconds": 5, ' +
-        '"watchTimeoutSeconds": 60}}',
+        '"watchTimeoutSeconds": 60, "watchBookmarkSeconds": 0.5}}',
     ),
   });
   assertEquals(cfg.kubernetes, {
@@ -200,12 +201,14 @@ Deno.test("the kubernetes section has its defaults and checks each field", () =>
     pageSize: 100,
     requestTimeoutSeconds: 5,
     watchTimeoutSeconds: 60,
+    watchBookmarkSeconds: 0.5,
   });
   const bad: [string, RegExp][] = [
     ['{"kubeconfig": "kubeconfig"}', /^kubernetes\.kubeconfig: Expected an absolute path/],
     ['{"nodeName": "Node_1"}', /^kubernetes\.nodeName: Expected a Kubernetes node name/],
     ['{"pageSize": 0}', /^kubernetes\.pageSize: /],
     ['{"watchTimeoutSeconds": 5}', /^kubernetes\.watchTimeoutSeconds: /],
+    ['{"watchBookmarkSeconds": 0}', /^kubernetes\.watchBookmarkSeconds: /],
     ['{"server": "https://x"}', /^kubernetes: .*\(server\)/],
   ];
   for (const [section, pattern] of bad) {

@@ -111,6 +111,9 @@ export class AgentFakeDevices implements DeviceLayer {
   sweepHostLinkRules(): Promise<number> {
     return this.fake.sweepHostLinkRules();
   }
+  readNodeFile(path: string): Promise<string | null> {
+    return this.fake.readNodeFile(path);
+  }
   loadRuleset(netns: string | null, text: string): Promise<void> {
     this.#ensure(netns);
     return this.fake.loadRuleset(netns, text);
@@ -118,6 +121,10 @@ export class AgentFakeDevices implements DeviceLayer {
   listCounters(netns: string | null, table: string): Promise<string> {
     this.#ensure(netns);
     return this.fake.listCounters(netns, table);
+  }
+  flushConntrack(netns: string | null, addresses: string[]): Promise<void> {
+    this.#ensure(netns);
+    return this.fake.flushConntrack(netns, addresses);
   }
   async netnsIdentity(path: string): Promise<NetnsIdentity | null> {
     this.#ensure(path);

@@ -22,6 +22,7 @@ import {
   CniCallSchema,
   type DevicePluginStatus,
   HTTP_STATUS,
+  type IpvsStatus,
   type PodPolicyView,
   type PolicyStatus,
 } from "../api/schema.ts";
@@ -56,6 +57,8 @@ export interface HandlerOptions {
   devicePlugin?: () => DevicePluginStatus;
   /** NetworkPolicy enforcement, when it is on: its status and `GET /v1/policy`. */
   policy?: PolicySource;
+  /** kube-proxy's IPVS mode as NetworkPolicy sees it (when policy is on), added to `GET /v1/status`. */
+  ipvs?: () => IpvsStatus;
 }
 
 /** What the API reads of the NetworkPolicy enforcer (`agent/policy/`). */
@@ -288,6 +291,7 @@ export function createHandler(opts: HandlerOptions): Handler {
           ...s,
           ...(opts.devicePlugin ? { devicePlugin: opts.devicePlugin() } : {}),
           ...(opts.policy ? { policy: opts.policy.status() } : {}),
+          ...(opts.ipvs ? { ipvs: opts.ipvs() } : {}),
         });
       },
     },

@@ -134,11 +134,12 @@ async function rawExchange(
   path: string,
   method: string,
   target: string,
+  extraHeaders = "",
 ): Promise<{ status: number; headers: Map<string, string>; body: string; raw: string }> {
   const conn = await Deno.connect({ transport: "unix", path });
   try {
     const req = `${method} ${target} HTTP/1.1\r\nHost: enim\r\nConnection: close\r\n` +
-      `Content-Length: 0\r\n\r\n`;
+      `${extraHeaders}Content-Length: 0\r\n\r\n`;
     await conn.write(new TextEncoder().encode(req));
     const chunks: Uint8Array[] = [];
     const buf = new Uint8Array(16 * 1024);
@@ -215,6 +216,42 @@ Deno.test("every method on every route gets an answer over the real socket: 405 
           }
         });
       }
+    } finally {
+      await server.shutdown();
+    }
+  });
+});
+
+// Issue 41 item 5: a NUL in a header value was answered 501 (the Request constructor's refusal
+// was taken for a method the server cannot serve), with a body that said bad_request.
+Deno.test("a header with a control character or a bad name is answered 400 bad_request over the real socket", async (t) => {
+  await withRunDir(async (root) => {
+    const path = `${root}/sock/enim.sock`;
+    const server = await serveUnix(path, createHandler({ manager: new FakeManager() }));
+    try {
+      const cases: [string, string][] = [
+        ["a NUL in a value", "X-Trace: a\u0000b\r\n"],
+        ["a NUL alone", "X-Trace: \u0000\r\n"],
+        ["a DEL in a value", "X-Trace: a\u007fb\r\n"],
+        ["an escape in a value", "X-Trace: \u001b[31m\r\n"],
+        ["a space in a name", "X Trace: 1\r\n"],
+        ["a NUL in a name", "X-\u0000: 1\r\n"],
+        ["a character no header can hold", "X-Trace: \u4e2d\r\n"],
+      ];
+      for (const [what, header] of cases) {
+        await t.step(what, async () => {
+          const r = await rawExchange(path, "GET", "/v1/status", header);
+          assertEquals(r.status, 400, `${what}: ${r.raw.slice(0, 300)}`);
+          assertEquals(r.headers.get("content-type"), "application/json", what);
+          const body = JSON.parse(r.body);
+          assertEquals(body.error.code, "bad_request", what);
+          assertMatch(body.error.message, /^Malformed header /, what);
+        });
+      }
+      await t.step("a tab and obs-text in a value are still served", async () => {
+        const r = await rawExchange(path, "GET", "/v1/status", "X-Trace: a\tb \u00e9\r\n");
+        assertEquals(r.status, 200, r.raw.slice(0, 300));
+      });
     } finally {
       await server.shutdown();
     }

@@ -439,6 +439,14 @@ export const KubeCacheStatusSchema = z.object({
   lastError: z.nullable(z.string()),
   /** When the last watch event arrived. */
   lastEventAt: z.nullable(z.string()),
+  /**
+   * Whether the API server sends watch bookmarks: `unknown` until one came (`seen`) or
+   * the cache found it sends none (`none`: a dead watch is then noticed only past its
+   * timeout). Absent from an older agent.
+   */
+  bookmarks: z.optional(z.enum(["unknown", "seen", "none"])),
+  /** Watches taken for dead because they were silent too long. Absent from an older agent. */
+  silentWatches: z.optional(z.number().check(z.int())),
   /** The resourceVersion of the last object event the enforcer put in place (null: none yet). */
   enforcedResourceVersion: z.nullable(z.string()),
 });
@@ -462,6 +470,45 @@ export const PolicyPodStatusSchema = z.object({
   state: z.enum(["enforced", "waiting", "retrying", "unknown"]),
 });
 
+/**
+ * A NetworkPolicy the agent cannot read (a protocol, selector operator or field it does
+ * not know, a malformed value): it fails closed, isolating `selects` in its namespace for
+ * the directions it names and admitting nothing.
+ */
+export const UnreadablePolicyStatusSchema = z.object({
+  /** `namespace/name`. */
+  policy: z.string(),
+  resourceVersion: z.nullable(z.string()),
+  /** What could not be read, `path: message`. */
+  reason: z.string(),
+  /** The pods it isolates: its podSelector (`app=db`), or `<all>` when that cannot be read. */
+  selects: z.string(),
+  /** Its podSelector cannot be read: every pod of its namespace is isolated. */
+  wholeNamespace: z.boolean(),
+  ingress: z.boolean(),
+  egress: z.boolean(),
+});
+/** An unreadable NetworkPolicy. */
+export type UnreadablePolicyStatus = z.infer<typeof UnreadablePolicyStatusSchema>;
+
+/** kube-proxy's IPVS mode on the node, as NetworkPolicy sees it (`agent/ipvs.ts`). */
+export const IpvsStatusSchema = z.object({
+  /** ADDs under NetworkPolicy are refused (code 111): IPVS mode found, or not ruled out. */
+  refusing: z.boolean(),
+  /** Whether the `kube-ipvs0` link is there (null: the links could not be listed). */
+  link: z.nullable(z.boolean()),
+  /** IPVS's virtual services (`/proc/net/ip_vs`; null: it could not be read). */
+  services: z.nullable(z.number().check(z.int())),
+  /** What was found, in words. */
+  reason: z.string(),
+  /** When the node's links were last looked at (ISO 8601). */
+  checkedAt: z.nullable(z.string()),
+  /** ADDs refused since the agent started. */
+  refusedAdds: z.number().check(z.int()),
+});
+/** kube-proxy's IPVS mode on the node. */
+export type IpvsStatus = z.infer<typeof IpvsStatusSchema>;
+
 /** NetworkPolicy enforcement on the node (present when it is on). */
 export const PolicyStatusSchema = z.object({
   /** The caches have listed once and the enforcer took over: ADDs are served. */
@@ -472,6 +519,8 @@ export const PolicyStatusSchema = z.object({
   loadFailures: z.number().check(z.int()),
   caches: z.array(KubeCacheStatusSchema),
   pods: z.array(PolicyPodStatusSchema),
+  /** The cluster's NetworkPolicies the agent cannot read (each fails closed), by name. */
+  unreadable: z._default(z.array(UnreadablePolicyStatusSchema), []),
 });
 /** NetworkPolicy enforcement on the node. */
 export type PolicyStatus = z.infer<typeof PolicyStatusSchema>;
@@ -509,6 +558,8 @@ export const PodPolicyViewSchema = z.object({
     egress: z.boolean(),
     ingressRules: z.number().check(z.int()),
     egressRules: z.number().check(z.int()),
+    /** Why the agent cannot read it (it then isolates and admits nothing). */
+    unreadable: z.optional(z.string()),
   })),
   ingress: PolicyDirectionViewSchema,
   egress: PolicyDirectionViewSchema,
@@ -565,6 +616,8 @@ export const StatusSchema = z.object({
   devicePlugin: z.optional(DevicePluginStatusSchema),
   /** NetworkPolicy enforcement, when it is on (absent from older agents and when off). */
   policy: z.optional(PolicyStatusSchema),
+  /** kube-proxy's IPVS mode, looked for while NetworkPolicy is on (absent otherwise). */
+  ipvs: z.optional(IpvsStatusSchema),
   /** DELs that have answered and are still finishing (reads do not wait for them for long). */
   unfinishedDels: z._default(z.array(UnfinishedDelSchema), []),
   /**
@@ -601,6 +654,7 @@ export const API_ERROR_CODES = [
   "device_error",
   "busy",
   "policy_unavailable",
+  "policy_unenforceable",
   "state_unavailable",
   "internal",
 ] as const;
@@ -623,6 +677,7 @@ export const HTTP_STATUS: Record<ApiErrorCode, number> = {
   device_error: 500,
   busy: 503,
   policy_unavailable: 503,
+  policy_unenforceable: 503,
   state_unavailable: 507,
   internal: 500,
 };

@@ -51,7 +51,11 @@ export function renderPolicy(v: PodPolicyView): string {
     ? `selected by ${v.policies.length} polic${v.policies.length === 1 ? "y" : "ies"}: ${
       v.policies.map((p) =>
         `${p.name} (${
-          [p.ingress ? "Ingress" : "", p.egress ? "Egress" : ""].filter(Boolean).join(", ")
+          [
+            p.ingress ? "Ingress" : "",
+            p.egress ? "Egress" : "",
+            p.unreadable !== undefined ? "UNREADABLE: admits nothing" : "",
+          ].filter(Boolean).join(", ")
         })`
       ).join(", ")
     }\n`

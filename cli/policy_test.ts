@@ -51,3 +51,28 @@ Deno.test("enim policy says when a pod is selected by no policy", () => {
   assertStringIncludes(text, "selected by no NetworkPolicy\n");
   assertStringIncludes(text, "ingress: not isolated: everything is admitted\n");
 });
+
+Deno.test("enim policy marks a policy the agent cannot read, and its warning says what it does instead", () => {
+  const text = renderPolicy(PodPolicyViewSchema.parse({
+    ...VIEW,
+    policies: [{
+      name: "future",
+      ingress: true,
+      egress: false,
+      ingressRules: 0,
+      egressRules: 0,
+      unreadable: 'spec.ingress.0.ports.0.protocol: Invalid option (got "FOO")',
+    }],
+    ingress: { isolated: true, rules: [] },
+    egress: { isolated: false, rules: [] },
+    warnings: [
+      'future: cannot be read (spec.ingress.0.ports.0.protocol: Invalid option (got "FOO")): it isolates the pods app=db for ingress and admits nothing',
+    ],
+  }));
+  assertStringIncludes(
+    text,
+    "selected by 1 policy: future (Ingress, UNREADABLE: admits nothing)\n",
+  );
+  assertStringIncludes(text, "ingress: isolated: nothing is admitted");
+  assertStringIncludes(text, "WARNING: future: cannot be read (");
+});

@@ -174,7 +174,8 @@ const POLICY_COLUMNS: Column<PolicyPod>[] = [
 
 /**
  * NetworkPolicy: whether the agent has synced (and so serves ADDs), the caches' watch
- * restarts and last event, and per local pod how many policies select it.
+ * restarts and last event, each policy it cannot read (and what that fails closed to),
+ * and per local pod how many policies select it.
  */
 function policyLines(s: Status): string {
   const p = s.policy;
@@ -189,9 +190,27 @@ function policyLines(s: Status): string {
   }, ${p.pendingEvents} event${p.pendingEvents === 1 ? "" : "s"} pending\n`;
   for (const c of p.caches) {
     if (c.lastError) out += `  ${c.resource}: ${c.lastError}\n`;
+    if (c.bookmarks === "none") {
+      out += `  ${c.resource}: the API server sends no watch bookmarks: a dead watch is ` +
+        `noticed only past its timeout (kubernetes.watchTimeoutSeconds)\n`;
+    }
+  }
+  for (const u of p.unreadable) {
+    const [ns] = u.policy.split("/");
+    const who = u.wholeNamespace ? `every pod of namespace ${ns}` : `pods ${u.selects} in ${ns}`;
+    const dirs = [u.ingress ? "ingress" : "", u.egress ? "egress" : ""].filter(Boolean);
+    out += `UNREADABLE NetworkPolicy ${u.policy}: ${u.reason}; failing closed: ${who} ` +
+      `isolated for ${dirs.join(" and ")}, nothing admitted by it\n`;
   }
   if (p.pods.length) out += renderTable(POLICY_COLUMNS, p.pods);
   return out + "\n";
+}
+
+/** kube-proxy's IPVS mode, when NetworkPolicy refuses ADDs because of it. */
+function ipvsLines(s: Status): string {
+  const i = s.ipvs;
+  if (!i || !i.refusing) return "";
+  return `NETWORKPOLICY REFUSES NEW PODS: kube-proxy's IPVS mode (${i.reason}) bypasses enim's node-side rules; ADDs fail with 111 (${i.refusedAdds} so far) until kube-proxy runs in iptables or nftables mode, or networkPolicy.enabled is false\n\n`;
 }
 
 /** Renders the Status object as `enim status` prints it. */
@@ -208,6 +227,7 @@ export function renderStatus(s: Status): string {
   if (several) head += renderTable(PROFILE_COLUMNS, profiles) + "\n";
   head += devicePluginLines(s);
   head += policyLines(s);
+  head += ipvsLines(s);
   head += providerWarnings(s);
   const columns = several
     ? [

@@ -294,6 +294,8 @@ Deno.test("enim status shows NetworkPolicy's sync, its caches and each local pod
     errors: 1,
     lastError: resource === "pods" ? "GET /api/v1/pods failed: connection refused" : null,
     lastEventAt: null,
+    bookmarks: resource === "pods" ? "seen" as const : "none" as const,
+    silentWatches: 0,
     enforcedResourceVersion: null,
   });
   const text = statusText({
@@ -313,15 +315,55 @@ Deno.test("enim status shows NetworkPolicy's sync, its caches and each local pod
         egressIsolated: false,
         state: "waiting",
       }],
+      unreadable: [{
+        policy: "shop/future",
+        resourceVersion: "12",
+        reason: 'spec.ingress.0.ports.0.protocol: Invalid option (got "FOO")',
+        selects: "app=db",
+        wholeNamespace: false,
+        ingress: true,
+        egress: false,
+      }, {
+        policy: "shop/gt",
+        resourceVersion: "13",
+        reason: "spec.podSelector.matchExpressions.0.operator: Invalid option",
+        selects: "<all>",
+        wholeNamespace: true,
+        ingress: true,
+        egress: true,
+      }],
     },
   });
   assertStringIncludes(
     text,
+    'UNREADABLE NetworkPolicy shop/future: spec.ingress.0.ports.0.protocol: Invalid option (got "FOO"); failing closed: pods app=db in shop isolated for ingress, nothing admitted by it\n' +
+      "UNREADABLE NetworkPolicy shop/gt: spec.podSelector.matchExpressions.0.operator: Invalid option; failing closed: every pod of namespace shop isolated for ingress and egress, nothing admitted by it\n",
+  );
+  assertStringIncludes(
+    text,
     "NetworkPolicy: NOT SYNCED (new pods' ADDs fail with 11 until it is), last event never, 3 watch restarts, 0 events pending\n" +
-      "  pods: GET /api/v1/pods failed: connection refused\n",
+      "  pods: GET /api/v1/pods failed: connection refused\n" +
+      "  namespaces: the API server sends no watch bookmarks: a dead watch is noticed only past its timeout (kubernetes.watchTimeoutSeconds)\n",
   );
   assertMatch(
     text,
     /POD\s+POLICIES\s+ISOLATED\s+NODE END\s+STATE\nshop\/db\s+2\s+ingress\s+enimh0123456789\s+waiting/,
   );
+});
+
+Deno.test("enim status says when NetworkPolicy refuses new pods under kube-proxy's IPVS mode, and nothing when it does not", () => {
+  const ipvs = (refusing: boolean) => ({
+    refusing,
+    link: refusing,
+    services: 0,
+    reason: refusing ? 'link "kube-ipvs0"' : "none found",
+    checkedAt: "2026-11-27T10:00:00.000Z",
+    refusedAdds: refusing ? 3 : 0,
+  });
+  const base = { provider: "mock", pool: { free: 1, owned: 0, recycling: 0, attachable: 0 } };
+  assertStringIncludes(
+    statusText({ ...base, ipvs: ipvs(true) }),
+    `NETWORKPOLICY REFUSES NEW PODS: kube-proxy's IPVS mode (link "kube-ipvs0") bypasses enim's node-side rules; ADDs fail with 111 (3 so far) until kube-proxy runs in iptables or nftables mode, or networkPolicy.enabled is false\n`,
+  );
+  assertEquals(statusText({ ...base, ipvs: ipvs(false) }), statusText(base));
 });

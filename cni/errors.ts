@@ -81,6 +81,7 @@ const API_TO_CNI: Record<ApiErrorCode, { code: number; lead: string }> = {
   busy: { code: CNI_CODES.TRY_AGAIN_LATER, lead: "The enim agent is busy; try again later" },
   // Its messages name NetworkPolicy and what the runtime does (retry) themselves.
   policy_unavailable: { code: CNI_CODES.TRY_AGAIN_LATER, lead: "" },
+  policy_unenforceable: { code: CNI_CODES.POLICY_UNENFORCEABLE, lead: "" },
   state_unavailable: { code: CNI_CODES.IO_FAILURE, lead: "I/O failure" },
   not_found: { code: CNI_CODES.UNKNOWN_CONTAINER, lead: "Unknown container" },
   bad_request: { code: CNI_CODES.INVALID_CONFIG, lead: "The enim agent rejected the request" },

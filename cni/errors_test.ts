@@ -9,7 +9,7 @@ Deno.test("CNI codes are unique, the spec's below 100 and enim's from 100 up", (
   assertEquals(new Set(codes).size, codes.length);
   for (const c of [1, 2, 3, 4, 5, 6, 7, 11, 50, 51]) assert(codes.includes(c as never), `${c}`);
   const own = Object.entries(CNI_CODES).filter(([, c]) => c >= 100).map(([k]) => k);
-  assertEquals(own.length, 11);
+  assertEquals(own.length, 12);
 });
 
 Deno.test("toCniError() maps each kind of failure to its CNI code", async (t) => {
@@ -93,6 +93,7 @@ Deno.test("toCniError() maps every agent API error code", async (t) => {
     device_error: 105,
     busy: 11,
     policy_unavailable: 11,
+    policy_unenforceable: 111,
     state_unavailable: 5,
     internal: 110,
   };

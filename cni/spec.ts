@@ -108,6 +108,11 @@ export const CNI_CODES = {
   WRONG_ZONE: 109,
   /** enim: an unexpected failure (a bug, or an agent-side internal error). */
   INTERNAL: 110,
+  /**
+   * enim: NetworkPolicy cannot be enforced on this node (kube-proxy's IPVS mode): the pod
+   * is refused rather than started with half its policy (the message says why).
+   */
+  POLICY_UNENFORCEABLE: 111,
 } as const;
 
 /** A CNI error code. */

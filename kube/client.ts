@@ -17,10 +17,17 @@
  * source does), and at once on a 401, after which the request is tried once more.
  * Nothing runs between requests: no timer.
  *
+ * A connection can die without a word (a load balancer's failover, a NAT's timeout: no
+ * FIN, no RST), and with HTTP/2 every later request queues on it and hangs. Whoever
+ * finds a request unanswered ({@linkcode KubeClient.get} past its time, a list body
+ * stalled, a watch silent past its limit) calls {@linkcode KubeClient.reconnect}: the
+ * next requests open a new connection, and those still on the old one fail at once.
+ *
  * @module
  */
 import { type KubeAccess, KubeAccessError, type TokenSpec } from "./access.ts";
 import { StatusSchema } from "./wire.ts";
+import { ListBodyError, listItems } from "./_list_body.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
 import { VERSION } from "../lib/version.ts";
 
@@ -70,6 +77,14 @@ export interface GetOptions {
   timeoutMs?: number;
   /** Aborts the request. */
   signal?: AbortSignal;
+}
+
+/** A list's body read item by item (kube/_list_body.ts). */
+export interface ListStream {
+  /** The list's items, each parsed as JSON, as they arrive. */
+  items: AsyncGenerator<unknown>;
+  /** The list's other members (`metadata`, …), complete once `items` is done. */
+  rest: Record<string, unknown>;
 }
 
 /** The bearer token, re-read from its file as it rotates. */
@@ -149,9 +164,12 @@ export class KubeClient {
   readonly server: string;
   /** Where the access came from (a kubeconfig and context, or in-cluster). */
   readonly source: string;
-  readonly #http: Deno.HttpClient;
+  #http: Deno.HttpClient;
+  readonly #httpOptions: Deno.CreateHttpClientOptions;
   readonly #token: TokenSource | undefined;
   readonly #timeoutMs: number;
+  readonly #log: Logger;
+  #generation = 0;
   #closed = false;
 
   constructor(access: KubeAccess, o: KubeClientOptions = {}) {
@@ -159,16 +177,42 @@ export class KubeClient {
     this.source = access.source;
     this.#timeoutMs = o.requestTimeoutMs ?? 30_000;
     const log = o.log ?? nullLogger;
+    this.#log = log;
     this.#token = access.token
       ? new TokenSource(access.token, o.tokenMaxAgeMs ?? 60_000, o.now ?? Date.now, log)
       : undefined;
     const tls = access.clientCert
       ? { cert: access.clientCert.cert, key: access.clientCert.key }
       : {};
-    this.#http = Deno.createHttpClient({
-      ...(access.caCerts ? { caCerts: access.caCerts } : {}),
-      ...tls,
-    });
+    this.#httpOptions = { ...(access.caCerts ? { caCerts: access.caCerts } : {}), ...tls };
+    this.#http = Deno.createHttpClient(this.#httpOptions);
+  }
+
+  /** Counts the connection sets: a request started at one generation belongs to it. */
+  get generation(): number {
+    return this.#generation;
+  }
+
+  /**
+   * Drops the connections of `generation` (if still the current one): the next requests
+   * open new ones; requests still on the old ones fail at once. Returns whether it did.
+   * A later generation is left alone, so that callers who found the same dead connection
+   * reconnect once between them.
+   */
+  reconnect(generation: number, why: string): boolean {
+    if (this.#closed || generation !== this.#generation) return false;
+    const old = this.#http;
+    this.#http = Deno.createHttpClient(this.#httpOptions);
+    this.#generation++;
+    this.#log.warn(
+      "Dropping the connection to the Kubernetes API server; the next request opens a new one",
+      {
+        server: this.server,
+        why,
+      },
+    );
+    old.close();
+    return true;
   }
 
   /** How many times the token file was read (0 for a given token). */
@@ -188,6 +232,7 @@ export class KubeClient {
   /** GETs `path` and returns its JSON body; a non-2xx status throws {@linkcode KubeApiError}. */
   async get(path: string, o: GetOptions = {}): Promise<unknown> {
     const timeoutMs = o.timeoutMs ?? this.#timeoutMs;
+    const generation = this.#generation;
     const ac = new AbortController();
     let timedOut = false;
     const timer = setTimeout(() => {
@@ -203,16 +248,89 @@ export class KubeClient {
       return await res.json();
     } catch (err) {
       if (timedOut) {
-        throw new KubeRequestError(
-          `GET ${path} on the Kubernetes API server ${this.server} got no answer in ${timeoutMs} ms`,
-          { cause: err },
-        );
+        const msg =
+          `GET ${path} on the Kubernetes API server ${this.server} got no answer in ${timeoutMs} ms`;
+        this.reconnect(generation, msg);
+        throw new KubeRequestError(msg, { cause: err });
       }
       throw err;
     } finally {
       clearTimeout(timer);
       o.signal?.removeEventListener("abort", onAbort);
     }
+  }
+
+  /**
+   * GETs the list `path` and returns its body to read item by item (a list from the watch
+   * cache is the whole collection at once: kube/_list_body.ts). The answer must start
+   * within the request timeout (`timeoutMs`), and the body may not stall longer than that
+   * between two chunks; either failure drops the connection ({@linkcode reconnect}) and
+   * throws {@linkcode KubeRequestError}, as does a body that is not a list's JSON. A
+   * non-2xx status throws {@linkcode KubeApiError}.
+   */
+  async list(path: string, o: GetOptions = {}): Promise<ListStream> {
+    const timeoutMs = o.timeoutMs ?? this.#timeoutMs;
+    const generation = this.#generation;
+    const ac = new AbortController();
+    let stalled = false;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const arm = () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => {
+        stalled = true;
+        ac.abort();
+      }, timeoutMs);
+    };
+    const onAbort = () => ac.abort();
+    o.signal?.addEventListener("abort", onAbort, { once: true });
+    if (o.signal?.aborted) ac.abort();
+    const done = () => {
+      clearTimeout(timer);
+      o.signal?.removeEventListener("abort", onAbort);
+    };
+    const failure = (err: unknown, what: string): unknown => {
+      if (stalled) {
+        const msg =
+          `GET ${path} on the Kubernetes API server ${this.server} ${what} ${timeoutMs} ms`;
+        this.reconnect(generation, msg);
+        return new KubeRequestError(msg, { cause: err });
+      }
+      if (err instanceof ListBodyError) {
+        return new KubeRequestError(`GET ${path}: ${err.message}`, { cause: err });
+      }
+      if (err instanceof KubeApiError || err instanceof KubeRequestError || ac.signal.aborted) {
+        return err;
+      }
+      if (err instanceof Deno.errors.NotCapable) return err;
+      return new KubeRequestError(
+        `GET ${path} on the Kubernetes API server ${this.server} broke: ${errorText(err)}`,
+        { cause: err },
+      );
+    };
+    arm();
+    let res: Response;
+    try {
+      res = await this.#send(path, o.query, ac.signal);
+      if (!res.ok) throw await apiError(res, path);
+      if (res.body === null) throw new KubeRequestError(`GET ${path} answered with no body`);
+    } catch (err) {
+      done();
+      throw failure(err, "got no answer in");
+    }
+    const rest: Record<string, unknown> = {};
+    const body = res.body;
+    async function* items(): AsyncGenerator<unknown> {
+      try {
+        // The Response stays referenced while its body is read (see stream()).
+        void res;
+        yield* listItems(body, rest, { signal: ac.signal, progress: arm });
+      } catch (err) {
+        throw failure(err, "stalled in its body for");
+      } finally {
+        done();
+      }
+    }
+    return { items: items(), rest };
   }
 
   /**

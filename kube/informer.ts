@@ -3,26 +3,53 @@
  * informer work (kubernetes/kubernetes `staging/src/k8s.io/client-go/tools/cache`, and
  * the "API Concepts" page for the wire format):
  *
- * 1. **List** in pages (`limit`, `continue`); the list's `resourceVersion` is the point
- *    the whole list is consistent at. The store becomes exactly the list: handlers hear
- *    an add for a new object, an update for one whose resourceVersion changed, a
- *    delete for one that is gone; an object that did not change is not announced.
+ * 1. **List**; the list's `resourceVersion` is the point the whole list is consistent
+ *    at. The store becomes exactly the list: handlers hear an add for a new object, an
+ *    update for one whose resourceVersion changed, a delete for one that is gone; an
+ *    object that did not change is not announced. Which list, as the reflector's
+ *    `relistResourceVersion` chooses:
+ *    - the **first** asks `resourceVersion=0` (any state, served from the API server's
+ *      watch cache: no etcd read; the cache ignores `limit` and answers with the whole
+ *      collection, which is read item by item, kube/_list_body.ts). A server without a
+ *      watch cache pages it from etcd (`limit`, `continue`, the later pages without
+ *      `resourceVersion`); later lists then page too;
+ *    - after a watch's **410 Gone** it asks the last resourceVersion seen, without
+ *      `limit`: "not older than" that, from the watch cache, never back in time (paged,
+ *      on a server without a watch cache, it asks `resourceVersion=""` at once: an exact
+ *      read of a compacted version would be Gone too);
+ *    - after a list's own 410 (an expired `continue` token, a version compacted away) or
+ *      a "too large resource version", `resourceVersion=""` in pages: the latest, a
+ *      consistent (quorum) read.
  * 2. **Watch** from that resourceVersion (`watch=1`, `allowWatchBookmarks=true`, a
  *    server-side `timeoutSeconds` chosen at random in [w, 2w) to spread the agents'
  *    re-watches); each event moves the resourceVersion on, and so does a bookmark. When
  *    the server ends the watch (its timeout) the cache watches again from the last
- *    resourceVersion at once.
- * 3. **410 Gone** (an HTTP 410 when the watch starts, an `ERROR` event with a Status of
+ *    resourceVersion at once; a watch that ends **within a second with no event** is a
+ *    failure (client-go: "very short watch"), retried after a backoff (4.), not in a loop.
+ * 3. **A silent watch** is taken for dead. The API server sends each watch a BOOKMARK
+ *    about every minute (`defaultBookmarkFrequency` in the apiserver's cacher, whether
+ *    or not there were events; and 2 s before the watch's timeout), so a watch that
+ *    hears nothing for two bookmark periods (`bookmarkSeconds`, default 60) is on a dead
+ *    connection (a load balancer's failover, a NAT's timeout: no FIN, no RST): the cache
+ *    drops the connection (with HTTP/2 every request would queue on it) and watches
+ *    again. A server that sends no bookmarks (no watch cache; an older or another
+ *    server) is found out when a second watch in a row, on a fresh connection, hears
+ *    nothing for two periods either: from then on a watch is taken for dead only when
+ *    silent past its own timeout plus `watchGraceMs` (330–630 s by default; lower
+ *    `watchTimeoutSeconds` there), until a bookmark arrives.
+ * 4. **410 Gone** (an HTTP 410 when the watch starts, an `ERROR` event with a Status of
  *    code 410 in the stream, or an expired `continue` token) means the resourceVersion
  *    is older than the server keeps: list again (step 1, which announces only the
  *    differences).
- * 4. **Any other failure** (no connection, a 5xx, a cut stream, a stream silent for
- *    longer than its timeout) waits with exponential backoff and jitter, then watches
- *    again from the last resourceVersion. Never a poll: between events nothing runs
- *    but the open stream.
+ * 5. **Any other failure** (no connection, a 5xx, a cut stream, a silent one, a very
+ *    short one) waits with exponential backoff and jitter, then watches again from the
+ *    last resourceVersion. Never a poll: between events nothing runs but the open stream
+ *    and its silence timer.
  *
  * Every list item and watch event is parsed through a schema; a malformed one is
- * logged (the first ten, then every thousandth), counted and skipped. A Deno
+ * logged (the first ten, then every thousandth), counted and skipped. (A NetworkPolicy
+ * is never skipped for its spec: its schema keeps one it cannot read, failing closed;
+ * see kube/objects.ts. Skipping it would leave the pods it selects open.) A Deno
  * permission error stops the cache (it would fail the same way forever) with the
  * reason in its stats.
  *
@@ -68,6 +95,16 @@ export interface InformerStats {
   events: number;
   /** Bookmarks received. */
   bookmarks: number;
+  /**
+   * Whether the server sends watch bookmarks: `unknown` until one arrives (`seen`) or a
+   * second watch in a row heard nothing for two bookmark periods (`none`: a silent
+   * watch is then noticed only past its timeout).
+   */
+  bookmarkSupport: BookmarkSupport;
+  /** Watches taken for dead because they were silent too long (each one reconnects). */
+  silentWatches: number;
+  /** Watches that ended within a second with no event (each one a failure). */
+  shortWatches: number;
   /** List items and watch lines skipped as malformed. */
   malformed: number;
   /** Failed lists and watches (each followed by a backoff), 410s not counted. */
@@ -82,13 +119,24 @@ export interface InformerStats {
   stopped: boolean;
 }
 
+/** Whether the server sends watch bookmarks, as far as the cache has seen. */
+export type BookmarkSupport = "unknown" | "seen" | "none";
+
 /** How an {@linkcode Informer} lists and watches. */
 export interface InformerOptions {
-  /** Objects per list page (`limit`, default 500). */
+  /** Objects per list page (`limit`, default 500), when the server pages. */
   pageSize?: number;
   /** The watch's server-side timeout is random in [w, 2w) seconds (default 300, client-go's). */
   watchTimeoutSeconds?: number;
-  /** A watch silent this long past its timeout is taken for dead (default 30 s). */
+  /**
+   * How often the server sends each watch a bookmark (default 60 s, kube-apiserver's); a
+   * watch silent for twice this is taken for dead.
+   */
+  bookmarkSeconds?: number;
+  /**
+   * On a server that sends no bookmarks, a watch silent this long past its timeout is
+   * taken for dead (default 30 s).
+   */
   watchGraceMs?: number;
   /** A `labelSelector` for list and watch. */
   labelSelector?: string;
@@ -105,9 +153,24 @@ export interface InformerOptions {
 /** Whether `err` says the resourceVersion is no longer served: list again. */
 function isGone(err: unknown): boolean {
   if (!(err instanceof KubeApiError)) return false;
-  // A server restored from an older backup answers a too-new one with 504 (client-go lists again).
+  // A server restored from an older backup (or a watch cache behind the version asked)
+  // answers a too-new one with 504 (client-go lists again).
   return err.status === 410 ||
     (err.status === 504 && /too large resource version/i.test(err.message));
+}
+
+/** A watch that ends sooner than this with no event is a failure (client-go's rule). */
+const SHORT_WATCH_MS = 1_000;
+
+/** A watch that ended with nothing, at once: the caller backs off before the next. */
+class ShortWatchError extends KubeRequestError {}
+
+/** Where the next list reads from, and how. */
+interface ListPlan {
+  /** `resourceVersion`: "0" (any, the watch cache), "" (the latest, a quorum read), or one. */
+  rv: string;
+  /** Whether it asks `limit` (and follows `continue`). */
+  paged: boolean;
 }
 
 /**
@@ -135,6 +198,7 @@ export class Informer<T extends KubeObject> {
   readonly #log: Logger;
   readonly #pageSize: number;
   readonly #watchTimeout: number;
+  readonly #quietMs: number;
   readonly #graceMs: number;
   readonly #selectors: Record<string, string | undefined>;
   readonly #random: () => number;
@@ -142,6 +206,12 @@ export class Informer<T extends KubeObject> {
   readonly #syncWaiters = new Set<(synced: boolean) => void>();
   #run: Promise<void> | null = null;
   #stats: InformerStats;
+  /** The last list with a resourceVersion was Gone or too new: the next asks the latest. */
+  #rvUnavailable = false;
+  /** The server paged a `resourceVersion=0` list: it has no watch cache; lists page. */
+  #paginated = false;
+  /** Watches in a row that heard nothing for two bookmark periods before any bookmark. */
+  #quietBeforeBookmark = 0;
 
   constructor(client: KubeClient, kind: ResourceKind<T>, o: InformerOptions = {}) {
     this.kind = kind;
@@ -151,6 +221,7 @@ export class Informer<T extends KubeObject> {
     this.#backoff = new Backoff(o.backoff);
     this.#pageSize = o.pageSize ?? 500;
     this.#watchTimeout = o.watchTimeoutSeconds ?? 300;
+    this.#quietMs = 2 * (o.bookmarkSeconds ?? 60) * 1000;
     this.#graceMs = o.watchGraceMs ?? 30_000;
     this.#selectors = { labelSelector: o.labelSelector, fieldSelector: o.fieldSelector };
     this.#random = o.random ?? Math.random;
@@ -165,6 +236,9 @@ export class Informer<T extends KubeObject> {
       watchRestarts: 0,
       events: 0,
       bookmarks: 0,
+      bookmarkSupport: "unknown",
+      silentWatches: 0,
+      shortWatches: 0,
       malformed: 0,
       errors: 0,
       lastEventAt: null,
@@ -253,9 +327,12 @@ export class Informer<T extends KubeObject> {
     let gonesInARow = 0;
     let afterList = false;
     while (!signal.aborted) {
+      let listing = false;
       try {
         if (needList) {
+          listing = true;
           await this.#list(signal);
+          listing = false;
           needList = false;
           afterList = true;
         }
@@ -279,6 +356,9 @@ export class Informer<T extends KubeObject> {
         if (isGone(err)) {
           needList = true;
           gonesInARow++;
+          // A list's own version gone (or too new): the next asks the latest, a quorum
+          // read. A watch's: the next asks "not older than" the last one seen.
+          if (listing) this.#rvUnavailable = true;
           this.#log.info("The watched resourceVersion is gone; listing again", {
             resourceVersion: this.#stats.resourceVersion,
             error: err,
@@ -298,29 +378,47 @@ export class Informer<T extends KubeObject> {
     }
   }
 
+  /** What the next list asks (the module doc, step 1). */
+  #listPlan(): ListPlan {
+    if (this.#rvUnavailable) return { rv: "", paged: true };
+    const last = this.#stats.resourceVersion;
+    if (last === null) return { rv: "0", paged: true };
+    if (this.#paginated) return { rv: "", paged: true };
+    return { rv: last, paged: false };
+  }
+
   /** Lists every page, then makes the store exactly that list and announces the differences. */
   async #list(signal: AbortSignal): Promise<void> {
+    const plan = this.#listPlan();
     const fresh: T[] = [];
     let cont: string | undefined;
     let rv: string | undefined;
     do {
-      const body = await this.#client.get(this.kind.path, {
-        query: { limit: this.#pageSize, continue: cont, ...this.#selectors },
-        signal,
-      });
-      const page = ListSchema.safeParse(body);
-      if (!page.success) {
-        throw new KubeRequestError(
-          `The list of ${this.kind.resource} is malformed: ${issueText(page.error.issues)}`,
-        );
-      }
-      rv ??= page.data.metadata.resourceVersion;
-      for (const item of page.data.items ?? []) {
+      // A continued page carries its token alone: the server refuses a resourceVersion
+      // with it (client-go's pager clears it too).
+      const query = cont !== undefined
+        ? { limit: this.#pageSize, continue: cont, ...this.#selectors }
+        : {
+          resourceVersion: plan.rv || undefined,
+          limit: plan.paged ? this.#pageSize : undefined,
+          ...this.#selectors,
+        };
+      const page = await this.#client.list(this.kind.path, { query, signal });
+      for await (const item of page.items) {
         const obj = this.kind.schema.safeParse(item);
         if (obj.success) fresh.push(obj.data);
         else this.#malformed("list item", issueText(obj.error.issues));
       }
-      cont = page.data.metadata.continue || undefined;
+      const meta = ListSchema.safeParse(page.rest);
+      if (!meta.success) {
+        throw new KubeRequestError(
+          `The list of ${this.kind.resource} is malformed: ${issueText(meta.error.issues)}`,
+        );
+      }
+      rv ??= meta.data.metadata.resourceVersion;
+      const next = meta.data.metadata.continue || undefined;
+      if (next !== undefined && cont === undefined && plan.rv === "0") this.#paginated = true;
+      cont = next;
     } while (cont !== undefined);
     if (!rv) throw new KubeRequestError(`The list of ${this.kind.resource} has no resourceVersion`);
     const changes = this.#store.replace(
@@ -332,6 +430,7 @@ export class Informer<T extends KubeObject> {
     this.#stats.lists++;
     this.#stats.resourceVersion = rv;
     this.#stats.lastError = null;
+    this.#rvUnavailable = false;
     this.#backoff.reset();
     this.#dispatch(changes);
     if (!this.#stats.synced) {
@@ -343,8 +442,8 @@ export class Informer<T extends KubeObject> {
 
   /**
    * One watch from the current resourceVersion until the server ends it; returns whether
-   * it delivered anything. Throws on a failure, and a {@linkcode KubeApiError} for an
-   * `ERROR` event (410: list again).
+   * it delivered anything. Throws on a failure (a silent watch, a very short one), and a
+   * {@linkcode KubeApiError} for an `ERROR` event (410: list again).
    */
   async #watch(signal: AbortSignal, afterList: boolean): Promise<boolean> {
     const timeoutSeconds = Math.floor(this.#watchTimeout * (1 + this.#random()));
@@ -352,12 +451,33 @@ export class Informer<T extends KubeObject> {
     const onStop = () => ac.abort();
     signal.addEventListener("abort", onStop, { once: true });
     if (signal.aborted) ac.abort();
-    const idleMs = timeoutSeconds * 1000 + this.#graceMs;
-    let idle = false;
-    let timer = setTimeout(() => {
-      idle = true;
+    // Taken before the request: a proxy may hold the headers until the first event.
+    const started = this.#now();
+    const generation = this.#client.generation;
+    // The silence a watch may keep: two bookmark periods, or on a server that sends no
+    // bookmarks its own timeout and a grace.
+    const fallbackMs = timeoutSeconds * 1000 + this.#graceMs;
+    let silentFor = 0;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const onQuiet = () => {
+      if (this.#stats.bookmarkSupport === "unknown" && ++this.#quietBeforeBookmark >= 2) {
+        // A second watch, on a fresh connection, without a bookmark in two periods:
+        // this server sends none. Keep this one, to the fallback limit.
+        this.#noBookmarks("a second watch heard nothing for two bookmark periods", fallbackMs);
+        timer = setTimeout(onQuiet, Math.max(0, fallbackMs - this.#quietMs));
+        return;
+      }
+      silentFor = this.#stats.bookmarkSupport === "none" ? fallbackMs : this.#quietMs;
       ac.abort();
-    }, idleMs);
+    };
+    const arm = () => {
+      clearTimeout(timer);
+      timer = setTimeout(
+        onQuiet,
+        this.#stats.bookmarkSupport === "none" ? fallbackMs : this.#quietMs,
+      );
+    };
+    arm();
     let progressed = false;
     try {
       this.#stats.watches++;
@@ -370,22 +490,38 @@ export class Informer<T extends KubeObject> {
         ...this.#selectors,
       }, ac.signal);
       for await (const line of lines(res.body, ac.signal)) {
-        clearTimeout(timer);
-        timer = setTimeout(() => {
-          idle = true;
-          ac.abort();
-        }, idleMs);
-        if (this.#apply(line)) progressed = true;
+        if (this.#apply(line) && !progressed) {
+          // A watch that delivers works: the next failure waits from the first step.
+          progressed = true;
+          this.#backoff.reset();
+        }
+        // Events still coming two periods into the watch, and no bookmark among them:
+        // the connection lives and the server sends none.
+        if (this.#stats.bookmarkSupport === "unknown" && this.#now() - started > this.#quietMs) {
+          this.#noBookmarks("events came for two bookmark periods without one", fallbackMs);
+        }
+        // After the line: a bookmark in it changes the limit.
+        arm();
       }
-      if (progressed) this.#backoff.reset();
+      if (!progressed && this.#now() - started < SHORT_WATCH_MS) {
+        this.#stats.shortWatches++;
+        throw new ShortWatchError(
+          `The watch of ${this.kind.resource} ended within a second with no event`,
+        );
+      }
       this.#stats.lastError = null;
       return progressed;
     } catch (err) {
-      if (idle && !signal.aborted) {
-        throw new KubeRequestError(
-          `The watch of ${this.kind.resource} was silent for ${idleMs} ms`,
-          { cause: err },
-        );
+      if (silentFor > 0 && !signal.aborted) {
+        const msg = this.#stats.bookmarkSupport === "none"
+          ? `The watch of ${this.kind.resource} was silent for ${silentFor} ms (its timeout ` +
+            `and a grace; the server sends no bookmarks)`
+          : `The watch of ${this.kind.resource} heard nothing, not even a bookmark, for ` +
+            `${silentFor} ms (two bookmark periods)`;
+        this.#stats.silentWatches++;
+        // The connection is dead: with HTTP/2 the next watch would queue on it.
+        this.#client.reconnect(generation, msg);
+        throw new KubeRequestError(msg, { cause: err });
       }
       if (err instanceof KubeApiError || err instanceof KubeRequestError || signal.aborted) {
         throw err;
@@ -399,6 +535,15 @@ export class Informer<T extends KubeObject> {
       clearTimeout(timer);
       signal.removeEventListener("abort", onStop);
     }
+  }
+
+  /** Marks the server as sending no bookmarks (until one comes), and says so once. */
+  #noBookmarks(why: string, watchLimitMs: number): void {
+    this.#stats.bookmarkSupport = "none";
+    this.#log.warn(
+      "The Kubernetes API server sends no watch bookmarks: a dead watch is noticed only once silent past its timeout",
+      { why, bookmarkWaitMs: this.#quietMs, watchLimitMs },
+    );
   }
 
   /** Applies one watch line; returns whether it was a well-formed event. Throws for ERROR. */
@@ -436,6 +581,8 @@ export class Informer<T extends KubeObject> {
       }
       this.#stats.resourceVersion = b.data.metadata.resourceVersion;
       this.#stats.bookmarks++;
+      this.#stats.bookmarkSupport = "seen";
+      this.#quietBeforeBookmark = 0;
       this.#stats.lastEventAt = this.#now();
       return true;
     }

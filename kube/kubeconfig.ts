@@ -97,7 +97,7 @@ export async function parseKubeconfigText(text: string, path: string): Promise<u
       // YAML's flow style starts with "{" too: let the YAML parser say what is wrong.
     }
   }
-  const { LineCounter, parseDocument } = await import("yaml");
+  const { LineCounter, parseDocument } = await import("./_yaml.ts");
   const lines = new LineCounter();
   const doc = parseDocument(text, { lineCounter: lines, prettyErrors: false, uniqueKeys: true });
   if (doc.errors.length > 0) {

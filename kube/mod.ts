@@ -62,6 +62,11 @@ export interface KubeOptions {
   requestTimeoutSeconds?: number;
   /** Watches end on the server after a random [w, 2w) seconds (default 300). */
   watchTimeoutSeconds?: number;
+  /**
+   * How often the API server sends a watch bookmark (default 60, kube-apiserver's); a
+   * watch that hears nothing for twice this is taken for dead.
+   */
+  watchBookmarkSeconds?: number;
   /** The environment (default: the process's KUBECONFIG, KUBERNETES_SERVICE_*, NODE_NAME). */
   env?: KubeEnv;
   /** The service-account folder (tests). */
@@ -70,7 +75,10 @@ export interface KubeOptions {
   tokenMaxAgeMs?: number;
   /** The list-and-watch backoff (tests). */
   backoff?: BackoffOptions;
-  /** How long past its timeout a silent watch is taken for dead (default 30 s; tests). */
+  /**
+   * On a server that sends no bookmarks, how long past its timeout a silent watch is
+   * taken for dead (default 30 s; tests).
+   */
   watchGraceMs?: number;
   log?: Logger;
 }
@@ -158,6 +166,7 @@ export class Kube {
       const o: InformerOptions = {
         pageSize: this.#o.pageSize,
         watchTimeoutSeconds: this.#o.watchTimeoutSeconds,
+        bookmarkSeconds: this.#o.watchBookmarkSeconds,
         watchGraceMs: this.#o.watchGraceMs,
         backoff: this.#o.backoff,
         log: this.#log,

@@ -28,6 +28,14 @@ export class HttpRequestError extends Error {
   }
 }
 
+/** A header name: an RFC 9110 token. */
+const TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+/**
+ * A header value: visible ASCII, obs-text, spaces and tabs; no control character. The head is
+ * read as UTF-8, so a character past U+00FF (which no Request header can hold) is refused too.
+ */
+const FIELD_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
+
 /**
  * Parses a request's head (everything before the blank line).
  *
@@ -47,10 +55,15 @@ export function parseRequestHead(bytes: Uint8Array): HttpRequestHead {
   for (const l of lines.slice(1)) {
     if (l === "") continue;
     const i = l.indexOf(":");
-    if (i <= 0) {
+    const name = i <= 0 ? "" : l.slice(0, i);
+    const value = l.slice(i + 1).trim();
+    // RFC 9110 §5.1, §5.5: a name is a token; a value is visible characters, obs-text, spaces
+    // and tabs. A control character (NUL among them) is the client's error, not a method or
+    // target the server cannot serve.
+    if (!TOKEN.test(name) || !FIELD_VALUE.test(value)) {
       throw new HttpRequestError(400, `Malformed header ${JSON.stringify(l.slice(0, 100))}`);
     }
-    headers.set(l.slice(0, i).trim().toLowerCase(), l.slice(i + 1).trim());
+    headers.set(name.toLowerCase(), value);
   }
   return { method: m[1], target: m[2], headers };
 }

@@ -20,6 +20,7 @@ import { Counter, Gauge, Histogram, Registry } from "./prometheus.ts";
 /** Phases of an operation. */
 export type Phase =
   | "queue_wait"
+  | "del_wait"
   | "netns_check"
   | "provider"
   | "device_lookup"
@@ -28,8 +29,10 @@ export type Phase =
   | "shape"
   | "unplug"
   | "inspect"
+  | "policy_sync"
   | "policy"
   | "policy_commit"
+  | "reuse_wait"
   | "state_write";
 
 /**
@@ -94,6 +97,8 @@ export interface PolicyCounts {
   rules: { pod: string; direction: string; rules: number }[];
   /** Per local pod, direction and place (`pod`: its namespace, `node`: its node end): drops. */
   drops: { pod: string; direction: string; place: string; packets: number }[];
+  /** The cluster's NetworkPolicies the agent cannot read (`namespace/name`; each fails closed). */
+  unreadable?: string[];
 }
 
 /** Why a device plugin device is Unhealthy (the label values of its gauge). */
@@ -142,6 +147,7 @@ export class Metrics implements PhaseRecorder {
   #devicePlugin: () => DevicePluginCounts | null = () => null;
   #pool: () => Promise<PoolCounts> | PoolCounts = () => ({ attachable: 0, profiles: {} });
   #policy: (() => Promise<PolicyCounts>) | null = null;
+  #ipvs: (() => boolean) | null = null;
   readonly policyEnforcement: Histogram;
   readonly policyLoadFailures: Counter<"place">;
 
@@ -181,7 +187,7 @@ export class Metrics implements PhaseRecorder {
     this.phaseDuration = new Histogram({
       name: "enim_phase_duration_seconds",
       help:
-        "Time spent in each phase of an operation (queue_wait, netns_check, provider, device_lookup, move, configure, shape, unplug, inspect, policy, state_write)",
+        "Time spent in each phase of an operation (queue_wait, del_wait, netns_check, provider, device_lookup, move, configure, shape, unplug, inspect, policy_sync, policy, policy_commit, state_write)",
       labelNames: ["op", "phase"],
       buckets: LATENCY_BUCKETS,
       registers,
@@ -380,6 +386,16 @@ export class Metrics implements PhaseRecorder {
       policyReading ??= source().finally(() => policyReading = null);
       return policyReading;
     };
+    const ipvs = () => this.#ipvs?.() ?? false;
+    new Gauge({
+      name: "enim_policy_ipvs_refusing",
+      help:
+        "NetworkPolicy: 1 while kube-proxy's IPVS mode is found on the node (or cannot be ruled out) and ADDs are refused with CNI code 111; 0 otherwise and when policy is off",
+      registers,
+      collect() {
+        this.set({}, ipvs() ? 1 : 0);
+      },
+    });
     new Gauge({
       name: "enim_policy_synced",
       help:
@@ -423,6 +439,17 @@ export class Metrics implements PhaseRecorder {
         for (const r of (await policy())?.rules ?? []) {
           this.set({ pod: r.pod, direction: r.direction }, r.rules);
         }
+      },
+    });
+    new Gauge({
+      name: "enim_policy_unreadable",
+      help:
+        "NetworkPolicy: 1 for each policy of the cluster the agent cannot read, by policy (namespace/name); each fails closed: it isolates the pods it selects (its whole namespace when its podSelector cannot be read) and admits nothing",
+      labelNames: ["policy"],
+      registers,
+      async collect() {
+        this.reset();
+        for (const p of (await policy())?.unreadable ?? []) this.set({ policy: p }, 1);
       },
     });
     new Counter({
@@ -495,6 +522,11 @@ export class Metrics implements PhaseRecorder {
   /** Sets where the NetworkPolicy metrics read from (when policy is on). */
   setPolicySource(fn: () => Promise<PolicyCounts>): void {
     this.#policy = fn;
+  }
+
+  /** Sets where `enim_policy_ipvs_refusing` reads from (when policy is on). */
+  setIpvsSource(fn: () => boolean): void {
+    this.#ipvs = fn;
   }
 
   /** Records a watch event put in place `ms` after it arrived. */

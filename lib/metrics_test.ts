@@ -40,3 +40,19 @@ Deno.test("metrics exposes phase histograms, operation counters and pool gauges"
   assert(!text.includes('field="limitSource"'), "only numeric details become samples");
   assertMatch(text, /enim_gc_reclaims_total\{result="reclaimed"\} 1/);
 });
+
+Deno.test("metrics show each NetworkPolicy the agent cannot read, and none when it reads them all", async () => {
+  const m = new Metrics();
+  let unreadable: string[] | undefined = ["a/future", "b/gt"];
+  m.setPolicySource(() =>
+    Promise.resolve({ synced: true, caches: [], rules: [], drops: [], unreadable })
+  );
+  const text = await m.text();
+  assertMatch(text, /# TYPE enim_policy_unreadable gauge/);
+  assertMatch(text, /enim_policy_unreadable\{policy="a\/future"\} 1/);
+  assertMatch(text, /enim_policy_unreadable\{policy="b\/gt"\} 1/);
+  unreadable = [];
+  assert(!(await m.text()).includes('enim_policy_unreadable{policy="a/future"}'), "read now: gone");
+  unreadable = undefined;
+  assert(!(await m.text()).includes("enim_policy_unreadable{"), "an older source: none");
+});

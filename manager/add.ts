@@ -1,6 +1,8 @@
 /**
- * ADD: the pod's choice checked, its namespace pinned, the intent recorded, an ENI
- * allocated (a sticky pod's held one taken back), its device moved and configured
+ * ADD: the pod's choice checked (with NetworkPolicy, the enforcer's first sync waited
+ * for), its namespace pinned, the intent recorded, an ENI allocated (a sticky pod's held
+ * one taken back; with none free, DELs still bringing theirs home are waited for,
+ * bounded), its device moved and configured
  * (interface mode) or found (IPAM mode), the outcome recorded, the answer given;
  * the cloud description queued after it. Any failure rolls back through
  * `release.ts`. Placing the device is `place.ts`'s.
@@ -11,7 +13,7 @@
  *
  * @module
  */
-import { EniSchema, type Owner } from "../providers/contract.ts";
+import { type Eni, EniSchema, type Owner, ProviderError } from "../providers/contract.ts";
 import { DeviceError, type InstalledShaping, type PinnedNetns } from "../netns/types.ts";
 import { resultRoutes } from "../netns/host_link.ts";
 import type { Logger } from "../lib/log.ts";
@@ -26,7 +28,8 @@ import type { OpTimer } from "./op_timer.ts";
 import { release } from "./release.ts";
 import { findForIpam, plugIntoPod } from "./place.ts";
 import { hostLinkFor, prepareHostLink } from "./host_link.ts";
-import { policyCommitted, preparePolicy } from "./policy.ts";
+import { policyCommitted, policySynced, preparePolicy } from "./policy.ts";
+import { withDeadline } from "../lib/async.ts";
 
 export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promise<AddResponse> {
   const pod = podKeyOf(req.pod);
@@ -76,6 +79,10 @@ export async function add(ctx: ManagerContext, req: AddInput, t: OpTimer): Promi
     );
   }
   await prepareHostLink(ctx.hostLinks, ctx.provider.profiles(), req, pod);
+  // Before anything is recorded or an ENI taken: an ADD waiting for NetworkPolicy's first
+  // sync holds none of the pool's ENIs (and gives up with nothing to undo).
+  const synced = policySynced(ctx, req, t);
+  if (synced) await synced;
   const owner: Owner = { pod, containerId: req.containerId, ifName: req.ifName };
   const log = ctx.log.child({ op: "add", key: keyOf(key), pod });
   // The namespace is proven and held before anything is recorded or allocated: every
@@ -137,20 +144,36 @@ export async function addPinned(
   let allocating = false;
   let allocated = false;
   try {
+    // DELs still bringing their ENIs home (none on the fast path: nothing awaited here).
+    const wait = new DelWait(ctx, t, log);
+    const finishing = finishingDels(ctx);
+    if (finishing.length > 0 && await needsTheirEnis(ctx, req)) await wait.forAll(finishing);
     const held = revived ??
       (req.sticky ? await takeOverHeld(ctx, req, key, pod, log) : null);
     allocating = true;
-    const eni = EniSchema.parse(
-      await t.time("provider", () =>
-        ctx.provider.allocateNextENI(owner, {
-          ips: req.ips,
-          ranges: req.ranges,
-          profile: req.profile,
-          ...(req.securityGroupIds ? { securityGroupIds: req.securityGroupIds } : {}),
-          ...(held ? { takeOver: ownerOf(held) } : {}),
-          ...(req.sticky ? { sticky: true } : {}),
-        })),
-    );
+    let eni: Eni;
+    for (;;) {
+      // The DELs finishing as it asks: one may bring its ENI home while the provider refuses.
+      const asked = finishingDels(ctx);
+      try {
+        eni = EniSchema.parse(
+          await t.time("provider", () =>
+            ctx.provider.allocateNextENI(owner, {
+              ips: req.ips,
+              ranges: req.ranges,
+              profile: req.profile,
+              ...(req.securityGroupIds ? { securityGroupIds: req.securityGroupIds } : {}),
+              ...(held ? { takeOver: ownerOf(held) } : {}),
+              ...(req.sticky ? { sticky: true } : {}),
+            })),
+        );
+        break;
+      } catch (err) {
+        // Refused while DELs were finishing: the next of them to finish brings one home.
+        if (!(err instanceof ProviderError) || err.reason !== "no_eni_available") throw err;
+        await wait.forNext(asked, err);
+      }
+    }
     allocated = true;
     if (held && held.eniId !== eni.id) {
       // The held ENI could not be given back (gone from the cloud): free what is left of it.
@@ -183,7 +206,10 @@ export async function addPinned(
       let placed: { ifindex: number; nodeName: string; shaping?: InstalledShaping };
       try {
         const policy = link
-          ? await t.time("policy", () => preparePolicy(ctx, key, pod, req.ifName, link, t))
+          ? await t.time(
+            "policy",
+            () => preparePolicy(ctx, key, { key: pod, uid: req.pod.uid }, req.ifName, link, t),
+          )
           : undefined;
         placed = req.mode === "interface"
           ? await plugIntoPod(ctx, req, pinned!, key, eni, ips, routes, t, link, policy)
@@ -296,6 +322,93 @@ export async function takeOverHeld(
     }
     return Promise.resolve(held);
   });
+}
+
+const seconds = (ms: number) => Math.round(ms / 100) / 10;
+
+/** The rests of the DELs that have answered and are still finishing (`ctx.releasing`). */
+function finishingDels(ctx: ManagerContext): Promise<void>[] {
+  return ctx.releasing.size === 0 ? [] : [...ctx.releasing.values()].map((r) => r.rest);
+}
+
+/**
+ * Whether an ADD could get only a new ENI or none while DELs are finishing: its profile
+ * has no free ENI, or it asks for given addresses or ranges (or is a sticky pod, whose
+ * own ENI may be coming home), which may be on an ENI on its way home.
+ */
+async function needsTheirEnis(ctx: ManagerContext, req: AddInput): Promise<boolean> {
+  if (req.ips.length > 0 || req.ranges.length > 0 || req.sticky) return true;
+  const pool = (await ctx.provider.status()).profiles[req.profile];
+  return (pool?.free ?? 0) === 0;
+}
+
+/**
+ * An ADD's waits for DELs that have answered and are still bringing their ENIs home,
+ * timed as the `del_wait` phase and together bounded by `ctx.delWaitMs`
+ * (`timeouts.delWaitSeconds`) from the first.
+ */
+class DelWait {
+  readonly #ctx: ManagerContext;
+  readonly #t: OpTimer;
+  readonly #log: Logger;
+  #until: number | null = null;
+
+  constructor(ctx: ManagerContext, t: OpTimer, log: Logger) {
+    this.#ctx = ctx;
+    this.#t = t;
+    this.#log = log;
+  }
+
+  /** The time left (ms), the bound starting now if it has not yet. */
+  #left(): number {
+    this.#until ??= performance.now() + this.#ctx.delWaitMs;
+    return this.#until - performance.now();
+  }
+
+  /** Waits for every DEL of `rests` to finish, or for the bound (then the ADD goes on). */
+  async forAll(rests: Promise<void>[]): Promise<void> {
+    const left = this.#left();
+    if (left <= 0) return;
+    this.#log.debug("Waiting for DELs that are still bringing their ENIs home", {
+      dels: rests.length,
+    });
+    await this.#t.time("del_wait", () => this.#within(Promise.all(rests), left));
+  }
+
+  /**
+   * The provider refused the ADD (`refused`: no ENI available) while the DELs `before`
+   * were finishing: when one of them has finished since (its ENI may be home), the ADD
+   * asks again at once; otherwise it waits for the next DEL still finishing, then asks
+   * again. Throws the refusal when no DEL is finishing, and says so when the bound has
+   * passed.
+   */
+  async forNext(before: Promise<void>[], refused: ProviderError): Promise<void> {
+    const now = finishingDels(this.#ctx);
+    if (before.some((r) => !now.includes(r))) return;
+    if (now.length === 0) throw refused;
+    const left = this.#left();
+    if (left <= 0) {
+      const n = now.length;
+      throw new ApiError(
+        "no_eni_available",
+        `${refused.message}; ${n} DEL${n === 1 ? " is" : "s are"} still bringing ${
+          n === 1 ? "its ENI" : "their ENIs"
+        } home after ${seconds(this.#ctx.delWaitMs)} s of waiting (timeouts.delWaitSeconds)`,
+        undefined,
+        { cause: refused },
+      );
+    }
+    this.#log.info("No free ENI while DELs are finishing; waiting for the next of them", {
+      dels: now.length,
+      leftMs: Math.round(left),
+    });
+    await this.#t.time("del_wait", () => this.#within(Promise.race(now), left));
+  }
+
+  /** `p` (a DEL's rest never rejects), or nothing after `ms`. */
+  async #within(p: Promise<unknown>, ms: number): Promise<void> {
+    await withDeadline(p, ms, () => new Error("DELs still finishing")).catch(() => {});
+  }
 }
 
 /** The result's `bandwidth`: the shaping the plug installed, when it shaped anything. */

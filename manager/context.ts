@@ -50,6 +50,13 @@ export interface ManagerContext {
   readonly hostLinks: HostLinks;
   /** NetworkPolicy enforcement (`policy.ts`); null when it is off. */
   readonly policy: PolicyHook | null;
+  /** Aborted when the manager closes: waits that may end early do (a freed ENI's reuse wait). */
+  readonly stopping: AbortSignal;
+  /**
+   * How long, in all, an ADD that finds no free ENI waits for the DELs of `releasing`
+   * (add.ts `allocate`; `timeouts.delWaitSeconds`).
+   */
+  readonly delWaitMs: number;
   /**
    * DELs that have answered and are still bringing their device home (release.ts), by
    * attachment key: the pod's namespace path and the rest (it never rejects). An ADD in

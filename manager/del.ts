@@ -54,7 +54,7 @@ export async function del(
       // in that move's batch; a sticky pod's DEL answers once its hold is recorded, and
       // its link is removed after that answer (below).
       deferHostLink: link !== null,
-      ...(hold ? {} : { answer }),
+      ...(hold ? {} : { answer, reuseWait: true }),
     }, t);
     ctx.log.info(
       !hold

@@ -82,7 +82,7 @@ export interface GcDeps {
   /** Releases one attachment (state deleting → device back → deallocate → row deleted). */
   release(
     row: AttachmentRow,
-    opts: { netnsUsable: boolean; park?: { until: number } },
+    opts: { netnsUsable: boolean; park?: { until: number }; reuseWait?: boolean },
   ): Promise<void>;
   /** Frees an ENI the provider shows owned by an attachment the state does not know. */
   freeOrphan(owner: Owner, eni: { id: string; mac: string }): Promise<boolean>;
@@ -356,7 +356,7 @@ async function reclaim(deps: GcDeps, p: PlanItem, began: number): Promise<GcItem
         }
         await deps.release(row, {
           netnsUsable: p.netnsUsable,
-          ...(p.park ? { park: p.park } : {}),
+          ...(p.park ? { park: p.park } : { reuseWait: true }),
         });
       } else {
         if (row) return null;

@@ -106,6 +106,8 @@ Deno.test("ADD with a host link plugs it with the ENI, records it, and DEL remov
 Deno.test("a DEL forgets the pod's NetworkPolicy while its device goes home, and the ENI is freed only after", async () => {
   const calls: string[] = [];
   const policy: PolicyHook = {
+    reuseWait: () => null,
+    whenSynced: () => null,
     prepare: () => Promise.resolve({ podRuleset: () => Promise.resolve("") }),
     committed: () => Promise.resolve(),
     removed: (key) => {
@@ -137,6 +139,118 @@ Deno.test("a DEL forgets the pod's NetworkPolicy while its device goes home, and
     await n.mgr.settled();
     assertEquals((await n.owned()).size, 0);
   }, { policy });
+});
+
+Deno.test("a DEL's ENI goes back to the pool only once the policy's reuse wait ends; the DEL answers before it, and an ADD on the full node waits for it", async () => {
+  const waits: { addresses: string[]; end: () => void }[] = [];
+  const policy: PolicyHook = {
+    whenSynced: () => null,
+    prepare: () => Promise.resolve({ podRuleset: () => Promise.resolve("") }),
+    committed: () => Promise.resolve(),
+    removed: () => Promise.resolve(),
+    restore: () => {},
+    reuseWait: (addresses) => {
+      let end!: () => void;
+      const p = new Promise<void>((r) => end = r);
+      waits.push({ addresses, end });
+      return p;
+    },
+  };
+  await withNode(async (n) => {
+    n.devices.nodeAddrs = NODE_ADDRS;
+    const first = await add(n, 1, { hostLink: LINK });
+    await add(n, 2, { hostLink: LINK });
+    // The DEL answers; its ENI stays its pod's while the wait lasts.
+    await n.mgr.del(delReq(1));
+    assert(
+      await poll(() => Promise.resolve(waits.length > 0 || null), {
+        timeoutMs: 2_000,
+        intervalMs: 5,
+      }),
+      "the DEL waits",
+    );
+    assertEquals(waits[0].addresses, first.ips.map((i) => i.address.split("/")[0]));
+    assertEquals((await n.owned()).size, 2, "not back in the pool while it waits");
+    // A new pod needs that ENI (the pool has no other): its ADD waits too.
+    let added: string | null = null;
+    const adding = add(n, 3, { hostLink: LINK }).then((r) => added = r.eniId);
+    await new Promise((ok) => setTimeout(ok, 100));
+    assertEquals(added, null, "the ADD waits for the freed ENI");
+    waits[0].end();
+    await adding;
+    assertEquals(added, first.eniId, "then it gets it");
+  }, { policy, mock: { enis: 2 } });
+});
+
+Deno.test("a new sandbox of the pod whose old one's ENI waits for reuse is not held up: the same pod (same uid) takes it; another pod is", async () => {
+  let waits = 0;
+  const policy: PolicyHook = {
+    whenSynced: () => null,
+    prepare: () => Promise.resolve({ podRuleset: () => Promise.resolve("") }),
+    committed: () => Promise.resolve(),
+    removed: () => Promise.resolve(),
+    restore: () => {},
+    // Waits until told to stop (as the enforcer's does while the API shows the pod).
+    reuseWait: (_addresses, signal) => {
+      waits++;
+      return new Promise<void>((r) => signal.addEventListener("abort", () => r(), { once: true }));
+    },
+  };
+  const pod = (uid?: string) => ({ namespace: "default", name: "pod-1", ...(uid ? { uid } : {}) });
+  await withNode(async (n) => {
+    n.devices.nodeAddrs = NODE_ADDRS;
+    const first = await add(n, 1, { hostLink: LINK, pod: pod("u1") });
+    await n.mgr.del(delReq(1));
+    await poll(() => Promise.resolve(waits > 0 || null), { timeoutMs: 2_000, intervalMs: 5 });
+    // Another pod of that name (another uid) waits.
+    let other: string | null = null;
+    const adding = add(n, 2, { hostLink: LINK, pod: pod("u2") }).then((r) => other = r.eniId);
+    await new Promise((ok) => setTimeout(ok, 100));
+    assertEquals(other, null, "a pod re-created under the name is another pod: it waits");
+    // The same pod's next sandbox: the wait ends, and one of them gets the ENI.
+    const again = await withDeadline(
+      add(n, 3, { hostLink: LINK, netns: "/run/netns/p3", pod: pod("u1") }).catch((err) => err),
+      10_000,
+      () => new Error("the same pod's ADD is held up by its old sandbox's reuse wait"),
+    );
+    await withDeadline(adding.catch(() => {}), 10_000, () => new Error("held up"));
+    const got = [other, again?.eniId ?? null].filter((x) => x !== null);
+    assertEquals(got.length, 1, "one ENI: one of them has it, the other found none");
+    assertEquals(got[0], first.eniId);
+  }, { policy, mock: { enis: 1 } });
+});
+
+Deno.test("a DEL without NetworkPolicy, and a sticky pod's DEL, do not wait before the ENI goes back", async () => {
+  let asked = 0;
+  const policy: PolicyHook = {
+    whenSynced: () => null,
+    prepare: () => Promise.resolve({ podRuleset: () => Promise.resolve("") }),
+    committed: () => Promise.resolve(),
+    removed: () => Promise.resolve(),
+    restore: () => {},
+    reuseWait: () => {
+      asked++;
+      return null;
+    },
+  };
+  await withNode(async (n) => {
+    n.devices.nodeAddrs = NODE_ADDRS;
+    await add(n, 1, { hostLink: LINK });
+    await n.mgr.del(delReq(1));
+    await n.mgr.settled();
+    assertEquals([(await n.owned()).size, asked], [0, 1], "asked, and told it may go at once");
+    await add(n, 2, { hostLink: LINK, sticky: true });
+    await n.mgr.del(delReq(2));
+    await n.mgr.settled();
+    assertEquals(asked, 1, "a sticky pod's hold keeps the ENI for that pod: nothing to ask");
+  }, { policy });
+  await withNode(async (n) => {
+    n.devices.nodeAddrs = NODE_ADDRS;
+    await add(n, 1, { hostLink: LINK });
+    await n.mgr.del(delReq(1));
+    await n.mgr.settled();
+    assertEquals((await n.owned()).size, 0);
+  });
 });
 
 Deno.test("CHECK reports a host link whose node end is gone", async () => {

@@ -52,7 +52,7 @@ import type {
   ReconcileReport,
 } from "./types.ts";
 import { StateStore } from "./state.ts";
-import { keyOf } from "../providers/schema.ts";
+import { keyOf, podKeyOf } from "../providers/schema.ts";
 import { KeyedMutex } from "./mutex.ts";
 import { checkAttachment } from "./check.ts";
 import { type LivenessSource, runGc } from "./gc.ts";
@@ -64,7 +64,7 @@ import { toApiError } from "./errors.ts";
 import { type OpTimer, timed } from "./op_timer.ts";
 import { add } from "./add.ts";
 import { del } from "./del.ts";
-import { release } from "./release.ts";
+import { podReturns, release } from "./release.ts";
 import { freeOrphan, reconcile } from "./reconcile.ts";
 import { attachmentView, status } from "./status.ts";
 import { withDeadline } from "../lib/async.ts";
@@ -111,6 +111,11 @@ export interface ManagerOptions {
   nodeRoutes?: KeeperOptions;
   /** NetworkPolicy enforcement (the agent's enforcer); absent: off. */
   policy?: PolicyHook;
+  /**
+   * How long, in all, an ADD that finds no free ENI waits for DELs that have answered and
+   * are still bringing theirs home (`timeouts.delWaitSeconds`; default 10 s).
+   */
+  delWaitMs?: number;
 }
 
 /** The manager, with its state store exposed for the agent and tests. */
@@ -168,6 +173,8 @@ class ManagerImpl implements Manager {
       hostLinks: new HostLinks(o.devices, o.log.child({ op: "host_link" }), state, o.nodeMarks),
       releasing: new Map(),
       policy: o.policy ?? null,
+      delWaitMs: o.delWaitMs ?? 10_000,
+      stopping: this.#stopping.signal,
     };
     const ctx = this.#ctx;
     this.#routes = new NodeRouteKeeper({
@@ -207,7 +214,11 @@ class ManagerImpl implements Manager {
   add(req: AddInput): Promise<AddResponse> {
     const key = keyOf(req);
     return this.#keyed("add", key, async (t) => {
-      if (await this.#needsReleases(req)) await t.time("queue_wait", () => this.settled());
+      // A new sandbox of a pod whose old one's DEL is releasing its ENI: no reuse wait.
+      podReturns(this.#ctx, podKeyOf(req.pod), req.pod.uid);
+      // Its device and host link still hold their names there. (One that needs their ENI
+      // waits for them in add.ts, before it takes one.)
+      if (this.#sameNetnsReleasing(req)) await t.time("del_wait", () => this.settled());
       const r = await add(this.#ctx, req, t);
       // Still under the attachment's lock: a GC reclaim waiting for it sees this.
       this.#ctx.addAnswered.set(key, { mono: performance.now(), at: this.#ctx.now() });
@@ -300,19 +311,14 @@ class ManagerImpl implements Manager {
   }
 
   /**
-   * Whether an ADD must wait for DELs that answered before their device was home (del
-   * below): one in the same namespace (its device and host link still hold their names
-   * there), or an ADD that could otherwise only get a new ENI or none (its profile has no
-   * free one, or it asks for given addresses, which may be on an ENI on its way home).
-   * Otherwise it goes on beside them.
+   * Whether a DEL that answered before its device was home (del below) is in the ADD's
+   * namespace: then the ADD waits for it. An ADD that needs such a DEL's ENI waits for it
+   * as it takes one (add.ts `DelWait`); any other goes on beside them.
    */
-  async #needsReleases(req: AddInput): Promise<boolean> {
+  #sameNetnsReleasing(req: AddInput): boolean {
     const ctx = this.#ctx;
     if (ctx.releasing.size === 0) return false;
-    if ([...ctx.releasing.values()].some((r) => r.netns === req.netns)) return true;
-    if (req.ips.length > 0 || req.ranges.length > 0 || req.sticky) return true;
-    const pool = (await ctx.provider.status()).profiles[req.profile];
-    return (pool?.free ?? 0) === 0;
+    return [...ctx.releasing.values()].some((r) => r.netns === req.netns);
   }
 
   async settled(boundMs?: number): Promise<void> {

@@ -39,6 +39,7 @@ import type {
   HostLinkNodeState,
   NodeAddresses,
 } from "../netns/types.ts";
+import { KUBE_IPVS_LINK } from "../netns/types.ts";
 import { keyOf } from "../providers/schema.ts";
 import type { HostLinks } from "./host_link.ts";
 import { linkMacs } from "./host_link.ts";
@@ -191,7 +192,8 @@ export class NodeRouteKeeper {
   }
 
   #event(e: AddressEvent): void {
-    if (e.scope !== "global") return;
+    // kube-ipvs0's addresses are kube-proxy's ClusterIPs (IPVS mode), not the node's.
+    if (e.scope !== "global" || e.ifName === KUBE_IPVS_LINK) return;
     const id = `${e.ifName} ${e.address}`;
     if (e.deleted) this.#known.delete(id);
     else if (this.#known.has(id)) return;

@@ -254,6 +254,9 @@ Deno.test("the keeper restores what an address change dropped, once changes sett
     kernel.emit!(addr(false));
     // Link-scope addresses (a new node end's fe80::) never count.
     kernel.emit!({ ...addr(false, "fe80::1"), scope: "link" });
+    // Nor do kube-ipvs0's (kube-proxy's IPVS mode binds each ClusterIP there).
+    kernel.emit!({ ...addr(false, "172.30.0.10"), ifName: "kube-ipvs0" });
+    kernel.emit!({ ...addr(true, "172.30.0.11"), ifName: "kube-ipvs0" });
     await settle();
     assertEquals(kernel.listings, 2);
     // The watch's process dies: it is started again, and a pass looks at what it missed.

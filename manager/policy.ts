@@ -1,8 +1,9 @@
 /**
  * The manager's side of NetworkPolicy (the hook of `types.ts`, which the agent's enforcer
- * implements): ADD asks for the pod's ruleset before the plug and reports the attachment
- * ready after it; a release forgets it; reconcile hands over the pods the state holds
- * ready. Nothing here knows Kubernetes.
+ * implements): ADD waits for the enforcer's first sync before it takes an ENI, asks for
+ * the pod's ruleset before the plug and reports the attachment ready after it; a release
+ * forgets it; reconcile hands over the pods the state holds ready. Nothing here knows
+ * Kubernetes.
  *
  * @module
  */
@@ -13,7 +14,7 @@ import { type AttachmentKey, keyOf } from "../providers/schema.ts";
 import type { ManagerContext } from "./context.ts";
 import type { OpTimer } from "./op_timer.ts";
 import { type AttachmentRow, hostLinkOf } from "./state.ts";
-import type { RestoredPolicyPod } from "./types.ts";
+import type { AddInput, RestoredPolicyPod } from "./types.ts";
 
 /** The enforcer's own {@linkcode ApiError} as it is; anything else as `device_error`. */
 function asPolicyError(err: unknown): ApiError {
@@ -27,6 +28,26 @@ function asPolicyError(err: unknown): ApiError {
 }
 
 /**
+ * ADD's wait for the enforcer's first sync, before the ADD records its intent or takes an
+ * ENI (interface mode with a host link), so that an ADD that cannot know its pod's policy
+ * yet pins no ENI of the pool: null when there is nothing to wait for (policy off, no
+ * host link, or synced: the ADD goes on without an await), otherwise the wait, timed as
+ * the `policy_sync` phase. A failure is an {@linkcode ApiError}, as
+ * {@linkcode preparePolicy}'s: the enforcer's own (`policy_unavailable` past its bound).
+ */
+export function policySynced(
+  ctx: ManagerContext,
+  req: Pick<AddInput, "mode" | "hostLink">,
+  t: OpTimer,
+): Promise<void> | null {
+  if (!ctx.policy || req.mode !== "interface" || !req.hostLink) return null;
+  const wait = ctx.policy.whenSynced();
+  return wait && t.time("policy_sync", () => wait).catch((err) => {
+    throw asPolicyError(err);
+  });
+}
+
+/**
  * ADD's policy step, before the plug (interface mode with a host link): whether the
  * pod's policy can be known, and the pod's ruleset as a call the plug makes once, when
  * the device's move has started (undefined: policy is off); that call loads the node's
@@ -37,7 +58,7 @@ function asPolicyError(err: unknown): ApiError {
 export async function preparePolicy(
   ctx: ManagerContext,
   key: AttachmentKey,
-  pod: string,
+  pod: { key: string; uid?: string },
   eniIfName: string,
   link: HostLinkSpec,
   t: OpTimer,
@@ -49,7 +70,8 @@ export async function preparePolicy(
     throw asPolicyError(err);
   };
   const r = await ctx.policy.prepare({
-    pod,
+    pod: pod.key,
+    ...(pod.uid ? { uid: pod.uid } : {}),
     key: keyOf(key),
     addresses: { ...link.podAddresses },
     eniIfName,
@@ -105,6 +127,7 @@ export function restoredPolicyPods(rows: AttachmentRow[]): RestoredPolicyPod[] {
       }
       out.push({
         pod: r.pod,
+        ...(r.podUid ? { uid: r.podUid } : {}),
         key: keyOf(r),
         addresses,
         eniIfName: r.ifName,

@@ -77,6 +77,13 @@ export async function release(
      */
     deferHostLink?: boolean;
     /**
+     * DEL, GC: the ENI goes back to the pool only once no pod the cluster shows holds its
+     * addresses, bounded (the enforcer's `reuseWait`; without NetworkPolicy, at once):
+     * other nodes know whose an address is only from the API. A DEL answers before it
+     * waits. Reconcile does not wait (the agent's start would).
+     */
+    reuseWait?: boolean;
+    /**
      * DEL: called once the rest cannot be lost, so the DEL may answer: the intent is
      * recorded and the pod's namespace is held open by the agent (it outlives its path,
      * so the runtime removing it cannot take the device), just before the device is
@@ -88,6 +95,18 @@ export async function release(
   t: OpTimer = new OpTimer(),
 ): Promise<void> {
   const key: AttachmentKey = { containerId: row.containerId, ifName: row.ifName };
+  let answered = false;
+  const answer = () => {
+    if (!answered) o.answer?.();
+    answered = true;
+  };
+  // From the start: the pod's next ADD may come while its device is still going home.
+  let mine: Map<string, { pod: string; uid: string | null; skip: AbortController }> | undefined;
+  if (o.reuseWait) {
+    mine = releasing.get(ctx);
+    if (!mine) releasing.set(ctx, mine = new Map());
+    mine.set(keyOf(key), { pod: row.pod, uid: row.podUid, skip: new AbortController() });
+  }
   if (row.state !== "deleting") {
     t.sync("state_write", () => ctx.state.update(key, { state: "deleting" }));
   }
@@ -132,7 +151,7 @@ export async function release(
         }
         // Early only while the pin keeps the namespace alive: a /proc/<pid> path keeps
         // nothing, and a runtime stops the sandbox as soon as its DEL is answered.
-        if (pinned?.keepsAlive && row.mode === "interface") o.answer?.();
+        if (pinned?.keepsAlive && row.mode === "interface") answer();
         // The pod's NetworkPolicy goes while its device goes home, not after: its edits of
         // the other pods' tables and the node's (its address leaves their sets) then run
         // beside the move home, before the runtime's next ADD comes, instead of beside that
@@ -153,6 +172,7 @@ export async function release(
       return;
     }
     const parking = o.park !== undefined && !o.skipProvider && ctx.provider.parkENI !== undefined;
+    if (o.reuseWait && !parking && !o.skipProvider) await reuseWait(ctx, row, answer, t);
     if (parking) {
       // The provider records the park before it answers; its cloud record replaces
       // the description, so no "freed" description follows.
@@ -166,7 +186,62 @@ export async function release(
   } catch (err) {
     t.sync("state_write", () => ctx.state.recordFailure(key, message(err)));
     throw err;
+  } finally {
+    mine?.delete(keyOf(key));
   }
+}
+
+/** The releases that may wait for reuse, by attachment key, of each manager. */
+const releasing = new WeakMap<
+  ManagerContext,
+  Map<string, { pod: string; uid: string | null; skip: AbortController }>
+>();
+
+/**
+ * An ADD of `pod` (its uid, when the runtime passed it) looks for an ENI: a release of
+ * that same pod's earlier sandbox (kubelet DELs the old one before it ADDs the new)
+ * does not wait for the API to stop showing the pod with its address, or stops
+ * waiting: whether that address comes back to the pod or not, it is the same pod's.
+ * Without a uid nothing changes (a pod re-created under its name is another pod).
+ */
+export function podReturns(ctx: ManagerContext, pod: string, uid: string | undefined): void {
+  if (!uid) return;
+  for (const r of releasing.get(ctx)?.values() ?? []) {
+    if (r.pod === pod && r.uid === uid) r.skip.abort();
+  }
+}
+
+/**
+ * The reuse wait of a release: once the device is home, the ENI goes back to the pool
+ * when the enforcer says no pod the cluster shows holds the addresses `row`'s ADD gave
+ * (`PolicyHook.reuseWait`), or when the manager stops, or when the same pod's next ADD
+ * comes ({@linkcode podReturns}). The DEL answers before it waits.
+ */
+async function reuseWait(
+  ctx: ManagerContext,
+  row: AttachmentRow,
+  answer: () => void,
+  t: OpTimer,
+): Promise<void> {
+  if (!ctx.policy?.reuseWait || row.result === null) return;
+  let addresses: string[];
+  try {
+    addresses = AddResponseSchema.parse(JSON.parse(row.result)).ips.map((i) =>
+      i.address.split("/")[0]
+    );
+  } catch {
+    return;
+  }
+  const own = releasing.get(ctx)?.get(keyOf(row));
+  if (own?.skip.signal.aborted) return;
+  const wait = ctx.policy.reuseWait(
+    addresses,
+    own ? AbortSignal.any([ctx.stopping, own.skip.signal]) : ctx.stopping,
+  );
+  if (!wait) return;
+  // The device is home and the intent recorded: the runtime need not wait with us.
+  answer();
+  await t.time("reuse_wait", () => wait);
 }
 
 /**

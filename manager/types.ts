@@ -73,6 +73,8 @@ export interface EniManager {
 export interface PolicyPod {
   /** The pod, `namespace/name`. */
   pod: string;
+  /** The pod's uid (CNI_ARGS `K8S_POD_UID`; absent when the runtime did not pass it). */
+  uid?: string;
   /** The attachment key, `containerId/ifName`. */
   key: string;
   /** The ENI's addresses (no prefix), one per family it has. */
@@ -97,6 +99,15 @@ export interface RestoredPolicyPod extends Omit<PolicyPod, "nodeAddresses"> {
  */
 export interface PolicyHook {
   /**
+   * Called by ADD (interface mode with a host link) before it takes an ENI, so that an
+   * ADD that cannot know its pod's policy yet holds none while it waits: null when the
+   * enforcer has synced (the ADD goes on at once), otherwise a wait that resolves once it
+   * has, or rejects (an {@linkcode ApiError}: `policy_unavailable` after the enforcer's
+   * bound, `networkPolicy.syncWaitSeconds`) with what {@linkcode PolicyHook.prepare}
+   * would have thrown.
+   */
+  whenSynced(): Promise<void> | null;
+  /**
    * Called by ADD (interface mode with a host link) once the ENI and the host link are
    * planned, before the device is plugged: settles whether the pod's policy can be known
    * (a throw fails the ADD before anything moves). It returns the pod's own ruleset as a
@@ -120,4 +131,11 @@ export interface PolicyHook {
    * node's pods).
    */
   restore(pods: RestoredPolicyPod[]): void;
+  /**
+   * A released ENI is about to go back to the pool (DEL, GC): null when its addresses
+   * may go to another pod now; else a wait, which resolves once the cluster no longer
+   * shows a pod holding them (other nodes would take the next pod for that one), or
+   * after the enforcer's bound, or when `signal` aborts. Never rejects.
+   */
+  reuseWait(addresses: string[], signal: AbortSignal): Promise<void> | null;
 }

@@ -119,6 +119,8 @@ export class FakeDeviceLayer implements DeviceLayer {
   readonly rulesets = new Map<string, string[]>();
   /** What `listCounters` answers, by namespace (`NODE` or a path); none: no counters. */
   readonly counters = new Map<string, string>();
+  /** Files as the node's namespace shows them (`readNodeFile`); any other is missing. */
+  readonly nodeFiles = new Map<string, string>();
 
   // ---- test controls ----
 
@@ -521,6 +523,10 @@ export class FakeDeviceLayer implements DeviceLayer {
     return clone(this.nodeAddrs);
   }
 
+  readNodeFile(path: string): Promise<string | null> {
+    return Promise.resolve(this.nodeFiles.get(path) ?? null);
+  }
+
   async ensureHostLinkTable(
     legacy: string[] = [],
     _marks?: { node: number; kubeProxyMasquerade: number },
@@ -552,6 +558,18 @@ export class FakeDeviceLayer implements DeviceLayer {
       throw new DeviceError("nft", "netns_invalid", `Netns "${netns}" does not exist`);
     }
     return this.counters.get(netns ?? NODE) ?? '{"nftables":[]}';
+  }
+
+  /** Every `flushConntrack`, in order: the namespace (`NODE` or a path) and addresses. */
+  readonly conntrackFlushes: { netns: string; addresses: string[] }[] = [];
+
+  async flushConntrack(netns: string | null, addresses: string[]): Promise<void> {
+    this.calls.push({ op: "flushConntrack", args: { netns, addresses } });
+    await this.#step("nft");
+    if (netns !== null && !this.#ns.has(netns)) {
+      throw new DeviceError("conntrack", "netns_invalid", `Netns "${netns}" does not exist`);
+    }
+    this.conntrackFlushes.push({ netns: netns ?? NODE, addresses: [...addresses] });
   }
 
   async sweepHostLinkRules(): Promise<number> {

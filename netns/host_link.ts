@@ -23,8 +23,9 @@
  *   address); to a host route of the main table (another pod of this node), that
  *   route; anything else back over the node end (the pod's own table
  *   {@linkcode HostLinkSpec.table}), so that it leaves by the pod's ENI. The node's
- *   nftables table ({@linkcode nodeTableRuleset}) keeps the node's ICMP redirects
- *   off the node ends.
+ *   nftables table ({@linkcode nodeTableRuleset}) takes from each node end only what
+ *   its own pod may send (the source check: a pod never speaks as another), and keeps
+ *   the node's ICMP redirects off the node ends.
  * - pod: the pod end, up; routes via the link-local next hop
  *   {@linkcode LINK_GATEWAY}, which is a permanent neighbour at the node end's MAC;
  *   connection marks and one conntrack zone ({@linkcode podRuleset}): a connection that
@@ -404,7 +405,23 @@ export function podRuleset(
 }
 
 /**
- * The node's nftables table, one for every pod. What comes in from a node end and
+ * The node's nftables table, one for every pod.
+ *
+ * First, the source check (chain `source`, after conntrack and before kube-proxy's
+ * DNAT): a node end takes only what its own pod may send, whatever the node's
+ * `rp_filter` (Cilium turns it off, many nodes run with it off, IPv6 has none). A
+ * packet from a node end passes when its source routes back over that same node end
+ * (`fib saddr . iif`: the node's host routes to the pod's own addresses, one per
+ * family, which the plug makes and reconcile restores, and the link's own `fe80::/64`
+ * for neighbour discovery; the kernel lets a DHCP request from `0.0.0.0` pass too), or
+ * when it is a reply of a connection whose answers go back over that node end (`fib
+ * daddr . iif`: the replies of the pod's own Service traffic that the node sent back to
+ * leave by its ENI, which come in from the backend's address). Anything else (another
+ * pod's address, a VPC address, the node's own) is dropped before conntrack keeps it
+ * and before any rule judges its source. No per-pod state: the check follows the
+ * routes, which follow the pod's addresses, and goes with the link.
+ *
+ * What comes in from a node end and
  * must keep the node's own routes gets the `node` mark: a connection's reply direction
  * (the pod's answer to a probe, a hostPort client, a Service client of this node), a
  * connection kube-proxy masqueraded (its first packet carries kube-proxy's mark, the
@@ -427,6 +444,15 @@ export function nodeTableRuleset(
     `table inet ${NFT_TABLE} {}`,
     `delete table inet ${NFT_TABLE}`,
     `table inet ${NFT_TABLE} {`,
+    `\tchain source {`,
+    `\t\ttype filter hook prerouting priority mangle; policy accept;`,
+    `\t\tiifgroup ${g} jump from_pod`,
+    `\t}`,
+    `\tchain from_pod {`,
+    `\t\tfib saddr . iif oif exists return`,
+    `\t\tct direction reply fib daddr . iif oif exists return`,
+    `\t\tcounter drop`,
+    `\t}`,
     `\tchain prerouting {`,
     `\t\ttype filter hook prerouting priority dstnat + 10; policy accept;`,
     `\t\tiifgroup ${g} ct direction original ct state new ct mark set ct mark | ${m}`,

@@ -119,6 +119,14 @@ Deno.test("the pod's ruleset marks by the pod end's name and zones its own Servi
     `iifgroup ${HOST_LINK_GROUP} ct direction original ct state new ct mark set ct mark | 0x1000`,
   );
   assertStringIncludes(node, "ct status & snat == 0 meta mark & 0x4000 == 0");
+  // The source check: after conntrack, before DNAT; a node end's source must route back
+  // over it, or the packet be a reply whose answers do; nothing else comes in.
+  assertStringIncludes(node, "type filter hook prerouting priority mangle; policy accept;");
+  assertStringIncludes(node, `iifgroup ${HOST_LINK_GROUP} jump from_pod`);
+  assertStringIncludes(
+    node,
+    "\tchain from_pod {\n\t\tfib saddr . iif oif exists return\n\t\tct direction reply fib daddr . iif oif exists return\n\t\tcounter drop\n\t}",
+  );
   assert(node.startsWith("table inet enim {}\ndelete table inet enim\n"), node);
   const legacy = nodeTableRuleset(["enimhold0000001"]);
   assertStringIncludes(

@@ -52,6 +52,8 @@ export const NSENTER_BIN = "/usr/bin/nsenter";
 export const NFT_BIN = "/usr/sbin/nft";
 /** The shell that runs the host link's pod-side policy (one process in the pod's namespace). */
 export const SH_BIN = "/bin/sh";
+/** The `conntrack` binary (conntrack-tools): a freed address's connections go with it. */
+export const CONNTRACK_BIN = "/usr/sbin/conntrack";
 
 /** A network namespace: undefined/null for the current one, a name under /run/netns, or an absolute path. */
 export type NetnsRef = string | null | undefined;

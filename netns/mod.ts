@@ -51,6 +51,7 @@
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
+import { isIp, normalizeIp } from "../lib/ip.ts";
 import { namesOneNamespace, netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
 import {
   altnameOf,
@@ -82,6 +83,7 @@ import {
   AddrInfoSchema,
   batchLine,
   CommandTimeoutError,
+  CONNTRACK_BIN,
   DEFAULT_SCRATCH_DIR,
   type FedProcess,
   inNetnsArgv,
@@ -130,6 +132,7 @@ import {
   type HostLinkNodeSide,
   type HostLinkNodeState,
   type HostLinkState,
+  KUBE_IPVS_LINK,
   type Link,
   LinkSchema,
   type NetnsIdentity,
@@ -200,6 +203,18 @@ class PolicyError extends Error {
 interface Pending {
   pending: Promise<void>;
 }
+
+/**
+ * Deletes the tracked connections of each address (`"$@"`), original and reply
+ * direction, source and destination; `conntrack -D` exits 1 when it found none, which
+ * is fine. Fails (127) without `conntrack`.
+ */
+const CONNTRACK_FLUSH_SCRIPT =
+  `[ -x ${CONNTRACK_BIN} ] || { echo "${CONNTRACK_BIN} (conntrack-tools) is not installed" >&2; exit 127; }
+for a in "$@"; do
+  for f in --orig-src --orig-dst --reply-src --reply-dst; do ${CONNTRACK_BIN} -D "$f" "$a" >/dev/null 2>&1; done
+done
+exit 0`;
 
 export class IpDeviceLayer implements DeviceLayer {
   readonly #node: NetnsRef;
@@ -1224,6 +1239,27 @@ export class IpDeviceLayer implements DeviceLayer {
     ]);
   }
 
+  /**
+   * Reads a file as the node's namespace shows it, through `sh` there: `/proc/net/ip_vs`
+   * (`agent/ipvs.ts`) is the node's namespace's, and Deno lets no process read under
+   * /proc/net without every permission. Null when the file does not exist.
+   */
+  async readNodeFile(path: string): Promise<string | null> {
+    if (!/^\/[^\0]*$/.test(path)) throw new TypeError(`Invalid path "${path}": not absolute`);
+    try {
+      const argv = [SH_BIN, "-c", READ_FILE_SCRIPT, "enim-read", path];
+      return (await spawn(inNetnsArgv(argv, this.#node ?? "/proc/self/ns/net"))).stdout;
+    } catch (err) {
+      if (err instanceof IpError && err.code === READ_FILE_MISSING) return null;
+      throw new DeviceError(
+        "find",
+        "failed",
+        `Cannot read "${path}" in the node's namespace: ${errText(err)}`,
+        { cause: err },
+      );
+    }
+  }
+
   /** Loads an nftables ruleset in `netns` (a path), or on the node when it is null. */
   async loadRuleset(netns: string | null, text: string): Promise<void> {
     const where = netns === null ? "on the node" : `in netns "${netns}"`;
@@ -1254,6 +1290,31 @@ export class IpDeviceLayer implements DeviceLayer {
         ),
     );
     return stdout;
+  }
+
+  /**
+   * Deletes the tracked connections of `addresses` in `netns` (null: the node): one
+   * shell in the namespace runs `conntrack -D` for each address as the original and the
+   * reply direction's source and destination (a connection a Service's DNAT rewrote
+   * names the pod in its reply direction only).
+   */
+  async flushConntrack(netns: string | null, addresses: string[]): Promise<void> {
+    const addrs = addresses.map((a) => {
+      if (!isIp(a)) throw new TypeError(`Invalid address "${a}"`);
+      return normalizeIp(a);
+    });
+    if (addrs.length === 0) return;
+    const where = netns === null ? "on the node" : `in netns "${netns}"`;
+    if (netns !== null) await this.#requireNetns("conntrack", netns);
+    await this.#run(
+      "conntrack",
+      `Cannot delete the tracked connections of ${addrs.join(", ")} ${where}`,
+      () =>
+        spawn(inNetnsArgv(
+          [SH_BIN, "-c", CONNTRACK_FLUSH_SCRIPT, "sh", ...addrs],
+          netns ?? this.#node ?? "/proc/self/ns/net",
+        )),
+    );
   }
 
   /**
@@ -1364,9 +1425,17 @@ export class IpDeviceLayer implements DeviceLayer {
   }
 }
 
+/** The exit code of {@linkcode READ_FILE_SCRIPT} for a file that does not exist. */
+const READ_FILE_MISSING = 66;
+/** Prints the file `$1` (the shell's own reads: no other program), or exits 66 when it is missing. */
+const READ_FILE_SCRIPT = `[ -e "$1" ] || exit ${READ_FILE_MISSING}\n` +
+  `while IFS= read -r l || [ -n "$l" ]; do printf '%s\\n' "$l"; done < "$1"`;
+
 /**
  * The node's addresses from a listing of its links (with addresses) and its default
- * routes: global scope only, node ends left out; the primary per family is the default
+ * routes: global scope only, node ends and `kube-ipvs0` (kube-proxy's IPVS mode binds
+ * every ClusterIP there: Services, not the node; taken for the node's, each Service
+ * change would render every pod's policy again) left out; the primary per family is the default
  * route's preferred source, else the first global address of its link, else the first
  * of any link.
  */
@@ -1378,7 +1447,7 @@ export function nodeAddressesOf(
   }[],
   defaults: { dst: string; gateway?: string; dev?: string; prefsrc?: string }[],
 ): NodeAddresses {
-  const own = links.filter((l) => !isNodeEnd(l));
+  const own = links.filter((l) => !isNodeEnd(l) && l.ifname !== KUBE_IPVS_LINK);
   const global = (l: (typeof own)[number], fam: "inet" | "inet6") =>
     l.addr_info.filter((a) => a.family === fam && a.scope === "global").map((a) => a.local);
   const addresses = own.flatMap((l) => [...global(l, "inet"), ...global(l, "inet6")]);

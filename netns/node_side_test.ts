@@ -112,3 +112,56 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name:
+    "the node's addresses leave out kube-ipvs0's (kube-proxy's IPVS mode binds every ClusterIP there), a bridge standing in for its dummy",
+  ignore: !root,
+  async fn() {
+    const vpc = await SimulatedVpc.create();
+    try {
+      const nic = await vpc.nodeNic();
+      await ipBatch([
+        ["link", "add", "kube-ipvs0", "type", "bridge"],
+        ["addr", "add", "172.30.0.10/32", "dev", "kube-ipvs0"],
+        ["addr", "add", "fd00:30::10/128", "dev", "kube-ipvs0", "nodad"],
+        ["link", "add", "other0", "type", "bridge"],
+        ["addr", "add", "10.250.0.1/32", "dev", "other0"],
+      ], { netns: vpc.node.name });
+      const devices = new IpDeviceLayer({ node: vpc.node.name });
+      const got = await devices.nodeAddresses();
+      assert(
+        got.addresses.includes(nic.ipv4!) && got.addresses.includes(nic.ipv6!),
+        got.addresses.join(),
+      );
+      assert(got.addresses.includes("10.250.0.1"), "another link's address is the node's");
+      assertEquals(got.addresses.filter((a) => a === "172.30.0.10" || a === "fd00:30::10"), []);
+    } finally {
+      await vpc.close();
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "readNodeFile() reads a file as the node's namespace shows it (its /proc/net), whole, and null for one that does not exist",
+  ignore: !root,
+  async fn() {
+    const vpc = await SimulatedVpc.create();
+    const dir = await Deno.makeTempDir({ prefix: "enim-read-" });
+    try {
+      await vpc.nodeNic();
+      const devices = new IpDeviceLayer({ node: vpc.node.name });
+      // The node's own /proc/net: its eth0, which the test process's namespace has not.
+      const dev = await devices.readNodeFile("/proc/net/dev");
+      assert(dev !== null && /^\s*eth0:/m.test(dev), String(dev));
+      const text = "first line\n  -> second, indented\nno newline at the end";
+      await Deno.writeTextFile(`${dir}/f`, text);
+      assertEquals(await devices.readNodeFile(`${dir}/f`), text + "\n");
+      assertEquals(await devices.readNodeFile(`${dir}/missing`), null);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+      await vpc.close();
+    }
+  },
+});

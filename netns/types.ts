@@ -171,9 +171,18 @@ export interface UnplugParams {
   hostLink?: HostLinkRef;
 }
 
+/**
+ * The link kube-proxy's IPVS mode binds every ClusterIP to (a dummy): its addresses are
+ * the cluster's Services, never the node's own.
+ */
+export const KUBE_IPVS_LINK = "kube-ipvs0";
+
 /** The node's own addresses, as the host link routes them (`DeviceLayer.nodeAddresses`). */
 export interface NodeAddresses {
-  /** Every global-scope address of the node's links, node ends excluded, without prefix. */
+  /**
+   * Every global-scope address of the node's links, without prefix; node ends and
+   * {@linkcode KUBE_IPVS_LINK} (the ClusterIPs of kube-proxy's IPVS mode) excluded.
+   */
   addresses: string[];
   /**
    * Per family, the address the node's traffic prefers: the default route's preferred
@@ -290,6 +299,11 @@ export interface DeviceLayer {
     legacy?: string[],
     marks?: { node: number; kubeProxyMasquerade: number },
   ): Promise<void>;
+  /**
+   * Reads a file as the node's namespace shows it (`/proc/net/ip_vs`); null when it does
+   * not exist. Optional: without it the caller reads the file itself.
+   */
+  readNodeFile?(path: string): Promise<string | null>;
   /** Deletes the node's host-link rules whose node end is gone; returns how many. */
   sweepHostLinkRules(): Promise<number>;
   /**
@@ -337,6 +351,12 @@ export interface DeviceLayer {
    * them (JSON text). Throws {@linkcode DeviceError}.
    */
   listCounters(netns: string | null, table: string): Promise<string>;
+  /**
+   * Deletes the connections tracked in the namespace at `netns` (null: the node) to or
+   * from any of `addresses`, either direction, NAT'd or not (`conntrack -D`): they were
+   * another pod's. Throws {@linkcode DeviceError} (an invalid address, no `conntrack`).
+   */
+  flushConntrack(netns: string | null, addresses: string[]): Promise<void>;
 }
 
 /** A network namespace held open for one operation (see `netns/pin.ts`). */

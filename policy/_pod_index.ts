@@ -4,19 +4,28 @@
  * and value, so that a selector's members are found from the pods that carry its most
  * selective label rather than by a scan of every pod.
  *
- * Which addresses a pod contributes (readings of the NetworkPolicy concept page):
- * a pod that has addresses and has not terminated (phase Succeeded or Failed) — a
- * Pending pod's init containers already talk, and policy applies to them too; none
- * for a `hostNetwork` pod, which has its node's addresses and is a peer by address like
- * the node (an ipBlock can name it; selectors ignore it, as most implementations do).
- * A local pod's addresses are the ones enim assigned (kubelet writes `status.podIPs`
- * only after ADD), given as an override.
+ * Which addresses a pod contributes, its identity at each address:
+ *
+ * - A local pod contributes the addresses enim gave it (kubelet writes `status.podIPs`
+ *   only after ADD), and only those, while its API object is the same pod (its uid).
+ * - Any other pod contributes the addresses its API object lists while it lends them
+ *   (`lendsAddresses` of `_local_addrs.ts`: not finished, not `hostNetwork`, not deleted
+ *   without grace), less those local truth says are not its: an address a local pod
+ *   holds, an address the pod let go on this node (`_local_addrs.ts`).
+ * - An address two pods' API objects list, neither of them let go here and no local pod
+ *   holds, is contested: the API cannot say whose it is (the old pod's status not final
+ *   yet, the new one's written), so neither contributes it (fail closed: a policy that
+ *   admits one of them admits that address from neither) until one of them stops
+ *   listing it.
  *
  * @module
  */
 import type { Pod } from "../kube/objects.ts";
 import { type Addr, parseAddr } from "./_addr.ts";
 import { type Labels, matches, type Requirement } from "./_selector.ts";
+import { lendsAddresses, LocalAddresses, sameUid } from "./_local_addrs.ts";
+
+export { lendsAddresses } from "./_local_addrs.ts";
 
 /** A pod as the index keeps it. */
 export interface PodRec {
@@ -27,6 +36,11 @@ export interface PodRec {
   /** The IPv4 and IPv6 addresses it contributes (sorted by key; empty when none). */
   a4: Addr[];
   a6: Addr[];
+  /**
+   * The addresses its API object lists and would lend, when they are not `a4` and `a6`
+   * (a local pod's, or some not its here, or contested); null: the same.
+   */
+  listed: Addr[] | null;
   pod: Pod;
 }
 
@@ -99,6 +113,11 @@ export function splitFamilies(ips: readonly string[]): { v4: string[]; v6: strin
   return { v4: a4.map((a) => a.text), v6: a6.map((a) => a.text) };
 }
 
+/** The addresses a record's API object lists (and would lend). */
+export function listedOf(rec: PodRec): Addr[] {
+  return rec.listed ?? (rec.a6.length === 0 ? rec.a4 : [...rec.a4, ...rec.a6]);
+}
+
 /** Pods by namespace and label, and namespaces' labels. */
 export class PodIndex {
   readonly pods = new Map<string, PodRec>();
@@ -106,41 +125,79 @@ export class PodIndex {
   /** namespace → label key → value → pods. */
   readonly #byLabel = new Map<string, Map<string, Map<string, Posting>>>();
   readonly #nsLabels = new Map<string, Labels>();
-  /** Local pods' addresses, as enim assigned them. */
-  readonly #overrides = new Map<string, string[]>();
+  /** Address → the pods whose API objects list it (and would lend it). */
+  readonly #listers = new Map<string, Posting>();
+  /** Local truth: local pods' addresses, as enim assigned them, and what they let go. */
+  readonly local = new LocalAddresses();
 
-  /** Forgets every pod and namespace (local pods' addresses stay). */
+  /** Forgets every pod and namespace (local truth stays). */
   clear(): void {
     this.pods.clear();
     this.#byNamespace.clear();
     this.#byLabel.clear();
     this.#nsLabels.clear();
+    this.#listers.clear();
   }
 
   /** The record of `pod` as it would be indexed now (its addresses by the rules above). */
   record(pod: Pod): PodRec {
     const namespace = pod.metadata.namespace ?? "default";
     const key = podKey(namespace, pod.metadata.name);
-    const override = this.#overrides.get(key);
-    const eligible = !pod.hostNetwork && pod.phase !== "Succeeded" && pod.phase !== "Failed";
-    const { a4, a6 } = override
-      ? splitAddrs(override)
-      : eligible && pod.ips.length > 0
+    const uid = pod.metadata.uid ?? null;
+    const api = lendsAddresses(pod) && pod.ips.length > 0
       ? splitAddrs(pod.ips)
       : { a4: NO_ADDRS, a6: NO_ADDRS };
-    return { key, namespace, labels: pod.metadata.labels, ports: pod.ports, a4, a6, pod };
+    const local = this.local.of(key);
+    const labels = pod.metadata.labels, ports = pod.ports;
+    if (local && sameUid(local.uid, uid)) {
+      const { a4, a6 } = splitAddrs(local.ips);
+      const listed = api.a6.length === 0 ? api.a4 : [...api.a4, ...api.a6];
+      return { key, namespace, labels, ports, a4, a6, listed, pod };
+    }
+    const lend = (a: Addr) => this.#lends(a, key, uid);
+    let a4 = api.a4, a6 = api.a6, listed: Addr[] | null = null;
+    if (!a4.every(lend) || !a6.every(lend)) {
+      listed = [...a4, ...a6];
+      a4 = a4.filter(lend);
+      a6 = a6.filter(lend);
+      if (a4.length === 0) a4 = NO_ADDRS;
+      if (a6.length === 0) a6 = NO_ADDRS;
+    }
+    return { key, namespace, labels, ports, a4, a6, listed, pod };
   }
 
-  /** Sets (or with null clears) the addresses a local pod contributes. */
-  setOverride(key: string, ips: string[] | null): void {
-    if (ips) this.#overrides.set(key, ips);
-    else this.#overrides.delete(key);
+  /** Whether the API object of pod `key` (`uid`) may lend `a` (see the module doc). */
+  #lends(a: Addr, key: string, uid: string | null): boolean {
+    if (!this.local.mayLend(a.text, key, uid)) return false;
+    const others = this.#listers.get(a.text);
+    if (others === undefined) return true;
+    for (const o of postingPods(others)) {
+      if (o.key === key) continue;
+      if (!this.local.released(a.text, o.key, o.pod.metadata.uid ?? null)) return false;
+    }
+    return true;
+  }
+
+  /** The addresses the API objects of two pods or more list. */
+  contested(): string[] {
+    const out: string[] = [];
+    for (const [a, p] of this.#listers) if (postingSize(p) > 1) out.push(a);
+    return out;
+  }
+
+  /** The pods whose API objects list `addr` (canonical text). */
+  listers(addr: string): PodRec[] {
+    const p = this.#listers.get(addr);
+    return p === undefined ? [] : [...postingPods(p)];
   }
 
   /** Puts a record in (replacing the pod's earlier one); returns the earlier one. */
   put(rec: PodRec): PodRec | undefined {
     const old = this.remove(rec.key);
     this.pods.set(rec.key, rec);
+    for (const a of listedOf(rec)) {
+      this.#listers.set(a.text, postingAdd(this.#listers.get(a.text), rec));
+    }
     let inNs = this.#byNamespace.get(rec.namespace);
     if (!inNs) this.#byNamespace.set(rec.namespace, inNs = new Map());
     inNs.set(rec.key, rec);
@@ -159,6 +216,11 @@ export class PodIndex {
     const rec = this.pods.get(key);
     if (!rec) return undefined;
     this.pods.delete(key);
+    for (const a of listedOf(rec)) {
+      const left = postingRemove(this.#listers.get(a.text)!, rec);
+      if (left === undefined) this.#listers.delete(a.text);
+      else this.#listers.set(a.text, left);
+    }
     const inNs = this.#byNamespace.get(rec.namespace)!;
     inNs.delete(key);
     if (inNs.size === 0) this.#byNamespace.delete(rec.namespace);

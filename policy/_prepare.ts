@@ -14,6 +14,9 @@
  *   every port of every protocol.
  * - `ipBlock` stands alone; a peer that mixes it with a selector, or has nothing, is
  *   invalid (the API server rejects both) and matches nothing.
+ * - A policy enim cannot read (kube/objects.ts keeps it, `unreadable` set, its spec
+ *   the fail-closed one: its own podSelector or `{}`, its directions, no rule) isolates
+ *   and admits nothing, and says so in a warning.
  *
  * @module
  */
@@ -55,6 +58,8 @@ export interface PreparedPolicy {
   ingressRules: PreparedRule[];
   egressRules: PreparedRule[];
   warnings: string[];
+  /** Why it cannot be read (it then isolates and admits nothing); absent when it can. */
+  unreadable?: string;
 }
 
 /** The stable key of a pod set (`p…`). */
@@ -104,13 +109,17 @@ function preparePeer(
       return null;
     }
     const { cidr, except = [] } = peer.ipBlock;
+    // kube/objects.ts has checked that both are CIDRs (a policy with one that is not
+    // cannot be read, and admits nothing).
     const block = cachedBlock(cidr, except);
     if (!block) {
       warn(`ipBlock cidr "${cidr}" is no CIDR: the peer matches nothing`);
       return null;
     }
     for (const bad of block.invalid) {
-      warn(`ipBlock except "${bad}" is no CIDR of the block's family: ignored`);
+      // The API server refuses an except outside the block; one of the other family
+      // holds no address of the block, and cuts nothing.
+      warn(`ipBlock except "${bad}" is of the other family: it cuts nothing`);
     }
     const text = `ipBlock ${cidr}${except.length ? ` except ${except.join(", ")}` : ""}`;
     return {
@@ -146,14 +155,60 @@ function prepareRule(
   };
 }
 
+/** The directions a policy applies to: its `policyTypes`, or their default. */
+function policyTypes(p: NetworkPolicy): string[] {
+  return p.spec.policyTypes && p.spec.policyTypes.length > 0
+    ? p.spec.policyTypes
+    : ["Ingress", ...((p.spec.egress?.length ?? 0) > 0 ? ["Egress"] : [])];
+}
+
+/** What a NetworkPolicy enim cannot read does instead: it isolates, and admits nothing. */
+export interface UnreadablePolicy {
+  /** `namespace/name`. */
+  policy: string;
+  resourceVersion: string | null;
+  /** What could not be read, `path: message`. */
+  reason: string;
+  /** The pods it isolates in its namespace, as a selector's text (`<all>`: every pod). */
+  selects: string;
+  /** Its podSelector cannot be read: every pod of its namespace is isolated. */
+  wholeNamespace: boolean;
+  ingress: boolean;
+  egress: boolean;
+}
+
+/** What an unreadable policy does (null for a policy enim reads). */
+export function unreadablePolicy(p: NetworkPolicy): UnreadablePolicy | null {
+  if (!p.unreadable) return null;
+  const types = policyTypes(p);
+  return {
+    policy: `${p.metadata.namespace ?? "default"}/${p.metadata.name}`,
+    resourceVersion: p.metadata.resourceVersion ?? null,
+    reason: p.unreadable.reason,
+    selects: selectorText(requirements(p.spec.podSelector)),
+    wholeNamespace: p.unreadable.wholeNamespace,
+    ingress: types.includes("Ingress"),
+    egress: types.includes("Egress"),
+  };
+}
+
+/** What an unreadable policy does, in words (the warning, the log line). */
+export function unreadableText(u: UnreadablePolicy): string {
+  const who = u.wholeNamespace ? "every pod of its namespace" : `the pods ${u.selects}`;
+  const dirs = [u.ingress ? "ingress" : "", u.egress ? "egress" : ""].filter(Boolean);
+  return `cannot be read (${u.reason}): it isolates ${who} for ${
+    dirs.join(" and ")
+  } and admits nothing`;
+}
+
 /** Prepares a NetworkPolicy (pure). */
 export function preparePolicy(p: NetworkPolicy): PreparedPolicy {
   const namespace = p.metadata.namespace ?? "default";
   const warnings: string[] = [];
   const warn = (w: string) => warnings.push(`${p.metadata.name}: ${w}`);
-  const types = p.spec.policyTypes && p.spec.policyTypes.length > 0
-    ? p.spec.policyTypes
-    : ["Ingress", ...((p.spec.egress?.length ?? 0) > 0 ? ["Egress"] : [])];
+  const types = policyTypes(p);
+  const unreadable = unreadablePolicy(p);
+  if (unreadable) warn(unreadableText(unreadable));
   return {
     namespace,
     name: p.metadata.name,
@@ -163,5 +218,6 @@ export function preparePolicy(p: NetworkPolicy): PreparedPolicy {
     ingressRules: (p.spec.ingress ?? []).map((r) => prepareRule(r.from, r.ports, namespace, warn)),
     egressRules: (p.spec.egress ?? []).map((r) => prepareRule(r.to, r.ports, namespace, warn)),
     warnings,
+    ...(p.unreadable ? { unreadable: p.unreadable.reason } : {}),
   };
 }

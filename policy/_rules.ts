@@ -194,6 +194,7 @@ export function podRules(rec: PodRec, policies: Iterable<PreparedPolicy>): Rules
       egress: p.egress,
       ingressRules: p.ingressRules.length,
       egressRules: p.egressRules.length,
+      ...(p.unreadable !== undefined ? { unreadable: p.unreadable } : {}),
     })),
     warnings: [...warnings].sort(),
     specs,

@@ -74,6 +74,8 @@ const RESORT_LIMIT = 16;
 export class DeltaLog {
   /** Per set: [IPv4, IPv6] edits, element → sort key. */
   readonly edits = new Map<DynSet, { add: Map<string, string>; del: Map<string, string> }[]>();
+  /** Addresses a pod stopped contributing (it let them go, or they are not its any more). */
+  readonly lost = new Set<string>();
 
   /** Notes that `el` appeared in (or vanished from) `s`. */
   note(s: DynSet, family: 4 | 6, el: Elem, added: boolean): void {

@@ -3,6 +3,11 @@
  * the node's local enim pods, each local pod's effective policy (see `types.ts`), with
  * the full `networking.k8s.io/v1` semantics. Pure: it spawns nothing and does no I/O.
  *
+ * Why one file: every change moves, in one step, a pod's record, its set contributions
+ * and those of the pods that share one of its addresses (whose that address is:
+ * `_pod_index.ts`), and the rules of the local pods it concerns; split, each part would
+ * reach into the others' state.
+ *
  * {@linkcode PolicyEngine} keeps its own index (pods by namespace and label, see
  * `_pod_index.ts`), each local pod's rules (`_rules.ts`) and the peer sets they use,
  * with their members counted by element (`_sets.ts`). The cache feeds it every change
@@ -34,7 +39,8 @@
  */
 import type { Namespace, NetworkPolicy, Pod } from "../kube/objects.ts";
 import { type PreparedPolicy, preparePolicy } from "./_prepare.ts";
-import { PodIndex, podKey, splitFamilies } from "./_pod_index.ts";
+import { listedOf, PodIndex, podKey, type PodRec, splitFamilies } from "./_pod_index.ts";
+import { sameUid } from "./_local_addrs.ts";
 import { podRules, type Rules } from "./_rules.ts";
 import { DeltaLog, SetStore } from "./_sets.ts";
 import type { CompiledPolicy, PeerSet, SetDelta } from "./types.ts";
@@ -57,6 +63,11 @@ export interface LocalPod {
   namespace: string;
   /** The pod's name. */
   name: string;
+  /**
+   * The pod's uid (CNI_ARGS `K8S_POD_UID`): its API object must be this pod's, not an
+   * earlier or later pod's of the same name. Absent: any pod of that name.
+   */
+  uid?: string;
   /** The addresses enim gave the pod (its ENI's), before kubelet writes them to its status. */
   ips: string[];
 }
@@ -78,13 +89,27 @@ export interface PolicyUpdate {
   deltas: SetDelta[];
   /** The local pods (`namespace/name`) whose rules changed: render them again. */
   changed: string[];
+  /**
+   * Addresses that stopped being a pod's, which some set had admitted as that pod's (its
+   * DEL here, its final status or deletion, another pod claiming them): the connections
+   * tracked for them were that pod's, and go with it (present only when there are any).
+   */
+  retired?: string[];
 }
 
-/** Thrown when a local pod is not in the cache yet: its labels are unknown. */
+/**
+ * Thrown when a local pod is not in the cache yet (its labels are unknown), or the cache
+ * holds another pod of its name (another uid: an earlier one not gone from the cache
+ * yet, or a later one).
+ */
 export class PodNotFoundError extends Error {
-  /** `key`: the pod, `namespace/name`. */
-  constructor(key: string) {
-    super(`Cannot compile the policy of pod "${key}": the pod is not in the cache`);
+  /** `key`: the pod, `namespace/name`; `uids`: its own and the one the cache holds. */
+  constructor(key: string, uids?: { want: string; cached: string }) {
+    super(
+      uids
+        ? `Cannot compile the policy of pod "${key}" (uid "${uids.want}"): the cache holds another pod of that name (uid "${uids.cached}")`
+        : `Cannot compile the policy of pod "${key}": the pod is not in the cache`,
+    );
     this.name = "PodNotFoundError";
   }
 }
@@ -93,6 +118,8 @@ interface LocalState {
   key: string;
   namespace: string;
   name: string;
+  /** Its uid (null: unknown, any pod of its name). */
+  uid: string | null;
   self: { v4: string[]; v6: string[] };
   rules: Rules;
   /** The rules' signature (all but the sets' members): equal signatures, same ruleset. */
@@ -146,6 +173,17 @@ export class PolicyEngine {
       this.#index.setNamespaceLabels(ns.metadata.name, ns.metadata.labels);
     }
     for (const pod of view.pods()) this.#index.put(this.#index.record(pod));
+    // What depends on other pods (an address two list, one the last pass had not met
+    // yet) and on local truth (its releases the cache no longer backs): recorded again.
+    const again = new Set<string>();
+    for (const key of this.#index.local.releasers()) {
+      for (const a of this.#index.local.prune(key, this.#index.pods.get(key)?.pod)) again.add(a);
+    }
+    for (const a of this.#index.contested()) again.add(a);
+    for (const a of this.#index.local.addresses()) again.add(a);
+    for (const a of again) {
+      for (const rec of this.#index.listers(a)) this.#index.put(this.#index.record(rec.pod));
+    }
     this.#policies.clear();
     for (const p of view.networkPolicies()) this.#putPolicy(p);
     this.#sets.clear();
@@ -153,7 +191,7 @@ export class PolicyEngine {
       const specs = st.rules.specs;
       st.rules = { ...st.rules, specs: new Map() };
       st.sig = "";
-      if (this.#index.pods.has(st.key)) this.#recompile(st);
+      if (this.#localRec(st)) this.#recompile(st);
       else {
         // Not in the cache any more: its last rules stay, with their sets.
         for (const spec of specs.values()) this.#sets.acquire(spec, st.key);
@@ -174,24 +212,36 @@ export class PolicyEngine {
     const key = podKey(local.namespace, local.name);
     const known = this.#index.pods.get(key);
     if (!known) throw new PodNotFoundError(key);
+    const uid = local.uid ?? null;
+    const cached = known.pod.metadata.uid;
+    if (!sameUid(uid, cached)) throw new PodNotFoundError(key, { want: uid!, cached: cached! });
     const log = new DeltaLog();
-    this.#index.setOverride(key, local.ips);
+    // Its addresses are its alone on this node from now on; those it held before and
+    // holds no longer (an older attachment's) are no longer its.
+    const moved = this.#index.local.set(key, uid, local.ips);
     this.#replacePod(key, known.pod, log);
+    this.#refresh(moved, key, log);
     const st: LocalState = this.#locals.get(key) ?? {
       key,
       namespace: local.namespace,
       name: local.name,
+      uid,
       self: { v4: [], v6: [] },
       rules: noRules(),
       sig: "",
     };
+    st.uid = uid;
     st.self = splitFamilies(local.ips);
     this.#locals.set(key, st);
     this.#recompile(st, true);
     return { ...this.#finish(log, [key]), compiled: this.#materialize(st) };
   }
 
-  /** Forgets a local pod (after DEL): its sets lose a user, its address override goes. */
+  /**
+   * Forgets a local pod (its DEL): its sets lose a user, and its addresses are no longer
+   * its on this node, whatever its API object still lists (`status.podIPs` stays until
+   * kubelet's final status): they leave every set they were in as its, here, at once.
+   */
   removeLocal(namespace: string, name: string): PolicyUpdate {
     const key = podKey(namespace, name);
     const st = this.#locals.get(key);
@@ -199,9 +249,10 @@ export class PolicyEngine {
     const log = new DeltaLog();
     this.#locals.delete(key);
     for (const k of st.rules.specs.keys()) this.#sets.release(k, key);
-    this.#index.setOverride(key, null);
+    const freed = this.#index.local.set(key, st.uid, null);
     const rec = this.#index.pods.get(key);
     if (rec) this.#replacePod(key, rec.pod, log);
+    this.#refresh(freed, key, log);
     return this.#finish(log, []);
   }
 
@@ -236,13 +287,14 @@ export class PolicyEngine {
 
   /**
    * The node's addresses changed: every local pod is to be rendered again (one the cache
-   * no longer has keeps its last rules, with the node's new addresses).
+   * no longer has, or has only as another pod, keeps its last rules, with the node's new
+   * addresses).
    */
   setNodeAddresses(addresses: string[]): PolicyUpdate {
     this.#node = splitFamilies(addresses);
     const changed: string[] = [];
     for (const st of this.#locals.values()) {
-      if (!this.#index.pods.has(st.key) || this.#recompile(st)) changed.push(st.key);
+      if (!this.#localRec(st) || this.#recompile(st)) changed.push(st.key);
     }
     return { deltas: [], changed: changed.sort() };
   }
@@ -253,7 +305,7 @@ export class PolicyEngine {
     const log = new DeltaLog();
     this.#replacePod(key, pod, log);
     const st = this.#locals.get(key);
-    return this.#finish(log, st && this.#recompile(st) ? [key] : []);
+    return this.#finish(log, st && this.#localRec(st) && this.#recompile(st) ? [key] : []);
   }
 
   /** A pod left the cache (a local pod keeps its rules until {@linkcode removeLocal}). */
@@ -310,7 +362,7 @@ export class PolicyEngine {
   #policyChanged(namespace: string): PolicyUpdate {
     const changed: string[] = [];
     for (const st of this.#locals.values()) {
-      if (st.namespace === namespace && this.#index.pods.has(st.key) && this.#recompile(st)) {
+      if (st.namespace === namespace && this.#localRec(st) && this.#recompile(st)) {
         changed.push(st.key);
       }
     }
@@ -324,16 +376,55 @@ export class PolicyEngine {
     return this.#finish(log, []);
   }
 
-  /** Replaces a pod's record (undefined: removes it) and moves its set contributions. */
+  /**
+   * Replaces a pod's record (undefined: removes it) and moves its set contributions; then
+   * the other pods that list an address whose standing changed with it (it now lists
+   * it too, or no longer does; a release of it the API no longer backs) are recorded
+   * again.
+   */
   #replacePod(key: string, pod: Pod | undefined, log: DeltaLog): void {
+    const pruned = this.#index.local.prune(key, pod);
     const rec = pod ? this.#index.record(pod) : undefined;
     const old = rec ? this.#index.put(rec) : this.#index.remove(key);
+    this.#move(old, rec, log);
+    const was = old ? listedOf(old) : [], now = rec ? listedOf(rec) : [];
+    const touched = new Set(pruned);
+    for (const a of was) if (!now.some((b) => b.text === a.text)) touched.add(a.text);
+    for (const a of now) if (!was.some((b) => b.text === a.text)) touched.add(a.text);
+    this.#refresh(touched, key, log);
+  }
+
+  /** Moves a pod's set contributions, noting the addresses it no longer contributes. */
+  #move(old: PodRec | undefined, rec: PodRec | undefined, log: DeltaLog): void {
     this.#sets.movePod(old, rec, log);
+    if (!old) return;
+    for (const a of [...old.a4, ...old.a6]) {
+      if (!rec || ![...rec.a4, ...rec.a6].some((b) => b.text === a.text)) log.lost.add(a.text);
+    }
+  }
+
+  /** Records again the pods (but `skip`) that list one of `addrs`, moving what changed. */
+  #refresh(addrs: Iterable<string>, skip: string, log: DeltaLog): void {
+    for (const a of addrs) {
+      for (const rec of this.#index.listers(a)) {
+        if (rec.key === skip || this.#index.pods.get(rec.key) !== rec) continue;
+        const next = this.#index.record(rec.pod);
+        if (sameAddrs(rec, next)) continue;
+        this.#index.put(next);
+        this.#move(rec, next, log);
+      }
+    }
+  }
+
+  /** A local pod's record, while it is the same pod's (its uid). */
+  #localRec(st: LocalState): PodRec | undefined {
+    const rec = this.#index.pods.get(st.key);
+    return rec && sameUid(st.uid, rec.pod.metadata.uid) ? rec : undefined;
   }
 
   /** Compiles a local pod again; true when its rules changed (its sets are then swapped). */
   #recompile(st: LocalState, force = false): boolean {
-    const rec = this.#index.pods.get(st.key);
+    const rec = this.#localRec(st);
     if (!rec) throw new PodNotFoundError(st.key);
     const rules = podRules(rec, this.#preparedIn(rec.namespace));
     const sig = JSON.stringify([
@@ -368,8 +459,26 @@ export class PolicyEngine {
 
   #finish(log: DeltaLog, changed: string[]): PolicyUpdate {
     const skip = new Set(changed);
-    return { deltas: this.#sets.deltas(log, skip), changed: [...skip].sort() };
+    const deltas = this.#sets.deltas(log, skip);
+    const update: PolicyUpdate = { deltas, changed: [...skip].sort() };
+    if (log.lost.size === 0) return update;
+    // Of the addresses a pod let go, those some local pod admitted as its.
+    const deleted = new Set<string>();
+    for (const d of deltas) {
+      for (const e of [...d.ipv4.delete, ...d.ipv6.delete]) {
+        deleted.add(typeof e === "string" ? e : e.addr);
+      }
+    }
+    const retired = [...log.lost].filter((a) => deleted.has(a)).sort();
+    return retired.length > 0 ? { ...update, retired } : update;
   }
+}
+
+/** Whether two records of a pod contribute the same addresses. */
+function sameAddrs(a: PodRec, b: PodRec): boolean {
+  const eq = (x: { text: string }[], y: { text: string }[]) =>
+    x.length === y.length && x.every((e, i) => e.text === y[i].text);
+  return eq(a.a4, b.a4) && eq(a.a6, b.a6);
 }
 
 /** Compiles one local pod's policy from a view of the cache, once (no engine kept). */

@@ -502,14 +502,139 @@ const CASES: Case[] = [
     expect: (_s, d) => d.id !== "alpha/db",
     warning: /endPort 9000 without a port: ignored/,
   },
+  // Every field class of v1 as the API server may send it (nulls, empty lists, sloppy
+  // CIDRs, IPv6), then what enim cannot read: it fails closed.
   {
-    name: "an ipBlock that is no CIDR matches nothing, and says so",
+    name: "null fields read as absent: a peer's null namespaceSelector, a rule's null ports",
     policies: [["alpha", "db", {
       podSelector: DB,
-      ingress: [{ from: [{ ipBlock: { cidr: "10.0.0.0/33" } }] }],
+      ingress: [{
+        from: [{ podSelector: WEB, namespaceSelector: null, ipBlock: null }],
+        ports: null,
+      }],
+      egress: null,
+      policyTypes: null,
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || s.id === "alpha/web",
+  },
+  {
+    name:
+      "an empty ingress list isolates and admits nothing; a rule's empty from and ports admit all",
+    policies: [
+      ["alpha", "none", { podSelector: {}, ingress: [] }],
+      ["alpha", "all", { podSelector: DB, ingress: [{ from: [], ports: [] }] }],
+    ],
+    expect: (_s, d) => d.ns !== "alpha" || d.id === "alpha/db",
+  },
+  {
+    name: "an IPv4 ipBlock with leading zeros reads them as decimal, as ParseCIDRSloppy does",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ ipBlock: { cidr: "010.000.002.000/24", except: ["10.0.2.03/32"] } }] }],
+    }]],
+    expect: (s, d) => d.id !== "alpha/db" || (s.ns === "beta" && s.id !== "beta/job"),
+  },
+  {
+    name: "an IPv6 ipBlock's except cuts IPv6 sources out, and admits no IPv4 source",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ ipBlock: { cidr: "fd00::/96", except: ["fd00::2:0/112"] } }] }],
+    }]],
+    families: [4, 6],
+    expect: (s, d, _p, _port, fam) =>
+      d.id !== "alpha/db" || (fam === 6 && s.kind === "pod" && s.ns !== "beta"),
+  },
+  {
+    name:
+      "a port of a protocol v1 does not know makes its policy unreadable: the pods it selects are isolated and nothing is admitted through it",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ ports: [{ protocol: "FOO", port: 5432 }] }, { from: [{ podSelector: WEB }] }],
     }]],
     expect: (_s, d) => d.id !== "alpha/db",
-    warning: /"10.0.0.0\/33" is no CIDR/,
+    warning:
+      /^db: cannot be read \(spec\.ingress\.0\.ports\.0\.protocol: .*\(got "FOO"\)\): it isolates the pods app=db for ingress and admits nothing$/,
+  },
+  {
+    name:
+      "an unreadable policy adds isolation and no allowance: another policy selecting the same pod still admits what it says",
+    policies: [
+      ["alpha", "future", { podSelector: DB, ingress: [{ ports: [{ protocol: "FOO" }] }] }],
+      ["alpha", "web", { podSelector: DB, ingress: [{ from: [{ podSelector: WEB }] }] }],
+    ],
+    expect: (s, d) => d.id !== "alpha/db" || s.id === "alpha/web",
+  },
+  {
+    name:
+      "a podSelector with an operator v1 does not know isolates every pod of its namespace, and admits nothing",
+    policies: [["alpha", "gt", {
+      podSelector: { matchExpressions: [{ key: "app", operator: "Gt", values: ["1"] }] },
+      ingress: [{}],
+    }]],
+    expect: (_s, d) => d.ns !== "alpha",
+    warning:
+      /^gt: cannot be read \(spec\.podSelector\.matchExpressions\.0\.operator: .*\(got "Gt"\)\): it isolates every pod of its namespace for ingress and admits nothing$/,
+  },
+  {
+    name:
+      "a podSelector In without values cannot be read (LabelSelectorAsSelector refuses it): the namespace is isolated",
+    policies: [["alpha", "in", {
+      podSelector: { matchExpressions: [{ key: "app", operator: "In" }] },
+      policyTypes: ["Egress"],
+      egress: [{}],
+    }]],
+    expect: (s) => s.ns !== "alpha",
+    warning: /every pod of its namespace for egress/,
+  },
+  {
+    name: "a field v1 does not have makes its policy unreadable, in each direction it names",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      policyTypes: ["Ingress", "Egress"],
+      ingress: [{}],
+      egress: [{ to: [{ serviceAccount: { name: "api" } }] }],
+    }]],
+    expect: (s, d) => s.id !== "alpha/db" && d.id !== "alpha/db",
+    warning: /Unrecognized key: "serviceAccount"/,
+  },
+  {
+    name:
+      "without policyTypes an unreadable policy with egress rules isolates both directions (the default it would have)",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{}],
+      egress: [{ ports: [{ port: 5000, endPort: "6000" }] }],
+    }]],
+    expect: (s, d) => s.id !== "alpha/db" && d.id !== "alpha/db",
+    warning: /for ingress and egress and admits nothing/,
+  },
+  {
+    name: "a policyTypes value v1 does not know isolates both directions",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      policyTypes: ["Ingress", "Sideways"],
+      ingress: [{}],
+    }]],
+    expect: (s, d) => s.id !== "alpha/db" && d.id !== "alpha/db",
+  },
+  {
+    name: "an ipBlock that is no CIDR makes its policy unreadable, and says so",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ ipBlock: { cidr: "10.0.0.0/33" } }, { podSelector: WEB }] }],
+    }]],
+    expect: (_s, d) => d.id !== "alpha/db",
+    warning: /Expected a CIDR, got "10.0.0.0\/33"/,
+  },
+  {
+    name:
+      "an except that is no CIDR makes its policy unreadable (ignored, it would admit what it leaves out)",
+    policies: [["alpha", "db", {
+      podSelector: DB,
+      ingress: [{ from: [{ ipBlock: { cidr: "10.0.0.0/16", except: ["10.0.2.0/33"] } }] }],
+    }]],
+    expect: (_s, d) => d.id !== "alpha/db",
+    warning: /except\.0: Expected a CIDR/,
   },
 ];
 
@@ -886,14 +1011,25 @@ Deno.test("compile: an egress named-port set follows its pods' addresses", () =>
   const set = c.sets[0];
   assertEquals(set.kind, "namedPort");
   assertEquals(set.ipv4.length, 6);
-  // A pod elsewhere (not local: its addresses come from its status).
-  assertEquals(engine.removeLocal("gamma", "db"), { deltas: [], changed: [] });
+  // Its DEL: its addresses leave the set at once, though its API object still lists them.
+  const gone = engine.removeLocal("gamma", "db");
+  assertEquals(gone.deltas.map((d) => [d.ipv4, d.ipv6]), [[
+    { add: [], delete: [{ addr: "10.0.3.2", port: 9050 }] },
+    { add: [], delete: [{ addr: "fd00::3:2", port: 9050 }] },
+  ]]);
+  // A pod elsewhere, not local: its addresses come from its status (not those it let go
+  // here: the local pod had no uid, so any pod of its name).
   const db = pods.find((p) => p.namespace === "gamma" && p.name === "db")!;
   db.ips = ["10.0.3.99", "fd00::3:2"];
   const update = engine.upsertPod(podObject(db));
-  assertEquals(update.deltas.map((d) => d.ipv4), [{
-    add: [{ addr: "10.0.3.99", port: 9050 }],
-    delete: [{ addr: "10.0.3.2", port: 9050 }],
+  assertEquals(update.deltas.map((d) => [d.ipv4, d.ipv6]), [[
+    { add: [{ addr: "10.0.3.99", port: 9050 }], delete: [] },
+    { add: [], delete: [] },
+  ]]);
+  db.ips = ["10.0.3.98"];
+  assertEquals(engine.upsertPod(podObject(db)).deltas.map((d) => d.ipv4), [{
+    add: [{ addr: "10.0.3.98", port: 9050 }],
+    delete: [{ addr: "10.0.3.99", port: 9050 }],
   }]);
 });
 
@@ -1164,7 +1300,7 @@ function refAllowed(
   return false;
 }
 
-Deno.test("compile: random policies mean what a direct reading of the API says", () => {
+Deno.test("compile: random policies mean what a direct reading of the API says, and an unreadable one isolates and admits nothing", () => {
   const sel = (keys: string[], values: string[]) =>
     fc.record({
       matchLabels: fc.option(
@@ -1228,19 +1364,63 @@ Deno.test("compile: random policies mean what a direct reading of the API says",
       fc.constantFrom(["Ingress"], ["Egress"], ["Ingress", "Egress"]),
       { nil: undefined },
     ),
+    // What a newer release may say that v1 does not: the policy cannot be read.
+    poison: fc.oneof(
+      { arbitrary: fc.constant(undefined), weight: 4 },
+      { arbitrary: fc.constantFrom("protocol", "operator", "field", "policyType"), weight: 1 },
+    ),
   });
   fc.assert(
     fc.property(fc.array(policy, { minLength: 1, maxLength: 4 }), (specs) => {
-      const policies = specs.map((s, i) =>
-        policyObject(s.ns, `p${i}`, {
-          podSelector: s.podSelector,
-          ...(s.ingress
-            ? { ingress: s.ingress.map((r) => ({ from: r.peers, ports: r.ports })) }
-            : {}),
-          ...(s.egress ? { egress: s.egress.map((r) => ({ to: r.peers, ports: r.ports })) } : {}),
-          ...(s.policyTypes ? { policyTypes: s.policyTypes } : {}),
-        })
-      );
+      const spec = (s: typeof specs[number]) => ({
+        podSelector: s.podSelector,
+        ...(s.ingress
+          ? { ingress: s.ingress.map((r) => ({ from: r.peers, ports: r.ports })) }
+          : {}),
+        ...(s.egress ? { egress: s.egress.map((r) => ({ to: r.peers, ports: r.ports })) } : {}),
+        ...(s.policyTypes ? { policyTypes: s.policyTypes } : {}),
+      });
+      const poisoned = (s: typeof specs[number]) => {
+        const p = spec(s);
+        switch (s.poison) {
+          case "protocol":
+            return { ...p, ingress: [...(p.ingress ?? []), { ports: [{ protocol: "FOO" }] }] };
+          case "operator":
+            return {
+              ...p,
+              podSelector: {
+                ...p.podSelector,
+                matchExpressions: [
+                  ...(p.podSelector.matchExpressions ?? []),
+                  { key: "app", operator: "Gt", values: ["1"] },
+                ],
+              },
+            };
+          case "field":
+            return { ...p, egress: [...(p.egress ?? []), { to: [{ fqdn: "example.com" }] }] };
+          case "policyType":
+            return { ...p, policyTypes: ["Ingress", "Sideways"] };
+        }
+        return p;
+      };
+      const policies = specs.map((s, i) => policyObject(s.ns, `p${i}`, poisoned(s)));
+      // The reference's reading of an unreadable policy, by hand: its own podSelector
+      // (every pod when that is what cannot be read), the directions it names (both when
+      // those cannot be read; without policyTypes, Ingress and Egress when it has egress
+      // rules), and no rule.
+      const reference = specs.map((s, i): NetworkPolicy => {
+        if (s.poison === undefined) return policies[i];
+        const egress = s.poison === "field" || (s.egress?.length ?? 0) > 0;
+        return {
+          metadata: { namespace: s.ns, name: `p${i}` },
+          spec: {
+            podSelector: s.poison === "operator" ? {} : s.podSelector,
+            policyTypes: s.poison === "policyType"
+              ? ["Ingress", "Egress"]
+              : [...(s.policyTypes ?? (egress ? ["Ingress", "Egress"] : ["Ingress"]))],
+          },
+        };
+      });
       const raw = basePods();
       const engine = engineWith(policies, raw);
       const pods: RefPod[] = raw.map((p) => ({
@@ -1257,7 +1437,7 @@ Deno.test("compile: random policies mean what a direct reading of the API says",
           for (const addr of peers) {
             for (const [proto, port] of PROBES) {
               const got = admits(c, { direction: dir, peer: addr, protocol: proto, port });
-              const want = refAllowed(policies, NAMESPACES, pods, t, dir, addr, proto, port);
+              const want = refAllowed(reference, NAMESPACES, pods, t, dir, addr, proto, port);
               if (got !== want) {
                 throw new Error(
                   `${t.ns}/${t.name} ${dir} ${addr} ${proto}/${port}: got ${got}, want ${want}\n` +

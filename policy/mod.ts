@@ -3,6 +3,10 @@
  *
  * - {@linkcode PolicyEngine} (compile.ts): each local pod's effective policy, kept in
  *   step with the cluster cache; changes answer set deltas or pods to render again.
+ * - {@linkcode unreadablePolicy} (_prepare.ts): what a policy enim cannot read does
+ *   instead (it isolates, and admits nothing), for the log and `enim status`.
+ * - {@linkcode lendsAddresses} (_local_addrs.ts): whether a pod's API object lends its
+ *   addresses to peer sets (not finished, not `hostNetwork`, not deleted without grace).
  * - {@linkcode admits} (evaluate.ts): whether a compiled policy admits a packet.
  * - {@linkcode podRuleset}, {@linkcode nodeRuleset}, {@linkcode setDeltaCommands}
  *   (nft.ts): the nftables text for the pod's namespace, the node's, and set edits.
@@ -19,6 +23,8 @@ export {
   type PolicyUpdate,
   type PolicyView,
 } from "./compile.ts";
+export { type UnreadablePolicy, unreadablePolicy, unreadableText } from "./_prepare.ts";
+export { lendsAddresses } from "./_local_addrs.ts";
 export { admits, connectionAllowed, type End, type Probe } from "./evaluate.ts";
 export {
   type DropCounter,

@@ -91,13 +91,17 @@ export type PeerSet = z.infer<typeof PeerSetSchema>;
 /** The kinds of peer set. */
 export type PeerSetKind = PeerSet["kind"];
 
-/** A policy that selects the pod: which directions it applies to, how many rules each has. */
+/**
+ * A policy that selects the pod: which directions it applies to, how many rules each
+ * has, and, when enim cannot read it, why (it then isolates and admits nothing).
+ */
 export const SelectingPolicySchema = z.object({
   name: z.string(),
   ingress: z.boolean(),
   egress: z.boolean(),
   ingressRules: z.number().check(z.int()),
   egressRules: z.number().check(z.int()),
+  unreadable: z.optional(z.string()),
 });
 /** A policy selecting the pod. */
 export type SelectingPolicy = z.infer<typeof SelectingPolicySchema>;

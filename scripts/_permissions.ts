@@ -15,9 +15,18 @@ import { join, ROOT } from "./_paths.ts";
 
 const List = z.array(z.string().min(1));
 
+/**
+ * A kind that is granted for some names and ignored for others: reading an ignored name
+ * answers as if it were unset (`--ignore-env`), where one neither granted nor ignored throws.
+ */
+const Granted = z.union([
+  List,
+  z.strictObject({ allow: List, ignore: List.optional() }),
+]);
+
 /** The `permissions.enim` object of deno.json (the kinds enim uses). */
 export const PermissionSetSchema = z.strictObject({
-  env: List.optional(),
+  env: Granted.optional(),
   read: List.optional(),
   write: List.optional(),
   run: List.optional(),
@@ -37,12 +46,18 @@ export function readPermissionSet(root: string = ROOT): PermissionSet {
   return DenoJsonSchema.parse(JSON.parse(text)).permissions.enim;
 }
 
-/** The set as `--allow-<kind>=a,b` flags, in a fixed order. */
+/**
+ * The set as `--allow-<kind>=a,b` flags (and `--ignore-<kind>=c,d` for the names a kind
+ * ignores), in a fixed order.
+ */
 export function permissionFlags(set: PermissionSet = readPermissionSet()): string[] {
   const flags: string[] = [];
   for (const kind of ["env", "read", "write", "run", "net", "sys"] as const) {
-    const list = set[kind];
-    if (list && list.length > 0) flags.push(`--allow-${kind}=${list.join(",")}`);
+    const granted = set[kind];
+    if (!granted) continue;
+    const { allow, ignore } = Array.isArray(granted) ? { allow: granted, ignore: [] } : granted;
+    if (allow.length > 0) flags.push(`--allow-${kind}=${allow.join(",")}`);
+    if (ignore && ignore.length > 0) flags.push(`--ignore-${kind}=${ignore.join(",")}`);
   }
   return flags;
 }

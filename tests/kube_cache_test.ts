@@ -55,19 +55,74 @@ function pod(name: string, ip: string, labels: Record<string, string> = { app: n
   return makePod({ namespace: "default", name, ip, labels, nodeName: "n1" });
 }
 
-Deno.test("the cache lists every page, then follows creates, updates and deletes", async () => {
+/** The list requests of `path`: their resourceVersion, limit, continue (set or not), source. */
+function listsOf(server: KubeApiServer, path = "/api/v1/pods") {
+  return server.requests.filter((r) => !r.watch && r.path === path).map((r) => [
+    r.status,
+    r.query.resourceVersion ?? null,
+    r.query.limit ?? null,
+    r.query.continue !== undefined,
+    r.source ?? null,
+  ]);
+}
+
+Deno.test("the first list asks resourceVersion=0 and takes the whole collection the watch cache answers at once", async () => {
+  await withServer(async (server) => {
+    for (let i = 0; i < 5; i++) server.put("pods", pod(`p${i}`, `10.1.0.${i}`));
+    server.put("namespaces", makeNamespace("a"));
+    const kube = new Kube(accessTo(server), "n1", FAST);
+    try {
+      assert(await kube.pods.waitSynced(10_000), "synced");
+      assert(await kube.namespaces.waitSynced(10_000), "synced");
+      assertEquals(kube.pods.size, 5);
+      // limit=2 asked, and ignored by the watch cache: one request, no etcd read.
+      assertEquals(listsOf(server), [[200, "0", "2", false, "watchCache"]]);
+      assertEquals(listsOf(server, "/api/v1/namespaces"), [[200, "0", "2", false, "watchCache"]]);
+      assertEquals(kube.pods.stats().resourceVersion, server.resourceVersion);
+    } finally {
+      await kube.close();
+    }
+  });
+});
+
+Deno.test("a server without a watch cache pages the first list from etcd; the later pages carry continue alone", async () => {
   await withServer(async (server) => {
     for (let i = 0; i < 5; i++) server.put("pods", pod(`p${i}`, `10.1.0.${i}`));
     const kube = new Kube(accessTo(server), "n1", FAST);
     try {
       assert(await kube.pods.waitSynced(10_000), "synced");
       assertEquals(kube.pods.size, 5);
-      const lists = server.requests.filter((r) => !r.watch && r.path === "/api/v1/pods");
-      assertEquals(lists.map((r) => [r.query.limit, r.query.continue !== undefined]), [
-        ["2", false],
-        ["2", true],
-        ["2", true],
+      assertEquals(listsOf(server), [
+        [200, "0", "2", false, "etcd"],
+        [200, null, "2", true, "etcd"],
+        [200, null, "2", true, "etcd"],
       ]);
+      // After a watch's 410 a server that pages lists the latest in pages (an exact read
+      // of the gone version would be gone too).
+      await until("the watch", () => server.watchCount("pods") === 1);
+      server.put("pods", pod("p9", "10.1.0.9"));
+      server.compact();
+      server.expireWatches("pods");
+      await until("a relist", () => kube.pods.stats().relists === 1);
+      assertEquals(listsOf(server).slice(3), [
+        [200, null, "2", false, "etcd"],
+        [200, null, "2", true, "etcd"],
+        [200, null, "2", true, "etcd"],
+      ]);
+      assertEquals(kube.pods.size, 6);
+    } finally {
+      await kube.close();
+    }
+  }, { watchCache: false });
+});
+
+Deno.test("the cache follows creates, updates and deletes", async () => {
+  await withServer(async (server) => {
+    for (let i = 0; i < 5; i++) server.put("pods", pod(`p${i}`, `10.1.0.${i}`));
+    const kube = new Kube(accessTo(server), "n1", FAST);
+    try {
+      assert(await kube.pods.waitSynced(10_000), "synced");
+      assertEquals(kube.pods.size, 5);
       const rec = recorder();
       kube.pods.subscribe(rec.handler, { replay: false });
       const added = server.put("pods", pod("p9", "10.1.0.9"));
@@ -167,6 +222,7 @@ async function goneWhileAway(server: KubeApiServer): Promise<void> {
     await until("the watch", () => server.watchCount("pods") === 1);
     const aBefore = server.get("pods", "default/a")!.metadata.resourceVersion;
     const bBefore = server.get("pods", "default/b")!.metadata.resourceVersion;
+    const rvBefore = kube.pods.stats().resourceVersion;
     await server.down();
     const a = server.put("pods", pod("a", "10.1.0.97", { app: "a", v: "2" }));
     server.remove("pods", "default", "b");
@@ -174,6 +230,9 @@ async function goneWhileAway(server: KubeApiServer): Promise<void> {
     server.compact();
     server.up();
     await until("a relist", () => kube.pods.stats().relists === 1);
+    // The relist asks "not older than" the last version seen, whole, from the watch
+    // cache: no quorum read, and never back in time.
+    assertEquals(listsOf(server).at(-1), [200, rvBefore, null, false, "watchCache"]);
     assertEquals(rec.events.sort(), [
       `- -> d@${d.metadata.resourceVersion}`,
       `a@${aBefore} -> a@${a.metadata.resourceVersion}`,
@@ -243,17 +302,17 @@ Deno.test("an expired continue token starts the list again from its first page",
     try {
       assert(await kube.pods.waitSynced(10_000));
       assertEquals(kube.pods.size, 7);
-      const lists = server.requests.filter((r) => !r.watch);
-      assertEquals(lists.map((r) => [r.status, r.query.continue !== undefined]), [
-        [200, false],
-        [410, true],
-        [200, false],
-        [200, true],
+      // The list's own version is gone: the next asks the latest (resourceVersion "").
+      assertEquals(listsOf(server), [
+        [200, "0", "4", false, "etcd"],
+        [410, null, "4", true, null],
+        [200, null, "4", false, "etcd"],
+        [200, null, "4", true, "etcd"],
       ]);
     } finally {
       await kube.close();
     }
-  });
+  }, { watchCache: false });
 });
 
 Deno.test("when the API server goes down the cache backs off; when it comes back it catches up by watching", async () => {
@@ -359,6 +418,37 @@ Deno.test("a malformed list item is skipped and the rest is cached", async () =>
   });
 });
 
+Deno.test("a NetworkPolicy the agent cannot read is cached, marked unreadable, never skipped (list and watch)", async () => {
+  await withServer(async (server) => {
+    const future = (name: string) => {
+      const p = makeNetworkPolicy("default", name);
+      p.spec.ingress[0].ports[0].protocol = "FOO";
+      return p;
+    };
+    server.put("networkpolicies", future("listed"));
+    server.put("networkpolicies", makeNetworkPolicy("default", "fine"));
+    const kube = new Kube(accessTo(server), "n1", FAST);
+    try {
+      assert(await kube.networkPolicies.waitSynced(10_000));
+      await until("the watch", () => server.watchCount("networkpolicies") === 1);
+      server.put("networkpolicies", future("watched"));
+      await until("watched", () => kube.networkPolicies.get("default/watched") !== undefined);
+      for (const name of ["listed", "watched"]) {
+        const p = kube.networkPolicies.get(`default/${name}`)!;
+        assertMatch(p.unreadable?.reason ?? "", /^spec\.ingress\.0\.ports\.0\.protocol: .*"FOO"/);
+        assertEquals(p.spec, {
+          podSelector: { matchLabels: { app: name } },
+          policyTypes: ["Ingress"],
+        });
+      }
+      assertEquals(kube.networkPolicies.get("default/fine")?.unreadable, undefined);
+      assertEquals(kube.networkPolicies.stats().malformed, 0);
+    } finally {
+      await kube.close();
+    }
+  });
+});
+
 Deno.test("a handler that throws is logged and the other handlers still hear the change", async () => {
   await withServer(async (server) => {
     const lines: string[] = [];
@@ -421,6 +511,7 @@ Deno.test("the token file is read again once its copy is old, before any 401", a
     });
     try {
       assert(await kube.pods.waitSynced(10_000));
+      await until("the watch", () => server.watchCount("pods") === 1);
       await Deno.writeTextFile(tokenFile, "second");
       server.endWatches();
       await until(
@@ -651,4 +742,161 @@ Deno.test("a server the permission set does not allow is refused at connect, and
     assertMatch(got.lastError, /Requires net access to "127\.0\.0\.1:\d+"/);
     assertEquals(server.requests.length, 0);
   });
+});
+
+Deno.test("a watch that hears nothing for two bookmark periods (a blackholed connection) is dropped and watched again on a new connection; what came meanwhile arrives", async () => {
+  await withServer(async (server) => {
+    server.put("pods", pod("a", "10.1.0.1"));
+    const lines: string[] = [];
+    const log = new Logger((l) => lines.push(l), "debug");
+    const kube = new Kube(accessTo(server), "n1", { ...FAST, watchBookmarkSeconds: 0.3, log });
+    try {
+      assert(await kube.pods.waitSynced(10_000));
+      assert(await kube.namespaces.waitSynced(10_000));
+      await until(
+        "a bookmark on each watch",
+        () => kube.pods.stats().bookmarks >= 1 && kube.namespaces.stats().bookmarks >= 1,
+      );
+      assertEquals(kube.pods.stats().bookmarkSupport, "seen");
+      const watchesBefore = server.count("pods", "watch");
+      // Both watches share one HTTP/2 connection: it goes silent, no FIN, no RST.
+      assert(server.blackhole() >= 1, "a connection to blackhole");
+      const rv = kube.pods.stats().resourceVersion;
+      const b = server.put("pods", pod("b", "10.1.0.2"));
+      server.put("namespaces", makeNamespace("late"));
+      await until("b, through a new watch", () => kube.pods.get("default/b") !== undefined);
+      await until("the late namespace", () => kube.namespaces.get("late") !== undefined);
+      const s = kube.pods.stats();
+      // The cache that noticed first dropped the shared connection; the other's watch broke
+      // with it, or noticed too.
+      const silent = s.silentWatches + kube.namespaces.stats().silentWatches;
+      assert(silent >= 1, JSON.stringify([s, kube.namespaces.stats()]));
+      assertEquals(s.relists, 0, "watched again from where it was, not listed");
+      assertEquals(
+        s.resourceVersion !== null &&
+          Number(s.resourceVersion) >= Number(b.metadata.resourceVersion),
+        true,
+      );
+      const next = server.requests.filter((r) =>
+        r.watch && r.path === "/api/v1/pods"
+      )[watchesBefore];
+      assertEquals(next.query.resourceVersion, rv);
+      const dropped = lines.map((l) => JSON.parse(l)).filter((l) =>
+        l.msg.startsWith("Dropping the connection")
+      );
+      // Whichever cache noticed first dropped the connection; the other found it dropped.
+      assertEquals(dropped.length, 1, JSON.stringify(dropped));
+      assertMatch(
+        dropped[0].why,
+        /heard nothing, not even a bookmark, for 600 ms \(two bookmark periods\)/,
+      );
+    } finally {
+      await kube.close();
+    }
+  }, { bookmarkEveryMs: 100 });
+});
+
+Deno.test("a server that sends no bookmarks: one silent watch is watched again, a second keeps its watch to its timeout, and a bookmark later brings the short limit back", async () => {
+  await withServer(async (server) => {
+    const lines: string[] = [];
+    const log = new Logger((l) => lines.push(l), "debug");
+    const kube = new Kube(accessTo(server), "n1", { ...FAST, watchBookmarkSeconds: 0.1, log });
+    try {
+      assert(await kube.pods.waitSynced(10_000));
+      await until("no bookmarks, found", () => kube.pods.stats().bookmarkSupport === "none");
+      const s = kube.pods.stats();
+      // The first silent watch was taken for dead (it might have been); the second told.
+      assertEquals([s.silentWatches, s.watches], [1, 2], JSON.stringify(s));
+      assert(
+        lines.some((l) => l.includes("sends no watch bookmarks")),
+        "the agent says it cannot notice a dead watch quickly",
+      );
+      // The second watch goes on, silent past the two periods.
+      await new Promise((ok) => setTimeout(ok, 500));
+      assertEquals(kube.pods.stats().watches, 2);
+      assertEquals(server.watchCount("pods"), 1);
+      server.put("pods", pod("a", "10.1.0.1"));
+      await until("a", () => kube.pods.get("default/a") !== undefined);
+      server.bookmark();
+      await until("a bookmark", () => kube.pods.stats().bookmarkSupport === "seen");
+      // Back to two periods: the next silence is a dead watch again.
+      await until("a silent watch", () => kube.pods.stats().silentWatches >= 2);
+    } finally {
+      await kube.close();
+    }
+  });
+});
+
+Deno.test("a server that sends no bookmarks is found out by events that keep coming for two periods without one", async () => {
+  await withServer(async (server) => {
+    const lines: string[] = [];
+    const log = new Logger((l) => lines.push(l), "debug");
+    const kube = new Kube(accessTo(server), "n1", { ...FAST, watchBookmarkSeconds: 0.5, log });
+    try {
+      assert(await kube.pods.waitSynced(10_000));
+      for (let i = 0; kube.pods.stats().bookmarkSupport === "unknown" && i < 500; i++) {
+        server.put("pods", pod(`p${i}`, `10.1.${i >> 8}.${i & 255}`));
+        await new Promise((ok) => setTimeout(ok, 20));
+      }
+      assertEquals(kube.pods.stats().bookmarkSupport, "none");
+      const told = lines.map((l) => JSON.parse(l)).filter((l) =>
+        l.msg.includes("sends no watch bookmarks")
+      );
+      assertEquals(told.map((l) => l.why), ["events came for two bookmark periods without one"]);
+    } finally {
+      await kube.close();
+    }
+  });
+});
+
+Deno.test("a GET that gets no answer in time drops the connection: the next opens a new one", async () => {
+  await withServer(async (server) => {
+    server.put("pods", makePod({ namespace: "default", name: "web", ip: "10.1.0.1" }));
+    const kube = new Kube(accessTo(server), "n1", FAST);
+    try {
+      assertEquals((await kube.getPod("default", "web"))?.ips, ["10.1.0.1"]);
+      assert(server.blackhole() >= 1);
+      await assertRejects(
+        () => kube.getPod("default", "web", { timeoutMs: 300 }),
+        KubeRequestError,
+        "no answer in 300 ms",
+      );
+      assertEquals((await kube.getPod("default", "web", { timeoutMs: 5_000 }))?.ips, ["10.1.0.1"]);
+    } finally {
+      await kube.close();
+    }
+  });
+});
+
+Deno.test("a watch that ends at once with no event is tried again after a backoff that grows, not in a loop", async () => {
+  await withServer(async (server) => {
+    server.put("pods", pod("a", "10.1.0.1"));
+    const lines: string[] = [];
+    const log = new Logger((l) => lines.push(l), "debug");
+    const at: number[] = [];
+    server.beforeRequest = (r) => {
+      if (r.watch) at.push(performance.now());
+    };
+    const kube = new Kube(accessTo(server), "n1", {
+      ...FAST,
+      backoff: { initialMs: 20, maxMs: 5_000, random: () => 0 },
+      log,
+    });
+    try {
+      assert(await kube.pods.waitSynced(10_000));
+      await until("six watches", () => at.length >= 6, 20_000);
+      const gaps = at.slice(1, 6).map((t, i) => t - at[i]);
+      const waits = lines.map((l) => JSON.parse(l)).filter((l) => l.msg.includes("after a backoff"))
+        .map((l) => l.waitMs);
+      assertEquals(waits.slice(0, 5), [20, 40, 80, 160, 320]);
+      // Each watch came no sooner than the wait before it: the gaps grow with the waits.
+      gaps.forEach((g, i) => assert(g >= waits[i] - 1, `gap ${i}: ${gaps} after waits ${waits}`));
+      const s = kube.pods.stats();
+      assert(s.shortWatches >= 5 && s.errors === s.shortWatches, JSON.stringify(s));
+      assertMatch(s.lastError ?? "", /ended within a second with no event/);
+      assertEquals(s.lists, 1);
+    } finally {
+      await kube.close();
+    }
+  }, { maxWatchSeconds: 0 });
 });

@@ -9,7 +9,7 @@
  *
  * @module
  */
-import { assert, assertEquals } from "../lib/assert.ts";
+import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
 import { clientDeps } from "./support/clients.ts";
 import { TRAFFIC_NEEDS, who } from "./support/traffic.ts";
 import { installKubeProxy, KUBE_PROXY_NEEDS, type ServicePort } from "./support/kube_proxy.ts";
@@ -393,6 +393,26 @@ const CASES: Case[] = [
     expect: (s, d) =>
       (d.ns !== "alpha" || s.ns === "gamma") && (s.id !== "gamma/web" || d.ns !== "gamma"),
   },
+  {
+    name:
+      "a policy with a protocol enim does not know (FOO) isolates the pods it selects and admits nothing through it",
+    policies: [["alpha", "future", {
+      podSelector: DB,
+      ingress: [{ ports: [{ protocol: "FOO", port: 5432 }] }, { from: [TEAM("b")] }],
+    }]],
+    expect: (_s, d) => d.id !== "alpha/db",
+  },
+  {
+    name:
+      "a policy whose podSelector enim cannot read (operator Gt) isolates every pod of its namespace, in the directions it names, and admits nothing",
+    policies: [["alpha", "gt", {
+      podSelector: { matchExpressions: [{ key: "app", operator: "Gt", values: ["1"] }] },
+      policyTypes: ["Ingress", "Egress"],
+      ingress: [{}],
+      egress: [{}],
+    }]],
+    expect: (s, d) => s.ns !== "alpha" && d.ns !== "alpha",
+  },
 ];
 
 const ends = (c: PolicyCluster): End[] =>
@@ -725,6 +745,52 @@ Deno.test({
         await sendSctp(c, P["alpha/web"], P["alpha/db"].v4, [7777]);
         assertEquals(await counts(), [2, 1], "a TCP port admits no SCTP");
       });
+      await t.step(
+        "a policy with a protocol enim does not know (FOO) fails closed: its pod admits nothing through it, and status, metrics and log say so",
+        async () => {
+          await setPolicies(c, [["alpha", "future", {
+            podSelector: DB,
+            // Read, the second rule would admit web.
+            ingress: [{ ports: [{ protocol: "FOO", port: 5432 }] }, {
+              from: [{ podSelector: WEB }],
+            }],
+          }]]);
+          const [toDb, toWeb] = await P["alpha/web"].prober.probe([
+            { proto: "tcp", addr: P["alpha/db"].v4, port: 5432 },
+            { proto: "tcp", addr: P["alpha/job"].v4, port: 8080 },
+          ], 1_000);
+          assertEquals(toDb, "timeout", "db admits nothing through the unreadable policy");
+          assert(
+            toWeb.startsWith("open alpha/job"),
+            `a pod it does not select is reached: ${toWeb}`,
+          );
+          const [udp] = await P["beta/job"].prober.probe([
+            { proto: "udp", addr: P["alpha/db"].v4, port: 53 },
+          ], 1_000);
+          assertEquals(udp, "timeout", "nor over UDP, from another namespace");
+          const status = await a.enim(["status"]);
+          assertEquals(status.code, 0, status.stderr);
+          assertMatch(
+            status.stdout,
+            /UNREADABLE NetworkPolicy alpha\/future: spec\.ingress\.0\.ports\.0\.protocol: .*"FOO".*; failing closed: pods app=db in alpha isolated for ingress, nothing admitted by it\n/,
+          );
+          assertMatch(
+            await a.client.metrics(),
+            /enim_policy_unreadable\{policy="alpha\/future"\} 1/,
+          );
+          const rv = c.server.get("networkpolicies", "alpha/future")!.metadata.resourceVersion;
+          const warned = (await a.agentLog()).split("\n").filter((l) =>
+            l.includes("NetworkPolicy: a policy cannot be read") &&
+            l.includes(`"resourceVersion":"${rv}"`)
+          );
+          assertEquals(warned.length, 1, `one warning for this version: ${warned.join("\n")}`);
+          await setPolicies(c, []);
+          assert(
+            !(await a.client.metrics()).includes("enim_policy_unreadable{"),
+            "deleted: no longer shown",
+          );
+        },
+      );
       await t.step(
         "the pod's own node is always allowed both ways, even under deny-all",
         async () => {

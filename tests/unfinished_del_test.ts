@@ -5,6 +5,9 @@
  * CNI STATUS, the attachments or `enim gc --dry-run`: each answers and shows the DEL as
  * unfinished, not as "an earlier release did not finish". Once the rest goes on, the
  * reads show it done.
+ *
+ * Nor may it cost the next ADD its ENI (issue 41 item 3): on a full node, ADDs that come
+ * while such a DEL is finishing wait for it rather than answer 100 "No ENI available".
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
 import { poll } from "../lib/async.ts";
@@ -79,6 +82,91 @@ Deno.test({
       }, { timeoutMs: 15_000, intervalMs: 100 });
       assert(done, "the DEL finished once its move went on");
       assertEquals(await node.client.attachments(), []);
+    } finally {
+      await faults.uninstall();
+    }
+  },
+});
+
+/** The network config of a Kubernetes node's pods (the host link on, as for kubelet's pods). */
+const KUBE_CONF = { serviceCidrs: ["172.30.0.0/16"] };
+
+Deno.test({
+  name:
+    "a full node's ADDs right after a DEL answered early all get an ENI: three at once on three ENIs, the DEL's on its way home, 12 rounds",
+  ignore: !AS_ROOT,
+  async fn() {
+    await using node = await SimulatedNode.start({
+      nodeNic: true,
+      mock: { enis: 3, maxEnisPerNode: 3 },
+      gc: { intervalSeconds: 3600, graceSeconds: 0 },
+      // Beyond what a loaded test machine takes (the plugin's own 30 s is the ceiling).
+      extra: { timeouts: { delWaitSeconds: 20 } },
+    });
+    const faults = await IpFaults.install(node);
+    const conf = node.netconf("1.1.0", KUBE_CONF);
+    const ROUNDS = 12;
+    try {
+      for (let round = 0; round < ROUNDS; round++) {
+        const a = await node.vpc.pod(`a${round}`);
+        const callA = node.podCall(a, { containerId: `c-a${round}`, config: conf });
+        const added = await node.cni("ADD", callA);
+        assertEquals(added.code, 0, added.stdout);
+        const eniOfA = (await node.client.attachments())[0].eniId;
+        const next = await Promise.all(["b", "c", "d"].map((p) => node.vpc.pod(`${p}${round}`)));
+
+        // The DEL answers; the rest (the device's move home, then the ENI's release) is
+        // held at the move, as a loaded node's kernel holds it; the runtime removes the
+        // pod's namespace, and three ADDs come at once.
+        await faults.pause("pod", DEL_MOVE_BACK);
+        const del = await node.cni("DEL", callA);
+        assertEquals([del.code, del.stdout.trim()], [0, ""], "the DEL answered");
+        await faults.hit();
+        await node.vpc.deletePod(a);
+        const answered: (number | null)[] = [null, null, null];
+        const adds = next.map((p, i) =>
+          node.cni("ADD", node.podCall(p, { containerId: `c-${p.name}`, config: conf }))
+            .then((r) => (answered[i] = r.code, r))
+        );
+        // Two of them have the free ENIs; then the DEL's rest goes on.
+        const two = await poll(
+          () => Promise.resolve(answered.filter((c) => c !== null).length >= 2 || null),
+          { timeoutMs: 60_000, intervalMs: 50 },
+        );
+        await faults.go();
+        const results = await Promise.all(adds);
+        assert(two, `round ${round}: two ADDs answered`);
+        for (const r of results) {
+          assertEquals(r.code, 0, `round ${round}: every ADD gets an ENI: ${r.stdout}`);
+        }
+        const atts = await node.client.attachments();
+        assertEquals(atts.length, 3, `round ${round}: three pods`);
+        assert(
+          atts.some((x) => x.eniId === eniOfA),
+          `round ${round}: one of them got the DEL's ENI`,
+        );
+
+        for (const [i, p] of next.entries()) {
+          const r = await node.cni(
+            "DEL",
+            node.podCall(p, { containerId: `c-${p.name}`, config: conf }),
+          );
+          assertEquals(r.code, 0, `round ${round}: DEL ${i}: ${r.stdout}`);
+          await node.vpc.deletePod(p);
+        }
+        const free = await poll(async () => {
+          const s = await node.client.status();
+          return s.unfinishedDels.length === 0 && s.pool.free === 3 ? s : null;
+        }, { timeoutMs: 30_000, intervalMs: 100 });
+        assert(free, `round ${round}: every ENI back in the pool`);
+      }
+      // The waits are the ADDs' del_wait phase: at least one ADD of each round waited.
+      const metrics = await node.client.metrics();
+      const waited = Number(
+        metrics.match(/enim_phase_duration_seconds_count\{op="add",phase="del_wait"\} (\d+)/)
+          ?.[1] ?? 0,
+      );
+      assert(waited >= ROUNDS, `${waited} ADDs waited for a DEL in ${ROUNDS} rounds`);
     } finally {
       await faults.uninstall();
     }

@@ -11,6 +11,8 @@ export interface Att {
   key: string;
   /** `namespace/name`. */
   pod: string;
+  /** The pod's uid (CNI_ARGS `K8S_POD_UID`; null: the runtime did not say). */
+  uid: string | null;
   namespace: string;
   name: string;
   ips: string[];
@@ -63,6 +65,14 @@ export const light = (c: CompiledPolicy): CompiledPolicy => ({
  * jumped to is accepted. Its table and chains are made when a policy first selects it.
  */
 export const isolates = (c: CompiledPolicy): boolean => c.ingress.isolated || c.egress.isolated;
+
+/** The local pod of an attachment, for the engine (its uid: the pod it must be). */
+export const localOf = (att: Att, ips: string[], uid: string | null) => ({
+  namespace: att.namespace,
+  name: att.name,
+  ips,
+  ...(uid !== null ? { uid } : {}),
+});
 
 /** Whether two address lists hold the same addresses, in any order. */
 export const sameSet = (a: string[], b: string[]): boolean =>

@@ -12,6 +12,7 @@ import {
   nodeNames,
   parseDropCounters,
   POLICY_TABLE,
+  type UnreadablePolicy,
 } from "../../policy/mod.ts";
 import type { Att } from "./_attachment.ts";
 import type { TableLoads } from "./_table_loads.ts";
@@ -34,6 +35,8 @@ export interface StatusInput {
   caches: InformerStats[];
   enforcedRv(resource: string): string | null;
   atts: Iterable<Att>;
+  /** The cluster's policies the agent cannot read (`agent/policy_unreadable.ts`). */
+  unreadable: UnreadablePolicy[];
 }
 
 /** The enforcer's state for `GET /v1/status`. */
@@ -52,6 +55,8 @@ export function policyStatus(s: StatusInput): PolicyStatus {
       errors: c.errors,
       lastError: c.lastError,
       lastEventAt: iso(c.lastEventAt),
+      bookmarks: c.bookmarkSupport,
+      silentWatches: c.silentWatches,
       enforcedResourceVersion: s.enforcedRv(c.resource),
     })),
     pods: [...s.atts].sort((a, b) => a.pod.localeCompare(b.pod)).map((a) => {
@@ -66,6 +71,7 @@ export function policyStatus(s: StatusInput): PolicyStatus {
         state: !s.synced ? "waiting" : a.unknown ? "unknown" : a.stale ? "retrying" : "enforced",
       };
     }),
+    unreadable: s.unreadable,
   };
 }
 

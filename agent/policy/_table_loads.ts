@@ -23,6 +23,8 @@ interface TableWork {
   run: () => Promise<boolean>;
   /** A whole render: what is queued before it and has not started is superseded. */
   whole: boolean;
+  /** Never superseded: runs after the whole render that would have (a conntrack flush). */
+  keep?: boolean;
   resolve: (ok: boolean) => void;
 }
 
@@ -60,16 +62,24 @@ export class TableLoads {
    * Queues a load for a table (a pod's namespace path, or null: the node) after whatever
    * was queued for it before, one at a time; a whole render supersedes what is queued and
    * not started (it renders when it runs, from the engine's state then, so a burst of
-   * changes costs one render, and no text waits in memory).
+   * changes costs one render, and no text waits in memory). What is queued with `keep`
+   * (a flush of tracked connections, which must run after the table's next load) is never
+   * superseded: it runs after the whole render.
    */
-  enqueue(netns: string | null, run: () => Promise<boolean>, whole = false): Promise<boolean> {
+  enqueue(
+    netns: string | null,
+    run: () => Promise<boolean>,
+    whole = false,
+    keep = false,
+  ): Promise<boolean> {
     const key = netns ?? "";
     let q = this.#tables.get(key);
     if (!q) this.#tables.set(key, q = { items: [], running: null });
     const queue = q;
     return new Promise<boolean>((resolve) => {
-      if (whole) { for (const it of queue.items.splice(0)) it.resolve(true); }
-      queue.items.push({ run, whole, resolve });
+      const kept = whole ? queue.items.filter((it) => it.keep) : [];
+      if (whole) { for (const it of queue.items.splice(0)) if (!it.keep) it.resolve(true); }
+      queue.items.push({ run, whole, resolve, ...(keep ? { keep } : {}) }, ...kept);
       queue.running ??= (async () => {
         while (queue.items.length > 0) {
           const it = queue.items.shift()!;

@@ -33,12 +33,14 @@ import { sleep } from "../../lib/async.ts";
 import { QueueStoppedError, SerialQueue } from "../../lib/serial_queue.ts";
 import { PolicyLifecycle, type PolicyPhase } from "./lifecycle.ts";
 import { listNodeAddresses, waitForCaches } from "./_startup.ts";
-import { type Att, isolates, light, newestOf, sameSet } from "./_attachment.ts";
-import { Changes, type PolicyEvent } from "./_changes.ts";
+import { type Att, isolates, light, localOf, newestOf, sameSet } from "./_attachment.ts";
+import { Changes, type PolicyEvent, retiredIn } from "./_changes.ts";
 import { type LoadPlace, TableLoads } from "./_table_loads.ts";
 import { NodeTable } from "./_node_table.ts";
 import { editPod, type PodTableDeps, renderPod } from "./_pod_table.ts";
 import { type PolicyDrops, policyStatus, policyView, readDrops, ruleCounts } from "./_status.ts";
+import { UnreadablePolicies } from "../policy_unreadable.ts";
+import { ReuseWaits } from "../address_reuse.ts";
 
 /** What the enforcer records in the agent's metrics (lib/metrics.ts implements it). */
 export interface PolicyRecorder {
@@ -61,6 +63,11 @@ export interface PolicyEnforcerOptions {
   getPodTimeoutMs?: number;
   /** How often the node's addresses are listed again (default 60 s). */
   nodeAddressesEveryMs?: number;
+  /**
+   * The most a freed ENI waits for the API to stop showing its pod
+   * (`networkPolicy.reuseWaitSeconds`, default 30 s).
+   */
+  reuseWaitMs?: number;
   /**
    * The backoff of a failed load's retry and of a failed change's recovery: the first
    * wait (default 1 s), doubling up to `maxMs` (default 30 s).
@@ -85,6 +92,9 @@ export class PolicyEnforcer implements PolicyHook {
   readonly #log: Logger;
   readonly #syncWaitMs: number;
   readonly #getPodMs: number;
+  readonly #reuseWaitMs: number;
+  /** Freed ENIs waiting for the API to stop showing their pods (`address_reuse.ts`). */
+  #reuse: ReuseWaits | null = null;
   readonly #dropLog: DropLog | undefined;
   readonly #metrics: PolicyRecorder | undefined;
   readonly #atts = new Map<string, Att>();
@@ -115,6 +125,8 @@ export class PolicyEnforcer implements PolicyHook {
   #loadFailures = 0;
   #drops: { at: number; value: Promise<PolicyDrops[]> } | null = null;
   readonly #unsubscribe: (() => void)[] = [];
+  /** The cluster's policies it cannot read (each fails closed): logged, and listed. */
+  readonly #unreadable: UnreadablePolicies;
 
   /**
    * Starts the three caches' wait and the node's addresses' listing; once both are done
@@ -126,8 +138,12 @@ export class PolicyEnforcer implements PolicyHook {
     this.#log = (o.log ?? nullLogger).child({ component: "policy" });
     this.#syncWaitMs = o.syncWaitMs ?? 10_000;
     this.#getPodMs = o.getPodTimeoutMs ?? 5_000;
+    this.#reuseWaitMs = o.reuseWaitMs ?? 30_000;
     this.#dropLog = o.logDropsPerSecond ? { rate: o.logDropsPerSecond } : undefined;
     this.#metrics = o.metrics;
+    // From the cache's first list on, apart from the queue; unsubscribed by the drain.
+    this.#unreadable = new UnreadablePolicies(o.kube.networkPolicies, this.#log);
+    this.#unsubscribe.push(() => this.#unreadable.close());
     this.#retryInitialMs = o.retry?.initialMs ?? 1_000;
     this.#retryMaxMs = o.retry?.maxMs ?? 30_000;
     const failed = (place: LoadPlace, netns: string | null, err: unknown) =>
@@ -444,7 +460,7 @@ export class PolicyEnforcer implements PolicyHook {
     const engine = this.#engine!;
     const newest = this.#newestOf(att.pod) ?? att;
     try {
-      const r = engine.addLocal({ namespace: att.namespace, name: att.name, ips: newest.ips });
+      const r = engine.addLocal(localOf(att, newest.ips, newest.uid));
       ch.add(r);
       ch.changed.add(att.pod);
       // Its chains were kept as they were: the node's table is rendered whole, with the
@@ -456,13 +472,17 @@ export class PolicyEnforcer implements PolicyHook {
       att.stale = true;
     } catch (err) {
       if (!(err instanceof PodNotFoundError)) throw err;
+      const was = att.unknown;
       att.unknown = true;
       // Nothing to render: its tables stay as they are until it comes back.
       att.stale = false;
-      this.#log.warn(
-        "NetworkPolicy: a pod of this node is not in the cluster; its rules stay as they are",
-        { pod: att.pod, key: att.key },
-      );
+      // Once: each event of another pod of that name (another uid) tries again.
+      if (!was) {
+        this.#log.warn(
+          "NetworkPolicy: a pod of this node is not in the cluster; its rules stay as they are",
+          { pod: att.pod, key: att.key, error: userMessage(err) },
+        );
+      }
     }
   }
 
@@ -497,12 +517,16 @@ export class PolicyEnforcer implements PolicyHook {
       }
       if (full) loads.push(renderPod(this.#podTables, att));
       else if (mine.length > 0) loads.push(editPod(this.#podTables, att, mine));
+      // The connections its table admitted as an address's old pod's go, after its loads.
+      const gone = retiredIn(ch, full ? null : mine);
+      if (gone.length > 0 && !att.noTable) loads.push(this.#forget(att.netns, gone));
     }
     // With `deferPods` the node's set edits wait too (the node's update then holds only
     // the new pod's chains and the sets new to the node): the deferred flush applies them.
     const node = ch.node || this.#node.needsWhole
       ? this.#node.render()
       : this.#node.update(ch, !o.deferPods);
+    if (!o.deferPods && ch.retired.size > 0) loads.push(this.#forget(null, [...ch.retired]));
     if (o.deferPods) {
       // The other pods' edits, and the node's edits of its sets, that an ADD's own change
       // brings wait until it has answered (they only ever admit more: the new pod joining
@@ -514,6 +538,7 @@ export class PolicyEnforcer implements PolicyHook {
       for (const [k, v] of ch.rvs) d.rvs.set(k, v);
       ch.rvs.clear();
       d.nodeRenders = this.#node.renders;
+      for (const a of ch.retired) d.retired.add(a);
       this.#deferred = d;
     }
     const flush = ++this.#flushes;
@@ -547,6 +572,28 @@ export class PolicyEnforcer implements PolicyHook {
     }, this.#retryMs);
   }
 
+  /**
+   * Deletes the connections tracked for `addresses` in a table's namespace (null: the
+   * node), queued after its loads (so its sets no longer admit them as their old pod's),
+   * never superseded by a whole render: they were that pod's. A failure is logged (new
+   * connections are denied all the same).
+   */
+  #forget(netns: string | null, addresses: string[]): Promise<boolean> {
+    return this.#loads.enqueue(
+      netns,
+      () =>
+        this.#devices.flushConntrack(netns, addresses).then(() => true, (err) => {
+          this.#log.warn(
+            "NetworkPolicy: cannot delete the tracked connections of addresses no longer their pod's",
+            { ...(netns ? { netns } : {}), addresses, error: userMessage(err) },
+          );
+          return false;
+        }),
+      false,
+      true,
+    );
+  }
+
   /** The pod's policy compiled now (its sets' current members); kept light as `att.compiled`. */
   #compile(att: Att, members = true): CompiledPolicy | null {
     const c = this.#engine?.compiled(att.namespace, att.name, { members });
@@ -567,6 +614,18 @@ export class PolicyEnforcer implements PolicyHook {
   }
 
   // ---- the manager's hook ----
+
+  whenSynced(): Promise<void> | null {
+    if (this.#life.serving) return null;
+    const busy = () => new ApiError("busy", "The agent is shutting down");
+    if (this.#life.stopping) return Promise.reject(busy());
+    // As prepare: the caches' sync and the manager's hand-over of the node's pods.
+    return this.#life.served(this.#syncWaitMs).then((served) => {
+      if (!served) {
+        throw this.#life.stopping ? busy() : new ApiError("policy_unavailable", NOT_SYNCED);
+      }
+    });
+  }
 
   async prepare(p: PolicyPod): Promise<{ podRuleset: () => Promise<string> } | null> {
     const busy = () => new ApiError("busy", "The agent is shutting down");
@@ -629,6 +688,7 @@ export class PolicyEnforcer implements PolicyHook {
         const att: Att = {
           key: p.key,
           pod: p.pod,
+          uid: p.uid ?? null,
           namespace,
           name,
           ips,
@@ -644,7 +704,7 @@ export class PolicyEnforcer implements PolicyHook {
         };
         let r: ReturnType<PolicyEngine["addLocal"]>;
         try {
-          r = engine.addLocal({ namespace, name, ips });
+          r = engine.addLocal({ namespace, name, ips, ...(p.uid ? { uid: p.uid } : {}) });
         } catch (err) {
           if (!(err instanceof PodNotFoundError)) throw err;
           throw new ApiError(
@@ -673,8 +733,12 @@ export class PolicyEnforcer implements PolicyHook {
         const text = att.noTable
           ? ""
           : podRuleset(r.compiled, { eni: p.eniIfName, log: this.#dropLog });
-        const flushed = this.#flush(ch, { deferPods: true });
-        att.nodeReady = flushed.node;
+        // An address this pod takes from another (an object the API still shows with it,
+        // after a restart forgot its DEL) leaves that one's sets before the ADD answers:
+        // only what admits more waits for the answer.
+        const restricts = ch.retired.size > 0;
+        const flushed = this.#flush(ch, { deferPods: !restricts });
+        att.nodeReady = restricts ? flushed.all.then(() => flushed.node) : flushed.node;
         return text;
       } catch (err) {
         // What this ADD changed before it failed still goes in (a failure of that, too,
@@ -750,10 +814,13 @@ export class PolicyEnforcer implements PolicyHook {
    */
   #readdress(gone: Att, other: Att, ch: Changes): void {
     const engine = this.#engine!;
-    if (this.#kube.pods.get(gone.pod)) {
-      ch.add(engine.addLocal({ namespace: gone.namespace, name: gone.name, ips: other.ips }));
+    try {
+      ch.add(engine.addLocal(localOf(gone, other.ips, other.uid)));
       ch.changed.add(gone.pod);
       return;
+    } catch (err) {
+      // Not in the cache, or only as another pod (another uid): nothing changed yet.
+      if (!(err instanceof PodNotFoundError)) throw err;
     }
     ch.add(engine.removeLocal(gone.namespace, gone.name));
     // Their chains are no longer this agent's to render: once they go, the table is made
@@ -778,6 +845,7 @@ export class PolicyEnforcer implements PolicyHook {
       const att: Att = {
         key: p.key,
         pod: p.pod,
+        uid: p.uid ?? null,
         namespace: p.pod.slice(0, slash),
         name: p.pod.slice(slash + 1),
         ips: [p.addresses.ipv4, p.addresses.ipv6].filter((a): a is string => !!a),
@@ -804,6 +872,17 @@ export class PolicyEnforcer implements PolicyHook {
     // The first call hands over the node's pods: the take-over may begin (lifecycle.ts).
     this.#life.restored();
   }
+
+  reuseWait(addresses: string[], signal: AbortSignal): Promise<void> | null {
+    if (this.#life.stopping || signal.aborted) return null;
+    this.#reuse ??= new ReuseWaits(this.#kube.pods);
+    return this.#reuse.wait(addresses, {
+      boundMs: this.#reuseWaitMs,
+      signal: AbortSignal.any([signal, this.#life.signal]),
+      log: this.#log,
+    });
+  }
+
   // ---- what operators see ----
 
   /** The enforcer's state for `GET /v1/status`. */
@@ -815,6 +894,7 @@ export class PolicyEnforcer implements PolicyHook {
       caches: this.#kube.stats(),
       enforcedRv: (resource) => this.#enforcedRv.get(resource)?.rv ?? null,
       atts: this.#atts.values(),
+      unreadable: this.#unreadable.list(),
     });
   }
 

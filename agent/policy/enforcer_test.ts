@@ -89,8 +89,38 @@ Deno.test("prepare() waits for the first sync, bounded, then fails with CNI 11's
         ApiError,
       );
       assertEquals([err.code, err.message], ["policy_unavailable", NOT_SYNCED]);
+      // The wait an ADD makes before it takes an ENI gives up the same way.
+      const before = await assertRejects(() => e.whenSynced()!, ApiError);
+      assertEquals([before.code, before.message], ["policy_unavailable", NOT_SYNCED]);
       assertEquals(devices.rulesets.size, 0, "nothing loaded");
       assertEquals(e.status().synced, false);
+    } finally {
+      await e.close();
+    }
+  });
+});
+
+Deno.test("whenSynced() waits for the manager's hand-over too, not only for the caches' sync: bounded while it has not come, resolved once it has", async () => {
+  await withServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    const devices = new FakeDeviceLayer();
+    const e = enforcer(server, devices, 200, null);
+    try {
+      assert(
+        await poll(() => Promise.resolve(e.status().caches.every((c) => c.synced) || null), {
+          timeoutMs: 10_000,
+          intervalMs: 10,
+        }),
+        "the caches have synced",
+      );
+      const early = await assertRejects(() => e.whenSynced()!, ApiError);
+      assertEquals([early.code, early.message], ["policy_unavailable", NOT_SYNCED]);
+      assertEquals(e.phase, "waiting");
+      const wait = e.whenSynced();
+      assert(wait, "not served yet: an ADD waits");
+      e.restore([]);
+      await wait;
+      assertEquals(e.whenSynced(), null, "served: an ADD waits for nothing");
     } finally {
       await e.close();
     }
@@ -104,6 +134,7 @@ Deno.test("a pod the cache lacks is fetched from the API server; one it does not
     const e = enforcer(server, devices);
     try {
       assert(await e.waitSynced(10_000));
+      assertEquals(e.whenSynced(), null, "synced: an ADD waits for nothing");
       const err = await assertRejects(
         () => e.prepare(add("a/web", "10.1.0.1", "enimh1")),
         ApiError,
@@ -468,4 +499,81 @@ Deno.test("a force-deleted pod, then a change of the node's addresses: the queue
   } finally {
     globalThis.removeEventListener("unhandledrejection", onUnhandled);
   }
+});
+
+Deno.test("a DEL's address leaves the other pods' sets and its tracked connections go, after those edits and before removed() resolves, though the API still shows the pod with it; the next pod on that address (another uid) does not inherit it", async () => {
+  await withServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    server.put(
+      "pods",
+      makePod({ namespace: "a", name: "web", labels: { app: "web" }, nodeName: "n1" }),
+    );
+    const c1 = () =>
+      makePod({
+        namespace: "a",
+        name: "c1",
+        labels: { app: "client" },
+        nodeName: "n1",
+        ip: "10.1.0.7",
+      });
+    server.put("pods", c1());
+    server.put("networkpolicies", {
+      metadata: { namespace: "a", name: "web-from-clients" },
+      spec: {
+        podSelector: { matchLabels: { app: "web" } },
+        ingress: [{ from: [{ podSelector: { matchLabels: { app: "client" } } }] }],
+      },
+    });
+    const devices = new FakeDeviceLayer();
+    for (const n of ["web", "c1", "e"]) devices.addNetns(`/run/netns/${n}`);
+    const e = enforcer(server, devices);
+    try {
+      assert(await e.waitSynced(10_000));
+      await admit(e, add("a/web", "10.1.0.1", "enimh1"));
+      await e.committed("c-enimh1/eth0", "/run/netns/web");
+      const uid = (name: string) => server.get("pods", `a/${name}`)!.metadata.uid as string;
+      await admit(e, { ...add("a/c1", "10.1.0.7", "enimh2"), uid: uid("c1") });
+      await e.committed("c-enimh2/eth0", "/run/netns/c1");
+      const inWeb = () =>
+        e.compiled("a/web")!.sets.some((s) => s.ipv4.includes("10.1.0.7" as never));
+      assert(
+        await poll(() => Promise.resolve(inWeb() || null), { timeoutMs: 10_000, intervalMs: 10 }),
+        "c1 is admitted",
+      );
+      // Deleted in the API, still Running with its address; then its DEL.
+      const terminating = c1();
+      terminating.metadata.deletionTimestamp = new Date().toISOString();
+      terminating.metadata.deletionGracePeriodSeconds = 30;
+      server.put("pods", terminating);
+      await new Promise((r) => setTimeout(r, 200));
+      assert(inWeb(), "Terminating, it still runs");
+      const before = devices.calls.length;
+      await e.removed("c-enimh2/eth0");
+      assert(!inWeb(), "after its DEL, not c1's");
+      const after = devices.calls.slice(before);
+      const at = (op: string, netns: string | null) =>
+        after.findIndex((c) => c.op === op && (c.args as { netns: string | null }).netns === netns);
+      assert(at("loadRuleset", "/run/netns/web") >= 0, "web's set edited");
+      assert(
+        at("flushConntrack", "/run/netns/web") > at("loadRuleset", "/run/netns/web"),
+        "then its connections to and from the address go, in web",
+      );
+      assert(at("flushConntrack", null) > at("loadRuleset", null), "and on the node");
+      assertEquals(
+        devices.conntrackFlushes.map((f) => [f.netns, f.addresses]).sort(),
+        [["/run/netns/web", ["10.1.0.7"]], [NODE, ["10.1.0.7"]]],
+      );
+      // A new pod, another uid, gets the same address: it is not c1.
+      server.put(
+        "pods",
+        makePod({ namespace: "a", name: "e", labels: { app: "e" }, nodeName: "n1" }),
+      );
+      await admit(e, { ...add("a/e", "10.1.0.7", "enimh3"), uid: uid("e") });
+      await e.committed("c-enimh3/eth0", "/run/netns/e");
+      await new Promise((r) => setTimeout(r, 200));
+      assert(!inWeb(), "e's address is e's");
+    } finally {
+      await e.close();
+    }
+  });
 });

@@ -85,6 +85,7 @@ export async function startPolicyEnforcer(
     pageSize: k.pageSize,
     requestTimeoutSeconds: k.requestTimeoutSeconds,
     watchTimeoutSeconds: k.watchTimeoutSeconds,
+    watchBookmarkSeconds: k.watchBookmarkSeconds,
     env,
     log: o.log,
   });
@@ -95,6 +96,7 @@ export async function startPolicyEnforcer(
     log: o.log,
     syncWaitMs: cfg.networkPolicy.syncWaitSeconds * 1000,
     logDropsPerSecond: cfg.networkPolicy.logDropsPerSecond,
+    reuseWaitMs: cfg.networkPolicy.reuseWaitSeconds * 1000,
     metrics: o.metrics,
   });
   o.metrics.setPolicySource(async () => {
@@ -104,6 +106,7 @@ export async function startPolicyEnforcer(
       caches: s.caches,
       rules: enforcer.ruleCounts(),
       drops: await enforcer.drops(),
+      unreadable: s.unreadable.map((u) => u.policy),
     };
   });
   return enforcer;

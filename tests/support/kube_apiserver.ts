@@ -16,9 +16,20 @@
  *   {@linkcode KubeApiServer.remove}), each taking the next resourceVersion of one
  *   counter shared by every kind, as etcd's revision is.
  * - **List**: the items sorted by namespace/name, `metadata.resourceVersion` the
- *   revision the list is consistent at; `limit` pages it, `continue` (an opaque token)
- *   carries on from the same snapshot; a token older than the compaction point
- *   answers 410 Expired.
+ *   revision the list is consistent at. As the API server answers, by `resourceVersion`
+ *   ("Semantics for get and list" on the API Concepts page) and whether it has a watch
+ *   cache (`watchCache`, default on, as kube-apiserver has for these resources):
+ *   - absent or `""`: the latest state (a quorum read of etcd), paged by `limit`;
+ *     `continue` (an opaque token, with no `resourceVersion` other than `"0"` beside it:
+ *     400 otherwise) carries on from the same snapshot; a token older than the
+ *     compaction point answers 410 Expired;
+ *   - `"0"`: any state; from the watch cache the whole collection in one answer
+ *     (`limit` ignored); without one, as `""`;
+ *   - `N` without `limit`: not older than N: the latest (from the watch cache when on),
+ *     or, when N is newer than the server's revision, 504 "Too large resource version";
+ *   - `N` with `limit` (an exact read at N): 410 Expired when compacted, else 400 (not
+ *     served here).
+ *   Each list's record says where it was served from (`source`: `watchCache` or `etcd`).
  * - **Watch** (`watch=1`): events after `resourceVersion` (absent: from now; `"0"`:
  *   synthetic ADDED events for what exists, then changes), one JSON object per line
  *   over a chunked (HTTP/1.1) or streamed (HTTP/2) body; BOOKMARK events when the
@@ -36,11 +47,13 @@
  *   connection ({@linkcode KubeApiServer.cut}), go down (refuse connections,
  *   {@linkcode KubeApiServer.down}) and come back on the same port
  *   ({@linkcode KubeApiServer.up}); {@linkcode KubeApiServer.inject} writes any line
- *   (a malformed event) into open watches; every request is recorded.
+ *   (a malformed event) into open watches; {@linkcode KubeApiServer.blackhole} leaves
+ *   every open connection silent without closing it; every request is recorded, with
+ *   the bytes of its answer (a watch's growing as it streams).
  *
  * @module
  */
-import { splice } from "./splice.ts";
+import { type Gate, splice } from "./splice.ts";
 import type { TestPki } from "./kube_pki.ts";
 
 /** The resources served. */
@@ -121,6 +134,7 @@ interface Change {
 
 /** An open watch stream. */
 interface Watcher {
+  rec: RecordedRequest;
   resource: Resource;
   filter: (o: Obj) => boolean;
   bookmarks: boolean;
@@ -137,6 +151,10 @@ export interface RecordedRequest {
   status: number;
   token: string | null;
   watch: boolean;
+  /** The answer's body bytes (a watch's so far). */
+  bytes: number;
+  /** Where a list was served from (undefined: not a list, or refused). */
+  source?: "watchCache" | "etcd";
 }
 
 /** A list snapshot that `continue` tokens page through. */
@@ -156,6 +174,11 @@ export interface KubeApiServerOptions {
   maxWatchSeconds?: number;
   /** Send a bookmark to every watch that asked, this often (default: only on `bookmark()`). */
   bookmarkEveryMs?: number;
+  /**
+   * Whether lists may be served from a watch cache (default true): `resourceVersion=0`
+   * is then answered whole, whatever `limit` says. Off: every list is paged from etcd.
+   */
+  watchCache?: boolean;
 }
 
 const encoder = new TextEncoder();
@@ -168,6 +191,7 @@ class Relay {
   #accepting: Promise<void> = Promise.resolve();
   readonly #conns = new Set<Deno.Conn>();
   readonly #pipes = new Set<Promise<void>>();
+  readonly #gates = new Set<Gate>();
 
   private constructor(port: number, backend: number) {
     this.port = port;
@@ -197,13 +221,32 @@ class Relay {
   #relay(conn: Deno.TcpConn): void {
     // Without it each small write waits for the peer's delayed ACK (~40 ms a request).
     conn.setNoDelay(true);
-    const pipe = splice(conn, async () => {
-      const up = await Deno.connect({ hostname: "127.0.0.1", port: this.#backend });
-      up.setNoDelay(true);
-      return up;
-    }, this.#conns);
+    const gate: Gate = { dropping: false };
+    this.#gates.add(gate);
+    const pipe = splice(
+      conn,
+      async () => {
+        const up = await Deno.connect({ hostname: "127.0.0.1", port: this.#backend });
+        up.setNoDelay(true);
+        return up;
+      },
+      this.#conns,
+      gate,
+    );
     this.#pipes.add(pipe);
-    pipe.finally(() => this.#pipes.delete(pipe));
+    pipe.finally(() => {
+      this.#pipes.delete(pipe);
+      this.#gates.delete(gate);
+    });
+  }
+
+  /**
+   * Every relayed connection open now stops carrying bytes, both ways, and stays open
+   * (no FIN, no RST); new connections are relayed as before. Returns how many went silent.
+   */
+  blackhole(): number {
+    for (const g of this.#gates) g.dropping = true;
+    return this.#gates.size;
   }
 
   /** Closes every relayed connection (both ends), as a network failure would. */
@@ -258,6 +301,7 @@ export class KubeApiServer implements AsyncDisposable {
   readonly #watchers = new Set<Watcher>();
   readonly #snapshots = new Map<string, Snapshot>();
   readonly #maxWatchSeconds: number;
+  readonly #watchCache: boolean;
   readonly #server: Deno.HttpServer;
   readonly #relay: Relay;
   readonly #bookmarkTimer: ReturnType<typeof setInterval> | undefined;
@@ -269,6 +313,7 @@ export class KubeApiServer implements AsyncDisposable {
     this.tokens = new Set(o.tokens ?? ["test-token"]);
     this.watchGone = o.watchGone ?? "event";
     this.#maxWatchSeconds = o.maxWatchSeconds ?? 1800;
+    this.#watchCache = o.watchCache ?? true;
     this.#server = server;
     this.#relay = relay;
     this.url = `https://127.0.0.1:${relay.port}`;
@@ -427,6 +472,15 @@ export class KubeApiServer implements AsyncDisposable {
     await this.#relay.cut();
   }
 
+  /**
+   * Blackholes every open connection: it stays open but carries nothing more, either way,
+   * as a load balancer's failover or a NAT's timeout leaves a connection; new connections
+   * work. Returns how many connections went silent.
+   */
+  blackhole(): number {
+    return this.#relay.blackhole();
+  }
+
   /** Goes down: connections are refused, open ones cut. */
   async down(): Promise<void> {
     await this.#relay.down();
@@ -507,7 +561,9 @@ export class KubeApiServer implements AsyncDisposable {
   #write(w: Watcher, line: string): void {
     if (w.closed) return;
     try {
-      w.controller.enqueue(encoder.encode(line + "\n"));
+      const bytes = encoder.encode(line + "\n");
+      w.controller.enqueue(bytes);
+      w.rec.bytes += bytes.length;
     } catch {
       this.#end(w);
     }
@@ -523,11 +579,10 @@ export class KubeApiServer implements AsyncDisposable {
     } catch { /* cancelled by the client */ }
   }
 
-  #json(code: number, body: Obj): Response {
-    return new Response(JSON.stringify(body), {
-      status: code,
-      headers: { "content-type": "application/json" },
-    });
+  #json(code: number, body: Obj, rec?: RecordedRequest): Response {
+    const bytes = encoder.encode(JSON.stringify(body));
+    if (rec) rec.bytes = bytes.length;
+    return new Response(bytes, { status: code, headers: { "content-type": "application/json" } });
   }
 
   #handle(req: Request): Response | Promise<Response> {
@@ -543,6 +598,7 @@ export class KubeApiServer implements AsyncDisposable {
       status: 0,
       token,
       watch,
+      bytes: 0,
     };
     this.requests.push(rec);
     this.beforeRequest?.(rec);
@@ -551,11 +607,13 @@ export class KubeApiServer implements AsyncDisposable {
       return new Promise((resolve) => {
         held.push(() => {
           rec.status = 503;
-          resolve(this.#json(503, status(503, "ServiceUnavailable", "the server was stalled")));
+          resolve(
+            this.#json(503, status(503, "ServiceUnavailable", "the server was stalled"), rec),
+          );
         });
       });
     }
-    const res = this.#route(req.method, url.pathname, query, token, watch);
+    const res = this.#route(req.method, url.pathname, query, token, watch, rec);
     rec.status = res.status;
     return res;
   }
@@ -566,19 +624,25 @@ export class KubeApiServer implements AsyncDisposable {
     query: Record<string, string>,
     token: string | null,
     watch: boolean,
+    rec: RecordedRequest,
   ): Response {
     if (token === null || !this.tokens.has(token)) {
-      return this.#json(401, status(401, "Unauthorized", "Unauthorized"));
+      return this.#json(401, status(401, "Unauthorized", "Unauthorized"), rec);
     }
     const t = target(path);
     if (t === null) {
       return this.#json(
         404,
         status(404, "NotFound", "the server could not find the requested resource"),
+        rec,
       );
     }
     if (method !== "GET") {
-      return this.#json(405, status(405, "MethodNotAllowed", `${method} is not supported here`));
+      return this.#json(
+        405,
+        status(405, "MethodNotAllowed", `${method} is not supported here`),
+        rec,
+      );
     }
     if (t.name !== undefined) {
       const key = t.route.namespaced ? `${t.namespace}/${t.name}` : t.name;
@@ -587,29 +651,61 @@ export class KubeApiServer implements AsyncDisposable {
         return this.#json(
           404,
           status(404, "NotFound", `${t.route.resource} "${t.name}" not found`),
+          rec,
         );
       }
-      return this.#json(200, obj);
+      return this.#json(200, obj, rec);
     }
     let filter: (o: Obj) => boolean;
     try {
       filter = selectorFilter(query, t.namespace);
     } catch (err) {
-      return this.#json(400, status(400, "BadRequest", (err as Error).message));
+      return this.#json(400, status(400, "BadRequest", (err as Error).message), rec);
     }
-    return watch ? this.#watch(t.route, query, filter) : this.#list(t.route, query, filter);
+    return watch
+      ? this.#watch(t.route, query, filter, rec)
+      : this.#list(t.route, query, filter, rec);
   }
 
-  #list(route: Route, query: Record<string, string>, filter: (o: Obj) => boolean): Response {
+  #list(
+    route: Route,
+    query: Record<string, string>,
+    filter: (o: Obj) => boolean,
+    rec: RecordedRequest,
+  ): Response {
     let snap: Snapshot;
     let offset = 0;
     let id: string;
+    const rvText = query.resourceVersion ?? "";
+    const asked = Number(rvText);
+    if (rvText !== "" && (!Number.isInteger(asked) || asked < 0)) {
+      return this.#json(
+        400,
+        status(400, "BadRequest", `invalid resource version "${rvText}"`),
+        rec,
+      );
+    }
+    const paged = Number(query.limit) > 0;
+    // Whole from the watch cache: any state ("0"), or not older than N without a limit.
+    const fromCache = this.#watchCache && !query.continue &&
+      (rvText === "0" || (rvText !== "" && !paged));
     if (query.continue) {
+      if (rvText !== "" && rvText !== "0") {
+        return this.#json(
+          400,
+          status(
+            400,
+            "BadRequest",
+            "specifying resource version is not allowed when using continue",
+          ),
+          rec,
+        );
+      }
       let tok: { id: string; offset: number; rv: number };
       try {
         tok = JSON.parse(atob(query.continue));
       } catch {
-        return this.#json(400, status(400, "BadRequest", "continue key is not valid"));
+        return this.#json(400, status(400, "BadRequest", "continue key is not valid"), rec);
       }
       const s = this.#snapshots.get(tok.id);
       if (tok.rv < this.#compacted || s === undefined) {
@@ -621,12 +717,41 @@ export class KubeApiServer implements AsyncDisposable {
             "The provided continue parameter is too old to display a consistent list result. " +
               "You can start a new list without the continue parameter.",
           ),
+          rec,
         );
       }
       snap = s;
       offset = tok.offset;
       id = tok.id;
     } else {
+      if (rvText !== "" && rvText !== "0" && paged) {
+        // An exact read at N (the legacy meaning of a resourceVersion with a limit).
+        if (asked < this.#compacted) {
+          return this.#json(
+            410,
+            status(410, "Expired", `too old resource version: ${asked} (${this.#compacted})`),
+            rec,
+          );
+        }
+        return this.#json(
+          400,
+          status(
+            400,
+            "BadRequest",
+            "the test API server does not serve exact-resourceVersion lists",
+          ),
+          rec,
+        );
+      }
+      if (rvText !== "" && rvText !== "0" && asked > this.#rv) {
+        return this.#json(504, {
+          ...status(504, "Timeout", `Too large resource version: ${asked}, current: ${this.#rv}`),
+          details: {
+            causes: [{ reason: "ResourceVersionTooLarge", message: "Too large resource version" }],
+            retryAfterSeconds: 1,
+          },
+        }, rec);
+      }
       const items = [...this.#objects[route.resource].entries()]
         .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
         .map(([, o]) => o)
@@ -634,7 +759,8 @@ export class KubeApiServer implements AsyncDisposable {
       snap = { rv: this.#rv, items };
       id = crypto.randomUUID();
     }
-    const limit = Number(query.limit) > 0 ? Number(query.limit) : Infinity;
+    rec.source = fromCache ? "watchCache" : "etcd";
+    const limit = paged && !fromCache ? Number(query.limit) : Infinity;
     const page = snap.items.slice(offset, offset + limit);
     const next = offset + page.length;
     const metadata: Obj = { resourceVersion: String(snap.rv) };
@@ -652,14 +778,23 @@ export class KubeApiServer implements AsyncDisposable {
       apiVersion: route.apiVersion,
       metadata,
       items,
-    });
+    }, rec);
   }
 
-  #watch(route: Route, query: Record<string, string>, filter: (o: Obj) => boolean): Response {
+  #watch(
+    route: Route,
+    query: Record<string, string>,
+    filter: (o: Obj) => boolean,
+    rec: RecordedRequest,
+  ): Response {
     const rvText = query.resourceVersion ?? "";
     const from = rvText === "" ? this.#rv : Number(rvText);
     if (!Number.isInteger(from) || from < 0) {
-      return this.#json(400, status(400, "BadRequest", `invalid resource version "${rvText}"`));
+      return this.#json(
+        400,
+        status(400, "BadRequest", `invalid resource version "${rvText}"`),
+        rec,
+      );
     }
     const gone = rvText !== "" && rvText !== "0" && from < this.#compacted;
     const goneStatus = status(
@@ -667,13 +802,14 @@ export class KubeApiServer implements AsyncDisposable {
       "Expired",
       `too old resource version: ${from} (${this.#compacted})`,
     );
-    if (gone && this.watchGone === "status") return this.#json(410, goneStatus);
+    if (gone && this.watchGone === "status") return this.#json(410, goneStatus, rec);
     const asked = Number(query.timeoutSeconds);
     const seconds = Math.min(asked > 0 ? asked : this.#maxWatchSeconds, this.#maxWatchSeconds);
     let w: Watcher | undefined;
     const body = new ReadableStream<Uint8Array>({
       start: (controller) => {
         w = {
+          rec,
           resource: route.resource,
           filter,
           bookmarks: query.allowWatchBookmarks === "true" || query.allowWatchBookmarks === "1",

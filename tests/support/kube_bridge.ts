@@ -10,6 +10,7 @@
  *
  * @module
  */
+import { stringify } from "yaml";
 import { splice } from "./splice.ts";
 import { LoopbackRelay } from "./loopback_relay.ts";
 import type { KubeApiServer } from "./kube_apiserver.ts";
@@ -81,10 +82,14 @@ export class KubeBridge implements AsyncDisposable {
   }
 }
 
-/** A kubeconfig (JSON) for the test API server at `https://127.0.0.1:<port>`. */
+/**
+ * A kubeconfig for the test API server at `https://127.0.0.1:<port>`, in YAML as kubeadm,
+ * kubectl and managed clusters write it (the shipped agent once died on YAML while every
+ * end-to-end test gave it JSON: issue 41).
+ */
 export function kubeconfigFor(server: KubeApiServer, port: number, token = "test-token"): string {
   const ca = btoa(server.pki.caCert);
-  return JSON.stringify(
+  return stringify(
     {
       apiVersion: "v1",
       kind: "Config",
@@ -96,7 +101,5 @@ export function kubeconfigFor(server: KubeApiServer, port: number, token = "test
       contexts: [{ name: "test", context: { cluster: "test", user: "enim" } }],
       "current-context": "test",
     },
-    null,
-    2,
   );
 }

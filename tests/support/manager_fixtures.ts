@@ -139,6 +139,8 @@ export interface NodeOptions {
   metrics?: PhaseRecorder;
   /** NetworkPolicy enforcement (default: none). */
   policy?: PolicyHook;
+  /** How long an ADD waits for DELs still finishing (default: the manager's). */
+  delWaitMs?: number;
 }
 
 /** Builds a node and runs reconcile once (as the agent does at start-up). */
@@ -169,6 +171,7 @@ export async function makeNode(o: NodeOptions = {}): Promise<Node> {
       describeAs: o.describeAs,
       metrics: o.metrics,
       policy: o.policy,
+      delWaitMs: o.delWaitMs,
     });
     return { db, mock: m, provider, mgr };
   };

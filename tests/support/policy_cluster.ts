@@ -173,7 +173,7 @@ export class PolicyCluster implements AsyncDisposable {
   ): Promise<ClusterPod> {
     const ns = await node.vpc.pod(`${namespace}-${name}${suffix}`.slice(0, 32));
     await this.servers.start(ns, `${namespace}/${name}`, POD_PORTS);
-    const args = `K8S_POD_NAMESPACE=${namespace};K8S_POD_NAME=${name};IgnoreUnknown=1`;
+    const args = this.cniArgs(namespace, name);
     const containerId = `c-${namespace}-${name}${suffix}`;
     const res = await node.add(ns, { containerId, args, config: this.netconf(node) });
     const addr = (fam: 4 | 6) =>
@@ -200,6 +200,14 @@ export class PolicyCluster implements AsyncDisposable {
     };
     this.pods.set(pod.id, pod);
     return pod;
+  }
+
+  /** The CNI_ARGS kubelet passes for a pod: its namespace, name and uid (its object's). */
+  cniArgs(namespace: string, name: string): string {
+    const uid: string | undefined = this.server.get("pods", `${namespace}/${name}`)?.metadata.uid;
+    return `K8S_POD_NAMESPACE=${namespace};K8S_POD_NAME=${name};${
+      uid ? `K8S_POD_UID=${uid};` : ""
+    }IgnoreUnknown=1`;
   }
 
   /** DELs a sandbox of a pod (as kubelet does when it goes). */
