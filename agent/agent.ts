@@ -31,7 +31,7 @@ import {
 } from "../providers/contract.ts";
 import type { DeviceLayer } from "../netns/types.ts";
 import type { ManagerOptions } from "../manager/manager.ts";
-import { type PolicyEnforcer, startPolicyEnforcer } from "./policy.ts";
+import { type PolicyEnforcer, startPolicyEnforcer } from "./policy/mod.ts";
 import { type IpvsWatch, refusingUnderIpvs, startIpvsWatch } from "./ipvs.ts";
 
 /** A device layer and, for fakes, the simulator that makes attached ENIs appear in it. */
@@ -220,7 +220,8 @@ export async function startParts(
       for (const eni of await raw.list()) await simulator.plug(eni);
     }
     const provider = withProviderTimeout(raw, cfg.timeouts.providerSeconds * 1000, metrics);
-    // Before the manager: reconcile hands it the pods it finds ready.
+    // Before the manager, so that its caches sync while reconcile runs; it touches no table
+    // until reconcile, as it begins, has handed it the node's ready pods (lifecycle.ts).
     const policy = await startPolicyEnforcer(cfg, { devices, metrics, log });
     if (policy) closers.push(() => policy.close());
     const ipvs = policy ? await startIpvsWatch(cfg, { devices, metrics, log, closers }) : null;

@@ -12,7 +12,7 @@ import { KubeApiServer } from "../tests/support/kube_apiserver.ts";
 import { makeNamespace, makePod } from "../tests/support/kube_objects.ts";
 import { Kube } from "../kube/mod.ts";
 import { FakeDeviceLayer } from "../netns/fake.ts";
-import { PolicyEnforcer } from "./policy.ts";
+import { PolicyEnforcer } from "./policy/mod.ts";
 import type { PolicyPod } from "../manager/types.ts";
 
 const FAST = { backoff: { initialMs: 20, maxMs: 100 }, pageSize: 50 };
@@ -50,6 +50,8 @@ async function withEnforcer(
   devices.addNetns("/run/netns/db");
   devices.addNetns("/run/netns/web");
   const e = new PolicyEnforcer({ kube, devices, log, syncWaitMs: 5_000, getPodTimeoutMs: 1_000 });
+  // The manager's hand-over of the node's pods (none): the enforcer may take over.
+  e.restore([]);
   try {
     await fn(server, e, devices, lines);
   } finally {

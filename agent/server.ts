@@ -61,7 +61,7 @@ export interface HandlerOptions {
   ipvs?: () => IpvsStatus;
 }
 
-/** What the API reads of the NetworkPolicy enforcer (`agent/policy.ts`). */
+/** What the API reads of the NetworkPolicy enforcer (`agent/policy/`). */
 export interface PolicySource {
   /** Added to `GET /v1/status`. */
   status(): PolicyStatus;

@@ -382,14 +382,17 @@ class ManagerImpl implements Manager {
 
   reconcile(): Promise<ReconcileReport> {
     return this.#op(async () => {
+      // The ready pods go to the enforcer first: it renders no table before it has them
+      // (a node table rendered without them would drop their chains until they came),
+      // and keeps their tables until it has synced. One reconcile releases is forgotten
+      // by its release, as any.
+      this.#ctx.policy?.restore(restoredPolicyPods(this.#ctx.state.all()));
       const { report, complete } = await this.#ctx.locks.run(
         "gc:pass",
         () => reconcile(this.#ctx),
       );
       const problem = await this.#hostLinkUpkeep("reconcile");
       if (problem) report.errors.push(problem);
-      // The ready pods' policy tables stay; the enforcer takes them over once synced.
-      this.#ctx.policy?.restore(restoredPolicyPods(this.#ctx.state.all()));
       if (complete) this.#reconciled = true;
       if (this.#watchAddresses) this.#routes.start();
       return report;

@@ -125,7 +125,11 @@ export interface PolicyHook {
   committed(key: string, netns: string): Promise<void>;
   /** The attachment is released (DEL, GC, a failed ADD, reconcile): its rules go. Never throws. */
   removed(key: string): Promise<void>;
-  /** At start-up, after reconcile: the attachments the state records ready with a host link. */
+  /**
+   * At start-up, as reconcile begins: the attachments the state records ready with a host
+   * link. The enforcer touches no table before this first call (it would not know the
+   * node's pods).
+   */
   restore(pods: RestoredPolicyPod[]): void;
   /**
    * A released ENI is about to go back to the pool (DEL, GC): null when its addresses

@@ -224,7 +224,10 @@ export class PodIndex {
     const inNs = this.#byNamespace.get(rec.namespace)!;
     inNs.delete(key);
     if (inNs.size === 0) this.#byNamespace.delete(rec.namespace);
-    const keys = this.#byLabel.get(rec.namespace)!;
+    // A namespace's label postings go with its last labelled pod, maybe before this
+    // pod (without labels) goes.
+    const keys = this.#byLabel.get(rec.namespace);
+    if (!keys) return rec;
     for (const [k, v] of Object.entries(rec.labels ?? {})) {
       const values = keys.get(k)!;
       const left = postingRemove(values.get(v)!, rec);

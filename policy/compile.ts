@@ -285,12 +285,16 @@ export class PolicyEngine {
     return this.#sets.users(key);
   }
 
-  /** The node's addresses changed: every local pod is to be rendered again. */
+  /**
+   * The node's addresses changed: every local pod is to be rendered again (one the cache
+   * no longer has, or has only as another pod, keeps its last rules, with the node's new
+   * addresses).
+   */
   setNodeAddresses(addresses: string[]): PolicyUpdate {
     this.#node = splitFamilies(addresses);
     const changed: string[] = [];
     for (const st of this.#locals.values()) {
-      if (this.#localRec(st) && this.#recompile(st)) changed.push(st.key);
+      if (!this.#localRec(st) || this.#recompile(st)) changed.push(st.key);
     }
     return { deltas: [], changed: changed.sort() };
   }

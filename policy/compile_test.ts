@@ -1452,3 +1452,30 @@ Deno.test("compile: random policies mean what a direct reading of the API says, 
     { numRuns: 200 },
   );
 });
+
+Deno.test("compile: a pod without labels is updated and deleted after the last labelled pod of its namespace left", () => {
+  const engine = new PolicyEngine(viewOf([], baseNamespaces(), []), { nodeAddresses: [NODE.v4] });
+  const bare: RawPod = {
+    namespace: "alpha",
+    name: "bare",
+    labels: {},
+    ports: [],
+    ips: ["10.0.1.9"],
+  };
+  const labelled: RawPod = {
+    namespace: "alpha",
+    name: "web",
+    labels: { app: "web" },
+    ports: [],
+    ips: ["10.0.1.1"],
+  };
+  engine.upsertPod(podObject(bare));
+  engine.upsertPod(podObject(labelled));
+  engine.deletePod("alpha", "web");
+  // Its namespace's label postings went with web: bare's own update and deletion still work.
+  engine.upsertPod(podObject({ ...bare, ips: ["10.0.1.10"] }));
+  engine.deletePod("alpha", "bare");
+  engine.upsertPod(podObject(labelled));
+  engine.addLocal({ namespace: "alpha", name: "web", ips: ["10.0.1.1"] });
+  assertEquals(engine.compiled("alpha", "web")?.pod.ipv4, ["10.0.1.1"]);
+});

@@ -125,6 +125,8 @@ export const MockConfigSchema = z.strictObject({
   idPrefix: z._default(z.string().check(z.minLength(1), z.maxLength(32)), "eni-mock-"),
   /** How long attaching a new ENI takes. */
   attachLatencyMs: z._default(z.number().check(z.int(), z.minimum(0), z.maximum(600_000)), 0),
+  /** How long listing the ENIs takes (a slow cloud API, e.g. at the agent's start). */
+  listLatencyMs: z._default(z.number().check(z.int(), z.minimum(0), z.maximum(600_000)), 0),
   /** Probability that an allocate or deallocate fails with reason "unavailable". */
   errorRate: z._default(z.number().check(z.minimum(0), z.maximum(1)), 0),
   /** Probability that an allocate or deallocate fails with reason "throttled". */

@@ -272,12 +272,14 @@ export class MockProvider implements Provider {
     }));
   }
 
-  list(): Promise<Eni[]> {
+  async list(): Promise<Eni[]> {
     this.#assertOpen();
+    if (this.#cfg.listLatencyMs > 0) {
+      await new Promise((res) => setTimeout(res, this.#cfg.listLatencyMs));
+      this.#assertOpen();
+    }
     // One SELECT is one consistent snapshot.
-    return Promise.resolve(
-      this.#allRows().filter((r) => r.attach === "attached").map(rowToEni),
-    );
+    return this.#allRows().filter((r) => r.attach === "attached").map(rowToEni);
   }
 
   async allocateNextENI(owner: Owner, request: AllocationRequestInput): Promise<Eni> {

@@ -3,16 +3,17 @@
  * and the fake device layer (no root): its bounded waits and errors (CNI 11), what it
  * loads where and when, and that it never touches a table before its first sync.
  */
-import { assert, assertEquals, assertRejects, assertStringIncludes } from "../lib/assert.ts";
-import { poll } from "../lib/async.ts";
-import { makeTestPki, type TestPki } from "../tests/support/kube_pki.ts";
-import { KubeApiServer } from "../tests/support/kube_apiserver.ts";
-import { makeNamespace, makePod } from "../tests/support/kube_objects.ts";
-import { Kube } from "../kube/mod.ts";
-import { FakeDeviceLayer, NODE } from "../netns/fake.ts";
-import { ApiError } from "../api/schema.ts";
-import { NOT_SYNCED, PolicyEnforcer } from "./policy.ts";
-import type { PolicyPod } from "../manager/types.ts";
+import { assert, assertEquals, assertRejects, assertStringIncludes } from "../../lib/assert.ts";
+import { poll } from "../../lib/async.ts";
+import { makeTestPki, type TestPki } from "../../tests/support/kube_pki.ts";
+import { KubeApiServer } from "../../tests/support/kube_apiserver.ts";
+import { makeNamespace, makePod } from "../../tests/support/kube_objects.ts";
+import { Kube } from "../../kube/mod.ts";
+import { FakeDeviceLayer, NODE } from "../../netns/fake.ts";
+import { ModelDeviceLayer } from "../../tests/support/nft_model.ts";
+import { ApiError } from "../../api/schema.ts";
+import { NOT_SYNCED, PolicyEnforcer } from "./enforcer.ts";
+import type { PolicyPod, RestoredPolicyPod } from "../../manager/types.ts";
 
 const FAST = { backoff: { initialMs: 20, maxMs: 100 }, pageSize: 50 };
 
@@ -27,7 +28,16 @@ async function withServer(fn: (server: KubeApiServer, pki: TestPki) => Promise<v
   }
 }
 
-function enforcer(server: KubeApiServer, devices: FakeDeviceLayer, syncWaitMs = 200) {
+/**
+ * An enforcer over the test API server; the manager's hand-over of the node's pods
+ * (`restore`) made at once with `restored` (null: the test makes it).
+ */
+function enforcer(
+  server: KubeApiServer,
+  devices: FakeDeviceLayer,
+  syncWaitMs = 200,
+  restored: RestoredPolicyPod[] | null = [],
+) {
   const kube = new Kube(
     {
       server: server.url,
@@ -38,7 +48,9 @@ function enforcer(server: KubeApiServer, devices: FakeDeviceLayer, syncWaitMs = 
     "n1",
     FAST,
   );
-  return new PolicyEnforcer({ kube, devices, syncWaitMs, getPodTimeoutMs: 1_000 });
+  const e = new PolicyEnforcer({ kube, devices, syncWaitMs, getPodTimeoutMs: 1_000 });
+  if (restored) e.restore(restored);
+  return e;
 }
 
 function pod(namespace: string, name: string, ip?: string) {
@@ -82,6 +94,33 @@ Deno.test("prepare() waits for the first sync, bounded, then fails with CNI 11's
       assertEquals([before.code, before.message], ["policy_unavailable", NOT_SYNCED]);
       assertEquals(devices.rulesets.size, 0, "nothing loaded");
       assertEquals(e.status().synced, false);
+    } finally {
+      await e.close();
+    }
+  });
+});
+
+Deno.test("whenSynced() waits for the manager's hand-over too, not only for the caches' sync: bounded while it has not come, resolved once it has", async () => {
+  await withServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    const devices = new FakeDeviceLayer();
+    const e = enforcer(server, devices, 200, null);
+    try {
+      assert(
+        await poll(() => Promise.resolve(e.status().caches.every((c) => c.synced) || null), {
+          timeoutMs: 10_000,
+          intervalMs: 10,
+        }),
+        "the caches have synced",
+      );
+      const early = await assertRejects(() => e.whenSynced()!, ApiError);
+      assertEquals([early.code, early.message], ["policy_unavailable", NOT_SYNCED]);
+      assertEquals(e.phase, "waiting");
+      const wait = e.whenSynced();
+      assert(wait, "not served yet: an ADD waits");
+      e.restore([]);
+      await wait;
+      assertEquals(e.whenSynced(), null, "served: an ADD waits for nothing");
     } finally {
       await e.close();
     }
@@ -176,7 +215,7 @@ Deno.test("an enforcer that starts while the API server is down touches no table
     await server.down();
     const devices = new FakeDeviceLayer();
     devices.addNetns("/run/netns/web");
-    const e = enforcer(server, devices);
+    const e = enforcer(server, devices, 200, null);
     try {
       e.restore([{
         pod: "a/web",
@@ -291,6 +330,175 @@ Deno.test("the edits an ADD brings to other pods' tables and to the node's sets 
       await e.close();
     }
   });
+});
+
+/** A restored attachment of pod `namespace/name` at node end `end`, in `/run/netns/<name>`. */
+const restored = (pod: string, ip: string, end: string): RestoredPolicyPod => ({
+  pod,
+  key: `c-${end}/eth0`,
+  addresses: { ipv4: ip },
+  eniIfName: "eth0",
+  nodeIfName: end,
+  netns: `/run/netns/${pod.split("/")[1]}`,
+});
+
+Deno.test("a restart never leaves a pod without node chains: nothing is loaded before the manager's hand-over, the first render holds every pod, and a pod the cluster lost keeps its chains", async () => {
+  await withServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    server.put("pods", pod("a", "web", "10.1.0.1"));
+    server.put("pods", pod("a", "ghost", "10.1.0.2"));
+    server.put("networkpolicies", denyAll("a"));
+    const devices = new ModelDeviceLayer();
+    for (const n of ["web", "ghost"]) devices.addNetns(`/run/netns/${n}`);
+    devices.nodeAddrs = { addresses: ["10.0.0.254"], primary: {} };
+    const pods = [
+      restored("a/web", "10.1.0.1", "enimh1"),
+      restored("a/ghost", "10.1.0.2", "enimh2"),
+    ];
+    // The agent before the restart: both pods' chains on the node.
+    const before = enforcer(server, devices, 200, pods);
+    try {
+      assert(await before.waitSynced(10_000));
+      assert(await before.idle(10_000));
+    } finally {
+      await before.close();
+    }
+    const chains = (end: string) => {
+      const l = devices.model.nodeLinks(NODE, end);
+      return [l.ingress && devices.model.rules(NODE, l.ingress), l.egress];
+    };
+    const ghostBefore = chains("enimh2");
+    assertStringIncludes(String(ghostBefore[0]), "drop_in_enimh2", "ghost is isolated");
+    assertStringIncludes(String(chains("enimh1")[0]), "drop_in_enimh1", "web is isolated");
+    // While the agent is away, ghost is force-deleted from the cluster.
+    server.remove("pods", "a", "ghost");
+    // From the start on, every load of the node's table keeps both pods' chains.
+    const lost: string[] = [];
+    devices.onLoad = (where) => {
+      if (where !== NODE) return;
+      for (const end of ["enimh1", "enimh2"]) {
+        const l = devices.model.nodeLinks(NODE, end);
+        if (!l.ingress || !devices.model.rules(NODE, l.ingress)?.length) lost.push(end);
+      }
+    };
+    const loads = devices.rulesets.get(NODE)!.length;
+    const after = enforcer(server, devices, 200, null);
+    try {
+      // The caches sync; the manager has not handed the pods over yet (its reconcile).
+      assert(
+        await poll(() => Promise.resolve(after.status().caches.every((c) => c.synced) || null), {
+          timeoutMs: 10_000,
+          intervalMs: 10,
+        }),
+      );
+      await new Promise((r) => setTimeout(r, 200));
+      assertEquals(devices.rulesets.get(NODE)!.length, loads, "no node load before the hand-over");
+      assertEquals(after.phase, "waiting");
+      after.restore(pods);
+      assert(await after.waitSynced(10_000));
+      assert(await after.idle(10_000), JSON.stringify(devices.refused));
+      assert(devices.rulesets.get(NODE)!.length > loads, "the node's table was rendered");
+      assertEquals(lost, [], "no load left a pod without its chains");
+      assertEquals(chains("enimh2"), ghostBefore, "ghost's chains are as the last agent loaded");
+      assertEquals(after.status().pods.map((p) => [p.pod, p.state]), [
+        ["a/ghost", "unknown"],
+        ["a/web", "enforced"],
+      ]);
+      // Once ghost's attachment goes, the node's table is made again without what the
+      // earlier agent left.
+      devices.onLoad = null;
+      await after.removed("c-enimh2/eth0");
+      assert(await after.idle(10_000));
+      assertEquals(devices.model.nodeLinks(NODE, "enimh2"), {});
+      assertEquals(devices.model.rules(NODE, "in_enimh2"), undefined, "its chains are gone");
+      assertStringIncludes(String(chains("enimh1")[0]), "drop_in_enimh1");
+    } finally {
+      await after.close();
+    }
+  });
+});
+
+Deno.test("a force-deleted pod, then a change of the node's addresses: the queue goes on, the pod keeps its rules with the node's new addresses, and nothing is unhandled", async () => {
+  const unhandled: unknown[] = [];
+  const onUnhandled = (e: PromiseRejectionEvent) => {
+    e.preventDefault();
+    unhandled.push(e.reason);
+  };
+  globalThis.addEventListener("unhandledrejection", onUnhandled);
+  try {
+    await withServer(async (server) => {
+      server.put("namespaces", makeNamespace("a"));
+      server.put("pods", pod("a", "web"));
+      server.put("pods", pod("a", "api"));
+      server.put("networkpolicies", denyAll("a"));
+      const devices = new ModelDeviceLayer();
+      for (const n of ["web", "api"]) devices.addNetns(`/run/netns/${n}`);
+      devices.nodeAddrs = { addresses: ["10.0.0.254"], primary: {} };
+      const kube = new Kube(
+        {
+          server: server.url,
+          caCerts: [server.pki.caCert],
+          token: { value: "test-token" },
+          source: "t",
+        },
+        "n1",
+        FAST,
+      );
+      const e = new PolicyEnforcer({ kube, devices, nodeAddressesEveryMs: 20 });
+      e.restore([]);
+      try {
+        assert(await e.waitSynced(10_000));
+        const text = await admit(e, add("a/web", "10.1.0.1", "enimh1"));
+        devices.model.apply("/run/netns/web", text);
+        await e.committed("c-enimh1/eth0", "/run/netns/web");
+        const rules = devices.model.view("/run/netns/web").chains;
+        assertStringIncludes(JSON.stringify(rules), "drop_ingress");
+        // kubectl delete --force: the Pod is gone, the sandbox (and its attachment) stays.
+        server.remove("pods", "a", "web");
+        await poll(
+          () =>
+            Promise.resolve(
+              e.status().caches.find((c) => c.resource === "pods")?.objects === 1 || null,
+            ),
+          { timeoutMs: 10_000, intervalMs: 10 },
+        );
+        // Then any change of the node's addresses (a NodeLocal DNS rollout, a temporary IPv6).
+        devices.nodeAddrs = { addresses: ["10.0.0.254", "169.254.20.10"], primary: {} };
+        const nodeSet = () => devices.model.view("/run/netns/web").sets.node_4 ?? [];
+        assert(
+          await poll(() => Promise.resolve(nodeSet().includes("169.254.20.10") || null), {
+            timeoutMs: 10_000,
+            intervalMs: 10,
+          }),
+          "web's table has the node's new address",
+        );
+        assertEquals(devices.model.view("/run/netns/web").chains, rules, "web keeps its rules");
+        // The queue still runs: the next ADD is answered and its pod enforced.
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const late = new Promise<never>((_, reject) =>
+          timer = setTimeout(
+            () => reject(new Error("the ADD was not answered: the queue is dead")),
+            10_000,
+          )
+        );
+        const api = await Promise.race([admit(e, add("a/api", "10.1.0.2", "enimh2")), late])
+          .finally(() => clearTimeout(timer));
+        assertStringIncludes(api, 'counter name "drop_ingress" drop');
+        await e.committed("c-enimh2/eth0", "/run/netns/api");
+        assert(await e.idle(10_000));
+        assertEquals(e.status().pods.map((p) => [p.pod, p.state]), [
+          ["a/api", "enforced"],
+          ["a/web", "enforced"],
+        ]);
+      } finally {
+        await e.close();
+      }
+    });
+    await new Promise((r) => setTimeout(r, 0));
+    assertEquals(unhandled, []);
+  } finally {
+    globalThis.removeEventListener("unhandledrejection", onUnhandled);
+  }
 });
 
 Deno.test("a DEL's address leaves the other pods' sets and its tracked connections go, after those edits and before removed() resolves, though the API still shows the pod with it; the next pod on that address (another uid) does not inherit it", async () => {

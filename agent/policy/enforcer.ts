@@ -1,0 +1,939 @@
+/**
+ * The agent's NetworkPolicy enforcer: the manager's {@linkcode PolicyHook} over the
+ * cluster's caches (kube/) and the policy compiler (policy/), applied through the device
+ * layer (netns/). What it promises is in `mod.ts`; its parts:
+ *
+ * - this class: start-up, the queue every change goes through, what a batch of changes
+ *   does to the tables (`#flush`), and the hook's calls (ADD's prepare and commit, a
+ *   release, the pods handed over at start-up);
+ * - `_table_loads.ts`: each table's loads, in order; `_pod_table.ts`, `_node_table.ts`:
+ *   what is rendered or edited in a pod's namespace and on the node;
+ * - `_changes.ts`: the events waiting and what a batch changed; `_attachment.ts`: what
+ *   is kept per attachment; `_status.ts`: what operators see.
+ *
+ * Why one file: the queue, the attachments it keeps and the compiler are one state
+ * machine, whose every change goes through the queue.
+ *
+ * @module
+ */
+import { ApiError, type PodPolicyView, type PolicyStatus } from "../../api/schema.ts";
+import type { DeviceLayer } from "../../netns/types.ts";
+import type { PolicyHook, PolicyPod, RestoredPolicyPod } from "../../manager/types.ts";
+import type { Kube, Namespace, NetworkPolicy, Pod } from "../../kube/mod.ts";
+import {
+  type CompiledPolicy,
+  type DropLog,
+  PodNotFoundError,
+  podRuleset,
+  PolicyEngine,
+} from "../../policy/mod.ts";
+import { type Logger, nullLogger } from "../../lib/log.ts";
+import { userMessage } from "../../lib/message.ts";
+import { sleep } from "../../lib/async.ts";
+import { QueueStoppedError, SerialQueue } from "../../lib/serial_queue.ts";
+import { PolicyLifecycle, type PolicyPhase } from "./lifecycle.ts";
+import { listNodeAddresses, waitForCaches } from "./_startup.ts";
+import { type Att, isolates, light, localOf, newestOf, sameSet } from "./_attachment.ts";
+import { Changes, type PolicyEvent, retiredIn } from "./_changes.ts";
+import { type LoadPlace, TableLoads } from "./_table_loads.ts";
+import { NodeTable } from "./_node_table.ts";
+import { editPod, type PodTableDeps, renderPod } from "./_pod_table.ts";
+import { type PolicyDrops, policyStatus, policyView, readDrops, ruleCounts } from "./_status.ts";
+import { UnreadablePolicies } from "../policy_unreadable.ts";
+import { ReuseWaits } from "../address_reuse.ts";
+
+/** What the enforcer records in the agent's metrics (lib/metrics.ts implements it). */
+export interface PolicyRecorder {
+  /** A watch event was put in place, `ms` after it arrived. */
+  policyEnforced(ms: number): void;
+  /** A load in a pod's namespace or on the node failed (it is retried). */
+  policyLoadFailed(place: "pod" | "node"): void;
+}
+
+/** Options of {@linkcode PolicyEnforcer}. */
+export interface PolicyEnforcerOptions {
+  kube: Kube;
+  devices: DeviceLayer;
+  log?: Logger;
+  /** How long an ADD waits for the first sync (`networkPolicy.syncWaitSeconds`, default 10 s). */
+  syncWaitMs?: number;
+  /** Dropped packets logged per second and chain (`networkPolicy.logDropsPerSecond`; 0: off). */
+  logDropsPerSecond?: number;
+  /** How long the GET of a pod the cache lacks may take (default 5 s). */
+  getPodTimeoutMs?: number;
+  /** How often the node's addresses are listed again (default 60 s). */
+  nodeAddressesEveryMs?: number;
+  /**
+   * The most a freed ENI waits for the API to stop showing its pod
+   * (`networkPolicy.reuseWaitSeconds`, default 30 s).
+   */
+  reuseWaitMs?: number;
+  /**
+   * The backoff of a failed load's retry and of a failed change's recovery: the first
+   * wait (default 1 s), doubling up to `maxMs` (default 30 s).
+   */
+  retry?: { initialMs: number; maxMs: number };
+  metrics?: PolicyRecorder;
+}
+
+/** The message of an ADD that cannot know its pod's policy yet (CNI code 11). */
+export const NOT_SYNCED =
+  "NetworkPolicy: the agent has not synced with the Kubernetes API server yet; the runtime retries";
+
+/** How long an ADD's edits of other pods' tables and the node's sets wait after its answer. */
+const DEFERRED_EDITS_DELAY_MS = 25;
+/** How stale the drop counters may be (they cost a spawn per pod). */
+const DROPS_TTL_MS = 10_000;
+
+/** The agent's NetworkPolicy enforcer (see the module doc). */
+export class PolicyEnforcer implements PolicyHook {
+  readonly #kube: Kube;
+  readonly #devices: DeviceLayer;
+  readonly #log: Logger;
+  readonly #syncWaitMs: number;
+  readonly #getPodMs: number;
+  readonly #reuseWaitMs: number;
+  /** Freed ENIs waiting for the API to stop showing their pods (`address_reuse.ts`). */
+  #reuse: ReuseWaits | null = null;
+  readonly #dropLog: DropLog | undefined;
+  readonly #metrics: PolicyRecorder | undefined;
+  readonly #atts = new Map<string, Att>();
+  readonly #events: PolicyEvent[] = [];
+  /** What an ADD's prepare left for the pods' tables until the ADD has answered. */
+  #deferred: Changes | null = null;
+  /** Per kind, the resourceVersion put in place, and the flush that did (flushes overlap). */
+  readonly #enforcedRv = new Map<string, { rv: string; flush: number }>();
+  #flushes = 0;
+  /** The last flush's end: a flush ends only after every earlier one (its versions count then). */
+  #lastFlush: Promise<unknown> = Promise.resolve();
+  #engine: PolicyEngine | null = null;
+  readonly #life: PolicyLifecycle;
+  /** The queue: the one place the engine and the tables change, one task at a time. */
+  readonly #queue: SerialQueue;
+  readonly #loads: TableLoads;
+  readonly #node: NodeTable;
+  readonly #podTables: PodTableDeps;
+  #scheduled = false;
+  /** A task failed: the recovery (compile everything again, render every table) is queued. */
+  #recovering = false;
+  #seq = 0;
+  #nodeAddrs: string[] = [];
+  readonly #retryInitialMs: number;
+  readonly #retryMaxMs: number;
+  #retryMs = 0;
+  #retryTimer: ReturnType<typeof setTimeout> | undefined;
+  #loadFailures = 0;
+  #drops: { at: number; value: Promise<PolicyDrops[]> } | null = null;
+  readonly #unsubscribe: (() => void)[] = [];
+  /** The cluster's policies it cannot read (each fails closed): logged, and listed. */
+  readonly #unreadable: UnreadablePolicies;
+
+  /**
+   * Starts the three caches' wait and the node's addresses' listing; once both are done
+   * and the manager has handed over the node's pods ({@linkcode restore}), takes over.
+   */
+  constructor(o: PolicyEnforcerOptions) {
+    this.#kube = o.kube;
+    this.#devices = o.devices;
+    this.#log = (o.log ?? nullLogger).child({ component: "policy" });
+    this.#syncWaitMs = o.syncWaitMs ?? 10_000;
+    this.#getPodMs = o.getPodTimeoutMs ?? 5_000;
+    this.#reuseWaitMs = o.reuseWaitMs ?? 30_000;
+    this.#dropLog = o.logDropsPerSecond ? { rate: o.logDropsPerSecond } : undefined;
+    this.#metrics = o.metrics;
+    // From the cache's first list on, apart from the queue; unsubscribed by the drain.
+    this.#unreadable = new UnreadablePolicies(o.kube.networkPolicies, this.#log);
+    this.#unsubscribe.push(() => this.#unreadable.close());
+    this.#retryInitialMs = o.retry?.initialMs ?? 1_000;
+    this.#retryMaxMs = o.retry?.maxMs ?? 30_000;
+    const failed = (place: LoadPlace, netns: string | null, err: unknown) =>
+      this.#failed(place, netns, err);
+    const compile = (att: Att, members = true) => this.#compile(att, members);
+    this.#loads = new TableLoads(o.devices, failed);
+    this.#node = new NodeTable({
+      loads: this.#loads,
+      log: this.#log,
+      dropLog: this.#dropLog,
+      atts: () => this.#atts.values(),
+      compile,
+      peerSet: (key) => this.#engine!.peerSet(key),
+      nodeAddresses: () => this.#nodeAddrs,
+    });
+    this.#podTables = {
+      devices: o.devices,
+      loads: this.#loads,
+      dropLog: this.#dropLog,
+      has: (key) => this.#atts.has(key),
+      synced: () => this.#engine !== null,
+      compile,
+      failed,
+    };
+    this.#queue = new SerialQueue({
+      retryInitialMs: this.#retryInitialMs,
+      retryMaxMs: this.#retryMaxMs,
+      onError: (err, a) =>
+        this.#log.error("NetworkPolicy: compiling every local pod again failed; trying again", {
+          attempt: a.attempt,
+          retryInMs: a.retryInMs,
+          error: userMessage(err),
+        }),
+    });
+    const everyMs = o.nodeAddressesEveryMs ?? 60_000;
+    this.#life = new PolicyLifecycle({
+      nodeAddresses: async (signal) => {
+        const addrs = await listNodeAddresses(this.#devices, this.#log, signal);
+        if (addrs) this.#nodeAddrs = addrs;
+      },
+      sync: (signal) => waitForCaches(this.#kube, this.#log, signal),
+      takeOver: () => this.#takeOver(),
+      run: (signal) => this.#watchNodeAddresses(everyMs, signal),
+      drain: () => this.#drain(),
+    }, { log: this.#log });
+  }
+
+  /** Whether the caches have synced and the enforcer has taken over. */
+  get synced(): boolean {
+    return this.#engine !== null;
+  }
+
+  /** The enforcer's phase (lifecycle.ts). */
+  get phase(): PolicyPhase {
+    return this.#life.phase;
+  }
+
+  /** Waits until the enforcer has taken over (tests, the bench); false after `timeoutMs`. */
+  waitSynced(timeoutMs: number): Promise<boolean> {
+    return this.#life.served(timeoutMs);
+  }
+
+  /**
+   * Resolves true once nothing is queued, no event waits, no load runs and no table waits
+   * for a retry; false after `timeoutMs` (tests: what the enforcer knows is then loaded).
+   */
+  async idle(timeoutMs: number): Promise<boolean> {
+    const until = performance.now() + timeoutMs;
+    while (performance.now() < until) {
+      await this.#queue.idle();
+      await this.#loads.idle();
+      await this.#lastFlush;
+      if (
+        this.#events.length === 0 && !this.#deferred && !this.#scheduled && !this.#recovering &&
+        this.#queue.pending === 0 && !this.#anyStale()
+      ) return true;
+      await sleep(5);
+    }
+    return false;
+  }
+
+  // ---- start-up and stop (the phases are lifecycle.ts's) ----
+
+  /**
+   * The take-over, in one turn: the compiler indexes what the caches hold, the enforcer
+   * subscribes to their changes, and the first render is queued: every attachment the
+   * manager handed over is registered, and every table rendered (the node's whole, with
+   * each local pod's chains). Resolves once that render has settled.
+   */
+  #takeOver(): Promise<void> {
+    const t0 = performance.now();
+    const engine = new PolicyEngine({
+      pods: () => this.#kube.pods.values(),
+      namespaces: () => this.#kube.namespaces.values(),
+      networkPolicies: () => this.#kube.networkPolicies.values(),
+    }, { nodeAddresses: this.#nodeAddrs });
+    const on = (resource: PolicyEvent["resource"]) => (old: unknown, cur: unknown) => {
+      this.#events.push({ resource, old, cur, at: performance.now() } as PolicyEvent);
+      this.#schedule();
+    };
+    this.#unsubscribe.push(
+      this.#kube.pods.subscribe(on("pods"), { replay: false }),
+      this.#kube.namespaces.subscribe(on("namespaces"), { replay: false }),
+      this.#kube.networkPolicies.subscribe(on("networkpolicies"), { replay: false }),
+    );
+    this.#engine = engine;
+    this.#cachesEnforced(0);
+    this.#log.info("NetworkPolicy: the caches have synced; enforcing", {
+      pods: this.#kube.pods.size,
+      namespaces: this.#kube.namespaces.size,
+      networkPolicies: this.#kube.networkPolicies.size,
+      localPods: this.#atts.size,
+      indexMs: Math.round(performance.now() - t0),
+    });
+    return this.#run(() => {
+      const ch = new Changes();
+      ch.node = true;
+      for (const att of this.#atts.values()) this.#register(att, ch);
+      return { done: this.#flush(ch).all };
+    }).then((r) => r.done);
+  }
+
+  /** The caches' resourceVersions count as enforced once flush `flush` has settled. */
+  #cachesEnforced(flush: number): void {
+    for (const s of this.#kube.stats()) {
+      if (s.resourceVersion) this.#enforcedRv.set(s.resource, { rv: s.resourceVersion, flush });
+    }
+  }
+
+  #watchNodeAddresses(everyMs: number, signal: AbortSignal): void {
+    const tick = async () => {
+      if (signal.aborted) return;
+      let now: string[] | null = null;
+      try {
+        now = (await this.#devices.nodeAddresses()).addresses;
+      } catch (err) {
+        this.#log.warn("Cannot list the node's addresses", { error: userMessage(err) });
+      }
+      if (now) await this.#run(() => this.#nodeAddressesAre(now)).catch(() => {});
+      if (!signal.aborted) timer = setTimeout(tick, everyMs);
+    };
+    let timer = setTimeout(tick, everyMs);
+    signal.addEventListener("abort", () => clearTimeout(timer), { once: true });
+  }
+
+  #nodeAddressesAre(addresses: string[]): void {
+    if (!this.#engine || sameSet(addresses, this.#nodeAddrs)) return;
+    this.#log.info("NetworkPolicy: the node's addresses changed", {
+      was: this.#nodeAddrs,
+      now: addresses,
+    });
+    this.#nodeAddrs = [...addresses];
+    const ch = this.#takeEvents();
+    ch.add(this.#engine.setNodeAddresses(addresses));
+    ch.node = true;
+    this.#flush(ch);
+  }
+
+  /** The lifecycle's drain: no more events, the caches closed, the queue and loads done. */
+  async #drain(): Promise<void> {
+    clearTimeout(this.#retryTimer);
+    this.#retryTimer = undefined;
+    for (const u of this.#unsubscribe.splice(0)) u();
+    // Closing the caches ends the start-up's wait for their sync.
+    await this.#kube.close();
+    await this.#queue.stop();
+    await this.#loads.idle();
+  }
+
+  // ---- the queue ----
+
+  /**
+   * Runs `fn` after everything queued before it (the one place the engine and tables
+   * change); with `first`, before everything queued but not started yet (an ADD waits for
+   * the task running, never for the pods' edits queued behind it: a queued drain finds
+   * its events taken by then, and applies what is left). A task that fails, but for an
+   * {@linkcode ApiError} of its own, may have left the compiler half changed and its
+   * changes unloaded: the recovery is queued (`#taskFailed`). Once stopping, tasks are
+   * refused as `busy`.
+   */
+  #run<T>(fn: () => T, o: { first?: boolean } = {}): Promise<T> {
+    return this.#queue.run(fn, o).catch((err) => {
+      if (err instanceof QueueStoppedError) {
+        throw new ApiError("busy", "The agent is shutting down");
+      }
+      if (!(err instanceof ApiError)) this.#taskFailed(err);
+      throw err;
+    });
+  }
+
+  /**
+   * A task failed half way: what it changed in the compiler may be partly applied, and
+   * what it took from the events (and an ADD's deferred edits) is not loaded. The
+   * recovery, queued with a backoff until it succeeds, compiles everything again from the
+   * caches and renders every table whole; meanwhile every table keeps what it holds.
+   */
+  #taskFailed(err: unknown): void {
+    this.#log.error(
+      "NetworkPolicy: applying a change failed; compiling every local pod again and rendering every table",
+      {
+        error: userMessage(err),
+        ...(err instanceof Error && err.stack ? { stack: err.stack } : {}),
+      },
+    );
+    for (const att of this.#atts.values()) if (att.registered) att.stale = true;
+    if (this.#recovering || this.#queue.stopped) return;
+    this.#recovering = true;
+    this.#queue.retry(() => this.#recover(), { name: "recover" }).catch(() => {});
+  }
+
+  /** The recovery (`#taskFailed`): the compiler rebuilt from the caches, every table whole. */
+  #recover(): void {
+    const engine = this.#engine;
+    if (!engine) return;
+    // The caches hold every event delivered so far: the rebuild reads them all.
+    this.#events.splice(0);
+    this.#scheduled = false;
+    this.#deferred = null;
+    const ch = new Changes();
+    ch.add(engine.resync({
+      pods: () => this.#kube.pods.values(),
+      namespaces: () => this.#kube.namespaces.values(),
+      networkPolicies: () => this.#kube.networkPolicies.values(),
+    }));
+    ch.node = true;
+    for (const att of this.#atts.values()) {
+      if (att.registered) {
+        att.stale = true;
+        ch.changed.add(att.pod);
+      } else this.#register(att, ch);
+    }
+    for (const st of this.#kube.stats()) {
+      if (st.resourceVersion) ch.rvs.set(st.resource, st.resourceVersion);
+    }
+    this.#flush(ch);
+    this.#recovering = false;
+    this.#log.info("NetworkPolicy: every local pod compiled again; rendering every table");
+  }
+
+  #schedule(): void {
+    if (this.#scheduled || this.#queue.stopped) return;
+    this.#scheduled = true;
+    this.#run(() => this.#drainEvents()).catch(() => {});
+  }
+
+  #drainEvents(): void {
+    const ch = this.#takeEvents();
+    if (ch.arrived.length > 0 || ch.deltas.length > 0 || ch.changed.size > 0 || this.#anyStale()) {
+      this.#flush(ch);
+    }
+  }
+
+  /** Applies every pending event to the engine; what they changed. */
+  #takeEvents(): Changes {
+    this.#scheduled = false;
+    const ch = this.#deferred ?? new Changes();
+    // The node's table was rendered whole since: the deferred deltas are in it.
+    if (this.#deferred && this.#deferred.nodeRenders !== this.#node.renders) {
+      ch.nodeDeltasFrom = ch.deltas.length;
+    }
+    this.#deferred = null;
+    const batch = this.#events.splice(0);
+    const engine = this.#engine;
+    if (!engine) return ch;
+    for (const ev of batch) {
+      ch.arrived.push(ev.at);
+      const obj = (ev.cur ?? ev.old)!;
+      const rv = obj.metadata.resourceVersion;
+      try {
+        if (ev.resource === "pods") {
+          const pod = ev.cur as Pod | undefined;
+          if (pod) {
+            ch.add(engine.upsertPod(pod));
+            this.#podCameBack(`${pod.metadata.namespace}/${pod.metadata.name}`, ch);
+          } else {
+            ch.add(engine.deletePod(obj.metadata.namespace ?? "default", obj.metadata.name));
+          }
+        } else if (ev.resource === "namespaces") {
+          ch.add(
+            ev.cur
+              ? engine.upsertNamespace(ev.cur as Namespace)
+              : engine.deleteNamespace(obj.metadata.name),
+          );
+        } else {
+          ch.add(
+            ev.cur
+              ? engine.upsertPolicy(ev.cur as NetworkPolicy)
+              : engine.deletePolicy(obj.metadata.namespace ?? "default", obj.metadata.name),
+          );
+        }
+      } catch (err) {
+        // The compiler may be half changed: the recovery rebuilds it from the caches.
+        this.#log.error("NetworkPolicy: a cache event could not be compiled", {
+          resource: ev.resource,
+          object: `${obj.metadata.namespace ?? ""}/${obj.metadata.name}`,
+          error: userMessage(err),
+        });
+        this.#taskFailed(err);
+      }
+      if (rv) ch.rvs.set(ev.resource, rv);
+    }
+    return ch;
+  }
+
+  /** A restored pod the cluster did not have is back in the cache: enforce it now. */
+  #podCameBack(pod: string, ch: Changes): void {
+    for (const att of this.#atts.values()) {
+      if (att.pod === pod && !att.registered) this.#register(att, ch);
+    }
+  }
+
+  /** Registers `att` with the engine (its pod's newest attachment gives the addresses). */
+  #register(att: Att, ch: Changes): void {
+    const engine = this.#engine!;
+    const newest = this.#newestOf(att.pod) ?? att;
+    try {
+      const r = engine.addLocal(localOf(att, newest.ips, newest.uid));
+      ch.add(r);
+      ch.changed.add(att.pod);
+      // Its chains were kept as they were: the node's table is rendered whole, with the
+      // new ones or (no policy isolating it now) without.
+      if (att.unknown) ch.node = true;
+      att.compiled = light(r.compiled);
+      att.registered = true;
+      att.unknown = false;
+      att.stale = true;
+    } catch (err) {
+      if (!(err instanceof PodNotFoundError)) throw err;
+      const was = att.unknown;
+      att.unknown = true;
+      // Nothing to render: its tables stay as they are until it comes back.
+      att.stale = false;
+      // Once: each event of another pod of that name (another uid) tries again.
+      if (!was) {
+        this.#log.warn(
+          "NetworkPolicy: a pod of this node is not in the cluster; its rules stay as they are",
+          { pod: att.pod, key: att.key, error: userMessage(err) },
+        );
+      }
+    }
+  }
+
+  #newestOf(pod: string): Att | undefined {
+    return newestOf(this.#atts.values(), pod);
+  }
+
+  #anyStale(): boolean {
+    return this.#node.stale || [...this.#atts.values()].some((a) => a.stale && a.netns !== null);
+  }
+
+  /**
+   * Puts `ch` in place: each pod's table (its deltas, or all of it when its rules changed
+   * or it missed an edit), and the node's. The texts are rendered now, in the engine's
+   * order; their loads go to each table's own chain (`#load`), so a table never sees them
+   * out of order while the queue goes on. `node` settles when the node's load has (true
+   * when it succeeded), `all` when every load has. With `deferPods`, the pods' part waits
+   * for the next drain.
+   */
+  #flush(ch: Changes, o: { deferPods?: boolean } = {}): {
+    node: Promise<boolean>;
+    all: Promise<void>;
+  } {
+    const loads: Promise<unknown>[] = [];
+    for (const att of o.deferPods ? [] : this.#atts.values()) {
+      if (!att.registered) continue;
+      const mine = ch.deltas.filter((d) => d.users.includes(att.pod));
+      const full = ch.changed.has(att.pod) || att.stale;
+      if (att.netns === null) {
+        if (full || mine.length > 0) att.stale = true;
+        continue;
+      }
+      if (full) loads.push(renderPod(this.#podTables, att));
+      else if (mine.length > 0) loads.push(editPod(this.#podTables, att, mine));
+      // The connections its table admitted as an address's old pod's go, after its loads.
+      const gone = retiredIn(ch, full ? null : mine);
+      if (gone.length > 0 && !att.noTable) loads.push(this.#forget(att.netns, gone));
+    }
+    // With `deferPods` the node's set edits wait too (the node's update then holds only
+    // the new pod's chains and the sets new to the node): the deferred flush applies them.
+    const node = ch.node || this.#node.needsWhole
+      ? this.#node.render()
+      : this.#node.update(ch, !o.deferPods);
+    if (!o.deferPods && ch.retired.size > 0) loads.push(this.#forget(null, [...ch.retired]));
+    if (o.deferPods) {
+      // The other pods' edits, and the node's edits of its sets, that an ADD's own change
+      // brings wait until it has answered (they only ever admit more: the new pod joining
+      // the sets); the next drain applies them first.
+      const d = new Changes();
+      d.deltas.push(...ch.deltas);
+      for (const c of ch.changed) d.changed.add(c);
+      d.arrived.push(...ch.arrived.splice(0));
+      for (const [k, v] of ch.rvs) d.rvs.set(k, v);
+      ch.rvs.clear();
+      d.nodeRenders = this.#node.renders;
+      for (const a of ch.retired) d.retired.add(a);
+      this.#deferred = d;
+    }
+    const flush = ++this.#flushes;
+    const all = Promise.all([this.#lastFlush, node, ...loads]).then(() => {
+      const now = performance.now();
+      for (const t of ch.arrived) this.#metrics?.policyEnforced(now - t);
+      // An earlier flush may end after this one: it never takes the version back.
+      for (const [resource, rv] of ch.rvs) {
+        if ((this.#enforcedRv.get(resource)?.flush ?? -1) < flush) {
+          this.#enforcedRv.set(resource, { rv, flush });
+        }
+      }
+      this.#afterFlush();
+    });
+    this.#lastFlush = all.catch(() => {});
+    return { node, all };
+  }
+  #afterFlush(): void {
+    if (!this.#anyStale()) {
+      this.#retryMs = 0;
+      return;
+    }
+    if (this.#retryTimer !== undefined || this.#queue.stopped) return;
+    this.#retryMs = Math.min(
+      this.#retryMaxMs,
+      this.#retryMs ? this.#retryMs * 2 : this.#retryInitialMs,
+    );
+    this.#retryTimer = setTimeout(() => {
+      this.#retryTimer = undefined;
+      this.#schedule();
+    }, this.#retryMs);
+  }
+
+  /**
+   * Deletes the connections tracked for `addresses` in a table's namespace (null: the
+   * node), queued after its loads (so its sets no longer admit them as their old pod's),
+   * never superseded by a whole render: they were that pod's. A failure is logged (new
+   * connections are denied all the same).
+   */
+  #forget(netns: string | null, addresses: string[]): Promise<boolean> {
+    return this.#loads.enqueue(
+      netns,
+      () =>
+        this.#devices.flushConntrack(netns, addresses).then(() => true, (err) => {
+          this.#log.warn(
+            "NetworkPolicy: cannot delete the tracked connections of addresses no longer their pod's",
+            { ...(netns ? { netns } : {}), addresses, error: userMessage(err) },
+          );
+          return false;
+        }),
+      false,
+      true,
+    );
+  }
+
+  /** The pod's policy compiled now (its sets' current members); kept light as `att.compiled`. */
+  #compile(att: Att, members = true): CompiledPolicy | null {
+    const c = this.#engine?.compiled(att.namespace, att.name, { members });
+    if (!c) return att.compiled;
+    att.compiled = members ? light(c) : c;
+    return c;
+  }
+
+  #failed(place: LoadPlace, netns: string | null, err: unknown): void {
+    this.#loadFailures++;
+    this.#metrics?.policyLoadFailed(place);
+    this.#log.warn(
+      place === "pod"
+        ? "NetworkPolicy: loading a pod's table failed; trying again"
+        : "NetworkPolicy: loading the node's table failed; trying again",
+      { ...(netns ? { netns } : {}), error: userMessage(err) },
+    );
+  }
+
+  // ---- the manager's hook ----
+
+  whenSynced(): Promise<void> | null {
+    if (this.#life.serving) return null;
+    const busy = () => new ApiError("busy", "The agent is shutting down");
+    if (this.#life.stopping) return Promise.reject(busy());
+    // As prepare: the caches' sync and the manager's hand-over of the node's pods.
+    return this.#life.served(this.#syncWaitMs).then((served) => {
+      if (!served) {
+        throw this.#life.stopping ? busy() : new ApiError("policy_unavailable", NOT_SYNCED);
+      }
+    });
+  }
+
+  async prepare(p: PolicyPod): Promise<{ podRuleset: () => Promise<string> } | null> {
+    const busy = () => new ApiError("busy", "The agent is shutting down");
+    if (this.#life.stopping) throw busy();
+    if (!(await this.#life.served(this.#syncWaitMs))) {
+      throw this.#life.stopping ? busy() : new ApiError("policy_unavailable", NOT_SYNCED);
+    }
+    const slash = p.pod.indexOf("/");
+    const namespace = p.pod.slice(0, slash), name = p.pod.slice(slash + 1);
+    let fetched: Pod | null = null;
+    if (!this.#kube.pods.get(p.pod)) {
+      try {
+        fetched = await this.#kube.getPod(namespace, name, { timeoutMs: this.#getPodMs });
+      } catch (err) {
+        throw new ApiError(
+          "policy_unavailable",
+          `NetworkPolicy: the pod "${p.pod}" is not in the agent's cache yet and the Kubernetes API server did not say what it is (${
+            userMessage(err)
+          }); the runtime retries`,
+        );
+      }
+      if (!fetched) {
+        throw new ApiError(
+          "policy_unavailable",
+          `NetworkPolicy: the Kubernetes API server has no pod "${p.pod}" (yet); the runtime retries`,
+        );
+      }
+    }
+    const ips = [p.addresses.ipv4, p.addresses.ipv6].filter((a): a is string => !!a);
+    return { podRuleset: () => this.#admit(p, namespace, name, ips, fetched) };
+  }
+
+  /**
+   * ADD's own change, queued first: the pod registered with the engine (its addresses in
+   * the sets it belongs to), its node chains loading, and its table's text, which the
+   * plug loads in the pod (empty: no policy isolates it).
+   */
+  async #admit(
+    p: PolicyPod,
+    namespace: string,
+    name: string,
+    ips: string[],
+    fetched: Pod | null,
+  ): Promise<string> {
+    return await this.#run(() => {
+      const engine = this.#engine!;
+      // What came before this ADD (cache events, an earlier ADD's deferred edits) goes in
+      // now, as any drain puts it; only this ADD's own edits wait for its answer.
+      const before = this.#takeEvents();
+      if (!before.empty) this.#flush(before);
+      const ch = new Changes();
+      try {
+        if (fetched && !this.#kube.pods.get(p.pod)) ch.add(engine.upsertPod(fetched));
+        if (p.nodeAddresses.length > 0 && !sameSet(p.nodeAddresses, this.#nodeAddrs)) {
+          this.#nodeAddrs = [...p.nodeAddresses];
+          ch.add(engine.setNodeAddresses(p.nodeAddresses));
+          // The node's own set holds them: its table is rendered whole.
+          ch.node = true;
+        }
+        const att: Att = {
+          key: p.key,
+          pod: p.pod,
+          uid: p.uid ?? null,
+          namespace,
+          name,
+          ips,
+          eni: p.eniIfName,
+          nodeEnd: p.nodeIfName,
+          netns: null,
+          seq: ++this.#seq,
+          loaded: null,
+          compiled: null,
+          stale: false,
+          registered: false,
+          unknown: false,
+        };
+        let r: ReturnType<PolicyEngine["addLocal"]>;
+        try {
+          r = engine.addLocal({ namespace, name, ips, ...(p.uid ? { uid: p.uid } : {}) });
+        } catch (err) {
+          if (!(err instanceof PodNotFoundError)) throw err;
+          throw new ApiError(
+            "policy_unavailable",
+            `NetworkPolicy: the pod "${p.pod}" is not in the agent's cache yet; the runtime retries`,
+          );
+        }
+        this.#atts.set(p.key, att);
+        att.registered = true;
+        att.compiled = light(r.compiled);
+        // A pod no policy selects gets no table (see `isolates`).
+        att.noTable = !isolates(r.compiled);
+        att.loaded = att.noTable ? null : att.compiled;
+        ch.add(r);
+        // Its other attachments (an older sandbox's) render again, their node chains too
+        // (the pod's addresses are this one's now); this one rides the plug.
+        let others = false;
+        for (const other of this.#atts.values()) {
+          if (other.pod === p.pod && other !== att) {
+            other.stale = true;
+            other.compiled = att.compiled;
+            others = true;
+          }
+        }
+        if (!others) ch.changed.delete(p.pod);
+        const text = att.noTable
+          ? ""
+          : podRuleset(r.compiled, { eni: p.eniIfName, log: this.#dropLog });
+        // An address this pod takes from another (an object the API still shows with it,
+        // after a restart forgot its DEL) leaves that one's sets before the ADD answers:
+        // only what admits more waits for the answer.
+        const restricts = ch.retired.size > 0;
+        const flushed = this.#flush(ch, { deferPods: !restricts });
+        att.nodeReady = restricts ? flushed.all.then(() => flushed.node) : flushed.node;
+        return text;
+      } catch (err) {
+        // What this ADD changed before it failed still goes in (a failure of that, too,
+        // is the recovery's); the ADD fails with its own error.
+        try {
+          this.#flush(ch);
+        } catch (again) {
+          this.#taskFailed(again);
+        }
+        throw err;
+      }
+    }, { first: true });
+  }
+
+  async committed(key: string, netns: string): Promise<void> {
+    const att = this.#atts.get(key);
+    if (!att) return;
+    att.netns = netns;
+    if (!(await (att.nodeReady ?? Promise.resolve(true)))) {
+      // One more try, now: the ADD answers only with the pod's node chains in place.
+      const ok = await (await this.#run(() => ({ p: this.#node.render() }))).p;
+      if (!ok) {
+        throw new ApiError(
+          "device_error",
+          `NetworkPolicy: cannot load the node's rules for pod "${att.pod}" (see the agent's log)`,
+        );
+      }
+    }
+    if (att.stale) {
+      await (await this.#run(() => ({ p: renderPod(this.#podTables, att) }))).p;
+    }
+    // The other pods' and the node's edits that prepare left for after the answer: a
+    // little later, once the ADD's answer is on its way and its plugin process has exited
+    // (rendering them and starting their `nft` processes took the main thread and the
+    // CPUs while both waited). They only admit more; the pod's containers start later.
+    // (Stopping ends the wait, and `#schedule` then does nothing.)
+    if (this.#deferred) {
+      sleep(DEFERRED_EDITS_DELAY_MS, this.#life.signal).then(() => this.#schedule());
+    }
+  }
+
+  async removed(key: string): Promise<void> {
+    if (!this.#atts.has(key)) return;
+    const done = await this.#run(() => {
+      const att = this.#atts.get(key);
+      if (!att) return undefined;
+      this.#atts.delete(key);
+      const engine = this.#engine;
+      if (!engine) return undefined;
+      const ch = this.#takeEvents();
+      if (!att.registered) {
+        // Its chains were kept as an earlier agent loaded them: the node's table is
+        // rendered whole without them.
+        ch.node = true;
+      } else {
+        const other = this.#newestOf(att.pod);
+        if (!other) ch.add(engine.removeLocal(att.namespace, att.name));
+        else if (att.seq > other.seq && other.registered && !sameSet(other.ips, att.ips)) {
+          // It gave the pod its addresses; the newest attachment left gives them now.
+          this.#readdress(att, other, ch);
+        }
+      }
+      return { all: this.#flush(ch).all };
+    });
+    await done?.all;
+  }
+
+  /**
+   * The pod's newest attachment went: the one left (`other`) gives the pod its addresses
+   * now. A pod the cluster no longer has cannot be compiled again: the compiler forgets
+   * it (its addresses leave every set) and its attachments keep their tables and node
+   * chains as they are, as a restored pod the cluster does not have.
+   */
+  #readdress(gone: Att, other: Att, ch: Changes): void {
+    const engine = this.#engine!;
+    try {
+      ch.add(engine.addLocal(localOf(gone, other.ips, other.uid)));
+      ch.changed.add(gone.pod);
+      return;
+    } catch (err) {
+      // Not in the cache, or only as another pod (another uid): nothing changed yet.
+      if (!(err instanceof PodNotFoundError)) throw err;
+    }
+    ch.add(engine.removeLocal(gone.namespace, gone.name));
+    // Their chains are no longer this agent's to render: once they go, the table is made
+    // again clean.
+    this.#node.unclean = true;
+    for (const a of this.#atts.values()) {
+      if (a.pod !== gone.pod) continue;
+      a.registered = false;
+      a.unknown = true;
+      a.stale = false;
+    }
+    this.#log.warn(
+      "NetworkPolicy: a pod of this node is not in the cluster; its rules stay as they are",
+      { pod: gone.pod, key: other.key },
+    );
+  }
+
+  restore(pods: RestoredPolicyPod[]): void {
+    for (const p of pods) {
+      if (this.#atts.has(p.key)) continue;
+      const slash = p.pod.indexOf("/");
+      const att: Att = {
+        key: p.key,
+        pod: p.pod,
+        uid: p.uid ?? null,
+        namespace: p.pod.slice(0, slash),
+        name: p.pod.slice(slash + 1),
+        ips: [p.addresses.ipv4, p.addresses.ipv6].filter((a): a is string => !!a),
+        eni: p.eniIfName,
+        nodeEnd: p.nodeIfName,
+        netns: p.netns,
+        seq: ++this.#seq,
+        loaded: null,
+        compiled: null,
+        stale: true,
+        registered: false,
+        unknown: false,
+        nodeChains: true,
+      };
+      this.#atts.set(p.key, att);
+      if (this.#engine) {
+        this.#run(() => {
+          const ch = this.#takeEvents();
+          this.#register(att, ch);
+          this.#flush(ch);
+        }).catch(() => {});
+      }
+    }
+    // The first call hands over the node's pods: the take-over may begin (lifecycle.ts).
+    this.#life.restored();
+  }
+
+  reuseWait(addresses: string[], signal: AbortSignal): Promise<void> | null {
+    if (this.#life.stopping || signal.aborted) return null;
+    this.#reuse ??= new ReuseWaits(this.#kube.pods);
+    return this.#reuse.wait(addresses, {
+      boundMs: this.#reuseWaitMs,
+      signal: AbortSignal.any([signal, this.#life.signal]),
+      log: this.#log,
+    });
+  }
+
+  // ---- what operators see ----
+
+  /** The enforcer's state for `GET /v1/status`. */
+  status(): PolicyStatus {
+    return policyStatus({
+      synced: this.#engine !== null,
+      pendingEvents: this.#events.length + (this.#deferred ? 1 : 0),
+      loadFailures: this.#loadFailures,
+      caches: this.#kube.stats(),
+      enforcedRv: (resource) => this.#enforcedRv.get(resource)?.rv ?? null,
+      atts: this.#atts.values(),
+      unreadable: this.#unreadable.list(),
+    });
+  }
+
+  /** A local pod's effective policy (null: no attachment of it here, or not compiled yet). */
+  view(pod: string): PodPolicyView | null {
+    const att = this.#newestOf(pod);
+    if (!att || !this.#engine || !att.registered) return null;
+    const c = this.#engine.compiled(att.namespace, att.name);
+    return c ? policyView(c) : null;
+  }
+
+  /** The compiled policy of a local pod (tests and the bench). */
+  compiled(pod: string): CompiledPolicy | undefined {
+    const att = this.#newestOf(pod);
+    return att && this.#engine?.compiled(att.namespace, att.name);
+  }
+
+  /** Per pod and direction, how many rules its policy has (metrics). */
+  ruleCounts(): { pod: string; direction: "ingress" | "egress"; rules: number }[] {
+    return ruleCounts(this.#atts.values());
+  }
+
+  /**
+   * The drop counters of every local pod, in its namespace and at its node end (read at
+   * most every 10 s: a spawn per pod).
+   */
+  drops(): Promise<PolicyDrops[]> {
+    const now = performance.now();
+    if (!this.#drops || now - this.#drops.at > DROPS_TTL_MS) {
+      this.#drops = {
+        at: now,
+        value: readDrops(this.#devices, this.#loads, [...this.#atts.values()]),
+      };
+    }
+    return this.#drops.value;
+  }
+
+  /** Stops the caches and the queue (the kernel keeps every table). */
+  async close(): Promise<void> {
+    await this.#life.stop();
+  }
+}
