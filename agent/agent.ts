@@ -1,9 +1,8 @@
 /**
- * The agent process around the ENI manager: start-up (state DB, provider,
- * device layer, manager, reconcile), the API server, the periodic GC, and an
- * orderly shutdown. The concrete modules come in through {@linkcode AgentDeps}
- * (`agent_deps.ts` has the real ones), so tests can run the whole life cycle
- * with fakes.
+ * The agent process around the ENI manager: start-up (state DB, provider, device layer,
+ * manager, reconcile), the API server, the periodic GC, and an orderly shutdown. The
+ * concrete modules come in through {@linkcode AgentDeps} (`deps.ts` has the real ones), so
+ * tests can run the whole life cycle with fakes.
  *
  * @module
  */
