@@ -156,9 +156,8 @@ export interface AgentParts {
   simulator?: DeviceSimulator;
   /** The agent's metrics (phases, operations, provider latency, GC reclaims, pool). */
   metrics: Metrics;
-  /** NetworkPolicy enforcement, when it is on. */
+  /** NetworkPolicy enforcement, and kube-proxy's IPVS mode (ADDs refused under it): when on. */
   policy: PolicyEnforcer | null;
-  /** kube-proxy's IPVS mode, watched while policy is on (ADDs are refused under it). */
   ipvs: IpvsWatch | null;
   close(): Promise<void>;
 }
