@@ -34,10 +34,10 @@
  *
  * @module
  */
-import { ensureApt, isRoot } from "../scripts/_deps.ts";
+import { aptNeedsOf, ensureApt, isRoot } from "../scripts/_deps.ts";
 import { writeLauncher } from "../scripts/launcher.ts";
 import { SimulatedNode } from "../tests/support/node.ts";
-import { type BenchContext, contenders, HOST_DEVICE, podNetns } from "./_cni.ts";
+import { type BenchContext, contenders, podNetns } from "./_cni.ts";
 import { procStatus } from "./_proc.ts";
 import { parseSettings } from "./_settings.ts";
 import { verdict } from "./_stats.ts";
@@ -64,20 +64,8 @@ if (!isRoot()) {
   console.error("The bench builds network namespaces and needs root: run it as root.");
   Deno.exit(2);
 }
-const unmet = await ensureApt([
-  { pkg: "iproute2", file: "/usr/sbin/ip" },
-  { pkg: "util-linux", file: "/usr/bin/nsenter" },
-  { pkg: "procps", file: "/usr/sbin/sysctl" },
-  { pkg: "containernetworking-plugins", file: HOST_DEVICE },
-  { pkg: "time", file: "/usr/bin/time" },
-]);
-const criUnmet = settings.criRounds > 0
-  ? await ensureApt([
-    { pkg: "containerd", file: "/usr/bin/containerd" },
-    { pkg: "runc", file: "/usr/sbin/runc" },
-    { pkg: "busybox-static", file: "/bin/busybox" },
-  ])
-  : [];
+const unmet = await ensureApt(aptNeedsOf("bench"));
+const criUnmet = settings.criRounds > 0 ? await ensureApt(aptNeedsOf("bench-cri")) : [];
 if (unmet.length > 0) {
   console.error(`The bench needs ${unmet.join(", ")}, which could not be installed.`);
   Deno.exit(2);

@@ -2,13 +2,14 @@
  * The systemd unit: `systemd-analyze verify` (strict: any warning about the unit fails) and
  * `systemd-analyze security --offline`, on the unit as `deno task install` stages it.
  *
- * systemd-analyze comes with Debian's `systemd` package. When it is missing the tests install
- * it through apt if they run as root (printing how long that took), and are skipped with a
- * message otherwise.
+ * systemd-analyze comes with Debian's `systemd` package (scripts/_deps.ts). When it is missing
+ * the tests install it through apt if they run as root, and are skipped with a message
+ * otherwise.
  */
 import { assert, assertEquals } from "../lib/assert.ts";
 import { join, ROOT } from "../scripts/_paths.ts";
 import { install } from "../scripts/install.ts";
+import { aptNeeds, ensureApt, isRoot } from "../scripts/_deps.ts";
 
 const dec = new TextDecoder();
 const UNIT = `${ROOT}/deploy/enim-agent.service`;
@@ -21,13 +22,13 @@ function isFile(p: string): boolean {
   }
 }
 
-const found = ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"].find(isFile);
-const canInstall = found === undefined && Deno.uid() === 0 && isFile("/usr/bin/apt-get");
-const skip = found === undefined && !canInstall;
+const ANALYZE = "/usr/bin/systemd-analyze";
+const found = isFile(ANALYZE);
+const skip = !found && !isRoot();
 if (skip) {
   console.error(
     "systemd_test: skipped: systemd-analyze is missing and installing Debian's systemd " +
-      "package needs root and apt-get (as root: apt-get install systemd)",
+      "package needs root (as root: apt-get install systemd)",
   );
 }
 
@@ -43,21 +44,15 @@ async function sh(cmd: string, args: string[], env: Record<string, string> = {})
 }
 
 let ready: Promise<string> | undefined;
-/** The path of systemd-analyze, installing Debian's systemd package first when needed. */
+/**
+ * The path of systemd-analyze, installing Debian's systemd package (scripts/_deps.ts) first
+ * when this file runs alone: `deno task test` has installed it before the first test.
+ */
 function systemdAnalyze(): Promise<string> {
   ready ??= (async () => {
-    if (found) return found;
-    const started = Date.now();
-    const env = { DEBIAN_FRONTEND: "noninteractive" };
-    const args = ["install", "-y", "--no-install-recommends", "systemd"];
-    let res = await sh("/usr/bin/apt-get", args, env);
-    if (res.code !== 0) {
-      await sh("/usr/bin/apt-get", ["update"], env);
-      res = await sh("/usr/bin/apt-get", args, env);
-    }
-    if (res.code !== 0) throw new Error(`Cannot install systemd through apt:\n${res.out}`);
-    console.error(`systemd_test: apt-get install systemd took ${(Date.now() - started) / 1000}s`);
-    return "/usr/bin/systemd-analyze";
+    const unmet = await ensureApt(aptNeeds("systemd"), (m) => console.error(`systemd_test: ${m}`));
+    if (unmet.length > 0) throw new Error(`Cannot install ${unmet.join(", ")} through apt`);
+    return ANALYZE;
   })();
   return ready;
 }

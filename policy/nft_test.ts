@@ -29,8 +29,21 @@ import {
   setReplaceCommands,
 } from "./nft.ts";
 import type { CompiledPolicy, SetDelta } from "./types.ts";
+import { aptNeeds, ensureApt } from "../scripts/_deps.ts";
 
 const ROOT = Deno.uid() === 0;
+/**
+ * What the root tests run, from the one list (scripts/_deps.ts): `deno task test` installs it
+ * before the first test; this installs what is missing when the file runs alone.
+ */
+const UNMET = ROOT
+  ? await ensureApt(aptNeeds("iproute2", "nftables", "socat", "coreutils", "procps"))
+  : [];
+
+/** Fails a root test at once when its programs could not be installed. */
+function installed(): void {
+  if (UNMET.length > 0) throw new Error(`Cannot install ${UNMET.join(", ")} through apt`);
+}
 
 // ---------------------------------------------------------------------------------------
 // A small cluster: the local pod web/server, a client in team-a, another pod in team-b.
@@ -273,6 +286,7 @@ Deno.test({
   name: "nft: the rendered rulesets pass nft's check and load, again over themselves, and shrink",
   ignore: !ROOT,
   async fn() {
+    installed();
     const ns = uniqueName("enim-pol");
     await createNetns(ns);
     try {
@@ -342,6 +356,7 @@ Deno.test({
     "nft: nodeUpdate() brings the node's table where a full render would, touching only the pods that came, went or changed",
   ignore: !ROOT,
   async fn() {
+    installed();
     const [ns1, ns2] = [uniqueName("enim-pol"), uniqueName("enim-pol")];
     await createNetns(ns1);
     await createNetns(ns2);
@@ -472,6 +487,7 @@ Deno.test({
   ignore: !ROOT,
   sanitizeResources: false,
   async fn() {
+    installed();
     const base = uniqueName("enim-pol");
     const [vpc, pod, p1, p2] = ["vpc", "pod", "p1", "p2"].map((n) => `${base}-${n}`);
     const made: string[] = [];
@@ -717,6 +733,7 @@ Deno.test({
   ignore: !ROOT,
   sanitizeResources: false,
   async fn() {
+    installed();
     const base = uniqueName("enim-pol");
     const [node, pod, q1, q2] = ["node", "pod", "q1", "q2"].map((n) => `${base}-${n}`);
     const made: string[] = [];

@@ -1,43 +1,77 @@
-import { assertEquals, assertMatch, assertThrows } from "../lib/assert.ts";
+import { assert, assertEquals, assertMatch, assertThrows } from "../lib/assert.ts";
 import { ROOT } from "./_paths.ts";
-import { lazyTool } from "./_deps.ts";
+import {
+  APT_PACKAGES,
+  aptNeeds,
+  aptNeedsOf,
+  type AptPackage,
+  type AptUser,
+  ensureApt,
+  isRoot,
+  lazyTool,
+  packageOf,
+} from "./_deps.ts";
 import { runFromRoot } from "../tests/support/command.ts";
 
-Deno.test("lazyTool() looks nothing up until first use and finds a program installed after it was made", async () => {
-  const dir = await Deno.makeTempDir({ prefix: "enim-deps-" });
-  try {
-    const tool = lazyTool("frob", [`${dir}/a/frob`, `${dir}/b/frob`], "frobnicator");
-    // Made before the program exists (as a module does at load, before the apt step).
-    await Deno.mkdir(`${dir}/b`);
-    await Deno.writeTextFile(`${dir}/b/frob`, "#!/bin/sh\n", { mode: 0o755 });
-    assertEquals(tool(), `${dir}/b/frob`);
-    // The path is kept once found.
-    await Deno.mkdir(`${dir}/a`);
-    await Deno.writeTextFile(`${dir}/a/frob`, "#!/bin/sh\n", { mode: 0o755 });
-    assertEquals(tool(), `${dir}/b/frob`);
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
+Deno.test("lazyTool() looks nothing up until first use and finds a program installed after it was made", () => {
+  const seen: string[] = [];
+  let installed = false;
+  const tool = lazyTool("/usr/bin/socat", (p) => {
+    seen.push(p);
+    return installed;
+  });
+  assertEquals(seen, [], "nothing looked up when made (as a module does at load)");
+  assertThrows(() => tool());
+  installed = true; // the apt step ran
+  assertEquals(tool(), "/usr/bin/socat");
+  // The path is kept once found.
+  installed = false;
+  assertEquals(tool(), "/usr/bin/socat");
+  assertEquals(seen, ["/usr/bin/socat", "/usr/bin/socat"]);
 });
 
-Deno.test("lazyTool() names the candidates and the package while none exists, and retries", async () => {
-  const dir = await Deno.makeTempDir({ prefix: "enim-deps-" });
-  try {
-    const tool = lazyTool("frob", [`${dir}/frob`], "frobnicator");
-    const err = assertThrows(() => tool());
-    assertEquals(
-      err.message,
-      `Cannot find frob: none of "${dir}/frob" exists (Debian package "frobnicator")`,
-    );
-    // A directory of that name is not the program.
-    await Deno.mkdir(`${dir}/frob`);
-    assertMatch(assertThrows(() => tool()).message, /^Cannot find frob/);
-    await Deno.remove(`${dir}/frob`);
-    await Deno.writeTextFile(`${dir}/frob`, "#!/bin/sh\n", { mode: 0o755 });
-    assertEquals(tool(), `${dir}/frob`);
-  } finally {
-    await Deno.remove(dir, { recursive: true });
+Deno.test("lazyTool() names the path and its package while the program is missing, and retries", () => {
+  let calls = 0;
+  const tool = lazyTool("/usr/sbin/iptables-restore", () => ++calls > 2);
+  const err = assertThrows(() => tool());
+  assertEquals(
+    err.message,
+    'Cannot find iptables-restore: "/usr/sbin/iptables-restore" does not exist (Debian package "iptables")',
+  );
+  assertMatch(assertThrows(() => tool()).message, /^Cannot find iptables-restore/);
+  assertEquals(tool(), "/usr/sbin/iptables-restore");
+});
+
+Deno.test("aptNeeds() and aptNeedsOf() take every file of a package from the one list", () => {
+  assertEquals(aptNeeds("socat", "procps"), [
+    { pkg: "socat", file: "/usr/bin/socat" },
+    { pkg: "procps", file: "/usr/sbin/sysctl" },
+  ]);
+  const packages: Readonly<Record<string, AptPackage>> = APT_PACKAGES;
+  const pkgs = (user: AptUser) => [...new Set(aptNeedsOf(user).map((n) => n.pkg))];
+  for (const [pkg, p] of Object.entries(packages)) {
+    for (const user of ["demo", "test", "bench", "bench-cri"] as const) {
+      assertEquals(pkgs(user).includes(pkg), p.users.includes(user));
+    }
   }
+  assertEquals(pkgs("demo").filter((p) => !packages[p].base), [
+    "iproute2",
+    "nftables",
+    "iputils-ping",
+  ], "the demo installs no test-only package");
+  assert(pkgs("test").includes("socat"));
+  assertEquals(packageOf("/usr/bin/socat"), "socat");
+  assertEquals(packageOf("/opt/frob/bin/frob"), null);
+});
+
+Deno.test("ensureApt() asks nothing when every file is there, and names each missing package once", async () => {
+  assertEquals(await ensureApt(aptNeeds("coreutils")), []);
+  if (isRoot()) return; // as root it would install
+  const frob = [
+    { pkg: "frobnicator", file: "/nonexistent/frob" },
+    { pkg: "frobnicator", file: "/nonexistent/frob2" },
+  ];
+  assertEquals(await ensureApt(frob), ["frobnicator"]);
 });
 
 /**

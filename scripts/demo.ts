@@ -14,7 +14,7 @@
  *
  * @module
  */
-import { BASE_NEEDS, ensureApt, isRoot } from "./_deps.ts";
+import { aptNeedsOf, ensureApt, isRoot } from "./_deps.ts";
 import { SimulatedNode } from "../tests/support/node.ts";
 import type { NetnsHandle } from "../tests/support/vpc.ts";
 import { askWithDeno, Servers, who } from "../tests/support/traffic.ts";
@@ -34,7 +34,7 @@ if (!isRoot()) {
   console.error("The demo builds network namespaces and needs root: run it as root.");
   Deno.exit(2);
 }
-const unmet = await ensureApt(BASE_NEEDS);
+const unmet = await ensureApt(aptNeedsOf("demo"));
 if (unmet.length > 0) {
   console.error(`The demo needs ${unmet.join(", ")}, which could not be installed.`);
   Deno.exit(2);

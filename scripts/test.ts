@@ -1,18 +1,21 @@
 /**
- * `deno task test`: builds the artifact (`deno task build`), runs every test with
- * `deno test` and ends with the plain line `N passed, M failed` that CI reads.
+ * `deno task test`: installs every Debian package a test uses (scripts/_deps.ts, users
+ * "test"), builds the artifact (`deno task build`), runs every test with `deno test` and
+ * ends with the plain line `N passed, M failed` that CI reads.
  *
  * Extra arguments are passed to `deno test` (e.g. a file or `--filter`).
  *
  * @module
  */
 import { dirname, fromFileUrl, join } from "./_paths.ts";
-import { BASE_NEEDS, ensureApt } from "./_deps.ts";
+import { aptNeedsOf, ensureApt } from "./_deps.ts";
 import { build } from "./build.ts";
 
 const root = dirname(dirname(fromFileUrl(import.meta.url)));
 
-const unmet = await ensureApt(BASE_NEEDS);
+// All of them before the first test: a test that runs a tool must not depend on an earlier
+// test's helper having installed it (issue 41).
+const unmet = await ensureApt(aptNeedsOf("test"));
 if (unmet.length > 0) {
   console.error(`not installed (tests that need them skip): ${unmet.join(", ")}`);
 }

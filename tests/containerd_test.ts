@@ -46,13 +46,12 @@ import { install, PREVIOUS_CONFLISTS } from "../scripts/install.ts";
 import { ask, lastError, Servers, TRAFFIC_NEEDS, who } from "./support/traffic.ts";
 import { installKubeProxy, KUBE_PROXY_NEEDS, type ServicePort } from "./support/kube_proxy.ts";
 import { nodeEnds } from "./support/host_link_fixtures.ts";
+import { aptNeeds } from "../scripts/_deps.ts";
 
-const DEPS = await clientDeps("containerd_test", [
-  { pkg: "containerd", file: "/usr/bin/containerd" },
-  { pkg: "runc", file: "/usr/sbin/runc" },
-  { pkg: "busybox-static", file: "/bin/busybox" },
-  { pkg: "containernetworking-plugins", file: "/usr/lib/cni/host-device" },
-]);
+const DEPS = await clientDeps(
+  "containerd_test",
+  aptNeeds("containerd", "runc", "busybox-static", "tar", "containernetworking-plugins"),
+);
 
 const TRAFFIC = await clientDeps("containerd_test", [...TRAFFIC_NEEDS, ...KUBE_PROXY_NEEDS]);
 

@@ -192,24 +192,24 @@ Deno.test("the agent takes the ENIs kubelet counts no device for off the healthy
       const watch = client.watch();
       assertEquals(health(await watch.list(1)), "eni-0:H eni-1:H eni-2:H eni-3:H");
       // A pod admitted with its device: its ENI is the device kubelet counts.
-      kubelet.admit("default", "pod-1", ["eni-0"]);
+      await kubelet.admit("default", "pod-1", ["eni-0"]);
       await c.add(podAddRequest(1));
       // A pod of a namespace without the admission policy: kubelet counts no device.
-      kubelet.admit("default", "pod-2", []);
+      await kubelet.admit("default", "pod-2", []);
       await c.add(podAddRequest(2));
       assertEquals(await advertised(3), { no_device: 1 });
-      assertEquals(health(watch.last), "eni-0:H eni-1:H eni-2:H eni-3:U");
+      assertEquals(health(await watch.latest()), "eni-0:H eni-1:H eni-2:H eni-3:U");
       // A sticky pod, deleted: kubelet frees its device, the ENI stays held for it.
-      kubelet.admit("default", "pod-3", ["eni-1"]);
+      await kubelet.admit("default", "pod-3", ["eni-1"]);
       await c.add({ ...podAddRequest(3), sticky: true });
       assertEquals(await advertised(3), { no_device: 1 });
-      kubelet.forget("default", "pod-3");
+      await kubelet.forget("default", "pod-3");
       await c.del({ containerId: "ctr-3", ifName: "eth0", netns: "/run/netns/pod-3" });
       assertEquals(await advertised(2), { sticky_hold: 1, no_device: 1 });
       // IPAM mode under another plugin, for a pod kubelet gave no device.
       await c.add({ ...podAddRequest(4), mode: "ipam", netns: "/dev/null" });
       assertEquals(await advertised(1), { sticky_hold: 1, no_device: 2 });
-      assertEquals(health(watch.last), "eni-0:H eni-1:U eni-2:U eni-3:U");
+      assertEquals(health(await watch.latest()), "eni-0:H eni-1:U eni-2:U eni-3:U");
       const out = await runEnim(["status"], { sandbox: sb });
       assertEquals(out.code, 0, out.stderr);
       assertStringIncludes(out.stdout, "1 ENI held for sticky pods that are gone");
@@ -222,9 +222,9 @@ Deno.test("the agent takes the ENIs kubelet counts no device for off the healthy
         /^enim_device_plugin_unhealthy_devices\{reason="sticky_hold"\} 1$/m,
       );
       // The sticky pod is re-created here and admitted: its device covers the hold.
-      kubelet.admit("default", "pod-3", ["eni-1"]);
+      await kubelet.admit("default", "pod-3", ["eni-1"]);
       assertEquals(await advertised(2), { no_device: 2 });
-      assert(kubelet.podResourcesCalls > 0);
+      assert((await kubelet.podResourcesCalls()) > 0);
       watch.cancel();
     } finally {
       client.close();
@@ -330,7 +330,7 @@ Deno.test("bad input from kubelet's side (unknown device IDs, a closed stream, a
       );
 
       // kubelet goes, and what comes back on its socket accepts and never answers.
-      await kubelet.stop();
+      await kubelet[Symbol.asyncDispose]();
       kubelet = null;
       Object.assign(hung, hangingKubelet(sb.kubeletDir));
       await until(

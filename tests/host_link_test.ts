@@ -27,11 +27,12 @@ import { IpFaults } from "./support/ip_faults.ts";
 import { nodeEnds, strayNodeEndArgs } from "./support/host_link_fixtures.ts";
 import { poll } from "../lib/async.ts";
 import { nodeIfNameFor } from "../manager/host_link.ts";
+import { aptNeeds } from "../scripts/_deps.ts";
 
 const DEPS = await clientDeps("host_link_test", [
   ...TRAFFIC_NEEDS,
   ...KUBE_PROXY_NEEDS,
-  { pkg: "containernetworking-plugins", file: "/usr/lib/cni/portmap" },
+  ...aptNeeds("containernetworking-plugins"),
 ]);
 
 const IP = "/usr/sbin/ip";

@@ -643,7 +643,7 @@ Deno.test("a client certificate is presented to a server that requires one", asy
     `${pki.dir}/api/v1/namespaces/default/pods/web`,
     JSON.stringify(makePod({ namespace: "default", name: "web", ip: "10.2.0.1" })),
   );
-  const child = new Deno.Command("openssl", {
+  const child = new Deno.Command("/usr/bin/openssl", {
     args: [
       "s_server",
       "-accept",

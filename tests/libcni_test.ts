@@ -10,14 +10,12 @@ import { SimulatedNode } from "./support/node.ts";
 import type { NetnsHandle } from "./support/vpc.ts";
 import { clientDeps, pluginDir, runInNode, tempDir } from "./support/clients.ts";
 import { ROOT } from "../scripts/_paths.ts";
+import { aptNeeds } from "../scripts/_deps.ts";
 
-const GOPATH_CNI = "/usr/share/gocode/src/github.com/containernetworking/cni/libcni/api.go";
-const DEPS = await clientDeps("libcni_test", [
-  { pkg: "golang-go", file: "/usr/bin/go" },
-  { pkg: "golang-github-appc-cni-dev", file: GOPATH_CNI },
-  { pkg: "containernetworking-plugins", file: "/usr/lib/cni/portmap" },
-  { pkg: "iptables", file: "/usr/sbin/iptables" },
-]);
+const DEPS = await clientDeps(
+  "libcni_test",
+  aptNeeds("golang-go", "golang-github-appc-cni-dev", "containernetworking-plugins", "iptables"),
+);
 
 /** The conflists' spec version: Debian's libcni (1.1.2) knows up to 1.0.0. */
 const CNI_VERSION = "1.0.0";

@@ -25,14 +25,12 @@ import {
   type RunOutput,
   tempDir,
 } from "./support/clients.ts";
+import { aptNeeds } from "../scripts/_deps.ts";
 
-const DEPS = await clientDeps("podman_test", [
-  { pkg: "podman", file: "/usr/bin/podman" },
-  { pkg: "runc", file: "/usr/sbin/runc" },
-  { pkg: "conmon", file: "/usr/bin/conmon" },
-  { pkg: "busybox-static", file: "/bin/busybox" },
-  { pkg: "containernetworking-plugins", file: "/usr/lib/cni/loopback" },
-]);
+const DEPS = await clientDeps(
+  "podman_test",
+  aptNeeds("podman", "runc", "conmon", "busybox-static", "containernetworking-plugins"),
+);
 
 /** The busybox applets the container uses. */
 const APPLETS = ["sh", "ip", "ping", "cat", "sleep", "ls"];

@@ -82,20 +82,20 @@ const pod = (name: string) => ({ namespace: "default", name });
 
 Deno.test("a sticky pod's held ENI is off the healthy devices from its DEL until the pod is back or the hold ends", () =>
   withPlugin(async ({ n, kubelet, advertised }) => {
-    kubelet.admit("default", "db-0", ["eni-0"]);
+    await kubelet.admit("default", "db-0", ["eni-0"]);
     await add(n, "a1", { pod: pod("db-0"), sticky: true });
     assertEquals(await advertised(), { healthy: 4, reasons: {} }, "the pod's own device");
     // Deleted: kubelet frees its device; the ENI stays the pod's on this node.
-    kubelet.forget("default", "db-0");
+    await kubelet.forget("default", "db-0");
     await n.mgr.del(delReq("a1"));
     assertEquals(await advertised(), { healthy: 3, reasons: { sticky_hold: 1 } });
     // Re-created here: admitted with a device before its ADD, which takes the hold back.
-    kubelet.admit("default", "db-0", ["eni-2"]);
+    await kubelet.admit("default", "db-0", ["eni-2"]);
     assertEquals(await advertised(), { healthy: 4, reasons: {} });
     await add(n, "a2", { pod: pod("db-0"), sticky: true });
     assertEquals(await advertised(), { healthy: 4, reasons: {} });
     // Deleted again, and not back within its hold: GC frees the ENI, the device is back.
-    kubelet.forget("default", "db-0");
+    await kubelet.forget("default", "db-0");
     await n.mgr.del(delReq("a2"));
     assertEquals((await advertised()).healthy, 3);
     n.clock.advance(10 * 60_000);
@@ -105,10 +105,10 @@ Deno.test("a sticky pod's held ENI is off the healthy devices from its DEL until
 
 Deno.test("an attachment of a pod kubelet gives no enim.dev/eni device takes a healthy device, until its DEL is done", () =>
   withPlugin(async ({ n, kubelet, advertised }) => {
-    kubelet.admit("default", "pod-1", ["eni-0"]);
+    await kubelet.admit("default", "pod-1", ["eni-0"]);
     await add(n, 1);
     // A namespace without the admission policy: kubelet lists the pod, with no device.
-    kubelet.admit("default", "pod-2", []);
+    await kubelet.admit("default", "pod-2", []);
     await add(n, 2);
     // podman, or any runtime that is not kubelet's: kubelet does not know the pod.
     await add(n, 3, { pod: { namespace: "podman", name: "web" } });
@@ -129,7 +129,7 @@ Deno.test("an ADD in flight (a claim, an attach) takes its ENI off the healthy d
     n.devices.addNetns("/run/netns/p2");
     // Nothing pre-attached: each ADD waits for its ENI's attach.
     const first = n.mgr.add(addReq(1));
-    kubelet.admit("default", "pod-2", ["eni-1"]);
+    await kubelet.admit("default", "pod-2", ["eni-1"]);
     const second = n.mgr.add(addReq(2));
     await poll(() => Promise.resolve(n.mgr.attachments().length === 2 || null), {
       timeoutMs: 5000,
@@ -145,7 +145,7 @@ Deno.test("an IPAM-mode attachment counts like any other: off the healthy device
   withPlugin(async ({ n, kubelet, advertised }) => {
     await n.mgr.add(addReq(1, { mode: "ipam", netns: "/dev/null" }));
     assertEquals(await advertised(), { healthy: 3, reasons: { no_device: 1 } });
-    kubelet.admit("default", "pod-1", ["eni-3"]);
+    await kubelet.admit("default", "pod-1", ["eni-3"]);
     assertEquals(await advertised(), { healthy: 4, reasons: {} });
   }));
 

@@ -305,6 +305,10 @@ class DevicePluginServer implements DevicePlugin {
       return;
     }
     if (kubelet === this.#registeredOn) return;
+    // A kubelet that restarted since #watch looked at our socket has deleted it (a starting
+    // kubelet deletes every socket in the folder before it serves its own): a Register now
+    // would send kubelet to a socket that is gone. The next look serves ours, then registers.
+    if (this.#server && await fileId(this.#socket) !== this.#socketId) return;
     // A new kubelet socket: whatever kubelet had the registration, this one has not.
     if (this.#registeredOn !== null) {
       this.#registerReason = "kubelet's socket is new (kubelet restarted)";

@@ -184,13 +184,12 @@ Deno.test("devices go Unhealthy when the provider fails past the threshold, and 
 });
 
 Deno.test("a kubelet restart deletes every socket: the plugin serves again and registers within 10 s", async () => {
-  await withPlugin(async ({ kubelet, dir }) => {
+  await withPlugin(async ({ kubelet }) => {
     await kubelet.waitForRegistrations(1);
     const client = kubelet.plugin("enim.sock");
     const watch = client.watch();
     await watch.list(1);
-    await kubelet.restart();
-    assertEquals([...Deno.readDirSync(dir)].map((e) => e.name), ["kubelet.sock"]);
+    assertEquals(await kubelet.restart(), ["kubelet.sock"]);
     const again = await kubelet.waitForRegistrations(2, 10_000);
     assertEquals(again.endpoint, "enim.sock");
     await watch.end();
@@ -325,6 +324,43 @@ Deno.test("without kubelet's folder the plugin waits for it, then serves and reg
       await plugin.close();
       await kubelet?.[Symbol.asyncDispose]();
     }
+  });
+});
+
+// A kubelet restart can fall between the plugin's look at its own socket and its look at
+// kubelet's: it then saw kubelet's socket new while its own was already gone, and registered
+// an endpoint kubelet could not dial (and logged the wrong reason: 4 of 100 runs of this
+// folder failed the logging test below on it).
+Deno.test("a kubelet restart between the plugin's look at its socket and at kubelet's: it serves again before it registers", async () => {
+  await withPlugin(async ({ kubelet, dir, logs }) => {
+    await kubelet.waitForRegistrations(1);
+    await until("the registration is logged", () => logs.some((l) => l.includes("Registered")));
+    const own = `${dir}/enim.sock`;
+    const stat = Deno.stat;
+    let armed = true;
+    // The plugin's next look at its socket sees it as it was; kubelet restarts right after.
+    Deno.stat = async (path: string | URL) => {
+      const seen = await stat(path);
+      if (armed && String(path) === own) {
+        armed = false;
+        await kubelet.restart();
+      }
+      return seen;
+    };
+    try {
+      const again = await kubelet.waitForRegistrations(2, 10_000);
+      assertEquals(again.endpoint, "enim.sock");
+    } finally {
+      Deno.stat = stat;
+    }
+    assert(!armed, "the restart happened inside the plugin's look");
+    assertEquals(kubelet.refused.map((r) => r.message), [], "a Register kubelet could not dial");
+    const reasons = () =>
+      logs.map((l) => JSON.parse(l))
+        .filter((l) => l.msg === "Registered the device plugin with kubelet").map((l) => l.reason);
+    await until("the second registration is logged", () => reasons().length >= 2);
+    assertEquals(reasons().length, 2);
+    assertMatch(String(reasons()[1]), /socket was removed or replaced \(kubelet restarted\?\)/);
   });
 });
 

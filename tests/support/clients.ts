@@ -31,7 +31,7 @@ export interface ClientDeps {
 export async function clientDeps(label: string, needs: AptNeed[]): Promise<ClientDeps> {
   if (!isRoot()) {
     const skip = `${label}: skipped, needs root (installs ${
-      needs.map((n) => n.pkg).join(", ")
+      [...new Set(needs.map((n) => n.pkg))].join(", ")
     } through apt and creates network namespaces)`;
     console.error(skip);
     return { skip, aptSeconds: 0 };

@@ -24,7 +24,7 @@ export interface TestPki {
 }
 
 async function openssl(dir: string, args: string[]): Promise<void> {
-  const out = await new Deno.Command("openssl", {
+  const out = await new Deno.Command("/usr/bin/openssl", {
     args,
     cwd: dir,
     stdin: "null",

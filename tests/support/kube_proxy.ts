@@ -23,13 +23,13 @@
 import { createHash } from "node:crypto";
 import { normalizeIp } from "../../lib/ip.ts";
 import { runCommand } from "./command.ts";
-import { type AptNeed, lazyTool } from "../../scripts/_deps.ts";
+import { type AptNeed, aptNeeds, lazyTool } from "../../scripts/_deps.ts";
 
-/** What installing kube-proxy's rules needs from Debian (iptables with its nf_tables backend, nft). */
-export const KUBE_PROXY_NEEDS: AptNeed[] = [
-  { pkg: "iptables", file: "/usr/sbin/iptables-restore" },
-  { pkg: "nftables", file: "/usr/sbin/nft" },
-];
+/**
+ * What installing kube-proxy's rules needs from Debian (iptables with its nf_tables backend,
+ * nft), from scripts/_deps.ts.
+ */
+export const KUBE_PROXY_NEEDS: AptNeed[] = aptNeeds("iptables", "nftables");
 
 /** One endpoint of a service port. */
 export interface Endpoint {
@@ -312,17 +312,9 @@ export function nftablesRules(
 /** kube-proxy's mode. */
 export type ProxyMode = "iptables" | "nftables";
 
-const iptablesRestore = lazyTool(
-  "iptables-restore",
-  ["/usr/sbin/iptables-restore", "/sbin/iptables-restore"],
-  "iptables",
-);
-const ip6tablesRestore = lazyTool(
-  "ip6tables-restore",
-  ["/usr/sbin/ip6tables-restore", "/sbin/ip6tables-restore"],
-  "iptables",
-);
-const nft = lazyTool("nft", ["/usr/sbin/nft", "/sbin/nft"], "nftables");
+const iptablesRestore = lazyTool("/usr/sbin/iptables-restore");
+const ip6tablesRestore = lazyTool("/usr/sbin/ip6tables-restore");
+const nft = lazyTool("/usr/sbin/nft");
 
 /** Runs `argv` in the named namespace with `stdin`; throws with its stderr on failure. */
 async function inNs(

@@ -11,18 +11,14 @@
  *
  * @module
  */
-import { lazyTool } from "../../scripts/_deps.ts";
+import { type AptNeed, aptNeeds, lazyTool } from "../../scripts/_deps.ts";
 import { normalizeIp } from "../../lib/ip.ts";
-import type { AptNeed } from "../../scripts/_deps.ts";
 import type { NetnsHandle } from "./vpc.ts";
 
-/** What the traffic helpers need from Debian. */
-export const TRAFFIC_NEEDS: AptNeed[] = [
-  { pkg: "socat", file: "/usr/bin/socat" },
-  { pkg: "coreutils", file: "/usr/bin/timeout" },
-];
+/** What the traffic helpers need from Debian (scripts/_deps.ts). */
+export const TRAFFIC_NEEDS: AptNeed[] = aptNeeds("socat", "coreutils");
 
-const socat = lazyTool("socat", ["/usr/bin/socat"], "socat");
+const socat = lazyTool("/usr/bin/socat");
 const TIMEOUT = "/usr/bin/timeout";
 const IP = "/usr/sbin/ip";
 const decoder = new TextDecoder();

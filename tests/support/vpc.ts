@@ -91,11 +91,7 @@ export interface SimulatedVpcOptions {
  * The ping binary (iputils), looked up on first use: callers install iputils-ping
  * (scripts/_deps.ts) after importing this module.
  */
-export const pingPath: () => string = lazyTool(
-  "ping",
-  ["/usr/bin/ping", "/bin/ping"],
-  "iputils-ping",
-);
+export const pingPath: () => string = lazyTool("/usr/bin/ping");
 
 interface Subnet {
   net: Cidr;

@@ -1,12 +1,11 @@
 /**
- * kubelet's side of the device-plugin API (v1beta1), for tests: it serves
- * `Registration` on `kubelet.sock` in a folder of the test's choosing, records
- * each plugin's Register, and connects back to a plugin's socket to call
- * `GetDevicePluginOptions`, `ListAndWatch`, `Allocate`, `PreStartContainer` and
- * `GetPreferredAllocation`, as kubelet's device manager does
- * (pkg/kubelet/cm/devicemanager). {@linkcode FakeKubelet.restart} does what a
- * starting kubelet does to the folder: it deletes every file in it, then serves a
- * new `kubelet.sock`.
+ * kubelet's side of the device-plugin API (v1beta1), for tests, in a child process of its
+ * own (`kubelet_main.ts`), as kubelet is in production: it serves `Registration` on
+ * `kubelet.sock` in a folder of the test's choosing, records each plugin's Register, and
+ * connects back to a plugin's socket to call `GetDevicePluginOptions`, `ListAndWatch`,
+ * `Allocate`, `PreStartContainer` and `GetPreferredAllocation`, as kubelet's device manager
+ * does (pkg/kubelet/cm/devicemanager). {@linkcode FakeKubelet.restart} does what a starting
+ * kubelet does to the folder: it deletes every file in it, then serves a new `kubelet.sock`.
  *
  * With `podResources`, it also serves kubelet's pod-resources API (`List` and `Get`)
  * on `pod-resources/kubelet.sock` beside the folder, from the pods the test says
@@ -14,67 +13,52 @@
  * {@linkcode FakeKubelet.forget}): kubelet lists a pod from its admission, when its
  * devices are allocated, until it is gone.
  *
- * Built only from the published API: `deviceplugin_v1beta1.proto` and
- * `podresources_v1.proto` beside this file, loaded with `@grpc/proto-loader`, on
- * `@grpc/grpc-js` (test-only imports); it imports none of enim's code. Every
- * message received is parsed with zod.
+ * Why a child process (issue 41 item 4): a test process that held both the plugin's gRPC
+ * server and kubelet's clients of it (and the plugin's clients of kubelet's servers) was
+ * now and then aborted inside nghttp2 (`stream->closed_next == NULL`, Deno's `node:http2`
+ * under `@grpc/grpc-js`, denoland/deno#36788), taking the whole `deno test` run with it;
+ * it was seen only with both ends in one process. Here every gRPC end of kubelet's is in
+ * the child, every end of enim's in the test.
+ *
+ * What the child sees comes back as events, in the order it saw them: the Registers
+ * ({@linkcode FakeKubelet.registrations}), each stream's lists and end
+ * ({@linkcode ListWatch}). Built only from the published API (`api.ts`, the protos beside
+ * this file); it imports none of enim's code. Every line from the child is parsed with zod.
  *
  * @module
  */
-import * as grpc from "@grpc/grpc-js";
-import * as protoLoader from "@grpc/proto-loader";
 import { z } from "zod";
-import { callUnary } from "../grpc_unary.ts";
+import {
+  AllocateResponseSchema,
+  type Command,
+  type Device,
+  KUBELET_SOCKET,
+  type Message,
+  MessageSchema,
+  OptionsSchema,
+  PLUGIN_METHODS,
+  type PluginMethod,
+  POD_RESOURCES_SOCKET,
+  PreStartResponseSchema,
+  type RegisterRequest,
+} from "./api.ts";
 
-const PROTO = new URL("./deviceplugin_v1beta1.proto", import.meta.url).pathname;
-const POD_RESOURCES_PROTO = new URL("./podresources_v1.proto", import.meta.url).pathname;
-/** kubelet's pod-resources socket, in `pod-resources/` of its root directory. */
-export const POD_RESOURCES_SOCKET = "pod-resources/kubelet.sock";
-/** kubelet's socket name in its folder (constants.go `KubeletSocket`). */
-export const KUBELET_SOCKET = "kubelet.sock";
-/** The only version this kubelet accepts (constants.go `SupportedVersions`). */
-const SUPPORTED_VERSIONS = ["v1beta1"];
+export {
+  AllocateResponseSchema,
+  type Device,
+  DeviceSchema,
+  KUBELET_SOCKET,
+  OptionsSchema,
+  POD_RESOURCES_SOCKET,
+  type RegisterRequest,
+  RegisterRequestSchema,
+} from "./api.ts";
 
-/** A RegisterRequest as kubelet reads it. */
-export const RegisterRequestSchema = z.object({
-  version: z.string(),
-  endpoint: z.string(),
-  resource_name: z.string(),
-  options: z.object({
-    pre_start_required: z.boolean(),
-    get_preferred_allocation_available: z.boolean(),
-  }).nullable(),
-});
-/** A RegisterRequest. */
-export type RegisterRequest = z.infer<typeof RegisterRequestSchema>;
-
-/** DevicePluginOptions. */
-export const OptionsSchema = z.object({
-  pre_start_required: z.boolean(),
-  get_preferred_allocation_available: z.boolean(),
-});
-
-/** One device of a ListAndWatch list. */
-export const DeviceSchema = z.object({
-  ID: z.string().min(1).max(63),
-  health: z.enum(["Healthy", "Unhealthy"]),
-  topology: z.object({ nodes: z.array(z.object({ ID: z.number() })) }).nullable(),
-});
-/** One device. */
-export type Device = z.infer<typeof DeviceSchema>;
-
-const ListSchema = z.object({ devices: z.array(DeviceSchema) });
-
-/** AllocateResponse. */
-export const AllocateResponseSchema = z.object({
-  container_responses: z.array(z.object({
-    envs: z.record(z.string(), z.string()),
-    mounts: z.array(z.unknown()),
-    devices: z.array(z.unknown()),
-    annotations: z.record(z.string(), z.string()),
-    cdi_devices: z.array(z.unknown()),
-  })),
-});
+const MAIN = new URL("./kubelet_main.ts", import.meta.url).pathname;
+const HERE = MAIN.slice(0, MAIN.lastIndexOf("/"));
+const CONFIG = new URL("../../deno.json", import.meta.url).pathname;
+/** How long the child may take to stop once told to. */
+const EXIT_MS = 10_000;
 
 /** A failed call: the gRPC status code and the other side's message. */
 export class RpcError extends Error {
@@ -88,219 +72,33 @@ export class RpcError extends Error {
   }
 }
 
-type Callback = (err: grpc.ServiceError | null, res: unknown) => void;
-type UnaryMethod = (
-  req: unknown,
-  meta: grpc.Metadata,
-  opts: grpc.CallOptions,
-  cb: Callback,
-) => void;
+/** A command as the test writes it: without its id. */
+type Request = Command extends infer C ? C extends { id: number } ? Omit<C, "id"> : never
+  : never;
 
-/** A pod kubelet has admitted: its containers and the devices each was given, by resource. */
-export interface AdmittedPod {
-  namespace: string;
-  name: string;
-  containers: { name: string; devices: { resource_name: string; device_ids: string[] }[] }[];
+/** A failed command: the child's message, and the gRPC status when a call failed. */
+class CommandError extends Error {
+  readonly rpc: { code: number; details: string } | undefined;
+  constructor(message: string, rpc?: { code: number; details: string }) {
+    super(message);
+    this.rpc = rpc;
+  }
 }
 
-let podResourcesService: grpc.ServiceDefinition | null = null;
-function loadPodResources(): grpc.ServiceDefinition {
-  if (!podResourcesService) {
-    const def = protoLoader.loadSync(POD_RESOURCES_PROTO, {
-      keepCase: true,
-      longs: Number,
-      enums: String,
-      defaults: true,
-    });
-    const pkg = grpc.loadPackageDefinition(def).v1 as grpc.GrpcObject;
-    const Ctor = z.custom<grpc.ServiceClientConstructor>((v) => typeof v === "function");
-    podResourcesService = Ctor.parse(pkg.PodResourcesLister).service;
-  }
-  return podResourcesService;
-}
-
-let api: { registration: grpc.ServiceClientConstructor; plugin: grpc.ServiceClientConstructor };
-function load() {
-  if (!api) {
-    const def = protoLoader.loadSync(PROTO, {
-      keepCase: true,
-      longs: Number,
-      enums: String,
-      defaults: true,
-      oneofs: true,
-    });
-    const pkg = grpc.loadPackageDefinition(def).v1beta1 as grpc.GrpcObject;
-    const Ctor = z.custom<grpc.ServiceClientConstructor>((v) => typeof v === "function");
-    api = { registration: Ctor.parse(pkg.Registration), plugin: Ctor.parse(pkg.DevicePlugin) };
-  }
-  return api;
-}
-
-/** What kubelet checks in a Register (devicemanager's `validateRegisterRequest`, simplified). */
-function refuse(r: RegisterRequest): string | null {
-  if (!SUPPORTED_VERSIONS.includes(r.version)) {
-    return `Requested device plugin version "${r.version}" is not supported`;
-  }
-  if (
-    !/^[a-z0-9]([-a-z0-9.]*[a-z0-9])?\/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$/.test(
-      r.resource_name,
-    )
-  ) {
-    return `invalid name of device plugin socket: "${r.resource_name}" is not an extended resource name`;
-  }
-  if (r.endpoint.includes("/") || r.endpoint === "") {
-    return `invalid endpoint "${r.endpoint}"`;
-  }
-  return null;
-}
-
-/** A kubelet stand-in serving Registration in `dir` (see the module doc). */
-export class FakeKubelet implements AsyncDisposable {
-  readonly dir: string;
-  /** Every accepted Register, in order. */
-  readonly registrations: RegisterRequest[] = [];
-  /** Every refused Register, with kubelet's message. */
-  readonly refused: { request: RegisterRequest; message: string }[] = [];
-  #server: grpc.Server | null = null;
-  #podResources: grpc.Server | null = null;
-  /** The pods admitted, by `namespace/name` (what the pod-resources API lists). */
-  readonly #pods = new Map<string, AdmittedPod>();
-  /** How many pod-resources calls were answered. */
-  podResourcesCalls = 0;
+/** Something to wake when the child reports anything. */
+class Wakeups {
   #waiters: (() => void)[] = [];
 
-  private constructor(dir: string) {
-    this.dir = dir;
+  wake(): void {
+    for (const w of this.#waiters.splice(0)) w();
   }
 
-  /**
-   * Starts serving Registration on `<dir>/kubelet.sock` and, with `podResources`, the
-   * pod-resources API on `<dir>/../pod-resources/kubelet.sock`.
-   */
-  static async start(dir: string, opts: { podResources?: boolean } = {}): Promise<FakeKubelet> {
-    const k = new FakeKubelet(dir);
-    await k.#serve();
-    if (opts.podResources) await k.#servePodResources();
-    return k;
-  }
-
-  /** The path of kubelet's pod-resources socket (beside the device-plugin folder). */
-  get podResourcesSocket(): string {
-    return `${this.dir.replace(/\/[^/]*\/?$/, "")}/${POD_RESOURCES_SOCKET}`;
-  }
-
-  /**
-   * kubelet admits a pod: its first container gets `deviceIds` of `resource` (none: a
-   * pod without the request, which kubelet lists with no device).
-   */
-  admit(
-    namespace: string,
-    name: string,
-    deviceIds: string[],
-    resource = "enim.dev/eni",
-  ): void {
-    this.#pods.set(`${namespace}/${name}`, {
-      namespace,
-      name,
-      containers: [{
-        name: "app",
-        devices: deviceIds.length ? [{ resource_name: resource, device_ids: deviceIds }] : [],
-      }],
-    });
-  }
-
-  /** kubelet is done with a pod (deleted, its containers gone): its devices are free. */
-  forget(namespace: string, name: string): void {
-    this.#pods.delete(`${namespace}/${name}`);
-  }
-
-  async #servePodResources(): Promise<void> {
-    const path = this.podResourcesSocket;
-    await Deno.mkdir(path.slice(0, path.lastIndexOf("/")), { recursive: true });
-    await Deno.remove(path).catch(() => {});
-    const server = new grpc.Server();
-    // As kubelet answers: every container with its CPUs too (enim must skip what it
-    // does not read), the devices as admitted.
-    const wire = (p: AdmittedPod) => ({
-      name: p.name,
-      namespace: p.namespace,
-      containers: p.containers.map((c) => ({ ...c, cpu_ids: [0, 1], memory: [] })),
-    });
-    server.addService(loadPodResources(), {
-      List: (_call: grpc.ServerUnaryCall<unknown, unknown>, cb: grpc.sendUnaryData<unknown>) => {
-        this.podResourcesCalls++;
-        cb(null, { pod_resources: [...this.#pods.values()].map(wire) });
-      },
-      GetAllocatableResources: (
-        _call: grpc.ServerUnaryCall<unknown, unknown>,
-        cb: grpc.sendUnaryData<unknown>,
-      ) => cb(null, { devices: [], cpu_ids: [], memory: [] }),
-      Get: (call: grpc.ServerUnaryCall<unknown, unknown>, cb: grpc.sendUnaryData<unknown>) => {
-        const req = z.object({ pod_name: z.string(), pod_namespace: z.string() }).parse(
-          call.request,
-        );
-        const p = this.#pods.get(`${req.pod_namespace}/${req.pod_name}`);
-        if (!p) cb({ code: grpc.status.NOT_FOUND, details: "pod not found" });
-        else cb(null, { pod_resources: wire(p) });
-      },
-    });
-    await new Promise<void>((resolve, reject) =>
-      server.bindAsync(
-        `unix:${path}`,
-        grpc.ServerCredentials.createInsecure(),
-        (err) => err ? reject(err) : resolve(),
-      )
-    );
-    this.#podResources = server;
-  }
-
-  /** The path of kubelet's socket. */
-  get socket(): string {
-    return `${this.dir}/${KUBELET_SOCKET}`;
-  }
-
-  async #serve(): Promise<void> {
-    const server = new grpc.Server();
-    server.addService(load().registration.service, {
-      Register: (call: grpc.ServerUnaryCall<unknown, unknown>, cb: grpc.sendUnaryData<unknown>) => {
-        const parsed = RegisterRequestSchema.safeParse(call.request);
-        if (!parsed.success) {
-          cb({ code: grpc.status.INVALID_ARGUMENT, details: z.prettifyError(parsed.error) });
-          return;
-        }
-        const why = refuse(parsed.data);
-        if (why) {
-          this.refused.push({ request: parsed.data, message: why });
-          cb({ code: grpc.status.UNKNOWN, details: why });
-          return;
-        }
-        this.registrations.push(parsed.data);
-        for (const w of this.#waiters.splice(0)) w();
-        cb(null, {});
-      },
-    });
-    await new Promise<void>((resolve, reject) =>
-      server.bindAsync(
-        `unix:${this.socket}`,
-        grpc.ServerCredentials.createInsecure(),
-        (err) => err ? reject(err) : resolve(),
-      )
-    );
-    this.#server = server;
-  }
-
-  /** Waits until `count` Registers have been accepted; throws after `timeoutMs`. */
-  async waitForRegistrations(count: number, timeoutMs = 10_000): Promise<RegisterRequest> {
+  /** Waits until `done()` holds, failing with `timeout()`'s error after `timeoutMs`. */
+  async until(done: () => boolean, timeoutMs: number, timeout: () => Error): Promise<void> {
     const until = Date.now() + timeoutMs;
-    while (this.registrations.length < count) {
+    while (!done()) {
       const left = until - Date.now();
-      if (left <= 0) {
-        throw new Error(
-          `No Register number ${count} within ${timeoutMs} ms (${this.registrations.length} so far${
-            this.refused.length ? `; refused: ${this.refused.map((r) => r.message).join("; ")}` : ""
-          })`,
-        );
-      }
+      if (left <= 0) throw timeout();
       let timer: ReturnType<typeof setTimeout> | undefined;
       await new Promise<void>((resolve) => {
         this.#waiters.push(resolve);
@@ -308,74 +106,304 @@ export class FakeKubelet implements AsyncDisposable {
       });
       clearTimeout(timer);
     }
+  }
+}
+
+/** The child: commands to its stdin, answers and events from its stdout. */
+class KubeletProcess {
+  readonly #child: Deno.ChildProcess;
+  readonly #stdin: WritableStreamDefaultWriter<Uint8Array>;
+  readonly #pending = new Map<number, { resolve(v: unknown): void; reject(e: Error): void }>();
+  /** Commands sent without waiting (cancel, close): awaited before the child stops. */
+  readonly #background = new Set<Promise<unknown>>();
+  readonly #reading: Promise<void>;
+  #nextId = 1;
+  #writing = Promise.resolve();
+  /** Why the child is gone, once it is. */
+  gone: Error | null = null;
+
+  constructor(
+    dir: string,
+    endpoints: string[],
+    onEvent: (m: Message) => void,
+    onGone: () => void,
+  ) {
+    const root = dir.replace(/\/[^/]*\/?$/, "");
+    // Its own two sockets and the plugins' it will call: nothing else, no TCP.
+    const sockets = [KUBELET_SOCKET, ...endpoints].map((s) => `${dir}/${s}`);
+    sockets.push(`${root}/${POD_RESOURCES_SOCKET}`);
+    this.#child = new Deno.Command(Deno.execPath(), {
+      args: [
+        "run",
+        "--quiet",
+        "--no-prompt",
+        `--config=${CONFIG}`,
+        `--allow-read=${root},${HERE}`,
+        `--allow-write=${root}`,
+        `--allow-net=${sockets.map((s) => `unix:${s}`).join(",")}`,
+        "--allow-env",
+        MAIN,
+      ],
+      stdin: "piped",
+      stdout: "piped",
+      stderr: "inherit",
+    }).spawn();
+    this.#stdin = this.#child.stdin.getWriter();
+    this.#reading = this.#read(onEvent).then(async () => {
+      const { code, signal } = await this.#child.status;
+      this.gone ??= new Error(
+        `The tests' kubelet (PID ${this.#child.pid}) exited (code ${code}${
+          signal ? `, ${signal}` : ""
+        })`,
+      );
+      for (const p of this.#pending.values()) p.reject(this.gone);
+      this.#pending.clear();
+      onGone();
+    });
+  }
+
+  async #read(onEvent: (m: Message) => void): Promise<void> {
+    let buffered = "";
+    for await (const chunk of this.#child.stdout.pipeThrough(new TextDecoderStream())) {
+      buffered += chunk;
+      for (let nl = buffered.indexOf("\n"); nl !== -1; nl = buffered.indexOf("\n")) {
+        const m = MessageSchema.parse(JSON.parse(buffered.slice(0, nl)));
+        buffered = buffered.slice(nl + 1);
+        if (m.kind === "answer" || m.kind === "failed") {
+          const p = this.#pending.get(m.id);
+          this.#pending.delete(m.id);
+          if (m.kind === "answer") p?.resolve(m.result);
+          else p?.reject(new CommandError(m.message, m.rpc));
+        } else onEvent(m);
+      }
+    }
+  }
+
+  /** Sends `req`; resolves with the child's answer. */
+  request(req: Request): Promise<unknown> {
+    if (this.gone) return Promise.reject(this.gone);
+    const id = this.#nextId++;
+    const answered = new Promise<unknown>((resolve, reject) => {
+      this.#pending.set(id, { resolve, reject });
+    });
+    const line = new TextEncoder().encode(`${JSON.stringify({ ...req, id })}\n`);
+    this.#writing = this.#writing.then(() => this.#stdin.write(line)).catch((err) => {
+      this.#pending.get(id)?.reject(err);
+      this.#pending.delete(id);
+    });
+    return answered;
+  }
+
+  /** Sends `req` without waiting for its answer (awaited, errors ignored, by {@linkcode stop}). */
+  post(req: Request): void {
+    const p = this.request(req).catch(() => {}).finally(() => this.#background.delete(p));
+    this.#background.add(p);
+  }
+
+  /** Stops everything in the child, ends its stdin and waits for it to exit (killed by PID after 10 s). */
+  async stop(): Promise<void> {
+    await Promise.all(this.#background);
+    if (!this.gone) await this.request({ op: "close" }).catch(() => {});
+    await this.#writing;
+    await this.#stdin.close().catch(() => {});
+    const timer = setTimeout(() => {
+      try {
+        this.#child.kill("SIGKILL");
+      } catch { /* exited */ }
+    }, EXIT_MS);
+    try {
+      await this.#reading;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+}
+
+/** A kubelet stand-in serving Registration in `dir`, in a child process (see the module doc). */
+export class FakeKubelet implements AsyncDisposable {
+  readonly dir: string;
+  /** Every accepted Register, in order. */
+  readonly registrations: RegisterRequest[] = [];
+  /** Every refused Register, with kubelet's message. */
+  readonly refused: { request: RegisterRequest; message: string }[] = [];
+  readonly #proc: KubeletProcess;
+  readonly #wakeups = new Wakeups();
+  readonly #watches = new Map<number, ListWatch>();
+  #nextHandle = 1;
+  #disposed = false;
+
+  private constructor(dir: string, endpoints: string[]) {
+    this.dir = dir;
+    this.#proc = new KubeletProcess(dir, endpoints, (m) => this.#event(m), () => this.#gone());
+  }
+
+  /**
+   * Starts the kubelet process serving Registration on `<dir>/kubelet.sock` and, with
+   * `podResources`, the pod-resources API on `<dir>/../pod-resources/kubelet.sock`.
+   * `endpoints`: the plugins' socket names kubelet may connect to (its process may reach
+   * no other socket; default: enim's, `enim.sock`).
+   */
+  static async start(
+    dir: string,
+    opts: { podResources?: boolean; endpoints?: string[] } = {},
+  ): Promise<FakeKubelet> {
+    const k = new FakeKubelet(dir, opts.endpoints ?? ["enim.sock"]);
+    try {
+      await k.#proc.request({ op: "start", dir, podResources: opts.podResources ?? false });
+    } catch (err) {
+      await k.#proc.stop();
+      throw err;
+    }
+    return k;
+  }
+
+  #event(m: Message): void {
+    if (m.kind === "registered") this.registrations.push(m.request);
+    else if (m.kind === "refused") this.refused.push({ request: m.request, message: m.message });
+    else if (m.kind === "list") this.#watches.get(m.watch)?.received(m.devices);
+    else if (m.kind === "ended") {
+      this.#watches.get(m.watch)?.finished(m.error === null ? "ended" : new Error(m.error));
+      this.#watches.delete(m.watch);
+    }
+    this.#wakeups.wake();
+  }
+
+  #gone(): void {
+    for (const w of this.#watches.values()) w.finished(this.#proc.gone ?? new Error("gone"));
+    this.#watches.clear();
+    this.#wakeups.wake();
+  }
+
+  /** The path of kubelet's pod-resources socket (beside the device-plugin folder). */
+  get podResourcesSocket(): string {
+    return `${this.dir.replace(/\/[^/]*\/?$/, "")}/${POD_RESOURCES_SOCKET}`;
+  }
+
+  /** The path of kubelet's socket. */
+  get socket(): string {
+    return `${this.dir}/${KUBELET_SOCKET}`;
+  }
+
+  /**
+   * kubelet admits a pod: its first container gets `deviceIds` of `resource` (none: a
+   * pod without the request, which kubelet lists with no device).
+   */
+  async admit(
+    namespace: string,
+    name: string,
+    deviceIds: string[],
+    resource = "enim.dev/eni",
+  ): Promise<void> {
+    await this.#proc.request({
+      op: "admit",
+      pod: {
+        namespace,
+        name,
+        containers: [{
+          name: "app",
+          devices: deviceIds.length ? [{ resource_name: resource, device_ids: deviceIds }] : [],
+        }],
+      },
+    });
+  }
+
+  /** kubelet is done with a pod (deleted, its containers gone): its devices are free. */
+  async forget(namespace: string, name: string): Promise<void> {
+    await this.#proc.request({ op: "forget", namespace, name });
+  }
+
+  /** How many pod-resources calls kubelet has answered. */
+  async podResourcesCalls(): Promise<number> {
+    return z.number().int().parse(await this.#proc.request({ op: "podResourcesCalls" }));
+  }
+
+  /** Resolves once everything the child saw before now has been reported here. */
+  async sync(): Promise<void> {
+    await this.#proc.request({ op: "sync" });
+  }
+
+  /** Waits until `count` Registers have been accepted; throws after `timeoutMs`. */
+  async waitForRegistrations(count: number, timeoutMs = 10_000): Promise<RegisterRequest> {
+    await this.#wakeups.until(
+      () => this.registrations.length >= count || this.#proc.gone !== null,
+      timeoutMs,
+      () =>
+        new Error(
+          `No Register number ${count} within ${timeoutMs} ms (${this.registrations.length} so far${
+            this.refused.length ? `; refused: ${this.refused.map((r) => r.message).join("; ")}` : ""
+          })`,
+        ),
+    );
+    if (this.registrations.length < count) throw this.#proc.gone;
     return this.registrations[count - 1];
   }
 
   /** Connects to a plugin's endpoint (a socket name in the folder), as kubelet does after Register. */
   plugin(endpoint: string): PluginClient {
-    return new PluginClient(`${this.dir}/${endpoint}`);
+    const client = this.#nextHandle++;
+    this.#proc.post({ op: "open", client, endpoint });
+    return new PluginClient(this.#proc, client, () => {
+      const w = new ListWatch(this, this.#nextHandle++);
+      this.#watches.set(w.id, w);
+      this.#proc.post({ op: "watch", client, watch: w.id });
+      return w;
+    });
+  }
+
+  /** Sends `req` without waiting (a stream's cancel). */
+  post(req: Request): void {
+    this.#proc.post(req);
+  }
+
+  /** Waits for what {@linkcode ListWatch} waits for. */
+  until(done: () => boolean, timeoutMs: number, timeout: () => Error): Promise<void> {
+    return this.#wakeups.until(done, timeoutMs, timeout);
   }
 
   /** Stops serving and removes kubelet's socket (kubelet going down). */
   async stop(): Promise<void> {
-    const s = this.#server;
-    this.#server = null;
-    if (s) await new Promise<void>((resolve) => s.tryShutdown(() => resolve()));
-    s?.forceShutdown();
-    await Deno.remove(this.socket).catch(() => {});
+    await this.#proc.request({ op: "stop" });
   }
 
   /**
    * A kubelet restart: this one stops, the new one deletes every file in the folder
-   * (every plugin's socket) and serves a new kubelet.sock.
+   * (every plugin's socket) and serves a new kubelet.sock. Resolves with the folder's
+   * entries as the new kubelet saw them once it served its socket.
    */
-  async restart(): Promise<void> {
-    await this.stop();
-    for (const e of Deno.readDirSync(this.dir)) {
-      await Deno.remove(`${this.dir}/${e.name}`, { recursive: true });
-    }
-    await this.#serve();
+  async restart(): Promise<string[]> {
+    return z.array(z.string()).parse(await this.#proc.request({ op: "restart" }));
   }
 
   async [Symbol.asyncDispose](): Promise<void> {
-    for (const w of this.#waiters.splice(0)) w();
-    await this.stop();
-    const pr = this.#podResources;
-    this.#podResources = null;
-    if (pr) {
-      await new Promise<void>((resolve) => pr.tryShutdown(() => resolve()));
-      pr.forceShutdown();
-      await Deno.remove(this.podResourcesSocket).catch(() => {});
-    }
+    if (this.#disposed) return;
+    this.#disposed = true;
+    await this.#proc.stop();
+    this.#wakeups.wake();
   }
 }
 
-/** A stream of device lists from ListAndWatch. */
+/** A stream of device lists from ListAndWatch, as kubelet's process received them. */
 export class ListWatch {
+  readonly id: number;
   /** Every list received, in order. */
   readonly lists: Device[][] = [];
   /** Set when the stream ended (the plugin closed it, or it failed). */
   ended: Error | "ended" | null = null;
-  readonly #call: grpc.ClientReadableStream<unknown>;
-  #waiters: (() => void)[] = [];
+  readonly #kubelet: FakeKubelet;
 
-  constructor(call: grpc.ClientReadableStream<unknown>) {
-    this.#call = call;
-    const wake = () => {
-      for (const w of this.#waiters.splice(0)) w();
-    };
-    call.on("data", (m: unknown) => {
-      this.lists.push(ListSchema.parse(m).devices);
-      wake();
-    });
-    call.on("error", (err: Error) => {
-      this.ended = err;
-      wake();
-    });
-    call.on("end", () => {
-      this.ended ??= "ended";
-      wake();
-    });
+  constructor(kubelet: FakeKubelet, id: number) {
+    this.#kubelet = kubelet;
+    this.id = id;
+  }
+
+  /** A list arrived (from the kubelet process). */
+  received(devices: Device[]): void {
+    this.lists.push(devices);
+  }
+
+  /** The stream ended (from the kubelet process). */
+  finished(how: Error | "ended"): void {
+    this.ended ??= how;
   }
 
   /** The last list received (throws when none). */
@@ -385,61 +413,69 @@ export class ListWatch {
     return l;
   }
 
+  /** The last list kubelet's process had received by now (throws when none). */
+  async latest(): Promise<Device[]> {
+    await this.#kubelet.sync();
+    return this.last;
+  }
+
   /** Waits until list number `n` (1-based) has arrived; throws after `timeoutMs` or when the stream ended. */
   async list(n: number, timeoutMs = 10_000): Promise<Device[]> {
-    const until = Date.now() + timeoutMs;
-    while (this.lists.length < n) {
-      if (this.ended) throw new Error(`ListAndWatch ended before list ${n}: ${this.ended}`);
-      const left = until - Date.now();
-      if (left <= 0) {
-        throw new Error(`No list number ${n} within ${timeoutMs} ms (${this.lists.length} so far)`);
-      }
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      await new Promise<void>((resolve) => {
-        this.#waiters.push(resolve);
-        timer = setTimeout(resolve, left);
-      });
-      clearTimeout(timer);
+    await this.#kubelet.until(
+      () => this.lists.length >= n || this.ended !== null,
+      timeoutMs,
+      () => new Error(`No list number ${n} within ${timeoutMs} ms (${this.lists.length} so far)`),
+    );
+    if (this.lists.length < n) {
+      throw new Error(`ListAndWatch ended before list ${n}: ${this.ended}`);
     }
     return this.lists[n - 1];
   }
 
   /** Waits until the stream ends; throws after `timeoutMs`. */
   async end(timeoutMs = 10_000): Promise<Error | "ended"> {
-    const until = Date.now() + timeoutMs;
-    while (!this.ended) {
-      const left = until - Date.now();
-      if (left <= 0) throw new Error(`ListAndWatch did not end within ${timeoutMs} ms`);
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      await new Promise<void>((resolve) => {
-        this.#waiters.push(resolve);
-        timer = setTimeout(resolve, left);
-      });
-      clearTimeout(timer);
-    }
-    return this.ended;
+    await this.#kubelet.until(
+      () => this.ended !== null,
+      timeoutMs,
+      () => new Error(`ListAndWatch did not end within ${timeoutMs} ms`),
+    );
+    return this.ended!;
   }
 
   /** Cancels the stream from kubelet's side. */
   cancel(): void {
-    this.#call.cancel();
+    this.#kubelet.post({ op: "cancel", watch: this.id });
   }
 }
 
-/** kubelet's client of one plugin's DevicePlugin service. */
+/** kubelet's client of one plugin's DevicePlugin service (in kubelet's process). */
 export class PluginClient {
-  readonly #client: grpc.Client;
+  readonly #proc: KubeletProcess;
+  readonly #client: number;
+  readonly #watch: () => ListWatch;
 
-  constructor(socket: string) {
-    this.#client = new (load().plugin)(`unix:${socket}`, grpc.credentials.createInsecure());
+  constructor(proc: KubeletProcess, client: number, watch: () => ListWatch) {
+    this.#proc = proc;
+    this.#client = client;
+    this.#watch = watch;
   }
 
-  #call<T>(method: string, req: unknown, schema: z.ZodType<T>, timeoutMs = 10_000): Promise<T> {
-    return callUnary(this.#client, method, req, schema, {
-      timeoutMs,
-      failed: (err) => new RpcError(method, err.code, err.details || err.message, { cause: err }),
-      answer: `${method} answer`,
-    });
+  async #call<T>(
+    method: PluginMethod,
+    request: unknown,
+    schema: z.ZodType<T>,
+    timeoutMs = 10_000,
+  ): Promise<T> {
+    try {
+      return schema.parse(
+        await this.#proc.request({ op: "call", client: this.#client, method, request, timeoutMs }),
+      );
+    } catch (err) {
+      if (err instanceof CommandError && err.rpc) {
+        throw new RpcError(method, err.rpc.code, err.rpc.details, { cause: err });
+      }
+      throw err;
+    }
   }
 
   /** GetDevicePluginOptions. */
@@ -449,8 +485,7 @@ export class PluginClient {
 
   /** ListAndWatch: a stream of lists. */
   watch(): ListWatch {
-    const fn = (this.#client as unknown as Record<string, (req: unknown) => unknown>).ListAndWatch;
-    return new ListWatch(fn.call(this.#client, {}) as grpc.ClientReadableStream<unknown>);
+    return this.#watch();
   }
 
   /** Allocate, one list of device IDs per container. */
@@ -463,10 +498,8 @@ export class PluginClient {
   }
 
   /** PreStartContainer. */
-  preStart(ids: string[]): Promise<Record<string, never>> {
-    return this.#call("PreStartContainer", { devices_ids: ids }, z.object({}).strict()) as Promise<
-      Record<string, never>
-    >;
+  preStart(ids: string[]): Promise<z.infer<typeof PreStartResponseSchema>> {
+    return this.#call("PreStartContainer", { devices_ids: ids }, PreStartResponseSchema);
   }
 
   /** GetPreferredAllocation for one container. */
@@ -477,17 +510,17 @@ export class PluginClient {
         must_include_deviceIDs: [],
         allocation_size: size,
       }],
-    }, z.unknown());
+    }, PLUGIN_METHODS.GetPreferredAllocation);
   }
 
   close(): void {
-    this.#client.close();
+    this.#proc.post({ op: "closeClient", client: this.#client });
   }
 }
 
 /**
  * A kubelet socket that accepts connections and never answers (a kubelet that
- * hangs): returns the listener, to close at the end.
+ * hangs): returns the listener, to close at the end. No gRPC: it stays in the test.
  */
 export function hangingKubelet(dir: string): { close(): Promise<void> } {
   const listener = Deno.listen({ transport: "unix", path: `${dir}/${KUBELET_SOCKET}` });
