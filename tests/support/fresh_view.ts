@@ -46,6 +46,12 @@ function present(path: string): boolean {
   }
 }
 
+/** `path` with its folder's symlinks resolved (`/bin/busybox` → `/usr/bin/busybox`). */
+function canonical(path: string): string {
+  const i = path.lastIndexOf("/");
+  return `${Deno.realPathSync(path.slice(0, i) || "/")}/${path.slice(i + 1)}`;
+}
+
 /** Single-quotes a word for sh. */
 function q(word: string): string {
   return `'${word.replaceAll("'", `'\\''`)}'`;
@@ -59,7 +65,9 @@ export async function inFreshView(dir: string, argv: string[]): Promise<FreshRun
   const hidden = new Map<string, string[]>();
   for (const [pkg, p] of Object.entries(PACKAGES)) {
     if (p.base) continue;
-    const files = p.files.filter(present);
+    // By its folder's real path: /bin is /usr/bin on a merged-/usr system, and a folder
+    // mounted over twice (once by each name) would show the first farm's files again.
+    const files = p.files.filter(present).map(canonical);
     if (files.length > 0) hidden.set(pkg, files);
   }
   const hiddenFiles = new Set([...hidden.values()].flat());
