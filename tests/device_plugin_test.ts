@@ -167,7 +167,7 @@ Deno.test("the agent advertises the mock's capacity as enim.dev/eni and follows 
       assertEquals(watch.lists.length, 5);
       watch.cancel();
     } finally {
-      client.close();
+      await client.close();
       assertEquals((await agent.stop("SIGTERM")).code, 0, agent.stderr());
     }
   }, { kubelet: true });
@@ -227,7 +227,7 @@ Deno.test("the agent takes the ENIs kubelet counts no device for off the healthy
       assert((await kubelet.podResourcesCalls()) > 0);
       watch.cancel();
     } finally {
-      client.close();
+      await client.close();
       assertEquals((await agent.stop("SIGTERM")).code, 0, agent.stderr());
     }
   }, { kubelet: true });
@@ -249,7 +249,7 @@ Deno.test("kubelet restarts (every socket deleted): the agent registers again wi
           assertEquals((await watch.list(1)).length, 4);
           watch.cancel();
         } finally {
-          client.close();
+          await client.close();
         }
       }
     } finally {
@@ -283,7 +283,7 @@ Deno.test("the agent killed with SIGKILL and started again registers again; ENIs
         );
         watch.cancel();
       } finally {
-        client.close();
+        await client.close();
       }
     } finally {
       assertEquals((await agent.stop("SIGTERM")).code, 0, agent.stderr());
@@ -321,7 +321,7 @@ Deno.test("bad input from kubelet's side (unknown device IDs, a closed stream, a
           1,
         );
       } finally {
-        client.close();
+        await client.close();
       }
       assertEquals(
         (await c.add(podAddRequest(1))).ips.length,

@@ -46,10 +46,8 @@ function present(path: string): boolean {
   }
 }
 
-/** `path` with its folder's symlinks resolved (`/bin/busybox` → `/usr/bin/busybox`). */
-function canonical(path: string): string {
-  const i = path.lastIndexOf("/");
-  return `${Deno.realPathSync(path.slice(0, i) || "/")}/${path.slice(i + 1)}`;
+function basename(path: string): string {
+  return path.slice(path.lastIndexOf("/") + 1);
 }
 
 /** Single-quotes a word for sh. */
@@ -65,14 +63,16 @@ export async function inFreshView(dir: string, argv: string[]): Promise<FreshRun
   const hidden = new Map<string, string[]>();
   for (const [pkg, p] of Object.entries(PACKAGES)) {
     if (p.base) continue;
-    // By its folder's real path: /bin is /usr/bin on a merged-/usr system, and a folder
-    // mounted over twice (once by each name) would show the first farm's files again.
-    const files = p.files.filter(present).map(canonical);
+    const files = p.files.filter(present);
     if (files.length > 0) hidden.set(pkg, files);
   }
   const hiddenFiles = new Set([...hidden.values()].flat());
+  // Each file in its folder's real path (/bin/busybox is in /usr/bin on merged /usr),
+  // so that no folder gets two farms.
+  const real = (f: string) => `${Deno.realPathSync(f.slice(0, f.lastIndexOf("/")))}/${basename(f)}`;
+  const hiddenReal = new Set([...hiddenFiles].map(real));
   const folders = [
-    ...new Set(["/usr/bin", ...[...hiddenFiles].map((f) => f.slice(0, f.lastIndexOf("/")))]),
+    ...new Set(["/usr/bin", ...[...hiddenReal].map((f) => f.slice(0, f.lastIndexOf("/")))]),
   ];
   const log = `${dir}/apt.log`;
   const orig = (folder: string) => `${dir}/orig${folder.replaceAll("/", "_")}`;
@@ -83,7 +83,7 @@ export async function inFreshView(dir: string, argv: string[]): Promise<FreshRun
     await Deno.mkdir(farm(folder));
     for (const e of Deno.readDirSync(folder)) {
       const path = `${folder}/${e.name}`;
-      if (hiddenFiles.has(path) || path === APT_GET) continue;
+      if (hiddenReal.has(path) || path === APT_GET) continue;
       // A symlink is copied as it is (a relative one resolves from its folder again).
       const target = e.isSymlink ? await Deno.readLink(path) : `${orig(folder)}/${e.name}`;
       await Deno.symlink(target, `${farm(folder)}/${e.name}`);
@@ -98,9 +98,9 @@ export async function inFreshView(dir: string, argv: string[]): Promise<FreshRun
     `echo "$*" >> ${q(log)}`,
   ];
   for (const [pkg, files] of hidden) {
-    const back = files.map((f) => {
+    const back = files.map(real).map((f) => {
       const folder = f.slice(0, f.lastIndexOf("/"));
-      return `ln -sf ${q(`${orig(folder)}/${f.slice(folder.length + 1)}`)} ${q(f)}`;
+      return `ln -sf ${q(`${orig(folder)}/${basename(f)}`)} ${q(f)}`;
     });
     stub.push(`case " $* " in *" ${pkg} "*) ${back.join("; ")} ;; esac`);
   }
@@ -110,7 +110,9 @@ export async function inFreshView(dir: string, argv: string[]): Promise<FreshRun
   await Deno.writeTextFile(log, "");
   const script = [
     ...mounts,
-    ...[...hiddenFiles].map((f) => `test ! -e ${q(f)}`),
+    ...[...hiddenFiles].map((f) =>
+      `{ test ! -e ${q(f)} || { echo ${q(`still there: ${f}`)} >&2; exit 1; }; }`
+    ),
     `exec ${argv.map(q).join(" ")}`,
   ].join(" && ");
   const out = await runFromRoot([

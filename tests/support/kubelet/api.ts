@@ -90,19 +90,32 @@ export type AdmittedPod = z.infer<typeof AdmittedPodSchema>;
 
 const Id = z.number().int().positive();
 
-/** A command of the test to the kubelet process: one JSON line on its stdin, answered by `id`. */
+/**
+ * What one kubelet process does: serve Registration (a restart is a new one), serve the
+ * pod-resources API, or be kubelet's clients of the plugins (which outlive a restart of
+ * Registration, as kubelet's connections to a plugin outlive what the tests restart).
+ */
+export const RoleSchema = z.enum(["registration", "pod-resources", "clients"]);
+/** What one kubelet process does. */
+export type Role = z.infer<typeof RoleSchema>;
+
+/**
+ * A command of the test to a kubelet process: one JSON line on its stdin, answered by `id`.
+ * A process stops when its stdin ends: at once, as a killed kubelet does (no GOAWAY).
+ */
 export const CommandSchema = z.discriminatedUnion("op", [
-  /** Serve Registration in `dir` (and pod-resources beside it). */
-  z.object({ op: z.literal("start"), id: Id, dir: z.string(), podResources: z.boolean() }),
+  /**
+   * registration: serve Registration on `dir`/kubelet.sock, after deleting every file in
+   * `dir` when `clean` (a starting kubelet); answered with the entries the deletion left.
+   */
+  z.object({ op: z.literal("register"), id: Id, dir: z.string(), clean: z.boolean() }),
+  /** pod-resources: serve `List` and `Get` on `socket`. */
+  z.object({ op: z.literal("podResources"), id: Id, socket: z.string() }),
   z.object({ op: z.literal("admit"), id: Id, pod: AdmittedPodSchema }),
   z.object({ op: z.literal("forget"), id: Id, namespace: z.string(), name: z.string() }),
   z.object({ op: z.literal("podResourcesCalls"), id: Id }),
-  /** Stop serving Registration (kubelet going down). */
-  z.object({ op: z.literal("stop"), id: Id }),
-  /** A kubelet restart; answered with the folder's entries once the new socket is served. */
-  z.object({ op: z.literal("restart"), id: Id }),
-  /** Open kubelet's client `client` of a plugin's socket (a name in the folder). */
-  z.object({ op: z.literal("open"), id: Id, client: Id, endpoint: z.string() }),
+  /** clients: open kubelet's client `client` of the plugin socket `socket`. */
+  z.object({ op: z.literal("open"), id: Id, client: Id, socket: z.string() }),
   z.object({
     op: z.literal("call"),
     id: Id,
@@ -114,13 +127,10 @@ export const CommandSchema = z.discriminatedUnion("op", [
   /** Open ListAndWatch stream `watch` on `client`: its lists and its end come as events. */
   z.object({ op: z.literal("watch"), id: Id, client: Id, watch: Id }),
   z.object({ op: z.literal("cancel"), id: Id, watch: Id }),
-  z.object({ op: z.literal("closeClient"), id: Id, client: Id }),
   /** Answered once every event before it has been written. */
   z.object({ op: z.literal("sync"), id: Id }),
-  /** Stop everything: servers, clients, streams. */
-  z.object({ op: z.literal("close"), id: Id }),
 ]);
-/** A command to the kubelet process. */
+/** A command to a kubelet process. */
 export type Command = z.infer<typeof CommandSchema>;
 
 /** What the kubelet process writes: one JSON line on its stdout, in the order things happen. */

@@ -1,24 +1,34 @@
 /**
- * kubelet's side of the device-plugin API, as its own process (issue 41 item 4): the
+ * kubelet's side of the device-plugin API, as processes of their own (issue 41 item 4): the
  * production peer of enim's device plugin, kubelet, is always another process, and Deno's
- * `node:http2` under `@grpc/grpc-js` can abort a process that holds both a gRPC server and
- * its clients (nghttp2's `stream->closed_next == NULL` assertion, denoland/deno#36788).
+ * `node:http2` under `@grpc/grpc-js` now and then aborts a process inside nghttp2
+ * (`stream->closed_next == NULL`, denoland/deno#36788) when both ends of a connection shut
+ * it down at once. A test process that held kubelet's servers and clients beside the
+ * plugin's was aborted so, and with it the whole `deno test` run; a kubelet process that
+ * shut its servers down gracefully (GOAWAY) while the plugin closed its clients of them
+ * was too. So kubelet's processes never shut a connection down: each stops at once when
+ * its stdin ends, as a killed kubelet does; only enim's side ever ends a connection
+ * gracefully.
  *
- * It serves `Registration` on `kubelet.sock` in the folder it is given and, when asked, the
- * pod-resources API (`List`, `Get`) on `pod-resources/kubelet.sock` beside it; it connects
- * back to a plugin's socket to call `GetDevicePluginOptions`, `ListAndWatch`, `Allocate`,
- * `PreStartContainer` and `GetPreferredAllocation`, as kubelet's device manager does
- * (pkg/kubelet/cm/devicemanager). A Register is refused as kubelet refuses it: a version
- * or resource name kubelet does not take, or an endpoint it cannot dial (no socket there).
- * A restart does what a starting kubelet does to the folder: it deletes every file in it,
- * then serves a new `kubelet.sock`.
+ * One process per role (`api.ts` `RoleSchema`, the first argument):
  *
- * Driven by the test (`fake_kubelet.ts`) with JSON lines on stdin; it answers, and reports
- * what kubelet sees (Registers, lists, stream ends), with JSON lines on stdout, in order
- * (`api.ts`). It exits when stdin ends. Built only from the published API:
- * `deviceplugin_v1beta1.proto` and `podresources_v1.proto` beside this file, loaded with
- * `@grpc/proto-loader` on `@grpc/grpc-js`; it imports none of enim's code. Every message
- * received is parsed with zod.
+ * - `registration` serves `Registration` on `kubelet.sock` in the folder it is given and
+ *   refuses a Register as kubelet does: a version or resource name kubelet does not take,
+ *   or an endpoint it cannot dial (no socket there). Started with `clean` it first does
+ *   what a starting kubelet does to the folder: it deletes every file in it.
+ * - `pod-resources` serves kubelet's pod-resources API (`List`, `Get`) from the pods the
+ *   test says kubelet has admitted.
+ * - `clients` connects to a plugin's socket to call `GetDevicePluginOptions`,
+ *   `ListAndWatch`, `Allocate`, `PreStartContainer` and `GetPreferredAllocation`, as
+ *   kubelet's device manager does (pkg/kubelet/cm/devicemanager). The tests start one
+ *   per client, and closing the client ends it.
+ *
+ * Driven by the test (`fake_kubelet.ts`) with JSON lines on stdin; each answers, and
+ * reports what kubelet sees (Registers, lists, stream ends), with JSON lines on stdout, in
+ * order (`api.ts`). Built only from the published API: `deviceplugin_v1beta1.proto` and
+ * `podresources_v1.proto` beside this file, loaded with `@grpc/proto-loader` on
+ * `@grpc/grpc-js`; it imports none of enim's code. Every message received is parsed with
+ * zod.
  *
  * @module
  */
@@ -34,9 +44,10 @@ import {
   ListSchema,
   type Message,
   PLUGIN_METHODS,
-  POD_RESOURCES_SOCKET,
   type RegisterRequest,
   RegisterRequestSchema,
+  type Role,
+  RoleSchema,
 } from "./api.ts";
 
 const PROTO = new URL("./deviceplugin_v1beta1.proto", import.meta.url).pathname;
@@ -111,202 +122,136 @@ function bind(server: grpc.Server, path: string): Promise<void> {
   );
 }
 
-async function shutdown(server: grpc.Server): Promise<void> {
-  await new Promise<void>((resolve) => server.tryShutdown(() => resolve()));
-  server.forceShutdown();
+/**
+ * Registration, on `kubelet.sock` in `dir`, after deleting every file in `dir` when `clean`
+ * (a starting kubelet; all made ready first, so the folder is empty as briefly as it can
+ * be). Resolves with the folder's entries as the deletion left them (read before anything
+ * else can run: a plugin serves its socket again as soon as it sees it gone).
+ */
+async function serveRegistration(dir: string, clean: boolean): Promise<string[]> {
+  const server = new grpc.Server();
+  server.addService(load().registration.service, {
+    Register: (call: grpc.ServerUnaryCall<unknown, unknown>, cb: grpc.sendUnaryData<unknown>) => {
+      const parsed = RegisterRequestSchema.safeParse(call.request);
+      if (!parsed.success) {
+        cb({ code: grpc.status.INVALID_ARGUMENT, details: z.prettifyError(parsed.error) });
+        return;
+      }
+      const why = refuse(parsed.data) ?? undialable(dir, parsed.data.endpoint);
+      // Reported before the answer: the test knows of a Register once the plugin does.
+      if (why) {
+        send({ kind: "refused", request: parsed.data, message: why }).then(
+          () => cb({ code: grpc.status.UNKNOWN, details: why }),
+        );
+        return;
+      }
+      send({ kind: "registered", request: parsed.data }).then(() => cb(null, {}));
+    },
+  });
+  if (clean) {
+    for (const e of Deno.readDirSync(dir)) Deno.removeSync(`${dir}/${e.name}`, { recursive: true });
+  }
+  const left = [...Deno.readDirSync(dir)].map((e) => e.name).sort();
+  await bind(server, `${dir}/${KUBELET_SOCKET}`);
+  return left;
 }
 
-/** kubelet: its servers, the pods it has admitted, its clients of plugins. */
-class Kubelet {
-  readonly dir: string;
-  #server: grpc.Server | null = null;
-  #podResources: grpc.Server | null = null;
-  readonly #pods = new Map<string, AdmittedPod>();
-  podResourcesCalls = 0;
-  readonly #clients = new Map<number, grpc.Client>();
-  readonly #watches = new Map<number, grpc.ClientReadableStream<unknown>>();
-
-  constructor(dir: string) {
-    this.dir = dir;
+/**
+ * Why kubelet cannot reach a plugin's endpoint, or null: kubelet dials the endpoint while
+ * it handles the Register and answers with an error when that fails.
+ */
+function undialable(dir: string, endpoint: string): string | null {
+  try {
+    if (Deno.lstatSync(`${dir}/${endpoint}`).isSocket) return null;
+    return `failed to dial device plugin: "${endpoint}" is not a socket`;
+  } catch {
+    return `failed to dial device plugin: "${dir}/${endpoint}" does not exist`;
   }
+}
 
-  get socket(): string {
-    return `${this.dir}/${KUBELET_SOCKET}`;
-  }
+/** The pods kubelet has admitted, and how many pod-resources calls it answered. */
+const pods = new Map<string, AdmittedPod>();
+let podResourcesCalls = 0;
 
-  get podResourcesSocket(): string {
-    return `${this.dir.replace(/\/[^/]*\/?$/, "")}/${POD_RESOURCES_SOCKET}`;
-  }
-
-  admit(pod: AdmittedPod): void {
-    this.#pods.set(`${pod.namespace}/${pod.name}`, pod);
-  }
-
-  forget(namespace: string, name: string): void {
-    this.#pods.delete(`${namespace}/${name}`);
-  }
-
-  async serve(): Promise<void> {
-    const server = new grpc.Server();
-    server.addService(load().registration.service, {
-      Register: (call: grpc.ServerUnaryCall<unknown, unknown>, cb: grpc.sendUnaryData<unknown>) => {
-        const parsed = RegisterRequestSchema.safeParse(call.request);
-        if (!parsed.success) {
-          cb({ code: grpc.status.INVALID_ARGUMENT, details: z.prettifyError(parsed.error) });
-          return;
-        }
-        const why = refuse(parsed.data) ?? this.#undialable(parsed.data.endpoint);
-        // Reported before the answer: the test knows of a Register once the plugin does.
-        if (why) {
-          send({ kind: "refused", request: parsed.data, message: why }).then(
-            () => cb({ code: grpc.status.UNKNOWN, details: why }),
-          );
-          return;
-        }
-        send({ kind: "registered", request: parsed.data }).then(() => cb(null, {}));
-      },
-    });
-    await bind(server, this.socket);
-    this.#server = server;
-  }
-
-  /**
-   * Why kubelet cannot reach a plugin's endpoint, or null: kubelet dials the endpoint while
-   * it handles the Register and answers with an error when that fails.
-   */
-  #undialable(endpoint: string): string | null {
-    try {
-      if (Deno.lstatSync(`${this.dir}/${endpoint}`).isSocket) return null;
-      return `failed to dial device plugin: "${endpoint}" is not a socket`;
-    } catch {
-      return `failed to dial device plugin: "${this.dir}/${endpoint}" does not exist`;
-    }
-  }
-
-  async servePodResources(): Promise<void> {
-    const path = this.podResourcesSocket;
-    await Deno.mkdir(path.slice(0, path.lastIndexOf("/")), { recursive: true });
-    await Deno.remove(path).catch(() => {});
-    const server = new grpc.Server();
-    // As kubelet answers: every container with its CPUs too (enim must skip what it
-    // does not read), the devices as admitted.
-    const wire = (p: AdmittedPod) => ({
-      name: p.name,
-      namespace: p.namespace,
-      containers: p.containers.map((c) => ({ ...c, cpu_ids: [0, 1], memory: [] })),
-    });
-    server.addService(loadPodResources(), {
-      List: (_call: grpc.ServerUnaryCall<unknown, unknown>, cb: grpc.sendUnaryData<unknown>) => {
-        this.podResourcesCalls++;
-        cb(null, { pod_resources: [...this.#pods.values()].map(wire) });
-      },
-      GetAllocatableResources: (
-        _call: grpc.ServerUnaryCall<unknown, unknown>,
-        cb: grpc.sendUnaryData<unknown>,
-      ) => cb(null, { devices: [], cpu_ids: [], memory: [] }),
-      Get: (call: grpc.ServerUnaryCall<unknown, unknown>, cb: grpc.sendUnaryData<unknown>) => {
-        const req = z.object({ pod_name: z.string(), pod_namespace: z.string() }).safeParse(
-          call.request,
-        );
-        if (!req.success) {
-          cb({ code: grpc.status.INVALID_ARGUMENT, details: z.prettifyError(req.error) });
-          return;
-        }
-        const p = this.#pods.get(`${req.data.pod_namespace}/${req.data.pod_name}`);
-        if (!p) cb({ code: grpc.status.NOT_FOUND, details: "pod not found" });
-        else cb(null, { pod_resources: wire(p) });
-      },
-    });
-    await bind(server, path);
-    this.#podResources = server;
-  }
-
-  /** Stops serving Registration and removes kubelet's socket (kubelet going down). */
-  async stop(): Promise<void> {
-    const s = this.#server;
-    this.#server = null;
-    if (s) await shutdown(s);
-    await Deno.remove(this.socket).catch(() => {});
-  }
-
-  /** A kubelet restart: every file in the folder deleted, a new kubelet.sock served. */
-  async restart(): Promise<string[]> {
-    await this.stop();
-    for (const e of Deno.readDirSync(this.dir)) {
-      await Deno.remove(`${this.dir}/${e.name}`, { recursive: true });
-    }
-    await this.serve();
-    return [...Deno.readDirSync(this.dir)].map((e) => e.name).sort();
-  }
-
-  open(client: number, endpoint: string): void {
-    this.#clients.set(
-      client,
-      new (load().plugin)(`unix:${this.dir}/${endpoint}`, grpc.credentials.createInsecure()),
-    );
-  }
-
-  #client(client: number): grpc.Client {
-    const c = this.#clients.get(client);
-    if (!c) throw new Error(`No client ${client}`);
-    return c;
-  }
-
-  call(c: Extract<Command, { op: "call" }>): Promise<unknown> {
-    return callUnary(this.#client(c.client), c.method, c.request, PLUGIN_METHODS[c.method], {
-      timeoutMs: c.timeoutMs,
-      failed: (err) => new RpcFailure(err.code, err.details || err.message),
-      answer: `${c.method} answer`,
-    });
-  }
-
-  watch(client: number, watch: number): void {
-    const c = this.#client(client);
-    const fn = z.custom<(req: unknown) => grpc.ClientReadableStream<unknown>>(
-      (v) => typeof v === "function",
-    ).parse(Reflect.get(c, "ListAndWatch"));
-    const call = fn.call(c, {});
-    this.#watches.set(watch, call);
-    let ended = false;
-    const end = (error: string | null) => {
-      if (ended) return;
-      ended = true;
-      this.#watches.delete(watch);
-      send({ kind: "ended", watch, error });
-    };
-    call.on("data", (m: unknown) => {
-      const parsed = ListSchema.safeParse(m);
-      if (parsed.success) send({ kind: "list", watch, devices: parsed.data.devices });
-      else {
-        end(`Unexpected ListAndWatch answer: ${z.prettifyError(parsed.error)}`);
-        call.cancel();
+/** The pod-resources API (`List`, `Get`) on `socket`. */
+async function servePodResources(socket: string): Promise<void> {
+  await Deno.mkdir(socket.slice(0, socket.lastIndexOf("/")), { recursive: true });
+  await Deno.remove(socket).catch(() => {});
+  const server = new grpc.Server();
+  // As kubelet answers: every container with its CPUs too (enim must skip what it
+  // does not read), the devices as admitted.
+  const wire = (p: AdmittedPod) => ({
+    name: p.name,
+    namespace: p.namespace,
+    containers: p.containers.map((c) => ({ ...c, cpu_ids: [0, 1], memory: [] })),
+  });
+  server.addService(loadPodResources(), {
+    List: (_call: grpc.ServerUnaryCall<unknown, unknown>, cb: grpc.sendUnaryData<unknown>) => {
+      podResourcesCalls++;
+      cb(null, { pod_resources: [...pods.values()].map(wire) });
+    },
+    GetAllocatableResources: (
+      _call: grpc.ServerUnaryCall<unknown, unknown>,
+      cb: grpc.sendUnaryData<unknown>,
+    ) => cb(null, { devices: [], cpu_ids: [], memory: [] }),
+    Get: (call: grpc.ServerUnaryCall<unknown, unknown>, cb: grpc.sendUnaryData<unknown>) => {
+      const req = z.object({ pod_name: z.string(), pod_namespace: z.string() }).safeParse(
+        call.request,
+      );
+      if (!req.success) {
+        cb({ code: grpc.status.INVALID_ARGUMENT, details: z.prettifyError(req.error) });
+        return;
       }
-    });
-    call.on("error", (err: Error) => end(String(err)));
-    call.on("end", () => end(null));
-  }
+      const p = pods.get(`${req.data.pod_namespace}/${req.data.pod_name}`);
+      if (!p) cb({ code: grpc.status.NOT_FOUND, details: "pod not found" });
+      else cb(null, { pod_resources: wire(p) });
+    },
+  });
+  await bind(server, socket);
+}
 
-  cancel(watch: number): void {
-    this.#watches.get(watch)?.cancel();
-  }
+/** kubelet's clients of plugins, and their ListAndWatch streams. */
+const clients = new Map<number, grpc.Client>();
+const watches = new Map<number, grpc.ClientReadableStream<unknown>>();
 
-  closeClient(client: number): void {
-    this.#clients.get(client)?.close();
-    this.#clients.delete(client);
-  }
+function client(id: number): grpc.Client {
+  const c = clients.get(id);
+  if (!c) throw new Error(`No client ${id}`);
+  return c;
+}
 
-  async close(): Promise<void> {
-    for (const w of this.#watches.values()) w.cancel();
-    for (const c of this.#clients.values()) c.close();
-    this.#clients.clear();
-    await this.stop();
-    const pr = this.#podResources;
-    this.#podResources = null;
-    if (pr) {
-      await shutdown(pr);
-      await Deno.remove(this.podResourcesSocket).catch(() => {});
+function call(c: Extract<Command, { op: "call" }>): Promise<unknown> {
+  return callUnary(client(c.client), c.method, c.request, PLUGIN_METHODS[c.method], {
+    timeoutMs: c.timeoutMs,
+    failed: (err) => new RpcFailure(err.code, err.details || err.message),
+    answer: `${c.method} answer`,
+  });
+}
+
+function watch(clientId: number, id: number): void {
+  const c = client(clientId);
+  const fn = z.custom<(req: unknown) => grpc.ClientReadableStream<unknown>>(
+    (v) => typeof v === "function",
+  ).parse(Reflect.get(c, "ListAndWatch"));
+  const stream = fn.call(c, {});
+  watches.set(id, stream);
+  let ended = false;
+  const end = (error: string | null) => {
+    if (ended) return;
+    ended = true;
+    watches.delete(id);
+    send({ kind: "ended", watch: id, error });
+  };
+  stream.on("data", (m: unknown) => {
+    const parsed = ListSchema.safeParse(m);
+    if (parsed.success) send({ kind: "list", watch: id, devices: parsed.data.devices });
+    else {
+      end(`Unexpected ListAndWatch answer: ${z.prettifyError(parsed.error)}`);
+      stream.cancel();
     }
-  }
+  });
+  stream.on("error", (err: Error) => end(String(err)));
+  stream.on("end", () => end(null));
 }
 
 /** A failed gRPC call of kubelet's client. */
@@ -320,46 +265,47 @@ class RpcFailure extends Error {
   }
 }
 
-/** The kubelet, once started. */
-const state: { kubelet: Kubelet | null } = { kubelet: null };
+const role: Role = RoleSchema.parse(Deno.args[0]);
 
-function running(): Kubelet {
-  if (!state.kubelet) throw new Error("The kubelet was not started");
-  return state.kubelet;
-}
+/** The ops each role answers. */
+const OPS: Record<Role, readonly Command["op"][]> = {
+  registration: ["register", "sync"],
+  "pod-resources": ["podResources", "admit", "forget", "podResourcesCalls", "sync"],
+  clients: ["open", "call", "watch", "cancel", "sync"],
+};
 
 async function handle(c: Command): Promise<unknown> {
+  if (!OPS[role].includes(c.op)) throw new Error(`A ${role} process does not do "${c.op}"`);
   switch (c.op) {
-    case "start": {
-      const k = state.kubelet = new Kubelet(c.dir);
-      await k.serve();
-      if (c.podResources) await k.servePodResources();
+    case "register":
+      return await serveRegistration(c.dir, c.clean);
+    case "podResources":
+      return await servePodResources(c.socket);
+    case "admit": {
+      pods.set(`${c.pod.namespace}/${c.pod.name}`, c.pod);
       return null;
     }
-    case "admit":
-      return running().admit(c.pod);
-    case "forget":
-      return running().forget(c.namespace, c.name);
+    case "forget": {
+      pods.delete(`${c.namespace}/${c.name}`);
+      return null;
+    }
     case "podResourcesCalls":
-      return running().podResourcesCalls;
-    case "stop":
-      return await running().stop();
-    case "restart":
-      return await running().restart();
-    case "open":
-      return running().open(c.client, c.endpoint);
+      return podResourcesCalls;
+    case "open": {
+      clients.set(
+        c.client,
+        new (load().plugin)(`unix:${c.socket}`, grpc.credentials.createInsecure()),
+      );
+      return null;
+    }
     case "call":
-      return await running().call(c);
+      return await call(c);
     case "watch":
-      return running().watch(c.client, c.watch);
+      return watch(c.client, c.watch);
     case "cancel":
-      return running().cancel(c.watch);
-    case "closeClient":
-      return running().closeClient(c.client);
+      return watches.get(c.watch)?.cancel();
     case "sync":
       return null;
-    case "close":
-      return await state.kubelet?.close() ?? null;
   }
 }
 
@@ -380,7 +326,6 @@ async function run(line: string): Promise<void> {
   }
 }
 
-const inFlight = new Set<Promise<void>>();
 let buffered = "";
 for await (const chunk of Deno.stdin.readable.pipeThrough(new TextDecoderStream())) {
   buffered += chunk;
@@ -388,12 +333,12 @@ for await (const chunk of Deno.stdin.readable.pipeThrough(new TextDecoderStream(
     const line = buffered.slice(0, nl);
     buffered = buffered.slice(nl + 1);
     if (line.trim() === "") continue;
-    const p = run(line).finally(() => inFlight.delete(p));
-    inFlight.add(p);
+    run(line).catch((err) => {
+      console.error(`The tests' kubelet (${role}) cannot go on:`, err);
+      Deno.exit(1);
+    });
   }
 }
-// The test is gone (stdin ended): nothing is left to answer.
-await Promise.all(inFlight);
-await state.kubelet?.close();
+// The test is done with this kubelet: it stops at once, every connection cut, none shut down.
 await writing;
-await stdout.close();
+Deno.exit(0);
