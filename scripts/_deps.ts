@@ -77,7 +77,10 @@ export const APT_PACKAGES = {
   },
   mount: { files: ["/usr/bin/mount", "/usr/bin/umount"], users: ALL, base: true },
   tar: { files: ["/usr/bin/tar"], users: ["test", "bench-cri"], base: true },
-  iproute2: { files: ["/usr/sbin/ip", "/usr/sbin/tc"], users: ALL },
+  // ss: the chaos test's silent watch finds the agent's connections (tests/support/api_silence.ts).
+  iproute2: { files: ["/usr/sbin/ip", "/usr/sbin/tc", "/bin/ss"], users: ALL },
+  // The agent flushes a retired address's tracked connections (netns/ip.ts CONNTRACK_BIN).
+  conntrack: { files: ["/usr/sbin/conntrack"], users: ["test"] },
   // The agent's tables for pods' host links and NetworkPolicy; the simulated VPC's checks.
   nftables: { files: ["/usr/sbin/nft"], users: ALL },
   "iputils-ping": { files: ["/usr/bin/ping"], users: ["demo", "test"] },

@@ -13,13 +13,10 @@
 import * as z from "zod/mini";
 import { parse } from "yaml";
 import type { SimulatedNode } from "./node.ts";
-import type { AptNeed } from "../../scripts/_deps.ts";
+import { type AptNeed, aptNeeds } from "../../scripts/_deps.ts";
 
 /** What silencing needs from Debian: `ss` (the connections open), `nft` (the drop). */
-export const SILENCE_NEEDS: AptNeed[] = [
-  { pkg: "iproute2", file: "/usr/bin/ss" },
-  { pkg: "nftables", file: "/usr/sbin/nft" },
-];
+export const SILENCE_NEEDS: AptNeed[] = aptNeeds("iproute2", "nftables");
 
 const TABLE = "inet chaos_silence";
 
@@ -43,7 +40,7 @@ export async function apiPortOf(node: SimulatedNode): Promise<number> {
 /** The local ports of the established TCP connections to 127.0.0.1:`port` in `netns`. */
 async function clientPorts(node: SimulatedNode, port: number): Promise<number[]> {
   const out = await node.vpc.exec(node.vpc.node, [
-    "/usr/bin/ss",
+    "/bin/ss",
     "-tnH",
     "state",
     "established",
