@@ -97,7 +97,7 @@ export async function parseKubeconfigText(text: string, path: string): Promise<u
       // YAML's flow style starts with "{" too: let the YAML parser say what is wrong.
     }
   }
-  const { LineCounter, parseDocument } = await import("yaml");
+  const { LineCounter, parseDocument } = yamlExports(await import("yaml"));
   const lines = new LineCounter();
   const doc = parseDocument(text, { lineCounter: lines, prettyErrors: false, uniqueKeys: true });
   if (doc.errors.length > 0) {
@@ -240,6 +240,18 @@ export async function kubeconfigAccess(
     ...(token ? { token } : {}),
     source: `kubeconfig "${path}" context "${contextName}"`,
   };
+}
+
+/** npm:yaml's module as the source sees it. */
+type Yaml = typeof import("yaml");
+
+/**
+ * npm:yaml's exports from a dynamic import of it: the module itself from source; in the
+ * built bundle (deno bundle wraps the package's CommonJS build in a chunk of its own)
+ * they are under `default`, and the named ones are absent.
+ */
+export function yamlExports(mod: Yaml | { default: Yaml }): Yaml {
+  return "parseDocument" in mod ? mod : mod.default;
 }
 
 /** The folder holding `path` (relative paths in a kubeconfig are relative to it). */
