@@ -23,8 +23,30 @@ import {
 import { passed, type Probe, type Prober, type ProbeResult } from "./support/prober.ts";
 import type { SimulatedNode } from "./support/node.ts";
 import { PodPolicyViewSchema } from "../api/schema.ts";
+import { RealApi, realApiWanted } from "./support/k8s/policy_api.ts";
 
 const DEPS = await clientDeps("network_policy_e2e_test", [...TRAFFIC_NEEDS, ...KUBE_PROXY_NEEDS]);
+
+/**
+ * The API server of these tests: the real control plane (kube-apiserver, etcd, the
+ * controller-manager; the agents authenticated as the shipped RBAC's ServiceAccount) when
+ * Go is here to build it, else the test API server.
+ */
+const API = realApiWanted();
+console.error(
+  `network_policy_e2e_test: on ${
+    API.real ? "the real kube-apiserver" : "the test API server"
+  } (${API.why})`,
+);
+
+/** A cluster on {@linkcode API}. */
+async function startCluster(): Promise<PolicyCluster> {
+  return await PolicyCluster.start(
+    API.real
+      ? await RealApi.start({ serviceCidrs: [SERVICE_CIDRS.ipv4, SERVICE_CIDRS.ipv6] })
+      : undefined,
+  );
+}
 
 /** The namespaces and their labels. */
 const NAMESPACES: Record<string, Record<string, string>> = {
@@ -668,7 +690,7 @@ async function changesWhileTrafficRuns(t: Deno.TestContext, c: PolicyCluster, a:
 
 /** The cluster of the test: node A with the nine pods. */
 async function cluster(): Promise<{ c: PolicyCluster; a: SimulatedNode }> {
-  const c = await PolicyCluster.start();
+  const c = await startCluster();
   try {
     for (const [ns, labels] of Object.entries(NAMESPACES)) c.namespace(ns, labels);
     const a = await c.node("node-a", { nodeNic: true, mock: { enis: 12 } });
@@ -788,7 +810,7 @@ Deno.test({
     "NetworkPolicy through Services: a backend admitting only web is reached through its ClusterIP by web pods of its node and of another node, by no other pod; a client's egress policy that excludes a backend keeps it from that backend's Service",
   ignore: DEPS.skip !== null,
   async fn(t) {
-    const c = await PolicyCluster.start();
+    const c = await startCluster();
     try {
       c.namespace("alpha", { team: "a" });
       c.namespace("beta", { team: "b" });
@@ -920,7 +942,7 @@ Deno.test({
     "NetworkPolicy from the first packet: a pod whose policy denies all ingress is reached by no packet before, during or after its ADD; an agent restarted while the API server is down keeps the deny, and answers a new pod's ADD with 11 until it has synced",
   ignore: DEPS.skip !== null,
   async fn(t) {
-    const c = await PolicyCluster.start();
+    const c = await startCluster();
     try {
       c.namespace("secure", { team: "s" });
       c.namespace("open", { team: "o" });
@@ -963,7 +985,7 @@ Deno.test({
       });
       await t.step("an agent restarted while the API server is down keeps the deny", async () => {
         await a.stopAgent();
-        await c.server.down();
+        await c.api.down();
         await a.startAgent();
         const { through, rounds } = await probeLoop(
           [client.prober, outsider],
@@ -996,7 +1018,7 @@ Deno.test({
           r.json?.msg,
           "NetworkPolicy: the agent has not synced with the Kubernetes API server yet; the runtime retries",
         );
-        c.server.up();
+        c.api.up();
         await c.settle(60_000);
         const again = await a.cni("ADD", a.podCall(ns, call));
         assertEquals(again.code, 0, again.stdout);
