@@ -1,0 +1,188 @@
+/**
+ * The real kube-proxy (issue 43, point 4), iptables and nftables modes, in a simulated
+ * node's namespace, reading the real API server: a ClusterIP Service whose EndpointSlice
+ * the real controller-manager makes from a Ready enim pod, called from another enim pod
+ * through its host link; the backend sees the client pod's own address, and a
+ * NetworkPolicy admitting only `web` keeps `job` out of the Service. kube-proxy's rules
+ * stay in the node's namespace, and the machine's global conntrack knobs are left as they
+ * were (tests/support/k8s/kube_proxy.ts says which flags keep them).
+ *
+ * Skips, saying why, without Go at /usr/local/go/bin/go or without root.
+ *
+ * @module
+ */
+import { assert, assertEquals } from "../lib/assert.ts";
+import { poll } from "../lib/async.ts";
+import { z } from "zod";
+import { clientDeps } from "./support/clients.ts";
+import { TRAFFIC_NEEDS, who } from "./support/traffic.ts";
+import { KUBE_PROXY_NEEDS } from "./support/kube_proxy.ts";
+import { goMissing } from "./support/k8s/build.ts";
+import { type ClusterPod, PolicyCluster, SERVICE_CIDRS } from "./support/policy_cluster.ts";
+import { RealApi } from "./support/k8s/policy_api.ts";
+import { type ProxyMode, RealKubeProxy } from "./support/k8s/kube_proxy.ts";
+import { FIELD_MANAGER } from "./support/k8s/manifests.ts";
+import { StoredListSchema, StoredSchema } from "./support/k8s/rest.ts";
+import { passed } from "./support/prober.ts";
+
+const MISSING = goMissing();
+if (MISSING) console.error(`k8s_kube_proxy_test: skipped: ${MISSING}`);
+const DEPS = MISSING === null
+  ? await clientDeps("k8s_kube_proxy_test", [...TRAFFIC_NEEDS, ...KUBE_PROXY_NEEDS])
+  : { skip: MISSING };
+
+/** The machine's global conntrack knobs, read only. */
+async function globalKnobs(): Promise<Record<string, string>> {
+  const read = (p: string) => Deno.readTextFile(p).then((t) => t.trim(), () => "(absent)");
+  return {
+    nf_conntrack_max: await read("/proc/sys/net/netfilter/nf_conntrack_max"),
+    hashsize: await read("/sys/module/nf_conntrack/parameters/hashsize"),
+  };
+}
+
+/** The text of `argv` run in `netns`. */
+async function inNetns(netns: string, argv: string[]): Promise<string> {
+  const out = await new Deno.Command("/usr/sbin/ip", {
+    args: ["netns", "exec", netns, ...argv],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  return new TextDecoder().decode(out.stdout);
+}
+
+const EndpointSliceListSchema = StoredListSchema.extend({
+  items: z.array(z.looseObject({
+    endpoints: z.nullish(z.array(z.looseObject({
+      addresses: z.array(z.string()),
+      conditions: z.optional(z.looseObject({ ready: z.optional(z.boolean()) })),
+    }))),
+  })),
+});
+
+const CLUSTER_IP = "172.30.0.10";
+
+/** Probes TCP `CLUSTER_IP`:5432 from `from` until it answers as `want` (or the time is up). */
+async function reachService(from: ClusterPod, want: boolean, timeoutMs = 60_000) {
+  let last = "";
+  const ok = await poll(async () => {
+    const [r] = await from.prober.probe([{ proto: "tcp", addr: CLUSTER_IP, port: 5432 }], 1_000);
+    last = r;
+    return passed(r) === want ? r : null;
+  }, { timeoutMs, intervalMs: 200 });
+  assert(ok, `${from.id} -> ${CLUSTER_IP}:5432: ${last}, want ${want ? "through" : "dropped"}`);
+  return ok;
+}
+
+Deno.test({
+  name:
+    "the real kube-proxy in a node's namespace, iptables and nftables modes: an enim pod reaches a ClusterIP whose EndpointSlice the real controller-manager made, with its own address, and a backend's NetworkPolicy keeps another pod out",
+  ignore: DEPS.skip !== null,
+  async fn(t) {
+    const api = await RealApi.start({ serviceCidrs: [SERVICE_CIDRS.ipv4, SERVICE_CIDRS.ipv6] });
+    const c = await PolicyCluster.start(api);
+    const knobs = await globalKnobs();
+    let proxy: RealKubeProxy | null = null;
+    try {
+      c.namespace("alpha", { team: "a" });
+      const a = await c.node("node-a", { nodeNic: true, mock: { enis: 5 } });
+      const db = await c.pod(a, "node-a", "alpha", "db", { app: "db" }, [
+        { name: "pg", containerPort: 5432 },
+      ]);
+      const web = await c.pod(a, "node-a", "alpha", "web", { app: "web" }, []);
+      const job = await c.pod(a, "node-a", "alpha", "job", { app: "job" }, []);
+      await c.settle();
+      const admin = api.cluster.admin;
+      await admin.apply(
+        "/api/v1/namespaces/alpha/services/db",
+        {
+          apiVersion: "v1",
+          kind: "Service",
+          metadata: { name: "db", namespace: "alpha" },
+          spec: {
+            clusterIP: CLUSTER_IP,
+            selector: { app: "db" },
+            ports: [{ name: "pg", port: 5432, targetPort: "pg" }],
+          },
+        },
+        StoredSchema,
+        FIELD_MANAGER,
+      );
+      await t.step(
+        "the controller-manager makes the Service's EndpointSlice from the Ready pod",
+        async () => {
+          const slice = await poll(async () => {
+            const l = await admin.get(
+              "/apis/discovery.k8s.io/v1/namespaces/alpha/endpointslices",
+              EndpointSliceListSchema,
+              { labelSelector: "kubernetes.io/service-name=db" },
+            );
+            const eps = l.items.flatMap((s) => s.endpoints ?? []);
+            return eps.some((e) => e.addresses.includes(db.v4) && e.conditions?.ready) ? eps : null;
+          }, { timeoutMs: 60_000, intervalMs: 200 });
+          assert(slice, "no ready endpoint for alpha/db");
+        },
+      );
+      const port = await c.bridge.into(a.vpc.node.name);
+      for (const mode of ["iptables", "nftables"] as ProxyMode[]) {
+        proxy = await RealKubeProxy.start(api.cluster, {
+          netns: a.vpc.node.name,
+          nodeName: "node-a",
+          apiPort: port,
+          mode,
+        });
+        const p = proxy;
+        await t.step(
+          `${mode}: web reaches the ClusterIP and the backend sees web's own address`,
+          async () => {
+            const r = await reachService(web, true).catch(async (err) => {
+              throw new Error(`${err.message}\n${(await p.log()).slice(-4000)}`);
+            });
+            assertEquals(who(r.slice(5)), `alpha/db ${web.v4}`);
+          },
+        );
+        await t.step(`${mode}: its rules are in the node's namespace`, async () => {
+          if (mode === "nftables") {
+            const tables = await inNetns(a.vpc.node.name, ["/usr/sbin/nft", "list", "tables"]);
+            assert(/table ip kube-proxy/.test(tables), tables);
+          } else {
+            const rules = await inNetns(a.vpc.node.name, ["/usr/sbin/iptables-save", "-t", "nat"]);
+            assert(rules.includes("KUBE-SERVICES") && rules.includes(CLUSTER_IP), rules);
+          }
+        });
+        await t.step(`${mode}: a backend admitting only web keeps job out`, async () => {
+          c.put("networkpolicies", {
+            metadata: { namespace: "alpha", name: "db" },
+            spec: {
+              podSelector: { matchLabels: { app: "db" } },
+              ingress: [{ from: [{ podSelector: { matchLabels: { app: "web" } } }] }],
+            },
+          });
+          await c.settle();
+          await reachService(job, false);
+          await reachService(web, true);
+          c.remove("networkpolicies", "alpha", "db");
+          await c.settle();
+          await reachService(job, true);
+        });
+        await t.step(`${mode}: the machine's global conntrack knobs are as they were`, async () => {
+          assertEquals(await globalKnobs(), knobs);
+        });
+        proxy = null;
+        await p.stop();
+      }
+      await t.step(
+        "kube-proxy --cleanup left none of its rules in the node's namespace",
+        async () => {
+          const tables = await inNetns(a.vpc.node.name, ["/usr/sbin/nft", "list", "tables"]);
+          assert(!/kube-proxy/.test(tables), tables);
+        },
+      );
+    } catch (err) {
+      for (const n of c.nodes) console.error((await n.agentLog()).slice(-4000));
+      throw err;
+    } finally {
+      await proxy?.stop().catch(() => {});
+      await c.close();
+    }
+  },
+});
