@@ -16,11 +16,18 @@ import { poll } from "../lib/async.ts";
 import { z } from "zod";
 import { clientDeps } from "./support/clients.ts";
 import { TRAFFIC_NEEDS, who } from "./support/traffic.ts";
-import { KUBE_PROXY_NEEDS } from "./support/kube_proxy.ts";
 import { goMissing } from "./support/k8s/build.ts";
 import { type ClusterPod, PolicyCluster, SERVICE_CIDRS } from "./support/policy_cluster.ts";
 import { RealApi } from "./support/k8s/policy_api.ts";
-import { type ProxyMode, RealKubeProxy } from "./support/k8s/kube_proxy.ts";
+import { RealKubeProxy } from "./support/k8s/kube_proxy.ts";
+import {
+  installKubeProxy,
+  KUBE_PROXY_NEEDS,
+  type ProxyMode,
+  type ProxyOptions,
+  type ServicePort,
+} from "./support/kube_proxy.ts";
+import { createNetns, deleteNetns, uniqueName } from "../netns/sim.ts";
 import { FIELD_MANAGER } from "./support/k8s/manifests.ts";
 import { StoredListSchema, StoredSchema } from "./support/k8s/rest.ts";
 import { passed } from "./support/prober.ts";
@@ -60,6 +67,45 @@ const EndpointSliceListSchema = StoredListSchema.extend({
 });
 
 const CLUSTER_IP = "172.30.0.10";
+
+/** A ruleset's JSON (`nft -j`), its handles left out, keyed so that order does not matter. */
+function nftShape(json: string): Record<string, unknown> {
+  const items = z.object({ nftables: z.array(z.record(z.string(), z.unknown())) })
+    .parse(JSON.parse(json)).nftables;
+  const shape: Record<string, unknown> = {};
+  const strip = (o: Record<string, unknown>) => {
+    const { handle: _h, family: _f, table: _t, ...rest } = o;
+    return rest;
+  };
+  for (const item of items) {
+    const [kind, raw] = Object.entries(item)[0] as [string, Record<string, unknown>];
+    if (kind === "metainfo" || kind === "table") continue;
+    const o = strip(raw);
+    if (kind === "rule") {
+      const key = `chain ${o.chain} rules`;
+      ((shape[key] ??= []) as string[]).push(JSON.stringify({ ...o, chain: undefined }));
+    } else if (kind === "set" || kind === "map") {
+      // The default/kubernetes Service (no endpoints here) is not the hand-written rules' subject.
+      const elem = ((o.elem ?? []) as unknown[]).map((e) => JSON.stringify(e))
+        .filter((e) => !e.includes('"172.30.0.1"')).sort();
+      shape[`${kind} ${o.name}`] = { ...o, elem };
+    } else {
+      shape[`${kind} ${o.name}`] = o;
+    }
+  }
+  return shape;
+}
+
+/** What kube-proxy's rules for the Service are in `netns`: nft's table, or iptables' lines. */
+async function proxyRules(netns: string, mode: ProxyMode): Promise<unknown> {
+  if (mode === "nftables") {
+    return nftShape(
+      await inNetns(netns, ["/usr/sbin/nft", "-j", "list", "table", "ip", "kube-proxy"]),
+    );
+  }
+  const nat = await inNetns(netns, ["/usr/sbin/iptables-save", "-t", "nat"]);
+  return nat.split("\n").filter((l) => l.includes("alpha/db:pg"));
+}
 
 /** Probes TCP `CLUSTER_IP`:5432 from `from` until it answers as `want` (or the time is up). */
 async function reachService(from: ClusterPod, want: boolean, timeoutMs = 60_000) {
@@ -138,6 +184,42 @@ Deno.test({
               throw new Error(`${err.message}\n${(await p.log()).slice(-4000)}`);
             });
             assertEquals(who(r.slice(5)), `alpha/db ${web.v4}`);
+          },
+        );
+        await t.step(
+          `${mode}: the backend reaches itself through its own ClusterIP (hairpin), masqueraded to the node's address`,
+          async () => {
+            const r = await reachService(db, true);
+            assertEquals(who(r.slice(5)), `alpha/db ${a.nic!.ipv4}`);
+          },
+        );
+        await t.step(
+          `${mode}: the hand-written rules of tests/support/kube_proxy.ts for this Service are what this kube-proxy wrote`,
+          async () => {
+            const svc: ServicePort = {
+              namespace: "alpha",
+              name: "db",
+              portName: "pg",
+              protocol: "tcp",
+              clusterIP: CLUSTER_IP,
+              port: 5432,
+              endpoints: [{ ip: db.v4, port: 5432 }],
+            };
+            const o: ProxyOptions = {
+              family: 4,
+              serviceCidr: SERVICE_CIDRS.ipv4,
+              nodeIPs: [a.nic!.ipv4!],
+              release: api.cluster.bins.version,
+            };
+            const real = await proxyRules(a.vpc.node.name, mode);
+            const scratch = uniqueName("enim-kpx");
+            await createNetns(scratch);
+            try {
+              await installKubeProxy(scratch, mode, [svc], [o]);
+              assertEquals(await proxyRules(scratch, mode), real);
+            } finally {
+              await deleteNetns(scratch);
+            }
           },
         );
         await t.step(`${mode}: its rules are in the node's namespace`, async () => {

@@ -19,8 +19,7 @@
 import type { KubeCluster } from "./cluster.ts";
 import { ComponentProcess } from "./process.ts";
 
-/** kube-proxy's modes that run on this kernel (it has no IPVS). */
-export type ProxyMode = "iptables" | "nftables";
+import type { ProxyMode } from "../kube_proxy.ts";
 
 /** The flags that keep kube-proxy off the machine's global knobs (see the module doc). */
 export const KUBE_PROXY_GLOBAL_KNOBS_OFF = [
