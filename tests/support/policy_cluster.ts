@@ -163,6 +163,7 @@ export class PolicyCluster implements AsyncDisposable {
   readonly #probers: Prober[] = [];
   /** The queued writes, in order; the first failure is kept and thrown by {@linkcode flush}. */
   #writes: Promise<void> = Promise.resolve();
+  #pending = 0;
   #writeError: unknown = null;
 
   private constructor(api: PolicyApi) {
@@ -175,22 +176,48 @@ export class PolicyCluster implements AsyncDisposable {
     return new PolicyCluster(api ?? await TestServerApi.start());
   }
 
+  /** The test API server's PKI; throws on a real one. */
+  get pki(): TestPki {
+    if (this.api instanceof TestServerApi) return this.api.pki;
+    throw new Error(`This cluster runs on ${this.api.name}, not on the test API server`);
+  }
+
   /** The test API server (for the faults only it can inject); throws on a real one. */
   get server(): KubeApiServer {
     if (this.api instanceof TestServerApi) return this.api.server;
     throw new Error(`This cluster runs on ${this.api.name}, not on the test API server`);
   }
 
+  /**
+   * Runs `write` after the writes queued before it; with none pending it starts at once,
+   * so that on the test API server (whose writes are synchronous) a write has happened
+   * when {@linkcode put} returns, as it always had.
+   */
   #queue(write: () => Promise<number | null>, resource: Resource): void {
-    this.#writes = this.#writes.then(async () => {
+    const run = async (started?: Promise<number | null>) => {
       if (this.#writeError !== null) return;
       try {
-        const rv = await write();
+        const rv = await (started ?? write());
         if (rv !== null) this.#lastRv.set(resource, Math.max(rv, this.#lastRv.get(resource) ?? 0));
       } catch (err) {
         this.#writeError = err;
+      } finally {
+        this.#pending--;
       }
-    });
+    };
+    const idle = this.#pending === 0;
+    this.#pending++;
+    if (idle && this.#writeError === null) {
+      let started: Promise<number | null>;
+      try {
+        started = write();
+      } catch (err) {
+        started = Promise.reject(err);
+      }
+      this.#writes = run(started);
+    } else {
+      this.#writes = this.#writes.then(() => run());
+    }
   }
 
   /** Waits for every queued write; throws the first that failed. */

@@ -269,6 +269,8 @@ export class KubeRest {
     o: {
       resourceVersion: string;
       fieldSelector?: string;
+      /** Ask for BOOKMARK events (`allowWatchBookmarks=true`). */
+      bookmarks?: boolean;
       match: (e: WatchEvent) => boolean;
       started?: () => Promise<void>;
       timeoutMs?: number;
@@ -278,6 +280,7 @@ export class KubeRest {
     url.searchParams.set("watch", "1");
     url.searchParams.set("resourceVersion", o.resourceVersion);
     if (o.fieldSelector) url.searchParams.set("fieldSelector", o.fieldSelector);
+    if (o.bookmarks) url.searchParams.set("allowWatchBookmarks", "true");
     const headers: Record<string, string> = { Accept: "application/json" };
     if (this.#token) headers.Authorization = `Bearer ${this.#token}`;
     const ac = new AbortController();
