@@ -63,7 +63,10 @@ try {
       r.doc.namespace ? `${r.doc.namespace}/` : ""
     }${r.doc.name}`;
     if ("applied" in r) {
-      step(true, `${what} (resourceVersion ${r.applied.metadata.resourceVersion})`);
+      step(
+        true,
+        `${what} (${r.applied.apiVersion}, resourceVersion ${r.applied.metadata.resourceVersion})`,
+      );
     } else out(`  --   ${what}: not applied, ${r.notServed}`);
   }
 

@@ -371,7 +371,7 @@ async function build(
   say(
     `k8s: building Kubernetes v${p.version} (${K8S_COMMANDS.join(", ")}) and etcd ` +
       `v${ETCD_VERSION} with ${goVer} into ${dir} — the first build on a machine takes ` +
-      "minutes (about 25 on two busy cores with an empty Go cache); later runs find it there",
+      "15 to 25 minutes on two busy cores with empty Go caches; later runs find it there",
   );
   const beat = setInterval(() => say(`k8s: still building (${secs()} s)`), 60_000);
   try {
