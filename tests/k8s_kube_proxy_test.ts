@@ -67,9 +67,13 @@ const EndpointSliceListSchema = StoredListSchema.extend({
 });
 
 const CLUSTER_IP = "172.30.0.10";
+const STICKY_IP = "172.30.0.11";
+const NODE_PORT = 30432;
+const NODE_PORT_LOCAL = 30433;
 
 /** A ruleset's JSON (`nft -j`), its handles left out, keyed so that order does not matter. */
-function nftShape(json: string): Record<string, unknown> {
+function nftShape(json: string, foreign: string[]): Record<string, unknown> {
+  const mine = (text: string) => !foreign.some((f) => text.includes(f));
   const items = z.object({ nftables: z.array(z.record(z.string(), z.unknown())) })
     .parse(JSON.parse(json)).nftables;
   const shape: Record<string, unknown> = {};
@@ -81,13 +85,14 @@ function nftShape(json: string): Record<string, unknown> {
     const [kind, raw] = Object.entries(item)[0] as [string, Record<string, unknown>];
     if (kind === "metainfo" || kind === "table") continue;
     const o = strip(raw);
+    if (!mine(`${kind} ${o.name ?? o.chain}`)) continue;
     if (kind === "rule") {
       const key = `chain ${o.chain} rules`;
       ((shape[key] ??= []) as string[]).push(JSON.stringify({ ...o, chain: undefined }));
     } else if (kind === "set" || kind === "map") {
       // The default/kubernetes Service (no endpoints here) is not the hand-written rules' subject.
       const elem = ((o.elem ?? []) as unknown[]).map((e) => JSON.stringify(e))
-        .filter((e) => !e.includes('"172.30.0.1"')).sort();
+        .filter((e) => !e.includes('"172.30.0.1"') && mine(e)).sort();
       shape[`${kind} ${o.name}`] = { ...o, elem };
     } else {
       shape[`${kind} ${o.name}`] = o;
@@ -96,11 +101,15 @@ function nftShape(json: string): Record<string, unknown> {
   return shape;
 }
 
-/** What kube-proxy's rules for the Service are in `netns`: nft's table, or iptables' lines. */
-async function proxyRules(netns: string, mode: ProxyMode): Promise<unknown> {
+/**
+ * What kube-proxy's rules for the Service `alpha/db` are in `netns`: nft's table (less what
+ * names `foreign`: the other Services' chains, addresses and ports), or iptables' lines.
+ */
+async function proxyRules(netns: string, mode: ProxyMode, foreign: string[]): Promise<unknown> {
   if (mode === "nftables") {
     return nftShape(
       await inNetns(netns, ["/usr/sbin/nft", "-j", "list", "table", "ip", "kube-proxy"]),
+      foreign,
     );
   }
   const nat = await inNetns(netns, ["/usr/sbin/iptables-save", "-t", "nat"]);
@@ -153,6 +162,39 @@ Deno.test({
         StoredSchema,
         FIELD_MANAGER,
       );
+      // The same backend as a NodePort (externalTrafficPolicy Cluster, then Local) and as a
+      // ClusterIP with session affinity.
+      const more: [string, Record<string, unknown>][] = [
+        ["db-np", {
+          type: "NodePort",
+          ports: [{ name: "pg", port: 5432, targetPort: "pg", nodePort: NODE_PORT }],
+        }],
+        ["db-local", {
+          type: "NodePort",
+          externalTrafficPolicy: "Local",
+          ports: [{ name: "pg", port: 5432, targetPort: "pg", nodePort: NODE_PORT_LOCAL }],
+        }],
+        ["db-sticky", {
+          clusterIP: STICKY_IP,
+          sessionAffinity: "ClientIP",
+          ports: [{ name: "pg", port: 5432, targetPort: "pg" }],
+        }],
+      ];
+      for (const [name, spec] of more) {
+        await admin.apply(
+          `/api/v1/namespaces/alpha/services/${name}`,
+          {
+            apiVersion: "v1",
+            kind: "Service",
+            metadata: { name, namespace: "alpha" },
+            spec: { selector: { app: "db" }, ...spec },
+          },
+          StoredSchema,
+          FIELD_MANAGER,
+        );
+      }
+      const outside = await a.vpc.host("outside", 60);
+      const client = await c.prober(outside.ns.name);
       await t.step(
         "the controller-manager makes the Service's EndpointSlice from the Ready pod",
         async () => {
@@ -211,12 +253,30 @@ Deno.test({
               nodeIPs: [a.nic!.ipv4!],
               release: api.cluster.bins.version,
             };
-            const real = await proxyRules(a.vpc.node.name, mode);
+            // The other Services of the test: what names them is left out of the comparison.
+            const others = await admin.get(
+              "/api/v1/namespaces/alpha/services",
+              z.looseObject({
+                items: z.array(z.looseObject({
+                  metadata: z.looseObject({ name: z.string() }),
+                  spec: z.looseObject({ clusterIP: z.string() }),
+                })),
+              }),
+            );
+            const foreign = [
+              "alpha/db-",
+              ...others.items.filter((x) => x.metadata.name !== "db").map((x) =>
+                `"${x.spec.clusterIP}"`
+              ),
+              String(NODE_PORT),
+              String(NODE_PORT_LOCAL),
+            ];
+            const real = await proxyRules(a.vpc.node.name, mode, foreign);
             const scratch = uniqueName("enim-kpx");
             await createNetns(scratch);
             try {
               await installKubeProxy(scratch, mode, [svc], [o]);
-              assertEquals(await proxyRules(scratch, mode), real);
+              assertEquals(await proxyRules(scratch, mode, foreign), real);
             } finally {
               await deleteNetns(scratch);
             }
@@ -231,6 +291,40 @@ Deno.test({
             assert(rules.includes("KUBE-SERVICES") && rules.includes(CLUSTER_IP), rules);
           }
         });
+        await t.step(
+          `${mode}: a NodePort from outside the node reaches the backend, masqueraded to the node's address; with externalTrafficPolicy Local the backend sees the client's own`,
+          async () => {
+            const node = a.nic!.ipv4!;
+            const viaNodePort = async (port: number) => {
+              let last = "";
+              const ok = await poll(async () => {
+                const [r] = await client.probe([{ proto: "tcp", addr: node, port }], 1_000);
+                last = r;
+                return r.startsWith("open ") ? r : null;
+              }, { timeoutMs: 60_000, intervalMs: 200 });
+              assert(ok, `${outside.ipv4} -> ${node}:${port}: ${last}`);
+              return who(ok.slice(5));
+            };
+            assertEquals(await viaNodePort(NODE_PORT), `alpha/db ${node}`);
+            assertEquals(await viaNodePort(NODE_PORT_LOCAL), `alpha/db ${outside.ipv4}`);
+          },
+        );
+        await t.step(
+          `${mode}: a ClusterIP with session affinity ClientIP reaches the backend`,
+          async () => {
+            let last = "";
+            const ok = await poll(async () => {
+              const [r] = await web.prober.probe(
+                [{ proto: "tcp", addr: STICKY_IP, port: 5432 }],
+                1_000,
+              );
+              last = r;
+              return r.startsWith("open ") ? r : null;
+            }, { timeoutMs: 60_000, intervalMs: 200 });
+            assert(ok, `${web.id} -> ${STICKY_IP}:5432: ${last}`);
+            assertEquals(who(ok.slice(5)), `alpha/db ${web.v4}`);
+          },
+        );
         await t.step(`${mode}: a backend admitting only web keeps job out`, async () => {
           c.put("networkpolicies", {
             metadata: { namespace: "alpha", name: "db" },
