@@ -98,6 +98,19 @@ export class RealKubeProxy {
     return new RealKubeProxy(cluster, proc, o.mode, o.netns, base);
   }
 
+  /** Its rules in the node's namespace now: `nft list table ip kube-proxy`, or `iptables-save -t nat`. */
+  async rules(): Promise<string> {
+    const argv = this.mode === "nftables"
+      ? ["/usr/sbin/nft", "list", "table", "ip", "kube-proxy"]
+      : ["/usr/sbin/iptables-save", "-t", "nat"];
+    const out = await new Deno.Command("/usr/sbin/ip", {
+      args: ["netns", "exec", this.netns, ...argv],
+      stdout: "piped",
+      stderr: "null",
+    }).output();
+    return new TextDecoder().decode(out.stdout);
+  }
+
   /** Its log so far. */
   async log(): Promise<string> {
     return await Deno.readTextFile(this.#proc.logPath).catch(() => "");
