@@ -83,7 +83,7 @@ try {
     await c.settle();
     if (await probe()) throw new Error("Admitted before its address was written");
     let t0 = performance.now();
-    const stored = c.put(
+    const stored = c.server.put(
       "pods",
       c.podObject("open", name, { app: "client" }, "node-x", [], { v4: remote.ipv4 }),
     );

@@ -225,7 +225,9 @@ class World {
   }
 
   put(resource: Resource, obj: Obj): Obj {
-    const stored = this.c.put(resource, obj);
+    // The test API server itself: its put() answers with the stored object (PolicyCluster's
+    // put() queues the write for whichever API it runs against).
+    const stored = this.c.server.put(resource, structuredClone(obj));
     this.lastRv.set(resource, Number(stored.metadata.resourceVersion));
     return stored;
   }

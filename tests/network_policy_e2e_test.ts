@@ -12,7 +12,17 @@
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
 import { clientDeps } from "./support/clients.ts";
 import { TRAFFIC_NEEDS, who } from "./support/traffic.ts";
-import { installKubeProxy, KUBE_PROXY_NEEDS, type ServicePort } from "./support/kube_proxy.ts";
+import {
+  installKubeProxy,
+  KUBE_PROXY_NEEDS,
+  type ProxyMode,
+  removeKubeProxy,
+  type ServicePort,
+} from "./support/kube_proxy.ts";
+import { RealKubeProxy } from "./support/k8s/kube_proxy.ts";
+import { FIELD_MANAGER } from "./support/k8s/manifests.ts";
+import { StoredSchema } from "./support/k8s/rest.ts";
+import { poll } from "../lib/async.ts";
 import {
   type ClusterPod,
   type ContainerPorts,
@@ -23,8 +33,30 @@ import {
 import { passed, type Probe, type Prober, type ProbeResult } from "./support/prober.ts";
 import type { SimulatedNode } from "./support/node.ts";
 import { PodPolicyViewSchema } from "../api/schema.ts";
+import { RealApi, realApiWanted } from "./support/k8s/policy_api.ts";
 
 const DEPS = await clientDeps("network_policy_e2e_test", [...TRAFFIC_NEEDS, ...KUBE_PROXY_NEEDS]);
+
+/**
+ * The API server of these tests: the real control plane (kube-apiserver, etcd, the
+ * controller-manager; the agents authenticated as the shipped RBAC's ServiceAccount) when
+ * Go is here to build it, else the test API server.
+ */
+const API = realApiWanted();
+console.error(
+  `network_policy_e2e_test: on ${
+    API.real ? "the real kube-apiserver" : "the test API server"
+  } (${API.why})`,
+);
+
+/** A cluster on {@linkcode API}. */
+async function startCluster(): Promise<PolicyCluster> {
+  return await PolicyCluster.start(
+    API.real
+      ? await RealApi.start({ serviceCidrs: [SERVICE_CIDRS.ipv4, SERVICE_CIDRS.ipv6] })
+      : undefined,
+  );
+}
 
 /** The namespaces and their labels. */
 const NAMESPACES: Record<string, Record<string, string>> = {
@@ -688,7 +720,7 @@ async function changesWhileTrafficRuns(t: Deno.TestContext, c: PolicyCluster, a:
 
 /** The cluster of the test: node A with the nine pods. */
 async function cluster(): Promise<{ c: PolicyCluster; a: SimulatedNode }> {
-  const c = await PolicyCluster.start();
+  const c = await startCluster();
   try {
     for (const [ns, labels] of Object.entries(NAMESPACES)) c.namespace(ns, labels);
     const a = await c.node("node-a", { nodeNic: true, mock: { enis: 12 } });
@@ -854,7 +886,7 @@ Deno.test({
     "NetworkPolicy through Services: a backend admitting only web is reached through its ClusterIP by web pods of its node and of another node, by no other pod; a client's egress policy that excludes a backend keeps it from that backend's Service",
   ignore: DEPS.skip !== null,
   async fn(t) {
-    const c = await PolicyCluster.start();
+    const c = await startCluster();
     try {
       c.namespace("alpha", { team: "a" });
       c.namespace("beta", { team: "b" });
@@ -876,60 +908,64 @@ Deno.test({
         svc("db", "alpha", "172.30.0.10", backend.v4),
         svc("db", "beta", "172.30.0.11", other.v4),
       ];
-      for (const n of [a, b]) {
-        await installKubeProxy(n.vpc.node.name, "iptables", services, [{
-          family: 4,
-          serviceCidr: SERVICE_CIDRS.ipv4,
-          nodeIPs: [n.nic!.ipv4!],
-        }]);
-      }
-      await t.step("without a policy every client reaches both Services", async () => {
-        for (const p of [web, job, webB, jobB]) {
-          assertEquals(
-            who((await expectReach(p, "172.30.0.10", 5432, true)).slice(5)),
-            `alpha/db ${p.v4}`,
+      for (const mode of ["iptables", "nftables"] as ProxyMode[]) {
+        const proxies = await kubeProxyOn(c, [[a, "node-a"], [b, "node-b"]], mode, services);
+        try {
+          await t.step(
+            `${mode}: without a policy every client reaches both Services (${proxies.what})`,
+            async () => {
+              for (const p of [web, job, webB, jobB]) {
+                assertEquals(
+                  who((await expectReach(p, "172.30.0.10", 5432, true)).slice(5)),
+                  `alpha/db ${p.v4}`,
+                );
+                await expectReach(p, "172.30.0.11", 5432, true);
+              }
+            },
           );
-          await expectReach(p, "172.30.0.11", 5432, true);
+          await setPolicies(c, [["alpha", "db", {
+            podSelector: DB,
+            ingress: [{ from: [{ podSelector: WEB }], ports: [{ port: 5432 }] }],
+          }]]);
+          await t.step(
+            `${mode}: a backend admitting only web: web reaches it through its ClusterIP from its own node and from another, seen with its own address; job does not`,
+            async () => {
+              for (const p of [web, webB]) {
+                assertEquals(
+                  who((await expectReach(p, "172.30.0.10", 5432, true)).slice(5)),
+                  `alpha/db ${p.v4}`,
+                  p.id,
+                );
+                await expectReach(p, backend.v4, 5432, true);
+              }
+              for (const p of [job, jobB]) {
+                await expectReach(p, "172.30.0.10", 5432, false);
+                await expectReach(p, backend.v4, 5432, false);
+                await expectReach(p, "172.30.0.11", 5432, true);
+              }
+            },
+          );
+          await setPolicies(c, [["alpha", "web", {
+            podSelector: { matchExpressions: [{ key: "app", operator: "In", values: ["web"] }] },
+            policyTypes: ["Egress"],
+            egress: [{ to: [{ ipBlock: { cidr: "0.0.0.0/0", except: [`${backend.v4}/32`] } }] }],
+          }]]);
+          await t.step(
+            `${mode}: a client's egress policy that excludes a backend keeps it from that backend's Service, on both nodes, and not from another`,
+            async () => {
+              for (const p of [web, webB]) {
+                await expectReach(p, "172.30.0.10", 5432, false);
+                await expectReach(p, backend.v4, 5432, false);
+                await expectReach(p, "172.30.0.11", 5432, true);
+              }
+              await expectReach(job, "172.30.0.10", 5432, true);
+            },
+          );
+          await setPolicies(c, []);
+        } finally {
+          await proxies.stop();
         }
-      });
-      await setPolicies(c, [["alpha", "db", {
-        podSelector: DB,
-        ingress: [{ from: [{ podSelector: WEB }], ports: [{ port: 5432 }] }],
-      }]]);
-      await t.step(
-        "a backend admitting only web: web reaches it through its ClusterIP from its own node and from another, seen with its own address; job does not",
-        async () => {
-          for (const p of [web, webB]) {
-            assertEquals(
-              who((await expectReach(p, "172.30.0.10", 5432, true)).slice(5)),
-              `alpha/db ${p.v4}`,
-              p.id,
-            );
-            await expectReach(p, backend.v4, 5432, true);
-          }
-          for (const p of [job, jobB]) {
-            await expectReach(p, "172.30.0.10", 5432, false);
-            await expectReach(p, backend.v4, 5432, false);
-            await expectReach(p, "172.30.0.11", 5432, true);
-          }
-        },
-      );
-      await setPolicies(c, [["alpha", "web", {
-        podSelector: { matchExpressions: [{ key: "app", operator: "In", values: ["web"] }] },
-        policyTypes: ["Egress"],
-        egress: [{ to: [{ ipBlock: { cidr: "0.0.0.0/0", except: [`${backend.v4}/32`] } }] }],
-      }]]);
-      await t.step(
-        "a client's egress policy that excludes a backend keeps it from that backend's Service, on both nodes, and not from another",
-        async () => {
-          for (const p of [web, webB]) {
-            await expectReach(p, "172.30.0.10", 5432, false);
-            await expectReach(p, backend.v4, 5432, false);
-            await expectReach(p, "172.30.0.11", 5432, true);
-          }
-          await expectReach(job, "172.30.0.10", 5432, true);
-        },
-      );
+      }
       await t.step("the VPC's source check dropped nothing of a pod", async () => {
         assertEquals(await a.vpc.sourceCheckDrops(), 0);
       });
@@ -942,6 +978,95 @@ Deno.test({
     }
   },
 });
+
+/**
+ * kube-proxy on `nodes` for `services` (each selecting `app: db` in its namespace): on the
+ * real API server the real kube-proxy in `mode`, reading the Services and the
+ * EndpointSlices the real controller-manager makes (it waits until each Service's endpoint
+ * is ready and each node reaches it); on the test API server its rules written by hand.
+ */
+async function kubeProxyOn(
+  c: PolicyCluster,
+  nodes: [SimulatedNode, string][],
+  mode: ProxyMode,
+  services: ServicePort[],
+): Promise<{ what: string; stop: () => Promise<void> }> {
+  if (!(c.api instanceof RealApi)) {
+    for (const [n] of nodes) {
+      await installKubeProxy(n.vpc.node.name, mode, services, [{
+        family: 4,
+        serviceCidr: SERVICE_CIDRS.ipv4,
+        nodeIPs: [n.nic!.ipv4!],
+      }]);
+    }
+    return {
+      what: "kube-proxy's rules written by hand",
+      stop: async () => {
+        for (const [n] of nodes) await removeKubeProxy(n.vpc.node.name);
+      },
+    };
+  }
+  const api = c.api;
+  for (const s of services) {
+    await api.cluster.admin.apply(
+      `/api/v1/namespaces/${s.namespace}/services/${s.name}`,
+      {
+        apiVersion: "v1",
+        kind: "Service",
+        metadata: { name: s.name, namespace: s.namespace },
+        spec: {
+          clusterIP: s.clusterIP,
+          selector: { app: "db" },
+          ports: [{ name: s.portName, port: s.port, targetPort: s.endpoints[0].port }],
+        },
+      },
+      StoredSchema,
+      FIELD_MANAGER,
+    );
+  }
+  const proxies: RealKubeProxy[] = [];
+  const stop = async () => {
+    for (const p of proxies.splice(0)) await p.stop().catch(() => {});
+  };
+  try {
+    for (const [n, nodeName] of nodes) {
+      proxies.push(
+        await RealKubeProxy.start(api.cluster, {
+          netns: n.vpc.node.name,
+          nodeName,
+          apiPort: await c.bridge.into(n.vpc.node.name),
+          mode,
+        }),
+      );
+    }
+    // Synced when each node has the Services' rules (no pod probes a ClusterIP before:
+    // see k8s_kube_proxy_test's unprogrammed ClusterIP), then a pod of each node reaches each.
+    for (const [n] of nodes) {
+      const ok = await poll(async () => {
+        const text = await proxies.find((p) => p.netns === n.vpc.node.name)!.rules();
+        return services.every((s) => text.includes(s.clusterIP)) || null;
+      }, { timeoutMs: 60_000, intervalMs: 200 });
+      assert(ok, `kube-proxy (${mode}) on ${n.vpc.node.name} wrote no rules for the Services`);
+    }
+    for (const [n] of nodes) {
+      const from = [...c.pods.values()].find((p) => p.node === n)!;
+      for (const s of services) {
+        const ok = await poll(async () => {
+          const [r] = await from.prober.probe(
+            [{ proto: "tcp", addr: s.clusterIP, port: s.port }],
+            1_000,
+          );
+          return r.startsWith("open ") || null;
+        }, { timeoutMs: 60_000, intervalMs: 200 });
+        assert(ok, `${from.id} never reached ${s.clusterIP}:${s.port} (${mode})`);
+      }
+    }
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+  return { what: `the real kube-proxy v${api.cluster.bins.version}`, stop };
+}
 
 /** A ClusterIP Service of one TCP port 5432 → the backend's 5432. */
 function svc(name: string, namespace: string, clusterIP: string, ip: string): ServicePort {
@@ -986,7 +1111,7 @@ Deno.test({
     "NetworkPolicy from the first packet: a pod whose policy denies all ingress is reached by no packet before, during or after its ADD; an agent restarted while the API server is down keeps the deny, and answers a new pod's ADD with 11 until it has synced",
   ignore: DEPS.skip !== null,
   async fn(t) {
-    const c = await PolicyCluster.start();
+    const c = await startCluster();
     try {
       c.namespace("secure", { team: "s" });
       c.namespace("open", { team: "o" });
@@ -1029,7 +1154,7 @@ Deno.test({
       });
       await t.step("an agent restarted while the API server is down keeps the deny", async () => {
         await a.stopAgent();
-        await c.server.down();
+        await c.api.down();
         await a.startAgent();
         const { through, rounds } = await probeLoop(
           [client.prober, outsider],
@@ -1062,7 +1187,7 @@ Deno.test({
           r.json?.msg,
           "NetworkPolicy: the agent has not synced with the Kubernetes API server yet; the runtime retries",
         );
-        c.server.up();
+        c.api.up();
         await c.settle(60_000);
         const again = await a.cni("ADD", a.podCall(ns, call));
         assertEquals(again.code, 0, again.stdout);

@@ -15,18 +15,21 @@ import { splice } from "./splice.ts";
 import { LoopbackRelay } from "./loopback_relay.ts";
 import type { KubeApiServer } from "./kube_apiserver.ts";
 
+/** What the bridge forwards to: an API server at `https://127.0.0.1:<port>`. */
+export type BridgeTarget = Pick<KubeApiServer, "url">;
+
 /** A unix-socket front of the test API server, and relays into nodes' namespaces. */
 export class KubeBridge implements AsyncDisposable {
   /** The unix socket. */
   readonly path: string;
-  readonly #server: KubeApiServer;
+  readonly #server: BridgeTarget;
   readonly #listener: Deno.UnixListener;
   readonly #conns = new Set<Deno.Conn>();
   readonly #pipes = new Set<Promise<void>>();
   readonly #relays: LoopbackRelay[] = [];
   readonly #accepting: Promise<void>;
 
-  private constructor(server: KubeApiServer, path: string) {
+  private constructor(server: BridgeTarget, path: string) {
     this.#server = server;
     this.path = path;
     const listener = Deno.listen({ transport: "unix", path });
@@ -38,8 +41,8 @@ export class KubeBridge implements AsyncDisposable {
     })();
   }
 
-  /** Listens on a new unix socket in front of `server`. */
-  static start(server: KubeApiServer): KubeBridge {
+  /** Listens on a new unix socket in front of `server` (the test API server, or a real one). */
+  static start(server: BridgeTarget): KubeBridge {
     return new KubeBridge(server, `/tmp/enim-kube-${crypto.randomUUID().slice(0, 8)}.sock`);
   }
 

@@ -9,7 +9,9 @@
  * - nftables (`pkg/proxy/nftables/proxier.go`, kube-proxy ≥ 1.31): the `kube-proxy`
  *   table (`ip` or `ip6`) with its sets and verdict maps (`cluster-ips`,
  *   `service-ips`, …), the `service-<hash>-…` and `endpoint-<hash>-…` chains, and
- *   the `mark-for-masquerade` / `masquerading` chains.
+ *   the `mark-for-masquerade` / `masquerading` chains, as 1.31–1.35 write them; or, with
+ *   `release` 1.36 or later, as those write them (no endpoint chains without session
+ *   affinity, the `hairpin-connections` set; see {@linkcode ProxyOptions.release}).
  *
  * Chain names use kube-proxy's hashes (SHA-256, RFC 4648 base32, truncated), so a
  * service gets the chain names it gets in a cluster (checked against the names in
@@ -35,6 +37,8 @@ export const KUBE_PROXY_NEEDS: AptNeed[] = aptNeeds("iptables", "nftables");
 export interface Endpoint {
   ip: string;
   port: number;
+  /** On this node (default true): from 1.36 only local endpoints are in the hairpin set. */
+  local?: boolean;
 }
 
 /** One port of a ClusterIP Service, with its ready endpoints. */
@@ -58,6 +62,22 @@ export interface ProxyOptions {
   nodeIPs: string[];
   /** `--cluster-cidr`: when set, traffic to a ClusterIP from outside it is marked for masquerade. */
   clusterCidr?: string;
+  /**
+   * The kube-proxy release whose nftables rules to write (default `1.35`). Up to 1.35 each
+   * endpoint has a chain (its hairpin masquerade mark, its DNAT) and marking goes through
+   * `mark-for-masquerade`; from 1.36 a service without session affinity DNATs in its own
+   * chain (one endpoint: `dnat to`; several: a `numgen` map), hairpin traffic is
+   * masqueraded through the `hairpin-connections` set of local endpoints without a mark,
+   * and the cluster-CIDR masquerade is one rule in `services` (checked against the real
+   * kube-proxy of the release the tests build: tests/k8s_kube_proxy_test.ts).
+   */
+  release?: string;
+}
+
+/** Whether `release` (`1.36`, `1.37.2`) is at least 1.`minor`. */
+function atLeast(release: string | undefined, minor: number): boolean {
+  const m = /^1\.(\d+)/.exec(release ?? "1.35");
+  return m !== null && Number(m[1]) >= minor;
 }
 
 const B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
@@ -223,8 +243,14 @@ export function nftablesRules(
   const fam = o.family === 6 ? "ip6" : "ip";
   const addr = o.family === 6 ? "ipv6_addr" : "ipv4_addr";
   const t = `${fam} kube-proxy`;
+  const modern = atLeast(o.release, 36);
   const out = [
     `add table ${t} { comment "rules for kube-proxy" ; }`,
+    ...(modern
+      ? [
+        `add set ${t} hairpin-connections { type ${addr} . ${addr} . inet_proto . inet_service ; comment "service hairpin connections" ; }`,
+      ]
+      : []),
     `add set ${t} cluster-ips { type ${addr} ; comment "Active ClusterIPs" ; }`,
     `add set ${t} nodeport-ips { type ${addr} ; comment "IPs that accept NodePort traffic" ; }`,
     `add map ${t} firewall-ips { type ${addr} . inet_proto . inet_service : verdict ; comment "destinations that are subject to LoadBalancerSourceRanges" ; }`,
@@ -239,7 +265,7 @@ export function nftablesRules(
     `add chain ${t} filter-input { type filter hook input priority 0 ; }`,
     `add chain ${t} filter-output { type filter hook output priority 0 ; }`,
     `add chain ${t} firewall-check`,
-    `add chain ${t} mark-for-masquerade`,
+    ...(modern ? [] : [`add chain ${t} mark-for-masquerade`]),
     `add chain ${t} masquerading`,
     `add chain ${t} nat-output { type nat hook output priority -100 ; }`,
     `add chain ${t} nat-postrouting { type nat hook postrouting priority 100 ; }`,
@@ -259,15 +285,27 @@ export function nftablesRules(
     `add rule ${t} filter-output-pre-dnat ct state new jump firewall-check`,
     `add rule ${t} filter-output ct state new jump cluster-ips-check`,
     `add rule ${t} firewall-check ${fam} daddr . meta l4proto . th dport vmap @firewall-ips`,
-    `add rule ${t} mark-for-masquerade mark set mark or 0x4000`,
-    `add rule ${t} masquerading mark and 0x4000 == 0 return`,
-    `add rule ${t} masquerading mark set mark xor 0x4000`,
-    `add rule ${t} masquerading masquerade fully-random`,
+    ...(modern
+      ? [
+        `add rule ${t} masquerading mark and 0x4000 != 0 mark set mark xor 0x4000 masquerade fully-random`,
+        `add rule ${t} masquerading ct status dnat ${fam} saddr . ${fam} daddr . meta l4proto . th dport @hairpin-connections masquerade fully-random`,
+      ]
+      : [
+        `add rule ${t} mark-for-masquerade mark set mark or 0x4000`,
+        `add rule ${t} masquerading mark and 0x4000 == 0 return`,
+        `add rule ${t} masquerading mark set mark xor 0x4000`,
+        `add rule ${t} masquerading masquerade fully-random`,
+      ]),
     `add rule ${t} nat-output jump services`,
     `add rule ${t} nat-postrouting jump masquerading`,
     `add rule ${t} nat-prerouting jump services`,
     `add rule ${t} nodeport-endpoints-check ${fam} daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports`,
     `add rule ${t} reject-chain reject`,
+    ...(modern && o.clusterCidr
+      ? [
+        `add rule ${t} services ${fam} daddr @cluster-ips ${fam} saddr != ${o.clusterCidr} mark set mark or 0x4000 comment "masquerade clusterIP traffic from outside cluster"`,
+      ]
+      : []),
     `add rule ${t} services ${fam} daddr . meta l4proto . th dport vmap @service-ips`,
     `add rule ${t} services ${fam} daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports`,
     ...o.nodeIPs.map((ip) => `add element ${t} nodeport-ips { ${normalizeIp(ip)} }`),
@@ -276,6 +314,28 @@ export function nftablesRules(
   for (const s of mine) {
     const svc = `service-${nftServiceBase(s)}`;
     const ip = normalizeIp(s.clusterIP);
+    if (modern) {
+      out.push(`add chain ${t} ${svc}`);
+      const e = s.endpoints;
+      out.push(
+        e.length === 1
+          ? `add rule ${t} ${svc} meta l4proto ${s.protocol} dnat to ${hostPort(e[0])}`
+          : `add rule ${t} ${svc} meta l4proto ${s.protocol} dnat ${fam} addr . port to numgen random mod ${e.length} map { ${
+            e.map((x, i) => `${i} : ${normalizeIp(x.ip)} . ${x.port}`).join(" , ")
+          } }`,
+      );
+      for (const x of e.filter((x) => x.local ?? true)) {
+        const a = normalizeIp(x.ip);
+        out.push(
+          `add element ${t} hairpin-connections { ${a} . ${a} . ${s.protocol} . ${x.port} }`,
+        );
+      }
+      out.push(`add element ${t} cluster-ips { ${ip} }`);
+      out.push(
+        `add element ${t} service-ips { ${ip} . ${s.protocol} . ${s.port} : goto ${svc} }`,
+      );
+      continue;
+    }
     const eps = s.endpoints.map((e) => ({
       e,
       chain: `endpoint-${nftEndpointBase(s, e)}`,

@@ -1,12 +1,19 @@
 /**
- * A small Kubernetes cluster for the NetworkPolicy end-to-end tests: the test API server
- * (tests/support/kube_apiserver.ts) reached from each simulated node through a
- * {@linkcode KubeBridge}, nodes whose agents read it (a kubeconfig in the node's sandbox,
- * `/run/enim/kubeconfig`: the sandbox's private /run/enim, which the permission set
- * reads), and enim pods created as kubelet does: the Pod object (labels, named container
- * ports, node) first, then the sandbox's CNI ADD, then the Pod's status with its
- * addresses. Each pod runs an answer server on {@linkcode POD_PORTS} and a
- * {@linkcode Prober}.
+ * A small Kubernetes cluster for the NetworkPolicy end-to-end tests: an API server reached
+ * from each simulated node through a {@linkcode KubeBridge}, nodes whose agents read it (a
+ * kubeconfig in the node's sandbox, `/run/enim/kubeconfig`: the sandbox's private
+ * /run/enim, which the permission set reads), and enim pods created as kubelet does: the
+ * Pod object (labels, named container ports, node) first, then the sandbox's CNI ADD, then
+ * the Pod's status with its addresses. Each pod runs an answer server on
+ * {@linkcode POD_PORTS} and a {@linkcode Prober}.
+ *
+ * The API server is a {@linkcode PolicyApi}: the test API server
+ * (tests/support/kube_apiserver.ts, {@linkcode TestServerApi}, the default; for faults
+ * injected between client and server) or the real control plane
+ * (tests/support/k8s/policy_api.ts: kube-apiserver, etcd, the controller-manager, the
+ * agents authenticated as the shipped RBAC's ServiceAccount). Writes ({@linkcode put},
+ * {@linkcode remove}, {@linkcode namespace}, {@linkcode relabel}) are queued in order;
+ * everything that waits ({@linkcode pod}, {@linkcode settle}, …) waits for them first.
  *
  * @module
  */
@@ -21,6 +28,88 @@ import type { NetnsHandle } from "./vpc.ts";
 import { Servers } from "./traffic.ts";
 import { Prober } from "./prober.ts";
 import type { Status } from "../../api/schema.ts";
+import { stringify as stringifyYaml } from "yaml";
+
+/**
+ * The API server a {@linkcode PolicyCluster} writes to and its nodes' agents read:
+ * writes answer with the resourceVersion they made (what {@linkcode PolicyCluster.settle}
+ * waits for the agents to reach).
+ */
+export interface PolicyApi {
+  /** Where the nodes' bridge connects: `https://127.0.0.1:<port>`. */
+  readonly url: string;
+  /** What it is, for test names and logs. */
+  readonly name: string;
+  /** Creates or replaces an object; resolves to the resourceVersion of its last write. */
+  write(resource: Resource, obj: Obj): Promise<number>;
+  /** Deletes an object; resolves to the delete's resourceVersion (null: it was not there). */
+  remove(resource: Resource, namespace: string | undefined, name: string): Promise<number | null>;
+  /**
+   * Gives `node` (named `nodeName` in the cluster; `addresses` its own) what its agent
+   * needs: the kubeconfig at the sandbox's `kubeconfig` for `https://127.0.0.1:<port>`.
+   */
+  admitNode(
+    node: SimulatedNode,
+    nodeName: string,
+    port: number,
+    addresses: string[],
+  ): Promise<void>;
+  /** Refuses the nodes' connections and cuts the open ones. */
+  down(): Promise<void>;
+  /** Accepts them again. */
+  up(): void;
+  close(): Promise<void>;
+}
+
+/** The test API server (tests/support/kube_apiserver.ts) as a {@linkcode PolicyApi}. */
+export class TestServerApi implements PolicyApi {
+  readonly name = "the test API server";
+  readonly pki: TestPki;
+  readonly server: KubeApiServer;
+
+  private constructor(pki: TestPki, server: KubeApiServer) {
+    this.pki = pki;
+    this.server = server;
+  }
+
+  /** A new test API server with its own PKI. */
+  static async start(): Promise<TestServerApi> {
+    const pki = await makeTestPki();
+    return new TestServerApi(pki, KubeApiServer.start({ pki }));
+  }
+
+  get url(): string {
+    return this.server.url;
+  }
+
+  write(resource: Resource, obj: Obj): Promise<number> {
+    return Promise.resolve(Number(this.server.put(resource, obj).metadata.resourceVersion));
+  }
+
+  remove(resource: Resource, namespace: string | undefined, name: string) {
+    const gone = this.server.remove(resource, namespace, name);
+    return Promise.resolve(gone ? Number(this.server.resourceVersion) : null);
+  }
+
+  /** The kubeconfig as a cluster hands one out: YAML (the bearer token inline). */
+  async admitNode(node: SimulatedNode, _name: string, port: number): Promise<void> {
+    const yaml = stringifyYaml(JSON.parse(kubeconfigFor(this.server, port)));
+    await Deno.writeTextFile(node.sandbox.host("kubeconfig"), yaml);
+  }
+
+  down(): Promise<void> {
+    return this.server.down();
+  }
+
+  up(): void {
+    this.server.up();
+  }
+
+  async close(): Promise<void> {
+    await this.server.close().catch(() => {});
+    await Deno.remove(this.pki.dir, { recursive: true }).catch(() => {});
+  }
+}
 
 /** The cluster's Service CIDRs (routed through every pod's host link). */
 export const SERVICE_CIDRS = { ipv4: "172.30.0.0/16", ipv6: "fd00:30::/108" };
@@ -63,8 +152,8 @@ export type ContainerPorts = { name?: string; containerPort: number; protocol?: 
 
 /** The cluster: the API server, its bridge, the nodes and the pods. */
 export class PolicyCluster implements AsyncDisposable {
-  readonly pki: TestPki;
-  readonly server: KubeApiServer;
+  /** The API server. */
+  readonly api: PolicyApi;
   readonly bridge: KubeBridge;
   readonly nodes: SimulatedNode[] = [];
   readonly pods = new Map<string, ClusterPod>();
@@ -72,31 +161,80 @@ export class PolicyCluster implements AsyncDisposable {
   /** The resourceVersion of the last write of each kind (what {@linkcode settle} waits for). */
   readonly #lastRv = new Map<Resource, number>();
   readonly #probers: Prober[] = [];
+  /** The queued writes, in order; the first failure is kept and thrown by {@linkcode flush}. */
+  #writes: Promise<void> = Promise.resolve();
+  #pending = 0;
+  #writeError: unknown = null;
 
-  private constructor(pki: TestPki, server: KubeApiServer) {
-    this.pki = pki;
-    this.server = server;
-    this.bridge = KubeBridge.start(server);
+  private constructor(api: PolicyApi) {
+    this.api = api;
+    this.bridge = KubeBridge.start(api);
   }
 
-  /** The API server and its bridge (no node yet). */
-  static async start(): Promise<PolicyCluster> {
-    const pki = await makeTestPki();
-    return new PolicyCluster(pki, KubeApiServer.start({ pki }));
+  /** The cluster on `api` (default: a new test API server), and its bridge (no node yet). */
+  static async start(api?: PolicyApi): Promise<PolicyCluster> {
+    return new PolicyCluster(api ?? await TestServerApi.start());
   }
 
-  /** Creates or replaces an object, remembering its resourceVersion. */
-  put(resource: Resource, obj: Obj): Obj {
-    const stored = this.server.put(resource, obj);
-    this.#lastRv.set(resource, Number(stored.metadata.resourceVersion));
-    return stored;
+  /** The test API server's PKI; throws on a real one. */
+  get pki(): TestPki {
+    if (this.api instanceof TestServerApi) return this.api.pki;
+    throw new Error(`This cluster runs on ${this.api.name}, not on the test API server`);
   }
 
-  /** Deletes an object, remembering the delete's resourceVersion. */
-  remove(resource: Resource, namespace: string | undefined, name: string): void {
-    if (this.server.remove(resource, namespace, name)) {
-      this.#lastRv.set(resource, Number(this.server.resourceVersion));
+  /** The test API server (for the faults only it can inject); throws on a real one. */
+  get server(): KubeApiServer {
+    if (this.api instanceof TestServerApi) return this.api.server;
+    throw new Error(`This cluster runs on ${this.api.name}, not on the test API server`);
+  }
+
+  /**
+   * Runs `write` after the writes queued before it; with none pending it starts at once,
+   * so that on the test API server (whose writes are synchronous) a write has happened
+   * when {@linkcode put} returns, as it always had.
+   */
+  #queue(write: () => Promise<number | null>, resource: Resource): void {
+    const run = async (started?: Promise<number | null>) => {
+      if (this.#writeError !== null) return;
+      try {
+        const rv = await (started ?? write());
+        if (rv !== null) this.#lastRv.set(resource, Math.max(rv, this.#lastRv.get(resource) ?? 0));
+      } catch (err) {
+        this.#writeError = err;
+      } finally {
+        this.#pending--;
+      }
+    };
+    const idle = this.#pending === 0;
+    this.#pending++;
+    if (idle && this.#writeError === null) {
+      let started: Promise<number | null>;
+      try {
+        started = write();
+      } catch (err) {
+        started = Promise.reject(err);
+      }
+      this.#writes = run(started);
+    } else {
+      this.#writes = this.#writes.then(() => run());
     }
+  }
+
+  /** Waits for every queued write; throws the first that failed. */
+  async flush(): Promise<void> {
+    await this.#writes;
+    if (this.#writeError !== null) throw this.#writeError;
+  }
+
+  /** Creates or replaces an object (queued), remembering its resourceVersion. */
+  put(resource: Resource, obj: Obj): void {
+    const copy = structuredClone(obj);
+    this.#queue(() => this.api.write(resource, copy), resource);
+  }
+
+  /** Deletes an object (queued), remembering the delete's resourceVersion. */
+  remove(resource: Resource, namespace: string | undefined, name: string): void {
+    this.#queue(() => this.api.remove(resource, namespace, name), resource);
   }
 
   /** A namespace with its labels. */
@@ -119,7 +257,9 @@ export class PolicyCluster implements AsyncDisposable {
     });
     this.nodes.push(node);
     const port = await this.bridge.into(node.vpc.node.name);
-    await Deno.writeTextFile(node.sandbox.host("kubeconfig"), kubeconfigFor(this.server, port));
+    const addresses = [node.nic?.ipv4, node.nic?.ipv6].filter((a): a is string => !!a);
+    await this.flush();
+    await this.api.admitNode(node, name, port, addresses);
     await node.startAgent();
     return node;
   }
@@ -175,6 +315,7 @@ export class PolicyCluster implements AsyncDisposable {
     await this.servers.start(ns, `${namespace}/${name}`, POD_PORTS);
     const args = this.cniArgs(namespace, name);
     const containerId = `c-${namespace}-${name}${suffix}`;
+    await this.flush();
     const res = await node.add(ns, { containerId, args, config: this.netconf(node) });
     const addr = (fam: 4 | 6) =>
       res.ips.map((i) => i.address.split("/")[0]).find((x) => x.includes(":") === (fam === 6))!;
@@ -243,6 +384,7 @@ export class PolicyCluster implements AsyncDisposable {
    * cache's enforced resourceVersion at least the last write's, nothing pending).
    */
   async settle(timeoutMs = 20_000): Promise<void> {
+    await this.flush();
     const want = new Map(this.#lastRv);
     for (const node of this.nodes) {
       let last: Status["policy"] | undefined;
@@ -267,8 +409,8 @@ export class PolicyCluster implements AsyncDisposable {
     await this.servers[Symbol.asyncDispose]().catch(() => {});
     for (const n of [...this.nodes].reverse()) await n.close().catch(() => {});
     await this.bridge.close().catch(() => {});
-    await this.server.close().catch(() => {});
-    await Deno.remove(this.pki.dir, { recursive: true }).catch(() => {});
+    await this.#writes.catch(() => {});
+    await this.api.close().catch(() => {});
   }
 
   [Symbol.asyncDispose](): Promise<void> {

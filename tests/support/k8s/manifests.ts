@@ -1,0 +1,177 @@
+/**
+ * The shipped manifests (deploy/kubernetes/*.yaml) applied to a real API server as
+ * `kubectl apply --server-side` applies them: each YAML document is PATCHed as
+ * `application/apply-patch+yaml` to its object's path (found by discovery), with strict
+ * field validation, so the server's own validation and defaulting judge every field. A
+ * document whose API the server does not serve (Kyverno's ClusterPolicy without Kyverno's
+ * CRDs) is reported, not applied.
+ *
+ * @module
+ */
+import { parseAllDocuments } from "yaml";
+import { z } from "zod";
+import { ROOT } from "../../../scripts/_paths.ts";
+import { type KubeRest, KubeStatusError, type Stored, StoredSchema } from "./rest.ts";
+
+/** The folder of the shipped manifests. */
+export const MANIFEST_DIR = `${ROOT}/deploy/kubernetes`;
+
+/** The field manager the tests apply as. */
+export const FIELD_MANAGER = "enim-tests";
+
+const DocSchema = z.looseObject({
+  apiVersion: z.string(),
+  kind: z.string(),
+  metadata: z.looseObject({ name: z.string(), namespace: z.optional(z.string()) }),
+});
+
+/** One document of a manifest. */
+export interface ManifestDoc {
+  file: string;
+  apiVersion: string;
+  kind: string;
+  namespace?: string;
+  name: string;
+  /** The document's YAML text. */
+  text: string;
+}
+
+/**
+ * Every document of the `.yaml` files in `dir` (sorted by file name), parsed; for a
+ * cluster of `version` when given ({@linkcode forRelease}).
+ */
+export async function readManifests(version?: string, dir = MANIFEST_DIR): Promise<ManifestDoc[]> {
+  const files = [...Deno.readDirSync(dir)]
+    .filter((e) => e.isFile && e.name.endsWith(".yaml"))
+    .map((e) => e.name)
+    .sort();
+  const out: ManifestDoc[] = [];
+  for (const file of files) {
+    const text = await Deno.readTextFile(`${dir}/${file}`);
+    for (const doc of parseAllDocuments(text)) {
+      if (doc.errors.length) throw new Error(`${file}: ${doc.errors[0].message}`);
+      const js = doc.toJS();
+      if (js === null || js === undefined) continue;
+      const d = DocSchema.parse(js);
+      out.push({
+        file,
+        apiVersion: d.apiVersion,
+        kind: d.kind,
+        namespace: d.metadata.namespace,
+        name: d.metadata.name,
+        text: JSON.stringify(js),
+      });
+    }
+  }
+  return version ? forRelease(out, version) : out;
+}
+
+/**
+ * The documents as a cluster of `version` takes them, as eni-request-policy.yaml's own
+ * comment says: MutatingAdmissionPolicy is `admissionregistration.k8s.io/v1` from 1.36;
+ * on 1.34 and 1.35 it is written `v1beta1` (the API server needs the feature gate and the
+ * runtime config, {@linkcode admissionFlags}).
+ */
+export function forRelease(docs: ManifestDoc[], version: string): ManifestDoc[] {
+  const minor = Number(version.split(".")[1]);
+  if (minor >= 36) return docs;
+  return docs.map((d) => {
+    if (!d.kind.startsWith("MutatingAdmissionPolicy")) return d;
+    const apiVersion = "admissionregistration.k8s.io/v1beta1";
+    const obj = JSON.parse(d.text);
+    return { ...d, apiVersion, text: JSON.stringify({ ...obj, apiVersion }) };
+  });
+}
+
+/** The kube-apiserver flags that serve MutatingAdmissionPolicy on `version` (none from 1.36). */
+export function admissionFlags(version: string): string[] {
+  const minor = Number(version.split(".")[1]);
+  if (minor >= 36) return [];
+  return [
+    "--feature-gates=MutatingAdmissionPolicy=true",
+    "--runtime-config=admissionregistration.k8s.io/v1beta1=true",
+  ];
+}
+
+/** What happened to one document. */
+export type ApplyOutcome =
+  | { doc: ManifestDoc; applied: Stored }
+  | { doc: ManifestDoc; notServed: string };
+
+/** Whether the server serves `apiVersion` at all (discovery answers 404 otherwise). */
+async function served(rest: KubeRest, apiVersion: string): Promise<boolean> {
+  const path = apiVersion.includes("/") ? `/apis/${apiVersion}` : `/api/${apiVersion}`;
+  const r = await rest.raw("GET", path);
+  return r.status === 200;
+}
+
+/**
+ * Applies every document of `docs` in order (server-side apply, strict validation); a
+ * document of an API the server does not serve is skipped with the reason. A document the
+ * server refuses throws, naming the file.
+ */
+export async function applyManifests(rest: KubeRest, docs: ManifestDoc[]): Promise<ApplyOutcome[]> {
+  const out: ApplyOutcome[] = [];
+  for (const doc of docs) {
+    if (!(await served(rest, doc.apiVersion))) {
+      out.push({ doc, notServed: `the API server does not serve ${doc.apiVersion}` });
+      continue;
+    }
+    const path = await rest.pathOf(doc.apiVersion, doc.kind, doc.namespace, doc.name);
+    try {
+      out.push({ doc, applied: await rest.apply(path, doc.text, StoredSchema, FIELD_MANAGER) });
+    } catch (err) {
+      if (err instanceof KubeStatusError) {
+        throw new Error(`${doc.file}: ${doc.kind} "${doc.name}" was refused: ${err.message}`, {
+          cause: err,
+        });
+      }
+      throw err;
+    }
+  }
+  return out;
+}
+
+const DryRunPodSchema = z.looseObject({
+  spec: z.looseObject({
+    containers: z.array(z.looseObject({
+      resources: z.optional(z.looseObject({
+        limits: z.optional(z.record(z.string(), z.string())),
+      })),
+    })),
+  }),
+});
+
+/**
+ * Waits until eni-request-policy.yaml's admission policy acts on pods of `namespace` (a
+ * labelled one): the API server runs a new policy once its own watch has loaded it, a
+ * moment after it is stored, and admits pods without the request until then. Probes with
+ * dry-run pods (admission runs, nothing is stored); returns how long it waited (ms).
+ */
+export async function waitEniPolicy(
+  rest: KubeRest,
+  namespace: string,
+  timeoutMs = 30_000,
+): Promise<number> {
+  const t0 = performance.now();
+  for (;;) {
+    const pod = await rest.create(
+      `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods`,
+      {
+        apiVersion: "v1",
+        kind: "Pod",
+        metadata: { name: "enim-policy-probe" },
+        spec: { containers: [{ name: "probe", image: "registry.example.com/probe:1" }] },
+      },
+      DryRunPodSchema,
+      { dryRun: "All" },
+    );
+    if (pod.spec.containers[0].resources?.limits?.["enim.dev/eni"] === "1") {
+      return Math.round(performance.now() - t0);
+    }
+    if (performance.now() - t0 > timeoutMs) {
+      throw new Error(`The ENI admission policy did not act on "${namespace}" in ${timeoutMs} ms`);
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
