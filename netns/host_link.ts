@@ -426,7 +426,11 @@ export function podRuleset(
  * (the pod's answer to a probe, a hostPort client, a Service client of this node), a
  * connection kube-proxy masqueraded (its first packet carries kube-proxy's mark, the
  * rest the conntrack's source NAT): it then has the node's identity. Everything else the
- * pod's rules on the node send back over its node end, to leave by the pod's ENI. And
+ * pod's rules on the node send back over its node end, to leave by the pod's ENI. What a
+ * pod sends through its node end that no NAT rewrote and that is not a reply (a ClusterIP
+ * kube-proxy has not programmed yet, or will never: an unallocated one in iptables mode)
+ * is dropped rather than forwarded by the node's own routes, which would send it out of
+ * the node's NIC with the pod's address (`tests/k8s_kube_proxy_test.ts`). And
  * the node's ICMP redirects never go to a node end (the node sends that traffic back out
  * of the node end it came from, which the kernel would answer with one). `legacy` names the node
  * ends of pods ADDed by an enim before issue 34 (no rules of their own on the node):
@@ -457,6 +461,16 @@ export function nodeTableRuleset(
     `\t\ttype filter hook prerouting priority dstnat + 10; policy accept;`,
     `\t\tiifgroup ${g} ct direction original ct state new ct mark set ct mark | ${m}`,
     `\t\tiifgroup ${g} ct mark & ${m} == ${m} ct status & dnat == dnat ct status & snat == 0 meta mark & ${k} == 0 meta mark set meta mark | ${m}`,
+    `\t}`,
+    `\tchain forward {`,
+    `\t\ttype filter hook forward priority filter; policy accept;`,
+    ...(legacy.length === 0
+      ? [`\t\tiifgroup ${g} oifgroup != ${g} ct direction original ct status & dnat == 0 drop`]
+      : [
+        `\t\tiifgroup ${g} iifname != { ${
+          legacy.map((n) => `"${n}"`).join(", ")
+        } } oifgroup != ${g} ct direction original ct status & dnat == 0 drop`,
+      ]),
     `\t}`,
     `\tchain output {`,
     `\t\ttype filter hook output priority filter; policy accept;`,

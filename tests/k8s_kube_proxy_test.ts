@@ -33,7 +33,6 @@ import { StoredListSchema, StoredSchema } from "./support/k8s/rest.ts";
 import { passed } from "./support/prober.ts";
 
 const MISSING = goMissing();
-if (MISSING) console.error(`k8s_kube_proxy_test: skipped: ${MISSING}`);
 const DEPS = MISSING === null
   ? await clientDeps("k8s_kube_proxy_test", [...TRAFFIC_NEEDS, ...KUBE_PROXY_NEEDS])
   : { skip: MISSING };
@@ -356,6 +355,57 @@ Deno.test({
     } catch (err) {
       for (const n of c.nodes) console.error((await n.agentLog()).slice(-4000));
       throw err;
+    } finally {
+      await proxy?.stop().catch(() => {});
+      await c.close();
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "a pod's packet to a ClusterIP kube-proxy has not programmed (before its first sync; an unallocated ClusterIP in iptables mode) never leaves by the node's NIC",
+  ignore: DEPS.skip !== null,
+  async fn(t) {
+    const api = await RealApi.start({ serviceCidrs: [SERVICE_CIDRS.ipv4, SERVICE_CIDRS.ipv6] });
+    const c = await PolicyCluster.start(api);
+    let proxy: RealKubeProxy | null = null;
+    try {
+      c.namespace("alpha", { team: "a" });
+      const a = await c.node("node-a", { nodeNic: true, mock: { enis: 3 } });
+      const web = await c.pod(a, "node-a", "alpha", "web", { app: "web" }, []);
+      await c.settle();
+      const before = await a.vpc.sourceCheckDrops();
+      const probe = (addr: string) =>
+        web.prober.probe(
+          [{ proto: "tcp", addr, port: 5432 }, { proto: "udp", addr, port: 53 }],
+          500,
+        );
+      await t.step("no kube-proxy yet: nothing of the pod leaves by the node's NIC", async () => {
+        await probe(CLUSTER_IP);
+        assertEquals(await a.vpc.sourceCheckDrops() - before, 0);
+      });
+      proxy = await RealKubeProxy.start(api.cluster, {
+        netns: a.vpc.node.name,
+        nodeName: "node-a",
+        apiPort: await c.bridge.into(a.vpc.node.name),
+        mode: "iptables",
+      });
+      const p = proxy;
+      assert(
+        await poll(async () => (await p.rules()).includes("KUBE-SERVICES") || null, {
+          timeoutMs: 60_000,
+          intervalMs: 200,
+        }),
+        "kube-proxy wrote no rules",
+      );
+      await t.step(
+        "iptables mode, an unallocated ClusterIP: nothing leaves by the node's NIC",
+        async () => {
+          await probe("172.30.0.99");
+          assertEquals(await a.vpc.sourceCheckDrops() - before, 0);
+        },
+      );
     } finally {
       await proxy?.stop().catch(() => {});
       await c.close();
