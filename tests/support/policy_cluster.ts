@@ -28,7 +28,6 @@ import type { NetnsHandle } from "./vpc.ts";
 import { Servers } from "./traffic.ts";
 import { Prober } from "./prober.ts";
 import type { Status } from "../../api/schema.ts";
-import { stringify as stringifyYaml } from "yaml";
 
 /**
  * The API server a {@linkcode PolicyCluster} writes to and its nodes' agents read:
@@ -93,8 +92,7 @@ export class TestServerApi implements PolicyApi {
 
   /** The kubeconfig as a cluster hands one out: YAML (the bearer token inline). */
   async admitNode(node: SimulatedNode, _name: string, port: number): Promise<void> {
-    const yaml = stringifyYaml(JSON.parse(kubeconfigFor(this.server, port)));
-    await Deno.writeTextFile(node.sandbox.host("kubeconfig"), yaml);
+    await Deno.writeTextFile(node.sandbox.host("kubeconfig"), kubeconfigFor(this.server, port));
   }
 
   down(): Promise<void> {
