@@ -73,7 +73,7 @@ async function setUp(k: Case): Promise<Bench> {
       name,
       ns: await node.vpc.pod(`w-${name}`),
       containerId: `c-w-${name}`,
-      args: c.cniArgs("w", name),
+      args: await c.cniArgs("w", name),
     };
     await c.del(old);
     const final = () => {

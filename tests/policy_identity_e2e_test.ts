@@ -116,7 +116,7 @@ async function newPod(
   await c.servers.start(netns, `${ns}/${name}`, POD_PORTS);
   const call = {
     containerId: `c-${ns}-${name}`,
-    args: c.cniArgs(ns, name),
+    args: await c.cniArgs(ns, name),
     config: c.netconf(node),
   };
   return { netns, call };

@@ -43,6 +43,8 @@ export interface PolicyApi {
   write(resource: Resource, obj: Obj): Promise<number>;
   /** Deletes an object; resolves to the delete's resourceVersion (null: it was not there). */
   remove(resource: Resource, namespace: string | undefined, name: string): Promise<number | null>;
+  /** The uid the server gave a pod (undefined: no such pod). */
+  podUid(namespace: string, name: string): Promise<string | undefined>;
   /**
    * Gives `node` (named `nodeName` in the cluster; `addresses` its own) what its agent
    * needs: the kubeconfig at the sandbox's `kubeconfig` for `https://127.0.0.1:<port>`.
@@ -88,6 +90,10 @@ export class TestServerApi implements PolicyApi {
   remove(resource: Resource, namespace: string | undefined, name: string) {
     const gone = this.server.remove(resource, namespace, name);
     return Promise.resolve(gone ? Number(this.server.resourceVersion) : null);
+  }
+
+  podUid(namespace: string, name: string): Promise<string | undefined> {
+    return Promise.resolve(this.server.get("pods", `${namespace}/${name}`)?.metadata.uid);
   }
 
   /** The kubeconfig as a cluster hands one out: YAML (the bearer token inline). */
@@ -311,7 +317,7 @@ export class PolicyCluster implements AsyncDisposable {
   ): Promise<ClusterPod> {
     const ns = await node.vpc.pod(`${namespace}-${name}${suffix}`.slice(0, 32));
     await this.servers.start(ns, `${namespace}/${name}`, POD_PORTS);
-    const args = this.cniArgs(namespace, name);
+    const args = await this.cniArgs(namespace, name);
     const containerId = `c-${namespace}-${name}${suffix}`;
     await this.flush();
     const res = await node.add(ns, { containerId, args, config: this.netconf(node) });
@@ -342,8 +348,9 @@ export class PolicyCluster implements AsyncDisposable {
   }
 
   /** The CNI_ARGS kubelet passes for a pod: its namespace, name and uid (its object's). */
-  cniArgs(namespace: string, name: string): string {
-    const uid: string | undefined = this.server.get("pods", `${namespace}/${name}`)?.metadata.uid;
+  async cniArgs(namespace: string, name: string): Promise<string> {
+    await this.flush();
+    const uid = await this.api.podUid(namespace, name);
     return `K8S_POD_NAMESPACE=${namespace};K8S_POD_NAME=${name};${
       uid ? `K8S_POD_UID=${uid};` : ""
     }IgnoreUnknown=1`;

@@ -167,6 +167,12 @@ export class RealApi implements PolicyApi {
     return Number(stored.metadata.resourceVersion);
   }
 
+  /** The uid the real server gave a pod (undefined: no such pod). */
+  async podUid(namespace: string, name: string): Promise<string | undefined> {
+    const path = `/api/v1/namespaces/${enc(namespace)}/pods/${enc(name)}`;
+    return (await this.cluster.admin.find(path, PodStoredSchema))?.metadata.uid;
+  }
+
   /** A Pod as the harness describes it: created or relabelled, its status by its kubelet. */
   async #pod(obj: Obj): Promise<number> {
     const { namespace, name } = obj.metadata;
