@@ -94,6 +94,8 @@ export const APT_PACKAGES = {
       "/usr/sbin/ip6tables",
       "/usr/sbin/iptables-restore",
       "/usr/sbin/ip6tables-restore",
+      // What the real kube-proxy's iptables mode wrote (tests/support/k8s/kube_proxy.ts).
+      "/usr/sbin/iptables-save",
     ],
     users: ["test"],
   },
