@@ -112,7 +112,16 @@ interface Case {
   expect: Expect;
   /** Probe IPv6 too (default IPv4 only). */
   ipv6?: boolean;
+  /**
+   * A policy no kube-apiserver of enim's releases stores (its validation refuses it: 422), as
+   * a newer server's field or value would reach an older agent: run on the test API server
+   * only, which stores what it is given.
+   */
+  newerServer?: true;
 }
+
+/** Why a {@linkcode Case.newerServer} case does not run on the real server. */
+const NEWER_SERVER = "the real kube-apiserver refuses it (422), as a newer release might not";
 
 const DB = { matchLabels: { app: "db" } };
 const WEB = { matchLabels: { app: "web" } };
@@ -433,6 +442,7 @@ const CASES: Case[] = [
       ingress: [{ ports: [{ protocol: "FOO", port: 5432 }] }, { from: [TEAM("b")] }],
     }]],
     expect: (_s, d) => d.id !== "alpha/db",
+    newerServer: true,
   },
   {
     name:
@@ -444,6 +454,7 @@ const CASES: Case[] = [
       egress: [{}],
     }]],
     expect: (s, d) => s.ns !== "alpha" && d.ns !== "alpha",
+    newerServer: true,
   },
 ];
 
@@ -747,12 +758,17 @@ Deno.test({
       current = [];
       let probes = 0;
       for (const k of CASES) {
-        await t.step(k.name, async () => {
-          await setPolicies(
-            c,
-            typeof k.policies === "function" ? k.policies(podsOf(c)) : k.policies,
-          );
-          probes += await checkMatrix(c, k.expect, k.ipv6);
+        const ignore = API.real && k.newerServer === true;
+        await t.step({
+          name: ignore ? `${k.name} (${NEWER_SERVER})` : k.name,
+          ignore,
+          fn: async () => {
+            await setPolicies(
+              c,
+              typeof k.policies === "function" ? k.policies(podsOf(c)) : k.policies,
+            );
+            probes += await checkMatrix(c, k.expect, k.ipv6);
+          },
         });
       }
       await t.step(`${CASES.length} cases, ${probes} probes in all`, () => {
@@ -777,9 +793,11 @@ Deno.test({
         await sendSctp(c, P["alpha/web"], P["alpha/db"].v4, [7777]);
         assertEquals(await counts(), [2, 1], "a TCP port admits no SCTP");
       });
-      await t.step(
-        "a policy with a protocol enim does not know (FOO) fails closed: its pod admits nothing through it, and status, metrics and log say so",
-        async () => {
+      await t.step({
+        name:
+          "a policy with a protocol enim does not know (FOO) fails closed: its pod admits nothing through it, and status, metrics and log say so",
+        ignore: API.real,
+        fn: async () => {
           await setPolicies(c, [["alpha", "future", {
             podSelector: DB,
             // Read, the second rule would admit web.
@@ -822,7 +840,7 @@ Deno.test({
             "deleted: no longer shown",
           );
         },
-      );
+      });
       await t.step(
         "the pod's own node is always allowed both ways, even under deny-all",
         async () => {
