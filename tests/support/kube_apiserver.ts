@@ -53,7 +53,7 @@
  *
  * @module
  */
-import { type Gate, splice } from "./splice.ts";
+import { TcpRelay as Relay } from "./tcp_relay.ts";
 import type { TestPki } from "./kube_pki.ts";
 
 /** The resources served. */
@@ -182,98 +182,6 @@ export interface KubeApiServerOptions {
 }
 
 const encoder = new TextEncoder();
-
-/** A relay from a public port to the server, which can cut, refuse and come back. */
-class Relay {
-  readonly port: number;
-  readonly #backend: number;
-  #listener: Deno.TcpListener | null = null;
-  #accepting: Promise<void> = Promise.resolve();
-  readonly #conns = new Set<Deno.Conn>();
-  readonly #pipes = new Set<Promise<void>>();
-  readonly #gates = new Set<Gate>();
-
-  private constructor(port: number, backend: number) {
-    this.port = port;
-    this.#backend = backend;
-  }
-
-  static start(backend: number): Relay {
-    const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
-    const relay = new Relay(listener.addr.port, backend);
-    relay.#serve(listener);
-    return relay;
-  }
-
-  get isUp(): boolean {
-    return this.#listener !== null;
-  }
-
-  #serve(listener: Deno.TcpListener): void {
-    this.#listener = listener;
-    this.#accepting = (async () => {
-      try {
-        for await (const conn of listener) this.#relay(conn);
-      } catch { /* the listener closed */ }
-    })();
-  }
-
-  #relay(conn: Deno.TcpConn): void {
-    // Without it each small write waits for the peer's delayed ACK (~40 ms a request).
-    conn.setNoDelay(true);
-    const gate: Gate = { dropping: false };
-    this.#gates.add(gate);
-    const pipe = splice(
-      conn,
-      async () => {
-        const up = await Deno.connect({ hostname: "127.0.0.1", port: this.#backend });
-        up.setNoDelay(true);
-        return up;
-      },
-      this.#conns,
-      gate,
-    );
-    this.#pipes.add(pipe);
-    pipe.finally(() => {
-      this.#pipes.delete(pipe);
-      this.#gates.delete(gate);
-    });
-  }
-
-  /**
-   * Every relayed connection open now stops carrying bytes, both ways, and stays open
-   * (no FIN, no RST); new connections are relayed as before. Returns how many went silent.
-   */
-  blackhole(): number {
-    for (const g of this.#gates) g.dropping = true;
-    return this.#gates.size;
-  }
-
-  /** Closes every relayed connection (both ends), as a network failure would. */
-  async cut(): Promise<void> {
-    for (const c of [...this.#conns]) {
-      try {
-        c.close();
-      } catch { /* already closed */ }
-    }
-    this.#conns.clear();
-    await Promise.all([...this.#pipes]);
-  }
-
-  /** Stops accepting (connections are refused) and cuts the open ones. */
-  async down(): Promise<void> {
-    this.#listener?.close();
-    this.#listener = null;
-    await this.#accepting;
-    await this.cut();
-  }
-
-  /** Accepts again on the same port. */
-  up(): void {
-    if (this.#listener !== null) return;
-    this.#serve(Deno.listen({ hostname: "127.0.0.1", port: this.port }));
-  }
-}
 
 /** The test API server (see the module doc). */
 export class KubeApiServer implements AsyncDisposable {

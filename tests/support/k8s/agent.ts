@@ -15,7 +15,7 @@ import { type AgentProcess, fakeDevicesConfig, startAgent } from "../agent_proc.
 import { SocketAgentClient } from "../../../api/client.ts";
 import type { PolicyStatus, Status } from "../../../api/schema.ts";
 import type { KubeCluster } from "./cluster.ts";
-import { TcpRelay } from "./relay.ts";
+import { TcpRelay } from "../tcp_relay.ts";
 import { ProjectedToken } from "./token.ts";
 import { AGENT_SERVICE_ACCOUNT } from "./policy_api.ts";
 

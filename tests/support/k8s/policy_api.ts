@@ -11,7 +11,7 @@
  * agent authenticates as the shipped ServiceAccount `kube-system/enim-agent` with a
  * TokenRequest token in a projected-volume folder of its sandbox (tests/support/k8s/token.ts)
  * through a YAML kubeconfig with `tokenFile`. The nodes reach the API server through a
- * relay (tests/support/k8s/relay.ts) that {@linkcode RealApi.down} and {@linkcode RealApi.up}
+ * relay (tests/support/tcp_relay.ts) that {@linkcode RealApi.down} and {@linkcode RealApi.up}
  * control.
  *
  * @module
@@ -23,7 +23,7 @@ import type { SimulatedNode } from "../node.ts";
 import { KubeCluster, type KubeClusterOptions } from "./cluster.ts";
 import { SimulatedKubelet } from "./kubelet.ts";
 import { applyManifests, type ApplyOutcome, FIELD_MANAGER, readManifests } from "./manifests.ts";
-import { TcpRelay } from "./relay.ts";
+import { TcpRelay } from "../tcp_relay.ts";
 import { StoredSchema } from "./rest.ts";
 import { ProjectedToken } from "./token.ts";
 import { goMissing } from "./build.ts";

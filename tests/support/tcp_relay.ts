@@ -1,13 +1,14 @@
 /**
- * A TCP relay on 127.0.0.1 in front of a real component (the API server, as clients reach
- * it), which a test can cut (every open connection closed, as a network failure does),
- * take down (connections refused) and bring back on the same port.
+ * A TCP relay on 127.0.0.1 in front of a server (the test API server, or the real
+ * kube-apiserver as clients reach it), which a test can cut (every open connection closed,
+ * as a network failure does), blackhole (open connections go silent, no FIN, no RST), take
+ * down (connections refused) and bring back on the same port.
  *
  * @module
  */
-import { splice } from "../splice.ts";
+import { type Gate, splice } from "./splice.ts";
 
-/** A relay from its own port to `127.0.0.1:<backend>`. */
+/** A relay from its own port on 127.0.0.1 to `127.0.0.1:<backend>`. */
 export class TcpRelay implements AsyncDisposable {
   /** The relay's port on 127.0.0.1. */
   readonly port: number;
@@ -16,6 +17,7 @@ export class TcpRelay implements AsyncDisposable {
   #accepting: Promise<void> = Promise.resolve();
   readonly #conns = new Set<Deno.Conn>();
   readonly #pipes = new Set<Promise<void>>();
+  readonly #gates = new Set<Gate>();
 
   private constructor(port: number, backend: number) {
     this.port = port;
@@ -44,32 +46,54 @@ export class TcpRelay implements AsyncDisposable {
     this.#listener = listener;
     this.#accepting = (async () => {
       try {
-        for await (const conn of listener) {
-          conn.setNoDelay(true);
-          const pipe = splice(conn, async () => {
-            const up = await Deno.connect({ hostname: "127.0.0.1", port: this.#backend });
-            up.setNoDelay(true);
-            return up;
-          }, this.#conns);
-          this.#pipes.add(pipe);
-          pipe.finally(() => this.#pipes.delete(pipe));
-        }
+        for await (const conn of listener) this.#relay(conn);
       } catch { /* the listener closed */ }
     })();
   }
 
-  /** Closes every relayed connection, both ends. */
+  #relay(conn: Deno.TcpConn): void {
+    // Without it each small write waits for the peer's delayed ACK (~40 ms a request).
+    conn.setNoDelay(true);
+    const gate: Gate = { dropping: false };
+    this.#gates.add(gate);
+    const pipe = splice(
+      conn,
+      async () => {
+        const up = await Deno.connect({ hostname: "127.0.0.1", port: this.#backend });
+        up.setNoDelay(true);
+        return up;
+      },
+      this.#conns,
+      gate,
+    );
+    this.#pipes.add(pipe);
+    pipe.finally(() => {
+      this.#pipes.delete(pipe);
+      this.#gates.delete(gate);
+    });
+  }
+
+  /**
+   * Every relayed connection open now stops carrying bytes, both ways, and stays open
+   * (no FIN, no RST); new connections are relayed as before. Returns how many went silent.
+   */
+  blackhole(): number {
+    for (const g of this.#gates) g.dropping = true;
+    return this.#gates.size;
+  }
+
+  /** Closes every relayed connection (both ends), as a network failure would. */
   async cut(): Promise<void> {
     for (const c of [...this.#conns]) {
       try {
         c.close();
-      } catch { /* closed already */ }
+      } catch { /* already closed */ }
     }
     this.#conns.clear();
     await Promise.all([...this.#pipes]);
   }
 
-  /** Refuses connections from now on, and cuts the open ones. */
+  /** Stops accepting (connections are refused) and cuts the open ones. */
   async down(): Promise<void> {
     this.#listener?.close();
     this.#listener = null;
@@ -77,7 +101,7 @@ export class TcpRelay implements AsyncDisposable {
     await this.cut();
   }
 
-  /** Accepts again, on the same port. */
+  /** Accepts again on the same port. */
   up(): void {
     if (this.#listener !== null) return;
     this.#serve(Deno.listen({ hostname: "127.0.0.1", port: this.port }));
