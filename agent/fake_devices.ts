@@ -122,9 +122,13 @@ export class AgentFakeDevices implements DeviceLayer {
     this.#ensure(netns);
     return this.fake.listCounters(netns, table);
   }
-  flushConntrack(netns: string | null, addresses: string[]): Promise<void> {
+  flushConntrack(
+    netns: string | null,
+    addresses: string[],
+    opts?: { listedOnly?: boolean },
+  ): Promise<void> {
     this.#ensure(netns);
-    return this.fake.flushConntrack(netns, addresses);
+    return this.fake.flushConntrack(netns, addresses, opts);
   }
   async netnsIdentity(path: string): Promise<NetnsIdentity | null> {
     this.#ensure(path);

@@ -105,6 +105,18 @@ export function formatIp(ip: Ip): string {
   return `${hex.slice(0, best).join(":")}::${hex.slice(best + bestLen).join(":")}`;
 }
 
+/**
+ * An address as the kernel's `%pI6` and `%pI4` print it (`/proc/net/nf_conntrack`): IPv4
+ * dotted, IPv6 in eight groups of four hex digits, none left out.
+ */
+export function expandedIp(ip: Ip): string {
+  if (ip.family === 4) return formatIp(ip);
+  return Array.from(
+    { length: 8 },
+    (_, i) => ((ip.value >> BigInt(112 - 16 * i)) & 0xffffn).toString(16).padStart(4, "0"),
+  ).join(":");
+}
+
 /** The canonical text of an address; the input itself when it is no address. */
 export function normalizeIp(s: string): string {
   const ip = parseIp(s);

@@ -563,8 +563,15 @@ export class FakeDeviceLayer implements DeviceLayer {
   /** Every `flushConntrack`, in order: the namespace (`NODE` or a path) and addresses. */
   readonly conntrackFlushes: { netns: string; addresses: string[] }[] = [];
 
-  async flushConntrack(netns: string | null, addresses: string[]): Promise<void> {
-    this.calls.push({ op: "flushConntrack", args: { netns, addresses } });
+  async flushConntrack(
+    netns: string | null,
+    addresses: string[],
+    opts: { listedOnly?: boolean } = {},
+  ): Promise<void> {
+    this.calls.push({
+      op: "flushConntrack",
+      args: { netns, addresses, ...(opts.listedOnly ? { listedOnly: true } : {}) },
+    });
     await this.#step("nft");
     if (netns !== null && !this.#ns.has(netns)) {
       throw new DeviceError("conntrack", "netns_invalid", `Netns "${netns}" does not exist`);

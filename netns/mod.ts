@@ -51,7 +51,7 @@
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import { type Logger, nullLogger } from "../lib/log.ts";
-import { isIp, normalizeIp } from "../lib/ip.ts";
+import { expandedIp, formatIp, parseIp } from "../lib/ip.ts";
 import { namesOneNamespace, netnsIdentity, type PinnedNetns, pinNetns } from "./pin.ts";
 import {
   altnameOf,
@@ -205,13 +205,36 @@ interface Pending {
 }
 
 /**
- * Deletes the tracked connections of each address (`"$@"`), original and reply
- * direction, source and destination; `conntrack -D` exits 1 when it found none, which
- * is fine. Fails (127) without `conntrack`.
+ * Deletes the tracked connections of addresses, original and reply direction, source and
+ * destination; `conntrack -D` exits 1 when it found none, which is fine. Fails (127)
+ * without `conntrack`. `$1` is `all` (every address) or `listed`: only the addresses
+ * `/proc/net/nf_conntrack` lists as a source or destination (`=<form> `), read with the
+ * shell's builtins, so that a namespace tracking none of them costs this one process
+ * (every address when the file cannot be read). Then pairs: an address, and its form in
+ * that file (`expandedIp`: IPv6 in full).
  */
 const CONNTRACK_FLUSH_SCRIPT =
   `[ -x ${CONNTRACK_BIN} ] || { echo "${CONNTRACK_BIN} (conntrack-tools) is not installed" >&2; exit 127; }
-for a in "$@"; do
+mode=$1
+shift
+listed=" "
+if [ "$mode" = listed ] && [ -r /proc/net/nf_conntrack ]; then
+  while read -r line; do
+    n=0
+    for x in "$@"; do
+      n=$((n + 1))
+      [ $((n % 2)) -eq 0 ] || continue
+      case "$line" in *"=$x "*) case "$listed" in *" $n "*) ;; *) listed="$listed$n ";; esac;; esac
+    done
+  done < /proc/net/nf_conntrack
+else
+  listed=all
+fi
+n=0
+for x in "$@"; do
+  n=$((n + 1))
+  if [ $((n % 2)) -eq 1 ]; then a=$x; continue; fi
+  case "$listed" in all | *" $n "*) ;; *) continue ;; esac
   for f in --orig-src --orig-dst --reply-src --reply-dst; do ${CONNTRACK_BIN} -D "$f" "$a" >/dev/null 2>&1; done
 done
 exit 0`;
@@ -1298,20 +1321,32 @@ export class IpDeviceLayer implements DeviceLayer {
    * reply direction's source and destination (a connection a Service's DNAT rewrote
    * names the pod in its reply direction only).
    */
-  async flushConntrack(netns: string | null, addresses: string[]): Promise<void> {
+  async flushConntrack(
+    netns: string | null,
+    addresses: string[],
+    opts: { listedOnly?: boolean } = {},
+  ): Promise<void> {
     const addrs = addresses.map((a) => {
-      if (!isIp(a)) throw new TypeError(`Invalid address "${a}"`);
-      return normalizeIp(a);
+      const ip = parseIp(a);
+      if (!ip) throw new TypeError(`Invalid address "${a}"`);
+      return { text: formatIp(ip), listed: expandedIp(ip) };
     });
     if (addrs.length === 0) return;
     const where = netns === null ? "on the node" : `in netns "${netns}"`;
     if (netns !== null) await this.#requireNetns("conntrack", netns);
     await this.#run(
       "conntrack",
-      `Cannot delete the tracked connections of ${addrs.join(", ")} ${where}`,
+      `Cannot delete the tracked connections of ${addrs.map((a) => a.text).join(", ")} ${where}`,
       () =>
         spawn(inNetnsArgv(
-          [SH_BIN, "-c", CONNTRACK_FLUSH_SCRIPT, "sh", ...addrs],
+          [
+            SH_BIN,
+            "-c",
+            CONNTRACK_FLUSH_SCRIPT,
+            "sh",
+            opts.listedOnly ? "listed" : "all",
+            ...addrs.flatMap((a) => [a.text, a.listed]),
+          ],
           netns ?? this.#node ?? "/proc/self/ns/net",
         )),
     );

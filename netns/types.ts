@@ -354,9 +354,16 @@ export interface DeviceLayer {
   /**
    * Deletes the connections tracked in the namespace at `netns` (null: the node) to or
    * from any of `addresses`, either direction, NAT'd or not (`conntrack -D`): they were
-   * another pod's. Throws {@linkcode DeviceError} (an invalid address, no `conntrack`).
+   * another pod's. With `listedOnly`, `conntrack` runs only for the addresses the
+   * namespace's `/proc/net/nf_conntrack` lists (read by the shell that would run it: one
+   * process, where most namespaces track none of them), and for all of them when that file
+   * cannot be read. Throws {@linkcode DeviceError} (an invalid address, no `conntrack`).
    */
-  flushConntrack(netns: string | null, addresses: string[]): Promise<void>;
+  flushConntrack(
+    netns: string | null,
+    addresses: string[],
+    opts?: { listedOnly?: boolean },
+  ): Promise<void>;
 }
 
 /** A network namespace held open for one operation (see `netns/pin.ts`). */

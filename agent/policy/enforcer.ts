@@ -519,7 +519,7 @@ export class PolicyEnforcer implements PolicyHook {
       else if (mine.length > 0) loads.push(editPod(this.#podTables, att, mine));
       // The connections its table admitted as an address's old pod's go, after its loads.
       const gone = retiredIn(ch, full ? null : mine);
-      if (gone.length > 0 && !att.noTable) loads.push(this.#forget(att.netns, gone));
+      if (gone.length > 0 && !att.noTable) loads.push(this.#forget(att.netns, gone, true));
     }
     // With `deferPods` the node's set edits wait too (the node's update then holds only
     // the new pod's chains and the sets new to the node): the deferred flush applies them.
@@ -576,13 +576,18 @@ export class PolicyEnforcer implements PolicyHook {
    * Deletes the connections tracked for `addresses` in a table's namespace (null: the
    * node), queued after its loads (so its sets no longer admit them as their old pod's),
    * never superseded by a whole render: they were that pod's. A failure is logged (new
-   * connections are denied all the same).
+   * connections are denied all the same). A pod's namespace (`listedOnly`) runs
+   * `conntrack` only for what it tracks: a DEL retires the pod's addresses in every local
+   * pod whose sets held them, and most never talked to it (a `conntrack -D` per address and
+   * direction in each took 10 processes a namespace, and most of the CPU of a back-to-back
+   * ADD on a node of 50 such pods: `bench/compare.ts`). The node's own table, which may
+   * track many connections, deletes them at once.
    */
-  #forget(netns: string | null, addresses: string[]): Promise<boolean> {
+  #forget(netns: string | null, addresses: string[], listedOnly = false): Promise<boolean> {
     return this.#loads.enqueue(
       netns,
       () =>
-        this.#devices.flushConntrack(netns, addresses).then(() => true, (err) => {
+        this.#devices.flushConntrack(netns, addresses, { listedOnly }).then(() => true, (err) => {
           this.#log.warn(
             "NetworkPolicy: cannot delete the tracked connections of addresses no longer their pod's",
             { ...(netns ? { netns } : {}), addresses, error: userMessage(err) },
