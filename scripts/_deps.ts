@@ -96,6 +96,7 @@ export const APT_PACKAGES = {
       "/usr/sbin/ip6tables-restore",
       // What the real kube-proxy's iptables mode wrote (tests/support/k8s/kube_proxy.ts).
       "/usr/sbin/iptables-save",
+      "/usr/sbin/ip6tables-save",
     ],
     users: ["test"],
   },

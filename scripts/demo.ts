@@ -12,6 +12,11 @@
  * shows `enim status`, DELs the pods and tears everything down. Exits 0 only if
  * every step worked.
  *
+ * kube-proxy's rules are written as kube-proxy writes them (tests/support/kube_proxy.ts,
+ * checked against the real kube-proxy by tests/k8s_kube_proxy_test.ts), not run: the real
+ * one needs a control plane built from Go modules (minutes, and Go), which is the tests'
+ * to install, not the demo's.
+ *
  * @module
  */
 import { aptNeedsOf, ensureApt, isRoot } from "./_deps.ts";

@@ -11,7 +11,7 @@
  *
  * Covered: RunPodSandbox (the pod's IP and MAC from PodSandboxStatus and from inside the
  * pod, a ping to the gateway, what containerd sends to the plugin), a ClusterIP Service under
- * kube-proxy's rules and the node's TCP to the pod through the host link the shipped
+ * the real kube-proxy (tests/support/k8s/service_proxy.ts) and the node's TCP to the pod through the host link the shipped
  * conflist gives (issue 27), StopPodSandbox (DEL with
  * prevResult) and RemovePodSandbox (DEL with an empty netns) freeing the ENI, 8 sandboxes in
  * parallel, more sandboxes than ENIs, and the time kubelet waits for RunPodSandbox and
@@ -44,7 +44,8 @@ import {
 } from "./support/cri/timing.ts";
 import { install, PREVIOUS_CONFLISTS } from "../scripts/install.ts";
 import { ask, lastError, Servers, TRAFFIC_NEEDS, who } from "./support/traffic.ts";
-import { installKubeProxy, KUBE_PROXY_NEEDS, type ServicePort } from "./support/kube_proxy.ts";
+import { KUBE_PROXY_NEEDS, type ServicePort } from "./support/kube_proxy.ts";
+import { type ServiceProxy, startServiceProxy } from "./support/k8s/service_proxy.ts";
 import { nodeEnds } from "./support/host_link_fixtures.ts";
 import { aptNeeds } from "../scripts/_deps.ts";
 
@@ -310,12 +311,13 @@ Deno.test({
 
 Deno.test({
   name:
-    "containerd CRI with the shipped conflist: the pod reaches a ClusterIP Service backed by a node process under kube-proxy's rules, and the node reaches the pod, through its host link",
+    "containerd CRI with the shipped conflist: the pod reaches a ClusterIP Service backed by a node process under the real kube-proxy, and the node reaches the pod, through its host link",
   ignore: DEPS.skip !== null || TRAFFIC.skip !== null,
   async fn() {
     const c = await cluster("containerd_test", { enis: 2, node: { nodeNic: true } });
     const { node, cd } = c;
     await using servers = new Servers();
+    let proxy: ServiceProxy | null = null;
     try {
       const conflist = JSON.parse(
         await Deno.readTextFile(`${c.dir}/stage/etc/cni/net.d/10-enim.conflist`),
@@ -337,7 +339,8 @@ Deno.test({
         port: 53,
         endpoints: [{ ip: nic.ipv4!, port: 5353 }],
       });
-      await installKubeProxy(node.vpc.node.name, "iptables", [dns("udp"), dns("tcp")], [
+      proxy = await startServiceProxy({ serviceCidrs: [serviceCidr] });
+      await proxy.install(node, "iptables", [dns("udp"), dns("tcp")], [
         { family: 4, serviceCidr, nodeIPs: [nic.ipv4!] },
       ]);
       const id = await cd.cri.runPodSandbox(cd.sandboxConfig(pod("svc"))).catch(async (err) => {
@@ -363,6 +366,7 @@ Deno.test({
       assertEquals((await node.client.status()).pool.owned, 0);
       assertEquals(await nodeEnds(node.vpc), [], "no node end left");
     } finally {
+      await proxy?.close();
       await servers[Symbol.asyncDispose]();
       await c.close();
     }

@@ -1,7 +1,7 @@
 /**
  * A pod cannot speak as another over its host link (issue 42 point 3), on the real
  * kernel, whatever the node's reverse-path filter: a node with its own NIC on a VPC that
- * checks every port's source, kube-proxy's rules as kube-proxy writes them, two
+ * checks every port's source, the real kube-proxy (tests/support/k8s/service_proxy.ts), two
  * dual-stack enim pods `a` and `b` (the real agent and plugin), and UDP sinks that record
  * each datagram's source: one on the node (a node-side listener at the node's address),
  * one in `b` behind a ClusterIP (kube-proxy's DNAT to `b`), one on a VPC machine `r` in
@@ -20,7 +20,8 @@ import { assert, assertEquals } from "../lib/assert.ts";
 import { type AddResult, SimulatedNode } from "./support/node.ts";
 import type { NetnsHandle } from "./support/vpc.ts";
 import { TRAFFIC_NEEDS } from "./support/traffic.ts";
-import { installKubeProxy, KUBE_PROXY_NEEDS, type ServicePort } from "./support/kube_proxy.ts";
+import { KUBE_PROXY_NEEDS, type ServicePort } from "./support/kube_proxy.ts";
+import { type ServiceProxy, startServiceProxy } from "./support/k8s/service_proxy.ts";
 import { clientDeps } from "./support/clients.ts";
 import { type Burst, sendUdp, type Sink, UdpSinks } from "./support/udp_probe.ts";
 import { poll } from "../lib/async.ts";
@@ -96,7 +97,9 @@ Deno.test({
       },
     });
     const sinks = new UdpSinks();
+    let proxy: ServiceProxy | null = null;
     try {
+      proxy = await startServiceProxy({ serviceCidrs: [SERVICE_CIDRS.ipv4, SERVICE_CIDRS.ipv6] });
       const { vpc } = node;
       const conf = node.netconf("1.1.0", {
         serviceCidrs: [SERVICE_CIDRS.ipv4, SERVICE_CIDRS.ipv6],
@@ -109,7 +112,7 @@ Deno.test({
       const B = { 4: addrOf(rb, 4), 6: addrOf(rb, 6) };
       const N = { 4: node.nic!.ipv4!, 6: node.nic!.ipv6! };
       const nodeEnd = ra.interfaces[1].name;
-      await installKubeProxy(vpc.node.name, "iptables", dnsOf(B), [
+      await proxy.install(node, "iptables", dnsOf(B), [
         { family: 4, serviceCidr: SERVICE_CIDRS.ipv4, nodeIPs: [N[4]] },
         { family: 6, serviceCidr: SERVICE_CIDRS.ipv6, nodeIPs: [N[6]] },
       ]);
@@ -216,6 +219,7 @@ Deno.test({
       console.error(await node.agentLog());
       throw err;
     } finally {
+      await proxy?.close();
       await sinks[Symbol.asyncDispose]();
       await node.close();
     }

@@ -1,27 +1,25 @@
 /**
  * The host link in a simulated Kubernetes node (issue 27), on the real kernel: a node
  * with its own NIC on a VPC that checks every port's source MAC and addresses,
- * kube-proxy's rules as kube-proxy writes them (iptables and nftables modes), strict
- * reverse-path filtering in the node and in the pods, and dual-stack pods on enim ENIs.
+ * the real kube-proxy (iptables and nftables modes; tests/support/k8s/service_proxy.ts: its
+ * rules written by hand without Go or with `ENIM_KUBE_PROXY=rules`), strict reverse-path
+ * filtering in the node and in the pods, and dual-stack pods on enim ENIs.
  *
  * Backends of the Services: (a) `r`, a machine in another subnet of the VPC (a pod of
  * another node), (b) pod `b`, an enim pod on this node, (c) a server on the node itself
  * (hostNetwork), UDP bound to the wildcard address. Client: pod `a`. Each server answers
  * with its name and the address it saw, so a test tells who answered and what source
  * reached it. Also: the node's TCP to a pod (a kubelet probe), `portmap` chained after
- * enim with a client elsewhere in the VPC, NodeLocal DNS at 169.254.20.10, CHECK, DEL,
- * the link turned off, bad configs, and a kill in the middle of an ADD.
+ * enim with a client elsewhere in the VPC, NodeLocal DNS at 169.254.20.10 and on kube-dns's
+ * ClusterIP, CHECK, DEL, the link turned off, bad configs, and a kill in the middle of an
+ * ADD.
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
 import { type AddResult, SimulatedNode } from "./support/node.ts";
 import type { NetnsHandle, SimulatedVpc } from "./support/vpc.ts";
 import { ask, lastError, Servers, TRAFFIC_NEEDS, who } from "./support/traffic.ts";
-import {
-  installKubeProxy,
-  KUBE_PROXY_NEEDS,
-  type ProxyMode,
-  type ServicePort,
-} from "./support/kube_proxy.ts";
+import { KUBE_PROXY_NEEDS, type ProxyMode, type ServicePort } from "./support/kube_proxy.ts";
+import { type ServiceProxy, startServiceProxy } from "./support/k8s/service_proxy.ts";
 import { clientDeps, runInNode } from "./support/clients.ts";
 import { IpFaults } from "./support/ip_faults.ts";
 import { nodeEnds, strayNodeEndArgs } from "./support/host_link_fixtures.ts";
@@ -37,7 +35,10 @@ const DEPS = await clientDeps("host_link_test", [
 
 const IP = "/usr/sbin/ip";
 const SERVICE_CIDRS = { ipv4: "172.30.0.0/16", ipv6: "fd00:30::/108" };
+const CIDRS = [SERVICE_CIDRS.ipv4, SERVICE_CIDRS.ipv6];
 const NODELOCAL_DNS = "169.254.20.10";
+/** kube-dns's ClusterIP. */
+const KUBE_DNS = "172.30.0.10";
 const STRICT = { "net/ipv4/conf/all/rp_filter": "1", "net/ipv4/conf/default/rp_filter": "1" };
 
 /** The network config of a Kubernetes node's pods. */
@@ -143,7 +144,9 @@ Deno.test({
   async fn(t) {
     const node = await kubeNode();
     await using servers = new Servers();
+    let proxy: ServiceProxy | null = null;
     try {
+      proxy = await startServiceProxy({ serviceCidrs: CIDRS });
       const { vpc, r, a, b, ra, A, B, N } = await twoPods(node);
       const R = { v4: r.ipv4!, v6: r.ipv6! };
       await serve(servers, [[r.ns, "r"], [b, "b"], [vpc.node, "node"]]);
@@ -159,7 +162,7 @@ Deno.test({
         return { remote: `r ${A[k]}`, pod: `b ${A[k]}`, node: `node ${A[k]}` };
       };
       for (const mode of ["iptables", "nftables"] as ProxyMode[]) {
-        await installKubeProxy(vpc.node.name, mode, svcs, opts);
+        await proxy.install(node, mode, svcs, opts);
         for (const fam of [4, 6] as const) {
           const want = expect(fam);
           for (const [i, backend] of (["remote", "pod", "node"] as const).entries()) {
@@ -203,6 +206,101 @@ Deno.test({
         }]);
         assertEquals(who(await ask(a, "udp", NODELOCAL_DNS, 53)), `nodelocal ${A.v4}`);
       });
+      await t.step(
+        "NodeLocal DNS on kube-dns's ClusterIP (its NOTRACK rules ahead of kube-proxy's), iptables and nftables modes: the node's cache answers the pod, which kube-dns's backend answered before",
+        async () => {
+          // What node-local-dns does on a node whose pods ask kube-dns's ClusterIP (from its
+          // published setup): that address on its interface, and raw-table NOTRACK rules
+          // (before conntrack, so kube-proxy's DNAT never sees the query) with filter ACCEPTs.
+          const kubeDns: ServicePort = {
+            namespace: "kube-system",
+            name: "kube-dns",
+            portName: "dns",
+            protocol: "udp",
+            clusterIP: KUBE_DNS,
+            port: 53,
+            endpoints: [{ ip: R.v4, port: 5353 }],
+          };
+          const rules = (op: "-A" | "-D") => [
+            [
+              "-t",
+              "raw",
+              op,
+              "PREROUTING",
+              "-d",
+              KUBE_DNS,
+              "-p",
+              "udp",
+              "--dport",
+              "53",
+              "-j",
+              "NOTRACK",
+            ],
+            [
+              "-t",
+              "raw",
+              op,
+              "OUTPUT",
+              "-s",
+              KUBE_DNS,
+              "-p",
+              "udp",
+              "--sport",
+              "53",
+              "-j",
+              "NOTRACK",
+            ],
+            [
+              "-t",
+              "filter",
+              op,
+              "INPUT",
+              "-d",
+              KUBE_DNS,
+              "-p",
+              "udp",
+              "--dport",
+              "53",
+              "-j",
+              "ACCEPT",
+            ],
+            [
+              "-t",
+              "filter",
+              op,
+              "OUTPUT",
+              "-s",
+              KUBE_DNS,
+              "-p",
+              "udp",
+              "--sport",
+              "53",
+              "-j",
+              "ACCEPT",
+            ],
+          ];
+          const run = async (argv: string[]) => {
+            const out = await vpc.exec(vpc.node, argv);
+            assertEquals(out.code, 0, `${argv.join(" ")}: ${out.stderr}`);
+          };
+          let cache: Servers | null = null;
+          for (const mode of ["iptables", "nftables"] as ProxyMode[]) {
+            await proxy!.install(node, mode, [...svcs, kubeDns], opts);
+            assertEquals(who(await ask(a, "udp", KUBE_DNS, 53)), `r ${A.v4}`, lastError);
+            await run([IP, "addr", "add", `${KUBE_DNS}/32`, "dev", "nodelocaldns"]);
+            for (const r of rules("-A")) await run(["/usr/sbin/iptables", "-w", ...r]);
+            cache = new Servers();
+            await cache.start(vpc.node, "nodelocal", [{ proto: "udp", port: 53, bind: KUBE_DNS }]);
+            try {
+              assertEquals(who(await ask(a, "udp", KUBE_DNS, 53)), `nodelocal ${A.v4}`, lastError);
+            } finally {
+              await cache[Symbol.asyncDispose]();
+              for (const r of rules("-D")) await run(["/usr/sbin/iptables", "-w", ...r]);
+              await run([IP, "addr", "del", `${KUBE_DNS}/32`, "dev", "nodelocaldns"]);
+            }
+          }
+        },
+      );
       await t.step("portmap chained after enim maps a hostPort a VPC client reaches", async () => {
         // A client in another subnet: portmap masquerades one of the pod's own subnet
         // (its hairpin rule), this one reaches the pod with its own address.
@@ -307,6 +405,7 @@ Deno.test({
       console.error(await node.agentLog());
       throw err;
     } finally {
+      await proxy?.close();
       await servers[Symbol.asyncDispose]();
       await node.close();
     }
@@ -320,7 +419,9 @@ Deno.test({
   async fn(t) {
     const node = await kubeNode();
     await using servers = new Servers();
+    let proxy: ServiceProxy | null = null;
     try {
+      proxy = await startServiceProxy({ serviceCidrs: CIDRS });
       const { vpc, r, a, b, ra, A, B, N } = await twoPods(node);
       const c = await vpc.host("c", 60, { ipv4: "10.98.0.0/24", ipv6: "fd00:98::/64" });
       // sbr (source-based routing) after enim, as a conflist would chain it: it moves the
@@ -345,7 +446,7 @@ Deno.test({
       const rules = await vpc.exec(a, [IP, "rule", "show"]);
       await serve(servers, [[r.ns, "r"], [b, "b"]]);
       await servers.start(a, "a", [{ proto: "tcp", port: 9090 }]);
-      await installKubeProxy(vpc.node.name, "nftables", services({ remote: r4(r), pod: B }), [
+      await proxy.install(node, "nftables", services({ remote: r4(r), pod: B }), [
         { family: 4, serviceCidr: SERVICE_CIDRS.ipv4, nodeIPs: [N.v4] },
         { family: 6, serviceCidr: SERVICE_CIDRS.ipv6, nodeIPs: [N.v6] },
       ]);
@@ -384,6 +485,7 @@ Deno.test({
       console.error(await node.agentLog());
       throw err;
     } finally {
+      await proxy?.close();
       await servers[Symbol.asyncDispose]();
       await node.close();
     }

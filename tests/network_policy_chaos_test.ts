@@ -32,6 +32,12 @@
  * -- --seed=7`) or `ENIM_CHAOS_SEED` (default 42) orders the faults, picks their nodes,
  * their delays and the churn (docs/testing.md). The counts go to stderr at the end.
  *
+ * Why kube-proxy's rules are written by hand here (tests/support/kube_proxy.ts), not run:
+ * the faults are injected between the test API server and the agents, and the real
+ * kube-proxy reads its Services from the API server, so here it would read that imitation
+ * (and meet its faults); the real kube-proxy's Service paths under NetworkPolicy run in
+ * tests/network_policy_e2e_test.ts and tests/k8s_kube_proxy_test.ts.
+ *
  * @module
  */
 import { assert, assertEquals } from "../lib/assert.ts";

@@ -8,6 +8,13 @@
  * their ClusterIPs (kube-proxy's iptables rules) the whole time, and one backend's Pod
  * is force-deleted while the agent is away: its last rules stay.
  *
+ * Why kube-proxy's rules are written by hand here (tests/support/kube_proxy.ts), not run:
+ * the Service `ghost` must keep the force-deleted pod's address as its endpoint through the
+ * restart, the window this test judges; in a real cluster the controller-manager withdraws
+ * it within seconds, and kube-proxy then rejects the probes itself, which would hide what
+ * enim lets through. The real kube-proxy's Service paths under NetworkPolicy, the restart
+ * among them, run in tests/network_policy_e2e_test.ts.
+ *
  * @module
  */
 import { assert, assertEquals } from "../lib/assert.ts";

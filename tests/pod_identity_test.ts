@@ -1,7 +1,8 @@
 /**
  * A pod keeps its own identity on every path (issue 34), on the real kernel: two
  * simulated nodes on one VPC, each with its own agent on the mock provider (their own
- * MACs and subnets), kube-proxy's rules on the client's node as kube-proxy writes them,
+ * MACs and subnets), the real kube-proxy on the client's node (tests/support/k8s/service_proxy.ts:
+ * its rules written by hand without Go or with `ENIM_KUBE_PROXY=rules`),
  * strict reverse-path filtering in the nodes and the pods, and a VPC that checks every
  * port's source and enforces every port's security groups as a cloud does.
  *
@@ -21,12 +22,8 @@ import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
 import { type AddResult, SimulatedNode } from "./support/node.ts";
 import type { NetnsHandle, SimulatedVpc } from "./support/vpc.ts";
 import { ask, lastError, Servers, TRAFFIC_NEEDS, who } from "./support/traffic.ts";
-import {
-  installKubeProxy,
-  KUBE_PROXY_NEEDS,
-  type ProxyMode,
-  type ServicePort,
-} from "./support/kube_proxy.ts";
+import { KUBE_PROXY_NEEDS, type ProxyMode, type ServicePort } from "./support/kube_proxy.ts";
+import { startServiceProxy } from "./support/k8s/service_proxy.ts";
 import { clientDeps } from "./support/clients.ts";
 import { nodeTableRuleset } from "../netns/host_link.ts";
 import { groupMark } from "../netns/sim.ts";
@@ -37,6 +34,7 @@ const DEPS = await clientDeps("pod_identity_test", [...TRAFFIC_NEEDS, ...KUBE_PR
 const IP = "/usr/sbin/ip";
 const NFT = "/usr/sbin/nft";
 const SERVICE_CIDRS = { ipv4: "172.30.0.0/16", ipv6: "fd00:30::/108" };
+const CIDRS = [SERVICE_CIDRS.ipv4, SERVICE_CIDRS.ipv6];
 const STRICT = { "net/ipv4/conf/all/rp_filter": "1", "net/ipv4/conf/default/rp_filter": "1" };
 /** A machine of the VPC in a subnet of its own (outside both nodes). */
 const OTHER_SUBNETS = { ipv4: "10.98.0.0/24", ipv6: "fd00:98::/64" };
@@ -194,6 +192,7 @@ Deno.test({
   ignore: DEPS.skip !== null,
   async fn(t) {
     await using c = await cluster();
+    await using proxy = await startServiceProxy({ serviceCidrs: CIDRS });
     await using servers = new Servers();
     try {
       const client = await kubePod(c.a, "a");
@@ -201,7 +200,7 @@ Deno.test({
       await servers.start(backend.ns, "c", WEB_AND_DNS);
       const svcs = webAndDns("svc-c", 20, backend);
       for (const mode of ["iptables", "nftables"] as ProxyMode[]) {
-        await installKubeProxy(c.a.vpc.node.name, mode, svcs, proxyOpts(c.a));
+        await proxy.install(c.a, mode, svcs, proxyOpts(c.a));
         for (const fam of [4, 6] as const) {
           const own = fam === 4 ? client.v4 : client.v6;
           for (const [proto, port] of [["tcp", 80], ["udp", 53]] as const) {
@@ -247,6 +246,7 @@ const TRIALS = 5;
  */
 async function twoPaths(t: Deno.TestContext, cases: [Place, "tcp" | "udp"][]): Promise<void> {
   await using c = await cluster();
+  await using proxy = await startServiceProxy({ serviceCidrs: CIDRS });
   await using servers = new Servers();
   try {
     const client = await kubePod(c.a, "a");
@@ -254,7 +254,7 @@ async function twoPaths(t: Deno.TestContext, cases: [Place, "tcp" | "udp"][]): P
     const remote = await kubePod(c.b, "c");
     await servers.start(local.ns, "b", WEB_AND_DNS);
     await servers.start(remote.ns, "c", WEB_AND_DNS);
-    await installKubeProxy(c.a.vpc.node.name, "iptables", [
+    await proxy.install(c.a, "iptables", [
       ...webAndDns("svc-b", 20, local),
       ...webAndDns("svc-c", 21, remote),
     ], proxyOpts(c.a));
@@ -359,6 +359,7 @@ Deno.test({
   ignore: DEPS.skip !== null,
   async fn(t) {
     await using c = await cluster();
+    await using proxy = await startServiceProxy({ serviceCidrs: CIDRS });
     await using servers = new Servers();
     try {
       const { vpc } = c;
@@ -369,7 +370,7 @@ Deno.test({
       const r = await vpc.host("r", 50, OTHER_SUBNETS, { groups: ["g-mockdefault"] });
       await servers.start(db.ns, "db", [{ proto: "tcp", port: 5432 }]);
       await servers.start(r.ns, "r", [{ proto: "tcp", port: 8080 }]);
-      await installKubeProxy(c.a.vpc.node.name, "nftables", [
+      await proxy.install(c.a, "nftables", [
         ...service("svc-db", 30, "pg", "tcp", 5432, db, 5432),
         ...service("svc-r", 31, "http", "tcp", 80, { v4: r.ipv4!, v6: r.ipv6! }, 8080),
       ], proxyOpts(c.a));

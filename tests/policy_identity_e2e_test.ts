@@ -10,7 +10,11 @@
  *
  * The agents are the shipped bundle, reading the test API server
  * (tests/support/kube_apiserver.ts) through tests/support/policy_cluster.ts; kube-proxy's
- * rules are written as kube-proxy writes them (iptables mode).
+ * rules are written as kube-proxy writes them (iptables mode). Why not the real ones: the
+ * old pod must stay as the API shows it after its DEL (Terminating, Running, its
+ * `status.podIPs` kept) for as long as each step needs, which the test API server's
+ * direct writes give; and the real kube-proxy reads its Services from an API server, so on
+ * the test API server it would test that imitation, not kube-proxy.
  *
  * @module
  */

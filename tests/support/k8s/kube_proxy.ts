@@ -111,6 +111,26 @@ export class RealKubeProxy {
     return new TextDecoder().decode(out.stdout);
   }
 
+  /**
+   * All its rules in the node's namespace, both families: `nft list ruleset`, or
+   * `iptables-save -t nat` and `ip6tables-save -t nat`.
+   */
+  async allRules(): Promise<string> {
+    const argvs = this.mode === "nftables"
+      ? [["/usr/sbin/nft", "list", "ruleset"]]
+      : [["/usr/sbin/iptables-save", "-t", "nat"], ["/usr/sbin/ip6tables-save", "-t", "nat"]];
+    let text = "";
+    for (const argv of argvs) {
+      const out = await new Deno.Command("/usr/sbin/ip", {
+        args: ["netns", "exec", this.netns, ...argv],
+        stdout: "piped",
+        stderr: "null",
+      }).output();
+      text += new TextDecoder().decode(out.stdout);
+    }
+    return text;
+  }
+
   /** Its log so far. */
   async log(): Promise<string> {
     return await Deno.readTextFile(this.#proc.logPath).catch(() => "");
