@@ -14,7 +14,11 @@
  * median minus the base's, and writes them to `--out` (default `bench-compare.json`).
  *
  *     deno run -A --config tests/deno.json bench/compare.ts [--base REF] [--pairs N]
- *       [--pods N] [--policies N] [--adds N] [--policy-rounds N] [--out FILE]
+ *       [--pods N] [--policies N] [--adds N] [--policy-rounds N] [--iterations N]
+ *       [--skip-policy] [--out FILE]
+ *
+ * `--iterations` is bench/main.ts's (timed serial iterations; `--quick` gives 15);
+ * `--skip-policy` runs bench/main.ts alone.
  *
  * The base is checked out into a temporary git worktree, removed at the end.
  *
@@ -34,6 +38,8 @@ const { values } = parseArgs({
     policies: { type: "string", default: "3000" },
     adds: { type: "string", default: "20" },
     "policy-rounds": { type: "string", default: "2" },
+    iterations: { type: "string" },
+    "skip-policy": { type: "boolean", default: false },
     out: { type: "string", default: join(ROOT, "bench-compare.json") },
   },
 });
@@ -74,6 +80,21 @@ const FIGURES: Figure[] = [
     name: "reference host-device ADD p50 (machine drift)",
     unit: "ms",
     of: (r) => r.bench.serial?.reference?.ADD?.p50,
+  },
+  {
+    name: "CNI ADD p50 over the reference's (bench serial)",
+    unit: "×",
+    of: (r) => r.bench.ratio?.ADD?.p50,
+  },
+  {
+    name: "the agent's ADD alone through its API, p50 (bench agent API)",
+    unit: "ms",
+    of: (r) => r.bench.agentApiAlone?.ADD?.p50,
+  },
+  {
+    name: "the agent's ADD operation, mean (bench serial)",
+    unit: "ms",
+    of: (r) => r.bench.agentOperationMeanMs?.add,
   },
   { name: "policy bench: first sync", unit: "ms", of: (r) => r.policy.firstSync?.ms },
   {
@@ -140,8 +161,10 @@ async function runTree(tree: string, label: string, n: number): Promise<RunResul
       "0",
       "--out",
       benchOut,
+      ...(values.iterations ? ["--iterations", values.iterations] : []),
     ], tree);
     const bench = JSON.parse(await Deno.readTextFile(benchOut));
+    if (values["skip-policy"]) return { bench, policy: {} };
     console.error(`--- run ${n}: ${label}: bench/policy_agent.ts`);
     const text = await run([
       deno,
@@ -171,9 +194,11 @@ const median = (xs: number[]) => {
   const m = s.length >> 1;
   return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
 };
-const fmt = (
-  v: number | undefined,
-) => (v === undefined ? "–" : (Math.round(v * 10) / 10).toString());
+/** A figure as printed: two decimals below 10 (a ratio), else one. */
+const fmt = (v: number | undefined) =>
+  v === undefined
+    ? "–"
+    : String(Math.round(v * (Math.abs(v) < 10 ? 100 : 10)) / (Math.abs(v) < 10 ? 100 : 10));
 
 const head = (await run(["git", "rev-parse", "--short", "HEAD"], ROOT)).trim();
 const baseRev = (await run(["git", "rev-parse", "--short", values.base], ROOT)).trim();
