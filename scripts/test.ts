@@ -1,7 +1,9 @@
 /**
  * `deno task test`: installs every Debian package a test uses (scripts/_deps.ts, users
- * "test"), builds the artifact (`deno task build`), runs every test with `deno test` and
- * ends with the plain line `N passed, M failed` that CI reads.
+ * "test"), builds the artifact (`deno task build`), builds (or finds in the machine's cache)
+ * the Kubernetes components the tests run when Go is here (tests/support/k8s/build.ts;
+ * `ENIM_K8S_VERSION`'s release), runs every test with `deno test` and ends with the plain
+ * line `N passed, M failed` that CI reads.
  *
  * Extra arguments are passed to `deno test` (e.g. a file or `--filter`).
  *
@@ -10,6 +12,7 @@
 import { dirname, fromFileUrl, join } from "./_paths.ts";
 import { aptNeedsOf, ensureApt } from "./_deps.ts";
 import { build } from "./build.ts";
+import { ensureK8sBinaries, goMissing } from "../tests/support/k8s/build.ts";
 
 const root = dirname(dirname(fromFileUrl(import.meta.url)));
 
@@ -23,6 +26,23 @@ if (unmet.length > 0) {
 // The artifact every subprocess test runs (tests/support/enim.ts), built once, fresh.
 const built = performance.now();
 console.error(`built ${await build()} in ${((performance.now() - built) / 1000).toFixed(1)} s`);
+
+// The Kubernetes components, before the first test too: built inside the first test that
+// needs them, the minutes of a cold build fell within that test and outlived its fixtures
+// (a server that lives 300 s). Warm, this reads one stamp file.
+if (goMissing() === null) {
+  const t0 = performance.now();
+  try {
+    const bins = await ensureK8sBinaries();
+    console.error(
+      `Kubernetes v${bins.version} components ready in ${
+        ((performance.now() - t0) / 1000).toFixed(1)
+      } s`,
+    );
+  } catch (err) {
+    console.error(`cannot build the Kubernetes components (the tests that run them fail): ${err}`);
+  }
+}
 
 const cmd = new Deno.Command(Deno.execPath(), {
   args: ["test", "-A", "--no-prompt", "--config", join(root, "tests", "deno.json"), ...Deno.args],

@@ -324,6 +324,8 @@ Deno.test({
       );
       const serviceCidr = conflist.plugins[0].serviceCidrs[0];
       assertEquals(serviceCidr, "10.96.0.0/12", "the shipped conflist's service CIDR");
+      // Before the servers: its control plane may take long to start (or to build).
+      proxy = await startServiceProxy({ serviceCidrs: [serviceCidr] });
       const nic = node.nic!;
       // cluster DNS at 10.96.0.10, its endpoint a process on the node (hostNetwork).
       await servers.start(node.vpc.node, "node-dns", [
@@ -339,7 +341,6 @@ Deno.test({
         port: 53,
         endpoints: [{ ip: nic.ipv4!, port: 5353 }],
       });
-      proxy = await startServiceProxy({ serviceCidrs: [serviceCidr] });
       await proxy.install(node, "iptables", [dns("udp"), dns("tcp")], [
         { family: 4, serviceCidr, nodeIPs: [nic.ipv4!] },
       ]);
