@@ -204,21 +204,32 @@ interface Pending {
   pending: Promise<void>;
 }
 
+/** grep (Debian's `grep`, essential), for the node's tracked connections. */
+const GREP_BIN = "/bin/grep";
+
 /**
  * Deletes the tracked connections of addresses, original and reply direction, source and
  * destination; `conntrack -D` exits 1 when it found none, which is fine. Fails (127)
- * without `conntrack`. `$1` is `all` (every address) or `listed`: only the addresses
- * `/proc/net/nf_conntrack` lists as a source or destination (`=<form> `), read with the
- * shell's builtins, so that a namespace tracking none of them costs this one process
- * (every address when the file cannot be read). Then pairs: an address, and its form in
- * that file (`expandedIp`: IPv6 in full).
+ * without `conntrack`. `$1` is `all` (every address), or `listed` or `grep`: only the
+ * addresses `/proc/net/nf_conntrack` lists as a source or destination (`=<form> `), read
+ * with the shell's builtins (`listed`: a pod's namespace, which tracks few, costs this one
+ * process) or one `grep -q` an address (`grep`: the node's, which may track many; the
+ * builtins without grep); every address when the file cannot be read. Then pairs: an
+ * address, and its form in that file (`expandedIp`: IPv6 in full).
  */
 const CONNTRACK_FLUSH_SCRIPT =
   `[ -x ${CONNTRACK_BIN} ] || { echo "${CONNTRACK_BIN} (conntrack-tools) is not installed" >&2; exit 127; }
 mode=$1
 shift
 listed=" "
-if [ "$mode" = listed ] && [ -r /proc/net/nf_conntrack ]; then
+if [ "$mode" = grep ] && [ -r /proc/net/nf_conntrack ] && [ -x ${GREP_BIN} ]; then
+  n=0
+  for x in "$@"; do
+    n=$((n + 1))
+    [ $((n % 2)) -eq 0 ] || continue
+    ${GREP_BIN} -q -F -e "=$x " /proc/net/nf_conntrack && listed="$listed$n "
+  done
+elif [ "$mode" != all ] && [ -r /proc/net/nf_conntrack ]; then
   while read -r line; do
     n=0
     for x in "$@"; do
@@ -1344,7 +1355,7 @@ export class IpDeviceLayer implements DeviceLayer {
             "-c",
             CONNTRACK_FLUSH_SCRIPT,
             "sh",
-            opts.listedOnly ? "listed" : "all",
+            !opts.listedOnly ? "all" : netns === null ? "grep" : "listed",
             ...addrs.flatMap((a) => [a.text, a.listed]),
           ],
           netns ?? this.#node ?? "/proc/self/ns/net",

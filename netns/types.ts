@@ -356,8 +356,9 @@ export interface DeviceLayer {
    * from any of `addresses`, either direction, NAT'd or not (`conntrack -D`): they were
    * another pod's. With `listedOnly`, `conntrack` runs only for the addresses the
    * namespace's `/proc/net/nf_conntrack` lists (read by the shell that would run it: one
-   * process, where most namespaces track none of them), and for all of them when that file
-   * cannot be read. Throws {@linkcode DeviceError} (an invalid address, no `conntrack`).
+   * process, where most namespaces track none of them; the node's with `grep`, its table
+   * may be large), and for all of them when that file cannot be read. Throws
+   * {@linkcode DeviceError} (an invalid address, no `conntrack`).
    */
   flushConntrack(
     netns: string | null,

@@ -54,6 +54,8 @@ const ALL = ["demo", "test", "bench", "bench-cri"] as const;
 export const APT_PACKAGES = {
   apt: { files: ["/usr/bin/apt-get"], users: ALL, base: true },
   dash: { files: ["/bin/sh"], users: ALL, base: true },
+  // The agent's check of the node's tracked connections (netns/mod.ts CONNTRACK_FLUSH_SCRIPT).
+  grep: { files: ["/bin/grep"], users: ALL, base: true },
   // Which package owns a file (tests/tools_test.ts checks this list against dpkg's).
   dpkg: { files: ["/usr/bin/dpkg", "/usr/bin/dpkg-query"], users: ["test"], base: true },
   coreutils: {

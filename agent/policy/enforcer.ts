@@ -526,7 +526,9 @@ export class PolicyEnforcer implements PolicyHook {
     const node = ch.node || this.#node.needsWhole
       ? this.#node.render()
       : this.#node.update(ch, !o.deferPods);
-    if (!o.deferPods && ch.retired.size > 0) loads.push(this.#forget(null, [...ch.retired]));
+    if (!o.deferPods && ch.retired.size > 0) {
+      loads.push(this.#forget(null, [...ch.retired], true));
+    }
     if (o.deferPods) {
       // The other pods' edits, and the node's edits of its sets, that an ADD's own change
       // brings wait until it has answered (they only ever admit more: the new pod joining
@@ -580,8 +582,8 @@ export class PolicyEnforcer implements PolicyHook {
    * `conntrack` only for what it tracks: a DEL retires the pod's addresses in every local
    * pod whose sets held them, and most never talked to it (a `conntrack -D` per address and
    * direction in each took 10 processes a namespace, and most of the CPU of a back-to-back
-   * ADD on a node of 50 such pods: `bench/compare.ts`). The node's own table, which may
-   * track many connections, deletes them at once.
+   * ADD on a node of 50 such pods: `bench/compare.ts`); the node's, which may track many,
+   * is searched with grep (netns/mod.ts).
    */
   #forget(netns: string | null, addresses: string[], listedOnly = false): Promise<boolean> {
     return this.#loads.enqueue(
