@@ -221,75 +221,37 @@ Deno.test({
             port: 53,
             endpoints: [{ ip: R.v4, port: 5353 }],
           };
-          const rules = (op: "-A" | "-D") => [
-            [
+          // Each rule: its table, chain, direction (the query in, the answer out) and verdict.
+          const rules = (op: "-A" | "-D") =>
+            ([
+              ["raw", "PREROUTING", "in", "NOTRACK"],
+              ["raw", "OUTPUT", "out", "NOTRACK"],
+              ["filter", "INPUT", "in", "ACCEPT"],
+              ["filter", "OUTPUT", "out", "ACCEPT"],
+            ] as const).map(([table, chain, dir, verdict]) => [
               "-t",
-              "raw",
+              table,
               op,
-              "PREROUTING",
-              "-d",
+              chain,
+              dir === "in" ? "-d" : "-s",
               KUBE_DNS,
               "-p",
               "udp",
-              "--dport",
+              dir === "in" ? "--dport" : "--sport",
               "53",
               "-j",
-              "NOTRACK",
-            ],
-            [
-              "-t",
-              "raw",
-              op,
-              "OUTPUT",
-              "-s",
-              KUBE_DNS,
-              "-p",
-              "udp",
-              "--sport",
-              "53",
-              "-j",
-              "NOTRACK",
-            ],
-            [
-              "-t",
-              "filter",
-              op,
-              "INPUT",
-              "-d",
-              KUBE_DNS,
-              "-p",
-              "udp",
-              "--dport",
-              "53",
-              "-j",
-              "ACCEPT",
-            ],
-            [
-              "-t",
-              "filter",
-              op,
-              "OUTPUT",
-              "-s",
-              KUBE_DNS,
-              "-p",
-              "udp",
-              "--sport",
-              "53",
-              "-j",
-              "ACCEPT",
-            ],
-          ];
+              verdict,
+            ]);
           const run = async (argv: string[]) => {
             const out = await vpc.exec(vpc.node, argv);
             assertEquals(out.code, 0, `${argv.join(" ")}: ${out.stderr}`);
           };
-          let cache: Servers | null = null;
           for (const mode of ["iptables", "nftables"] as ProxyMode[]) {
             await proxy!.install(node, mode, [...svcs, kubeDns], opts);
             assertEquals(who(await ask(a, "udp", KUBE_DNS, 53)), `r ${A.v4}`, lastError);
             await run([IP, "addr", "add", `${KUBE_DNS}/32`, "dev", "nodelocaldns"]);
             for (const r of rules("-A")) await run(["/usr/sbin/iptables", "-w", ...r]);
-            cache = new Servers();
+            const cache = new Servers();
             await cache.start(vpc.node, "nodelocal", [{ proto: "udp", port: 53, bind: KUBE_DNS }]);
             try {
               assertEquals(who(await ask(a, "udp", KUBE_DNS, 53)), `nodelocal ${A.v4}`, lastError);
