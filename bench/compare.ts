@@ -27,7 +27,7 @@
 import { parseArgs } from "node:util";
 import { join } from "node:path";
 import { ROOT } from "../scripts/_paths.ts";
-import { isRoot } from "../scripts/_deps.ts";
+import { aptNeedsOf, ensureApt, isRoot } from "../scripts/_deps.ts";
 
 const { values } = parseArgs({
   args: Deno.args,
@@ -48,6 +48,14 @@ if (!isRoot()) {
   Deno.exit(2);
 }
 const PAIRS = Number(values.pairs);
+// This tree's list of what the benches need, installed once for both trees: an older base may
+// lack a package its own bench uses but never installed (295bf8b's bench ran nft without
+// installing nftables).
+const unmet = await ensureApt([...aptNeedsOf("bench"), ...aptNeedsOf("test")]);
+if (unmet.length > 0) {
+  console.error(`The benches need ${unmet.join(", ")}, which could not be installed.`);
+  Deno.exit(2);
+}
 
 /** One figure: where it is in a run's results, and its unit. */
 interface Figure {
