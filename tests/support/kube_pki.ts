@@ -1,12 +1,14 @@
 /**
  * A throwaway PKI for tests of HTTPS to a Kubernetes API server, made with the openssl
- * CLI (Debian's `openssl` package): a self-signed CA, a server certificate for
- * 127.0.0.1 and localhost signed by it, and a client certificate (as kubeadm issues an
- * admin's: `O=system:masters`), all ECDSA P-256, valid for a day. A second,
- * unrelated CA lets a test check that a server signed by another CA is refused.
+ * CLI (Debian's `openssl` package) by the test cluster's steps (`k8s/pki.ts`): a
+ * self-signed CA, a server certificate for 127.0.0.1 and localhost signed by it, and a
+ * client certificate (as kubeadm issues an admin's: `O=system:masters`), all ECDSA
+ * P-256, valid for a day. A second, unrelated CA lets a test check that a server signed
+ * by another CA is refused.
  *
  * @module
  */
+import { issue, issueClient, selfSignedCa } from "./k8s/pki.ts";
 
 /** PEM texts and the files holding them. */
 export interface TestPki {
@@ -23,93 +25,19 @@ export interface TestPki {
   otherCaCert: string;
 }
 
-async function openssl(dir: string, args: string[]): Promise<void> {
-  const out = await new Deno.Command("/usr/bin/openssl", {
-    args,
-    cwd: dir,
-    stdin: "null",
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  if (!out.success) {
-    throw new Error(
-      `openssl ${args.join(" ")} failed: ${new TextDecoder().decode(out.stderr).trim()}`,
-    );
-  }
-}
-
-const EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-
-async function selfSignedCa(dir: string, name: string): Promise<void> {
-  await openssl(dir, [
-    "req",
-    "-x509",
-    ...EC,
-    "-keyout",
-    `${name}.key`,
-    "-out",
-    `${name}.crt`,
-    "-subj",
-    `/CN=${name}`,
-    "-days",
-    "1",
-    "-addext",
-    "basicConstraints=critical,CA:TRUE",
-    "-addext",
-    "keyUsage=critical,keyCertSign,cRLSign",
-  ]);
-}
-
-async function leaf(dir: string, name: string, subj: string, ext: string): Promise<void> {
-  await openssl(dir, [
-    "req",
-    ...EC,
-    "-keyout",
-    `${name}.key`,
-    "-out",
-    `${name}.csr`,
-    "-subj",
-    subj,
-  ]);
-  await Deno.writeTextFile(`${dir}/${name}.ext`, ext);
-  await openssl(dir, [
-    "x509",
-    "-req",
-    "-in",
-    `${name}.csr`,
-    "-CA",
-    "ca.crt",
-    "-CAkey",
-    "ca.key",
-    "-CAcreateserial",
-    "-out",
-    `${name}.crt`,
-    "-days",
-    "1",
-    "-extfile",
-    `${name}.ext`,
-  ]);
-}
-
 /** Makes the PKI in a new temporary folder (remove `dir` when done). */
 export async function makeTestPki(): Promise<TestPki> {
   const dir = await Deno.makeTempDir({ prefix: "enim-kube-pki-" });
   try {
-    await selfSignedCa(dir, "ca");
-    await selfSignedCa(dir, "other-ca");
-    await leaf(
-      dir,
-      "server",
-      "/CN=kube-apiserver",
-      "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n" +
-        "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    );
-    await leaf(
-      dir,
-      "client",
-      "/O=system:masters/CN=enim-test",
-      "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n",
-    );
+    await selfSignedCa(dir, "ca", "ca");
+    await selfSignedCa(dir, "other-ca", "other-ca");
+    await issue(dir, "server", "/CN=kube-apiserver", [
+      "basicConstraints=CA:FALSE",
+      "keyUsage=critical,digitalSignature",
+      "extendedKeyUsage=serverAuth",
+      "subjectAltName=IP:127.0.0.1,DNS:localhost",
+    ]);
+    await issueClient(dir, "client", "enim-test", ["system:masters"]);
     const read = (f: string) => Deno.readTextFile(`${dir}/${f}`);
     return {
       dir,

@@ -31,20 +31,15 @@ export interface ClusterPki {
   serviceAccount: { key: string; pub: string };
 }
 
-async function openssl(dir: string, args: string[], stdin?: string): Promise<void> {
-  const child = new Deno.Command("/usr/bin/openssl", {
+/** Runs `openssl` in `dir`; throws with its stderr when it fails. */
+export async function openssl(dir: string, args: string[]): Promise<void> {
+  const out = await new Deno.Command("/usr/bin/openssl", {
     args,
     cwd: dir,
-    stdin: stdin === undefined ? "null" : "piped",
+    stdin: "null",
     stdout: "piped",
     stderr: "piped",
-  }).spawn();
-  if (stdin !== undefined) {
-    const w = child.stdin.getWriter();
-    await w.write(new TextEncoder().encode(stdin));
-    await w.close();
-  }
-  const out = await child.output();
+  }).output();
   if (!out.success) {
     throw new Error(
       `openssl ${args.join(" ")} failed: ${new TextDecoder().decode(out.stderr).trim()}`,
@@ -53,6 +48,27 @@ async function openssl(dir: string, args: string[], stdin?: string): Promise<voi
 }
 
 const EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+
+/** A self-signed CA, `<name>.crt`/`<name>.key` in `dir`, with the common name `cn`. */
+export async function selfSignedCa(dir: string, name: string, cn: string): Promise<void> {
+  await openssl(dir, [
+    "req",
+    "-x509",
+    ...EC,
+    "-keyout",
+    `${name}.key`,
+    "-out",
+    `${name}.crt`,
+    "-subj",
+    `/CN=${cn}`,
+    "-days",
+    "1",
+    "-addext",
+    "basicConstraints=critical,CA:TRUE",
+    "-addext",
+    "keyUsage=critical,digitalSignature,keyCertSign,cRLSign",
+  ]);
+}
 
 /**
  * Issues `<name>.crt`/`<name>.key` in `dir`, signed by its `ca.crt`, with subject `subj`
@@ -120,23 +136,7 @@ export function issueClient(
  */
 export async function makeClusterPki(dir: string, serviceIP: string): Promise<ClusterPki> {
   await Deno.mkdir(dir, { recursive: true });
-  await openssl(dir, [
-    "req",
-    "-x509",
-    ...EC,
-    "-keyout",
-    "ca.key",
-    "-out",
-    "ca.crt",
-    "-subj",
-    "/CN=enim-test-kubernetes-ca",
-    "-days",
-    "1",
-    "-addext",
-    "basicConstraints=critical,CA:TRUE",
-    "-addext",
-    "keyUsage=critical,digitalSignature,keyCertSign,cRLSign",
-  ]);
+  await selfSignedCa(dir, "ca", "enim-test-kubernetes-ca");
   const names = [
     "localhost",
     "kubernetes",
