@@ -5,17 +5,18 @@
  * `status()` lists it, and the log says so once per version of it.
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
-import { poll } from "../lib/async.ts";
 import { Logger } from "../lib/log.ts";
-import { makeTestPki } from "../tests/support/kube_pki.ts";
-import { KubeApiServer } from "../tests/support/kube_apiserver.ts";
+import type { KubeApiServer } from "../tests/support/kube_apiserver.ts";
+import {
+  policyPod,
+  testKube,
+  until,
+  withTestApiServer,
+} from "../tests/support/enforcer_fixtures.ts";
 import { makeNamespace, makePod } from "../tests/support/kube_objects.ts";
-import { Kube } from "../kube/mod.ts";
 import { FakeDeviceLayer } from "../netns/fake.ts";
 import { PolicyEnforcer } from "./policy/mod.ts";
 import type { PolicyPod } from "../manager/types.ts";
-
-const FAST = { backoff: { initialMs: 20, maxMs: 100 }, pageSize: 50 };
 
 async function withEnforcer(
   fn: (
@@ -25,50 +26,32 @@ async function withEnforcer(
     log: string[],
   ) => Promise<void>,
 ) {
-  const pki = await makeTestPki();
-  const server = KubeApiServer.start({ pki });
-  const lines: string[] = [];
-  const log = new Logger((l) => lines.push(l), "debug");
-  const kube = new Kube(
-    {
-      server: server.url,
-      caCerts: [server.pki.caCert],
-      token: { value: "test-token" },
-      source: "t",
-    },
-    "n1",
-    { ...FAST, log },
-  );
-  server.put("namespaces", makeNamespace("a"));
-  for (const [name, ip] of [["db", "10.1.0.2"], ["web", "10.1.0.1"]]) {
-    server.put(
-      "pods",
-      makePod({ namespace: "a", name, labels: { app: name }, nodeName: "n1", ip }),
-    );
-  }
-  const devices = new FakeDeviceLayer();
-  devices.addNetns("/run/netns/db");
-  devices.addNetns("/run/netns/web");
-  const e = new PolicyEnforcer({ kube, devices, log, syncWaitMs: 5_000, getPodTimeoutMs: 1_000 });
-  // The manager's hand-over of the node's pods (none): the enforcer may take over.
-  e.restore([]);
-  try {
-    await fn(server, e, devices, lines);
-  } finally {
-    await e.close();
-    await server.close();
-    await Deno.remove(pki.dir, { recursive: true });
-  }
+  await withTestApiServer(async (server) => {
+    const lines: string[] = [];
+    const log = new Logger((l) => lines.push(l), "debug");
+    const kube = testKube(server, { log });
+    server.put("namespaces", makeNamespace("a"));
+    for (const [name, ip] of [["db", "10.1.0.2"], ["web", "10.1.0.1"]]) {
+      server.put(
+        "pods",
+        makePod({ namespace: "a", name, labels: { app: name }, nodeName: "n1", ip }),
+      );
+    }
+    const devices = new FakeDeviceLayer();
+    devices.addNetns("/run/netns/db");
+    devices.addNetns("/run/netns/web");
+    const e = new PolicyEnforcer({ kube, devices, log, syncWaitMs: 5_000, getPodTimeoutMs: 1_000 });
+    // The manager's hand-over of the node's pods (none): the enforcer may take over.
+    e.restore([]);
+    try {
+      await fn(server, e, devices, lines);
+    } finally {
+      await e.close();
+    }
+  });
 }
 
-const add = (pod: string, ip: string, end: string): PolicyPod => ({
-  pod,
-  key: `c-${end}/eth0`,
-  addresses: { ipv4: ip },
-  eniIfName: "eth0",
-  nodeIfName: end,
-  nodeAddresses: ["10.0.0.254"],
-});
+const add = policyPod;
 
 /** The pod's table as the plug would load it ("" when no policy isolates it). */
 async function admit(e: PolicyEnforcer, p: PolicyPod): Promise<string> {
@@ -84,15 +67,6 @@ const warned = (lines: string[]) =>
   lines.map((l) => JSON.parse(l)).filter((l) =>
     l.msg.startsWith("NetworkPolicy: a policy cannot be read")
   );
-
-/** Waits until `check` holds (bounded). */
-async function until(what: string, check: () => boolean): Promise<void> {
-  const ok = await poll(() => Promise.resolve(check() || null), {
-    timeoutMs: 10_000,
-    intervalMs: 10,
-  });
-  assert(ok, `Timed out waiting for ${what}`);
-}
 
 Deno.test("a policy with a protocol enim does not know isolates the pods it selects, admits nothing, and is said once per version", async () => {
   await withEnforcer(async (server, e, _devices, lines) => {

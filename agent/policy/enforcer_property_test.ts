@@ -25,11 +25,11 @@ import fc from "fast-check";
 import { assert, assertEquals } from "../../lib/assert.ts";
 import { poll } from "../../lib/async.ts";
 import { makeTestPki, type TestPki } from "../../tests/support/kube_pki.ts";
+import { testKube } from "../../tests/support/enforcer_fixtures.ts";
 import { KubeApiServer, type Obj, type Resource } from "../../tests/support/kube_apiserver.ts";
 import { makeNamespace, makePod } from "../../tests/support/kube_objects.ts";
 import { ModelDeviceLayer, type TableView } from "../../tests/support/nft_model.ts";
 import { NODE } from "../../netns/fake.ts";
-import { Kube } from "../../kube/mod.ts";
 import { NamespaceSchema, NetworkPolicySchema, PodSchema } from "../../kube/objects.ts";
 import { ApiError } from "../../api/schema.ts";
 import { type NodePod, nodeRuleset, podRuleset, PolicyEngine } from "../../policy/mod.ts";
@@ -247,18 +247,8 @@ class World implements AsyncDisposable {
   }
 
   #enforcer(): PolicyEnforcer {
-    const kube = new Kube(
-      {
-        server: this.server.url,
-        caCerts: [this.pki.caCert],
-        token: { value: "test-token" },
-        source: "t",
-      },
-      "n1",
-      { backoff: { initialMs: 20, maxMs: 100 }, pageSize: 50 },
-    );
     return new PolicyEnforcer({
-      kube,
+      kube: testKube(this.server),
       devices: this.devices,
       syncWaitMs: 5_000,
       getPodTimeoutMs: 2_000,

@@ -5,28 +5,19 @@
  */
 import { assert, assertEquals, assertRejects, assertStringIncludes } from "../../lib/assert.ts";
 import { poll } from "../../lib/async.ts";
-import { makeTestPki, type TestPki } from "../../tests/support/kube_pki.ts";
-import { KubeApiServer } from "../../tests/support/kube_apiserver.ts";
+import type { KubeApiServer } from "../../tests/support/kube_apiserver.ts";
+import {
+  policyPod,
+  testKube,
+  until,
+  withTestApiServer,
+} from "../../tests/support/enforcer_fixtures.ts";
 import { makeNamespace, makePod } from "../../tests/support/kube_objects.ts";
-import { Kube } from "../../kube/mod.ts";
 import { FakeDeviceLayer, NODE } from "../../netns/fake.ts";
 import { ModelDeviceLayer } from "../../tests/support/nft_model.ts";
 import { ApiError } from "../../api/schema.ts";
 import { NOT_SYNCED, PolicyEnforcer } from "./enforcer.ts";
 import type { PolicyPod, RestoredPolicyPod } from "../../manager/types.ts";
-
-const FAST = { backoff: { initialMs: 20, maxMs: 100 }, pageSize: 50 };
-
-async function withServer(fn: (server: KubeApiServer, pki: TestPki) => Promise<void>) {
-  const pki = await makeTestPki();
-  const server = KubeApiServer.start({ pki });
-  try {
-    await fn(server, pki);
-  } finally {
-    await server.close();
-    await Deno.remove(pki.dir, { recursive: true });
-  }
-}
 
 /**
  * An enforcer over the test API server; the manager's hand-over of the node's pods
@@ -38,16 +29,7 @@ function enforcer(
   syncWaitMs = 200,
   restored: RestoredPolicyPod[] | null = [],
 ) {
-  const kube = new Kube(
-    {
-      server: server.url,
-      caCerts: [server.pki.caCert],
-      token: { value: "test-token" },
-      source: "t",
-    },
-    "n1",
-    FAST,
-  );
+  const kube = testKube(server);
   const e = new PolicyEnforcer({ kube, devices, syncWaitMs, getPodTimeoutMs: 1_000 });
   if (restored) e.restore(restored);
   return e;
@@ -57,14 +39,7 @@ function pod(namespace: string, name: string, ip?: string) {
   return makePod({ namespace, name, labels: { app: name }, nodeName: "n1", ip });
 }
 
-const add = (pod: string, ip: string, end: string): PolicyPod => ({
-  pod,
-  key: `c-${end}/eth0`,
-  addresses: { ipv4: ip },
-  eniIfName: "eth0",
-  nodeIfName: end,
-  nodeAddresses: ["10.0.0.254"],
-});
+const add = policyPod;
 
 /** ADD's policy step as the plug takes it: prepare, then the pod's table (its own call). */
 async function admit(e: PolicyEnforcer, p: PolicyPod): Promise<string> {
@@ -79,7 +54,7 @@ const denyAll = (namespace: string) => ({
 });
 
 Deno.test("prepare() waits for the first sync, bounded, then fails with CNI 11's policy_unavailable", async () => {
-  await withServer(async (server) => {
+  await withTestApiServer(async (server) => {
     await server.down();
     const devices = new FakeDeviceLayer();
     const e = enforcer(server, devices);
@@ -101,18 +76,12 @@ Deno.test("prepare() waits for the first sync, bounded, then fails with CNI 11's
 });
 
 Deno.test("whenSynced() waits for the manager's hand-over too, not only for the caches' sync: bounded while it has not come, resolved once it has", async () => {
-  await withServer(async (server) => {
+  await withTestApiServer(async (server) => {
     server.put("namespaces", makeNamespace("a"));
     const devices = new FakeDeviceLayer();
     const e = enforcer(server, devices, 200, null);
     try {
-      assert(
-        await poll(() => Promise.resolve(e.status().caches.every((c) => c.synced) || null), {
-          timeoutMs: 10_000,
-          intervalMs: 10,
-        }),
-        "the caches have synced",
-      );
+      await until("the caches have synced", () => e.status().caches.every((c) => c.synced));
       const early = await assertRejects(() => e.whenSynced()!, ApiError);
       assertEquals([early.code, early.message], ["policy_unavailable", NOT_SYNCED]);
       assertEquals(e.phase, "waiting");
@@ -128,7 +97,7 @@ Deno.test("whenSynced() waits for the manager's hand-over too, not only for the 
 });
 
 Deno.test("a pod the cache lacks is fetched from the API server; one it does not have fails the ADD with 11", async () => {
-  await withServer(async (server) => {
+  await withTestApiServer(async (server) => {
     server.put("namespaces", makeNamespace("a"));
     const devices = new FakeDeviceLayer();
     const e = enforcer(server, devices);
@@ -154,7 +123,7 @@ Deno.test("a pod the cache lacks is fetched from the API server; one it does not
 });
 
 Deno.test("a pod no policy selects gets no table and no node chains; the first policy that selects it makes both, and its removal takes the chains", async () => {
-  await withServer(async (server) => {
+  await withTestApiServer(async (server) => {
     server.put("namespaces", makeNamespace("a"));
     server.put("pods", pod("a", "web"));
     const devices = new FakeDeviceLayer();
@@ -173,23 +142,13 @@ Deno.test("a pod no policy selects gets no table and no node chains; the first p
         "the agent's first load starts clean",
       );
       server.put("networkpolicies", denyAll("a"));
-      await poll(() => Promise.resolve(devices.rulesets.get("/run/netns/web")?.length || null), {
-        timeoutMs: 10_000,
-        intervalMs: 10,
-      });
+      await until("web's first table", () => devices.rulesets.get("/run/netns/web")?.length);
       const table = devices.rulesets.get("/run/netns/web")!.at(-1)!;
       assertStringIncludes(table, "table inet enim_policy {");
       assertStringIncludes(table, 'counter name "drop_ingress" drop');
-      assert(
-        await poll(
-          () =>
-            Promise.resolve(
-              devices.rulesets.get(NODE)!.some((t) => t.includes('"enimh1" : jump in_enimh1')) ||
-                null,
-            ),
-          { timeoutMs: 10_000, intervalMs: 10 },
-        ),
+      await until(
         "the node's chains for web, once a policy selects it",
+        () => devices.rulesets.get(NODE)!.some((t) => t.includes('"enimh1" : jump in_enimh1')),
       );
       assertEquals(e.status().pods.map((p) => [p.pod, p.policies, p.ingressIsolated]), [
         ["a/web", 1, true],
@@ -208,7 +167,7 @@ Deno.test("a pod no policy selects gets no table and no node chains; the first p
 });
 
 Deno.test("an enforcer that starts while the API server is down touches no table until it has synced", async () => {
-  await withServer(async (server) => {
+  await withTestApiServer(async (server) => {
     server.put("namespaces", makeNamespace("a"));
     server.put("pods", pod("a", "web", "10.1.0.1"));
     server.put("networkpolicies", denyAll("a"));
@@ -230,10 +189,7 @@ Deno.test("an enforcer that starts while the API server is down touches no table
       assertEquals(e.status().pods.map((p) => p.state), ["waiting"]);
       server.up();
       assert(await e.waitSynced(10_000));
-      await poll(() => Promise.resolve(e.status().pods[0].state === "enforced" || null), {
-        timeoutMs: 10_000,
-        intervalMs: 10,
-      });
+      await until("web enforced", () => e.status().pods[0].state === "enforced");
       assertStringIncludes(devices.rulesets.get("/run/netns/web")!.at(-1)!, "drop_ingress");
       assertStringIncludes(devices.rulesets.get(NODE)![0], "jump in_enimh1");
     } finally {
@@ -243,7 +199,7 @@ Deno.test("an enforcer that starts while the API server is down touches no table
 });
 
 Deno.test("a failed load is retried until the pod's table has its deny", async () => {
-  await withServer(async (server) => {
+  await withTestApiServer(async (server) => {
     server.put("namespaces", makeNamespace("a"));
     server.put("pods", pod("a", "web"));
     const devices = new FakeDeviceLayer();
@@ -273,7 +229,7 @@ Deno.test("a failed load is retried until the pod's table has its deny", async (
 });
 
 Deno.test("the edits an ADD brings to other pods' tables and to the node's sets wait until it has answered", async () => {
-  await withServer(async (server) => {
+  await withTestApiServer(async (server) => {
     server.put("namespaces", makeNamespace("a"));
     server.put(
       "pods",
@@ -303,12 +259,7 @@ Deno.test("the edits an ADD brings to other pods' tables and to the node's sets 
       const has = (netns: string, ip: string) =>
         (devices.rulesets.get(netns) ?? []).some((t) => t.includes(ip));
       // web's own ADD's edits, after its answer, done.
-      assert(
-        await poll(() => Promise.resolve(e.status().pendingEvents === 0 || null), {
-          timeoutMs: 10_000,
-          intervalMs: 10,
-        }),
-      );
+      await until("no event pending", () => e.status().pendingEvents === 0);
       await new Promise((r) => setTimeout(r, 200));
       // c1's ADD: its address joins web's client set, in web's table and on the node, only
       // once that ADD has answered.
@@ -319,12 +270,9 @@ Deno.test("the edits an ADD brings to other pods' tables and to the node's sets 
       assert(!has("/run/netns/web", "10.1.0.7"), "web's table waits for c1's answer");
       assert(!has(NODE, "10.1.0.7"), "the node's set waits for c1's answer");
       await e.committed("c-enimh2/eth0", "/run/netns/c1");
-      assert(
-        await poll(
-          () => Promise.resolve(has("/run/netns/web", "10.1.0.7") && has(NODE, "10.1.0.7") || null),
-          { timeoutMs: 10_000, intervalMs: 10 },
-        ),
+      await until(
         "c1's address is in web's table and on the node once its ADD has answered",
+        () => has("/run/netns/web", "10.1.0.7") && has(NODE, "10.1.0.7"),
       );
     } finally {
       await e.close();
@@ -343,7 +291,7 @@ const restored = (pod: string, ip: string, end: string): RestoredPolicyPod => ({
 });
 
 Deno.test("a restart never leaves a pod without node chains: nothing is loaded before the manager's hand-over, the first render holds every pod, and a pod the cluster lost keeps its chains", async () => {
-  await withServer(async (server) => {
+  await withTestApiServer(async (server) => {
     server.put("namespaces", makeNamespace("a"));
     server.put("pods", pod("a", "web", "10.1.0.1"));
     server.put("pods", pod("a", "ghost", "10.1.0.2"));
@@ -385,12 +333,7 @@ Deno.test("a restart never leaves a pod without node chains: nothing is loaded b
     const after = enforcer(server, devices, 200, null);
     try {
       // The caches sync; the manager has not handed the pods over yet (its reconcile).
-      assert(
-        await poll(() => Promise.resolve(after.status().caches.every((c) => c.synced) || null), {
-          timeoutMs: 10_000,
-          intervalMs: 10,
-        }),
-      );
+      await until("the caches' sync", () => after.status().caches.every((c) => c.synced));
       await new Promise((r) => setTimeout(r, 200));
       assertEquals(devices.rulesets.get(NODE)!.length, loads, "no node load before the hand-over");
       assertEquals(after.phase, "waiting");
@@ -426,7 +369,7 @@ Deno.test("a force-deleted pod, then a change of the node's addresses: the queue
   };
   globalThis.addEventListener("unhandledrejection", onUnhandled);
   try {
-    await withServer(async (server) => {
+    await withTestApiServer(async (server) => {
       server.put("namespaces", makeNamespace("a"));
       server.put("pods", pod("a", "web"));
       server.put("pods", pod("a", "api"));
@@ -434,16 +377,7 @@ Deno.test("a force-deleted pod, then a change of the node's addresses: the queue
       const devices = new ModelDeviceLayer();
       for (const n of ["web", "api"]) devices.addNetns(`/run/netns/${n}`);
       devices.nodeAddrs = { addresses: ["10.0.0.254"], primary: {} };
-      const kube = new Kube(
-        {
-          server: server.url,
-          caCerts: [server.pki.caCert],
-          token: { value: "test-token" },
-          source: "t",
-        },
-        "n1",
-        FAST,
-      );
+      const kube = testKube(server);
       const e = new PolicyEnforcer({ kube, devices, nodeAddressesEveryMs: 20 });
       e.restore([]);
       try {
@@ -455,22 +389,16 @@ Deno.test("a force-deleted pod, then a change of the node's addresses: the queue
         assertStringIncludes(JSON.stringify(rules), "drop_ingress");
         // kubectl delete --force: the Pod is gone, the sandbox (and its attachment) stays.
         server.remove("pods", "a", "web");
-        await poll(
-          () =>
-            Promise.resolve(
-              e.status().caches.find((c) => c.resource === "pods")?.objects === 1 || null,
-            ),
-          { timeoutMs: 10_000, intervalMs: 10 },
+        await until(
+          "the pod gone from the cache",
+          () => e.status().caches.find((c) => c.resource === "pods")?.objects === 1,
         );
         // Then any change of the node's addresses (a NodeLocal DNS rollout, a temporary IPv6).
         devices.nodeAddrs = { addresses: ["10.0.0.254", "169.254.20.10"], primary: {} };
         const nodeSet = () => devices.model.view("/run/netns/web").sets.node_4 ?? [];
-        assert(
-          await poll(() => Promise.resolve(nodeSet().includes("169.254.20.10") || null), {
-            timeoutMs: 10_000,
-            intervalMs: 10,
-          }),
+        await until(
           "web's table has the node's new address",
+          () => nodeSet().includes("169.254.20.10"),
         );
         assertEquals(devices.model.view("/run/netns/web").chains, rules, "web keeps its rules");
         // The queue still runs: the next ADD is answered and its pod enforced.
@@ -502,7 +430,7 @@ Deno.test("a force-deleted pod, then a change of the node's addresses: the queue
 });
 
 Deno.test("a DEL's address leaves the other pods' sets and its tracked connections go, after those edits and before removed() resolves, though the API still shows the pod with it; the next pod on that address (another uid) does not inherit it", async () => {
-  await withServer(async (server) => {
+  await withTestApiServer(async (server) => {
     server.put("namespaces", makeNamespace("a"));
     server.put(
       "pods",
@@ -536,10 +464,7 @@ Deno.test("a DEL's address leaves the other pods' sets and its tracked connectio
       await e.committed("c-enimh2/eth0", "/run/netns/c1");
       const inWeb = () =>
         e.compiled("a/web")!.sets.some((s) => s.ipv4.includes("10.1.0.7" as never));
-      assert(
-        await poll(() => Promise.resolve(inWeb() || null), { timeoutMs: 10_000, intervalMs: 10 }),
-        "c1 is admitted",
-      );
+      await until("c1 is admitted", () => inWeb());
       // Deleted in the API, still Running with its address; then its DEL.
       const terminating = c1();
       terminating.metadata.deletionTimestamp = new Date().toISOString();
