@@ -19,7 +19,7 @@
  */
 import { parseArgs } from "node:util";
 import { z } from "zod";
-import { dirname, join, resolve, ROOT } from "./_paths.ts";
+import { dirname, join, resolve, ROOT, SHIPPED_DIRS } from "./_paths.ts";
 import { permissionFlags } from "./_permissions.ts";
 
 /** Where the bundle goes. */
@@ -33,22 +33,7 @@ export const ENTRY = "main.js";
 export const PLUGIN_ENTRY = "cni/main.js";
 
 /** The source trees the bundle is built from (for the staleness check). */
-const SOURCES = [
-  "main.ts",
-  "deno.json",
-  "deno.lock",
-  "agent",
-  "api",
-  "cni",
-  "manager",
-  "providers",
-  "netns",
-  "lib",
-  "kube",
-  "policy",
-  "cli",
-  "kube",
-];
+const SOURCES = ["main.ts", "deno.json", "deno.lock", ...SHIPPED_DIRS];
 
 /** The stamp written beside the bundle. */
 const StampSchema = z.object({ version: z.string(), deno: z.string(), builtAt: z.string() });

@@ -21,7 +21,7 @@
  */
 import { stringify } from "yaml";
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
-import { join, ROOT } from "./_paths.ts";
+import { join, ROOT, SHIPPED_DIRS } from "./_paths.ts";
 import { isRoot } from "./_deps.ts";
 import { runEnim } from "../tests/support/enim.ts";
 import { EnimSandbox } from "../tests/support/sandbox.ts";
@@ -31,20 +31,6 @@ import { makeTestPki } from "../tests/support/kube_pki.ts";
 import { makeNamespace, makeNetworkPolicy, makePod } from "../tests/support/kube_objects.ts";
 import { SocketAgentClient } from "../api/client.ts";
 import { SimulatedNode } from "../tests/support/node.ts";
-
-/** The folders the bundle is built from (scripts/build.ts `SOURCES`), `main.ts` aside. */
-const SHIPPED = [
-  "agent",
-  "api",
-  "cli",
-  "cni",
-  "kube",
-  "lib",
-  "manager",
-  "netns",
-  "policy",
-  "providers",
-];
 
 /** The scenarios, each run once against the bundle below. */
 type Scenario = "plugin" | "cli" | "check-config" | "agent" | "kernel";
@@ -78,7 +64,7 @@ function importSites(): { file: string; arg: string }[] {
       else if (/\.ts$/.test(e.name) && !/_test\.ts$|_bench\.ts$/.test(e.name)) files.push(path);
     }
   };
-  for (const dir of SHIPPED) visit(dir);
+  for (const dir of SHIPPED_DIRS) visit(dir);
   const out: { file: string; arg: string }[] = [];
   for (const file of files) {
     const text = Deno.readTextFileSync(join(ROOT, file))

@@ -17,6 +17,7 @@
  * @module
  */
 import type { AptPackage, AptUser } from "../../scripts/_deps.ts";
+import { SHIPPED_DIRS } from "../../scripts/_paths.ts";
 
 /** One tool path in one file, with the line it is on (1-based). */
 export interface ToolMention {
@@ -78,22 +79,7 @@ export function usersOf(file: string): readonly AptUser[] {
 }
 
 /** The folders scanned: the tests, the scripts, the bench, deploy's tests and the shipped ones. */
-export const SCANNED_DIRS = [
-  "tests",
-  "scripts",
-  "bench",
-  "deploy",
-  "agent",
-  "api",
-  "cli",
-  "cni",
-  "kube",
-  "lib",
-  "manager",
-  "netns",
-  "policy",
-  "providers",
-];
+export const SCANNED_DIRS = ["tests", "scripts", "bench", "deploy", ...SHIPPED_DIRS];
 
 /** Files not scanned: the list itself, and the check's own test with its planted samples. */
 export const UNSCANNED = ["scripts/_deps.ts", "tests/tools_test.ts"];
