@@ -73,6 +73,51 @@ export interface NodeInfo {
 
 const now = () => new Date().toISOString().replace(/\.\d+Z$/, "Z");
 
+/**
+ * The pod's `Ready` and `ContainersReady` conditions, both `status`, with `reason` and
+ * `message` (null clears them, as kubelet's patch does once the pod is ready; absent
+ * leaves them out).
+ */
+function readiness(
+  status: "True" | "False",
+  t: string,
+  reason?: string | null,
+  message?: string | null,
+) {
+  return ["Ready", "ContainersReady"].map((type) => ({
+    type,
+    status,
+    ...(reason === undefined ? {} : { reason }),
+    ...(message === undefined ? {} : { message }),
+    lastTransitionTime: t,
+  }));
+}
+
+/**
+ * Each of the pod's containers in `state` (kubelet's `waiting`, `running` or
+ * `terminated`): ready and started only while running, with an image ID and a
+ * container ID once it runs.
+ */
+function containerStatuses(
+  pod: StoredPod,
+  state:
+    | { waiting: { reason: string } }
+    | { running: { startedAt: string } }
+    | { terminated: { exitCode: number; reason: string; finishedAt: string } },
+) {
+  const running = "running" in state;
+  return pod.spec.containers.map((x) => ({
+    name: x.name,
+    image: x.image,
+    imageID: running ? `${x.image}@sha256:${"0".repeat(64)}` : "",
+    ...(running ? { containerID: `containerd://${crypto.randomUUID().replaceAll("-", "")}` } : {}),
+    ready: running,
+    restartCount: 0,
+    started: running,
+    state,
+  }));
+}
+
 /** One node's kubelet, as far as the API server sees it. */
 export class SimulatedKubelet {
   readonly name: string;
@@ -217,30 +262,9 @@ export class SimulatedKubelet {
         conditions: [
           { type: "PodReadyToStartContainers", status: "False", lastTransitionTime: t },
           { type: "Initialized", status: "True", lastTransitionTime: t },
-          {
-            type: "Ready",
-            status: "False",
-            reason: "ContainersNotReady",
-            message: unready,
-            lastTransitionTime: t,
-          },
-          {
-            type: "ContainersReady",
-            status: "False",
-            reason: "ContainersNotReady",
-            message: unready,
-            lastTransitionTime: t,
-          },
+          ...readiness("False", t, "ContainersNotReady", unready),
         ],
-        containerStatuses: pod.spec.containers.map((x) => ({
-          name: x.name,
-          image: x.image,
-          imageID: "",
-          ready: false,
-          restartCount: 0,
-          started: false,
-          state: { waiting: { reason: "ContainerCreating" } },
-        })),
+        containerStatuses: containerStatuses(pod, { waiting: { reason: "ContainerCreating" } }),
       },
     }, PodSchema);
   }
@@ -272,25 +296,9 @@ export class SimulatedKubelet {
         conditions: [
           { type: "PodReadyToStartContainers", status: "True", lastTransitionTime: t },
           { type: "Initialized", status: "True", lastTransitionTime: t },
-          { type: "Ready", status: "True", lastTransitionTime: t, reason: null, message: null },
-          {
-            type: "ContainersReady",
-            status: "True",
-            lastTransitionTime: t,
-            reason: null,
-            message: null,
-          },
+          ...readiness("True", t, null, null),
         ],
-        containerStatuses: pod.spec.containers.map((x) => ({
-          name: x.name,
-          image: x.image,
-          imageID: `${x.image}@sha256:${"0".repeat(64)}`,
-          containerID: `containerd://${crypto.randomUUID().replaceAll("-", "")}`,
-          ready: true,
-          restartCount: 0,
-          started: true,
-          state: { running: { startedAt: t } },
-        })),
+        containerStatuses: containerStatuses(pod, { running: { startedAt: t } }),
       },
     }, PodSchema);
   }
@@ -306,24 +314,10 @@ export class SimulatedKubelet {
     await this.#rest.patch(`${this.#podPath(namespace, name)}/status`, {
       status: {
         phase: "Failed",
-        conditions: [
-          { type: "Ready", status: "False", reason: "PodCompleted", lastTransitionTime: t },
-          {
-            type: "ContainersReady",
-            status: "False",
-            reason: "PodCompleted",
-            lastTransitionTime: t,
-          },
-        ],
-        containerStatuses: pod.spec.containers.map((x) => ({
-          name: x.name,
-          image: x.image,
-          imageID: "",
-          ready: false,
-          restartCount: 0,
-          started: false,
-          state: { terminated: { exitCode: 137, reason: "Error", finishedAt: t } },
-        })),
+        conditions: readiness("False", t, "PodCompleted"),
+        containerStatuses: containerStatuses(pod, {
+          terminated: { exitCode: 137, reason: "Error", finishedAt: t },
+        }),
       },
     }, PodSchema);
     const r = await this.#rest.raw("DELETE", this.#podPath(namespace, name), {
