@@ -106,6 +106,16 @@ const FIGURES: Figure[] = [
   },
   { name: "policy bench: first sync", unit: "ms", of: (r) => r.policy.firstSync?.ms },
   {
+    name: "policy bench: API write to status enforced, p50",
+    unit: "ms",
+    of: (r) => r.policy.eventToEnforcement?.all?.p50,
+  },
+  {
+    name: "policy bench: API write to status enforced, p90",
+    unit: "ms",
+    of: (r) => r.policy.eventToEnforcement?.all?.p90,
+  },
+  {
     name: "policy bench: API write to status enforced, p99",
     unit: "ms",
     of: (r) => r.policy.eventToEnforcement?.all?.p99,
@@ -150,19 +160,17 @@ async function run(cmd: string[], cwd: string): Promise<string> {
   return new TextDecoder().decode(out.stdout);
 }
 
+/** `deno run -A --config tests/deno.json <script> <args>` in `tree`: its stdout. */
+function denoRun(tree: string, script: string, args: string[]): Promise<string> {
+  return run([Deno.execPath(), "run", "-A", "--config", "tests/deno.json", script, ...args], tree);
+}
+
 /** Runs both benches in one tree and returns their results. */
 async function runTree(tree: string, label: string, n: number): Promise<RunResult> {
-  const deno = Deno.execPath();
   const benchOut = await Deno.makeTempFile({ prefix: "enim-compare-", suffix: ".json" });
   try {
     console.error(`--- run ${n}: ${label}: bench/main.ts --quick --no-cri --soak 0`);
-    await run([
-      deno,
-      "run",
-      "-A",
-      "--config",
-      "tests/deno.json",
-      "bench/main.ts",
+    await denoRun(tree, "bench/main.ts", [
       "--quick",
       "--no-cri",
       "--soak",
@@ -170,17 +178,11 @@ async function runTree(tree: string, label: string, n: number): Promise<RunResul
       "--out",
       benchOut,
       ...(values.iterations ? ["--iterations", values.iterations] : []),
-    ], tree);
+    ]);
     const bench = JSON.parse(await Deno.readTextFile(benchOut));
     if (values["skip-policy"]) return { bench, policy: {} };
     console.error(`--- run ${n}: ${label}: bench/policy_agent.ts`);
-    const text = await run([
-      deno,
-      "run",
-      "-A",
-      "--config",
-      "tests/deno.json",
-      "bench/policy_agent.ts",
+    const text = await denoRun(tree, "bench/policy_agent.ts", [
       "--pods",
       values.pods,
       "--policies",
@@ -189,7 +191,7 @@ async function runTree(tree: string, label: string, n: number): Promise<RunResul
       values.adds,
       "--rounds",
       values["policy-rounds"],
-    ], tree);
+    ]);
     const policy = JSON.parse(text.slice(text.indexOf("{")));
     return { bench, policy };
   } finally {
