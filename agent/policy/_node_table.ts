@@ -138,7 +138,7 @@ export class NodeTable {
     this.loaded = pods.map((p) => ({ nodeEnd: p.nodeEnd, policy: light(p.policy) }));
     const ends = new Set(pods.map((p) => p.nodeEnd));
     this.#chainsMaybe(ends);
-    return this.#d.loads.load(null, text).then((ok) => {
+    return this.#d.loads.load(null, text, { quiet: true }).then((ok) => {
       if (ok) {
         this.#chainsGone((a) => had.has(a.nodeEnd) && !ends.has(a.nodeEnd));
         return true;

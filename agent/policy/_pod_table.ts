@@ -74,9 +74,11 @@ export function editPod(d: PodTableDeps, att: Att, deltas: SetDelta[]): Promise<
   const text = deltas.map(setDeltaCommands).join("");
   if (text === "" || att.netns === null) return Promise.resolve(true);
   const netns = att.netns;
-  return d.loads.load(netns, text).then((ok) => {
+  return d.loads.load(netns, text, { quiet: true }).then((ok) => {
     if (ok) return true;
-    // An element to delete was missing: the sets' current members, whole.
+    // An element to delete was missing (a burst of events: a later delta's element went
+    // with an earlier replace): the sets' current members, whole. Not a failure unless
+    // that fails too.
     const c = d.compile(att);
     const keys = new Set(deltas.map((x) => x.key));
     const sets = c?.sets.filter((s) => keys.has(s.key)) ?? [];

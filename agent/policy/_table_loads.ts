@@ -96,11 +96,16 @@ export class TableLoads {
     });
   }
 
-  /** Loads `text` in a table, queued after its earlier loads; true when it loaded. */
-  load(netns: string | null, text: string): Promise<boolean> {
+  /**
+   * Loads `text` in a table, queued after its earlier loads; true when it loaded. A
+   * `quiet` load that fails is not told to `failed`: its caller loads something else
+   * instead at once (a set edit whose element went meanwhile: its sets whole), and only
+   * that is a failure when it fails too.
+   */
+  load(netns: string | null, text: string, opts: { quiet?: boolean } = {}): Promise<boolean> {
     const load = () =>
       this.#devices.loadRuleset(netns, text).then(() => true, (err) => {
-        this.#failed(netns === null ? "node" : "pod", netns, err);
+        if (!opts.quiet) this.#failed(netns === null ? "node" : "pod", netns, err);
         return false;
       });
     // The node's table (an ADD may be waiting for it) never queues behind the pods'.

@@ -5,6 +5,7 @@
  */
 import { assert, assertEquals, assertRejects, assertStringIncludes } from "../../lib/assert.ts";
 import { poll } from "../../lib/async.ts";
+import { Logger } from "../../lib/log.ts";
 import type { KubeApiServer } from "../../tests/support/kube_apiserver.ts";
 import {
   policyPod,
@@ -274,6 +275,54 @@ Deno.test("the edits an ADD brings to other pods' tables and to the node's sets 
         "c1's address is in web's table and on the node once its ADD has answered",
         () => has("/run/netns/web", "10.1.0.7") && has(NODE, "10.1.0.7"),
       );
+    } finally {
+      await e.close();
+    }
+  });
+});
+
+Deno.test("a set edit that fails is replaced by its sets whole at once, and only that counts as a failed load", async () => {
+  await withTestApiServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    server.put("pods", pod("a", "web"));
+    server.put(
+      "pods",
+      makePod({ namespace: "a", name: "c1", labels: { app: "client" }, nodeName: "n1" }),
+    );
+    server.put("networkpolicies", {
+      metadata: { namespace: "a", name: "web-from-clients" },
+      spec: {
+        podSelector: { matchLabels: { app: "web" } },
+        ingress: [{ from: [{ podSelector: { matchLabels: { app: "client" } } }] }],
+      },
+    });
+    const devices = new FakeDeviceLayer();
+    for (const n of ["web", "c1"]) devices.addNetns(`/run/netns/${n}`);
+    const lines: string[] = [];
+    const log = new Logger((l) => lines.push(l), "debug");
+    const e = new PolicyEnforcer({ kube: testKube(server), devices, log, syncWaitMs: 5_000 });
+    e.restore([]);
+    try {
+      assert(await e.waitSynced(10_000));
+      await admit(e, add("a/web", "10.1.0.1", "enimh1"));
+      await e.committed("c-enimh1/eth0", "/run/netns/web");
+      await until("no event pending", () => e.status().pendingEvents === 0);
+      assert(await e.idle(10_000), "the enforcer is idle");
+      const has = (netns: string, ip: string) =>
+        (devices.rulesets.get(netns) ?? []).some((t) => t.includes(ip));
+      // c1's answered ADD edits web's client set and the node's: the first of those edits
+      // fails (in a burst of events, the element it deletes may be gone already).
+      devices.failOn("nft");
+      await admit(e, add("a/c1", "10.1.0.7", "enimh2"));
+      await e.committed("c-enimh2/eth0", "/run/netns/c1");
+      await until(
+        "c1's address in web's table and on the node",
+        () => has("/run/netns/web", "10.1.0.7") && has(NODE, "10.1.0.7"),
+      );
+      assert(await e.idle(10_000), "the enforcer is idle");
+      assertEquals(e.status().loadFailures, 0, "the edit's own failure is not a failed load");
+      const warned = lines.map((l) => JSON.parse(l)).filter((l) => l.level === "warn");
+      assertEquals(warned.map((l) => l.msg), [], "nothing is warned");
     } finally {
       await e.close();
     }
