@@ -215,15 +215,25 @@ const baseRev = (await run(["git", "rev-parse", "--short", values.base], ROOT)).
 const baseTree = await Deno.makeTempDir({ prefix: "enim-base-" });
 await run(["git", "worktree", "add", "--detach", baseTree, baseRev], ROOT);
 const results: Record<"base" | "head", RunResult[]> = { base: [], head: [] };
+const failed: string[] = [];
 try {
   for (let p = 0; p < PAIRS; p++) {
     const order: ("base" | "head")[] = p % 2 === 0 ? ["base", "head"] : ["head", "base"];
     for (const which of order) {
       const tree = which === "base" ? baseTree : ROOT;
       const label = which === "base" ? `base ${baseRev}` : `head ${head}`;
-      results[which].push(
-        await runTree(tree, label, results.base.length + results.head.length + 1),
-      );
+      const n = results.base.length + results.head.length + failed.length + 1;
+      // A run that fails (a bench of either tree may be flaky) is tried once more, then left
+      // out, said, and the rest goes on: the runs already made are not lost.
+      const r = await runTree(tree, label, n).catch((err) => {
+        console.error(`--- run ${n}: ${label} failed (${err.message}); once more`);
+        return runTree(tree, label, n);
+      }).catch((err) => {
+        console.error(`--- run ${n}: ${label} failed again, left out: ${err.message}`);
+        failed.push(`run ${n}: ${label}: ${err.message}`);
+        return null;
+      });
+      if (r) results[which].push(r);
     }
   }
 } finally {
@@ -236,6 +246,7 @@ const table: Record<string, unknown>[] = [];
 console.log(
   `\nbase ${baseRev} against head ${head}, ${PAIRS} alternating pairs (medians of the runs)`,
 );
+for (const f of failed) console.log(`  left out: ${f}`);
 for (const f of FIGURES) {
   const b = results.base.map(f.of).filter((v): v is number => typeof v === "number");
   const h = results.head.map(f.of).filter((v): v is number => typeof v === "number");
@@ -259,7 +270,11 @@ for (const f of FIGURES) {
 }
 await Deno.writeTextFile(
   values.out,
-  JSON.stringify({ base: baseRev, head, pairs: PAIRS, figures: table, runs: results }, null, 2) +
+  JSON.stringify(
+    { base: baseRev, head, pairs: PAIRS, failed, figures: table, runs: results },
+    null,
+    2,
+  ) +
     "\n",
 );
 console.log(`written to ${values.out}`);
