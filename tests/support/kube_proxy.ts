@@ -66,7 +66,7 @@ export interface ProxyOptions {
    * The kube-proxy release whose nftables rules to write (default `1.35`). Up to 1.35 each
    * endpoint has a chain (its hairpin masquerade mark, its DNAT) and marking goes through
    * `mark-for-masquerade`; from 1.36 a service without session affinity DNATs in its own
-   * chain (one endpoint: `dnat to`; several: a `numgen` map), hairpin traffic is
+   * chain (through a `numgen` map; from 1.37 one endpoint by a plain `dnat to`), hairpin traffic is
    * masqueraded through the `hairpin-connections` set of local endpoints without a mark,
    * and the cluster-CIDR masquerade is one rule in `services` (checked against the real
    * kube-proxy of the release the tests build: tests/k8s_kube_proxy_test.ts).
@@ -244,6 +244,8 @@ export function nftablesRules(
   const addr = o.family === 6 ? "ipv6_addr" : "ipv4_addr";
   const t = `${fam} kube-proxy`;
   const modern = atLeast(o.release, 36);
+  // A service of one endpoint DNATs to it without a map from 1.37 (1.36.3 still maps it).
+  const single = atLeast(o.release, 37);
   const out = [
     `add table ${t} { comment "rules for kube-proxy" ; }`,
     ...(modern
@@ -318,7 +320,7 @@ export function nftablesRules(
       out.push(`add chain ${t} ${svc}`);
       const e = s.endpoints;
       out.push(
-        e.length === 1
+        e.length === 1 && single
           ? `add rule ${t} ${svc} meta l4proto ${s.protocol} dnat to ${hostPort(e[0])}`
           : `add rule ${t} ${svc} meta l4proto ${s.protocol} dnat ${fam} addr . port to numgen random mod ${e.length} map { ${
             e.map((x, i) => `${i} : ${normalizeIp(x.ip)} . ${x.port}`).join(" , ")
