@@ -229,36 +229,44 @@ Deno.test("a failed load is retried until the pod's table has its deny", async (
   });
 });
 
-Deno.test("the edits an ADD brings to other pods' tables and to the node's sets wait until it has answered", async () => {
-  await withTestApiServer(async (server) => {
-    server.put("namespaces", makeNamespace("a"));
+/**
+ * Namespace a with web, the pods `clients` (app=client), and a policy isolating web that
+ * admits the clients; a fake device layer with web's and c1's namespaces.
+ */
+function webAndClients(server: KubeApiServer, clients: string[]): FakeDeviceLayer {
+  server.put("namespaces", makeNamespace("a"));
+  server.put("pods", pod("a", "web"));
+  for (const n of clients) {
     server.put(
       "pods",
-      makePod({ namespace: "a", name: "web", labels: { app: "web" }, nodeName: "n1" }),
+      makePod({ namespace: "a", name: n, labels: { app: "client" }, nodeName: "n1" }),
     );
-    for (const n of ["c1", "c2"]) {
-      server.put(
-        "pods",
-        makePod({ namespace: "a", name: n, labels: { app: "client" }, nodeName: "n1" }),
-      );
-    }
-    server.put("networkpolicies", {
-      metadata: { namespace: "a", name: "web-from-clients" },
-      spec: {
-        podSelector: { matchLabels: { app: "web" } },
-        ingress: [{ from: [{ podSelector: { matchLabels: { app: "client" } } }] }],
-      },
-    });
-    const devices = new FakeDeviceLayer();
-    for (const n of ["web", "c1"]) devices.addNetns(`/run/netns/${n}`);
+  }
+  server.put("networkpolicies", {
+    metadata: { namespace: "a", name: "web-from-clients" },
+    spec: {
+      podSelector: { matchLabels: { app: "web" } },
+      ingress: [{ from: [{ podSelector: { matchLabels: { app: "client" } } }] }],
+    },
+  });
+  const devices = new FakeDeviceLayer();
+  for (const n of ["web", "c1"]) devices.addNetns(`/run/netns/${n}`);
+  return devices;
+}
+
+/** Whether any load of the table `netns` (or the node's, {@linkcode NODE}) named `ip`. */
+const loaded = (devices: FakeDeviceLayer, netns: string, ip: string) =>
+  (devices.rulesets.get(netns) ?? []).some((t) => t.includes(ip));
+
+Deno.test("the edits an ADD brings to other pods' tables and to the node's sets wait until it has answered", async () => {
+  await withTestApiServer(async (server) => {
+    const devices = webAndClients(server, ["c1", "c2"]);
     const e = enforcer(server, devices);
     try {
       assert(await e.waitSynced(10_000));
       const web = await admit(e, add("a/web", "10.1.0.1", "enimh1"));
       assertStringIncludes(web, 'counter name "drop_ingress" drop', "web is isolated");
       await e.committed("c-enimh1/eth0", "/run/netns/web");
-      const has = (netns: string, ip: string) =>
-        (devices.rulesets.get(netns) ?? []).some((t) => t.includes(ip));
       // web's own ADD's edits, after its answer, done.
       await until("no event pending", () => e.status().pendingEvents === 0);
       await new Promise((r) => setTimeout(r, 200));
@@ -268,12 +276,12 @@ Deno.test("the edits an ADD brings to other pods' tables and to the node's sets 
       assertEquals(c1, "", "no policy selects c1");
       // Time for any load the ADD started to land.
       await new Promise((r) => setTimeout(r, 100));
-      assert(!has("/run/netns/web", "10.1.0.7"), "web's table waits for c1's answer");
-      assert(!has(NODE, "10.1.0.7"), "the node's set waits for c1's answer");
+      assert(!loaded(devices, "/run/netns/web", "10.1.0.7"), "web's table waits for c1's answer");
+      assert(!loaded(devices, NODE, "10.1.0.7"), "the node's set waits for c1's answer");
       await e.committed("c-enimh2/eth0", "/run/netns/c1");
       await until(
         "c1's address is in web's table and on the node once its ADD has answered",
-        () => has("/run/netns/web", "10.1.0.7") && has(NODE, "10.1.0.7"),
+        () => loaded(devices, "/run/netns/web", "10.1.0.7") && loaded(devices, NODE, "10.1.0.7"),
       );
     } finally {
       await e.close();
@@ -283,21 +291,7 @@ Deno.test("the edits an ADD brings to other pods' tables and to the node's sets 
 
 Deno.test("a set edit that fails is replaced by its sets whole at once, and only that counts as a failed load", async () => {
   await withTestApiServer(async (server) => {
-    server.put("namespaces", makeNamespace("a"));
-    server.put("pods", pod("a", "web"));
-    server.put(
-      "pods",
-      makePod({ namespace: "a", name: "c1", labels: { app: "client" }, nodeName: "n1" }),
-    );
-    server.put("networkpolicies", {
-      metadata: { namespace: "a", name: "web-from-clients" },
-      spec: {
-        podSelector: { matchLabels: { app: "web" } },
-        ingress: [{ from: [{ podSelector: { matchLabels: { app: "client" } } }] }],
-      },
-    });
-    const devices = new FakeDeviceLayer();
-    for (const n of ["web", "c1"]) devices.addNetns(`/run/netns/${n}`);
+    const devices = webAndClients(server, ["c1"]);
     const lines: string[] = [];
     const log = new Logger((l) => lines.push(l), "debug");
     const e = new PolicyEnforcer({ kube: testKube(server), devices, log, syncWaitMs: 5_000 });
@@ -308,8 +302,6 @@ Deno.test("a set edit that fails is replaced by its sets whole at once, and only
       await e.committed("c-enimh1/eth0", "/run/netns/web");
       await until("no event pending", () => e.status().pendingEvents === 0);
       assert(await e.idle(10_000), "the enforcer is idle");
-      const has = (netns: string, ip: string) =>
-        (devices.rulesets.get(netns) ?? []).some((t) => t.includes(ip));
       // c1's answered ADD edits web's client set and the node's: the first of those edits
       // fails (in a burst of events, the element it deletes may be gone already).
       devices.failOn("nft");
@@ -317,7 +309,7 @@ Deno.test("a set edit that fails is replaced by its sets whole at once, and only
       await e.committed("c-enimh2/eth0", "/run/netns/c1");
       await until(
         "c1's address in web's table and on the node",
-        () => has("/run/netns/web", "10.1.0.7") && has(NODE, "10.1.0.7"),
+        () => loaded(devices, "/run/netns/web", "10.1.0.7") && loaded(devices, NODE, "10.1.0.7"),
       );
       assert(await e.idle(10_000), "the enforcer is idle");
       assertEquals(e.status().loadFailures, 0, "the edit's own failure is not a failed load");
