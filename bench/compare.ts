@@ -105,21 +105,11 @@ const FIGURES: Figure[] = [
     of: (r) => r.bench.agentOperationMeanMs?.add,
   },
   { name: "policy bench: first sync", unit: "ms", of: (r) => r.policy.firstSync?.ms },
-  {
-    name: "policy bench: API write to status enforced, p50",
+  ...(["p50", "p90", "p99"] as const).map((q): Figure => ({
+    name: `policy bench: API write to status enforced, ${q}`,
     unit: "ms",
-    of: (r) => r.policy.eventToEnforcement?.all?.p50,
-  },
-  {
-    name: "policy bench: API write to status enforced, p90",
-    unit: "ms",
-    of: (r) => r.policy.eventToEnforcement?.all?.p90,
-  },
-  {
-    name: "policy bench: API write to status enforced, p99",
-    unit: "ms",
-    of: (r) => r.policy.eventToEnforcement?.all?.p99,
-  },
+    of: (r) => r.policy.eventToEnforcement?.all?.[q],
+  })),
   { name: "policy bench: CPU per event", unit: "ms", of: (r) => r.policy.cpuPerEventMs },
   {
     name: "policy bench: ADD p50, policy off",
