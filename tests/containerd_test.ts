@@ -47,6 +47,7 @@ import { ask, lastError, Servers, TRAFFIC_NEEDS, who } from "./support/traffic.t
 import { KUBE_PROXY_NEEDS, type ServicePort } from "./support/kube_proxy.ts";
 import { type ServiceProxy, startServiceProxy } from "./support/k8s/service_proxy.ts";
 import { nodeEnds } from "./support/host_link_fixtures.ts";
+import { sampleOf } from "./support/metrics.ts";
 import { aptNeeds } from "../scripts/_deps.ts";
 
 const DEPS = await clientDeps(
@@ -734,8 +735,7 @@ Deno.test({
 
 /** The agent's count of sticky holds that expired (profile "default"; 0 before the first). */
 function holdExpiries(metrics: string): number {
-  const m = /^enim_sticky_hold_expiries_total\{profile="default"\} (\d+)$/m.exec(metrics);
-  return m ? Number(m[1]) : 0;
+  return sampleOf(metrics, 'enim_sticky_hold_expiries_total{profile="default"}') ?? 0;
 }
 
 // Issue 25 point 2: the mock capped its node limit at the ENIs it started with, so with 12 of

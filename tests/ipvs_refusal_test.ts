@@ -18,6 +18,7 @@ import { TRAFFIC_NEEDS } from "./support/traffic.ts";
 import { PolicyCluster } from "./support/policy_cluster.ts";
 import type { SimulatedNode } from "./support/node.ts";
 import { poll } from "../lib/async.ts";
+import { sampleOf } from "./support/metrics.ts";
 
 const DEPS = await clientDeps("ipvs_refusal_test", TRAFFIC_NEEDS);
 
@@ -38,8 +39,7 @@ async function nodeIp(node: SimulatedNode, args: string[]): Promise<void> {
 
 /** The value of an unlabelled gauge in `GET /metrics`. */
 async function gauge(node: SimulatedNode, name: string): Promise<number | null> {
-  const m = new RegExp(`^${name} (\\S+)$`, "m").exec(await node.client.metrics());
-  return m ? Number(m[1]) : null;
+  return sampleOf(await node.client.metrics(), name);
 }
 
 /** Waits (bounded) until the agent's status says it refuses, or not. */
