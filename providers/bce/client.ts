@@ -136,10 +136,23 @@ export class BceClient {
       const res = ListResultSchema.parse(
         await this.#call({ method: "GET", path: "/v1/eni", query, op: "ListEni" }),
       );
-      for (const eni of res.enis) {
-        // CCE drops every non-standard (elastic RDMA) NIC (cce-network-v2/pkg/bce/api/eni/client.go).
-        const mode = eni.networkInterfaceTrafficMode ?? "standard";
-        if (mode !== "standard") continue;
+      for (const raw of res.enis) {
+        // Each entry alone: another tool's ENI that cannot be read is skipped and
+        // logged, never the whole list failed for it.
+        const parsed = BceEniSchema.safeParse(raw);
+        if (!parsed.success) {
+          this.#log.warn("Skipped an ENI of the list that cannot be read", {
+            eniId: entryId(raw),
+            problem: parsed.error.issues.map((i) => `${i.path.join(".")}: ${i.message}`).join("; "),
+          });
+          continue;
+        }
+        const eni = parsed.data;
+        // Standard ENIs only, as Baidu's CNI keeps them: the traffic mode compared
+        // case-insensitively to "standard", and an entry without one dropped
+        // (cce-network-v2/pkg/bce/api/eni/client.go isEni, strings.EqualFold).
+        const mode = eni.networkInterfaceTrafficMode ?? "";
+        if (mode.toLowerCase() !== "standard") continue;
         if (args.namePrefix && !eni.name.startsWith(args.namePrefix)) continue;
         if (args.instanceId && eni.instanceId && eni.instanceId !== args.instanceId) continue;
         out.push(eni);
@@ -507,6 +520,12 @@ function scrub(message: string, creds: Credentials): string {
     if (s) out = out.split(s).join("[redacted]");
   }
   return out.replace(/bce-auth-v1\/\S+/g, "[redacted]");
+}
+
+/** The `eniId` of a raw list entry, when it has a string one (for the log line). */
+function entryId(raw: unknown): string | null {
+  if (typeof raw !== "object" || raw === null || !("eniId" in raw)) return null;
+  return typeof raw.eniId === "string" ? raw.eniId : null;
 }
 
 function errText(e: unknown): string {

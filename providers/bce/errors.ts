@@ -26,6 +26,11 @@
  * - SDK-js: npm `@baiducloud/sdk@1.0.7`, `src/bce_base_client.js`;
  * - DOC-common: BCE's common error codes, https://cloud.baidu.com/doc/Reference/s/Bjz3uz3qj-en
  *   and https://cloud.baidu.com/doc/BCC/s/Ojwvyo6nc-en (code, message, HTTP status);
+ * - CCE-v2.11: the same repository, branch `v2.11`, `cce-network-v2/pkg/bce/vpceni/node_bcc.go`
+ *   (BCE's answer to an operation on an ENI in the wrong state: HTTP 400 `EniStatusException`,
+ *   "The eni status is not allowed to operate");
+ * - TF: github.com/baidubce/terraform-provider-baiducloud, `baiducloud/error.go` (the codes
+ *   its NotFoundError treats as "the instance does not exist");
  * - DOC-ai: Baidu's AI search error codes, https://ai.baidu.com/ai-doc/AppBuilder/4m8sgh88y
  *   (HTTP 429 `RATE_LIMIT_TOTAL_QPS`; another Baidu product, the only Baidu page
  *   found that names a rate-limit code with its status).
@@ -118,6 +123,27 @@ export const ENI_MISSING_MARKERS: readonly string[] = ["eninotfoundexception", "
 export const NO_SUCH_OBJECT = "nosuchobject";
 
 /**
+ * Codes that say an *instance* does not exist, whatever the call (TF `baiducloud/error.go`
+ * NotFoundError: `InstanceNotExist`, `InstanceNotFound`, `InvalidInstanceId.NotFound`,
+ * `Forbidden.InstanceNotFound`). Matched before the auth rule: `Forbidden.InstanceNotFound`
+ * may come with HTTP 403, and it says the instance is gone, not that the key is wrong.
+ */
+export const INSTANCE_MISSING_CODES: readonly string[] = [
+  "instancenotexist",
+  "instancenotfound",
+  "invalidinstanceidnotfound",
+  "forbiddeninstancenotfound",
+];
+
+/**
+ * The ENI is in a state that does not allow the operation: HTTP 400 `EniStatusException`
+ * "The eni status is not allowed to operate" (CCE-v2.11). Not retried by the client: the
+ * caller decides from the ENI's status (a new ENI not ready to attach yet is attached again,
+ * `_lifecycle.ts`).
+ */
+export const ENI_STATUS_MARKER = "enistatusexception";
+
+/**
  * Codes of a malformed request, never "gone" (DOC-common, SDK-go bce/error.go, SDK-java ErrorCode):
  * `InvalidURI` (400 "Could not parse the specified URI") and `InvalidVersion` (404 "The API
  * version specified was invalid").
@@ -189,6 +215,7 @@ export function classifyError(
   if (e.status === 429 || THROTTLE_MARKERS.some((m) => text.includes(m))) {
     return out("throttled", { retryable: true, throttled: true });
   }
+  if (INSTANCE_MISSING_CODES.includes(code)) return out("not_found", { missing: "instance" });
   if (AUTH_CODES.includes(code) || e.status === 401 || e.status === 403) {
     return out("auth_failed", { retryable: RESIGN_CODES.includes(code) });
   }
@@ -197,14 +224,15 @@ export function classifyError(
     return out("not_found", { missing: "eni" });
   }
   if (code === NO_SUCH_OBJECT) return out("not_found", { missing: noSuchObjectTarget(e.op) });
+  if (code === ENI_STATUS_MARKER) return out("wrong_state");
   if (text.includes(SUBNET_FULL_MARKER)) return out("subnet_full");
   if (text.includes(IP_IN_USE_MARKER)) return out("requested_ip_unavailable");
   if (QUOTA_MARKERS.some((m) => text.includes(m))) return out("quota_exceeded");
   if (RETRY_STATUSES.includes(e.status)) return out("unavailable", { retryable: true });
   if (e.status >= 500) return out("unavailable");
-  // No public source names a code for "the ENI is in the wrong state"; 409 Conflict
-  // is the HTTP way to say it. Any other 4xx on attach, detach or delete makes the
-  // provider re-read the ENI and decide from its status.
+  // BCE says a wrong state with 400 EniStatusException (above); 409 Conflict is the
+  // HTTP way to say it. Any other 4xx on attach, detach or delete makes the provider
+  // re-read the ENI and decide from its status.
   if (e.status === 409) return out("wrong_state");
   return out("other");
 }

@@ -53,6 +53,23 @@ Deno.test("classifyError() classes each real BCE code as its source says", async
     }],
     [404, "NoSuchObject", "", "GetInstance", { reason: "not_found", missing: "instance" }],
     [400, "NoSuchObject", "", "GetSubnet", { reason: "not_found", missing: "subnet" }],
+    // The instance gone, in the codes Baidu's Terraform provider reads as not found
+    // (baiducloud/error.go), 403 included.
+    [404, "InstanceNotExist", "", "GetInstance", { reason: "not_found", missing: "instance" }],
+    [404, "InstanceNotFound", "", "GetInstance", { reason: "not_found", missing: "instance" }],
+    [400, "InvalidInstanceId.NotFound", "", "DetachEni", {
+      reason: "not_found",
+      missing: "instance",
+    }],
+    [403, "Forbidden.InstanceNotFound", "", "GetInstance", {
+      reason: "not_found",
+      missing: "instance",
+    }],
+    // BCE's wrong state (cce-network-v2/pkg/bce/vpceni/node_bcc.go, branch v2.11).
+    [400, "EniStatusException", "The eni status is not allowed to operate", "AttachEni", {
+      reason: "wrong_state",
+      retryable: false,
+    }],
     // A 404 that says nothing is gone.
     [404, "InvalidVersion", "", "DeleteEni", { reason: "other", missing: null }],
     [400, "InvalidURI", "", "GetEniDetail", { reason: "other", missing: null }],

@@ -71,7 +71,8 @@ export function wireQuery(query: readonly QueryPair[]): string {
  * The canonical headers and the signed-headers list.
  *
  * `headersToSign` (lower case) selects the headers; without it the default set
- * plus every `x-bce-*` header is used. `authorization` is never signed.
+ * plus every `x-bce-*` header is used. `authorization` is never signed, nor is a
+ * header whose value is empty.
  */
 export function canonicalHeaders(
   headers: Record<string, string>,
@@ -87,7 +88,11 @@ export function canonicalHeaders(
       ? wanted.has(name)
       : DEFAULT_HEADERS_TO_SIGN.includes(name) || name.startsWith("x-bce-");
     if (!selected) continue;
-    lines.push(`${uriEncode(name)}:${uriEncode(String(rawValue).trim())}`);
+    const value = String(rawValue).trim();
+    // A header whose value is empty (after trimming) is left out of the signature, as
+    // the current bce-sdk-go does (auth/signer.go getCanonicalHeaders, since v0.9.259).
+    if (value === "") continue;
+    lines.push(`${uriEncode(name)}:${uriEncode(value)}`);
     names.push(uriEncode(name));
   }
   return {

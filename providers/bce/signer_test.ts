@@ -161,6 +161,34 @@ Deno.test("sign() reproduces vector V3 (create with STS credentials and 3600 s e
   );
 });
 
+Deno.test("sign() reproduces vector V4 (an empty-valued header is left out, as bce-sdk-go v0.9.279 does)", () => {
+  // Computed with bce-sdk-go v0.9.279 (auth.BceV1Signer, Go module proxy) from the same
+  // inputs, headersToSign naming the empty x-bce-security-token too; that SDK leaves a
+  // header whose trimmed value is empty out of the canonical headers and the list
+  // (auth/signer.go getCanonicalHeaders). Before it (v0.9.253) the same inputs gave
+  // ".../content-type;host;x-bce-date;x-bce-security-token/7d53aac9…".
+  const out = sign({
+    method: "PUT",
+    path: "/v1/eni/eni-w2d4kgc3x0y1",
+    query: [["attach", null], ["clientToken", "9f1c2e3a-0b4d-4c5e-8f6a-7b8c9d0e1f2a"]],
+    headers: {
+      host: "bcc.bj.baidubce.com",
+      "content-type": "application/json;charset=utf-8",
+      "x-bce-date": "2024-05-20T08:30:00Z",
+      "x-bce-security-token": "",
+    },
+    accessKeyId: "AKIDexample0001",
+    secretAccessKey: "SKexampleSecret0001",
+    timestamp: "2024-05-20T08:30:00Z",
+    expirationSeconds: 1800,
+    headersToSign: ["host", "content-type", "x-bce-date", "x-bce-security-token"],
+  });
+  assertEquals(
+    out.authorization,
+    "bce-auth-v1/AKIDexample0001/2024-05-20T08:30:00Z/1800/content-type;host;x-bce-date/210ffe9b54a3659f67d439294ecd54f071d0fd8d27660c6e11180477a029cd36",
+  );
+});
+
 Deno.test("parseAuthorization() splits a bce-auth-v1 header and rejects others", () => {
   const p = parseAuthorization(
     "bce-auth-v1/ak/2024-05-20T08:30:00Z/1800/host;x-bce-date/" + "0".repeat(64),

@@ -7,9 +7,16 @@
 import * as z from "zod/mini";
 import "../../lib/zod_locale.ts";
 
+/**
+ * A string field that may come as `null` or be absent: read as `""`, as bce-sdk-go
+ * does (services/eni/model.go declares these fields plain `string`, and Go's JSON
+ * decoder leaves a string untouched, so `""`, on a `null`).
+ */
+const GoString = z.pipe(z.nullish(z.string()), z.transform((v) => v ?? ""));
+
 /** One private IP of an ENI. */
 export const BcePrivateIpSchema = z.object({
-  privateIpAddress: z.string(),
+  privateIpAddress: GoString,
   primary: z._default(z.boolean(), false),
   publicIpAddress: z.nullish(z.string()),
 });
@@ -17,14 +24,14 @@ export const BcePrivateIpSchema = z.object({
 /** An ENI as the BCE API returns it (§2.1). */
 export const BceEniSchema = z.object({
   eniId: z.string().check(z.minLength(1)),
-  name: z._default(z.string(), ""),
+  name: GoString,
   description: z.nullish(z.string()),
   zoneName: z.nullish(z.string()),
   instanceId: z.nullish(z.string()),
-  macAddress: z._default(z.string(), ""),
+  macAddress: GoString,
   vpcId: z.nullish(z.string()),
-  subnetId: z._default(z.string(), ""),
-  status: z.string(),
+  subnetId: GoString,
+  status: GoString,
   privateIpSet: z.pipe(
     z.nullish(z.array(BcePrivateIpSchema)),
     z.transform((v) => v ?? []),
@@ -41,8 +48,12 @@ export const BceEniSchema = z.object({
 /** An ENI as the BCE API returns it. */
 export type BceEni = z.infer<typeof BceEniSchema>;
 
+/**
+ * A list page. Its entries are read one by one ({@linkcode BceEniSchema}): the VPC holds
+ * other tools' ENIs, and one that cannot be read must not fail the whole list.
+ */
 export const ListResultSchema = z.object({
-  enis: z.pipe(z.nullish(z.array(BceEniSchema)), z.transform((v) => v ?? [])),
+  enis: z.pipe(z.nullish(z.array(z.unknown())), z.transform((v) => v ?? [])),
   marker: z.nullish(z.string()),
   isTruncated: z._default(z.boolean(), false),
   nextMarker: z.nullish(z.string()),

@@ -120,11 +120,11 @@ export const CODES = {
   quota: { status: 400, code: "QuotaLimitExceeded" },
   /**
    * The ENI is in the wrong state for the operation (attach of a non-available ENI,
-   * delete of an attached one). No source names a code: the fake answers a plain
-   * 400 `BadRequest` (a code CCE's error.go sees from BCE), so enim has to re-read the
-   * ENI to know what happened.
+   * delete of an attached one, an attach of a new ENI that is not ready yet): HTTP 400
+   * `EniStatusException` "The eni status is not allowed to operate" (baiducloud-cce-cni-driver
+   * branch v2.11, cce-network-v2/pkg/bce/vpceni/node_bcc.go).
    */
-  wrongState: { status: 400, code: "BadRequest" },
+  wrongState: { status: 400, code: "EniStatusException" },
   /**
    * An attach of an ENI whose subnet is in another zone than the instance. BCE refuses
    * it (reference §1.2, attach rules); no source names the code: 400 `BadRequest`, so
@@ -222,6 +222,12 @@ export type FakeFault =
     | { kind: "stuck"; state: "attaching" | "detaching"; escape?: "detach" | "never" }
     /** The ENI made by the next create answers "not found" to its next `reads` requests. */
     | { kind: "invisible"; reads: number }
+    /**
+     * The next attach is accepted and goes `attaching`, then falls back to `available`
+     * (the cloud gave up). Baidu's older CNI treats `available` after an attach as a failed
+     * attach (baiducloud-cce-cni-driver branch cce-network-v1, pkg/eniipam/ipam/bcc/eni.go).
+     */
+    | { kind: "fallback" }
   )
   & { match?: FaultMatch };
 
@@ -261,6 +267,37 @@ export interface FakeBceOptions {
   metadataInstanceId?: string;
   onAttach?(eni: FakeEni): void | Promise<void>;
   onDetach?(eni: FakeEni): void | Promise<void>;
+  // ---- Cloud-like behaviours (docs/testing.md, "The fake BCE cloud"): off by default,
+  // on in the provider's tests (tests/support/bce_harness.ts CLOUD_LIKE).
+  /**
+   * A new ENI refuses an attach for this long after its create, with 400
+   * `EniStatusException`: Baidu's older CNI waits 5 s after a create "or attach may
+   * fail" (branch cce-network-v1, pkg/eniipam/ipam/bcc/eni.go `ENIReadyTimeToAttach`);
+   * the current one attaches only in a later pass (cce-network-v2/pkg/bce/bcesync/eni.go).
+   * Default 0.
+   */
+  youngEniRefusesAttachMs?: number;
+  /**
+   * What an ENI's `instanceId` reads while it is `attaching`: `set` (the default) or
+   * `empty` (""). No source says it is set before the attach finishes: Baidu's older
+   * CNI and Terraform wait on `status` alone.
+   */
+  instanceIdWhileAttaching?: "set" | "empty";
+  /**
+   * How long and how widely a clientToken is remembered. `operation` (the default): per
+   * operation and ENI. `global`: one token, whatever the operation or ENI, forever; a
+   * token seen before makes any write a no-op that answers as the first one did. BCE
+   * documents tokens only as at most 64 ASCII characters (reference §1.4), not their
+   * lifetime or scope: `global` is the harshest reading.
+   */
+  tokenScope?: "operation" | "global";
+  /**
+   * The server's clock runs this far ahead of the machine's (negative: behind). Every
+   * answer carries it in a `Date` header, and a signature is checked against it
+   * (`RequestExpired` when off by more than its expiration). The JS SDK corrects its
+   * clock from that header (`@baiducloud/sdk` src/bce_base_client.js).
+   */
+  clockOffsetMs?: number;
 }
 
 /** One request the fake received. */
@@ -351,6 +388,12 @@ export class FakeBce {
   #usedIps = new Map<string, Set<string>>();
   #stuck = new Map<string, { state: "attaching" | "detaching"; escape: "detach" | "never" }>();
   #invisible = new Map<string, number>();
+  /** When each ENI was created (the fake's clock), for `youngEniRefusesAttachMs`. */
+  #createdAt = new Map<string, number>();
+  /** ENIs whose current attach falls back to `available` (a `fallback` fault). */
+  #fallback = new Set<string>();
+  /** Foreign list entries as raw JSON (other tools' ENIs), served after the fake's own. */
+  #rawEntries: Record<string, unknown>[] = [];
   #macCounter = 0;
   #closing = new AbortController();
 
@@ -367,6 +410,10 @@ export class FakeBce {
       azone: "cn-bj-a",
       metadataInstanceId: "i-fake0001",
       loseHoldMs: 3000,
+      youngEniRefusesAttachMs: 0,
+      instanceIdWhileAttaching: "set",
+      tokenScope: "operation",
+      clockOffsetMs: 0,
       ...opts,
     };
     this.#server = Deno.serve(
@@ -427,6 +474,21 @@ export class FakeBce {
     Object.assign(eni, partial);
     this.enis.set(eni.eniId, eni);
     return eni;
+  }
+
+  /**
+   * Adds a list entry exactly as given (JSON), as another tool's ENI may read: null
+   * fields, no `networkInterfaceTrafficMode`, a mode in other case, no `eniId`. Served
+   * by the VPC-wide list (any `instanceId` filter matches an entry naming that instance)
+   * after the fake's own ENIs; never an ENI of the state machine.
+   */
+  seedRawListEntry(entry: Record<string, unknown>): void {
+    this.#rawEntries.push(entry);
+  }
+
+  /** The fake's clock (epoch ms): the machine's, moved by `clockOffsetMs`. */
+  now(): number {
+    return Date.now() + this.opts.clockOffsetMs;
   }
 
   /** Someone else detaches an ENI (the console, another tool): its device goes away. */
@@ -507,6 +569,17 @@ export class FakeBce {
   // ---- request handling ----------------------------------------------------
 
   async #handle(req: Request): Promise<Response> {
+    const res = await this.#handleInner(req);
+    // Every answer says the server's time (RFC 9110 Date), as HTTP servers do.
+    try {
+      res.headers.set("date", new Date(this.now()).toUTCString());
+    } catch {
+      // Immutable headers (none today): the answer goes without a Date.
+    }
+    return res;
+  }
+
+  async #handleInner(req: Request): Promise<Response> {
     const url = new URL(req.url);
     const path = decodeURIComponent(url.pathname);
     if (path.startsWith("/1.0/meta-data/")) {
@@ -597,6 +670,7 @@ export class FakeBce {
     const i = this.#faults.findIndex((f) => {
       // Faults that only make sense for one kind of request wait for it.
       if (f.kind === "invisible" && !(method === "POST" && path === "/v1/eni")) return false;
+      if (f.kind === "fallback" && !(method === "PUT" && "attach" in q)) return false;
       if (
         f.kind === "stuck" &&
         !(method === "PUT" && (f.state === "attaching" ? "attach" : "detach") in q)
@@ -665,7 +739,7 @@ export class FakeBce {
     if (expected !== header) {
       return { ...CODES.badSignature, message: "The request signature does not match" };
     }
-    if (!Number.isFinite(seconds) || Math.abs(Date.now() / 1000 - seconds) > Number(expiration)) {
+    if (!Number.isFinite(seconds) || Math.abs(this.now() / 1000 - seconds) > Number(expiration)) {
       return { ...CODES.expired, message: "The request has expired" };
     }
     return null;
@@ -682,7 +756,8 @@ export class FakeBce {
     fail: Fail,
   ): Response {
     const token = q.clientToken;
-    const tokenKey = (op: string) => (token ? `${op}:${token}` : null);
+    const tokenKey = (op: string) =>
+      token ? (this.opts.tokenScope === "global" ? `any:${token}` : `${op}:${token}`) : null;
     if (path === "/v1/eni" && method === "GET") return this.#list(q, reply, fail);
     if (path === "/v1/eni/quota" && method === "GET") {
       const inst = this.opts.instances[q.instanceId ?? ""];
@@ -753,7 +828,7 @@ export class FakeBce {
     }
     if (!eni) return fail(CODES.eniNotFound, `eni:${eniId} resource not exist`);
     if (method === "GET") {
-      return m[2] ? reply(200, { status: eni.status }) : reply(200, structuredClone(eni));
+      return m[2] ? reply(200, { status: eni.status }) : reply(200, this.#view(eni));
     }
     if (method === "PUT") {
       const action = pairs.find(([k, v]) => (v === null || v === "") && k !== "clientToken")?.[0];
@@ -774,6 +849,10 @@ export class FakeBce {
         if (refused) return refused;
         if (eni.status !== "available") {
           return fail(CODES.wrongState, `The eni ${eni.eniId} status is ${eni.status}`);
+        }
+        const age = this.now() - (this.#createdAt.get(eni.eniId) ?? -Infinity);
+        if (age < this.opts.youngEniRefusesAttachMs) {
+          return fail(CODES.wrongState, "The eni status is not allowed to operate");
         }
         // "The ENI and the instance must be in the same VPC, and their subnets in the
         // same availability zone" (BCE attach docs, reference §1.2).
@@ -796,8 +875,11 @@ export class FakeBce {
           this.#stuck.set(eni.eniId, { state: "attaching", escape: fault.escape ?? "never" });
           return reply(200, {});
         }
+        if (fault?.kind === "fallback") this.#fallback.add(eni.eniId);
         this.#later(this.opts.attachDelayMs, () => {
-          if (eni.status === "attaching" && !this.#stuck.has(eni.eniId)) this.#finishAttach(eni);
+          if (eni.status !== "attaching" || this.#stuck.has(eni.eniId)) return;
+          if (this.#fallback.delete(eni.eniId)) this.#finishDetach(eni);
+          else this.#finishAttach(eni);
         });
         return reply(200, {});
       }
@@ -861,6 +943,15 @@ export class FakeBce {
     eni.instanceId = "";
   }
 
+  /** An ENI as the API shows it (`instanceIdWhileAttaching: "empty"` blanks it while attaching). */
+  #view(eni: FakeEni): FakeEni {
+    const v = structuredClone(eni);
+    if (v.status === "attaching" && this.opts.instanceIdWhileAttaching === "empty") {
+      v.instanceId = "";
+    }
+    return v;
+  }
+
   #forget(eni: FakeEni): void {
     this.enis.delete(eni.eniId);
     this.#stuck.delete(eni.eniId);
@@ -878,16 +969,19 @@ export class FakeBce {
       (this.opts.nameFilter === "prefix" ? n.startsWith(q.name) : n === q.name);
     const all = [...this.enis.values()]
       .filter((e) => e.vpcId === q.vpcId)
-      .filter((e) => !q.instanceId || e.instanceId === q.instanceId)
+      .filter((e) => !q.instanceId || this.#view(e).instanceId === q.instanceId)
       .filter((e) => nameOk(e.name))
       .filter((e) => !ips.length || e.privateIpSet.some((p) => ips.includes(p.privateIpAddress)))
       .sort((a, b) => (a.eniId < b.eniId ? -1 : 1));
     const start = q.marker ? all.findIndex((e) => e.eniId >= q.marker) : 0;
     const from = start < 0 ? all.length : start;
-    const page = all.slice(from, from + maxKeys);
+    const raw = this.#rawEntries.filter((r) => !q.instanceId || r.instanceId === q.instanceId);
+    const page = [...all.slice(from, from + maxKeys).map((e) => this.#view(e))];
     const truncated = from + maxKeys < all.length;
+    // Foreign raw entries ride on the last page (they have no id to page by).
+    if (!truncated) page.push(...raw.map((r) => structuredClone(r) as FakeEni));
     return reply(200, {
-      enis: page.map((e) => structuredClone(e)),
+      enis: page,
       ...(page.length ? { marker: q.marker ?? page[0].eniId } : {}),
       isTruncated: truncated,
       ...(truncated ? { nextMarker: all[from + maxKeys].eniId } : {}),
@@ -951,6 +1045,7 @@ export class FakeBce {
     eni.securityGroupIds = b.securityGroupIds;
     eni.enterpriseSecurityGroupIds = b.enterpriseSecurityGroupIds;
     this.enis.set(eni.eniId, eni);
+    this.#createdAt.set(eni.eniId, this.now());
     if (key) this.#tokens.set(key, eni.eniId);
     return reply(200, { eniId: eni.eniId });
   }
