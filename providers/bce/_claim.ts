@@ -37,7 +37,7 @@ import { BceApiError } from "./errors.ts";
 import type { Groups, IntentRow } from "./_store.ts";
 import type { BceCore, BceProfile } from "./_core.ts";
 import { recordOf, toEni, zoneOf } from "./_convert.ts";
-import { readEni, release } from "./_lifecycle.ts";
+import { BceAttachedElsewhereError, readEni, release, waitAttached } from "./_lifecycle.ts";
 import { claimGroups } from "./_groups.ts";
 import { reserveClaim } from "./_slots.ts";
 import { sleep } from "../../lib/async.ts";
@@ -134,8 +134,14 @@ async function fromElsewhere(
       instanceId: from,
       instanceStatus: status,
     });
+    // A fresh clientToken for this take (the SDK's examples make a UUID per operation;
+    // BCE does not say how long it remembers one): a token fixed per node and ENI would
+    // make this node's second take of the same ENI a no-op on a cloud that remembers
+    // it. The client's retries of this call reuse it; a take repeated after a failure is
+    // a new operation (a detach of an ENI that is no longer attached is refused, which
+    // the loop below reads as the take being done).
     try {
-      await core.client.detachEni(d.eniId, from, `${me}-take-${d.eniId}`.slice(0, 64));
+      await core.client.detachEni(d.eniId, from, crypto.randomUUID());
     } catch (err) {
       if (!refused(err)) throw err;
     }
@@ -201,7 +207,18 @@ async function claim(
     // From here the attach may have happened (its answer lost on the way back):
     // a failure rolls it back, unless BCE refused it.
     attached = true;
-    const refusal = await attachHere(core, d.eniId, `${intent.client_token}-attach`);
+    let refusal = await attachHere(core, d.eniId, `${intent.client_token}-attach`);
+    let ready: BceEni | null = null;
+    if (refusal === null) {
+      try {
+        ready = await waitInuse(core, d.eniId);
+      } catch (e) {
+        // Refused, but the ENI read attaching with no instanceId yet: it was another
+        // node's attach, not ours.
+        if (!(e instanceof BceAttachedElsewhereError)) throw e;
+        refusal = { gone: false, holder: e.holder, cause: e };
+      }
+    }
     if (refusal !== null) {
       attached = false;
       drop();
@@ -220,7 +237,7 @@ async function claim(
         { cause: refusal.cause },
       );
     }
-    const ready = await waitInuse(core, d.eniId);
+    if (ready === null) throw new Error("unreachable: a claim without a refusal or an attach");
     if (core.ctx.waitForDevice) await core.ctx.waitForDevice(ready.macAddress, core.t.deviceMs);
     const rec = await recordOf(core, ready, profile.name);
     core.store.finishClaim(
@@ -272,7 +289,10 @@ async function attachHere(
     // Refused: another node attached it first, it went away, or ours went through.
     const now = await readEni(core, eniId);
     if (now === null) return { gone: true, holder: null, cause: err };
-    if (now.instanceId === core.o.instanceId) return null;
+    // Decided on status: while attaching its instanceId may still be "" (no source says
+    // it is set before the attach is done); waitInuse() fails it if another instance shows up.
+    const onItsWay = now.status === "attaching" || now.status === "inuse";
+    if (onItsWay && (!now.instanceId || now.instanceId === core.o.instanceId)) return null;
     return { gone: false, holder: now.instanceId || null, cause: err };
   }
 }
@@ -294,7 +314,9 @@ export async function rollbackClaim(core: BceCore, intent: IntentRow): Promise<v
   const eniId = intent.eni_id!;
   const me = core.o.instanceId;
   let d = await readEni(core, eniId);
-  if (d !== null && d.instanceId === me && d.status === "attaching") {
+  if (d !== null && d.status === "attaching" && (!d.instanceId || d.instanceId === me)) {
+    // Ours on its way (its instanceId may be "" until it is done): wait for it to land,
+    // or to fall back, before deciding.
     d = await waitInuse(core, eniId);
   }
   if (d !== null && d.instanceId === me && d.status === "inuse") {
@@ -322,25 +344,13 @@ export async function rollbackClaim(core: BceCore, intent: IntentRow): Promise<v
   );
 }
 
-/** Polls until the ENI is `inuse` on this instance (up to `attachMs`). */
+/**
+ * Polls until the ENI is `inuse` on this instance (up to `attachMs`), decided on its
+ * status; fails when another instance shows up or the attach falls back (`_lifecycle.ts`
+ * waitAttached).
+ */
 async function waitInuse(core: BceCore, eniId: string): Promise<BceEni> {
-  const me = core.o.instanceId;
-  const deadline = Date.now() + core.t.attachMs;
-  let delay = core.t.pollMs;
-  for (;;) {
-    const d = await core.client.getEni(eniId);
-    if (d.status === "inuse" && d.instanceId === me) return d;
-    if (d.instanceId !== me || Date.now() + delay > deadline || core.closed.signal.aborted) {
-      throw new ProviderError(
-        "unavailable",
-        `ENI "${eniId}" did not become inuse on "${me}" in time (it is ${d.status}${
-          d.instanceId ? ` on "${d.instanceId}"` : ""
-        })`,
-      );
-    }
-    await sleep(delay, core.closed.signal);
-    delay = Math.min(5000, delay * 2);
-  }
+  return await waitAttached(core, eniId, Date.now() + core.t.attachMs);
 }
 
 /** An instance's status as BCE reports it, `gone` when BCE has no such instance. */

@@ -87,44 +87,20 @@ export async function materialize(
         await beforeAttach;
         attachFrom = Date.now();
       }
-      try {
-        await untilVisible(
-          core,
-          id,
-          visibleBy,
-          () => c.attachEni(id, core.o.instanceId, `${intent.client_token}-attach`),
-        );
-      } catch (e) {
-        if (e instanceof ProviderError && e.reason === "quota_exceeded") {
-          core.quotaBlockedUntil = Date.now() + core.t.quarantineRetryMs;
-          core.log.warn(
-            "BCE refused an attach: this instance is at its ENI quota; no new ENI for a while",
-            {
-              eniId: id,
-              until: new Date(core.quotaBlockedUntil).toISOString(),
-              slotsUsed: slotsUsed(core),
-              maxEnisPerNode: core.limit.max,
-              limitSource: core.limit.source,
-              error: e,
-            },
-          );
-          throw e;
-        }
-        if (!(e instanceof BceApiError) || e.retryable || e.status < 400 || e.status >= 500) {
-          throw e;
-        }
-        // A 4xx BCE gives no documented code for (e.g. the ENI is not available any
-        // more, or our earlier attach went through): decide from the ENI itself.
-        d = await c.getEni(id);
-        if (d.instanceId !== core.o.instanceId) throw e;
-      }
+      await attachNew(
+        core,
+        id,
+        `${intent.client_token}-attach`,
+        visibleBy,
+        Math.max(attachFrom + core.t.attachMs, Date.now()),
+      );
     } else if (d.instanceId && d.instanceId !== core.o.instanceId) {
       throw new ProviderError(
         "wrong_state",
         `ENI "${id}" is attached to instance "${d.instanceId}", not "${core.o.instanceId}"`,
       );
     }
-    d = await waitStatus(core, id, "inuse", Math.max(attachFrom + core.t.attachMs, Date.now()));
+    d = await waitAttached(core, id, Math.max(attachFrom + core.t.attachMs, Date.now()));
     if (core.ctx.waitForDevice) {
       await core.ctx.waitForDevice(d.macAddress, core.t.deviceMs);
     }
@@ -138,6 +114,87 @@ export async function materialize(
   } catch (e) {
     await abandon(core, intent, e);
     throw e;
+  }
+}
+
+/**
+ * Attaches a new ENI to this node. BCE refuses the attach of an ENI that is not
+ * ready yet with 400 `EniStatusException` ("The eni status is not allowed to operate",
+ * cce-network-v2/pkg/bce/vpceni/node_bcc.go, branch v2.11): Baidu's older CNI waits 5 s
+ * after a create "or attach may fail" (branch cce-network-v1, pkg/eniipam/ipam/bcc/eni.go
+ * `ENIReadyTimeToAttach`), the current one retries in a later pass every second for up to
+ * 5 minutes (cce-network-v2/pkg/bce/bcesync/eni.go, `ENIMaxCreateDuration`). So while the
+ * ENI reads `available` and BCE says its state is wrong, the attach is sent again under
+ * the same clientToken, backing off from `pollMs` (at most 1 s) doubling to 5 s, until
+ * `deadline` (the attach bound, `timeouts.attachMs`); only then does it fail (and the ENI
+ * is cleaned up).
+ */
+async function attachNew(
+  core: BceCore,
+  id: string,
+  token: string,
+  visibleBy: number,
+  deadline: number,
+): Promise<void> {
+  const c = core.client;
+  const me = core.o.instanceId;
+  let delay = Math.min(core.t.pollMs, 1000);
+  let refusals = 0;
+  const started = Date.now();
+  for (;;) {
+    try {
+      await untilVisible(core, id, visibleBy, () => c.attachEni(id, me, token));
+      if (refusals > 0) {
+        core.log.info("BCE accepted the attach of a new ENI after refusing it", {
+          eniId: id,
+          refusals,
+          waitedMs: Date.now() - started,
+        });
+      }
+      return;
+    } catch (e) {
+      if (e instanceof ProviderError && e.reason === "quota_exceeded") {
+        core.quotaBlockedUntil = Date.now() + core.t.quarantineRetryMs;
+        core.log.warn(
+          "BCE refused an attach: this instance is at its ENI quota; no new ENI for a while",
+          {
+            eniId: id,
+            until: new Date(core.quotaBlockedUntil).toISOString(),
+            slotsUsed: slotsUsed(core),
+            maxEnisPerNode: core.limit.max,
+            limitSource: core.limit.source,
+            error: e,
+          },
+        );
+        throw e;
+      }
+      if (!(e instanceof BceApiError) || e.retryable || e.status < 400 || e.status >= 500) {
+        throw e;
+      }
+      // Refused: decide from the ENI itself. Its status says whether our attach went
+      // through; its instanceId may still be "" while it is attaching (no source says
+      // it is set before the attach is done), so only another instance's id refutes it.
+      const d = await c.getEni(id);
+      if (d.status === "attaching" || d.status === "inuse") {
+        if (!d.instanceId || d.instanceId === me) return;
+        throw e;
+      }
+      if (
+        d.status !== "available" || e.reason !== "wrong_state" ||
+        Date.now() + delay > deadline || core.closed.signal.aborted
+      ) {
+        throw e;
+      }
+      if (refusals++ === 0) {
+        core.log.info("BCE refused to attach a new ENI that is not ready yet; attaching again", {
+          eniId: id,
+          code: e.code,
+          untilMs: deadline - Date.now(),
+        });
+      }
+      await sleep(delay, core.closed.signal);
+      delay = Math.min(5000, delay * 2);
+    }
   }
 }
 
@@ -371,23 +428,63 @@ async function pollUntilFree(
   }
 }
 
-/** Polls an ENI until it reaches `status` (backoff from pollMs to 5 s) or the deadline passes. */
-async function waitStatus(
+/**
+ * Reads after an accepted attach that say `available` before the provider gives up on
+ * it: an attach that turned back into `available` failed (Baidu's older CNI treats
+ * `available` after an attach as a failure at once, branch cce-network-v1,
+ * pkg/eniipam/ipam/bcc/eni.go); a few reads allow for a cloud slow to show `attaching`.
+ */
+export const AVAILABLE_READS_AFTER_ATTACH = 3;
+
+/**
+ * Polls an ENI after its attach until it is `inuse` here (backoff from pollMs to 5 s).
+ * Decides on `status`: its `instanceId` may be "" while attaching, and only another
+ * instance's id fails it. Fails fast when the attach falls back to `available`
+ * (see {@linkcode AVAILABLE_READS_AFTER_ATTACH}); fails at `deadline` when still
+ * `attaching` (stuck).
+ */
+/** The ENI turned up attached (or attaching) to another instance while this one waited for it. */
+export class BceAttachedElsewhereError extends ProviderError {
+  /** The instance that has it. */
+  readonly holder: string;
+  constructor(eniId: string, status: string, holder: string, me: string) {
+    super("wrong_state", `ENI "${eniId}" is ${status} on instance "${holder}", not "${me}"`);
+    this.name = "BceAttachedElsewhereError";
+    this.holder = holder;
+  }
+}
+
+export async function waitAttached(
   core: BceCore,
   eniId: string,
-  status: string,
   deadline: number,
 ): Promise<BceEni> {
+  const me = core.o.instanceId;
   let delay = core.t.pollMs;
   const started = Date.now();
+  let seenAttaching = false;
+  let available = 0;
   for (;;) {
     const d = await core.client.getEni(eniId);
-    if (d.status === status) return d;
+    if (d.instanceId && d.instanceId !== me) {
+      throw new BceAttachedElsewhereError(eniId, d.status, d.instanceId, me);
+    }
+    if (d.status === "inuse") return d;
+    if (d.status === "attaching") seenAttaching = true;
+    if (d.status === "available") available++;
+    if (d.status === "available" && (seenAttaching || available >= AVAILABLE_READS_AFTER_ATTACH)) {
+      throw new ProviderError(
+        "unavailable",
+        `The attach of ENI "${eniId}" to instance "${me}" fell back: it is available again after ${
+          Date.now() - started
+        } ms${seenAttaching ? " of attaching" : ""} (BCE gave up on the attach)`,
+      );
+    }
     if (Date.now() + delay > deadline || core.closed.signal.aborted) {
       throw new BceStuckError(
         eniId,
         d.status,
-        `ENI "${eniId}" did not become ${status} in time (waited ${
+        `ENI "${eniId}" did not become inuse in time (waited ${
           Date.now() - started
         } ms; it is ${d.status})`,
       );

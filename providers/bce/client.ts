@@ -4,10 +4,14 @@
  * replacing an ENI's security groups and setting its description,
  * every response parsed with zod, every request signed with `bce-auth-v1`.
  *
- * Retries (classification in `errors.ts`): network errors, 500/502/503/504,
- * throttling (HTTP 429 and the rate-limit codes), and `RequestExpired` /
- * `RequestTimeTooSkewed` (re-signed on each attempt), with exponential backoff
- * and full jitter, bounded by attempts and total time. A throttled call waits
+ * Retries (classification in `errors.ts`): network errors, 500/502/503/504 and
+ * throttling (HTTP 429 and the rate-limit codes), with exponential backoff and
+ * full jitter, bounded by attempts and total time. `RequestExpired` /
+ * `RequestTimeTooSkewed` say this machine's clock is off: the client takes the
+ * server's time from the answer's `Date` header, keeps the difference for every
+ * later signature, and sends the call once more at once (the JS SDK corrects its
+ * clock the same way: `@baiducloud/sdk` src/bce_base_client.js); a second such
+ * answer fails the call. A throttled call waits
  * at least twice as long as a failed one, and at least what `Retry-After` asks.
  * Quota, auth and bad-request errors are never retried. Writes carry the
  * caller's clientToken, so a retry cannot act twice.
@@ -24,7 +28,14 @@
 import { sleep } from "../../lib/async.ts";
 import type { Logger } from "../../lib/log.ts";
 import { bceTimestamp, type Credentials, type QueryPair, sign, wireQuery } from "./signer.ts";
-import { BceApiError, type BceOp, classifyError, codeForEmptyBody } from "./errors.ts";
+import {
+  BceApiError,
+  type BceOp,
+  classifyError,
+  codeForEmptyBody,
+  normalizeErrorText,
+  RESIGN_CODES,
+} from "./errors.ts";
 import {
   type BceEni,
   BceEniSchema,
@@ -101,6 +112,8 @@ export class BceClient {
   #random: () => number;
   #expiration: number;
   #closed = new AbortController();
+  /** How far the server's clock is ahead of `now` (ms), learnt from a `Date` header. */
+  #clockOffsetMs = 0;
 
   constructor(opts: BceClientOptions) {
     this.endpoint = new URL(opts.endpoint);
@@ -116,6 +129,11 @@ export class BceClient {
   /** Aborts in-flight requests and backoff waits. */
   close(): void {
     this.#closed.abort(new Error("BCE client closed"));
+  }
+
+  /** How far the server's clock is ahead of this machine's, as last corrected (ms). */
+  get clockOffsetMs(): number {
+    return this.#clockOffsetMs;
   }
 
   /** Requests sent so far, by operation, as a plain object. */
@@ -338,6 +356,7 @@ export class BceClient {
     const r = this.#retry;
     const deadline = Date.now() + r.totalTimeoutMs;
     let attempt = 0;
+    let resigned = false;
     for (;;) {
       attempt++;
       let err: BceApiError;
@@ -348,6 +367,21 @@ export class BceClient {
         if (!(e instanceof BceApiError)) throw e;
         err = e;
         retryAfterMs = RETRY_AFTER.get(e) ?? 0;
+      }
+      if (RESIGN_CODES.includes(normalizeErrorText(err.code)) && !resigned) {
+        // The signature's time is off: correct the clock from the server's Date, once.
+        resigned = true;
+        const offset = SERVER_OFFSET.get(err);
+        if (offset !== undefined) {
+          this.#log.warn("BCE says the request time is off; correcting the clock by its Date", {
+            op: call.op,
+            code: err.code,
+            offsetMs: Math.round(offset),
+            previousOffsetMs: Math.round(this.#clockOffsetMs),
+          });
+          this.#clockOffsetMs = offset;
+        }
+        if (!this.#closed.signal.aborted && Date.now() < deadline) continue;
       }
       // Full jitter over an exponential ceiling; throttling doubles the base.
       const base = err.throttled ? 2 * r.baseDelayMs : r.baseDelayMs;
@@ -388,7 +422,7 @@ export class BceClient {
     const query = call.query ?? [];
     const qs = wireQuery(query);
     const url = new URL(call.path + (qs ? "?" + qs : ""), this.endpoint);
-    const timestamp = bceTimestamp(this.#now());
+    const timestamp = bceTimestamp(new Date(this.#now().getTime() + this.#clockOffsetMs));
     const headers: Record<string, string> = {
       host: url.host,
       "x-bce-date": timestamp,
@@ -440,6 +474,7 @@ export class BceClient {
       let text: string;
       let requestId: string | undefined;
       let retryAfter: string | null;
+      let serverDate: string | null;
       try {
         const res = await fetch(url, {
           method: call.method,
@@ -451,6 +486,7 @@ export class BceClient {
         statusText = res.statusText;
         requestId = res.headers.get("x-bce-request-id") ?? undefined;
         retryAfter = res.headers.get("retry-after");
+        serverDate = res.headers.get("date");
         text = await res.text();
       } catch (e) {
         const why = ac.signal.aborted ? String(ac.signal.reason?.message ?? "aborted") : errText(e);
@@ -498,6 +534,8 @@ export class BceClient {
         }]`,
         { status, code, requestId, op: call.op, classification },
       );
+      const serverMs = serverDate === null ? NaN : Date.parse(serverDate);
+      if (Number.isFinite(serverMs)) SERVER_OFFSET.set(out, serverMs - this.#now().getTime());
       const seconds = retryAfter !== null ? Number(retryAfter) : NaN;
       if (Number.isFinite(seconds) && seconds > 0) {
         RETRY_AFTER.set(out, Math.min(seconds * 1000, this.#retry.maxDelayMs));
@@ -509,6 +547,9 @@ export class BceClient {
     }
   }
 }
+
+/** How far the server's `Date` was ahead of the local clock when it answered (ms). */
+const SERVER_OFFSET = new WeakMap<BceApiError, number>();
 
 /** `Retry-After` of a failed attempt (capped at maxDelayMs), kept beside the error. */
 const RETRY_AFTER = new WeakMap<BceApiError, number>();

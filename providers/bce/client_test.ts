@@ -70,7 +70,11 @@ Deno.test("createEni() sends [] for empty lists and attach uses the bare ?attach
 });
 
 Deno.test("errors map to provider reasons with the request id", async (t) => {
-  const fake = startFake({ subnets: [{ subnetId: SUBNET, cidr: "10.0.9.0/30" }] });
+  // The set-up attaches a new ENI at once with the raw client: no young-ENI refusal.
+  const fake = startFake({
+    subnets: [{ subnetId: SUBNET, cidr: "10.0.9.0/30" }],
+    youngEniRefusesAttachMs: 0,
+  });
   const client = testClient(fake);
   try {
     await t.step("missing ENI → not_found", async () => {
@@ -85,7 +89,12 @@ Deno.test("errors map to provider reasons with the request id", async (t) => {
     await t.step("delete of an attaching ENI → a 400 that says nothing is gone", async () => {
       const e = await client.deleteEni(id, "t1-d").then(() => null, (e) => e);
       assert(e instanceof BceApiError);
-      assertEquals([e.status, e.code, e.missing, e.retryable], [400, "BadRequest", null, false]);
+      assertEquals([e.status, e.code, e.missing, e.retryable], [
+        400,
+        "EniStatusException",
+        null,
+        false,
+      ]);
     });
     await t.step("a /30 subnet with one host free → subnet_full on the second create", async () => {
       const e = await client.createEni(args("enim/x/2"), "t2").then(() => null, (e) => e);
@@ -114,13 +123,44 @@ Deno.test("RequestExpired is retried with a fresh signature", async () => {
   }
 });
 
-Deno.test("a signature with a skewed clock fails as RequestExpired, clearly", async () => {
+Deno.test("a clock 3 h slow is corrected from the server's Date header: the call is resent once and later calls are right first time", async () => {
   const fake = startFake();
   const client = clientWith(fake.url, {
     now: () => new Date(Date.now() - 3 * 3600_000),
-    retry: { maxAttempts: 2, baseDelayMs: 1, maxDelayMs: 2 },
+    retry: { maxAttempts: 5, baseDelayMs: 1, maxDelayMs: 2 },
   });
   try {
+    assertEquals(await client.listEnis({ vpcId: "vpc-fake0001" }), []);
+    assertEquals(fake.requests.map((r) => r.code ?? r.status), ["RequestExpired", 200]);
+    assert(Math.abs(client.clockOffsetMs - 3 * 3600_000) < 5000, String(client.clockOffsetMs));
+    await client.listEnis({ vpcId: "vpc-fake0001" });
+    assertEquals(fake.requests.length, 3, "no RequestExpired once corrected");
+  } finally {
+    client.close();
+    await fake.close();
+  }
+});
+
+Deno.test("a server whose clock is 2 h ahead: the first call corrects for it (fake clockOffsetMs)", async () => {
+  const fake = startFake({ clockOffsetMs: 2 * 3600_000 });
+  const client = testClient(fake);
+  try {
+    const id = await client.createEni(args("enim/x/1"), "t1");
+    assert(fake.enis.has(id));
+    assertEquals(fake.requests.map((r) => r.code ?? r.status), ["RequestExpired", 200]);
+  } finally {
+    client.close();
+    await fake.close();
+  }
+});
+
+Deno.test("a signature still refused after the clock's correction fails as RequestExpired, clearly, after one resend", async () => {
+  const fake = startFake();
+  const client = clientWith(fake.url, {
+    retry: { maxAttempts: 5, baseDelayMs: 1, maxDelayMs: 2 },
+  });
+  try {
+    fake.inject({ kind: "skew" }, 2);
     const e = await client.getEni("eni-000000000000").then(() => null, (e) => e);
     assertEquals(e?.reason, "auth_failed");
     assertStringIncludes(e.message, "RequestExpired");

@@ -232,8 +232,12 @@ export const configSchema = z.object({
       maxAttempts: z._default(z.number().check(z.int(), z.minimum(1), z.maximum(20)), 5),
       baseDelayMs: z._default(z.number().check(z.int(), z.minimum(0)), 1000),
       maxDelayMs: z._default(z.number().check(z.int(), z.minimum(0)), 10_000),
-      /** How long to wait for a new ENI to become `inuse` (CCE waits 60 s for a new ENI). */
-      attachMs: z._default(z.number().check(z.int(), z.minimum(1)), 60_000),
+      /**
+       * How long a new or claimed ENI may take to become `inuse`, refusals of a young ENI's
+       * attach included: Baidu's CNI tolerates 5 min (cce-network-v2/pkg/bce/bcesync/eni.go
+       * `ENIMaxCreateDuration`).
+       */
+      attachMs: z._default(z.number().check(z.int(), z.minimum(1)), 300_000),
       /** How long to wait for a detach to finish before escalating. */
       detachMs: z._default(z.number().check(z.int(), z.minimum(1)), 60_000),
       /** After the escalation's detach, how long to wait before deleting anyway. */
@@ -298,11 +302,48 @@ const CredentialsFileSchema = z.object({
   sessionToken: z.optional(z.string().check(z.minLength(1))),
 });
 
-/** The API endpoint URL for a config: the override (https by default) or the region's BCC host. */
-export function endpointFor(endpoint: string | undefined, region: string | undefined): string {
+/**
+ * The regions whose BCC endpoint is `bcc.<region>.baidubce.com`: the ENI SDK page's
+ * endpoint table (bj, gz, su, hkg, fwh, bd; https://cloud.baidu.com/doc/VPC/s/Olq384whg)
+ * and Baidu's CNI's own table (cce-network-v2/pkg/bce/api/cloud/types.go `BCCEndpoints`,
+ * which adds sin, fsh, yq, nj, cd). Baidu's CNI takes the region from its config through
+ * that table and never from the metadata service, whose `region` format no source shows.
+ */
+export const KNOWN_REGIONS: readonly string[] = [
+  "bj",
+  "gz",
+  "su",
+  "hkg",
+  "fwh",
+  "bd",
+  "sin",
+  "fsh",
+  "yq",
+  "nj",
+  "cd",
+];
+
+/**
+ * The API endpoint URL for a config: the override (https by default) or the region's
+ * BCC host, the region checked against {@linkcode KNOWN_REGIONS} (another region needs
+ * `endpoint`).
+ */
+export function endpointFor(
+  endpoint: string | undefined,
+  region: string | undefined,
+  regionFrom = "provider.bce.region",
+): string {
   if (endpoint) return /^[a-z]+:\/\//i.test(endpoint) ? endpoint : `https://${endpoint}`;
   if (!region) {
     throw new ProviderError("other", "Cannot tell the BCE endpoint: set region or endpoint");
+  }
+  if (!KNOWN_REGIONS.includes(region)) {
+    throw new ProviderError(
+      "other",
+      `Region "${region}" (${regionFrom}) is not a known BCE region (${
+        KNOWN_REGIONS.join(", ")
+      }): set provider.bce.region to one of them, or provider.bce.endpoint to the BCC endpoint (for example "bcc.bj.baidubce.com")`,
+    );
   }
   return `https://bcc.${region}.baidubce.com`;
 }

@@ -50,6 +50,16 @@ Deno.test("sticky scope is node by default; zone needs a cluster id, per profile
   assert(!configSchema.safeParse({ clusterId: "x".repeat(21) }).success, "at most 20 characters");
 });
 
+Deno.test("endpointFor() refuses a region BCE's endpoint tables do not name, saying what to set", () => {
+  for (const region of ["cn-bj", "beijing", "xx"]) {
+    const e = assertThrows(() => endpointFor(undefined, region, "the metadata service's region"));
+    assertStringIncludes((e as Error).message, `Region "${region}"`);
+    assertStringIncludes((e as Error).message, "provider.bce.endpoint");
+  }
+  assertEquals(endpointFor(undefined, "sin"), "https://bcc.sin.baidubce.com");
+  assertEquals(endpointFor("bcc.cn-bj.example", "cn-bj"), "https://bcc.cn-bj.example");
+});
+
 Deno.test("endpointFor() defaults to https", () => {
   assertEquals(endpointFor(undefined, "gz"), "https://bcc.gz.baidubce.com");
   assertEquals(endpointFor("bcc.example:8443", "gz"), "https://bcc.example:8443");

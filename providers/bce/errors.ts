@@ -160,7 +160,11 @@ export const AUTH_CODES: readonly string[] = [
   "requesttimetooskewed",
 ];
 
-/** Auth codes that a fresh signature can cure (SDK-go retry.go retries RequestExpired; SDK-js RequestTimeTooSkewed). */
+/**
+ * Auth codes that a signature with a corrected time can cure (SDK-go retry.go retries
+ * RequestExpired; SDK-js corrects its clock from the answer's `Date` on RequestTimeTooSkewed
+ * and resends). The client resends once, with the clock corrected.
+ */
 export const RESIGN_CODES: readonly string[] = ["requestexpired", "requesttimetooskewed"];
 
 /** Server errors worth a retry: SDK-go retry.go retries 500, 502, 503; 504 is a gateway timeout. */
@@ -217,7 +221,8 @@ export function classifyError(
   }
   if (INSTANCE_MISSING_CODES.includes(code)) return out("not_found", { missing: "instance" });
   if (AUTH_CODES.includes(code) || e.status === 401 || e.status === 403) {
-    return out("auth_failed", { retryable: RESIGN_CODES.includes(code) });
+    // RESIGN_CODES are not retried as such: the client corrects its clock and resends once.
+    return out("auth_failed");
   }
   if (BAD_REQUEST_CODES.includes(code)) return out("other");
   if (ENI_MISSING_MARKERS.some((m) => text.includes(m))) {

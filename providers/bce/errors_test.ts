@@ -78,8 +78,9 @@ Deno.test("classifyError() classes each real BCE code as its source says", async
     // Auth: a fresh signature cures an expired one.
     [403, "AccessDenied", "", "ListEni", { reason: "auth_failed", retryable: false }],
     [403, "SignatureDoesNotMatch", "", "ListEni", { reason: "auth_failed", retryable: false }],
-    [400, "RequestExpired", "", "ListEni", { reason: "auth_failed", retryable: true }],
-    [403, "RequestTimeTooSkewed", "", "ListEni", { reason: "auth_failed", retryable: true }],
+    // Resent once by the client with its clock corrected, never retried as such.
+    [400, "RequestExpired", "", "ListEni", { reason: "auth_failed", retryable: false }],
+    [403, "RequestTimeTooSkewed", "", "ListEni", { reason: "auth_failed", retryable: false }],
     // Server and network.
     [500, "InternalError", "", "ListEni", { reason: "unavailable", retryable: true }],
     [502, "", "", "ListEni", { reason: "unavailable", retryable: true }],

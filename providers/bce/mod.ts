@@ -46,7 +46,11 @@ export async function createBce(
   const region = cfg.endpoint ? cfg.region : cfg.region ?? await meta.region();
   const t = cfg.timeouts;
   const client = new BceClient({
-    endpoint: endpointFor(cfg.endpoint, region),
+    endpoint: endpointFor(
+      cfg.endpoint,
+      region,
+      cfg.region ? "provider.bce.region" : "the metadata service's region",
+    ),
     credentials,
     log: ctx.log.child({ component: "bce-client" }),
     now: opts.now,

@@ -648,7 +648,13 @@ Deno.test("describeENI() names the owning pod in BCE and puts the configured des
 });
 
 Deno.test("a provider on a database from before profiles serves its ENIs as profile default", async () => {
-  const fake = startFake({ subnets: SUBNETS, ...GROUPS, attachDelayMs: 1 });
+  // The set-up attaches new ENIs at once with the raw client: no young-ENI refusal.
+  const fake = startFake({
+    subnets: SUBNETS,
+    ...GROUPS,
+    attachDelayMs: 1,
+    youngEniRefusesAttachMs: 0,
+  });
   const client = testClient(fake);
   const db = new DatabaseSync(":memory:");
   try {
@@ -701,7 +707,13 @@ Deno.test("a provider on a database from before profiles serves its ENIs as prof
 });
 
 Deno.test("an untracked ENI of ours is adopted into the pool of the profile its subnet says, or released", async () => {
-  const fake = startFake({ subnets: SUBNETS, ...GROUPS, attachDelayMs: 1 });
+  // The set-up attaches new ENIs at once with the raw client: no young-ENI refusal.
+  const fake = startFake({
+    subnets: SUBNETS,
+    ...GROUPS,
+    attachDelayMs: 1,
+    youngEniRefusesAttachMs: 0,
+  });
   const client = testClient(fake);
   try {
     const attached = async (name: string, subnetId: string, groups: string[]) => {

@@ -488,9 +488,11 @@ Deno.test("a claim from another zone fails naming both zones, and changes nothin
     }
     assertEquals(cloud(a.fake, first.id)?.status, "available", "still parked");
     assertEquals(
-      a.fake.requests.filter((r) => "attach" in r.query && r.path === `/v1/eni/${first.id}`)
-        .length,
-      1,
+      a.fake.requests.filter((r) =>
+        "attach" in r.query && r.path === `/v1/eni/${first.id}` &&
+        JSON.stringify(r.body).includes(NODE_C)
+      ).length,
+      0,
       "C never tried to attach it",
     );
     assertEquals(await c.provider.list(), []);
@@ -590,6 +592,63 @@ Deno.test("an ENI left in the VPC with an owned record is parked for its pod by 
     assertEquals([r?.state, r?.pod, r?.by], ["parked", POD, NODE_B]);
     assert(r!.until! > Date.now() + 60_000, "kept for its pod a while");
     assertEquals(cloud(a.fake, eni.id)?.status, "available", "not deleted");
+  } finally {
+    await b.close();
+    await a.close();
+  }
+});
+
+Deno.test("an ENI that shows no instanceId while attaching (fake instanceIdWhileAttaching: empty) is still claimed by a sticky pod", async () => {
+  // A slow attach, so the claim's polls see it attaching with instanceId "".
+  const a = await nodeA({ fake: { instanceIdWhileAttaching: "empty" } });
+  const b = await nodeOn(a, NODE_B);
+  try {
+    const first = await parkedBy(a, "c1");
+    a.fake.opts.attachDelayMs = 150;
+    const taken = await b.provider.allocateNextENI(owner("c2"), { ...ANY_ADDRESS, sticky: true });
+    assertEquals(taken.id, first.id);
+    assertEquals(cloud(a.fake, first.id)?.instanceId, NODE_B);
+    const details = a.fake.requests.filter((r) =>
+      r.method === "GET" && r.path === `/v1/eni/${first.id}`
+    );
+    assert(details.length > 0);
+    assertEquals(a.fake.enis.has(first.id), true, "not deleted");
+  } finally {
+    await b.close();
+    await a.close();
+  }
+});
+
+Deno.test("one node takes the same ENI from a stopped instance twice (a fresh clientToken per take; the fake remembers tokens globally and forever)", async () => {
+  const a = await nodeA({ fake: { tokenScope: "global" } });
+  const b = await nodeOn(a, NODE_B);
+  try {
+    const eni = await ownedSticky(a);
+    await a.provider.close();
+    a.fake.setInstanceStatus(INSTANCE, "Stopped");
+    const first = await b.provider.allocateNextENI(owner("c2"), { ...ANY_ADDRESS, sticky: true });
+    assertEquals(first.id, eni.id);
+    // B parks it; A, running again, claims it for the pod; then A stops again.
+    await b.provider.parkENI(owner("c2"), { until: Date.now() + HOUR });
+    await parkedInCloud(a.fake, eni.id);
+    a.fake.setInstanceStatus(INSTANCE, "Running");
+    const again = await a.restart();
+    await again.reconcile();
+    await again.deallocateENI(owner("c1"));
+    const onA = await again.allocateNextENI(owner("c3"), { ...ANY_ADDRESS, sticky: true });
+    assertEquals(onA.id, eni.id);
+    await again.close();
+    a.fake.setInstanceStatus(INSTANCE, "Stopped");
+    // B takes the same ENI from A a second time.
+    const second = await b.provider.allocateNextENI(owner("c4"), { ...ANY_ADDRESS, sticky: true });
+    assertEquals(second.id, eni.id);
+    assertEquals(cloud(a.fake, eni.id)?.instanceId, NODE_B);
+    const takes = a.fake.requests.filter((r) =>
+      "detach" in r.query && r.path === `/v1/eni/${eni.id}` &&
+      JSON.stringify(r.body).includes(INSTANCE)
+    );
+    const tokens = new Set(takes.map((r) => r.query.clientToken));
+    assert(tokens.size >= 2, `each take has its own clientToken: ${[...tokens]}`);
   } finally {
     await b.close();
     await a.close();

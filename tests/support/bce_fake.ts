@@ -852,6 +852,8 @@ export class FakeBce {
         }
         const age = this.now() - (this.#createdAt.get(eni.eniId) ?? -Infinity);
         if (age < this.opts.youngEniRefusesAttachMs) {
+          // A fault for the attach waits for the attach that is accepted.
+          if (fault?.kind === "stuck" || fault?.kind === "fallback") this.#faults.unshift(fault);
           return fail(CODES.wrongState, "The eni status is not allowed to operate");
         }
         // "The ENI and the instance must be in the same VPC, and their subnets in the

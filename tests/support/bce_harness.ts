@@ -49,7 +49,18 @@ export const FAST_RETRY: RetryOptions = {
   requestTimeoutMs: 2_000,
 };
 
-/** Starts a fake that accepts the test credentials (with the session token). */
+/**
+ * The fake's cloud-like behaviours, on in the provider's tests (docs/testing.md, "The
+ * fake BCE cloud", gives the source of each): a new ENI refuses an attach for a while,
+ * an attaching ENI shows no instanceId, clientTokens are remembered globally and forever.
+ */
+export const CLOUD_LIKE: Partial<FakeBceOptions> = {
+  youngEniRefusesAttachMs: 30,
+  instanceIdWhileAttaching: "empty",
+  tokenScope: "global",
+};
+
+/** Starts a fake that accepts the test credentials (with the session token), cloud-like. */
 export function startFake(opts: Partial<FakeBceOptions> = {}): FakeBce {
   return FakeBce.start({
     credentials: [{ accessKeyId: AK, secretAccessKey: SECRET, sessionToken: SESSION_TOKEN }],
@@ -57,6 +68,7 @@ export function startFake(opts: Partial<FakeBceOptions> = {}): FakeBce {
     attachDelayMs: 15,
     detachDelayMs: 15,
     maxKeysCap: 3,
+    ...CLOUD_LIKE,
     ...opts,
   });
 }
