@@ -10,9 +10,18 @@ import {
   INSTANCE,
   SECRET,
   SESSION_TOKEN,
-  startFake,
+  startFake as startCloudLikeFake,
   testClient,
 } from "./support/bce_harness.ts";
+
+/** The fake with its plain-API defaults (these tests test the fake; its cloud-like options have their own). */
+const startFake = (opts: Parameters<typeof startCloudLikeFake>[0] = {}) =>
+  startCloudLikeFake({
+    youngEniRefusesAttachMs: 0,
+    instanceIdWhileAttaching: "set",
+    tokenScope: "operation",
+    ...opts,
+  });
 
 type Query = [string, string | null][];
 

@@ -65,7 +65,12 @@ Deno.test("a 90 s attach loses no ENI under the default attach bound (time scale
 });
 
 Deno.test("an attach that falls back to available fails at once, not at the attach bound", async () => {
-  const env = await setup({ maxEnisPerNode: 2, timeouts: { attachMs: 20_000, pollMs: 20 } });
+  // (No young-ENI refusal here: this test is about what follows an accepted attach.)
+  const env = await setup({
+    maxEnisPerNode: 2,
+    timeouts: { attachMs: 20_000, pollMs: 20 },
+    fake: { youngEniRefusesAttachMs: 0 },
+  });
   try {
     env.fake.inject({ kind: "fallback" });
     const err = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS).then(
@@ -85,7 +90,7 @@ Deno.test("an attach that falls back to available fails at once, not at the atta
 });
 
 Deno.test("a list page with other tools' ENIs (nulls, no traffic mode, another case, no id) is read entry by entry and never fails", async () => {
-  const env = await setup({ maxEnisPerNode: 4 });
+  const env = await setup({ maxEnisPerNode: 4, fake: { youngEniRefusesAttachMs: 0 } });
   const client = testClient(env.fake);
   try {
     const mine = await env.provider.allocateNextENI(owner(1), ANY_ADDRESS);

@@ -620,7 +620,9 @@ Deno.test("an ENI that shows no instanceId while attaching (fake instanceIdWhile
 });
 
 Deno.test("one node takes the same ENI from a stopped instance twice (a fresh clientToken per take; the fake remembers tokens globally and forever)", async () => {
-  const a = await nodeA({ fake: { tokenScope: "global" } });
+  const a = await nodeA({
+    fake: { tokenScope: "global", youngEniRefusesAttachMs: 0, instanceIdWhileAttaching: "set" },
+  });
   const b = await nodeOn(a, NODE_B);
   try {
     const eni = await ownedSticky(a);
