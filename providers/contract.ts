@@ -144,6 +144,11 @@ export interface ProviderModule<C = unknown> {
    */
   configSchema: z.core.$ZodType<C>;
   create(config: C, ctx: ProviderContext): Promise<Provider>;
+  /**
+   * Checks what the parsed config points at without starting the provider (its
+   * credentials, say), for `enim agent --check-config`; throws what is wrong.
+   */
+  check?(config: C): void | Promise<void>;
 }
 
 /** A profile with no subnet known and no rules: what a provider without profiles runs. */

@@ -10,7 +10,9 @@
  * Credentials come from a JSON file (`{accessKeyId, secretAccessKey,
  * sessionToken?}`) that must not be readable or writable by group or others,
  * or from `ENIM_BCE_ACCESS_KEY_ID` / `ENIM_BCE_SECRET_ACCESS_KEY` /
- * `ENIM_BCE_SESSION_TOKEN`. They are never logged and never in an error.
+ * `ENIM_BCE_SESSION_TOKEN`. They are never logged and never in an error. The
+ * file is read again when it changes ({@linkcode credentialsSource}): a Secret
+ * mounted as files rotates the key without a restart.
  *
  * @module
  */
@@ -403,4 +405,71 @@ export function loadCredentials(
     );
   }
   return { accessKeyId, secretAccessKey, ...(sessionToken ? { sessionToken } : {}) };
+}
+
+/** What identifies one version of a file: a rewrite or a Secret's swap changes it. */
+function versionOf(info: Deno.FileInfo): string {
+  return `${info.ino ?? ""}:${info.mtime?.getTime() ?? ""}:${info.size}`;
+}
+
+/** Something that logs a warning (the provider's logger). */
+interface Warner {
+  warn(message: string, fields?: Record<string, unknown>): void;
+}
+
+/**
+ * The credentials, as a function the client calls before each signature. From the
+ * environment: read once. From a file: read now (failing as {@linkcode loadCredentials}
+ * does), then read again whenever the file changes (its inode, mtime or size, checked
+ * with one `stat` per request), so the next signed request carries a rotated key: a
+ * Kubernetes Secret mounted as files is swapped atomically by the kubelet (a new
+ * `..data` folder). A new version that cannot be used (a half-written file, a mode
+ * opened to group or others) is refused with a warning, and the last good
+ * credentials stay in use.
+ */
+export function credentialsSource(
+  file: string | undefined,
+  env: (name: string) => string | undefined = (n) => Deno.env.get(n),
+  log?: Warner,
+): () => Credentials {
+  let current = loadCredentials(file, env);
+  if (!file) return () => current;
+  let version = versionOf(Deno.statSync(file));
+  let refused = "";
+  return () => {
+    let now: string;
+    try {
+      now = versionOf(Deno.statSync(file));
+    } catch (e) {
+      log?.warn("Cannot stat the BCE credentials file; using the last credentials read", {
+        file,
+        error: (e as Error).message,
+      });
+      return current;
+    }
+    if (now === version || now === refused) return current;
+    try {
+      const next = loadCredentials(file, env);
+      const rotated = next.accessKeyId !== current.accessKeyId;
+      current = next;
+      version = now;
+      refused = "";
+      if (rotated) {
+        log?.warn("The BCE credentials file changed: the next requests use the new key", {
+          file,
+          accessKeyId: next.accessKeyId,
+        });
+      }
+    } catch (e) {
+      refused = now;
+      log?.warn(
+        "The BCE credentials file changed but cannot be used; keeping the last good credentials",
+        {
+          file,
+          error: (e as Error).message,
+        },
+      );
+    }
+    return current;
+  };
 }

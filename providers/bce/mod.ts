@@ -10,7 +10,13 @@
  * @module
  */
 import type { ProviderContext, ProviderModule } from "../contract.ts";
-import { type BceConfig, configSchema, endpointFor, loadCredentials } from "./config.ts";
+import {
+  type BceConfig,
+  configSchema,
+  credentialsSource,
+  endpointFor,
+  loadCredentials,
+} from "./config.ts";
 import { BceClient } from "./client.ts";
 import { MetadataClient } from "./metadata.ts";
 import { type BceProfile, BceProvider } from "./provider.ts";
@@ -38,7 +44,11 @@ export async function createBce(
   opts: CreateOptions = {},
 ): Promise<BceProvider> {
   const cfg = configSchema.parse(config);
-  const credentials = loadCredentials(cfg.credentialsFile, opts.env);
+  const credentials = credentialsSource(
+    cfg.credentialsFile,
+    opts.env,
+    ctx.log.child({ component: "bce-credentials" }),
+  );
   const meta = new MetadataClient({ baseUrl: cfg.metadataUrl });
   const instanceId = cfg.instanceId ?? await meta.instanceId();
   const vpcId = cfg.vpcId ?? await meta.vpcId();
@@ -64,7 +74,7 @@ export async function createBce(
   });
   ctx.log.info("BCE provider configured", {
     endpoint: client.endpoint.origin,
-    accessKeyId: credentials.accessKeyId,
+    accessKeyId: credentials().accessKeyId,
     instanceId,
     vpcId,
     subnetId,
@@ -143,7 +153,15 @@ export function create(config: BceConfig, ctx: ProviderContext): Promise<BceProv
   return createBce(config, ctx);
 }
 
+/**
+ * `enim agent --check-config`: the credentials must be there and usable (a file
+ * readable by its owner only, with both keys; or the `ENIM_BCE_*` variables).
+ */
+export function check(config: BceConfig): void {
+  loadCredentials(configSchema.parse(config).credentialsFile);
+}
+
 /** The `bce` provider module. */
-export const bceModule: ProviderModule<BceConfig> = { configSchema, create };
+export const bceModule: ProviderModule<BceConfig> = { configSchema, create, check };
 
 export default bceModule;
