@@ -11,7 +11,7 @@ import { acquireAgentLock } from "./lock.ts";
 import { privateDir, privateFile, tightenExisting } from "../lib/private_fs.ts";
 import { storageFailure, storageFailureMessage } from "../lib/sqlite.ts";
 import type { DatabaseSync } from "node:sqlite";
-import { type AgentConfig, ConfigError, validateProviderConfig } from "./config.ts";
+import { type AgentConfig, checkProviderConfig, validateProviderConfig } from "./config.ts";
 import { launchDevicePlugin, type LaunchedPlugin, pluginOff } from "./deviceplugin/launch.ts";
 import { createHandler, serveUnix, type UnixServer } from "./server.ts";
 import { poolCounts } from "../manager/status.ts";
@@ -81,17 +81,7 @@ function nodeName(): string {
  */
 export async function checkConfig(cfg: AgentConfig, deps: Pick<AgentDeps, "loadProvider">) {
   const module = await deps.loadProvider(cfg.provider.name);
-  const parsed = validateProviderConfig(cfg, module);
-  if (module.check) {
-    try {
-      await module.check(parsed);
-    } catch (e) {
-      throw new ConfigError(`the "provider.${cfg.provider.name}" section`, [
-        e instanceof Error ? e.message : String(e),
-      ], { cause: e });
-    }
-  }
-  return parsed;
+  return await checkProviderConfig(cfg, module);
 }
 
 /**

@@ -463,3 +463,23 @@ export function validateProviderConfig<C>(cfg: AgentConfig, module: ProviderModu
   }
   return parsed.data;
 }
+
+/**
+ * {@linkcode validateProviderConfig}, then the provider's own check of what the
+ * section points at (`ProviderModule.check`: the BCE credentials, say), for
+ * `enim agent --check-config`; a failure is a {@linkcode ConfigError}.
+ */
+export async function checkProviderConfig<C>(
+  cfg: AgentConfig,
+  module: ProviderModule<C>,
+): Promise<C> {
+  const parsed = validateProviderConfig(cfg, module);
+  try {
+    await module.check?.(parsed);
+  } catch (e) {
+    throw new ConfigError(`the "provider.${cfg.provider.name}" section`, [
+      e instanceof Error ? e.message : String(e),
+    ], { cause: e });
+  }
+  return parsed;
+}

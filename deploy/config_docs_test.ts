@@ -394,6 +394,15 @@ Deno.test("every documented config example is valid: agent configs and CNI confi
     .map((d) => d.toJS()).filter((d) => d?.data?.["agent.jsonc"] !== undefined);
   assertEquals(cms.length, 1, "the ConfigMap holding agent.jsonc");
   examples.push({ where: "deploy/kubernetes/configmap.yaml", text: cms[0].data["agent.jsonc"] });
+  // The BCE overlay's agent configuration (deploy/kubernetes/bce/agent-config.yaml).
+  const bce = parseAllDocuments(
+    await Deno.readTextFile(`${ROOT}/deploy/kubernetes/bce/agent-config.yaml`),
+  ).map((d) => d.toJS()).filter((d) => d?.data?.["agent.jsonc"] !== undefined);
+  assertEquals(bce.length, 1, "the BCE overlay's ConfigMap holding agent.jsonc");
+  examples.push({
+    where: "deploy/kubernetes/bce/agent-config.yaml",
+    text: bce[0].data["agent.jsonc"],
+  });
   assert(examples.some((e) => e.where.startsWith("docs/")), "docs/ shows an agent config");
   assert(cniExamples.some((e) => e.where.startsWith("docs/")), "docs/ shows a CNI config");
   for (const e of examples) {

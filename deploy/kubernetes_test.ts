@@ -2,6 +2,8 @@ import { parseAllDocuments } from "yaml";
 import { parse as parseJsonc, type ParseError } from "jsonc-parser";
 import { assert, assertEquals } from "../lib/assert.ts";
 import { ROOT } from "../scripts/_paths.ts";
+import { resolveConfig, validateProviderConfig } from "../agent/config.ts";
+import { bceModule } from "../providers/bce/mod.ts";
 
 // deno-lint-ignore no-explicit-any
 type Obj = any;
@@ -217,4 +219,49 @@ Deno.test("the admission policies that add enim.dev/eni to pods parse, with the 
       "1",
     );
   });
+});
+
+Deno.test("the BCE overlay (deploy/kubernetes/bce): provider bce, credentials from a Secret mounted whole at 0400, the file the config names", async () => {
+  const dir = "deploy/kubernetes/bce";
+  const [k] = await load(`${dir}/kustomization.yaml`);
+  assertEquals(k.kind, "Kustomization");
+  assertEquals(k.resources, [
+    "../rbac.yaml",
+    "../configmap.yaml",
+    "../daemonset.yaml",
+    "credentials-secret.yaml",
+  ]);
+  assertEquals(k.patches.map((p: Obj) => p.path), ["agent-config.yaml", "agent-credentials.yaml"]);
+  // The ConfigMap patch replaces the mock agent config with a BCE one that validates.
+  const [cmPatch] = await load(`${dir}/agent-config.yaml`);
+  assertEquals([cmPatch.kind, cmPatch.metadata.name], ["ConfigMap", "enim-agent-config"]);
+  assert(cm("enim-agent-config"), "it patches a ConfigMap the base ships");
+  const text = cmPatch.data["agent.jsonc"];
+  const cfg = resolveConfig({ file: { path: `${dir}/agent-config.yaml`, text }, env: {} });
+  assertEquals(cfg.provider.name, "bce");
+  const bce = validateProviderConfig(cfg, bceModule);
+  // The DaemonSet patch, merged as a strategic merge does (containers and volumes by name).
+  const [dsPatch] = await load(`${dir}/agent-credentials.yaml`);
+  assertEquals([dsPatch.kind, dsPatch.metadata.name], [ds.kind, ds.metadata.name]);
+  const patchPod = dsPatch.spec.template.spec;
+  const patchAgent = patchPod.containers.find((c: Obj) => c.name === "agent");
+  assert(agent, "it patches a container the base ships");
+  const mounts = [...agent.volumeMounts, ...patchAgent.volumeMounts];
+  const volumes = [...pod.volumes, ...patchPod.volumes];
+  assertEquals(new Set(mounts.map((m: Obj) => m.mountPath)).size, mounts.length, "no clash");
+  assertEquals(new Set(volumes.map((v: Obj) => v.name)).size, volumes.length, "no clash");
+  const mount = patchAgent.volumeMounts.find((m: Obj) =>
+    bce.credentialsFile?.startsWith(`${m.mountPath}/`)
+  );
+  assert(mount, `a mount holds credentialsFile ${bce.credentialsFile}`);
+  assertEquals(mount.subPath, undefined, "mounted whole: a subPath mount never sees a rotation");
+  assertEquals(mount.readOnly, true);
+  const vol = volumes.find((v: Obj) => v.name === mount.name);
+  assertEquals(vol.secret.defaultMode, 0o400, "owner-only: the agent refuses anything wider");
+  // The Secret holds the file the config names, with both keys.
+  const [secret] = await load(`${dir}/credentials-secret.yaml`);
+  assertEquals([secret.kind, secret.metadata.name], ["Secret", vol.secret.secretName]);
+  const key = bce.credentialsFile!.slice(mount.mountPath.length + 1);
+  const creds = JSON.parse(secret.stringData[key]);
+  assertEquals(Object.keys(creds).sort(), ["accessKeyId", "secretAccessKey"]);
 });
