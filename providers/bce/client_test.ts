@@ -45,7 +45,8 @@ Deno.test("listEnis() reads every page, matches names on our side only and drops
 });
 
 Deno.test("createEni() sends [] for empty lists and attach uses the bare ?attach flag", async () => {
-  const fake = startFake();
+  // Attached at once with the raw client: no young-ENI refusal.
+  const fake = startFake({ youngEniRefusesAttachMs: 0 });
   const client = testClient(fake);
   try {
     const id = await client.createEni(args("enim/x/1"), "tok-1");
