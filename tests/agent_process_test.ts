@@ -133,6 +133,36 @@ Deno.test("enim agent --check-config validates the provider's own section", asyn
   });
 });
 
+// Issue 50 (BCE): --check-config passed with no credentials and with a world-readable file.
+Deno.test("enim agent --check-config fails on missing or world-readable BCE credentials, and passes with a 0600 file", async () => {
+  await withSandbox(async (dir, sb) => {
+    const config = `${dir}/bce.jsonc`;
+    await Deno.writeTextFile(
+      sb.host("bce.jsonc"),
+      JSON.stringify({
+        provider: { name: "bce", bce: { region: "bj", credentialsFile: `${dir}/creds.json` } },
+      }),
+    );
+    const run = () => runEnim(["agent", "--check-config", "--config", config], { sandbox: sb });
+    const missing = await run();
+    assertEquals(missing.code, 1);
+    assertStringIncludes(missing.stderr, "Cannot read the BCE credentials file");
+    await Deno.writeTextFile(
+      sb.host("creds.json"),
+      JSON.stringify({ accessKeyId: "AKIDcheck0001", secretAccessKey: "SK-check-secret" }),
+    );
+    await Deno.chmod(sb.host("creds.json"), 0o644);
+    const open = await run();
+    assertEquals(open.code, 1);
+    assertStringIncludes(open.stderr, "accessible by group or others");
+    assert(!open.stderr.includes("SK-check-secret"), "no secret in the message");
+    await Deno.chmod(sb.host("creds.json"), 0o600);
+    const ok = await run();
+    assertEquals(ok.code, 0, ok.stderr);
+    assertMatch(ok.stdout, /^configuration OK: provider bce/);
+  });
+});
+
 // Issue 25 point 5: a profile's subnet overlapping the default's was accepted.
 Deno.test("enim agent --check-config refuses a profile subnet that overlaps another profile's, naming both", async () => {
   await withSandbox(async (dir, sb) => {
