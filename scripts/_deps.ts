@@ -79,6 +79,12 @@ export const APT_PACKAGES = {
   },
   mount: { files: ["/usr/bin/mount", "/usr/bin/umount"], users: ALL, base: true },
   tar: { files: ["/usr/bin/tar"], users: ["test", "bench-cri"], base: true },
+  // Image layers (scripts/_oci.ts, `deno task image`).
+  gzip: { files: ["/usr/bin/gzip"], users: ["test"], base: true },
+  // The image's Debian layer (scripts/image.ts; its test builds it).
+  mmdebstrap: { files: ["/usr/bin/mmdebstrap"], users: ["test"] },
+  // The commit time of HEAD: the image's SOURCE_DATE_EPOCH by default (scripts/image.ts).
+  git: { files: ["/usr/bin/git"], users: ["test"] },
   // ss: the chaos test's silent watch finds the agent's connections (tests/support/api_silence.ts).
   iproute2: { files: ["/usr/sbin/ip", "/usr/sbin/tc", "/bin/ss"], users: ALL },
   // The agent flushes a retired address's tracked connections (netns/ip.ts CONNTRACK_BIN).
