@@ -213,7 +213,9 @@ export async function writeOciArchive(input: OciArchiveInput): Promise<OciArchiv
       await Deno.mkdir(layer.cacheDir, { recursive: true });
       gz = join(layer.cacheDir, `${diff}.tar.gz`);
       try {
-        await Deno.stat(gz);
+        // Used now: the cache's pruning (scripts/image.ts) keeps it.
+        const now = new Date();
+        await Deno.utime(gz, now, now);
       } catch {
         const tmp = `${gz}.tmp-${Deno.pid}`;
         await gzipFile(layer.tar, tmp);

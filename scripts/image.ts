@@ -257,6 +257,7 @@ export async function buildRootfs(
   if (Deno.uid() !== 0) {
     throw new Error("Building the Debian layer needs root (mmdebstrap --mode=root)");
   }
+  await prune(cacheDir);
   await Deno.mkdir(dir, { recursive: true });
   const work = await Deno.makeTempDir({ dir, prefix: ".build-" });
   try {
@@ -284,6 +285,35 @@ export async function buildRootfs(
     await Deno.remove(work, { recursive: true }).catch(() => {});
   }
   return { tar, packages: parsePackages(await Deno.readTextFile(pkgs)), cached: false };
+}
+
+/**
+ * Removes what the cache holds past {@linkcode ROOTFS_MAX_AGE_DAYS} days: Debian layers of
+ * other inputs, gzip'd layers no build used since (a build touches those it uses).
+ */
+async function prune(cacheDir: string): Promise<void> {
+  const old = (st: Deno.FileInfo) =>
+    (st.mtime?.getTime() ?? 0) < Date.now() - ROOTFS_MAX_AGE_DAYS * 86400_000;
+  const sweep = async (dir: string, match: (name: string) => boolean) => {
+    let entries: Deno.DirEntry[];
+    try {
+      entries = [...Deno.readDirSync(dir)];
+    } catch {
+      return;
+    }
+    for (const e of entries.filter((e) => match(e.name))) {
+      const path = join(dir, e.name);
+      // A Debian layer's age is its tar's (its folder's while one is being built).
+      const st = await Deno.stat(join(path, "rootfs.tar")).catch(() => Deno.stat(path))
+        .catch(() => null);
+      if (st !== null && old(st)) {
+        log(`removing ${path} from the cache`);
+        await Deno.remove(path, { recursive: true }).catch(() => {});
+      }
+    }
+  };
+  await sweep(cacheDir, (n) => n.startsWith("rootfs-"));
+  await sweep(join(cacheDir, "layers"), (n) => n.endsWith(".tar.gz"));
 }
 
 /** The npm package holding deno's binary for this machine. */

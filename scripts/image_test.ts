@@ -378,7 +378,7 @@ async function exists(path: string): Promise<boolean> {
   }
 }
 
-/** How many files under `dir` (recursively) have a name `want` accepts. */
+/** How many regular files under `dir` (recursively) have a name `want` accepts. */
 async function count(dir: string, want: (name: string) => boolean): Promise<number> {
   let n = 0;
   const walk = async (d: string) => {
@@ -390,7 +390,7 @@ async function count(dir: string, want: (name: string) => boolean): Promise<numb
     }
     for (const e of entries) {
       if (e.isDirectory) await walk(join(d, e.name));
-      else if (want(e.name)) n++;
+      else if (e.isFile && want(e.name)) n++;
     }
   };
   await walk(dir);
