@@ -52,7 +52,7 @@ const ALL = ["demo", "test", "bench", "bench-cri"] as const;
  * (ip, tc, nsenter, stat, nft); those packages are here for every user.
  */
 export const APT_PACKAGES = {
-  apt: { files: ["/usr/bin/apt-get"], users: ALL, base: true },
+  apt: { files: ["/usr/bin/apt-get", "/usr/bin/apt"], users: ALL, base: true },
   dash: { files: ["/bin/sh"], users: ALL, base: true },
   // The agent's check of the node's tracked connections (netns/mod.ts CONNTRACK_FLUSH_SCRIPT).
   grep: { files: ["/bin/grep"], users: ALL, base: true },
@@ -68,6 +68,9 @@ export const APT_PACKAGES = {
       "/usr/bin/readlink",
       "/usr/bin/rm",
       "/usr/bin/sleep",
+      // The image's test runs the init container's command in its root filesystem.
+      "/usr/sbin/chroot",
+      "/usr/bin/env",
     ],
     users: ALL,
     base: true,
