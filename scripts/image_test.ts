@@ -24,8 +24,10 @@ import {
 } from "./image.ts";
 import { runCommand } from "../tests/support/command.ts";
 import { SimulatedNode } from "../tests/support/node.ts";
+import { Containerd } from "../tests/support/cri/containerd.ts";
 
 const UNSHARE = "/usr/bin/unshare";
+const CTR = "/usr/bin/ctr";
 const TAR = "/usr/bin/tar";
 const GZIP = "/usr/bin/gzip";
 /** Debian's reference plugins (containernetworking-plugins): a bare node's /opt/cni/bin. */
@@ -35,7 +37,15 @@ const REFERENCE_PLUGINS = "/usr/lib/cni";
 async function skipReason(): Promise<string | null> {
   if (!isRoot()) return "needs root (mmdebstrap --mode=root, chroot, mount namespaces)";
   const unmet = await ensureApt(
-    aptNeeds("mmdebstrap", "gzip", "tar", "util-linux", "containernetworking-plugins"),
+    aptNeeds(
+      "mmdebstrap",
+      "gzip",
+      "tar",
+      "util-linux",
+      "containernetworking-plugins",
+      "containerd",
+      "runc",
+    ),
     (m) => console.error(`image_test: ${m}`),
   );
   if (unmet.length > 0) return `cannot install through apt: ${unmet.join(", ")}`;
@@ -142,6 +152,41 @@ Deno.test({
     console.error(
       `image_test: layers ${manifest.layers.map((l: Obj) => l.size).join(" + ")} bytes gzip'd`,
     );
+
+    // containerd (Debian's) imports it under its name, and its CRI sees it.
+    await using node = await SimulatedNode.start({ startAgent: false });
+    const confDir = join(work, "cd-net.d");
+    await Deno.mkdir(confDir, { recursive: true });
+    await Deno.copyFile(join(ROOT, "deploy/10-enim.conflist"), join(confDir, "10-enim.conflist"));
+    const cd = await Containerd.start(node, { binDir: REFERENCE_PLUGINS, confDir, label: "image" });
+    try {
+      const imported = await runCommand(
+        node.sandbox.wrap([
+          CTR,
+          "--address",
+          cd.socket,
+          "--namespace",
+          "k8s.io",
+          "images",
+          "import",
+          img.archive,
+        ]),
+        { PATH: "/usr/sbin:/usr/bin:/sbin:/bin" },
+      );
+      assertEquals(imported.code, 0, `${imported.stdout}${imported.stderr}`);
+      // The CRI plugin learns of the image from containerd's events.
+      let status = await cd.cri.imageStatus(img.ref);
+      for (let i = 0; status === null && i < 300; i++) {
+        await new Promise((r) => setTimeout(r, 100));
+        status = await cd.cri.imageStatus(img.ref);
+      }
+      assert(status !== null, `the CRI sees ${img.ref}`);
+      console.error(
+        `image_test: containerd imported ${img.ref}: ${JSON.stringify(status)}`.slice(0, 400),
+      );
+    } finally {
+      await cd.close();
+    }
   },
 });
 
