@@ -122,7 +122,8 @@ Deno.test("the init container installs the plugin and the conflist onto the host
   const script = init.command.join(" ");
   for (
     const s of [
-      "/host/opt/cni/bin/enim",
+      // The image's installer (scripts/image.ts installScript; run by scripts/image_test.ts).
+      "/usr/local/lib/enim/install-cni /host/opt/cni/bin /opt/cni/bin",
       "/config/cni/10-enim.conflist",
       "/host/etc/cni/net.d/10-enim.conflist",
     ]

@@ -52,7 +52,7 @@ const ALL = ["demo", "test", "bench", "bench-cri"] as const;
  * (ip, tc, nsenter, stat, nft); those packages are here for every user.
  */
 export const APT_PACKAGES = {
-  apt: { files: ["/usr/bin/apt-get"], users: ALL, base: true },
+  apt: { files: ["/usr/bin/apt-get", "/usr/bin/apt"], users: ALL, base: true },
   dash: { files: ["/bin/sh"], users: ALL, base: true },
   // The agent's check of the node's tracked connections (netns/mod.ts CONNTRACK_FLUSH_SCRIPT).
   grep: { files: ["/bin/grep"], users: ALL, base: true },
@@ -68,6 +68,9 @@ export const APT_PACKAGES = {
       "/usr/bin/readlink",
       "/usr/bin/rm",
       "/usr/bin/sleep",
+      // The image's test runs the init container's command in its root filesystem.
+      "/usr/sbin/chroot",
+      "/usr/bin/env",
     ],
     users: ALL,
     base: true,
@@ -79,6 +82,12 @@ export const APT_PACKAGES = {
   },
   mount: { files: ["/usr/bin/mount", "/usr/bin/umount"], users: ALL, base: true },
   tar: { files: ["/usr/bin/tar"], users: ["test", "bench-cri"], base: true },
+  // Image layers (scripts/_oci.ts, `deno task image`).
+  gzip: { files: ["/usr/bin/gzip"], users: ["test"], base: true },
+  // The image's Debian layer (scripts/image.ts; its test builds it).
+  mmdebstrap: { files: ["/usr/bin/mmdebstrap"], users: ["test"] },
+  // The commit time of HEAD: the image's SOURCE_DATE_EPOCH by default (scripts/image.ts).
+  git: { files: ["/usr/bin/git"], users: ["test"] },
   // ss: the chaos test's silent watch finds the agent's connections (tests/support/api_silence.ts).
   iproute2: { files: ["/usr/sbin/ip", "/usr/sbin/tc", "/bin/ss"], users: ALL },
   // The agent flushes a retired address's tracked connections (netns/ip.ts CONNTRACK_BIN).
