@@ -66,12 +66,14 @@ Deno.test("enim status says clearly when the agent is not running", async () => 
 });
 
 Deno.test("enim status through the real entry point explains a socket it may not use", async () => {
-  await withSandbox(async (dir, sb) => {
-    const r = await runEnim(["status", "--socket", `${dir}/other.sock`], { sandbox: sb });
+  await withSandbox(async (_dir, sb) => {
+    // Outside /run/enim: the set may not read or write it (the connect never reaches it).
+    const other = "/tmp/enim-other.sock";
+    const r = await runEnim(["status", "--socket", other], { sandbox: sb });
     assertEquals(r.code, 1);
     assertStringIncludes(
       r.stderr,
-      `not allowed to connect to ${dir}/other.sock: the enim permission set allows only`,
+      `not allowed to connect to ${other}: the enim permission set reads and writes sockets only in /run/enim`,
     );
   });
 });
