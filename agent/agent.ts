@@ -32,6 +32,9 @@ import type { DeviceLayer } from "../netns/types.ts";
 import type { ManagerOptions } from "../manager/manager.ts";
 import { type PolicyEnforcer, startPolicyEnforcer } from "./policy/mod.ts";
 import { type IpvsWatch, refusingUnderIpvs, startIpvsWatch } from "./ipvs.ts";
+import { healthCheck } from "./health.ts";
+import { type MetricsListener, serveMetricsTcp } from "./metrics_listener.ts";
+import { installConflistWhenServing } from "./cni_conflist.ts";
 
 /** A device layer and, for fakes, the simulator that makes attached ENIs appear in it. */
 export interface DeviceSetup {
@@ -345,11 +348,18 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     throw err;
   }
   let server: UnixServer | undefined;
+  let tcp: MetricsListener | undefined;
   let gc: { stop(): Promise<void> } | undefined;
   let devicePlugin: LaunchedPlugin | undefined;
   let stopping = false;
   try {
+    const manager = parts.manager;
+    const health = healthCheck({
+      ...(manager.progress ? { progress: () => manager.progress!() } : {}),
+      stallMs: cfg.health.stallSeconds * 1000,
+    });
     const handler = createHandler({
+      health,
       manager: parts.manager,
       log: log.child({ component: "api" }),
       metrics: () => parts.metrics.text(),
@@ -362,7 +372,23 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
       maxConnections: cfg.api.maxConnections,
       requestTimeoutMs: cfg.api.requestTimeoutSeconds * 1000,
     });
+    if (cfg.metrics.enabled) {
+      tcp = serveMetricsTcp({ metrics: () => parts.metrics.text(), health }, {
+        address: cfg.metrics.address,
+        port: cfg.metrics.port,
+        log,
+        requestTimeoutMs: cfg.api.requestTimeoutSeconds * 1000,
+      });
+    }
     opts.onReady?.(server);
+    // Only now may the runtime send pods: the plugin's socket answers (cni_conflist.ts).
+    if (cfg.cniConfig) {
+      await installConflistWhenServing(cfg.cniConfig, {
+        socket: cfg.socket,
+        log,
+        signal: opts.signal,
+      });
+    }
     devicePlugin = await launchDevicePlugin(cfg.devicePlugin, {
       provider: parts.provider,
       consumers: () => parts.manager.attachments().map((a) => ({ pod: a.pod, state: a.state })),
@@ -390,6 +416,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     // The devices go Unhealthy first: kubelet stops admitting pods before the API goes.
     stopping = true;
     await devicePlugin?.close();
+    await tcp?.shutdown();
     await server?.shutdown();
     await gc?.stop();
     await parts.close();
