@@ -4,6 +4,10 @@
  * concrete modules come in through {@linkcode AgentDeps} (`deps.ts` has the real ones), so
  * tests can run the whole life cycle with fakes.
  *
+ * Why one file: the agent's life is one order, start to stop (the lock, the parts and
+ * reconcile, the socket, the TCP listener, the conflist once the socket answers, the device
+ * plugin, GC) and its reverse; split, a step could start before what it needs or outlive it.
+ *
  * @module
  */
 import { dirname, join } from "node:path";
@@ -354,6 +358,19 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
   let stopping = false;
   try {
     const manager = parts.manager;
+    const longest = Math.max(
+      cfg.timeouts.providerSeconds,
+      cfg.timeouts.commandSeconds,
+      cfg.timeouts.delWaitSeconds,
+      cfg.networkPolicy.syncWaitSeconds,
+    );
+    if (cfg.health.stallSeconds <= longest) {
+      log.warn(
+        "health.stallSeconds is not above the longest wait under a lock: a slow but live agent " +
+          "may be taken for wedged and restarted",
+        { stallSeconds: cfg.health.stallSeconds, longestWaitSeconds: longest },
+      );
+    }
     const health = healthCheck({
       ...(manager.progress ? { progress: () => manager.progress!() } : {}),
       stallMs: cfg.health.stallSeconds * 1000,
