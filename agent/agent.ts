@@ -4,6 +4,10 @@
  * concrete modules come in through {@linkcode AgentDeps} (`deps.ts` has the real ones), so
  * tests can run the whole life cycle with fakes.
  *
+ * Why one file: the agent's life is one order, start to stop (the lock, the parts and
+ * reconcile, the socket, the TCP listener, the conflist once the socket answers, the device
+ * plugin, GC) and its reverse; split, a step could start before what it needs or outlive it.
+ *
  * @module
  */
 import { dirname, join } from "node:path";
@@ -32,6 +36,9 @@ import type { DeviceLayer } from "../netns/types.ts";
 import type { ManagerOptions } from "../manager/manager.ts";
 import { type PolicyEnforcer, startPolicyEnforcer } from "./policy/mod.ts";
 import { type IpvsWatch, refusingUnderIpvs, startIpvsWatch } from "./ipvs.ts";
+import { healthCheck } from "./health.ts";
+import { type MetricsListener, serveMetricsTcp } from "./metrics_listener.ts";
+import { installConflistWhenServing } from "./cni_conflist.ts";
 
 /** A device layer and, for fakes, the simulator that makes attached ENIs appear in it. */
 export interface DeviceSetup {
@@ -345,11 +352,31 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     throw err;
   }
   let server: UnixServer | undefined;
+  let tcp: MetricsListener | undefined;
   let gc: { stop(): Promise<void> } | undefined;
   let devicePlugin: LaunchedPlugin | undefined;
   let stopping = false;
   try {
+    const manager = parts.manager;
+    const longest = Math.max(
+      cfg.timeouts.providerSeconds,
+      cfg.timeouts.commandSeconds,
+      cfg.timeouts.delWaitSeconds,
+      cfg.networkPolicy.syncWaitSeconds,
+    );
+    if (cfg.health.stallSeconds <= longest) {
+      log.warn(
+        "health.stallSeconds is not above the longest wait under a lock: a slow but live agent " +
+          "may be taken for wedged and restarted",
+        { stallSeconds: cfg.health.stallSeconds, longestWaitSeconds: longest },
+      );
+    }
+    const health = healthCheck({
+      ...(manager.progress ? { progress: () => manager.progress!() } : {}),
+      stallMs: cfg.health.stallSeconds * 1000,
+    });
     const handler = createHandler({
+      health,
       manager: parts.manager,
       log: log.child({ component: "api" }),
       metrics: () => parts.metrics.text(),
@@ -362,7 +389,23 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
       maxConnections: cfg.api.maxConnections,
       requestTimeoutMs: cfg.api.requestTimeoutSeconds * 1000,
     });
+    if (cfg.metrics.enabled) {
+      tcp = serveMetricsTcp({ metrics: () => parts.metrics.text(), health }, {
+        address: cfg.metrics.address,
+        port: cfg.metrics.port,
+        log,
+        requestTimeoutMs: cfg.api.requestTimeoutSeconds * 1000,
+      });
+    }
     opts.onReady?.(server);
+    // Only now may the runtime send pods: the plugin's socket answers (cni_conflist.ts).
+    if (cfg.cniConfig) {
+      await installConflistWhenServing(cfg.cniConfig, {
+        socket: cfg.socket,
+        log,
+        signal: opts.signal,
+      });
+    }
     devicePlugin = await launchDevicePlugin(cfg.devicePlugin, {
       provider: parts.provider,
       consumers: () => parts.manager.attachments().map((a) => ({ pod: a.pod, state: a.state })),
@@ -390,6 +433,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     // The devices go Unhealthy first: kubelet stops admitting pods before the API goes.
     stopping = true;
     await devicePlugin?.close();
+    await tcp?.shutdown();
     await server?.shutdown();
     await gc?.stop();
     await parts.close();

@@ -24,6 +24,7 @@ import { LEVELS } from "../lib/log.ts";
 import { clip, listOf } from "../lib/clip.ts";
 import type { ProviderModule } from "../providers/contract.ts";
 import { PROVIDER_NAMES, type ProviderName } from "../providers/registry.ts";
+import { isIp } from "../lib/ip.ts";
 
 /** The default config file. */
 export const DEFAULT_CONFIG_PATH = "/etc/enim/agent.jsonc";
@@ -35,6 +36,11 @@ export const DEFAULT_STATE_PATH = "/var/lib/enim/enim.db";
  * plugin's socket.
  */
 export const DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins";
+/** The TCP port of `GET /metrics` and `GET /healthz` (`metrics.port`). */
+export const DEFAULT_METRICS_PORT = 9798;
+/** Where the agent writes the CNI network configuration (`cniConfig.destination`). */
+export const DEFAULT_CONFLIST_PATH = "/etc/cni/net.d/10-enim.conflist";
+
 /** The extended resource the device plugin advertises: one per ENI a pod can get. */
 export const DEVICE_PLUGIN_RESOURCE = "enim.dev/eni";
 
@@ -108,6 +114,40 @@ export const AgentConfigSchema = z.strictObject({
     }),
     {},
   ),
+  /**
+   * `GET /metrics` and `GET /healthz` over TCP, for Prometheus and kubelet's probes (the
+   * API that changes the node stays on the socket). Off unless enabled: a node running the
+   * agent under systemd opens no port it was not asked to.
+   */
+  metrics: z.prefault(
+    z.strictObject({
+      enabled: z._default(z.boolean(), false),
+      /** The address to bind: the node's, or 0.0.0.0 / :: for every one. */
+      address: z._default(
+        z.string().check(z.refine(isIp, "Expected an IPv4 or IPv6 address")),
+        "0.0.0.0",
+      ),
+      port: z._default(z.int().check(z.minimum(1), z.maximum(65_535)), DEFAULT_METRICS_PORT),
+    }),
+    {},
+  ),
+  /** Liveness (`agent/health.ts`): what counts as a wedged agent. */
+  health: z.prefault(
+    z.strictObject({
+      /** How long the manager's held locks may go without one taken or released. */
+      stallSeconds: z._default(z.number().check(z.minimum(1), z.maximum(86_400)), 300),
+    }),
+    {},
+  ),
+  /**
+   * The CNI network configuration the agent writes onto the node once it answers on its
+   * socket (absent: it writes none): `source` (the mounted ConfigMap's file) copied to
+   * `destination`, atomically, mode 0644. Kept when the agent stops.
+   */
+  cniConfig: z.optional(z.strictObject({
+    source: AbsolutePath,
+    destination: z._default(AbsolutePath, DEFAULT_CONFLIST_PATH),
+  })),
   /**
    * The host link's marks on the node (`netns/host_link.ts` `HostLinkMarks`): enim's own
    * bit, set and read only on what comes in from a node end, and the masquerade bit

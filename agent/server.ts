@@ -34,6 +34,7 @@ import { serveHttp1 } from "../lib/http1_server.ts";
 import { privateDir } from "../lib/private_fs.ts";
 import { userMessage } from "../lib/message.ts";
 import { clip, MESSAGE_CHARS } from "../lib/clip.ts";
+import type { Health } from "./health.ts";
 
 /** The default request body limit. */
 export const DEFAULT_MAX_BODY_BYTES = 64 * 1024;
@@ -59,6 +60,8 @@ export interface HandlerOptions {
   policy?: PolicySource;
   /** kube-proxy's IPVS mode as NetworkPolicy sees it (when policy is on), added to `GET /v1/status`. */
   ipvs?: () => IpvsStatus;
+  /** `GET /v1/healthz`: whether the agent is wedged (`health.ts`); absent: always ok. */
+  health?: () => Health;
 }
 
 /** What the API reads of the NetworkPolicy enforcer (`agent/policy/`). */
@@ -330,7 +333,7 @@ export function createHandler(opts: HandlerOptions): Handler {
     },
     "/v1/attachments": { GET: async () => json({ attachments: await api.attachments() }) },
     "/v1/enis": { GET: async () => json({ enis: await api.enis() }) },
-    "/v1/healthz": { GET: () => Promise.resolve(json({ ok: true })) },
+    "/v1/healthz": { GET: () => Promise.resolve(healthResponse(opts.health?.() ?? { ok: true })) },
     "/metrics": {
       GET: async () => {
         if (!metrics) throw new ApiError("not_found", "This agent serves no metrics");
@@ -374,6 +377,11 @@ export function createHandler(opts: HandlerOptions): Handler {
     }
     return res;
   };
+}
+
+/** A liveness answer: 200 `{ok: true}`, or 503 `{ok: false, reason}` when the agent is wedged. */
+export function healthResponse(h: Health): Response {
+  return json(h, h.ok ? 200 : 503);
 }
 
 /** Another agent already answers on the socket. */

@@ -11,7 +11,8 @@
  * - `GET /v1/attachments` → `{attachments: Attachment[]}`
  * - `GET /v1/enis` → `{enis: Eni[]}`
  * - `GET /v1/policy?pod=<namespace>/<name>` → {@linkcode PodPolicyViewSchema} (NetworkPolicy on)
- * - `GET /v1/healthz` → `{ok: true}` (the agent is serving)
+ * - `GET /v1/healthz` → `{ok: true}` (the agent is live), or 503 `{ok: false, reason}` when it is
+ *   wedged (`agent/health.ts`)
  * - `GET /metrics` → Prometheus text
  *
  * Errors are `{error: {code, message, details?}}` with an HTTP status from

@@ -5,6 +5,7 @@
  * @module
  */
 import { DEFAULT_SOCKET } from "../api/wire.ts";
+import { dirname } from "node:path";
 import { ApiError } from "../api/schema.ts";
 import { AgentUnreachableError } from "../api/client.ts";
 import type { CliIo } from "./io.ts";
@@ -27,7 +28,7 @@ export function reportAgentError(io: CliIo, command: string, err: unknown): numb
   if (err instanceof AgentUnreachableError && err.cause instanceof Deno.errors.NotCapable) {
     io.err(
       `enim ${command}: not allowed to connect to ${err.socketPath}: ` +
-        `the enim permission set allows only unix:${DEFAULT_SOCKET}\n`,
+        `the enim permission set reads and writes sockets only in ${dirname(DEFAULT_SOCKET)}\n`,
     );
   } else if (err instanceof AgentUnreachableError) {
     const cause = err.cause instanceof Error ? ` (${err.cause.message})` : "";

@@ -117,9 +117,17 @@ export function agentCommand(io: CliIo, exit: { code: number }) {
           const { checkConfig } = await import("../agent/agent.ts");
           const { loadProvider } = await import("../providers/registry.ts");
           await checkConfig(cfg, { loadProvider });
+          let conflist = "";
+          if (cfg.cniConfig) {
+            const { checkConflistConfig } = await import("../agent/cni_conflist.ts");
+            const { problems, note } = await checkConflistConfig(cfg.cniConfig);
+            if (problems.length > 0) throw new ConfigError(`the "cniConfig" section`, problems);
+            conflist = `CNI config ${cfg.cniConfig.source} -> ${cfg.cniConfig.destination} ` +
+              `once the agent answers (${note})\n`;
+          }
           io.out(
             `configuration OK: provider ${cfg.provider.name}, socket ${cfg.socket}, ` +
-              `state ${cfg.statePath}\n`,
+              `state ${cfg.statePath}\n` + conflist,
           );
           return;
         }

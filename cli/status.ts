@@ -240,10 +240,21 @@ export function renderStatus(s: Status): string {
     renderSticky(s);
 }
 
+/**
+ * `enim status`'s exit code when the agent answered but is not ready (it has not reconciled,
+ * or it is shutting down): what CNI STATUS answers 50 for. A readiness probe fails on it.
+ * 1 stays "the agent cannot be reached, or answered an error"; 2 is a usage error.
+ */
+export const NOT_READY_EXIT = 3;
+
 /** The `status` subcommand. */
 export function statusCommand(io: CliIo, exit: { code: number }) {
   return new Command("status")
-    .description("Show the node's ENIs and pool counts (asks the running agent)")
+    .description(
+      "Show the node's ENIs and pool counts (asks the running agent).\n" +
+        `Exits 0 when the agent is ready, ${NOT_READY_EXIT} when it answers not ready, ` +
+        "1 when it cannot be reached.",
+    )
     .option("--socket <path>", SOCKET_HELP)
     .option("--json", "print the agent's Status object as JSON")
     .action(async (opts) => {
@@ -251,6 +262,7 @@ export function statusCommand(io: CliIo, exit: { code: number }) {
       try {
         const s = await client.status();
         io.out(opts.json ? JSON.stringify(s, null, 2) + "\n" : renderStatus(s));
+        if (!s.ready) exit.code = NOT_READY_EXIT;
       } catch (err) {
         exit.code = reportAgentError(io, "status", err);
       }

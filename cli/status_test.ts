@@ -54,6 +54,23 @@ Deno.test("enim status --json prints the Status object", async () => {
   });
 });
 
+Deno.test("enim status exits 3 when the agent answers not ready, printing what it printed before", async () => {
+  await withFakeAgent(async (socket, m) => {
+    const ready = [
+      await cli(["status", "--socket", socket]),
+      await cli(["status", "--json", "--socket", socket]),
+    ];
+    assertEquals(ready.map((r) => r.code), [0, 0]);
+    m.ready = false;
+    const text = await cli(["status", "--socket", socket]);
+    const json = await cli(["status", "--json", "--socket", socket]);
+    assertEquals([text.code, json.code], [3, 3]);
+    assertEquals([text.err, json.err], ["", ""]);
+    assertEquals(text.out, ready[0].out.replace(", ready,", ", NOT READY,"));
+    assertEquals(JSON.parse(json.out), { ...JSON.parse(ready[1].out), ready: false });
+  });
+});
+
 Deno.test("enim status says clearly when the agent is not running", async () => {
   await withRunDir(async (dir) => {
     const r = await cli(["status", "--socket", `${dir}/enim.sock`]);
@@ -66,12 +83,14 @@ Deno.test("enim status says clearly when the agent is not running", async () => 
 });
 
 Deno.test("enim status through the real entry point explains a socket it may not use", async () => {
-  await withSandbox(async (dir, sb) => {
-    const r = await runEnim(["status", "--socket", `${dir}/other.sock`], { sandbox: sb });
+  await withSandbox(async (_dir, sb) => {
+    // Outside /run/enim: the set may not read or write it (the connect never reaches it).
+    const other = "/tmp/enim-other.sock";
+    const r = await runEnim(["status", "--socket", other], { sandbox: sb });
     assertEquals(r.code, 1);
     assertStringIncludes(
       r.stderr,
-      `not allowed to connect to ${dir}/other.sock: the enim permission set allows only`,
+      `not allowed to connect to ${other}: the enim permission set reads and writes sockets only in /run/enim`,
     );
   });
 });

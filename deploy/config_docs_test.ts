@@ -285,7 +285,7 @@ const SUBJECTS: Record<Kind, Subject[]> = {
     { page: "docs/scheduling.md", owns: (k) => k.startsWith("devicePlugin.") },
     { page: "docs/kubernetes.md", owns: (k) => k.startsWith("hostLink.") },
     { page: "docs/network_policy.md", owns: (k) => /^(networkPolicy|kubernetes)\./.test(k) },
-    { page: "docs/operations.md", owns: (k) => /^(gc|log)\./.test(k) },
+    { page: "docs/operations.md", owns: (k) => /^(gc|log|metrics|health)\./.test(k) },
     {
       page: "docs/sticky_pods.md",
       owns: (k) =>

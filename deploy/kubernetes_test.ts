@@ -108,28 +108,68 @@ Deno.test("the agent keeps state, socket and logs on the host", async (t) => {
     await t.step(path, () => assertEquals(hostMount(agent, path).hostPath, path));
   }
   const { mount } = hostMount(agent, "/etc/enim");
-  assertEquals(volume(mount.name).configMap.name, "enim-agent-config");
+  assertEquals(
+    volume(mount.name).projected.sources.map((s: Obj) => s.configMap.name),
+    ["enim-agent-config", "enim-cni-config"],
+  );
 });
 
-Deno.test("the init container installs the plugin and the conflist onto the host", () => {
+Deno.test("the init container installs the plugin onto the host, and not the conflist", () => {
   assertEquals(init.image, agent.image);
   const bin = hostMount(init, "/host/opt/cni/bin");
-  const netd = hostMount(init, "/host/etc/cni/net.d");
   assertEquals(bin.hostPath, "/opt/cni/bin");
-  assertEquals(netd.hostPath, "/etc/cni/net.d");
-  const cfg = init.volumeMounts.find((m: Obj) => m.mountPath === "/config/cni");
-  assertEquals(volume(cfg.name).configMap.name, "enim-cni-config");
   const script = init.command.join(" ");
-  for (
-    const s of [
-      // The image's installer (scripts/image.ts installScript; run by scripts/image_test.ts).
-      "/usr/local/lib/enim/install-cni /host/opt/cni/bin /opt/cni/bin",
-      "/config/cni/10-enim.conflist",
-      "/host/etc/cni/net.d/10-enim.conflist",
-    ]
-  ) {
-    assert(script.includes(s), `the init script mentions ${s}`);
+  // The image's installer (scripts/image.ts installScript; run by scripts/image_test.ts).
+  assert(
+    script.includes("/usr/local/lib/enim/install-cni /host/opt/cni/bin /opt/cni/bin"),
+    "the init script installs the plugin",
+  );
+  // The agent writes the conflist once it answers (issue 50): a runtime without CNI STATUS
+  // would send pods to a node whose agent is not up.
+  assert(!/conflist|net\.d/.test(script.replace(/#.*$/gm, "")), script);
+  assert(!init.volumeMounts.some((m: Obj) => volume(m.name)?.hostPath?.path === "/etc/cni/net.d"));
+});
+
+Deno.test("the agent writes the ConfigMap's conflist onto the host's /etc/cni/net.d once it answers", () => {
+  const inCm = jsonc(cm("enim-agent-config").data["agent.jsonc"], "the agent ConfigMap");
+  const { source, destination } = inCm.cniConfig;
+  assertEquals(destination, "/etc/cni/net.d/10-enim.conflist");
+  // The source is the enim-cni-config ConfigMap's key, projected beside agent.jsonc.
+  const etc = hostMount(agent, "/etc/enim");
+  assertEquals(source, `/etc/enim/10-enim.conflist`);
+  assert(
+    volume(etc.mount.name).projected.sources.some((s: Obj) =>
+      s.configMap.name === "enim-cni-config" && s.configMap.items === undefined
+    ),
+  );
+  assert(cm("enim-cni-config").data["10-enim.conflist"]);
+  const netd = hostMount(agent, "/etc/cni/net.d");
+  assertEquals(netd.hostPath, "/etc/cni/net.d");
+  assert(!netd.mount.readOnly);
+});
+
+Deno.test("the agent's metrics port: in its config, declared, annotated, probed and scraped by the PodMonitor", async () => {
+  const inCm = jsonc(cm("enim-agent-config").data["agent.jsonc"], "the agent ConfigMap");
+  assertEquals(inCm.metrics, { enabled: true, address: "0.0.0.0", port: 9798 });
+  assertEquals(agent.ports, [{ name: "metrics", containerPort: 9798, protocol: "TCP" }]);
+  const annotations = ds.spec.template.metadata.annotations;
+  assertEquals(annotations["prometheus.io/scrape"], "true");
+  assertEquals(annotations["prometheus.io/port"], String(inCm.metrics.port));
+  assertEquals(annotations["prometheus.io/path"], "/metrics");
+  for (const probe of [agent.startupProbe, agent.livenessProbe]) {
+    assertEquals(probe.httpGet, { path: "/healthz", port: "metrics" });
   }
+  // The startup probe allows for the lock wait (lockWaitSeconds, 60) and a slow reconcile.
+  const s = agent.startupProbe;
+  assert(s.periodSeconds * s.failureThreshold >= 120, "the startup probe waits at least 2 min");
+  const [monitor] = await load("deploy/kubernetes/podmonitor.yaml");
+  assertEquals(`${monitor.apiVersion} ${monitor.kind}`, "monitoring.coreos.com/v1 PodMonitor");
+  assertEquals(monitor.spec.selector.matchLabels, ds.spec.template.metadata.labels);
+  assertEquals(monitor.spec.namespaceSelector.matchNames, [ds.metadata.namespace]);
+  assertEquals(
+    monitor.spec.podMetricsEndpoints.map((e: Obj) => [e.port, e.path]),
+    [["metrics", "/metrics"]],
+  );
 });
 
 Deno.test("readiness is the agent's status", () => {
@@ -170,8 +210,10 @@ Deno.test("the agent ConfigMap and deploy/agent.jsonc are valid agent configs", 
     assertEquals(c.statePath, "/var/lib/enim/enim.db");
     assert(["mock", "bce"].includes(c.provider.name));
   }
-  const volumeMode = pod.volumes.find((v: Obj) => v.configMap?.name === "enim-agent-config")
-    .configMap.defaultMode;
+  const volumeMode =
+    pod.volumes.find((v: Obj) =>
+      v.projected?.sources.some((s: Obj) => s.configMap?.name === "enim-agent-config")
+    ).projected.defaultMode;
   assertEquals(volumeMode, 0o600);
 });
 

@@ -95,8 +95,8 @@ export async function checkNetPermission(server: string, source: string): Promis
   if (state === "granted") return;
   throw new KubeAccessError(
     `enim's permission set does not allow connecting to the Kubernetes API server "${host}" ` +
-      `(from ${source}): the set allows private IPv4 addresses on ports 443 and 6443; ` +
-      `for another server add "${host}" to permissions.enim.net in deno.json and build enim again`,
+      `(from ${source}): the shipped set (permissions.enim in deno.json) allows every address; ` +
+      `a set narrowed since must list "${host}" in its net permission, and enim be built again`,
   );
 }
 

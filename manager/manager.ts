@@ -53,7 +53,7 @@ import type {
 } from "./types.ts";
 import { StateStore } from "./state.ts";
 import { keyOf, podKeyOf } from "../providers/schema.ts";
-import { KeyedMutex } from "./mutex.ts";
+import { KeyedMutex, type LockProgress } from "./mutex.ts";
 import { checkAttachment } from "./check.ts";
 import { type LivenessSource, runGc } from "./gc.ts";
 import { defaultLivenessSources } from "./liveness/mod.ts";
@@ -427,6 +427,10 @@ class ManagerImpl implements Manager {
 
   status(): Promise<Status> {
     return status(this.#ctx, this.#reconciled && !this.#closed);
+  }
+
+  progress(): LockProgress {
+    return this.#ctx.locks.progress();
   }
 
   attachments() {

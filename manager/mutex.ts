@@ -6,9 +6,25 @@
  * @module
  */
 
+/** Whether the work under a {@linkcode KeyedMutex} moves: what the agent's liveness reads. */
+export interface LockProgress {
+  /** Keys held or waited for now. */
+  busy: number;
+  /** When a key was last taken or released (`performance.now()` ms; its creation before any). */
+  movedAt: number;
+}
+
 /** A keyed async mutex. */
 export class KeyedMutex {
   readonly #tails = new Map<string, Promise<void>>();
+  readonly #now: () => number;
+  #movedAt: number;
+
+  /** `now`: the monotonic clock progress is read on (tests move it). */
+  constructor(now: () => number = () => performance.now()) {
+    this.#now = now;
+    this.#movedAt = now();
+  }
 
   /** Runs `fn` holding `key`; releases it when `fn` settles. */
   async run<T>(key: string, fn: () => Promise<T>): Promise<T> {
@@ -18,12 +34,23 @@ export class KeyedMutex {
     const tail = prev.then(() => mine);
     this.#tails.set(key, tail);
     await prev;
+    this.#movedAt = this.#now();
     try {
       return await fn();
     } finally {
+      this.#movedAt = this.#now();
       release();
       if (this.#tails.get(key) === tail) this.#tails.delete(key);
     }
+  }
+
+  /**
+   * Whether the work moves: how many keys are held or waited for, and when one was last
+   * taken or released. Keys held with none moving for long is a wedge (a lock never
+   * released, a call that never settles), whatever each operation's own deadlines say.
+   */
+  progress(): LockProgress {
+    return { busy: this.#tails.size, movedAt: this.#movedAt };
   }
 
   /** Runs `fn` holding every key of `keys` (taken in sorted order, so never a deadlock). */

@@ -35,3 +35,23 @@ Deno.test("KeyedMutex.runAll() takes several keys without deadlock", async () =>
   ]);
   assertEquals(n, 2);
 });
+
+Deno.test("KeyedMutex.progress() moves when a key is taken or released, and counts what is held or waited for", async () => {
+  let clock = 100;
+  const m = new KeyedMutex(() => clock);
+  assertEquals(m.progress(), { busy: 0, movedAt: 100 });
+  let release!: () => void;
+  const held = new Promise<void>((r) => (release = r));
+  clock = 200;
+  const first = m.run("a", () => held);
+  await tick();
+  assertEquals(m.progress(), { busy: 1, movedAt: 200 }, "taken");
+  clock = 300;
+  const second = m.run("a", () => Promise.resolve());
+  await tick();
+  assertEquals(m.progress(), { busy: 1, movedAt: 200 }, "a waiter alone moves nothing");
+  clock = 400;
+  release();
+  await Promise.all([first, second]);
+  assertEquals(m.progress(), { busy: 0, movedAt: 400 }, "released, taken by the waiter, released");
+});

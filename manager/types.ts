@@ -18,6 +18,7 @@ import type {
   Status,
 } from "../api/schema.ts";
 import type { Eni } from "../providers/contract.ts";
+import type { LockProgress } from "./mutex.ts";
 
 /** A parsed ADD request (defaults applied). */
 export type AddInput = z.output<typeof AddRequestSchema>;
@@ -64,6 +65,11 @@ export interface EniManager {
    */
   settled?(boundMs?: number): Promise<void>;
   status(): Promise<Status>;
+  /**
+   * Whether its operations move (its locks: {@linkcode LockProgress}), for the agent's
+   * liveness. Absent: not told (fakes).
+   */
+  progress?(): LockProgress;
   attachments(): Attachment[];
   enis(): Promise<Eni[]>;
   close(): Promise<void>;

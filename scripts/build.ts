@@ -20,7 +20,7 @@
 import { parseArgs } from "node:util";
 import { z } from "zod";
 import { dirname, join, resolve, ROOT, SHIPPED_DIRS } from "./_paths.ts";
-import { permissionFlags } from "./_permissions.ts";
+import { permissionFlags, type PermissionSetName, readPermissionSet } from "./_permissions.ts";
 
 /** Where the bundle goes. */
 export const BUNDLE_DIR: string = join(ROOT, "dist", "bundle");
@@ -235,9 +235,18 @@ export function runtimeFlags(): string[] {
 }
 
 /**
+ * The permission set an entry of the bundle runs with: the plugin process's own entry
+ * (`cni/main.js`) the narrow `enim-plugin` set, every other entry (`main.js`: the agent,
+ * the operator commands) the `enim` set, which the compiled binary bakes in.
+ */
+export function permissionSetOf(entry: string): PermissionSetName {
+  return entry.endsWith(`/${PLUGIN_ENTRY}`) ? "enim-plugin" : "enim";
+}
+
+/**
  * The argv that runs the bundle as the compiled binary would run: `deno run`
  * with no config and no lockfile (the bundle needs neither) and exactly the
- * `enim` permission set of deno.json, as flags.
+ * permission set of deno.json for that entry ({@linkcode permissionSetOf}), as flags.
  */
 export function bundleArgv(entry: string, deno: string = Deno.execPath()): string[] {
   return [
@@ -248,7 +257,7 @@ export function bundleArgv(entry: string, deno: string = Deno.execPath()): strin
     "--quiet",
     "--no-prompt",
     ...runtimeFlags(),
-    ...permissionFlags(),
+    ...permissionFlags(readPermissionSet(ROOT, permissionSetOf(entry))),
     entry,
   ];
 }

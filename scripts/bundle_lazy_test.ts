@@ -45,6 +45,7 @@ const SITES: Record<string, Scenario> = {
   "cli/agent.ts: ../agent/agent.ts": "agent",
   "cli/agent.ts: ../agent/deps.ts": "agent",
   "cli/agent.ts: ../providers/registry.ts": "check-config",
+  "cli/agent.ts: ../agent/cni_conflist.ts": "check-config",
   "providers/registry.ts: ./mock/mod.ts": "check-config",
   "providers/registry.ts: ./bce/mod.ts": "check-config",
   "agent/deps.ts: ./fake_devices.ts": "agent",
@@ -122,15 +123,23 @@ Deno.test("the bundle loads each lazily loaded module and runs it", async (t) =>
 
   await t.step("check-config: each provider's module loads and checks its section", async () => {
     await using sb = await EnimSandbox.create();
-    const check = async (name: string, provider: Record<string, unknown>) => {
-      await Deno.writeTextFile(sb.host(name), JSON.stringify({ provider }));
+    const check = async (
+      name: string,
+      provider: Record<string, unknown>,
+      more: Record<string, unknown> = {},
+    ) => {
+      await Deno.writeTextFile(sb.host(name), JSON.stringify({ provider, ...more }));
       return await runEnim(["agent", "--check-config", "--config", sb.inner(name)], {
         sandbox: sb,
       });
     };
-    const mock = await check("mock.jsonc", { name: "mock", mock: {} });
+    // With cniConfig: its check (agent/cni_conflist.ts) loads too.
+    const mock = await check("mock.jsonc", { name: "mock", mock: {} }, {
+      cniConfig: { source: "/etc/enim/10-enim.conflist" },
+    });
     assertEquals(mock.code, 0, mock.stderr);
     assertStringIncludes(mock.stdout, "configuration OK: provider mock");
+    assertStringIncludes(mock.stdout, "CNI config /etc/enim/10-enim.conflist -> ");
     // The BCE module's own check (not the config schema's) refuses what only it knows.
     const bce = await check("bce.jsonc", {
       name: "bce",

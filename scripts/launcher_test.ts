@@ -1,12 +1,11 @@
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
 import { enimArgv, runEnim } from "../tests/support/enim.ts";
 import { currentDenoDir, launcherScript, shQuote, writeLauncher } from "./launcher.ts";
-import { pluginEntry } from "./build.ts";
+import { bundleArgv, pluginEntry } from "./build.ts";
 
-/** `enimArgv()` with the bundle's plugin entry in place of `main.js`. */
+/** The bundle's plugin entry in place of `main.js`, with the plugin's own permission set. */
 function pluginArgv(): string[] {
-  const argv = enimArgv();
-  return [...argv.slice(0, -1), pluginEntry(argv.at(-1)!)];
+  return bundleArgv(pluginEntry(enimArgv().at(-1)!));
 }
 import { type CommandOutput, runCommand } from "../tests/support/command.ts";
 
@@ -42,6 +41,17 @@ Deno.test("the launcher execs exactly enimArgv() followed by the caller's argume
   const plugin = text.split("\n").find((l) => l.startsWith("  exec "));
   assertEquals(plugin, `  exec ${pluginArgv().map(shQuote).join(" ")} "$@"`);
   assertMatch(text, /^DENO_DIR="\$\{DENO_DIR:-\/var\/cache\/deno\}"$/m);
+});
+
+Deno.test("the launcher runs a CNI call with the plugin's narrow set and the agent with the enim set", () => {
+  const text = launcherScript({ denoDir: "/var/cache/deno" });
+  const plugin = text.split("\n").find((l) => l.startsWith("  exec "))!;
+  const agent = text.split("\n").find((l) => l.startsWith("exec "))!;
+  // The plugin reaches its agent's socket and no address; the agent any address and port.
+  assertMatch(plugin, / --allow-net=unix:\/run\/enim\/enim\.sock /);
+  assert(!/ --allow-run/.test(plugin), plugin);
+  assertMatch(agent, / --allow-net /);
+  assertMatch(agent, / --allow-run=\/usr\/sbin\/ip,/);
 });
 
 Deno.test("the launcher rejects a relative deno path", () => {

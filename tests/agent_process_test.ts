@@ -286,3 +286,26 @@ Deno.test("bad requests to the real agent get a 400 and leave its state unchange
 function unixRawPost(socket: string, path: string, body: string) {
   return unixRequest(socket, "POST", path, body);
 }
+
+Deno.test("enim agent --check-config passes on the shipped configs: deploy/agent.jsonc and the DaemonSet's ConfigMap", async () => {
+  const { parseAllDocuments } = await import("yaml");
+  const { ROOT } = await import("../scripts/_paths.ts");
+  const cms = parseAllDocuments(
+    await Deno.readTextFile(`${ROOT}/deploy/kubernetes/configmap.yaml`),
+  ).map((d) => d.toJS());
+  const inCm = cms.find((d) => d?.metadata?.name === "enim-agent-config").data["agent.jsonc"];
+  await withSandbox(async (dir, sb) => {
+    await Deno.writeTextFile(
+      sb.host("file.jsonc"),
+      await Deno.readTextFile(`${ROOT}/deploy/agent.jsonc`),
+    );
+    await Deno.writeTextFile(sb.host("configmap.jsonc"), inCm);
+    for (const name of ["file.jsonc", "configmap.jsonc"]) {
+      const r = await runEnim(["agent", "--check-config", "--config", `${dir}/${name}`], {
+        sandbox: sb,
+      });
+      assertEquals([r.code, r.stderr], [0, ""], name);
+      assertMatch(r.stdout, /^configuration OK: provider mock, socket \/run\/enim\/enim\.sock/);
+    }
+  });
+});

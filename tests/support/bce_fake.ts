@@ -265,6 +265,12 @@ export interface FakeBceOptions {
   loseHoldMs?: number;
   /** Which instance the metadata service describes. */
   metadataInstanceId?: string;
+  /**
+   * The loopback address and port it listens on (default 127.0.0.1, a free port): another
+   * address (127.0.0.3) or port stands for a cloud endpoint of its own.
+   */
+  hostname?: string;
+  port?: number;
   onAttach?(eni: FakeEni): void | Promise<void>;
   onDetach?(eni: FakeEni): void | Promise<void>;
   // ---- Cloud-like behaviours (docs/testing.md, "The fake BCE cloud"): off by default,
@@ -374,7 +380,13 @@ export class FakeBce {
     & Required<
       Omit<
         FakeBceOptions,
-        "onAttach" | "onDetach" | "securityGroups" | "enterpriseSecurityGroups" | "unixSocket"
+        | "onAttach"
+        | "onDetach"
+        | "securityGroups"
+        | "enterpriseSecurityGroups"
+        | "unixSocket"
+        | "hostname"
+        | "port"
       >
     >
     & FakeBceOptions;
@@ -416,13 +428,14 @@ export class FakeBce {
       clockOffsetMs: 0,
       ...opts,
     };
+    const hostname = opts.hostname ?? "127.0.0.1";
     this.#server = Deno.serve(
-      { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+      { hostname, port: opts.port ?? 0, onListen: () => {} },
       (req) => this.#handle(req),
     );
     const addr = this.#server.addr;
     if (addr.transport !== "tcp") throw new Error("The fake BCE server is not on TCP");
-    this.url = `http://127.0.0.1:${addr.port}`;
+    this.url = `http://${hostname}:${addr.port}`;
     this.metadataUrl = `${this.url}/1.0/meta-data/`;
     if (opts.unixSocket) {
       this.#unixServer = Deno.serve(

@@ -20,6 +20,8 @@ export class FakeManager implements EniManager {
   calls: { op: string; arg?: unknown }[] = [];
   failWith: unknown = undefined;
   closed = false;
+  /** What `status()` says of `ready` (an agent that has not reconciled, or is stopping: false). */
+  ready = true;
   enisList: Eni[];
   atts = new Map<string, Attachment>();
   /** GC items returned by `gc`; `failed` ones fail on a real run. */
@@ -167,7 +169,7 @@ export class FakeManager implements EniManager {
     return Promise.resolve({
       version: "0.1.0",
       provider: "mock",
-      ready: true,
+      ready: this.ready,
       canAllocate: free > 0,
       pool: {
         exhausted: free === 0,

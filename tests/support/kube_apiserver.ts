@@ -179,13 +179,19 @@ export interface KubeApiServerOptions {
    * is then answered whole, whatever `limit` says. Off: every list is paged from etcd.
    */
   watchCache?: boolean;
+  /**
+   * The loopback address clients reach it at (its relay listens there; default 127.0.0.1):
+   * another one (127.0.0.2) stands for an API server at an address of its own. The test
+   * PKI's server certificate names 127.0.0.1 to 127.0.0.3.
+   */
+  hostname?: string;
 }
 
 const encoder = new TextEncoder();
 
 /** The test API server (see the module doc). */
 export class KubeApiServer implements AsyncDisposable {
-  /** `https://127.0.0.1:<port>`. */
+  /** `https://127.0.0.1:<port>` (or the address of `hostname`). */
   readonly url: string;
   /** The PKI it serves with (its CA verifies the server). */
   readonly pki: TestPki;
@@ -224,7 +230,7 @@ export class KubeApiServer implements AsyncDisposable {
     this.#watchCache = o.watchCache ?? true;
     this.#server = server;
     this.#relay = relay;
-    this.url = `https://127.0.0.1:${relay.port}`;
+    this.url = `https://${relay.hostname}:${relay.port}`;
     if (o.bookmarkEveryMs !== undefined) {
       this.#bookmarkTimer = setInterval(() => this.bookmark(), o.bookmarkEveryMs);
     }
@@ -243,7 +249,7 @@ export class KubeApiServer implements AsyncDisposable {
       },
       (req) => ref.server!.#handle(req),
     );
-    const relay = Relay.start(server.addr.port);
+    const relay = Relay.start(server.addr.port, o.hostname);
     ref.server = new KubeApiServer(o, server, relay);
     return ref.server;
   }

@@ -1,7 +1,7 @@
 /**
  * A throwaway PKI for tests of HTTPS to a Kubernetes API server, made with the openssl
  * CLI (Debian's `openssl` package) by the test cluster's steps (`k8s/pki.ts`): a
- * self-signed CA, a server certificate for 127.0.0.1 and localhost signed by it, and a
+ * self-signed CA, a server certificate for 127.0.0.1 to 127.0.0.3 and localhost signed by it, and a
  * client certificate (as kubeadm issues an admin's: `O=system:masters`), all ECDSA
  * P-256, valid for a day. A second, unrelated CA lets a test check that a server signed
  * by another CA is refused.
@@ -35,7 +35,7 @@ export async function makeTestPki(): Promise<TestPki> {
       "basicConstraints=CA:FALSE",
       "keyUsage=critical,digitalSignature",
       "extendedKeyUsage=serverAuth",
-      "subjectAltName=IP:127.0.0.1,DNS:localhost",
+      "subjectAltName=IP:127.0.0.1,IP:127.0.0.2,IP:127.0.0.3,DNS:localhost",
     ]);
     await issueClient(dir, "client", "enim-test", ["system:masters"]);
     const read = (f: string) => Deno.readTextFile(`${dir}/${f}`);

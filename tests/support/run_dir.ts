@@ -22,11 +22,12 @@ export async function withRunDir<T>(fn: (dir: string) => Promise<T>): Promise<T>
 
 /**
  * Runs `fn` with a fresh sandbox; `dir` is /run/enim as enim processes see it.
- * `kubelet`: the sandbox has kubelet's device-plugin folder too (`sb.kubeletDir`).
+ * `kubelet`: the sandbox has kubelet's device-plugin folder too (`sb.kubeletDir`);
+ * `cniNetD`: a private `/etc/cni/net.d` (`sb.netdDir`).
  */
 export async function withSandbox<T>(
   fn: (dir: string, sb: EnimSandbox) => Promise<T>,
-  opts: { kubelet?: boolean } = {},
+  opts: { kubelet?: boolean; cniNetD?: boolean } = {},
 ): Promise<T> {
   const sb = await EnimSandbox.create(null, opts);
   try {

@@ -20,6 +20,11 @@
  * Mounts under /run/netns propagate into the sandbox (it is a slave), so pod
  * namespaces created later are visible to the agent.
  *
+ * With `cniNetD: true` the sandbox's `/etc/cni/net.d` is a private directory too (bind-mounted
+ * over the machine's, which podman's package creates), reached from the test process at
+ * {@linkcode EnimSandbox.netdDir}: the agent writes the node's conflist there at its
+ * production path, and the machine's own folder is not touched.
+ *
  * @module
  */
 import { enimArgv } from "./enim.ts";
@@ -28,6 +33,8 @@ const NSENTER = "/usr/bin/nsenter";
 const UNSHARE = "/usr/bin/unshare";
 const MOUNT = "/usr/bin/mount";
 const UMOUNT = "/usr/bin/umount";
+/** The runtime's CNI config folder, inside the sandbox (with `cniNetD`). */
+const NETD = "/etc/cni/net.d";
 /** Where /run/enim is, inside the sandbox. */
 export const INNER = "/run/enim";
 
@@ -53,6 +60,11 @@ export class EnimSandbox implements AsyncDisposable {
     this.netns = netns;
   }
 
+  /** The sandbox's `/etc/cni/net.d` as the test process sees it (with `cniNetD: true`). */
+  get netdDir(): string {
+    return `${this.base}/netd`;
+  }
+
   /** The sandbox's kubelet folder as the test process sees it (with `kubelet: true`). */
   get kubeletDir(): string {
     return `${this.base}/varlib/kubelet/device-plugins`;
@@ -64,7 +76,7 @@ export class EnimSandbox implements AsyncDisposable {
    */
   static async create(
     netns: string | null = null,
-    opts: { kubelet?: boolean } = {},
+    opts: { kubelet?: boolean; cniNetD?: boolean } = {},
   ): Promise<EnimSandbox> {
     const base = `/tmp/enim-sbx-${crypto.randomUUID().slice(0, 8)}`;
     const sb = new EnimSandbox(base, netns);
@@ -88,6 +100,13 @@ export class EnimSandbox implements AsyncDisposable {
         await Deno.mkdir(sb.kubeletDir, { recursive: true, mode: 0o755 });
         const inside = [`--mount=${base}/mnt`, "--", MOUNT, "--bind", `${base}/varlib`, "/var/lib"];
         await run(NSENTER, inside);
+      }
+      if (opts.cniNetD) {
+        if (!(await Deno.stat(NETD).then((s) => s.isDirectory, () => false))) {
+          throw new Error(`${NETD} does not exist on this machine (podman's package makes it)`);
+        }
+        await Deno.mkdir(sb.netdDir, { mode: 0o755 });
+        await run(NSENTER, [`--mount=${base}/mnt`, "--", MOUNT, "--bind", sb.netdDir, NETD]);
       }
     } catch (err) {
       await sb.close().catch(() => {});

@@ -8,10 +8,12 @@
  */
 import { type Gate, splice } from "./splice.ts";
 
-/** A relay from its own port on 127.0.0.1 to `127.0.0.1:<backend>`. */
+/** A relay from its own port on 127.0.0.1 (or another loopback address) to `127.0.0.1:<backend>`. */
 export class TcpRelay implements AsyncDisposable {
-  /** The relay's port on 127.0.0.1. */
+  /** The relay's port on {@linkcode TcpRelay.hostname}. */
   readonly port: number;
+  /** The address it listens on (default 127.0.0.1). */
+  readonly hostname: string;
   readonly #backend: number;
   #listener: Deno.TcpListener | null = null;
   #accepting: Promise<void> = Promise.resolve();
@@ -19,15 +21,16 @@ export class TcpRelay implements AsyncDisposable {
   readonly #pipes = new Set<Promise<void>>();
   readonly #gates = new Set<Gate>();
 
-  private constructor(port: number, backend: number) {
+  private constructor(port: number, backend: number, hostname: string) {
     this.port = port;
     this.#backend = backend;
+    this.hostname = hostname;
   }
 
-  /** Listens on a free port of 127.0.0.1 and relays to `backend`. */
-  static start(backend: number): TcpRelay {
-    const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
-    const relay = new TcpRelay(listener.addr.port, backend);
+  /** Listens on a free port of `hostname` (default 127.0.0.1) and relays to `backend`. */
+  static start(backend: number, hostname = "127.0.0.1"): TcpRelay {
+    const listener = Deno.listen({ hostname, port: 0 });
+    const relay = new TcpRelay(listener.addr.port, backend, hostname);
     relay.#serve(listener);
     return relay;
   }
@@ -104,7 +107,7 @@ export class TcpRelay implements AsyncDisposable {
   /** Accepts again on the same port. */
   up(): void {
     if (this.#listener !== null) return;
-    this.#serve(Deno.listen({ hostname: "127.0.0.1", port: this.port }));
+    this.#serve(Deno.listen({ hostname: this.hostname, port: this.port }));
   }
 
   /** Stops for good. */
