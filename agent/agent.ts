@@ -14,6 +14,8 @@ import type { DatabaseSync } from "node:sqlite";
 import { type AgentConfig, validateProviderConfig } from "./config.ts";
 import { launchDevicePlugin, type LaunchedPlugin, pluginOff } from "./deviceplugin/launch.ts";
 import { createHandler, serveUnix, type UnixServer } from "./server.ts";
+import { writeAgentRecord } from "./agent_record.ts";
+import { VERSION } from "../lib/version.ts";
 import { poolCounts } from "../manager/status.ts";
 import { defaultLivenessSources, type LivenessSource } from "../manager/liveness/mod.ts";
 import type { EniManager } from "../manager/types.ts";
@@ -362,6 +364,14 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
       maxConnections: cfg.api.maxConnections,
       requestTimeoutMs: cfg.api.requestTimeoutSeconds * 1000,
     });
+    // Serving: the record beside the socket says who (a rollout's previous agent's is replaced).
+    const servingSince = Date.now();
+    const recorded = await writeAgentRecord(cfg.socket, {
+      version: VERSION,
+      pid: Deno.pid,
+      servingSince,
+    });
+    if (recorded) log.warn("cannot write the agent's record", { error: recorded });
     opts.onReady?.(server);
     devicePlugin = await launchDevicePlugin(cfg.devicePlugin, {
       provider: parts.provider,
@@ -386,6 +396,17 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
       });
     }
     log.info("shutting down");
+    if (opts.signal.aborted) {
+      // A graceful stop: the plugin answers STATUS success and holds calls for the next
+      // agent, for RESTART_GRACE_SECONDS from now (docs/runtimes.md, STATUS).
+      const stopped = await writeAgentRecord(cfg.socket, {
+        version: VERSION,
+        pid: Deno.pid,
+        servingSince,
+        stoppedAt: Date.now(),
+      });
+      if (stopped) log.warn("cannot write the agent's record", { error: stopped });
+    }
   } finally {
     // The devices go Unhealthy first: kubelet stops admitting pods before the API goes.
     stopping = true;
