@@ -14,6 +14,7 @@ import { addWorktree } from "../../scripts/_worktree.ts";
 import { permissionFlags, readPermissionSet } from "../../scripts/_permissions.ts";
 import { runtimeFlags } from "../../scripts/build.ts";
 import { VERSION } from "../../lib/version.ts";
+import { ROOT } from "../../scripts/_paths.ts";
 
 /** How to run one version of enim. */
 export interface EnimBuild {
@@ -104,4 +105,38 @@ async function buildRelease(version: string): Promise<EnimBuild> {
 export async function currentBuild(): Promise<EnimBuild> {
   const { enimArgv } = await import("./enim.ts");
   return { version: VERSION, argv: enimArgv() };
+}
+
+/**
+ * The sources of the released `version` (`git archive` of its commit), extracted once into
+ * the same cache: for checks that run its own modules (its state store opening a database).
+ * Returns the tree's directory.
+ */
+export async function releaseSource(version: string): Promise<string> {
+  const r = releaseOf(version);
+  const dir = join(cacheRoot(), `${r.version}-${r.commit.slice(0, 12)}`, "src");
+  if (exists(join(dir, "deno.json"))) return dir;
+  await Deno.mkdir(join(dir, ".."), { recursive: true });
+  const staging = `${dir}.tmp-${Deno.pid}-${crypto.randomUUID().slice(0, 8)}`;
+  await Deno.mkdir(staging, { recursive: true });
+  try {
+    const out = await new Deno.Command("sh", {
+      args: ["-c", `git archive --format=tar "$1" | tar -x -C "$2"`, "sh", r.commit, staging],
+      cwd: ROOT,
+      stdin: "null",
+      stdout: "null",
+      stderr: "piped",
+    }).output();
+    if (!out.success) {
+      throw new Error(
+        `git archive of ${r.version} failed: ${new TextDecoder().decode(out.stderr).trim()}`,
+      );
+    }
+    await Deno.rename(staging, dir).catch((err) => {
+      if (!exists(join(dir, "deno.json"))) throw err;
+    });
+  } finally {
+    await Deno.remove(staging, { recursive: true }).catch(() => {});
+  }
+  return dir;
 }
