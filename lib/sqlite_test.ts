@@ -1,4 +1,4 @@
-import { assertEquals, assertThrows } from "./assert.ts";
+import { assertEquals, assertStringIncludes, assertThrows } from "./assert.ts";
 import { type Addition, migrateComponent, openDatabase } from "./sqlite.ts";
 
 const names = (db: ReturnType<typeof openDatabase>) =>
@@ -27,10 +27,7 @@ Deno.test("migrateComponent() leaves alone an addition of a newer release, and r
   migrateComponent(db, "c", ["CREATE TABLE t1 (x INTEGER)"], Date.now, newer.slice(0, 1));
   assertEquals(names(db), ["t2", "t3"]);
   migrateComponent(db, "c", ["CREATE TABLE t1 (x INTEGER)", "CREATE TABLE t4 (x INTEGER)"]);
-  assertThrows(
-    () => migrateComponent(db, "c", ["CREATE TABLE t1 (x INTEGER)"]),
-    Error,
-    "this enim knows up to 1",
-  );
+  const err = assertThrows(() => migrateComponent(db, "c", ["CREATE TABLE t1 (x INTEGER)"]));
+  assertStringIncludes(err.message, "this enim knows up to 1");
   db.close();
 });
