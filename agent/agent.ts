@@ -131,6 +131,9 @@ export function withProviderTimeout(p: Provider, ms: number, metrics?: Metrics):
       }
       : {}),
     ...(p.capacity ? { capacity: () => limit("capacity", () => p.capacity!()) } : {}),
+    ...(p.releaseENI
+      ? { releaseENI: (id: string) => limit("release", () => p.releaseENI!(id)) }
+      : {}),
     ...(p.start ? { start: () => p.start!() } : {}),
     close: () => p.close(),
   };
