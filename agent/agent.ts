@@ -4,6 +4,9 @@
  * concrete modules come in through {@linkcode AgentDeps} (`deps.ts` has the real ones), so
  * tests can run the whole life cycle with fakes.
  *
+ * Why one file: the start-up order (lock, parts, reconcile, server, device plugin, GC) and
+ * the shutdown's reverse order are one sequence, read and changed together.
+ *
  * @module
  */
 import { dirname, join } from "node:path";
@@ -14,8 +17,7 @@ import type { DatabaseSync } from "node:sqlite";
 import { type AgentConfig, validateProviderConfig } from "./config.ts";
 import { launchDevicePlugin, type LaunchedPlugin, pluginOff } from "./deviceplugin/launch.ts";
 import { createHandler, serveUnix, type UnixServer } from "./server.ts";
-import { writeAgentRecord } from "./agent_record.ts";
-import { VERSION } from "../lib/version.ts";
+import { recordAgent } from "./agent_record.ts";
 import { poolCounts } from "../manager/status.ts";
 import { defaultLivenessSources, type LivenessSource } from "../manager/liveness/mod.ts";
 import type { EniManager } from "../manager/types.ts";
@@ -369,12 +371,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     });
     // Serving: the record beside the socket says who (a rollout's previous agent's is replaced).
     const servingSince = Date.now();
-    const recorded = await writeAgentRecord(cfg.socket, {
-      version: VERSION,
-      pid: Deno.pid,
-      servingSince,
-    });
-    if (recorded) log.warn("cannot write the agent's record", { error: recorded });
+    await recordAgent(cfg.socket, log, servingSince);
     opts.onReady?.(server);
     devicePlugin = await launchDevicePlugin(cfg.devicePlugin, {
       provider: parts.provider,
@@ -399,17 +396,9 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
       });
     }
     log.info("shutting down");
-    if (opts.signal.aborted) {
-      // A graceful stop: the plugin answers STATUS success and holds calls for the next
-      // agent, for RESTART_GRACE_SECONDS from now (docs/runtimes.md, STATUS).
-      const stopped = await writeAgentRecord(cfg.socket, {
-        version: VERSION,
-        pid: Deno.pid,
-        servingSince,
-        stoppedAt: Date.now(),
-      });
-      if (stopped) log.warn("cannot write the agent's record", { error: stopped });
-    }
+    // A graceful stop: the plugin answers STATUS success and holds calls for the next agent,
+    // for RESTART_GRACE_SECONDS from now (docs/runtimes.md, STATUS).
+    if (opts.signal.aborted) await recordAgent(cfg.socket, log, servingSince, Date.now());
   } finally {
     // The devices go Unhealthy first: kubelet stops admitting pods before the API goes.
     stopping = true;

@@ -6,6 +6,7 @@
  * @module
  */
 import { type AgentRecord, agentRecordPath } from "../api/wire.ts";
+import { VERSION } from "../lib/version.ts";
 
 /**
  * Writes `record` beside `socket`, whole (a temporary file renamed over it): the plugin
@@ -26,4 +27,23 @@ export async function writeAgentRecord(
     await Deno.remove(tmp).catch(() => {});
     return err instanceof Error ? err : new Error(String(err));
   }
+}
+
+/**
+ * Writes the agent's record at `socket` (this process, this version; `stoppedAt` at a
+ * graceful stop), logging a failure as a warning.
+ */
+export async function recordAgent(
+  socket: string,
+  log: { warn(msg: string, fields?: Record<string, unknown>): void },
+  servingSince: number,
+  stoppedAt?: number,
+): Promise<void> {
+  const err = await writeAgentRecord(socket, {
+    version: VERSION,
+    pid: Deno.pid,
+    servingSince,
+    ...(stoppedAt === undefined ? {} : { stoppedAt }),
+  });
+  if (err) log.warn("cannot write the agent's record", { error: err });
 }
