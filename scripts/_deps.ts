@@ -78,6 +78,8 @@ export const APT_PACKAGES = {
     base: true,
   },
   mount: { files: ["/usr/bin/mount", "/usr/bin/umount"], users: ALL, base: true },
+  // An earlier release built from history (scripts/_worktree.ts, tests/support/releases.ts).
+  git: { files: ["/usr/bin/git"], users: ["test", "bench"] },
   tar: { files: ["/usr/bin/tar"], users: ["test", "bench-cri"], base: true },
   // ss: the chaos test's silent watch finds the agent's connections (tests/support/api_silence.ts).
   iproute2: { files: ["/usr/sbin/ip", "/usr/sbin/tc", "/bin/ss"], users: ALL },

@@ -9,7 +9,7 @@ import { ROOT } from "./_paths.ts";
 
 /** Runs `git args` in `cwd`; its stdout, or an error naming the command and its stderr. */
 export async function git(args: string[], cwd: string = ROOT): Promise<string> {
-  const out = await new Deno.Command("git", {
+  const out = await new Deno.Command("/usr/bin/git", {
     args,
     cwd,
     stdin: "null",

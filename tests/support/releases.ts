@@ -120,8 +120,14 @@ export async function releaseSource(version: string): Promise<string> {
   const staging = `${dir}.tmp-${Deno.pid}-${crypto.randomUUID().slice(0, 8)}`;
   await Deno.mkdir(staging, { recursive: true });
   try {
-    const out = await new Deno.Command("sh", {
-      args: ["-c", `git archive --format=tar "$1" | tar -x -C "$2"`, "sh", r.commit, staging],
+    const out = await new Deno.Command("/bin/sh", {
+      args: [
+        "-c",
+        `/usr/bin/git archive --format=tar "$1" | /usr/bin/tar -x -C "$2"`,
+        "sh",
+        r.commit,
+        staging,
+      ],
       cwd: ROOT,
       stdin: "null",
       stdout: "null",
