@@ -122,7 +122,6 @@ Deno.test(`the state round trip: ${PREVIOUS.version} opens what this release wro
 Deno.test("a kill -9 at each write of this release's migration leaves a database both releases open", async (t) => {
   const dir = await Deno.makeTempDir({ prefix: "enim-state-kill-" });
   try {
-    const fresh = join(dir, "fresh.db");
     const previous = join(dir, "previous.db");
     assert((await oldOpens(previous, true)).out?.ok);
     const starts: [string, string | null][] = [["a fresh database", null], [
