@@ -18,6 +18,7 @@ import type { DatabaseSync } from "node:sqlite";
 import { type AgentConfig, checkProviderConfig, validateProviderConfig } from "./config.ts";
 import { launchDevicePlugin, type LaunchedPlugin, pluginOff } from "./deviceplugin/launch.ts";
 import { createHandler, serveUnix, type UnixServer } from "./server.ts";
+import { recordAgent } from "./agent_record.ts";
 import { poolCounts } from "../manager/status.ts";
 import { defaultLivenessSources, type LivenessSource } from "../manager/liveness/mod.ts";
 import type { EniManager } from "../manager/types.ts";
@@ -136,6 +137,9 @@ export function withProviderTimeout(p: Provider, ms: number, metrics?: Metrics):
       }
       : {}),
     ...(p.capacity ? { capacity: () => limit("capacity", () => p.capacity!()) } : {}),
+    ...(p.releaseENI
+      ? { releaseENI: (id: string) => limit("release", () => p.releaseENI!(id)) }
+      : {}),
     ...(p.start ? { start: () => p.start!() } : {}),
     close: () => p.close(),
   };
@@ -397,6 +401,9 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
         requestTimeoutMs: cfg.api.requestTimeoutSeconds * 1000,
       });
     }
+    // Serving: the record beside the socket says who (a rollout's previous agent's is replaced).
+    const servingSince = Date.now();
+    await recordAgent(cfg.socket, log, servingSince);
     opts.onReady?.(server);
     // Only now may the runtime send pods: the plugin's socket answers (cni_conflist.ts).
     if (cfg.cniConfig) {
@@ -429,6 +436,9 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
       });
     }
     log.info("shutting down");
+    // A graceful stop: the plugin answers STATUS success and holds calls for the next agent,
+    // for RESTART_GRACE_SECONDS from now (docs/runtimes.md, STATUS).
+    if (opts.signal.aborted) await recordAgent(cfg.socket, log, servingSince, Date.now());
   } finally {
     // The devices go Unhealthy first: kubelet stops admitting pods before the API goes.
     stopping = true;

@@ -13,7 +13,18 @@
  *
  * @module
  */
-import { CNI_CALL_PATH, EXIT_HEADER, MAX_CALL_STDIN, TIMEOUT_HEADER } from "../api/wire.ts";
+import {
+  AGENT_VERSION_HEADER,
+  CNI_CALL_PATH,
+  EXIT_HEADER,
+  MAX_CALL_STDIN,
+  PLUGIN_VERSION_HEADER,
+  skewProblem,
+  TIMEOUT_HEADER,
+  UNLABELLED_PLUGIN_VERSION,
+} from "../api/wire.ts";
+import { VERSION } from "../lib/version.ts";
+import { CNI_CODES, decodeStdin, errorObject, isPlainObject, LATEST_VERSION } from "../cni/spec.ts";
 import * as z from "zod/mini";
 import { dirname } from "node:path";
 import {
@@ -266,11 +277,29 @@ export function createHandler(opts: HandlerOptions): Handler {
         const call = parseRequest(CniCallSchema, await readJson(req, MAX_REQUEST_BYTES));
         // How long the plugin waits (a header an older plugin does not send: then addSeconds).
         const waits = z.safeParse(PluginTimeoutSchema, req.headers.get(TIMEOUT_HEADER) ?? "");
+        const answer = (exit: number, stdout: string) =>
+          new Response(stdout, {
+            status: 200,
+            headers: {
+              ...JSON_HEADERS,
+              [EXIT_HEADER]: String(exit),
+              [AGENT_VERSION_HEADER]: VERSION,
+            },
+          });
+        // A plugin of another version (0.1.0's sends none) is served within the skew.
+        const plugin = req.headers.get(PLUGIN_VERSION_HEADER) ?? UNLABELLED_PLUGIN_VERSION;
+        const skew = skewProblem(plugin, VERSION);
+        if (skew) {
+          const decoded = decodeStdin(call.stdin);
+          const asked = decoded.ok && isPlainObject(decoded.value)
+            ? decoded.value.cniVersion
+            : undefined;
+          const v = typeof asked === "string" ? asked : LATEST_VERSION;
+          log.warn("refused a plugin of another version", { plugin, agent: VERSION });
+          return answer(1, JSON.stringify(errorObject(v, CNI_CODES.VERSION_SKEW, skew)));
+        }
         const { exit, stdout } = await serveCniCall(call, api, waits.data);
-        return new Response(stdout, {
-          status: 200,
-          headers: { ...JSON_HEADERS, [EXIT_HEADER]: String(exit) },
-        });
+        return answer(exit, stdout);
       },
     },
     "/v1/add": { POST: async (req) => json(await api.add(await readJson(req, max))) },

@@ -100,3 +100,113 @@ export const NETNS_PATH: NameRule = {
       ? undefined
       : "Expected an absolute path without '.' or '..' components",
 };
+
+/**
+ * The header of a raw call that carries the plugin's enim version (`lib/version.ts`). A
+ * plugin of 0.1.0 sends none: the agent takes its absence for
+ * {@linkcode UNLABELLED_PLUGIN_VERSION}. The agent's answer carries its own in
+ * {@linkcode AGENT_VERSION_HEADER}.
+ */
+export const PLUGIN_VERSION_HEADER = "enim-plugin-version";
+/** The header of the agent's answer to a raw call that carries the agent's enim version. */
+export const AGENT_VERSION_HEADER = "enim-agent-version";
+/** The version of a plugin whose call carries no {@linkcode PLUGIN_VERSION_HEADER}. */
+export const UNLABELLED_PLUGIN_VERSION = "0.1.0";
+
+const SEMVER_RE = /^(\d{1,6})\.(\d{1,6})\.(\d{1,6})$/;
+
+/**
+ * Why a plugin of `plugin`'s version and an agent of `agent`'s cannot serve calls together
+ * (a sentence naming both), or undefined when they can: the supported skew is the same
+ * major version and at most one minor version apart, either way (docs/upgrading.md). A
+ * version that is not `MAJOR.MINOR.PATCH` is outside it.
+ *
+ * @example
+ * ```ts
+ * skewProblem("0.1.0", "0.2.0"); // undefined
+ * skewProblem("0.1.0", "0.3.0"); // "The enim plugin 0.1.0 and agent 0.3.0 are …"
+ * ```
+ */
+export function skewProblem(plugin: string, agent: string): string | undefined {
+  const p = SEMVER_RE.exec(plugin), a = SEMVER_RE.exec(agent);
+  const fine = p && a && p[1] === a[1] && Math.abs(Number(p[2]) - Number(a[2])) <= 1;
+  if (fine) return undefined;
+  return `The enim plugin ${JSON.stringify(plugin)} and agent ${
+    JSON.stringify(agent)
+  } are too far apart: a plugin and an agent of the same major version and at most one ` +
+    "minor version apart work together; install the plugin of the agent's version " +
+    "(the DaemonSet's init container does)";
+}
+
+/**
+ * The agent's record beside its socket (`agent.json` in the socket's directory): which
+ * enim serves there, and when a graceful stop (SIGTERM) began. The plugin reads it when the
+ * agent does not answer: within {@linkcode RESTART_GRACE_SECONDS} of a graceful stop the
+ * agent is being replaced (a rollout, a restart), so STATUS answers success and ADD, DEL,
+ * CHECK and GC wait for the new agent; without a record, or after the grace, the agent is
+ * gone (STATUS 50). A record of the time the agent served is rewritten at each start.
+ */
+export interface AgentRecord {
+  /** The agent's enim version. */
+  version: string;
+  pid: number;
+  /** When it started serving, epoch milliseconds. */
+  servingSince: number;
+  /** When its graceful stop began, epoch milliseconds; absent while it serves. */
+  stoppedAt?: number;
+}
+
+/** The name of the {@linkcode AgentRecord} file, in the directory of the agent's socket. */
+export const AGENT_RECORD_NAME = "agent.json";
+
+/**
+ * How long after a graceful stop of the agent its replacement is waited for: the plugin
+ * answers STATUS success and ADD/DEL/CHECK/GC wait (within the call's `timeoutSeconds`) for
+ * this long, then STATUS answers 50. Long enough for a DaemonSet rollout with the image
+ * pre-pulled (the old pod's stop, the new pod's init container and the agent's start); a
+ * node whose agent does not come back in that time goes NotReady.
+ */
+export const RESTART_GRACE_SECONDS = 30;
+
+/** The path of the {@linkcode AgentRecord} beside the socket `socket`. */
+export function agentRecordPath(socket: string): string {
+  const slash = socket.lastIndexOf("/");
+  return `${slash <= 0 ? "" : socket.slice(0, slash)}/${AGENT_RECORD_NAME}`;
+}
+
+/**
+ * Parses an {@linkcode AgentRecord}'s text (no zod: the plugin process reads it); undefined
+ * when it is not one.
+ */
+export function parseAgentRecord(text: string): AgentRecord | undefined {
+  let v: unknown;
+  try {
+    v = JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+  if (typeof v !== "object" || v === null || Array.isArray(v)) return undefined;
+  const r = v as Record<string, unknown>;
+  const time = (x: unknown) => typeof x === "number" && Number.isFinite(x) && x >= 0;
+  if (typeof r.version !== "string" || !SEMVER_RE.test(r.version)) return undefined;
+  if (typeof r.pid !== "number" || !Number.isInteger(r.pid) || r.pid <= 0) return undefined;
+  if (!time(r.servingSince)) return undefined;
+  if (r.stoppedAt !== undefined && !time(r.stoppedAt)) return undefined;
+  return {
+    version: r.version,
+    pid: r.pid,
+    servingSince: r.servingSince as number,
+    ...(r.stoppedAt !== undefined ? { stoppedAt: r.stoppedAt as number } : {}),
+  };
+}
+
+/**
+ * Whether `record` says its agent is being replaced at `now`: it began a graceful stop less
+ * than {@linkcode RESTART_GRACE_SECONDS} ago (or, a clock stepped back, at most that long
+ * "in the future").
+ */
+export function restarting(record: AgentRecord | undefined, now: number): boolean {
+  if (record?.stoppedAt === undefined) return false;
+  const age = now - record.stoppedAt, grace = RESTART_GRACE_SECONDS * 1000;
+  return age > -grace && age < grace;
+}

@@ -28,6 +28,7 @@ import { parseArgs } from "node:util";
 import { join } from "node:path";
 import { ROOT } from "../scripts/_paths.ts";
 import { aptNeedsOf, ensureApt, isRoot } from "../scripts/_deps.ts";
+import { addWorktree } from "../scripts/_worktree.ts";
 
 const { values } = parseArgs({
   args: Deno.args,
@@ -202,8 +203,8 @@ const fmt = (v: number | undefined) =>
 
 const head = (await run(["git", "rev-parse", "--short", "HEAD"], ROOT)).trim();
 const baseRev = (await run(["git", "rev-parse", "--short", values.base], ROOT)).trim();
-const baseTree = await Deno.makeTempDir({ prefix: "enim-base-" });
-await run(["git", "worktree", "add", "--detach", baseTree, baseRev], ROOT);
+const base = await addWorktree(baseRev, { prefix: "enim-base-" });
+const baseTree = base.path;
 const results: Record<"base" | "head", RunResult[]> = { base: [], head: [] };
 const failed: string[] = [];
 try {
@@ -227,9 +228,7 @@ try {
     }
   }
 } finally {
-  await run(["git", "worktree", "remove", "--force", baseTree], ROOT).catch((err) =>
-    console.error(err)
-  );
+  await base.remove();
 }
 
 const table: Record<string, unknown>[] = [];

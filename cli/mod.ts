@@ -13,6 +13,7 @@ import { gcCommand } from "./gc.ts";
 import { policyCommand } from "./policy.ts";
 import { statusCommand } from "./status.ts";
 import { versionCommand } from "./version.ts";
+import { uninstallCommand } from "./uninstall.ts";
 
 import { type CliIo, processIo } from "./io.ts";
 
@@ -34,6 +35,7 @@ export function buildProgram(io: CliIo, exit: { code: number }) {
   program.addCommand(gcCommand(io, exit));
   program.addCommand(statusCommand(io, exit));
   program.addCommand(policyCommand(io, exit));
+  program.addCommand(uninstallCommand(io, exit));
   program.addCommand(versionCommand(io, exit));
   return program;
 }

@@ -5,7 +5,7 @@
  * which runs the whole CNI protocol (`cni/dispatch.ts`: env, config, CNI_ARGS,
  * versions, results, error codes) with its schemas already compiled, and
  * prints what the agent answers. So the process loads nothing but
- * `api/wire.ts`, `cni/spec.ts`, `lib/clip.ts`, `lib/http1.ts`, `cni/log_file.ts`
+ * `api/wire.ts`, `cni/spec.ts`, `lib/clip.ts`, `lib/http1.ts`, `cni/log_file.ts`, `lib/version.ts`
  * and this file: no zod, no agent, CLI or provider code, and every call costs
  * about Deno's own start-up.
  *
@@ -24,7 +24,14 @@
  *   `cni.dev/valid-attachments` → 7; an `ipam` of another type under enim as the
  *   interface plugin → 2;
  * - when the agent cannot be reached (no socket, nobody listening, the
- *   connection broke, no answer within the config's `timeoutSeconds`):
+ *   connection broke) and its record beside the socket (`agent.json`, `api/wire.ts`
+ *   `AgentRecord`) says it began a graceful stop less than `RESTART_GRACE_SECONDS` (30 s)
+ *   ago, the agent is being replaced (a rollout, a restart):
+ *   - STATUS → success (the node stays Ready through a rollout);
+ *   - every other verb waits for the new agent (tried again every 100 ms) within the
+ *     grace and the config's `timeoutSeconds`, then is sent to it as usual;
+ * - when the agent cannot be reached otherwise (no record, a record of an agent that
+ *   never stopped gracefully (killed), the grace over, no answer within `timeoutSeconds`):
  *   - STATUS → 50;
  *   - DEL → success when the pod's namespace is gone (`CNI_NETNS` empty or the
  *     path no longer exists: nothing is left in the pod to undo, and the
@@ -39,7 +46,9 @@
  * The agent writes the call's log line; the process writes one itself only
  * for what it answered alone.
  *
- * Wire format: `POST /v1/cni` with `{"env": {...}, "stdin": "..."}` and how long
+ * Wire format: `POST /v1/cni` with `{"env": {...}, "stdin": "..."}`, the plugin's enim
+ * version in the `enim-plugin-version` header (the agent refuses a plugin outside the
+ * supported skew: `skewProblem` in `api/wire.ts`), and how long
  * the plugin waits in the `enim-cni-timeout-ms` header (so the agent answers
  * `busy` before the plugin gives up: `answerBudgetMs` in `api/wire.ts`); the agent
  * answers 200 with the exact stdout as the body and the exit code in the
@@ -48,13 +57,19 @@
  * @module
  */
 import {
+  agentRecordPath,
   CNI_CALL_PATH,
   CNI_ENV_NAMES,
   DEFAULT_SOCKET,
   EXIT_HEADER,
   LOG_FILE_ENV,
+  parseAgentRecord,
+  PLUGIN_VERSION_HEADER,
+  RESTART_GRACE_SECONDS,
+  restarting,
   TIMEOUT_HEADER,
 } from "../api/wire.ts";
+import { VERSION } from "../lib/version.ts";
 import {
   answer,
   answerVersion,
@@ -92,6 +107,23 @@ export interface ForwardIo {
   roundTrip?(socketPath: string, request: Uint8Array, timeoutMs: number): Promise<HttpResponse>;
   /** Whether a netns path exists: undefined when it cannot be told (default: `Deno.statSync`). */
   netnsExists?(path: string): boolean | undefined;
+  /** Reads a small file; undefined when it cannot be read (default: `Deno.readTextFileSync`). */
+  readFile?(path: string): string | undefined;
+  /** Waits `ms` (default: a timer). */
+  sleep?(ms: number): Promise<void>;
+  /** The wall clock, epoch ms (default: `Date.now`). */
+  now?(): number;
+}
+
+/** How often a call waiting for an agent being replaced tries it again. */
+const RESTART_POLL_MS = 100;
+
+function readFileSync(path: string): string | undefined {
+  try {
+    return Deno.readTextFileSync(path);
+  } catch {
+    return undefined;
+  }
 }
 
 /** Where the call goes, read from enim's section of the config as it is. */
@@ -177,15 +209,38 @@ export async function forward(io: ForwardIo): Promise<number> {
     if (v !== undefined) call[name] = v;
   }
   const body = new TextEncoder().encode(JSON.stringify({ env: call, stdin: io.stdin }));
+  const now = io.now ?? Date.now;
+  const deadline = now() + route.timeoutMs;
   let res: HttpResponse;
-  try {
-    res = await (io.roundTrip ?? unixRoundTrip)(
-      route.socket,
-      encodeRequest("POST", CNI_CALL_PATH, body, { [TIMEOUT_HEADER]: String(route.timeoutMs) }),
-      route.timeoutMs,
-    );
-  } catch (err) {
-    return unreachable(err);
+  for (let attempt = 0;; attempt++) {
+    const left = attempt === 0 ? route.timeoutMs : Math.max(1, Math.round(deadline - now()));
+    try {
+      res = await (io.roundTrip ?? unixRoundTrip)(
+        route.socket,
+        encodeRequest("POST", CNI_CALL_PATH, body, {
+          [TIMEOUT_HEADER]: String(left),
+          [PLUGIN_VERSION_HEADER]: VERSION,
+        }),
+        left,
+      );
+      break;
+    } catch (err) {
+      // An agent being replaced: STATUS says the network is still there; the rest waits.
+      const away = err instanceof UnixHttpError && err.phase !== "timeout" && beingReplaced();
+      if (away && verb === "STATUS") {
+        record.warnings = [
+          `The enim agent at "${route.socket}" is being replaced (a graceful stop less than ${RESTART_GRACE_SECONDS} s ago): the network stays ready meanwhile`,
+        ];
+        return finish(0, undefined);
+      }
+      // A DEL whose pod is gone has nothing to wait for (the agent's GC reclaims the ENI).
+      const gone = verb === "DEL" && netnsGone();
+      if (away && !gone && deadline - now() > RESTART_POLL_MS) {
+        await (io.sleep ?? ((ms) => new Promise((r) => setTimeout(r, ms))))(RESTART_POLL_MS);
+        continue;
+      }
+      return unreachable(err);
+    }
   }
 
   const exit = res.headers.get(EXIT_HEADER);
@@ -219,6 +274,19 @@ export async function forward(io: ForwardIo): Promise<number> {
     ),
   );
 
+  /** Whether the call's namespace is known to be gone (unset, empty or no such path). */
+  function netnsGone(): boolean {
+    const netns = env.CNI_NETNS;
+    if (netns === undefined || netns === "") return true;
+    return (io.netnsExists ?? statNetns)(netns) === false;
+  }
+
+  /** Whether the agent's record says it began a graceful stop within the grace. */
+  function beingReplaced(): boolean {
+    const text = (io.readFile ?? readFileSync)(agentRecordPath(route.socket));
+    return text !== undefined && restarting(parseAgentRecord(text), now());
+  }
+
   /** The agent did not answer: the rules of the module doc. */
   function unreachable(err: unknown): number {
     const why = err instanceof Error ? err.message : String(err);
@@ -235,11 +303,7 @@ export async function forward(io: ForwardIo): Promise<number> {
       );
     }
     if (verb === "DEL") {
-      const netns = env.CNI_NETNS;
-      const exists = netns === undefined || netns === ""
-        ? false
-        : (io.netnsExists ?? statNetns)(netns);
-      if (exists === false) {
+      if (netnsGone()) {
         record.warnings = [
           `The enim agent is not reachable at "${socket}" and the network namespace is ` +
           "gone: nothing to undo in the pod; the agent's GC reclaims the ENI",

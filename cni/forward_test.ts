@@ -6,7 +6,8 @@
 import { FakeAgent } from "../tests/support/fake_agent.ts";
 import { run as dispatched } from "../tests/support/run_dispatch.ts";
 import { SPEC_CASES, specCall } from "../tests/support/spec_cases.ts";
-import { CNI_CALL_PATH, EXIT_HEADER } from "../api/wire.ts";
+import { CNI_CALL_PATH, EXIT_HEADER, RESTART_GRACE_SECONDS } from "../api/wire.ts";
+import { VERSION } from "../lib/version.ts";
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
 import { forward, type ForwardIo } from "./forward.ts";
 import { type HttpResponse, UnixHttpError } from "../lib/http1.ts";
@@ -60,6 +61,7 @@ async function run(
       r.sent.push({ socket, timeoutMs, request: new TextDecoder().decode(request) });
       return Promise.resolve().then(answer);
     },
+    readFile: () => undefined,
     ...extra,
   });
   return r;
@@ -258,4 +260,82 @@ Deno.test("forward() tells the agent how long it waits (the config's timeoutSeco
   const r = await run(ADD_ENV, CONFIG, () => response(200, "", { [EXIT_HEADER]: "0" }));
   assertEquals(r.sent[0].timeoutMs, 3000);
   assertStringIncludes(r.sent[0].request, "\r\nenim-cni-timeout-ms: 3000\r\n");
+});
+
+Deno.test("forward() sends the plugin's enim version with every call", async () => {
+  const r = await run(ADD_ENV, CONFIG, () => response(200, "", { [EXIT_HEADER]: "0" }));
+  assertStringIncludes(r.sent[0].request, `\r\nenim-plugin-version: ${VERSION}\r\n`);
+});
+
+Deno.test("while the agent is being replaced forward() answers STATUS success and holds the other verbs", async (t) => {
+  const code = (r: Run) => (r.stdout ? JSON.parse(r.stdout).code : 0);
+  let clock = 1_000_000;
+  const record = (stoppedAt?: number) => () =>
+    JSON.stringify({
+      version: "0.2.0",
+      pid: 7,
+      servingSince: 1,
+      ...(stoppedAt ? { stoppedAt } : {}),
+    });
+  const io = (stoppedAt?: number): Partial<ForwardIo> => ({
+    readFile: (path) => path === "/run/enim/agent.json" ? record(stoppedAt)() : undefined,
+    now: () => clock,
+    sleep: (ms) => {
+      clock += ms;
+      return Promise.resolve();
+    },
+  });
+  const status = { CNI_COMMAND: "STATUS" };
+  await t.step(
+    "STATUS within the grace of a graceful stop → success, logged as a warning",
+    async () => {
+      const r = await run(status, CONFIG_11, unreachable(), io(clock - 1000));
+      assertEquals([r.code, r.stdout], [0, ""]);
+      assertEquals(r.logs[0].line.level, "warn");
+      assertStringIncludes(String(r.logs[0].line.warnings), "being replaced");
+    },
+  );
+  await t.step("STATUS after the grace, or with no stop recorded, or no record → 50", async () => {
+    const late = await run(
+      status,
+      CONFIG_11,
+      unreachable(),
+      io(clock - RESTART_GRACE_SECONDS * 1000),
+    );
+    assertEquals(code(late), 50);
+    assertEquals(code(await run(status, CONFIG_11, unreachable(), io())), 50);
+    assertEquals(code(await run(status, CONFIG_11, unreachable())), 50);
+  });
+  await t.step("an ADD waits for the new agent and gets its answer", async () => {
+    let tries = 0;
+    const started = clock;
+    const r = await run(ADD_ENV, CONFIG, () => {
+      if (++tries < 5) unreachable()();
+      return response(200, '{"cniVersion":"1.0.0"}', { [EXIT_HEADER]: "0" });
+    }, io(clock - 1000));
+    assertEquals([r.code, r.sent.length], [0, 5]);
+    assertEquals(clock - started, 400, "four waits of 100 ms");
+    // Each try tells the agent how long the plugin still waits.
+    assertStringIncludes(r.sent[4].request, "\r\nenim-cni-timeout-ms: 2600\r\n");
+  });
+  await t.step("an ADD stops waiting at the config's timeoutSeconds → 11", async () => {
+    const r = await run(ADD_ENV, CONFIG, unreachable(), io(clock - 1000));
+    assertEquals(code(r), 11);
+    assert(r.sent.length >= 29 && r.sent.length <= 30, `${r.sent.length} tries in 3 s`);
+  });
+  await t.step("an ADD stops waiting when the grace ends → 11", async () => {
+    const stop = clock - (RESTART_GRACE_SECONDS * 1000 - 250);
+    const r = await run(ADD_ENV, CONFIG, unreachable(), io(stop));
+    assertEquals(code(r), 11);
+    assertEquals(r.sent.length, 4, "tried at 0, 100, 200 ms; at 300 ms the grace is over");
+  });
+  await t.step("a DEL whose namespace is gone does not wait", async () => {
+    const r = await run(
+      { ...ADD_ENV, CNI_COMMAND: "DEL", CNI_NETNS: "" },
+      CONFIG,
+      unreachable(),
+      io(clock - 1000),
+    );
+    assertEquals([r.code, r.sent.length], [0, 1]);
+  });
 });

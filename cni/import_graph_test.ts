@@ -23,7 +23,7 @@ async function moduleGraph(entry: string): Promise<string[]> {
   return info.modules.map((m) => m.specifier.replace(`file://${ROOT}/`, ""));
 }
 
-Deno.test("the plugin process's sources load only the wire, the spec and the log file", async () => {
+Deno.test("the plugin process's sources load only the wire, the spec, the log file and the version", async () => {
   const graph = (await moduleGraph(`${ROOT}/cni/forward.ts`)).sort();
   assertEquals(graph, [
     "api/wire.ts",
@@ -33,6 +33,7 @@ Deno.test("the plugin process's sources load only the wire, the spec and the log
     "lib/clip.ts",
     "lib/http1.ts",
     "lib/log.ts",
+    "lib/version.ts",
   ]);
 });
 

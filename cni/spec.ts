@@ -113,6 +113,11 @@ export const CNI_CODES = {
    * is refused rather than started with half its policy (the message says why).
    */
   POLICY_UNENFORCEABLE: 111,
+  /**
+   * enim: the plugin and the agent are of versions too far apart to work together (the
+   * supported skew: `skewProblem` in `api/wire.ts`; the message names both versions).
+   */
+  VERSION_SKEW: 112,
 } as const;
 
 /** A CNI error code. */

@@ -16,6 +16,7 @@
  * @module
  */
 import { Counter, Gauge, Histogram, Registry } from "./prometheus.ts";
+import { VERSION } from "./version.ts";
 
 /** Phases of an operation. */
 export type Phase =
@@ -161,6 +162,15 @@ export class Metrics implements PhaseRecorder {
       registers,
       collect() {
         this.set({}, 1);
+      },
+    });
+    new Gauge<"version">({
+      name: "enim_build_info",
+      help: "The running agent's enim version (always 1)",
+      labelNames: ["version"],
+      registers,
+      collect() {
+        this.set({ version: VERSION }, 1);
       },
     });
     new Gauge({

@@ -1,5 +1,6 @@
 import { assert, assertMatch } from "./assert.ts";
 import { Metrics } from "./metrics.ts";
+import { VERSION } from "./version.ts";
 
 Deno.test("metrics exposes phase histograms, operation counters and pool gauges", async () => {
   const m = new Metrics();
@@ -55,4 +56,12 @@ Deno.test("metrics show each NetworkPolicy the agent cannot read, and none when 
   assert(!(await m.text()).includes('enim_policy_unreadable{policy="a/future"}'), "read now: gone");
   unreadable = undefined;
   assert(!(await m.text()).includes("enim_policy_unreadable{"), "an older source: none");
+});
+
+Deno.test("metrics carry enim's version as enim_build_info", async () => {
+  const text = await new Metrics().text();
+  assertMatch(
+    text,
+    new RegExp(`^enim_build_info\\{version="${VERSION.replaceAll(".", "\\.")}"\\} 1$`, "m"),
+  );
 });

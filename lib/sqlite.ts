@@ -101,17 +101,43 @@ export function storageFailureMessage(kind: StateFailureKind, path: string): str
 export type Migration = string | ((db: DatabaseSync) => void);
 
 /**
+ * A schema change the previous release still opens (a new table, a new column with a
+ * default or NULL, a new index), recorded by `name` in `enim_additions` and never in
+ * `enim_migrations`: the schema version the previous release checks stays the one it
+ * knows, so it opens the database and works beside what it does not know. How enim
+ * changes its state from 0.2.0 on (docs/upgrading.md, "The state"): a change that is not
+ * additive is made expand-then-contract over releases, each step an addition: expand (the
+ * new form beside the old, both written), switch the reads, then drop the old form once no
+ * release within the skew writes or reads it. `name` is never reused; an addition of a
+ * newer release this code does not know is left alone.
+ */
+export interface Addition {
+  /** Unique within its component, never reused (e.g. "writers"). */
+  name: string;
+  /** The change; it must leave a database every release within the skew opens. */
+  up: Migration;
+}
+
+/**
  * Brings `component`'s tables (the state store, a provider) to the newest of its
  * `migrations`: index i takes the schema to version i + 1. Every pending step
  * runs in one transaction, and the versions are kept per component in
  * `enim_migrations`, so components evolve independently in the one database.
- * A database newer than this code is refused.
+ * A database newer than this code is refused. Then its `additions` not yet made
+ * ({@linkcode Addition}), in the same transaction: a kill at any write leaves the
+ * database as it was before, which both this release and the previous one open.
+ *
+ * `migrations` are frozen at what 0.1.0 knows (releases.json's `schemas`; a test keeps
+ * them so): 0.1.0 refuses a database whose version for a component is higher than its
+ * list, so every change since is an addition. A component new since 0.1.0 (a table set
+ * of its own) may have migrations of its own: 0.1.0 never asks for it.
  */
 export function migrateComponent(
   db: DatabaseSync,
   component: string,
   migrations: readonly Migration[],
   now: () => number = Date.now,
+  additions: readonly Addition[] = [],
 ): void {
   db.exec(
     `CREATE TABLE IF NOT EXISTS enim_migrations (component TEXT NOT NULL, version INTEGER NOT NULL,
@@ -132,6 +158,22 @@ export function migrateComponent(
       else m(db);
       prepared(db, "INSERT INTO enim_migrations (component, version, applied_at) VALUES (?, ?, ?)")
         .run(component, i + 1, now());
+    }
+    if (additions.length === 0) return;
+    db.exec(
+      `CREATE TABLE IF NOT EXISTS enim_additions (component TEXT NOT NULL, name TEXT NOT NULL,
+         applied_at INTEGER NOT NULL, PRIMARY KEY (component, name))`,
+    );
+    const made = new Set(
+      prepared(db, "SELECT name FROM enim_additions WHERE component = ?").all(component)
+        .map((r) => String(r.name)),
+    );
+    for (const a of additions) {
+      if (made.has(a.name)) continue;
+      if (typeof a.up === "string") db.exec(a.up);
+      else a.up(db);
+      prepared(db, "INSERT INTO enim_additions (component, name, applied_at) VALUES (?, ?, ?)")
+        .run(component, a.name, now());
     }
   });
 }

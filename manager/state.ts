@@ -15,7 +15,14 @@
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import type { DatabaseSync } from "node:sqlite";
-import { migrateComponent, type Migration, prepared, transaction } from "../lib/sqlite.ts";
+import {
+  type Addition,
+  migrateComponent,
+  type Migration,
+  prepared,
+  transaction,
+} from "../lib/sqlite.ts";
+import { VERSION } from "../lib/version.ts";
 import {
   type Attachment,
   type AttachmentState,
@@ -123,7 +130,21 @@ const MIGRATIONS: Migration[] = [
   },
 ];
 
-/** The schema version this code writes. */
+/**
+ * Changes of the `state` component since 0.1.0, each one 0.1.0 opens (`Addition` in
+ * lib/sqlite.ts; MIGRATIONS stay at 0.1.0's four).
+ */
+const ADDITIONS: Addition[] = [
+  // Which versions of enim have opened this state, and when first and last: what an
+  // operator (and a rolled-back agent's log) reads after an upgrade or a rollback.
+  {
+    name: "writers",
+    up: `CREATE TABLE IF NOT EXISTS enim_writers (version TEXT PRIMARY KEY,
+      first_at INTEGER NOT NULL, last_at INTEGER NOT NULL)`,
+  },
+];
+
+/** The schema version this code writes: 0.1.0's, for 0.1.0 to open it (see ADDITIONS). */
 export const SCHEMA_VERSION = MIGRATIONS.length;
 
 /** A row of `attachments`, parsed. Times are epoch milliseconds. */
@@ -253,7 +274,26 @@ export class StateStore {
   /** Migrates `db` to {@linkcode SCHEMA_VERSION} (idempotent) and returns the store. */
   static open(db: DatabaseSync, now: () => number = Date.now): StateStore {
     migrate(db, now);
+    const t = now();
+    prepared(
+      db,
+      `INSERT INTO enim_writers (version, first_at, last_at) VALUES (?, ?, ?)
+         ON CONFLICT (version) DO UPDATE SET last_at = excluded.last_at`,
+    ).run(VERSION, t, t);
     return new StateStore(db, now);
+  }
+
+  /** The versions of enim that opened this state, oldest first (since 0.2.0: 0.1.0 records none). */
+  writers(): { version: string; firstAt: number; lastAt: number }[] {
+    return prepared(
+      this.db,
+      "SELECT version, first_at, last_at FROM enim_writers ORDER BY first_at",
+    )
+      .all().map((r) => WriterRowSchema.parse(r)).map((r) => ({
+        version: r.version,
+        firstAt: r.first_at,
+        lastAt: r.last_at,
+      }));
   }
 
   /** The schema version recorded in the database. */
@@ -524,5 +564,11 @@ function schemaVersion(db: DatabaseSync): number {
 
 /** Brings `db` to the current schema: every pending migration in one transaction. */
 export function migrate(db: DatabaseSync, now: () => number = Date.now): void {
-  migrateComponent(db, "state", MIGRATIONS, now);
+  migrateComponent(db, "state", MIGRATIONS, now, ADDITIONS);
 }
+
+const WriterRowSchema = z.object({
+  version: z.string(),
+  first_at: z.number(),
+  last_at: z.number(),
+});

@@ -129,6 +129,13 @@ export interface Provider {
    * {@linkcode ProviderError} `unavailable` while the cloud cannot be asked.
    */
   capacity?(): Promise<NodeCapacityInput>;
+  /**
+   * Gives a free ENI of this node back to the cloud: detached from the node (and deleted
+   * when the provider created it), for `enim uninstall --release-enis`. Throws
+   * {@linkcode ProviderError} when the ENI is owned or not this node's. Optional: without
+   * it uninstall keeps the ENIs and says so.
+   */
+  releaseENI?(eniId: string): Promise<void>;
   /** Starts background work (warm pool upkeep). Optional. */
   start?(): Promise<void>;
   /** Stops background work and releases resources. */

@@ -81,6 +81,8 @@ export const APT_PACKAGES = {
     base: true,
   },
   mount: { files: ["/usr/bin/mount", "/usr/bin/umount"], users: ALL, base: true },
+  // An earlier release built from history (scripts/_worktree.ts, tests/support/releases.ts).
+  git: { files: ["/usr/bin/git"], users: ["test", "bench"] },
   tar: { files: ["/usr/bin/tar"], users: ["test", "bench-cri"], base: true },
   // Image layers (scripts/_oci.ts, `deno task image`).
   gzip: { files: ["/usr/bin/gzip"], users: ["test"], base: true },

@@ -53,6 +53,8 @@ const SITES: Record<string, Scenario> = {
   "agent/deps.ts: ../netns/sim.ts": "kernel",
   "agent/deviceplugin/launch.ts: ./mod.ts": "agent",
   "kube/kubeconfig.ts: ./_yaml.ts": "agent",
+  "cli/uninstall.ts: ../agent/uninstall.ts": "kernel",
+  "cli/uninstall.ts: ../agent/deps.ts": "kernel",
 };
 
 /** Every `import(` of the shipped source: its file, its argument's text. */
@@ -220,7 +222,8 @@ Deno.test("the bundle loads each lazily loaded module and runs it", async (t) =>
   );
 
   await t.step({
-    name: "kernel: real devices and the veth simulator, one pod's ADD and DEL",
+    name:
+      "kernel: real devices and the veth simulator, one pod's ADD and DEL, an uninstall's dry run",
     ignore: !isRoot(),
     fn: async () => {
       await using node = await SimulatedNode.start();
@@ -230,6 +233,21 @@ Deno.test("the bundle loads each lazily loaded module and runs it", async (t) =>
       assertEquals(res.interfaces[0].sandbox, pod.path, JSON.stringify(res));
       assertStringIncludes(JSON.stringify(res.ips), '"10.99.0.', JSON.stringify(res));
       await node.del(pod);
+      // enim uninstall (cli/uninstall.ts → agent/uninstall.ts, agent/deps.ts), a dry run.
+      await node.stopAgent();
+      const u = await node.enim([
+        "uninstall",
+        "--keep-enis",
+        "--dry-run",
+        "--config",
+        node.sandbox.inner("agent.jsonc"),
+        "--cni-bin-dir",
+        node.sandbox.inner("none"),
+        "--cni-conf-dir",
+        node.sandbox.inner("none"),
+      ]);
+      assertEquals(u.code, 0, u.stdout + u.stderr);
+      assertStringIncludes(u.stdout, "nothing changed");
       ran.add("kernel");
     },
   });

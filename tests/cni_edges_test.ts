@@ -344,7 +344,9 @@ Deno.test({
     const delUp = await badArgsDel();
     assertEquals([delUp.code, delUp.stdout.trim()], [0, ""], delUp.stderr);
 
-    await node.stopAgent();
+    // Killed: gone, not being replaced (a graceful stop has calls wait for the next agent:
+    // tests/restart_status_test.ts).
+    await node.stopAgent("SIGKILL");
     for (const c of SPEC_CASES) {
       await t.step(`${c.what} → ${c.code}, as the agent answered it`, async () => {
         const r = await call(c);

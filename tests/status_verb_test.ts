@@ -2,7 +2,8 @@
  * The CNI STATUS verb through the real plugin against the real agent: 0 while the agent
  * is up and reconciled, a full pool included (issue 33 item 1: containerd ≥ 2.0.1 runs
  * STATUS on every CRI Status, and a failure there makes kubelet mark the node NotReady
- * and evict every pod on it), 50 once the agent is gone. A full pool is said by
+ * and evict every pod on it), 50 once the agent is gone (killed here; an agent stopped
+ * gracefully is being replaced: tests/restart_status_test.ts). A full pool is said by
  * `enim status`, its `--json` and `enim_pool_exhausted` instead.
  */
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../lib/assert.ts";
@@ -16,7 +17,7 @@ const AS_ROOT = Deno.uid() === 0;
 
 Deno.test({
   name:
-    "STATUS answers 0 with every ENI owned (the plugin, and libcni's GetStatusNetworkList over the shipped conflist as containerd 2.x runs it), says the pool is exhausted elsewhere, and 50 once the agent stops",
+    "STATUS answers 0 with every ENI owned (the plugin, and libcni's GetStatusNetworkList over the shipped conflist as containerd 2.x runs it), says the pool is exhausted elsewhere, and 50 once the agent is killed",
   ignore: !AS_ROOT,
   async fn(t) {
     await using node = await SimulatedNode.start({ mock: { enis: 2, maxEnisPerNode: 2 } });
@@ -90,8 +91,9 @@ Deno.test({
         assertEquals(old.json?.code, 1);
       });
 
-      await node.stopAgent();
-      await t.step("the agent stopped: 50 naming the socket, both ways", async () => {
+      // Killed, not stopped gracefully: gone, not being replaced (tests/restart_status_test.ts).
+      await node.stopAgent("SIGKILL");
+      await t.step("the agent killed: 50 naming the socket, both ways", async () => {
         const down = await status();
         assertEquals(down.code, 1);
         assert(down.json, down.stdout + down.stderr);

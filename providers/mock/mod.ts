@@ -610,6 +610,11 @@ export class MockProvider implements Provider {
     await this.#ctx.deviceSimulator?.unplug(rowToEni(r));
   }
 
+  /** Gives a free ENI back to the mock cloud (uninstall): detached, its device gone. */
+  releaseENI(id: string): Promise<void> {
+    return this.detach(id);
+  }
+
   /**
    * Makes an attached ENI's vanished device reappear on the node. A simulated
    * ENI is a veth pair, which the kernel destroys with the pod namespace it was

@@ -52,8 +52,12 @@ export function podAddRequest(i: number): AddRequest {
 }
 
 /** The agent command line inside the sandbox. */
-export function agentCommandLine(sb: EnimSandbox, configPath: string): string[] {
-  return sb.enim(["agent", "--config", configPath]);
+export function agentCommandLine(
+  sb: EnimSandbox,
+  configPath: string,
+  prefix?: string[],
+): string[] {
+  return sb.enim(["agent", "--config", configPath], prefix);
 }
 
 /** A running agent child. */
@@ -93,6 +97,8 @@ export interface SpawnAgentOptions {
   /** Also append the agent's stderr to this file (host path). */
   stderrFile?: string;
   timeoutMs?: number;
+  /** The argv prefix of another build (an earlier release); default this tree's bundle. */
+  enim?: string[];
 }
 
 /**
@@ -102,7 +108,7 @@ export interface SpawnAgentOptions {
 export async function spawnAgent(sb: EnimSandbox, o: SpawnAgentOptions): Promise<AgentProcess> {
   const timeoutMs = o.timeoutMs ?? 20_000;
   const [cmd, ...args] = [
-    ...agentCommandLine(sb, sb.inner("agent.jsonc")),
+    ...agentCommandLine(sb, sb.inner("agent.jsonc"), o.enim),
     ...(o.args ?? []),
   ];
   const file = o.stderrFile

@@ -29,6 +29,8 @@ export interface RunEnimOptions {
   netns?: string;
   /** Run inside this sandbox (private /run/enim, and its network namespace). */
   sandbox?: EnimSandbox;
+  /** The argv prefix of another build (an earlier release); default this tree's bundle. */
+  argv?: string[];
 }
 
 /** The result of one enim run. */
@@ -43,7 +45,13 @@ export function enimCommandLine(args: string[], netns?: string): string[] {
 /** Runs enim once (plugin or command) and collects its output. */
 export async function runEnim(args: string[], opts: RunEnimOptions = {}): Promise<RunEnimResult> {
   return await runCommand(
-    opts.sandbox ? opts.sandbox.enim(args) : enimCommandLine(args, opts.netns),
+    opts.sandbox ? opts.sandbox.enim(args, opts.argv) : opts.argv
+      ? [
+        ...(opts.netns ? ["/usr/sbin/ip", "netns", "exec", opts.netns] : []),
+        ...opts.argv,
+        ...args,
+      ]
+      : enimCommandLine(args, opts.netns),
     { PATH: "/usr/sbin:/usr/bin:/sbin:/bin", NO_COLOR: "1", ...opts.env },
     opts.stdin,
   );

@@ -230,6 +230,16 @@ export class SimulatedNode implements AsyncDisposable {
     return this.#agent?.pid ?? null;
   }
 
+  /**
+   * The argv prefix of the build this node runs (agent, plugin, commands): another
+   * release's (`tests/support/releases.ts`) for the upgrade tests; default this tree's.
+   * The plugin may be set apart ({@linkcode pluginArgv}), as the init container replaces
+   * it before the agent restarts.
+   */
+  agentArgv: string[] | undefined = undefined;
+  /** The argv prefix of the plugin the runtime execs (default {@linkcode agentArgv}'s). */
+  pluginArgv: string[] | undefined = undefined;
+
   /** Starts the agent in the node namespace and waits until it answers. */
   async startAgent(extraArgs: string[] = []): Promise<void> {
     if (this.#agent) throw new Error("The agent is already running");
@@ -238,6 +248,7 @@ export class SimulatedNode implements AsyncDisposable {
       socket: this.socket,
       args: extraArgs,
       stderrFile: this.sandbox.host("agent.stderr"),
+      enim: this.agentArgv,
     }).catch(async (err) => {
       throw new Error(`${err.message}\nits log:\n${await this.agentLog()}`, { cause: err });
     });
@@ -270,7 +281,12 @@ export class SimulatedNode implements AsyncDisposable {
     if (call.netns !== undefined) env.CNI_NETNS = call.netns;
     if (call.args !== undefined) env.CNI_ARGS = call.args;
     const stdin = typeof call.config === "string" ? call.config : JSON.stringify(call.config);
-    const res = await runEnim([], { env, stdin, sandbox: this.sandbox });
+    const res = await runEnim([], {
+      env,
+      stdin,
+      sandbox: this.sandbox,
+      argv: this.pluginArgv ?? this.agentArgv,
+    });
     let json: Record<string, unknown> | null = null;
     try {
       json = res.stdout.trim() ? JSON.parse(res.stdout) : null;
@@ -317,7 +333,7 @@ export class SimulatedNode implements AsyncDisposable {
 
   /** Runs an operator command (`status`, `gc`) in the node namespace. */
   enim(args: string[]): Promise<RunEnimResult> {
-    return runEnim(args, { sandbox: this.sandbox });
+    return runEnim(args, { sandbox: this.sandbox, argv: this.agentArgv });
   }
 
   /** Stops the agent and removes every namespace and file; idempotent. */

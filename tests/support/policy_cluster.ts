@@ -250,7 +250,12 @@ export class PolicyCluster implements AsyncDisposable {
    * A node (its agent reading this cluster as `name`): the options of
    * {@linkcode SimulatedNode.start} (the agent started once its kubeconfig is written).
    */
-  async node(name: string, o: SimulatedNodeOptions = {}): Promise<SimulatedNode> {
+  async node(
+    name: string,
+    o: SimulatedNodeOptions = {},
+    /** The argv prefix of another build to run there (`tests/support/releases.ts`). */
+    argv?: string[],
+  ): Promise<SimulatedNode> {
     const node = await SimulatedNode.start({
       ...o,
       startAgent: false,
@@ -264,6 +269,7 @@ export class PolicyCluster implements AsyncDisposable {
     const addresses = [node.nic?.ipv4, node.nic?.ipv6].filter((a): a is string => !!a);
     await this.flush();
     await this.api.admitNode(node, name, port, addresses);
+    node.agentArgv = argv;
     await node.startAgent();
     return node;
   }

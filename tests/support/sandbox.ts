@@ -136,9 +136,12 @@ export class EnimSandbox implements AsyncDisposable {
     ];
   }
 
-  /** The argv that runs enim (main.ts with the enim permission set) inside the sandbox. */
-  enim(args: string[]): string[] {
-    return this.wrap([...enimArgv(), ...args]);
+  /**
+   * The argv that runs enim (main.ts with the enim permission set) inside the sandbox;
+   * `prefix` runs another build (an earlier release: `tests/support/releases.ts`).
+   */
+  enim(args: string[], prefix: string[] = enimArgv()): string[] {
+    return this.wrap([...prefix, ...args]);
   }
 
   /** Releases the mount namespace and removes the directory; idempotent. */

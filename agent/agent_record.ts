@@ -1,0 +1,49 @@
+/**
+ * The agent's record beside its socket (`api/wire.ts` `AgentRecord`): written when the
+ * agent starts serving, and again when a graceful stop begins (with `stoppedAt`), so the
+ * plugin knows an agent being replaced from one that is gone (docs/runtimes.md, STATUS).
+ *
+ * @module
+ */
+import { type AgentRecord, agentRecordPath } from "../api/wire.ts";
+import { VERSION } from "../lib/version.ts";
+
+/**
+ * Writes `record` beside `socket`, whole (a temporary file renamed over it): the plugin
+ * never reads half of one. A failure is returned, not thrown: the record only refines what
+ * STATUS answers while the agent is away.
+ */
+export async function writeAgentRecord(
+  socket: string,
+  record: AgentRecord,
+): Promise<Error | undefined> {
+  const path = agentRecordPath(socket);
+  const tmp = `${path}.tmp-${Deno.pid}`;
+  try {
+    await Deno.writeTextFile(tmp, JSON.stringify(record) + "\n", { mode: 0o644 });
+    await Deno.rename(tmp, path);
+    return undefined;
+  } catch (err) {
+    await Deno.remove(tmp).catch(() => {});
+    return err instanceof Error ? err : new Error(String(err));
+  }
+}
+
+/**
+ * Writes the agent's record at `socket` (this process, this version; `stoppedAt` at a
+ * graceful stop), logging a failure as a warning.
+ */
+export async function recordAgent(
+  socket: string,
+  log: { warn(msg: string, fields?: Record<string, unknown>): void },
+  servingSince: number,
+  stoppedAt?: number,
+): Promise<void> {
+  const err = await writeAgentRecord(socket, {
+    version: VERSION,
+    pid: Deno.pid,
+    servingSince,
+    ...(stoppedAt === undefined ? {} : { stoppedAt }),
+  });
+  if (err) log.warn("cannot write the agent's record", { error: err });
+}
