@@ -89,7 +89,6 @@ export const APT_PACKAGES = {
   // The image's Debian layer (scripts/image.ts; its test builds it).
   mmdebstrap: { files: ["/usr/bin/mmdebstrap"], users: ["test"] },
   // The commit time of HEAD: the image's SOURCE_DATE_EPOCH by default (scripts/image.ts).
-  git: { files: ["/usr/bin/git"], users: ["test"] },
   // ss: the chaos test's silent watch finds the agent's connections (tests/support/api_silence.ts).
   iproute2: { files: ["/usr/sbin/ip", "/usr/sbin/tc", "/bin/ss"], users: ALL },
   // The agent flushes a retired address's tracked connections (netns/ip.ts CONNTRACK_BIN).
