@@ -44,16 +44,25 @@ export const PERMISSION_SETS = ["enim", "enim-plugin"] as const;
 export type PermissionSetName = typeof PERMISSION_SETS[number];
 
 const DenoJsonSchema = z.looseObject({
-  permissions: z.looseObject({ enim: PermissionSetSchema, "enim-plugin": PermissionSetSchema }),
+  // Releases before 0.2.0 (read from history by tests/support/releases.ts) had one set.
+  permissions: z.looseObject({
+    enim: PermissionSetSchema,
+    "enim-plugin": PermissionSetSchema.optional(),
+  }),
 });
 
-/** Reads the permission set `name` (default `enim`) from `root`/deno.json. */
+/**
+ * Reads the permission set `name` (default `enim`) from `root`/deno.json. A release without
+ * a plugin set (before 0.2.0) ran its plugin with `enim`, which is then what `enim-plugin`
+ * reads as.
+ */
 export function readPermissionSet(
   root: string = ROOT,
   name: PermissionSetName = "enim",
 ): PermissionSet {
   const text = Deno.readTextFileSync(join(root, "deno.json"));
-  return DenoJsonSchema.parse(JSON.parse(text)).permissions[name];
+  const sets = DenoJsonSchema.parse(JSON.parse(text)).permissions;
+  return sets[name] ?? sets.enim;
 }
 
 /**
