@@ -1294,14 +1294,37 @@ export class IpDeviceLayer implements DeviceLayer {
     }
   }
 
-  /** Loads an nftables ruleset in `netns` (a path), or on the node when it is null. */
+  /** Loads an nftables ruleset in `netns` (a path), or on the node when it is null (`nft -j` JSON when it starts with `{`). */
   async loadRuleset(netns: string | null, text: string): Promise<void> {
     const where = netns === null ? "on the node" : `in netns "${netns}"`;
     if (netns !== null) await this.#requireNetns("nft", netns);
     await this.#run(
       "nft",
       `Cannot load an nftables ruleset ${where}`,
-      () => nftApply(text, { netns: netns ?? this.#node, scratchDir: this.#scratch }),
+      () =>
+        nftApply(text, {
+          netns: netns ?? this.#node,
+          scratchDir: this.#scratch,
+          json: isNftJson(text),
+        }),
+    );
+  }
+
+  /**
+   * Checks an nftables ruleset on the node without loading it (`nft -c`: the kernel
+   * validates the transaction and never commits it); JSON as {@linkcode loadRuleset}.
+   */
+  async checkRuleset(text: string): Promise<void> {
+    await this.#run(
+      "nft",
+      "The kernel refuses an nftables ruleset on the node",
+      () =>
+        nftApply(text, {
+          netns: this.#node,
+          scratchDir: this.#scratch,
+          json: isNftJson(text),
+          check: true,
+        }),
     );
   }
 
@@ -1511,4 +1534,9 @@ export function nodeAddressesOf(
     if (chosen) primary[key] = chosen;
   }
   return { addresses, primary };
+}
+
+/** Whether a ruleset is `nft -j` JSON (nft's text never starts with `{`). */
+function isNftJson(text: string): boolean {
+  return text.trimStart().startsWith("{");
 }
