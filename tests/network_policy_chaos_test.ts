@@ -775,12 +775,16 @@ async function rawFaults(w: World, n: Node): Promise<void> {
     parseRawReport(r.stdout);
     RAW.frames += 10;
   }
-  // The host link: its node end by the alias the plug gave it (the attachment's key).
-  const links = JSON.parse(await ipIn(n, n.sim.vpc.node, ["-j", "link", "show"])) as {
-    ifname: string;
-    ifalias?: string;
+  // The host link: its node end is the pod end's peer (by its index in the node's namespace).
+  const [podEnd] = JSON.parse(await ipIn(n, cage.ns, ["-j", "link", "show", "dev", "host0"])) as {
+    address: string;
+    link_index?: number;
   }[];
-  const nodeEnd = links.find((l) => l.ifalias?.includes(cage.containerId))?.ifname;
+  const links = JSON.parse(await ipIn(n, n.sim.vpc.node, ["-j", "link", "show"])) as {
+    ifindex: number;
+    ifname: string;
+  }[];
+  const nodeEnd = links.find((l) => l.ifindex === podEnd.link_index)?.ifname;
   const ll = nodeEnd
     ? /inet6 (fe80::[0-9a-f:]+)\//.exec(
       await ipIn(n, n.sim.vpc.node, ["-6", "-o", "addr", "show", "dev", nodeEnd, "scope", "link"]),
@@ -793,13 +797,12 @@ async function rawFaults(w: World, n: Node): Promise<void> {
       ipIn(n, n.sim.vpc.node, ["-o", "addr", "show"]),
     ])).join("\n").split("\n").filter((l) => !l.includes("nodelocaldns")).join("\n");
   if (nodeEnd && ll) {
-    const [pod] = JSON.parse(await ipIn(n, cage.ns, ["-j", "link", "show", "dev", "host0"]));
     const was = await state();
     const r = await n.sim.vpc.exec(
       cage.ns,
       hostLinkMessagesArgv({
         dev: "host0",
-        mac: pod.address,
+        mac: podEnd.address,
         node4: n.sim.nic!.ipv4!,
         nodeLinkLocal: ll,
       }),
@@ -810,7 +813,11 @@ async function rawFaults(w: World, n: Node): Promise<void> {
     const now = await state();
     if (now !== was) RAW.nodeChanged.push(`${n.name} after ${cage.id}'s advertisement:\n${now}`);
   } else {
-    throw new Error(`No node end (or its link-local address) for ${cage.id} on ${n.name}`);
+    throw new Error(
+      `No node end (${
+        nodeEnd ?? `no link of index ${podEnd.link_index}`
+      }) or no link-local address on it for ${cage.id} on ${n.name}`,
+    );
   }
   await sleep(300);
   RAW.through += (await arrived()) - before;
