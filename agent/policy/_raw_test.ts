@@ -1,4 +1,10 @@
-import { assert, assertEquals, assertMatch } from "../../lib/assert.ts";
+import { assert, assertEquals, assertMatch, assertRejects } from "../../lib/assert.ts";
+import { ApiError } from "../../api/schema.ts";
+import { FakeDeviceLayer } from "../../netns/fake.ts";
+import type { PolicyPod } from "../../manager/types.ts";
+import { makeNamespace, makePod } from "../../tests/support/kube_objects.ts";
+import { policyPod, testKube, withTestApiServer } from "../../tests/support/enforcer_fixtures.ts";
+import { PolicyEnforcer } from "./enforcer.ts";
 import { PodSchema } from "../../kube/objects.ts";
 import { bypassOf, kernelHasGuard, probeRawGuard } from "./_raw.ts";
 import { Logger } from "../../lib/log.ts";
@@ -104,4 +110,100 @@ Deno.test("guardRuleset() stamps what the IP stack sends out of the ENI and, enf
     threw = true;
   }
   assert(threw, "an interface name is checked");
+});
+
+// ---- the enforcer: flagged, refused, guarded ----
+
+/** A pod of namespace `a` on node n1; `dropRaw`: its container drops NET_RAW. */
+function specPod(name: string, dropRaw = false) {
+  const p = makePod({ namespace: "a", name, labels: { app: name }, nodeName: "n1" });
+  if (dropRaw) p.spec.containers[0].securityContext = { capabilities: { drop: ["NET_RAW"] } };
+  return p;
+}
+
+async function admitted(e: PolicyEnforcer, p: PolicyPod): Promise<string> {
+  const r = await e.prepare(p);
+  assert(r, "policy is on");
+  return await r.podRuleset();
+}
+
+const DENY = {
+  metadata: { namespace: "a", name: "deny" },
+  spec: { podSelector: {}, policyTypes: ["Ingress"] },
+};
+
+Deno.test("without the guard an isolated pod keeping the runtime's NET_RAW is flagged (status, view); one dropping it is not; with the guard neither is, and each gets its guard before the ADD answers", async () => {
+  for (const guard of [false, true]) {
+    await withTestApiServer(async (server) => {
+      server.put("namespaces", makeNamespace("a"));
+      server.put("pods", specPod("web"));
+      server.put("pods", specPod("safe", true));
+      server.put("networkpolicies", DENY);
+      const devices = new FakeDeviceLayer();
+      devices.addNetns("/run/netns/web");
+      devices.addNetns("/run/netns/safe");
+      const e = new PolicyEnforcer({
+        kube: testKube(server),
+        devices,
+        syncWaitMs: 200,
+        rawGuard: { on: guard, why: "test" },
+      });
+      e.restore([]);
+      try {
+        assert(await e.waitSynced(10_000));
+        await admitted(e, policyPod("a/web", "10.1.0.1", "enimh1"));
+        await e.committed("c-enimh1/eth0", "/run/netns/web");
+        await admitted(e, policyPod("a/safe", "10.1.0.2", "enimh2"));
+        await e.committed("c-enimh2/eth0", "/run/netns/safe");
+        const bypass = Object.fromEntries(e.status().pods.map((p) => [p.pod, p.bypass]));
+        if (guard) assertEquals(bypass, { "a/safe": null, "a/web": null });
+        else {
+          assertMatch(bypass["a/web"] ?? "", /NET_RAW.*no raw-socket guard/);
+          assertEquals(bypass["a/safe"], null);
+          assertMatch(e.view("a/web")?.bypass ?? "", /NET_RAW/);
+        }
+        assertEquals(e.status().rawSocketGuard.on, guard);
+        const guards = (ns: string) =>
+          (devices.rulesets.get(ns) ?? []).filter((t) => t.includes(`"enim_guard"`)).length;
+        assertEquals(
+          [guards("/run/netns/web"), guards("/run/netns/safe")],
+          guard ? [1, 1] : [0, 0],
+        );
+      } finally {
+        await e.close();
+      }
+    });
+  }
+});
+
+Deno.test("with rawCapablePods refuse an isolated pod keeping NET_RAW fails its ADD with policy_unenforceable (111) and leaves nothing registered; a pod no policy isolates is admitted", async () => {
+  await withTestApiServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    server.put("namespaces", makeNamespace("b"));
+    server.put("pods", specPod("web"));
+    server.put("pods", makePod({ namespace: "b", name: "free", labels: {}, nodeName: "n1" }));
+    server.put("networkpolicies", DENY);
+    const devices = new FakeDeviceLayer();
+    const e = new PolicyEnforcer({
+      kube: testKube(server),
+      devices,
+      syncWaitMs: 200,
+      rawCapablePods: "refuse",
+    });
+    e.restore([]);
+    try {
+      assert(await e.waitSynced(10_000));
+      const err = await assertRejects(
+        () => admitted(e, policyPod("a/web", "10.1.0.1", "enimh1")),
+        ApiError,
+      );
+      assertEquals(err.code, "policy_unenforceable");
+      assertMatch(err.message, /pod "a\/web": it holds NET_RAW/);
+      assertEquals(e.status().pods, []);
+      assertEquals(e.compiled("a/web"), undefined, "the engine forgot it");
+      assertEquals(await admitted(e, policyPod("b/free", "10.1.0.3", "enimh3")), "");
+    } finally {
+      await e.close();
+    }
+  });
 });
