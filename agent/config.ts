@@ -265,6 +265,26 @@ export const AgentConfigSchema = z.strictObject({
        * shows its last pod holding its addresses; 0: no wait.
        */
       reuseWaitSeconds: z._default(z.number().check(z.minimum(0), z.maximum(600)), 30),
+      // ---- raw sockets (issue 48) ----
+      /**
+       * `auto`: each isolated pod gets the raw-socket guard (an nftables `netdev` egress
+       * chain on its ENI) where the kernel has it (probed at start); `false`: none, as on a
+       * kernel without it (the pod must then lack `NET_RAW`).
+       */
+      rawSocketGuard: z._default(z.union([z.literal(false), z.literal("auto")]), "auto"),
+      /**
+       * What ADD does with a pod a policy isolates that can reach past it (`NET_ADMIN`;
+       * `NET_RAW` without the guard): `flag` admits it and says so (status, metric, log),
+       * `refuse` fails its ADD.
+       */
+      rawCapablePods: z._default(z.enum(["flag", "refuse"]), "flag"),
+      /**
+       * The capabilities the container runtime gives a container that neither adds nor
+       * drops them (containerd's default set holds `NET_RAW`; CRI-O's does not: `[]`).
+       */
+      runtimeDefaultCapabilities: z._default(z.array(z.string().check(z.regex(/^[A-Za-z_]+$/))), [
+        "NET_RAW",
+      ]),
     }),
     {},
   ),

@@ -469,6 +469,12 @@ export const PolicyPodStatusSchema = z.object({
    * failed and is tried again; `unknown`: the pod is not in the cluster (its last rules stay).
    */
   state: z.enum(["enforced", "waiting", "retrying", "unknown"]),
+  /**
+   * Why the pod can reach past its policy with the capabilities it holds (`NET_ADMIN`;
+   * `NET_RAW` where the node has no raw-socket guard); null: it cannot, or nothing
+   * isolates it.
+   */
+  bypass: z._default(z.nullable(z.string()), null),
 });
 
 /**
@@ -522,6 +528,15 @@ export const PolicyStatusSchema = z.object({
   pods: z.array(PolicyPodStatusSchema),
   /** The cluster's NetworkPolicies the agent cannot read (each fails closed), by name. */
   unreadable: z._default(z.array(UnreadablePolicyStatusSchema), []),
+  /**
+   * The raw-socket guard (an nftables `netdev` egress chain on each isolated pod's ENI):
+   * on where the kernel has it; off, an isolated pod must lack `NET_RAW` for its policy
+   * to hold.
+   */
+  rawSocketGuard: z._default(z.object({ on: z.boolean(), why: z.string() }), {
+    on: false,
+    why: "not reported",
+  }),
 });
 /** NetworkPolicy enforcement on the node. */
 export type PolicyStatus = z.infer<typeof PolicyStatusSchema>;
@@ -566,6 +581,10 @@ export const PodPolicyViewSchema = z.object({
   egress: PolicyDirectionViewSchema,
   /** What of those policies was ignored, and why. */
   warnings: z.array(z.string()),
+  /** The raw-socket guard holds its packet sockets (it is isolated and the node has it). */
+  rawSocketGuard: z._default(z.boolean(), false),
+  /** Why it can reach past its policy with its capabilities (null: it cannot). */
+  bypass: z._default(z.nullable(z.string()), null),
 });
 /** A local pod's effective NetworkPolicy. */
 export type PodPolicyView = z.infer<typeof PodPolicyViewSchema>;

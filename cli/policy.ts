@@ -70,6 +70,10 @@ export function renderPolicy(v: PodPolicyView): string {
   ];
   if (rows.length) out += "\n" + renderTable(COLUMNS, rows);
   for (const w of v.warnings) out += `WARNING: ${w}\n`;
+  if (v.bypass) out += `NOT ENFORCED: ${v.bypass}\n`;
+  else if (v.rawSocketGuard) {
+    out += "raw sockets: guarded (what leaves by its ENI came through the IP stack's rules)\n";
+  }
   return out;
 }
 

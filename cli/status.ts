@@ -202,6 +202,13 @@ function policyLines(s: Status): string {
     out += `UNREADABLE NetworkPolicy ${u.policy}: ${u.reason}; failing closed: ${who} ` +
       `isolated for ${dirs.join(" and ")}, nothing admitted by it\n`;
   }
+  if (!p.rawSocketGuard.on) {
+    out += `NO RAW-SOCKET GUARD (${p.rawSocketGuard.why}): a pod a policy isolates must lack ` +
+      `NET_RAW and NET_ADMIN for its policy to hold\n`;
+  }
+  for (const pod of p.pods) {
+    if (pod.bypass) out += `POLICY NOT ENFORCED for ${pod.pod}: ${pod.bypass}\n`;
+  }
   if (p.pods.length) out += renderTable(POLICY_COLUMNS, p.pods);
   return out + "\n";
 }

@@ -249,6 +249,35 @@ Deno.test("the admission policies that add enim.dev/eni to pods parse, with the 
       "enim.dev/eni-pods": "true",
     });
   });
+  await t.step(
+    "the raw-capabilities ValidatingAdmissionPolicy and its binding (issue 48)",
+    async () => {
+      const docs = await load("deploy/kubernetes/raw-capabilities-policy.yaml");
+      assertEquals(docs.map((d) => `${d.apiVersion} ${d.kind}`), [
+        "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy",
+        "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding",
+      ]);
+      const [policy, binding] = docs;
+      assertEquals(binding.spec.policyName, policy.metadata.name);
+      assertEquals(binding.spec.validationActions, ["Deny"]);
+      assertEquals(policy.spec.matchConstraints.resourceRules[0].resources, [
+        "pods",
+        "pods/ephemeralcontainers",
+      ]);
+      const conditions = policy.spec.matchConditions.map((c: Obj) => c.expression).join("\n");
+      assert(conditions.includes("object.spec.hostNetwork"), "hostNetwork pods are left alone");
+      assert(conditions.includes("'enim.dev/raw-sockets'"), "a pod can opt out");
+      const vars = policy.spec.variables.map((v: Obj) => v.expression).join("\n");
+      for (const kind of ["containers", "initContainers", "ephemeralContainers"]) {
+        assert(vars.includes(`object.spec.${kind}`), `${kind} are judged`);
+      }
+      assert(vars.includes("'NET_ADMIN'") && vars.includes("'NET_RAW'"), vars);
+      assertEquals(binding.spec.matchResources.namespaceSelector, {
+        matchLabels: { "enim.dev/eni-pods": "true" },
+        matchExpressions: [{ key: "enim.dev/raw-sockets", operator: "NotIn", values: ["allow"] }],
+      });
+    },
+  );
   await t.step("the Kyverno alternative", async () => {
     const docs = await load("deploy/kubernetes/eni-request-kyverno.yaml");
     assertEquals(docs.map((d) => `${d.apiVersion} ${d.kind}`), ["kyverno.io/v1 ClusterPolicy"]);

@@ -16,6 +16,8 @@
  * @module
  */
 import * as z from "zod/mini";
+import { netCapsOf, SecurityContextSchema } from "./_caps.ts";
+export { type CapHolding, type NetCaps, podHolds } from "./_caps.ts";
 import "../lib/zod_locale.ts";
 import { isCidr } from "../lib/ip.ts";
 
@@ -277,7 +279,10 @@ export const ContainerPortSchema = z.object({
   protocol: z.optional(ProtocolSchema),
 });
 
-const ContainerSchema = z.object({ ports: z.optional(z.array(ContainerPortSchema)) });
+const ContainerSchema = z.object({
+  ports: z.optional(z.array(ContainerPortSchema)),
+  securityContext: z.optional(z.nullable(SecurityContextSchema)),
+});
 
 type ContainerPort = z.infer<typeof ContainerPortSchema>;
 const NO_PORTS: ContainerPort[] = Object.freeze([]) as never;
@@ -316,7 +321,9 @@ function sharedPorts(ports: ContainerPort[]): ContainerPort[] {
  * a port; unnamed ones are dropped), phase, IPs, and `deleting` when its deletion has
  * begun (`metadata.deletionTimestamp`, the pod Terminating: its containers run until
  * their grace period ends; `graceSeconds` is `metadata.deletionGracePeriodSeconds`, null
- * when absent). Containers are flattened to their ports. Empty lists are one shared
+ * when absent), and what its containers hold of `NET_RAW` and `NET_ADMIN` (`netCaps`,
+ * issue 48: what a policy needs the pod to lack where the kernel has no raw-socket guard).
+ * Containers are flattened to their ports and those capabilities. Empty lists are one shared
  * frozen array.
  */
 export const PodSchema = z.pipe(
@@ -331,6 +338,7 @@ export const PodSchema = z.pipe(
         hostNetwork: z.optional(z.boolean()),
         containers: z.optional(z.array(ContainerSchema)),
         initContainers: z.optional(z.array(ContainerSchema)),
+        ephemeralContainers: z.optional(z.array(ContainerSchema)),
       }),
       {},
     ),
@@ -352,6 +360,12 @@ export const PodSchema = z.pipe(
     const listed = p.status.podIPs?.map((x) => x.ip) ?? (p.status.podIP ? [p.status.podIP] : []);
     const ips = listed.length > 0 ? listed : NO_IPS;
     const { deletionTimestamp, deletionGracePeriodSeconds, ...metadata } = p.metadata;
+    // Every container shares the pod's network namespace (an ephemeral one too).
+    const netCaps = netCapsOf([
+      ...(p.spec.containers ?? []),
+      ...(p.spec.initContainers ?? []),
+      ...(p.spec.ephemeralContainers ?? []),
+    ]);
     return {
       metadata,
       ...(deletionTimestamp !== undefined
@@ -360,6 +374,7 @@ export const PodSchema = z.pipe(
       nodeName: p.spec.nodeName,
       hostNetwork: p.spec.hostNetwork ?? false,
       ports,
+      netCaps,
       phase: p.status.phase,
       ips,
     };

@@ -100,6 +100,8 @@ export interface PolicyCounts {
   drops: { pod: string; direction: string; place: string; packets: number }[];
   /** The cluster's NetworkPolicies the agent cannot read (`namespace/name`; each fails closed). */
   unreadable?: string[];
+  /** Local pods a policy isolates that can reach past it with their capabilities, and why. */
+  unenforced?: { pod: string; why: string }[];
 }
 
 /** Why a device plugin device is Unhealthy (the label values of its gauge). */
@@ -460,6 +462,17 @@ export class Metrics implements PhaseRecorder {
       async collect() {
         this.reset();
         for (const p of (await policy())?.unreadable ?? []) this.set({ policy: p }, 1);
+      },
+    });
+    new Gauge({
+      name: "enim_policy_pods_unenforced",
+      help:
+        "NetworkPolicy: 1 for each local pod a policy isolates that can reach past it with the capabilities it holds (NET_ADMIN; NET_RAW where the node has no raw-socket guard), by pod",
+      labelNames: ["pod"],
+      registers,
+      async collect() {
+        this.reset();
+        for (const u of (await policy())?.unenforced ?? []) this.set({ pod: u.pod }, 1);
       },
     });
     new Counter({

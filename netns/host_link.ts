@@ -188,15 +188,68 @@ export function nodeCommands(s: HostLinkSpec, podNs: string): string[][] {
 }
 
 /**
- * The node's one sysctl, written when enim's node table is loaded (before the node's
- * first host link of an agent run, and again with the table): the reverse-path check
- * looks a packet's source up with its mark (`net.ipv4.conf.all.src_valid_mark`, as
- * `wg-quick` sets it). The pod's Service replies come in from its node end with the
- * node mark, which leads their lookup to the pod's table; without it a strict
- * `rp_filter` drops them. (Deno writes under /proc/sys only with every permission:
- * `sh` writes it.)
+ * The sysctls that keep a node end from configuring the node from what its pod sends
+ * (issue 48 point 4), each set to 0 on the node end: router advertisements (IPv6
+ * `accept_ra`: a default route via the pod, a SLAAC address on the node end), ICMP
+ * redirects (`accept_redirects`, both families) and source-routed packets
+ * (`accept_source_route`, both families). The node's table drops advertisements and
+ * redirects from node ends too ({@linkcode nodeTableRuleset}); these hold while that
+ * table is not there. (IPv4's `accept_redirects` of a node end is off once the node
+ * forwards, as a Kubernetes node does, whatever `all` says; both must be on otherwise.)
  */
-export const NODE_SYSCTL_SCRIPT = "printf 1 > /proc/sys/net/ipv4/conf/all/src_valid_mark";
+export const NODE_END_SYSCTLS = [
+  "ipv4/conf/%s/accept_redirects",
+  "ipv4/conf/%s/accept_source_route",
+  "ipv6/conf/%s/accept_ra",
+  "ipv6/conf/%s/accept_redirects",
+  "ipv6/conf/%s/accept_source_route",
+] as const;
+
+/**
+ * `harden NAME`: {@linkcode NODE_END_SYSCTLS} of one node end set to 0 (the IPv6 ones only
+ * where the node has IPv6); fails when the node end is not there.
+ */
+const HARDEN_FN = [
+  "harden() {",
+  '  [ -d "/proc/sys/net/ipv4/conf/$1" ] || { echo "No node end $1" >&2; return 1; }',
+  ...NODE_END_SYSCTLS.map((f) => {
+    const path = `/proc/sys/net/${f.replace("%s", "$1")}`;
+    return f.startsWith("ipv6")
+      ? `  [ ! -e "${path}" ] || printf 0 > "${path}" || return 1`
+      : `  printf 0 > "${path}" || return 1`;
+  }),
+  "}",
+].join("\n");
+
+/**
+ * The node's sysctls, written when enim's node table is loaded (before the node's
+ * first host link of an agent run, and again with the table, each GC pass): the
+ * reverse-path check looks a packet's source up with its mark
+ * (`net.ipv4.conf.all.src_valid_mark`, as `wg-quick` sets it; the pod's Service replies
+ * come in from its node end with the node mark, which leads their lookup to the pod's
+ * table; without it a strict `rp_filter` drops them), and every node end there is (the
+ * links of group {@linkcode HOST_LINK_GROUP}, as `$1`, the `ip` binary, lists them; one
+ * an older agent made, too) gets {@linkcode NODE_END_SYSCTLS}. (Deno writes under
+ * /proc/sys only with every permission: `sh` writes them.)
+ */
+export const NODE_SYSCTL_SCRIPT = [
+  HARDEN_FN,
+  "printf 1 > /proc/sys/net/ipv4/conf/all/src_valid_mark || exit 1",
+  `"$1" -o link show group ${HOST_LINK_GROUP} | while read -r _ name _; do`,
+  '  name="${name%:}"; name="${name%@*}"',
+  // A node end removed meanwhile is no failure.
+  '  [ ! -d "/proc/sys/net/ipv4/conf/$name" ] || harden "$name" || exit 1',
+  "done",
+].join("\n");
+
+/**
+ * {@linkcode NODE_END_SYSCTLS} of the node ends named in its arguments (a new link's, as
+ * soon as the move's batch has made it: before the ADD answers and the pod runs).
+ */
+export const NODE_END_SYSCTL_SCRIPT = [
+  HARDEN_FN,
+  'for n in "$@"; do harden "$n" || exit 1; done',
+].join("\n");
 
 /**
  * The node's main-table routes and permanent neighbours over a node end (part of
@@ -413,12 +466,15 @@ export function podRuleset(
  * packet from a node end passes when its source routes back over that same node end
  * (`fib saddr . iif`: the node's host routes to the pod's own addresses, one per
  * family, which the plug makes and reconcile restores, and the link's own `fe80::/64`
- * for neighbour discovery; the kernel lets a DHCP request from `0.0.0.0` pass too), or
+ * for neighbour discovery, and only for that: solicitations and advertisements; the
+ * kernel lets a DHCP request from `0.0.0.0` pass too), or
  * when it is a reply of a connection whose answers go back over that node end (`fib
  * daddr . iif`: the replies of the pod's own Service traffic that the node sent back to
  * leave by its ENI, which come in from the backend's address). Anything else (another
  * pod's address, a VPC address, the node's own) is dropped before conntrack keeps it
- * and before any rule judges its source. No per-pod state: the check follows the
+ * and before any rule judges its source. Whatever its source, a router advertisement or
+ * an ICMP redirect from a node end is dropped (issue 48: a pod must never configure the
+ * node). No per-pod state: the check follows the
  * routes, which follow the pod's addresses, and goes with the link.
  *
  * What comes in from a node end and
@@ -453,6 +509,13 @@ export function nodeTableRuleset(
     `\t\tiifgroup ${g} jump from_pod`,
     `\t}`,
     `\tchain from_pod {`,
+    // Nothing a pod sends configures the node: no router advertisement, no redirect (the
+    // node ends' sysctls refuse them too: NODE_END_SYSCTLS); of its link-local source,
+    // neighbour discovery alone.
+    `\t\ticmp type redirect counter drop`,
+    `\t\ticmpv6 type { nd-router-advert, nd-redirect } counter drop`,
+    `\t\tip6 saddr fe80::/10 icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } fib saddr . iif oif exists return`,
+    `\t\tip6 saddr fe80::/10 counter drop`,
     `\t\tfib saddr . iif oif exists return`,
     `\t\tct direction reply fib daddr . iif oif exists return`,
     `\t\tcounter drop`,

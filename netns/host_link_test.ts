@@ -119,13 +119,24 @@ Deno.test("the pod's ruleset marks by the pod end's name and zones its own Servi
     `iifgroup ${HOST_LINK_GROUP} ct direction original ct state new ct mark set ct mark | 0x1000`,
   );
   assertStringIncludes(node, "ct status & snat == 0 meta mark & 0x4000 == 0");
-  // The source check: after conntrack, before DNAT; a node end's source must route back
-  // over it, or the packet be a reply whose answers do; nothing else comes in.
+  // The source check: after conntrack, before DNAT; no router advertisement or redirect
+  // (issue 48), a link-local source for neighbour discovery only; a node end's source must
+  // route back over it, or the packet be a reply whose answers do; nothing else comes in.
   assertStringIncludes(node, "type filter hook prerouting priority mangle; policy accept;");
   assertStringIncludes(node, `iifgroup ${HOST_LINK_GROUP} jump from_pod`);
   assertStringIncludes(
     node,
-    "\tchain from_pod {\n\t\tfib saddr . iif oif exists return\n\t\tct direction reply fib daddr . iif oif exists return\n\t\tcounter drop\n\t}",
+    [
+      "\tchain from_pod {",
+      "\t\ticmp type redirect counter drop",
+      "\t\ticmpv6 type { nd-router-advert, nd-redirect } counter drop",
+      "\t\tip6 saddr fe80::/10 icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } fib saddr . iif oif exists return",
+      "\t\tip6 saddr fe80::/10 counter drop",
+      "\t\tfib saddr . iif oif exists return",
+      "\t\tct direction reply fib daddr . iif oif exists return",
+      "\t\tcounter drop",
+      "\t}",
+    ].join("\n"),
   );
   assert(node.startsWith("table inet enim {}\ndelete table inet enim\n"), node);
   const legacy = nodeTableRuleset(["enimhold0000001"]);

@@ -161,12 +161,13 @@ export function inNetnsArgv(argv: string[], netns?: NetnsRef): string[] {
 /** Loads an nftables ruleset (`nft -f FILE`) in `netns`. */
 export async function nftApply(
   ruleset: string,
-  opts: { netns?: NetnsRef; scratchDir?: string } = {},
+  opts: { netns?: NetnsRef; scratchDir?: string; json?: boolean; check?: boolean } = {},
 ): Promise<void> {
+  const flags = [...(opts.json ? ["-j"] : []), ...(opts.check ? ["-c"] : [])];
   await withScratchFile(
     opts.scratchDir ?? DEFAULT_SCRATCH_DIR,
     ruleset,
-    (file) => spawn(inNetnsArgv([NFT_BIN, "-f", file], opts.netns)),
+    (file) => spawn(inNetnsArgv([NFT_BIN, ...flags, "-f", file], opts.netns)),
   );
 }
 

@@ -112,6 +112,7 @@ import {
   type HostLinkRef,
   type HostLinkSpec,
   isNodeEnd,
+  NODE_END_SYSCTL_SCRIPT,
   NODE_RULE_PREF,
   NODE_SYSCTL_SCRIPT,
   nodeCommands,
@@ -601,11 +602,11 @@ export class IpDeviceLayer implements DeviceLayer {
    */
   async #moveBatch(lines: string[][], link: HostLinkSpec | undefined): Promise<Pending> {
     const v6 = link?.podAddresses.ipv6;
-    if (!link || !v6) {
+    if (!link) {
       await this.#batch(lines, this.#node);
       return { pending: Promise.resolve() };
     }
-    const rules = this.#nodeRules6(link, v6);
+    const rules = v6 ? this.#nodeRules6(link, v6) : Promise.resolve();
     rules.catch(() => {});
     try {
       await this.#batch(lines, this.#node);
@@ -621,8 +622,31 @@ export class IpDeviceLayer implements DeviceLayer {
         { cause: err },
       );
     });
-    p.catch(() => {});
-    return { pending: p };
+    // The node end made: its sysctls (no router advertisements, redirects or source
+    // routes from the pod), beside the plug's next steps, before it answers.
+    const hardened = this.#hardenNodeEnd(link.nodeIfName);
+    const both = Promise.all([p, hardened]).then(() => {});
+    both.catch(() => {});
+    return { pending: both };
+  }
+
+  /** {@linkcode NODE_END_SYSCTL_SCRIPT} for a new node end, on the node. */
+  async #hardenNodeEnd(nodeIfName: string): Promise<void> {
+    try {
+      await spawn(inNetnsArgv(
+        [SH_BIN, "-c", NODE_END_SYSCTL_SCRIPT, "enim-sysctl", nodeIfName],
+        this.#node ?? "/proc/self/ns/net",
+      ));
+    } catch (err) {
+      throw new DeviceError(
+        "host_link",
+        "failed",
+        `Cannot set the sysctls of the host link's node end "${nodeIfName}" (accept_ra, accept_redirects, accept_source_route): ${
+          errText(err)
+        }`,
+        { cause: err },
+      );
+    }
   }
 
   /**
@@ -1268,7 +1292,12 @@ export class IpDeviceLayer implements DeviceLayer {
         "host_link",
         "Cannot set the node's src_valid_mark",
         () =>
-          spawn(inNetnsArgv([SH_BIN, "-c", NODE_SYSCTL_SCRIPT], this.#node ?? "/proc/self/ns/net")),
+          spawn(
+            inNetnsArgv(
+              [SH_BIN, "-c", NODE_SYSCTL_SCRIPT, "enim-sysctl", IP_BIN],
+              this.#node ?? "/proc/self/ns/net",
+            ),
+          ),
       ),
     ]);
   }
@@ -1294,14 +1323,37 @@ export class IpDeviceLayer implements DeviceLayer {
     }
   }
 
-  /** Loads an nftables ruleset in `netns` (a path), or on the node when it is null. */
+  /** Loads an nftables ruleset in `netns` (a path), or on the node when it is null (`nft -j` JSON when it starts with `{`). */
   async loadRuleset(netns: string | null, text: string): Promise<void> {
     const where = netns === null ? "on the node" : `in netns "${netns}"`;
     if (netns !== null) await this.#requireNetns("nft", netns);
     await this.#run(
       "nft",
       `Cannot load an nftables ruleset ${where}`,
-      () => nftApply(text, { netns: netns ?? this.#node, scratchDir: this.#scratch }),
+      () =>
+        nftApply(text, {
+          netns: netns ?? this.#node,
+          scratchDir: this.#scratch,
+          json: isNftJson(text),
+        }),
+    );
+  }
+
+  /**
+   * Checks an nftables ruleset on the node without loading it (`nft -c`: the kernel
+   * validates the transaction and never commits it); JSON as {@linkcode loadRuleset}.
+   */
+  async checkRuleset(text: string): Promise<void> {
+    await this.#run(
+      "nft",
+      "The kernel refuses an nftables ruleset on the node",
+      () =>
+        nftApply(text, {
+          netns: this.#node,
+          scratchDir: this.#scratch,
+          json: isNftJson(text),
+          check: true,
+        }),
     );
   }
 
@@ -1511,4 +1563,9 @@ export function nodeAddressesOf(
     if (chosen) primary[key] = chosen;
   }
   return { addresses, primary };
+}
+
+/** Whether a ruleset is `nft -j` JSON (nft's text never starts with `{`). */
+function isNftJson(text: string): boolean {
+  return text.trimStart().startsWith("{");
 }

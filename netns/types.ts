@@ -340,11 +340,18 @@ export interface DeviceLayer {
    */
   pin(path: string): Promise<PinnedNetns>;
   /**
-   * Loads an nftables ruleset (`nft -f`, one transaction) in the namespace at `netns`
+   * Loads an nftables ruleset (`nft -f`, one transaction; `nft -j -f` when the text is
+   * JSON, starting with `{`) in the namespace at `netns`
    * (a path), or on the node when it is null. Throws {@linkcode DeviceError} with the
    * namespace and nft's words.
    */
   loadRuleset(netns: string | null, text: string): Promise<void>;
+  /**
+   * Checks an nftables ruleset on the node without loading it (`nft -c`); `nft -j` JSON
+   * when it starts with `{`. Throws {@linkcode DeviceError} when the kernel refuses it.
+   * Optional: a layer without it has no kernel to ask.
+   */
+  checkRuleset?(text: string): Promise<void>;
   /**
    * The named counters of one nftables table (`family name`, e.g. `inet enim_policy`)
    * in the namespace at `netns` (null: the node), as `nft -j list counters table` prints

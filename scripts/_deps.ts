@@ -112,7 +112,8 @@ export const APT_PACKAGES = {
     ],
     users: ["test"],
   },
-  // A stranger process connecting to the agent's socket (tests/reliability_test.ts).
+  // A stranger process connecting to the agent's socket (tests/reliability_test.ts); frames
+  // through a packet socket (tests/support/raw_frames.ts).
   "python3-minimal": { files: ["/usr/bin/python3"], users: ["test"] },
   // A throwaway PKI and a TLS server asking for client certificates (tests/support/kube_pki.ts).
   openssl: { files: ["/usr/bin/openssl"], users: ["test"] },

@@ -105,6 +105,8 @@ try {
           name: app,
           image: "registry.example.com/demo:1",
           ports: [{ name: "http", containerPort: 8080 }],
+          // An ENI pod drops NET_RAW (raw-capabilities-policy.yaml refuses it otherwise).
+          securityContext: { capabilities: { drop: ["NET_RAW"] } },
         }],
       },
     }, PodSchema);

@@ -66,10 +66,15 @@ function createPod(
   ns: string,
   name: string,
   o: {
-    containers?: { name: string; limits?: Record<string, string> }[];
+    containers?: {
+      name: string;
+      limits?: Record<string, string>;
+      securityContext?: Record<string, unknown>;
+    }[];
     hostNetwork?: boolean;
     nodeName?: string;
     labels?: Record<string, string>;
+    annotations?: Record<string, string>;
     dryRun?: boolean;
   } = {},
 ) {
@@ -83,7 +88,11 @@ function createPod(
     {
       apiVersion: "v1",
       kind: "Pod",
-      metadata: { name, labels: o.labels ?? { app: name } },
+      metadata: {
+        name,
+        labels: o.labels ?? { app: name },
+        ...(o.annotations ? { annotations: o.annotations } : {}),
+      },
       spec: {
         ...(o.nodeName ? { nodeName: o.nodeName } : {}),
         ...(o.hostNetwork ? { hostNetwork: true } : {}),
@@ -91,6 +100,7 @@ function createPod(
           name: x.name,
           image: "registry.example.com/enim-test/app:1",
           ...(x.limits ? { resources: { limits: x.limits } } : {}),
+          ...(x.securityContext ? { securityContext: x.securityContext } : {}),
         })),
       },
     },
@@ -189,6 +199,8 @@ Deno.test({
               "ConfigMap/enim-agent-config",
               "MutatingAdmissionPolicy/enim-eni-request",
               "MutatingAdmissionPolicyBinding/enim-eni-request",
+              "ValidatingAdmissionPolicy/enim-raw-capabilities",
+              "ValidatingAdmissionPolicyBinding/enim-raw-capabilities",
             ]
           ) assert(applied.includes(want), `${want} in ${applied}`);
           // Applying again changes nothing (the manifests are what the server keeps).
@@ -208,7 +220,11 @@ Deno.test({
       await t.step(
         "the admission policy gives the first container of a new pod in a labelled namespace `enim.dev/eni: 1`, and leaves hostNetwork pods, pods that ask already and other namespaces alone",
         async () => {
-          await namespace(c, "eni-apps", { "enim.dev/eni-pods": "true" });
+          // (Its pods keep the runtime's default NET_RAW: out of raw-capabilities-policy.yaml.)
+          await namespace(c, "eni-apps", {
+            "enim.dev/eni-pods": "true",
+            "enim.dev/raw-sockets": "allow",
+          });
           await namespace(c, "plain", {});
           // The API server runs a policy once its own watch has loaded it, a moment after
           // it is stored: until then pods are admitted without the request.
@@ -239,6 +255,62 @@ Deno.test({
       );
 
       await t.step(
+        "the raw-capabilities policy refuses an ENI pod keeping NET_RAW or NET_ADMIN (issue 48), and admits one dropping NET_RAW, one annotated enim.dev/raw-sockets: allow, and any pod of a namespace labelled so",
+        async () => {
+          await namespace(c, "raw-apps", { "enim.dev/eni-pods": "true" });
+          await namespace(c, "raw-allowed", {
+            "enim.dev/eni-pods": "true",
+            "enim.dev/raw-sockets": "allow",
+          });
+          /** A dry-run pod's refusal (its message), or null when it is admitted. */
+          const refusal = async (
+            ns: string,
+            containers: { name: string; securityContext?: Record<string, unknown> }[],
+            annotations?: Record<string, string>,
+          ) => {
+            try {
+              await createPod(c, ns, "raw-probe", { containers, annotations, dryRun: true });
+              return null;
+            } catch (err) {
+              return String(err);
+            }
+          };
+          const dropsRaw = { capabilities: { drop: ["NET_RAW"] } };
+          // The API server runs a new policy a moment after it is stored (as above).
+          const refused = await poll(
+            () => refusal("raw-apps", [{ name: "main" }]),
+            { timeoutMs: 30_000, intervalMs: 100 },
+          );
+          assert(refused?.includes("keep NET_RAW or NET_ADMIN"), String(refused));
+          assert(refused?.includes("main"), String(refused));
+          assertEquals(
+            await refusal("raw-apps", [{ name: "main", securityContext: dropsRaw }]),
+            null,
+          );
+          const admin = await refusal("raw-apps", [{
+            name: "main",
+            securityContext: { capabilities: { drop: ["NET_RAW"], add: ["NET_ADMIN"] } },
+          }]);
+          assert(admin?.includes("keep NET_RAW or NET_ADMIN"), String(admin));
+          const privileged = await refusal("raw-apps", [{
+            name: "main",
+            securityContext: { ...dropsRaw, privileged: true },
+          }]);
+          assert(privileged !== null, "a privileged container is refused");
+          const sidecar = await refusal("raw-apps", [
+            { name: "main", securityContext: dropsRaw },
+            { name: "sidecar" },
+          ]);
+          assert(sidecar?.includes("sidecar"), String(sidecar));
+          assertEquals(
+            await refusal("raw-apps", [{ name: "main" }], { "enim.dev/raw-sockets": "allow" }),
+            null,
+          );
+          assertEquals(await refusal("raw-allowed", [{ name: "main" }]), null);
+        },
+      );
+
+      await t.step(
         "a Node registered as kubelet registers it, with enim.dev/eni 2, gets two ENI pods from the scheduler; the third stays Pending for want of an ENI",
         async () => {
           const k = await SimulatedKubelet.of(c, "sched-node");
@@ -246,7 +318,10 @@ Deno.test({
             const node = await k.register({ addresses: ["10.98.0.250"], enis: 2 });
             assertEquals(node.status?.capacity?.["enim.dev/eni"], "2");
             assertEquals(node.spec.taints ?? [], []);
-            await namespace(c, "sched", { "enim.dev/eni-pods": "true" });
+            await namespace(c, "sched", {
+              "enim.dev/eni-pods": "true",
+              "enim.dev/raw-sockets": "allow",
+            });
             for (const n of ["p1", "p2", "p3"]) await createPod(c, "sched", n);
             const placed = await poll(async () => {
               const pods = await Promise.all(["p1", "p2", "p3"].map((n) => k.pod("sched", n)));

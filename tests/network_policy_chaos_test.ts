@@ -54,11 +54,18 @@ import type { NetnsHandle } from "./support/vpc.ts";
 import { passed, type Prober } from "./support/prober.ts";
 import { breachSummary, DenyLoop, type DenyProbe, Timeline } from "./support/deny_loop.ts";
 import { SILENCE_NEEDS, silenceApi } from "./support/api_silence.ts";
+import {
+  hostLinkMessagesArgv,
+  parseRawReport,
+  RAW_FRAMES_NEEDS,
+  rawUdpArgv,
+} from "./support/raw_frames.ts";
 
 const DEPS = await clientDeps("network_policy_chaos_test", [
   ...TRAFFIC_NEEDS,
   ...KUBE_PROXY_NEEDS,
   ...SILENCE_NEEDS,
+  ...RAW_FRAMES_NEEDS,
 ]);
 
 /** The schedule's seed: `--seed=N` after the file, or ENIM_CHAOS_SEED, or 42. */
@@ -695,6 +702,127 @@ function knowsBookmarkBound(config: Record<string, unknown>): boolean {
 
 type Step = { name: string; run: () => Promise<void> };
 
+// ---- raw sockets and router advertisements (issue 48), one fault of their own ----
+
+/** What {@linkcode rawFaults} sent, and what of it got through (reported and checked at the end). */
+const RAW = { frames: 0, through: 0, advertisements: 0, nodeChanged: [] as string[] };
+/** The UDP port the raw frames go to (counted in the target's namespace, before enim's hooks). */
+const RAW_PORT = 7777;
+
+/** `ip` in a namespace of the world; its output. */
+async function ipIn(n: Node, ns: NetnsHandle | string, args: string[]): Promise<string> {
+  const out = await n.sim.vpc.exec(ns, ["/usr/sbin/ip", ...args]);
+  if (out.code !== 0) throw new Error(`ip ${args.join(" ")}: ${out.stderr.trim()}`);
+  return out.stdout;
+}
+
+/**
+ * `n`'s caged pod (every egress denied) holds `NET_RAW`: it writes UDP frames through a
+ * packet socket on its ENI to an open pod's ENI MAC and address (10 without, 10 with
+ * `PACKET_QDISC_BYPASS`), and sends a router advertisement, an ND redirect and an ICMP
+ * redirect on its host link. None of the frames may arrive (a counter in the open pod's
+ * namespace, ahead of every hook of enim's); the node's routes and addresses must not change.
+ */
+async function rawFaults(w: World, n: Node): Promise<void> {
+  const cage = w.of("cage", n);
+  const open = w.of("open", w.rng.pick(w.nodes));
+  const on = open.node;
+  const probe = [
+    "add table inet raw_probe",
+    "add chain inet raw_probe count { type filter hook prerouting priority -500; policy accept; }",
+  ].join("; ");
+  await on.sim.vpc.exec(open.ns, ["/usr/sbin/nft", probe]);
+  const listed = await on.sim.vpc.exec(open.ns, [
+    "/usr/sbin/nft",
+    "list",
+    "chain",
+    "inet",
+    "raw_probe",
+    "count",
+  ]);
+  if (!listed.stdout.includes(`udp dport ${RAW_PORT}`)) {
+    const add = `add rule inet raw_probe count udp dport ${RAW_PORT} counter`;
+    const out = await on.sim.vpc.exec(open.ns, ["/usr/sbin/nft", add]);
+    if (out.code !== 0) throw new Error(`nft ${add}: ${out.stderr.trim()}`);
+  }
+  const arrived = async () => {
+    const r = await on.sim.vpc.exec(open.ns, [
+      "/usr/sbin/nft",
+      "list",
+      "chain",
+      "inet",
+      "raw_probe",
+      "count",
+    ]);
+    return Number(/packets (\d+)/.exec(r.stdout)?.[1] ?? NaN);
+  };
+  const [eni] = JSON.parse(await ipIn(on, open.ns, ["-j", "link", "show", "dev", "eth0"]));
+  const before = await arrived();
+  for (const bypass of [false, true]) {
+    const r = await n.sim.vpc.exec(
+      cage.ns,
+      rawUdpArgv({
+        dev: "eth0",
+        mac: eni.address,
+        src: cage.v4,
+        dst: open.v4,
+        port: RAW_PORT,
+        count: 10,
+        bypass,
+      }),
+    );
+    if (r.code !== 0) throw new Error(`The raw-frame sender failed: ${r.stderr.trim()}`);
+    parseRawReport(r.stdout);
+    RAW.frames += 10;
+  }
+  // The host link: its node end is the pod end's peer (by its index in the node's namespace).
+  const [podEnd] = JSON.parse(await ipIn(n, cage.ns, ["-j", "link", "show", "dev", "host0"])) as {
+    address: string;
+    link_index?: number;
+  }[];
+  const links = JSON.parse(await ipIn(n, n.sim.vpc.node, ["-j", "link", "show"])) as {
+    ifindex: number;
+    ifname: string;
+  }[];
+  const nodeEnd = links.find((l) => l.ifindex === podEnd.link_index)?.ifname;
+  const ll = nodeEnd
+    ? /inet6 (fe80::[0-9a-f:]+)\//.exec(
+      await ipIn(n, n.sim.vpc.node, ["-6", "-o", "addr", "show", "dev", nodeEnd, "scope", "link"]),
+    )?.[1]
+    : undefined;
+  const state = async () =>
+    (await Promise.all([
+      ipIn(n, n.sim.vpc.node, ["-4", "route", "show", "table", "all"]),
+      ipIn(n, n.sim.vpc.node, ["-6", "route", "show", "table", "all"]),
+      ipIn(n, n.sim.vpc.node, ["-o", "addr", "show"]),
+    ])).join("\n").split("\n").filter((l) => !l.includes("nodelocaldns")).join("\n");
+  if (nodeEnd && ll) {
+    const was = await state();
+    const r = await n.sim.vpc.exec(
+      cage.ns,
+      hostLinkMessagesArgv({
+        dev: "host0",
+        mac: podEnd.address,
+        node4: n.sim.nic!.ipv4!,
+        nodeLinkLocal: ll,
+      }),
+    );
+    if (r.code !== 0) throw new Error(`The host-link sender failed: ${r.stderr.trim()}`);
+    RAW.advertisements++;
+    await sleep(300);
+    const now = await state();
+    if (now !== was) RAW.nodeChanged.push(`${n.name} after ${cage.id}'s advertisement:\n${now}`);
+  } else {
+    throw new Error(
+      `No node end (${
+        nodeEnd ?? `no link of index ${podEnd.link_index}`
+      }) or no link-local address on it for ${cage.id} on ${n.name}`,
+    );
+  }
+  await sleep(300);
+  RAW.through += (await arrived()) - before;
+}
+
 /** Restarts `n`'s agent: `signal`, a pause, start; with `apiDown`, the API is away meanwhile. */
 async function restart(
   w: World,
@@ -975,6 +1103,11 @@ Deno.test({
         { name: `the vault pod of ${m5.name} replaced on its ENI`, run: () => vaultReuse(w, m5) },
         { name: `${m5.name}'s addresses change`, run: () => w.toggleAddresses(m5) },
         {
+          name:
+            `${m5.name}'s caged pod: raw frames on its ENI, a router advertisement on its host link`,
+          run: () => rawFaults(w, m5),
+        },
+        {
           name: "410: every watch ends with an ERROR event, relists",
           run: async () => {
             w.burst(3);
@@ -1017,6 +1150,11 @@ Deno.test({
         { name: `a friend's address to a stranger on ${n5.name}`, run: () => friendReuse(w, n5) },
         { name: `the vault pod of ${n5.name} replaced on its ENI`, run: () => vaultReuse(w, n5) },
         { name: `${n5.name}'s addresses change back`, run: () => w.toggleAddresses(n5) },
+        {
+          name:
+            `${n5.name}'s caged pod: raw frames on its ENI, a router advertisement on its host link`,
+          run: () => rawFaults(w, n5),
+        },
         { name: `${m5.name}'s addresses change back`, run: () => w.toggleAddresses(m5) },
         {
           name: "410: every watch ends with an ERROR event, relists",
@@ -1135,6 +1273,7 @@ Deno.test({
             x.faults.join("; ")
           }]`
         ),
+        `raw frames (issue 48): ${RAW.frames} sent, ${RAW.through} through; router advertisements: ${RAW.advertisements} sent, ${RAW.nodeChanged.length} changed a node`,
         `liveness: ${w.liveness.length} failures`,
         ...w.liveness.map((l) => `  ${l}`),
         `CNI calls retried: ${w.cniRetries}; prober errors: ${w.loop.errors.length}`,
@@ -1150,6 +1289,14 @@ Deno.test({
           `${w.loop.breaches.length} of ${w.loop.total} probes got through`,
         );
       });
+      await t.step(
+        `no raw frame of ${RAW.frames} got through, no advertisement changed a node`,
+        () => {
+          assertEquals(RAW.through, 0, `${RAW.through} of ${RAW.frames} raw frames got through`);
+          assertEquals(RAW.nodeChanged, []);
+          assert(RAW.frames > 0 && RAW.advertisements > 0, "the raw faults ran");
+        },
+      );
       await t.step("every agent put every change in place after every fault", () => {
         assertEquals(w.liveness, []);
         assertEquals(w.loop.errors, []);

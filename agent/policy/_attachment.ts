@@ -40,6 +40,11 @@ export interface Att {
   unknown: boolean;
   /** Known to have no table in its namespace (ADDed while no policy selected it). */
   noTable?: boolean;
+  /**
+   * What its raw-socket guard (`policy/raw_guard.ts`) holds: true dropping, false empty,
+   * undefined not known to this agent (loaded again with its table's next render).
+   */
+  guard?: boolean;
   /** The node's load that put its chains in place (prepare's). */
   nodeReady?: Promise<boolean>;
   /**

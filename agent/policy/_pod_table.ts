@@ -7,6 +7,7 @@
 import {
   type CompiledPolicy,
   type DropLog,
+  guardRuleset,
   podRuleset,
   type SetDelta,
   setDeltaCommands,
@@ -21,6 +22,8 @@ export interface PodTableDeps {
   devices: DeviceLayer;
   loads: TableLoads;
   dropLog: DropLog | undefined;
+  /** The kernel has the raw-socket guard's hooks: each pod's guard follows its table. */
+  guard: boolean;
   /** Whether the attachment is still under policy. */
   has(key: string): boolean;
   /** Whether the enforcer has an engine (has synced). */
@@ -59,6 +62,7 @@ async function renderPodNow(d: PodTableDeps, att: Att, netns: string): Promise<b
     await d.devices.loadRuleset(netns, text);
     att.loaded = light(c);
     att.noTable = false;
+    await syncGuard(d, att, netns, isolates(c));
     return true;
   } catch (err) {
     // The transaction left what was there (or the render failed before it): rendered
@@ -67,6 +71,22 @@ async function renderPodNow(d: PodTableDeps, att: Att, netns: string): Promise<b
     att.stale = true;
     return false;
   }
+}
+
+/**
+ * The pod's raw-socket guard brought to `enforce` (dropping what did not come through the
+ * IP stack: the pod is isolated) when it holds something else or is not known; nothing
+ * when the kernel has no guard.
+ */
+export async function syncGuard(
+  d: Pick<PodTableDeps, "devices" | "guard">,
+  att: Att,
+  netns: string,
+  enforce: boolean,
+): Promise<void> {
+  if (!d.guard || att.guard === enforce) return;
+  await d.devices.loadRuleset(netns, guardRuleset(att.eni, enforce));
+  att.guard = enforce;
 }
 
 /** The deltas of the pod's sets, queued; a failed edit replaces those sets whole. */

@@ -37,6 +37,10 @@ export interface StatusInput {
   atts: Iterable<Att>;
   /** The cluster's policies the agent cannot read (`agent/policy_unreadable.ts`). */
   unreadable: UnreadablePolicy[];
+  /** Why a pod can reach past its policy (`_raw.ts`; null: it cannot). */
+  bypass(pod: string, c: CompiledPolicy | null): string | null;
+  /** The node's raw-socket guard. */
+  rawSocketGuard: { on: boolean; why: string };
 }
 
 /** The enforcer's state for `GET /v1/status`. */
@@ -69,9 +73,11 @@ export function policyStatus(s: StatusInput): PolicyStatus {
         ingressIsolated: c?.ingress.isolated ?? false,
         egressIsolated: c?.egress.isolated ?? false,
         state: !s.synced ? "waiting" : a.unknown ? "unknown" : a.stale ? "retrying" : "enforced",
+        bypass: s.bypass(a.pod, c),
       };
     }),
     unreadable: s.unreadable,
+    rawSocketGuard: s.rawSocketGuard,
   };
 }
 
@@ -153,5 +159,7 @@ export function policyView(c: CompiledPolicy): PodPolicyView {
     ingress: direction(c.ingress),
     egress: direction(c.egress),
     warnings: c.warnings,
+    rawSocketGuard: false,
+    bypass: null,
   };
 }

@@ -37,7 +37,8 @@ import { type Att, isolates, light, localOf, newestOf, sameSet } from "./_attach
 import { Changes, type PolicyEvent, retiredIn } from "./_changes.ts";
 import { type LoadPlace, TableLoads } from "./_table_loads.ts";
 import { NodeTable } from "./_node_table.ts";
-import { editPod, type PodTableDeps, renderPod } from "./_pod_table.ts";
+import { editPod, type PodTableDeps, renderPod, syncGuard } from "./_pod_table.ts";
+import { bypassOf, type RawGuardState } from "./_raw.ts";
 import { type PolicyDrops, policyStatus, policyView, readDrops, ruleCounts } from "./_status.ts";
 import { UnreadablePolicies } from "../policy_unreadable.ts";
 import { ReuseWaits } from "../address_reuse.ts";
@@ -74,6 +75,15 @@ export interface PolicyEnforcerOptions {
    */
   retry?: { initialMs: number; maxMs: number };
   metrics?: PolicyRecorder;
+  /**
+   * The kernel's raw-socket guard (`policy/raw_guard.ts`, probed at the agent's start:
+   * `_raw.ts`): when on, every isolated pod gets one. Default: off.
+   */
+  rawGuard?: RawGuardState;
+  /** What ADD does with an isolated pod that can reach past its policy (default `flag`). */
+  rawCapablePods?: "flag" | "refuse";
+  /** The runtime's default capabilities (default containerd's: `NET_RAW` among them). */
+  runtimeDefaultCapabilities?: string[];
 }
 
 /** The message of an ADD that cannot know its pod's policy yet (CNI code 11). */
@@ -113,6 +123,11 @@ export class PolicyEnforcer implements PolicyHook {
   readonly #loads: TableLoads;
   readonly #node: NodeTable;
   readonly #podTables: PodTableDeps;
+  readonly #rawGuard: RawGuardState;
+  readonly #rawCapablePods: "flag" | "refuse";
+  readonly #runtimeCaps: readonly string[];
+  /** The pods flagged in the log as able to reach past their policy (once each). */
+  readonly #flagged = new Set<string>();
   #scheduled = false;
   /** A task failed: the recovery (compile everything again, render every table) is queued. */
   #recovering = false;
@@ -141,6 +156,9 @@ export class PolicyEnforcer implements PolicyHook {
     this.#reuseWaitMs = o.reuseWaitMs ?? 30_000;
     this.#dropLog = o.logDropsPerSecond ? { rate: o.logDropsPerSecond } : undefined;
     this.#metrics = o.metrics;
+    this.#rawGuard = o.rawGuard ?? { on: false, why: "not probed" };
+    this.#rawCapablePods = o.rawCapablePods ?? "flag";
+    this.#runtimeCaps = o.runtimeDefaultCapabilities ?? ["NET_RAW"];
     // From the cache's first list on, apart from the queue; unsubscribed by the drain.
     this.#unreadable = new UnreadablePolicies(o.kube.networkPolicies, this.#log);
     this.#unsubscribe.push(() => this.#unreadable.close());
@@ -163,6 +181,7 @@ export class PolicyEnforcer implements PolicyHook {
       devices: o.devices,
       loads: this.#loads,
       dropLog: this.#dropLog,
+      guard: this.#rawGuard.on,
       has: (key) => this.#atts.has(key),
       synced: () => this.#engine !== null,
       compile,
@@ -719,6 +738,22 @@ export class PolicyEnforcer implements PolicyHook {
             `NetworkPolicy: the pod "${p.pod}" is not in the agent's cache yet; the runtime retries`,
           );
         }
+        if (isolates(r.compiled)) {
+          try {
+            this.#checkRaw(p.pod, fetched ?? this.#kube.pods.get(p.pod));
+          } catch (err) {
+            // Refused: the engine forgets this attachment's addresses (the pod's other
+            // attachment, an older sandbox's, gives the pod its own again).
+            ch.add(r);
+            const other = newestOf(this.#atts.values(), p.pod);
+            ch.add(
+              other
+                ? engine.addLocal(localOf(other, other.ips, other.uid))
+                : engine.removeLocal(namespace, name),
+            );
+            throw err;
+          }
+        }
         this.#atts.set(p.key, att);
         att.registered = true;
         att.compiled = light(r.compiled);
@@ -776,6 +811,26 @@ export class PolicyEnforcer implements PolicyHook {
     }
     if (att.stale) {
       await (await this.#run(() => ({ p: renderPod(this.#podTables, att) }))).p;
+    }
+    // The plug loaded its table; its raw-socket guard, before the ADD answers (queued
+    // behind its table's loads, from what that table holds then).
+    if (this.#podTables.guard && att.loaded !== null && !att.noTable) {
+      const ok = await this.#loads.enqueue(netns, async () => {
+        if (!this.#atts.has(key) || att.loaded === null) return true;
+        try {
+          await syncGuard(this.#podTables, att, netns, isolates(att.loaded));
+          return true;
+        } catch (err) {
+          this.#failed("pod", netns, err);
+          return false;
+        }
+      });
+      if (!ok) {
+        throw new ApiError(
+          "device_error",
+          `NetworkPolicy: cannot load the raw-socket guard of pod "${att.pod}" (see the agent's log)`,
+        );
+      }
     }
     // The other pods' and the node's edits that prepare left for after the answer: a
     // little later, once the ADD's answer is on its way and its plugin process has exited
@@ -902,6 +957,8 @@ export class PolicyEnforcer implements PolicyHook {
       enforcedRv: (resource) => this.#enforcedRv.get(resource)?.rv ?? null,
       atts: this.#atts.values(),
       unreadable: this.#unreadable.list(),
+      bypass: (pod, c) => this.bypass(pod, c),
+      rawSocketGuard: this.#rawGuard,
     });
   }
 
@@ -910,7 +967,47 @@ export class PolicyEnforcer implements PolicyHook {
     const att = this.#newestOf(pod);
     if (!att || !this.#engine || !att.registered) return null;
     const c = this.#engine.compiled(att.namespace, att.name);
-    return c ? policyView(c) : null;
+    if (!c) return null;
+    return {
+      ...policyView(c),
+      rawSocketGuard: isolates(c) && this.#rawGuard.on,
+      bypass: this.bypass(att.pod, c),
+    };
+  }
+
+  /**
+   * Why a local pod can reach past its policy (null: it cannot, or no policy isolates
+   * it): the capabilities its spec gives it, against the node's raw-socket guard.
+   */
+  bypass(
+    pod: string,
+    c: CompiledPolicy | null = this.#newestOf(pod)?.compiled ?? null,
+  ): string | null {
+    if (!c || !isolates(c)) return null;
+    return bypassOf(this.#kube.pods.get(pod)?.netCaps, this.#runtimeCaps, this.#rawGuard.on);
+  }
+
+  /** The node's raw-socket guard, as probed at start. */
+  rawGuard(): RawGuardState {
+    return this.#rawGuard;
+  }
+
+  /**
+   * ADD of a pod a policy isolates: refused (`rawCapablePods: refuse`) or flagged in the
+   * log (once per pod) when its capabilities reach past its policy.
+   */
+  #checkRaw(pod: string, spec: Pod | undefined): void {
+    const why = bypassOf(spec?.netCaps, this.#runtimeCaps, this.#rawGuard.on);
+    if (why === null) return;
+    if (this.#rawCapablePods === "refuse") {
+      throw new ApiError(
+        "policy_unenforceable",
+        `NetworkPolicy cannot be enforced for pod "${pod}": ${why}; the pod is not started (drop NET_RAW and NET_ADMIN from its containers' securityContext, or set networkPolicy.rawCapablePods to flag)`,
+      );
+    }
+    if (this.#flagged.has(pod)) return;
+    this.#flagged.add(pod);
+    this.#log.warn("NetworkPolicy: a pod a policy isolates can reach past it", { pod, why });
   }
 
   /** The compiled policy of a local pod (tests and the bench). */

@@ -313,7 +313,10 @@ Deno.test("a set edit that fails is replaced by its sets whole at once, and only
       );
       assert(await e.idle(10_000), "the enforcer is idle");
       assertEquals(e.status().loadFailures, 0, "the edit's own failure is not a failed load");
-      const warned = lines.map((l) => JSON.parse(l)).filter((l) => l.level === "warn");
+      // (The pods hold the runtime's default NET_RAW on a node without the raw-socket
+      // guard: that is flagged, once per pod, and is not what this test is about.)
+      const warned = lines.map((l) => JSON.parse(l))
+        .filter((l) => l.level === "warn" && !/can reach past it/.test(l.msg));
       assertEquals(warned.map((l) => l.msg), [], "nothing is warned");
     } finally {
       await e.close();

@@ -35,6 +35,16 @@ import type { AgentConfig } from "../config.ts";
 import type { Metrics } from "../../lib/metrics.ts";
 import type { Logger } from "../../lib/log.ts";
 import { PolicyEnforcer } from "./enforcer.ts";
+import { probeRawGuard } from "./_raw.ts";
+
+/** The kernel's release (`uname -r`); null when it cannot be read. */
+function osRelease(): string | null {
+  try {
+    return Deno.osRelease();
+  } catch {
+    return null;
+  }
+}
 
 export {
   NOT_SYNCED,
@@ -90,6 +100,8 @@ export async function startPolicyEnforcer(
     log: o.log,
   });
   o.log.info("NetworkPolicy enforcement is on", { why });
+  const np = cfg.networkPolicy;
+  const rawGuard = await probeRawGuard(np.rawSocketGuard, o.devices, osRelease(), o.log);
   const enforcer = new PolicyEnforcer({
     kube,
     devices: o.devices,
@@ -98,6 +110,9 @@ export async function startPolicyEnforcer(
     logDropsPerSecond: cfg.networkPolicy.logDropsPerSecond,
     reuseWaitMs: cfg.networkPolicy.reuseWaitSeconds * 1000,
     metrics: o.metrics,
+    rawGuard,
+    rawCapablePods: np.rawCapablePods,
+    runtimeDefaultCapabilities: np.runtimeDefaultCapabilities,
   });
   o.metrics.setPolicySource(async () => {
     const s = enforcer.status();
@@ -107,6 +122,7 @@ export async function startPolicyEnforcer(
       rules: enforcer.ruleCounts(),
       drops: await enforcer.drops(),
       unreadable: s.unreadable.map((u) => u.policy),
+      unenforced: s.pods.flatMap((p) => p.bypass ? [{ pod: p.pod, why: p.bypass }] : []),
     };
   });
   return enforcer;
