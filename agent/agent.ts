@@ -346,6 +346,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
   }
   let server: UnixServer | undefined;
   let gc: { stop(): Promise<void> } | undefined;
+  let hostTable: { stop(): Promise<void> } | undefined;
   let devicePlugin: LaunchedPlugin | undefined;
   let stopping = false;
   try {
@@ -379,6 +380,17 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
         gcLog.error("gc pass failed", { error: err });
       }
     });
+    // The node's host-link table, checked between GC passes (a firewall reload flushes it).
+    const checkHostTable = parts.manager.checkHostLinkTable?.bind(parts.manager);
+    if (checkHostTable && cfg.hostLink.tableCheckSeconds > 0) {
+      hostTable = startPeriodic(cfg.hostLink.tableCheckSeconds * 1000, async () => {
+        try {
+          await checkHostTable();
+        } catch (err) {
+          gcLog.warn("Cannot check the node's host-link table", { error: err });
+        }
+      });
+    }
     if (!opts.signal.aborted) {
       await new Promise<void>((resolve) => {
         opts.signal.addEventListener("abort", () => resolve(), { once: true });
@@ -392,6 +404,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     await devicePlugin?.close();
     await server?.shutdown();
     await gc?.stop();
+    await hostTable?.stop();
     await parts.close();
     lock?.release();
     log.info("stopped");

@@ -429,6 +429,17 @@ class ManagerImpl implements Manager {
     return status(this.#ctx, this.#reconciled && !this.#closed);
   }
 
+  /**
+   * Checks the node's host-link table against what was loaded, and loads it again when it
+   * is missing or changed (`HostLinks.checkTable`); counted in the metrics.
+   */
+  async checkHostLinkTable(): Promise<"ok" | "missing" | "changed"> {
+    if (this.#closed) return "ok";
+    const finding = await this.#ctx.hostLinks.checkTable();
+    if (finding !== "ok") this.#ctx.metrics?.tableRepaired?.("host_link", "node");
+    return finding;
+  }
+
   attachments() {
     return this.state.all().map((r) => attachmentView(this.#ctx, r));
   }

@@ -58,6 +58,11 @@ export class NodeTable {
   unclean = true;
   /** A load failed: what the table holds is unknown until a whole render loads. */
   stale = false;
+  /**
+   * A check found the table missing or changed (`netns/table_check.ts`): what it holds
+   * is not enforced until a whole render has loaded.
+   */
+  broken = false;
   /** Whole renders made (each from the compiler's state then, every set's members in). */
   renders = 0;
 
@@ -188,7 +193,10 @@ export class NodeTable {
         this.stale = true;
         this.loaded = mayHold(previous, this.loaded!);
         this.unclean = true;
-      } else this.#chainsGone((a) => a.registered && !ends.has(a.nodeEnd));
+      } else {
+        this.broken = false;
+        this.#chainsGone((a) => a.registered && !ends.has(a.nodeEnd));
+      }
       return ok;
     });
   }

@@ -59,6 +59,7 @@ async function renderPodNow(d: PodTableDeps, att: Att, netns: string): Promise<b
     await d.devices.loadRuleset(netns, text);
     att.loaded = light(c);
     att.noTable = false;
+    att.broken = false;
     return true;
   } catch (err) {
     // The transaction left what was there (or the render failed before it): rendered

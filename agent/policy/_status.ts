@@ -37,6 +37,8 @@ export interface StatusInput {
   atts: Iterable<Att>;
   /** The cluster's policies the agent cannot read (`agent/policy_unreadable.ts`). */
   unreadable: UnreadablePolicy[];
+  /** The node's table is to be rendered again (a failed load), or was found missing or changed. */
+  nodeStale?: boolean;
 }
 
 /** The enforcer's state for `GET /v1/status`. */
@@ -68,7 +70,13 @@ export function policyStatus(s: StatusInput): PolicyStatus {
         policies: c?.policies.length ?? 0,
         ingressIsolated: c?.ingress.isolated ?? false,
         egressIsolated: c?.egress.isolated ?? false,
-        state: !s.synced ? "waiting" : a.unknown ? "unknown" : a.stale ? "retrying" : "enforced",
+        state: !s.synced
+          ? "waiting"
+          : a.unknown
+          ? "unknown"
+          : a.stale || a.broken || (s.nodeStale && a.nodeChains)
+          ? "retrying"
+          : "enforced",
       };
     }),
     unreadable: s.unreadable,

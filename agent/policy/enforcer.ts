@@ -25,6 +25,7 @@ import {
   type DropLog,
   PodNotFoundError,
   podRuleset,
+  POLICY_TABLE,
   PolicyEngine,
 } from "../../policy/mod.ts";
 import { type Logger, nullLogger } from "../../lib/log.ts";
@@ -41,6 +42,7 @@ import { editPod, type PodTableDeps, renderPod } from "./_pod_table.ts";
 import { type PolicyDrops, policyStatus, policyView, readDrops, ruleCounts } from "./_status.ts";
 import { UnreadablePolicies } from "../policy_unreadable.ts";
 import { ReuseWaits } from "../address_reuse.ts";
+import { judgeTable, type TableFinding, type TableMark } from "../../netns/table_check.ts";
 
 /** What the enforcer records in the agent's metrics (lib/metrics.ts implements it). */
 export interface PolicyRecorder {
@@ -48,6 +50,8 @@ export interface PolicyRecorder {
   policyEnforced(ms: number): void;
   /** A load in a pod's namespace or on the node failed (it is retried). */
   policyLoadFailed(place: "pod" | "node"): void;
+  /** A policy table was found missing or changed by someone else, and is loaded again. */
+  tableRepaired?(table: "policy" | "host_link", place: "pod" | "node"): void;
 }
 
 /** Options of {@linkcode PolicyEnforcer}. */
@@ -74,6 +78,12 @@ export interface PolicyEnforcerOptions {
    */
   retry?: { initialMs: number; maxMs: number };
   metrics?: PolicyRecorder;
+  /**
+   * How often the tables are checked against what was loaded (`netns/table_check.ts`;
+   * `networkPolicy.tableCheckSeconds`, default 2 s; 0: never): each pass the node's, and
+   * the next {@linkcode PODS_PER_CHECK} pods'.
+   */
+  tableCheckMs?: number;
 }
 
 /** The message of an ADD that cannot know its pod's policy yet (CNI code 11). */
@@ -82,6 +92,8 @@ export const NOT_SYNCED =
 
 /** How long an ADD's edits of other pods' tables and the node's sets wait after its answer. */
 const DEFERRED_EDITS_DELAY_MS = 25;
+/** Pods' tables checked per pass of the table check (a spawn each), in turn. */
+export const PODS_PER_CHECK = 4;
 /** How stale the drop counters may be (they cost a spawn per pod). */
 const DROPS_TTL_MS = 10_000;
 
@@ -127,6 +139,12 @@ export class PolicyEnforcer implements PolicyHook {
   readonly #unsubscribe: (() => void)[] = [];
   /** The cluster's policies it cannot read (each fails closed): logged, and listed. */
   readonly #unreadable: UnreadablePolicies;
+  /** What the last check of the node's table saw (`netns/table_check.ts`). */
+  #nodeMark: TableMark | null = null;
+  /** The pods' tables are checked in turn: where the next pass begins. */
+  #checkCursor = 0;
+  /** Tables found missing or changed, and rendered again. */
+  #repairs = 0;
 
   /**
    * Starts the three caches' wait and the node's addresses' listing; once both are done
@@ -179,6 +197,7 @@ export class PolicyEnforcer implements PolicyHook {
         }),
     });
     const everyMs = o.nodeAddressesEveryMs ?? 60_000;
+    const checkMs = o.tableCheckMs ?? 2_000;
     this.#life = new PolicyLifecycle({
       nodeAddresses: async (signal) => {
         const addrs = await listNodeAddresses(this.#devices, this.#log, signal);
@@ -186,7 +205,10 @@ export class PolicyEnforcer implements PolicyHook {
       },
       sync: (signal) => waitForCaches(this.#kube, this.#log, signal),
       takeOver: () => this.#takeOver(),
-      run: (signal) => this.#watchNodeAddresses(everyMs, signal),
+      run: (signal) => {
+        this.#watchNodeAddresses(everyMs, signal);
+        if (checkMs > 0) this.#watchTables(checkMs, signal);
+      },
       drain: () => this.#drain(),
     }, { log: this.#log });
   }
@@ -300,6 +322,120 @@ export class PolicyEnforcer implements PolicyHook {
     ch.add(this.#engine.setNodeAddresses(addresses));
     ch.node = true;
     this.#flush(ch);
+  }
+
+  /** Checks the tables every `everyMs` (after each pass ends) until `signal`. */
+  #watchTables(everyMs: number, signal: AbortSignal): void {
+    let timer: ReturnType<typeof setTimeout>;
+    const tick = async () => {
+      if (signal.aborted) return;
+      await this.checkTables().catch((err) =>
+        this.#log.warn("NetworkPolicy: cannot check the policy tables", {
+          error: userMessage(err),
+        })
+      );
+      if (!signal.aborted) timer = setTimeout(tick, everyMs);
+    };
+    timer = setTimeout(tick, everyMs);
+    signal.addEventListener("abort", () => clearTimeout(timer), { once: true });
+  }
+
+  /**
+   * One pass of the table check (`netns/table_check.ts`): the node's table and the next
+   * {@linkcode PODS_PER_CHECK} pods' (every pod's with `all`), each queued after its
+   * table's loads. A table missing, or changed while no load of it ran, is rendered whole
+   * again (queued now), counted and logged. Resolves with how many were found so.
+   */
+  async checkTables(o: { all?: boolean } = {}): Promise<number> {
+    if (!this.#engine || this.#life.stopping) return 0;
+    const pods = [...this.#atts.values()].filter((a) =>
+      a.registered && a.netns !== null && !a.noTable && a.loaded !== null
+    );
+    let turn = pods;
+    if (!o.all && pods.length > PODS_PER_CHECK) {
+      const from = this.#checkCursor % pods.length;
+      turn = [...pods, ...pods].slice(from, from + PODS_PER_CHECK);
+      this.#checkCursor = from + PODS_PER_CHECK;
+    }
+    const found = await Promise.all([
+      this.#checkNode(),
+      ...turn.map((a) => this.#checkPod(a)),
+    ]);
+    const n = found.filter((f) => f !== "ok").length;
+    if (n > 0) this.#schedule();
+    return n;
+  }
+
+  /** Checks the node's table (see {@linkcode checkTables}). */
+  #checkNode(): Promise<TableFinding> {
+    let finding: TableFinding = "ok";
+    return this.#loads.enqueue(
+      null,
+      async () => {
+        // Nothing loaded yet, or a whole render due anyway.
+        if (this.#node.loaded === null || this.#node.stale) return true;
+        const listing = await this.#devices.listTable(null, `inet ${POLICY_TABLE}`);
+        const r = judgeTable(listing, this.#nodeMark, this.#loads.runs(null));
+        this.#nodeMark = r.mark;
+        finding = r.finding;
+        if (finding !== "ok") {
+          this.#node.loaded = null;
+          this.#node.unclean = true;
+          this.#node.stale = true;
+          this.#node.broken = true;
+          this.#repaired("node", null, finding);
+        }
+        return true;
+      },
+      false,
+      false,
+      true,
+    ).then(() => finding);
+  }
+
+  /** Checks a pod's table (see {@linkcode checkTables}). */
+  #checkPod(att: Att): Promise<TableFinding> {
+    const netns = att.netns!;
+    let finding: TableFinding = "ok";
+    return this.#loads.enqueue(
+      netns,
+      () =>
+        this.#loads.podLoads.run(async () => {
+          if (!this.#atts.has(att.key) || att.stale || att.loaded === null || att.noTable) {
+            return true;
+          }
+          let listing: string | null;
+          try {
+            listing = await this.#devices.listTable(netns, `inet ${POLICY_TABLE}`);
+          } catch {
+            return true; // a namespace going away
+          }
+          const r = judgeTable(listing, att.checked ?? null, this.#loads.runs(netns));
+          att.checked = r.mark;
+          finding = r.finding;
+          if (finding !== "ok") {
+            att.loaded = null;
+            att.stale = true;
+            att.broken = true;
+            this.#repaired("pod", netns, finding);
+          }
+          return true;
+        }),
+      false,
+      false,
+      true,
+    ).then(() => finding);
+  }
+
+  #repaired(place: "pod" | "node", netns: string | null, finding: TableFinding): void {
+    this.#repairs++;
+    this.#metrics?.tableRepaired?.("policy", place);
+    this.#log.warn(
+      finding === "missing"
+        ? "NetworkPolicy: a policy table is missing; loading it again"
+        : "NetworkPolicy: a policy table is not what this agent loaded; loading it again",
+      { place, table: `inet ${POLICY_TABLE}`, finding, ...(netns ? { netns } : {}) },
+    );
   }
 
   /** The lifecycle's drain: no more events, the caches closed, the queue and loads done. */
@@ -902,6 +1038,7 @@ export class PolicyEnforcer implements PolicyHook {
       enforcedRv: (resource) => this.#enforcedRv.get(resource)?.rv ?? null,
       atts: this.#atts.values(),
       unreadable: this.#unreadable.list(),
+      nodeStale: this.#node.stale || this.#node.broken,
     });
   }
 

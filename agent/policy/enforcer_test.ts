@@ -543,3 +543,87 @@ Deno.test("a DEL's address leaves the other pods' sets and its tracked connectio
     }
   });
 });
+
+Deno.test("a policy table taken away is found by the table check and loaded again, counted and logged, and never reported enforced while it is missing", async () => {
+  await withTestApiServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    server.put("pods", pod("a", "web", "10.1.0.1"));
+    server.put("networkpolicies", denyAll("a"));
+    const devices = new FakeDeviceLayer();
+    devices.addNetns("/run/netns/web");
+    devices.nodeAddrs = { addresses: ["10.0.0.254"], primary: {} };
+    const lines: string[] = [];
+    const repairs: string[] = [];
+    const metrics = {
+      policyEnforced() {},
+      policyLoadFailed() {},
+      tableRepaired: (table: string, place: string) => repairs.push(`${table} ${place}`),
+    };
+    // No periodic check at first: the status's own check is what finds the table gone.
+    const still = new PolicyEnforcer({
+      kube: testKube(server),
+      devices,
+      syncWaitMs: 200,
+      tableCheckMs: 0,
+      metrics,
+      log: new Logger((l) => lines.push(l), "debug"),
+    });
+    still.restore([restored("a/web", "10.1.0.1", "enimh1")]);
+    try {
+      assert(await still.waitSynced(10_000));
+      assert(await still.idle(10_000));
+      assertEquals(still.status().pods.map((p) => p.state), ["enforced"]);
+      devices.deleteTables(NODE);
+      // What `GET /v1/status` does before it reads the status (agent/server.ts).
+      assertEquals(await still.checkTables({ all: true }), 1);
+      // Until the render is in, web is not enforced at its node end.
+      const seen = still.status().pods.map((p) => p.state);
+      assert(await still.idle(10_000));
+      assertEquals(seen, ["retrying"]);
+      assertEquals(still.status().pods.map((p) => p.state), ["enforced"]);
+      assertEquals(await still.checkTables({ all: true }), 0, "loaded again: as it was loaded");
+    } finally {
+      await still.close();
+    }
+    const e = new PolicyEnforcer({
+      kube: testKube(server),
+      devices,
+      syncWaitMs: 200,
+      tableCheckMs: 20,
+      metrics,
+      log: new Logger((l) => lines.push(l), "debug"),
+    });
+    e.restore([restored("a/web", "10.1.0.1", "enimh1")]);
+    try {
+      assert(await e.waitSynced(10_000));
+      assert(await e.idle(10_000));
+      const node = () => devices.rulesets.get(NODE)!.length;
+      const web = () => devices.rulesets.get("/run/netns/web")!.length;
+      const [nodeLoads, webLoads] = [node(), web()];
+      // `nft flush ruleset` on the node: the node's table is loaded again, whole.
+      devices.deleteTables(NODE);
+      await until("the node's table loaded again", () => node() > nodeLoads);
+      const text = devices.rulesets.get(NODE)!.at(-1)!;
+      assertStringIncludes(text, "table inet enim_policy {");
+      assertStringIncludes(text, "drop_in_enimh1");
+      assertEquals(web(), webLoads, "web's own table was there all along");
+      // The table in web's namespace deleted: loaded again too.
+      devices.deleteTables("/run/netns/web");
+      await until("web's table loaded again", () => web() > webLoads);
+      assertStringIncludes(devices.rulesets.get("/run/netns/web")!.at(-1)!, "chain ingress");
+      assert(await e.idle(10_000));
+      assertEquals(repairs, ["policy node", "policy node", "policy pod"]);
+      const logged = lines.map((l) => JSON.parse(l)).filter((l) =>
+        l.msg === "NetworkPolicy: a policy table is missing; loading it again"
+      );
+      assertEquals(logged.map((l) => [l.level, l.place]), [
+        ["warn", "node"],
+        ["warn", "node"],
+        ["warn", "pod"],
+      ]);
+      assertEquals(e.status().pods.map((p) => p.state), ["enforced"]);
+    } finally {
+      await e.close();
+    }
+  });
+});

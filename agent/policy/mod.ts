@@ -97,6 +97,7 @@ export async function startPolicyEnforcer(
     syncWaitMs: cfg.networkPolicy.syncWaitSeconds * 1000,
     logDropsPerSecond: cfg.networkPolicy.logDropsPerSecond,
     reuseWaitMs: cfg.networkPolicy.reuseWaitSeconds * 1000,
+    tableCheckMs: cfg.networkPolicy.tableCheckSeconds * 1000,
     metrics: o.metrics,
   });
   o.metrics.setPolicySource(async () => {
