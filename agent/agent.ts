@@ -220,7 +220,7 @@ export async function startParts(
     const provider = withProviderTimeout(raw, cfg.timeouts.providerSeconds * 1000, metrics);
     // Before the manager, so that its caches sync while reconcile runs; it touches no table
     // until reconcile, as it begins, has handed it the node's ready pods (lifecycle.ts).
-    const policy = await startPolicyEnforcer(cfg, { devices, metrics, log });
+    const policy = await startPolicyEnforcer(cfg, { devices, metrics, log, db });
     if (policy) closers.push(() => policy.close());
     const ipvs = policy ? await startIpvsWatch(cfg, { devices, metrics, log, closers }) : null;
     const manager = await deps.createManager({

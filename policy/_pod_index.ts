@@ -252,6 +252,11 @@ export class PodIndex {
     return old;
   }
 
+  /** Every pod's record. */
+  *all(): Iterable<PodRec> {
+    for (const pods of this.#byNamespace.values()) yield* pods.values();
+  }
+
   /** The pods of a namespace. */
   podsIn(namespace: string): Iterable<PodRec> {
     return this.#byNamespace.get(namespace)?.values() ?? [];

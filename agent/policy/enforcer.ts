@@ -42,6 +42,7 @@ import { editPod, type PodTableDeps, renderPod } from "./_pod_table.ts";
 import { type PolicyDrops, policyStatus, policyView, readDrops, ruleCounts } from "./_status.ts";
 import { UnreadablePolicies } from "../policy_unreadable.ts";
 import { ReuseWaits } from "../address_reuse.ts";
+import type { PolicyMemory } from "./_memory.ts";
 import { judgeTable, type TableFinding, type TableMark } from "../../netns/table_check.ts";
 
 /** What the enforcer records in the agent's metrics (lib/metrics.ts implements it). */
@@ -84,6 +85,11 @@ export interface PolicyEnforcerOptions {
    * the next {@linkcode PODS_PER_CHECK} pods'.
    */
   tableCheckMs?: number;
+  /**
+   * What is kept across a restart (`_memory.ts`): the pods the loaded rules knew each
+   * address as, and the resourceVersions put in place. None: nothing is kept.
+   */
+  memory?: PolicyMemory;
 }
 
 /** The message of an ADD that cannot know its pod's policy yet (CNI code 11). */
@@ -145,6 +151,12 @@ export class PolicyEnforcer implements PolicyHook {
   #checkCursor = 0;
   /** Tables found missing or changed, and rendered again. */
   #repairs = 0;
+  readonly #memory: PolicyMemory | null;
+  /** The pods the confirmed rules knew each address as (`_memory.ts`; null: not read yet). */
+  #owners: Map<string, string> | null = null;
+  /** The confirmation of the addresses' pods running, and whether another is asked for. */
+  #confirming: Promise<void> | null = null;
+  #confirmAgain = false;
 
   /**
    * Starts the three caches' wait and the node's addresses' listing; once both are done
@@ -159,6 +171,7 @@ export class PolicyEnforcer implements PolicyHook {
     this.#reuseWaitMs = o.reuseWaitMs ?? 30_000;
     this.#dropLog = o.logDropsPerSecond ? { rate: o.logDropsPerSecond } : undefined;
     this.#metrics = o.metrics;
+    this.#memory = o.memory ?? null;
     // From the cache's first list on, apart from the queue; unsubscribed by the drain.
     this.#unreadable = new UnreadablePolicies(o.kube.networkPolicies, this.#log);
     this.#unsubscribe.push(() => this.#unreadable.close());
@@ -238,9 +251,10 @@ export class PolicyEnforcer implements PolicyHook {
       await this.#queue.idle();
       await this.#loads.idle();
       await this.#lastFlush;
+      await this.#confirming;
       if (
         this.#events.length === 0 && !this.#deferred && !this.#scheduled && !this.#recovering &&
-        this.#queue.pending === 0 && !this.#anyStale()
+        this.#queue.pending === 0 && !this.#anyStale() && !this.#confirming
       ) return true;
       await sleep(5);
     }
@@ -446,6 +460,9 @@ export class PolicyEnforcer implements PolicyHook {
     // Closing the caches ends the start-up's wait for their sync.
     await this.#kube.close();
     await this.#queue.stop();
+    await this.#loads.idle();
+    // It writes the state database: done before the agent closes it.
+    await this.#confirming;
     await this.#loads.idle();
   }
 
@@ -690,6 +707,7 @@ export class PolicyEnforcer implements PolicyHook {
         }
       }
       this.#afterFlush();
+      if (!this.#anyStale()) this.#confirmOwners();
     });
     this.#lastFlush = all.catch(() => {});
     return { node, all };
@@ -735,6 +753,60 @@ export class PolicyEnforcer implements PolicyHook {
       false,
       true,
     );
+  }
+
+  /**
+   * Once every table holds what the engine says (no table stale), the pods the rules know
+   * each address as are compared with what was last confirmed (kept across a restart:
+   * `_memory.ts`): the tracked connections of every address whose pod changed, or that no
+   * pod has now, are deleted in every local pod's namespace and on the node (queued after
+   * each table's loads), and only then is the new state written. So a take-over, a load
+   * that failed and was made again, or one a SIGKILL interrupted, leaves no connection
+   * tracked as the address's earlier pod's (issue 48, point 3). One at a time; a request
+   * while one runs runs once more after it.
+   */
+  #confirmOwners(): void {
+    if (!this.#memory || !this.#engine || this.#queue.stopped) return;
+    if (this.#confirming) {
+      this.#confirmAgain = true;
+      return;
+    }
+    this.#confirming = this.#confirmOwnersNow().catch((err) =>
+      this.#log.warn("NetworkPolicy: cannot confirm the pods of the addresses the rules know", {
+        error: userMessage(err),
+      })
+    ).finally(() => {
+      this.#confirming = null;
+      if (this.#confirmAgain) {
+        this.#confirmAgain = false;
+        this.#confirmOwners();
+      }
+    });
+  }
+
+  async #confirmOwnersNow(): Promise<void> {
+    const engine = this.#engine!, memory = this.#memory!;
+    const was = this.#owners ??= memory.owners();
+    const now = new Map(engine.addressOwners());
+    const gone: string[] = [];
+    for (const [a, o] of was) if (now.get(a) !== o) gone.push(a);
+    if (gone.length > 0) {
+      const atts = [...this.#atts.values()].filter((a) => a.netns !== null && !a.noTable);
+      const node = this.#forget(null, gone);
+      const pods = atts.map((a) => this.#forget(a.netns, gone, true).then((ok) => ({ a, ok })));
+      const done = await Promise.all(pods);
+      // A pod's attachment gone meanwhile took its connections with it.
+      if (!(await node) || done.some((d) => !d.ok && this.#atts.has(d.a.key))) return;
+      this.#log.info(
+        "NetworkPolicy: deleted the tracked connections of addresses whose pod changed since the rules last loaded",
+        { addresses: gone.length, sample: gone.slice(0, 8) },
+      );
+    }
+    const set: [string, string][] = [];
+    for (const [a, o] of now) if (was.get(a) !== o) set.push([a, o]);
+    const del = [...was.keys()].filter((a) => !now.has(a));
+    memory.saveOwners(set, del);
+    this.#owners = now;
   }
 
   /** The pod's policy compiled now (its sets' current members); kept light as `att.compiled`. */

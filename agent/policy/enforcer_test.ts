@@ -18,6 +18,7 @@ import { FakeDeviceLayer, NODE } from "../../netns/fake.ts";
 import { ModelDeviceLayer } from "../../tests/support/nft_model.ts";
 import { ApiError } from "../../api/schema.ts";
 import { NOT_SYNCED, PolicyEnforcer } from "./enforcer.ts";
+import { InMemoryPolicyMemory } from "./_memory.ts";
 import type { PolicyPod, RestoredPolicyPod } from "../../manager/types.ts";
 
 /**
@@ -624,6 +625,72 @@ Deno.test("a policy table taken away is found by the table check and loaded agai
       assertEquals(e.status().pods.map((p) => p.state), ["enforced"]);
     } finally {
       await e.close();
+    }
+  });
+});
+
+Deno.test("a take-over deletes the tracked connections of an address whose pod changed while the agent was away (its pod deleted, the address another pod's), in every local pod's namespace and on the node, and only then keeps the new owners", async () => {
+  await withTestApiServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    server.put("pods", pod("a", "b", "10.1.0.2"));
+    const remote = (name: string) =>
+      makePod({ namespace: "a", name, labels: { app: name }, nodeName: "n2", ip: "10.1.0.5" });
+    server.put("pods", remote("x"));
+    server.put("networkpolicies", {
+      metadata: { namespace: "a", name: "b" },
+      spec: {
+        podSelector: { matchLabels: { app: "b" } },
+        ingress: [{ from: [{ podSelector: { matchLabels: { app: "x" } } }] }],
+      },
+    });
+    const devices = new FakeDeviceLayer();
+    devices.addNetns("/run/netns/b");
+    devices.nodeAddrs = { addresses: ["10.0.0.254"], primary: {} };
+    const memory = new InMemoryPolicyMemory();
+    const start = () => {
+      const e = new PolicyEnforcer({
+        kube: testKube(server),
+        devices,
+        syncWaitMs: 200,
+        tableCheckMs: 0,
+        memory,
+      });
+      e.restore([restored("a/b", "10.1.0.2", "enimh1")]);
+      return e;
+    };
+    const before = start();
+    try {
+      assert(await before.waitSynced(10_000));
+      assert(await before.idle(10_000));
+      assertEquals(memory.owners().get("10.1.0.5")?.split(" ")[0], "a/x");
+    } finally {
+      await before.close();
+    }
+    // While the agent is away: x is deleted, its address goes to a new pod y, which b's
+    // policy does not admit; b's conntrack may still hold x's connection.
+    server.remove("pods", "a", "x");
+    server.put("pods", remote("y"));
+    const flushes = devices.conntrackFlushes.length;
+    const after = start();
+    try {
+      assert(await after.waitSynced(10_000));
+      assert(await after.idle(10_000));
+      const made = devices.conntrackFlushes.slice(flushes)
+        .filter((f) => f.addresses.includes("10.1.0.5")).map((f) => f.netns).sort();
+      assertEquals(made, ["/run/netns/b", NODE].sort());
+      assertEquals(memory.owners().get("10.1.0.5")?.split(" ")[0], "a/y");
+    } finally {
+      await after.close();
+    }
+    // Nothing changed since: the next take-over deletes nothing.
+    const quiet = devices.conntrackFlushes.length;
+    const again = start();
+    try {
+      assert(await again.waitSynced(10_000));
+      assert(await again.idle(10_000));
+      assertEquals(devices.conntrackFlushes.slice(quiet), []);
+    } finally {
+      await again.close();
     }
   });
 });
