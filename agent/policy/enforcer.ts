@@ -216,7 +216,10 @@ export class PolicyEnforcer implements PolicyHook {
         const addrs = await listNodeAddresses(this.#devices, this.#log, signal);
         if (addrs) this.#nodeAddrs = addrs;
       },
-      sync: (signal) => waitForCaches(this.#kube, this.#log, signal),
+      sync: async (signal) => {
+        await waitForCaches(this.#kube, this.#log, signal);
+        if (!signal.aborted) await this.#notOlderThanBefore(signal);
+      },
       takeOver: () => this.#takeOver(),
       run: (signal) => {
         this.#watchNodeAddresses(everyMs, signal);
@@ -302,11 +305,60 @@ export class PolicyEnforcer implements PolicyHook {
     }).then((r) => r.done);
   }
 
+  /** The resourceVersions put in place, kept for the next take-over (`#notOlderThanBefore`). */
+  #keepVersions(): void {
+    if (!this.#memory) return;
+    try {
+      const kept = this.#memory.resourceVersions();
+      for (const [resource, { rv }] of this.#enforcedRv) {
+        const was = kept.get(resource);
+        if (was !== rv && !olderVersion(rv, was ?? null)) {
+          this.#memory.saveResourceVersion(resource, rv);
+        }
+      }
+    } catch (err) {
+      this.#log.warn("NetworkPolicy: cannot keep the resourceVersions put in place", {
+        error: userMessage(err),
+      });
+    }
+  }
+
   /** The caches' resourceVersions count as enforced once flush `flush` has settled. */
   #cachesEnforced(flush: number): void {
     for (const s of this.#kube.stats()) {
       if (s.resourceVersion) this.#enforcedRv.set(s.resource, { rv: s.resourceVersion, flush });
     }
+  }
+
+  /**
+   * A take-over never puts in place an older state than the one it replaces: a cache
+   * whose first list (`resourceVersion=0`, which a lagging watch cache of an HA API
+   * server may answer from the past: kubernetes/kubernetes#59848) is older than the
+   * resourceVersion an earlier agent put in place (`_memory.ts`) lists again from the
+   * latest (a quorum read). Once: a quorum read older still is the cluster's truth (an
+   * etcd restored from a backup), taken with a warning.
+   */
+  async #notOlderThanBefore(signal: AbortSignal): Promise<void> {
+    const floors = this.#memory?.resourceVersions();
+    if (!floors || floors.size === 0) return;
+    const caches = [this.#kube.pods, this.#kube.namespaces, this.#kube.networkPolicies];
+    await Promise.all(caches.map(async (c) => {
+      const floor = floors.get(c.kind.resource);
+      const rv = c.stats().resourceVersion;
+      if (!floor || !olderVersion(rv, floor)) return;
+      this.#log.warn(
+        "NetworkPolicy: the cache's first list is older than what the agent before put in place; listing again from the latest",
+        { resource: c.kind.resource, listed: rv, enforced: floor },
+      );
+      await c.relistLatest();
+      const again = c.stats().resourceVersion;
+      if (!signal.aborted && olderVersion(again, floor)) {
+        this.#log.warn(
+          "NetworkPolicy: the latest state is older than what the agent before put in place (an API server restored from a backup?); enforcing it",
+          { resource: c.kind.resource, listed: again, enforced: floor },
+        );
+      }
+    }));
   }
 
   #watchNodeAddresses(everyMs: number, signal: AbortSignal): void {
@@ -706,6 +758,7 @@ export class PolicyEnforcer implements PolicyHook {
           this.#enforcedRv.set(resource, { rv, flush });
         }
       }
+      this.#keepVersions();
       this.#afterFlush();
       if (!this.#anyStale()) this.#confirmOwners();
     });
@@ -1152,4 +1205,16 @@ export class PolicyEnforcer implements PolicyHook {
   async close(): Promise<void> {
     await this.#life.stop();
   }
+}
+
+/**
+ * Whether resourceVersion `rv` is older than `than`. resourceVersions are opaque to
+ * clients, but kube-apiserver's are etcd's revisions, which only grow: compared as
+ * numbers when both are; anything else is never older (null `than`: nothing to compare).
+ */
+export function olderVersion(rv: string | null, than: string | null): boolean {
+  if (rv === null || than === null || !/^\d{1,30}$/.test(rv) || !/^\d{1,30}$/.test(than)) {
+    return false;
+  }
+  return BigInt(rv) < BigInt(than);
 }

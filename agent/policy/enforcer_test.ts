@@ -694,3 +694,76 @@ Deno.test("a take-over deletes the tracked connections of an address whose pod c
     }
   });
 });
+
+Deno.test("a take-over never loads an older state than the agent before put in place: a first list a lagging watch cache answers from before a tightened policy is listed again from the latest", async () => {
+  await withTestApiServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    server.put("pods", pod("a", "web", "10.1.0.1"));
+    server.put(
+      "pods",
+      makePod({ namespace: "a", name: "x", labels: { app: "x" }, nodeName: "n2", ip: "10.1.0.5" }),
+    );
+    const webPolicy = (from: unknown[]) => ({
+      metadata: { namespace: "a", name: "web" },
+      spec: { podSelector: { matchLabels: { app: "web" } }, ingress: from },
+    });
+    server.put(
+      "networkpolicies",
+      webPolicy([{ from: [{ podSelector: { matchLabels: { app: "x" } } }] }]),
+    );
+    const devices = new FakeDeviceLayer();
+    devices.addNetns("/run/netns/web");
+    devices.nodeAddrs = { addresses: ["10.0.0.254"], primary: {} };
+    const memory = new InMemoryPolicyMemory();
+    const lines: string[] = [];
+    const start = () => {
+      const e = new PolicyEnforcer({
+        kube: testKube(server),
+        devices,
+        syncWaitMs: 200,
+        tableCheckMs: 0,
+        memory,
+        log: new Logger((l) => lines.push(l), "debug"),
+      });
+      e.restore([restored("a/web", "10.1.0.1", "enimh1")]);
+      return e;
+    };
+    const before = start();
+    try {
+      assert(await before.waitSynced(10_000));
+      assert(await before.idle(10_000));
+      // The watch cache of one API server stops here; the policy is tightened after.
+      server.lagCache("networkpolicies");
+      server.put("networkpolicies", webPolicy([]));
+      await until("the tightened policy enforced", () => {
+        const c = before.compiled("a/web");
+        return c && c.ingress.entries.length === 0;
+      });
+      assert(await before.idle(10_000));
+    } finally {
+      await before.close();
+    }
+    const loads = (where: string) => devices.rulesets.get(where)?.length ?? 0;
+    const [node0, web0] = [loads(NODE), loads("/run/netns/web")];
+    const after = start();
+    try {
+      assert(await after.waitSynced(10_000));
+      assert(await after.idle(10_000));
+      const loaded = [
+        ...devices.rulesets.get(NODE)!.slice(node0),
+        ...devices.rulesets.get("/run/netns/web")!.slice(web0),
+      ];
+      assert(loaded.length > 0, "the take-over rendered the tables");
+      assertEquals(
+        loaded.filter((t) => t.includes("10.1.0.5")).length,
+        0,
+        "no load admitted x again",
+      );
+      assertEquals(after.compiled("a/web")!.ingress.entries.length, 0);
+      assert(lines.some((l) => l.includes("listing again from the latest")));
+    } finally {
+      await after.close();
+      server.catchUp();
+    }
+  });
+});
