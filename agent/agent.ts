@@ -237,8 +237,8 @@ export async function startParts(
       stickyHoldMs: cfg.sticky.holdSeconds * 1000,
       delWaitMs: cfg.timeouts.delWaitSeconds * 1000,
       describeAs: cfg.cloudDescriptions ? nodeName() : null,
-      // Restores the node's routes to pods when the node's address comes back.
-      watchNodeAddresses: true,
+      watchNodeAddresses: true, // the node's routes to pods, back with the node's address
+      hostLinkTableCheckMs: cfg.hostLink.tableCheckSeconds * 1000,
       nodeMarks: {
         node: cfg.hostLink.nodeMark,
         kubeProxyMasquerade: cfg.hostLink.kubeProxyMasqueradeMark,
@@ -346,7 +346,6 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
   }
   let server: UnixServer | undefined;
   let gc: { stop(): Promise<void> } | undefined;
-  let hostTable: { stop(): Promise<void> } | undefined;
   let devicePlugin: LaunchedPlugin | undefined;
   let stopping = false;
   try {
@@ -380,17 +379,6 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
         gcLog.error("gc pass failed", { error: err });
       }
     });
-    // The node's host-link table, checked between GC passes (a firewall reload flushes it).
-    const checkHostTable = parts.manager.checkHostLinkTable?.bind(parts.manager);
-    if (checkHostTable && cfg.hostLink.tableCheckSeconds > 0) {
-      hostTable = startPeriodic(cfg.hostLink.tableCheckSeconds * 1000, async () => {
-        try {
-          await checkHostTable();
-        } catch (err) {
-          gcLog.warn("Cannot check the node's host-link table", { error: err });
-        }
-      });
-    }
     if (!opts.signal.aborted) {
       await new Promise<void>((resolve) => {
         opts.signal.addEventListener("abort", () => resolve(), { once: true });
@@ -404,7 +392,6 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     await devicePlugin?.close();
     await server?.shutdown();
     await gc?.stop();
-    await hostTable?.stop();
     await parts.close();
     lock?.release();
     log.info("stopped");

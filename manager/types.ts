@@ -63,11 +63,6 @@ export interface EniManager {
    * (a read), no later than `boundMs` after the latest of those DELs answered.
    */
   settled?(boundMs?: number): Promise<void>;
-  /**
-   * Checks the node's host-link table (`inet enim`) against what was loaded and loads it
-   * again when it is missing or changed (absent: a manager that keeps no such table).
-   */
-  checkHostLinkTable?(): Promise<"ok" | "missing" | "changed">;
   status(): Promise<Status>;
   attachments(): Attachment[];
   enis(): Promise<Eni[]>;
