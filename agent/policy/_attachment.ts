@@ -5,7 +5,7 @@
  * @module
  */
 import type { CompiledPolicy } from "../../policy/mod.ts";
-import type { TableMark } from "../../netns/table_check.ts";
+import type { TableFinding, TableMark } from "../../netns/table_check.ts";
 
 /** One attachment under policy: a pod's ENI and its host link. */
 export interface Att {
@@ -52,6 +52,8 @@ export interface Att {
   checked?: TableMark | null;
   /** A check found its table missing or changed: not enforced until a render has loaded. */
   broken?: boolean;
+  /** The check of its table queued or running. */
+  checking?: Promise<TableFinding>;
 }
 
 /**

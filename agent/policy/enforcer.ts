@@ -147,6 +147,8 @@ export class PolicyEnforcer implements PolicyHook {
   readonly #unreadable: UnreadablePolicies;
   /** What the last check of the node's table saw (`netns/table_check.ts`). */
   #nodeMark: TableMark | null = null;
+  /** The check of the node's table queued or running. */
+  #nodeCheck: Promise<TableFinding> | null = null;
   /** The pods' tables are checked in turn: where the next pass begins. */
   #checkCursor = 0;
   /** Tables found missing or changed, and rendered again. */
@@ -432,8 +434,17 @@ export class PolicyEnforcer implements PolicyHook {
     return n;
   }
 
-  /** Checks the node's table (see {@linkcode checkTables}). */
+  /**
+   * Checks the node's table (see {@linkcode checkTables}); a check queued or running is
+   * joined, never queued twice (`GET /v1/status` may be asked often: checks piled up in a
+   * table's queue would hold its loads back).
+   */
   #checkNode(): Promise<TableFinding> {
+    this.#nodeCheck ??= this.#checkNodeNow().finally(() => this.#nodeCheck = null);
+    return this.#nodeCheck;
+  }
+
+  #checkNodeNow(): Promise<TableFinding> {
     let finding: TableFinding = "ok";
     return this.#loads.enqueue(
       null,
@@ -459,8 +470,13 @@ export class PolicyEnforcer implements PolicyHook {
     ).then(() => finding);
   }
 
-  /** Checks a pod's table (see {@linkcode checkTables}). */
+  /** Checks a pod's table (see {@linkcode checkTables}); one queued or running is joined. */
   #checkPod(att: Att): Promise<TableFinding> {
+    att.checking ??= this.#checkPodNow(att).finally(() => att.checking = undefined);
+    return att.checking;
+  }
+
+  #checkPodNow(att: Att): Promise<TableFinding> {
     const netns = att.netns!;
     let finding: TableFinding = "ok";
     return this.#loads.enqueue(
