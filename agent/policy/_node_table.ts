@@ -30,6 +30,15 @@ import type { TableLoads } from "./_table_loads.ts";
 
 const TABLE = `inet ${POLICY_TABLE}`;
 
+/**
+ * An empty set every whole render declares and every update flushes first: an update of a
+ * table that is gone (`nft flush ruleset`, an operator's `nft delete table`) fails as a
+ * whole (the set is missing) and the table is rendered whole again, instead of the update
+ * making a table of its own few declarations, which a check would take for the loaded one.
+ */
+const GUARD = `table ${TABLE} {\n\tset enim_guard { type inet_service; }\n}\n`;
+const GUARDED = `flush set ${TABLE} enim_guard\n`;
+
 /** What the node's table reads of the enforcer. */
 export interface NodeTableDeps {
   loads: TableLoads;
@@ -139,6 +148,7 @@ export class NodeTable {
       nodeUpdate(pods, { previous, changed, log: this.#d.dropLog });
     if (kept.length > 0) text = withoutSetDeletes(text);
     if (text === "") return Promise.resolve(true);
+    text = GUARDED + text;
     const was = this.loaded!;
     this.loaded = pods.map((p) => ({ nodeEnd: p.nodeEnd, policy: light(p.policy) }));
     const ends = new Set(pods.map((p) => p.nodeEnd));
@@ -182,6 +192,7 @@ export class NodeTable {
     // What an earlier agent left goes, in the same transaction as the new table.
     if (clean) text = `table ${TABLE} {}\ndelete table ${TABLE}\n${text}`;
     if (kept.length > 0) text = withoutSetDeletes(text) + keptChains(kept);
+    text += GUARD;
     this.loaded = pods.map((p) => ({ nodeEnd: p.nodeEnd, policy: light(p.policy) }));
     if (clean) this.unclean = false;
     this.stale = false;
