@@ -52,6 +52,11 @@ export interface NodeTableDeps {
   peerSet(key: string): PeerSet;
   /** The node's addresses as the enforcer knows them. */
   nodeAddresses(): string[];
+  /**
+   * An update failed: whether the table is gone (counted and logged as a repair: the
+   * whole render that follows loads it again). Never rejects.
+   */
+  updateFailed?(): Promise<void>;
 }
 
 /** The node's table (see the module doc). */
@@ -160,7 +165,7 @@ export class NodeTable {
       }
       this.#d.log.debug("NetworkPolicy: the node's update failed; rendering it whole");
       this.loaded = mayHold(was, this.loaded!);
-      return this.render();
+      return (this.#d.updateFailed?.() ?? Promise.resolve()).then(() => this.render());
     });
   }
 

@@ -191,6 +191,14 @@ export class PolicyEnforcer implements PolicyHook {
       compile,
       peerSet: (key) => this.#engine!.peerSet(key),
       nodeAddresses: () => this.#nodeAddrs,
+      // The update of a table that is gone fails (its guard set is missing): a repair.
+      updateFailed: () =>
+        this.#devices.listTable(null, `inet ${POLICY_TABLE}`).then((listing) => {
+          if (listing !== null) return;
+          this.#nodeMark = null;
+          this.#node.unclean = true;
+          this.#repaired("node", null, "missing");
+        }, () => {}),
     });
     this.#podTables = {
       devices: o.devices,
