@@ -231,7 +231,7 @@ export async function startParts(
     const provider = withProviderTimeout(raw, cfg.timeouts.providerSeconds * 1000, metrics);
     // Before the manager, so that its caches sync while reconcile runs; it touches no table
     // until reconcile, as it begins, has handed it the node's ready pods (lifecycle.ts).
-    const policy = await startPolicyEnforcer(cfg, { devices, metrics, log });
+    const policy = await startPolicyEnforcer(cfg, { devices, metrics, log, db });
     if (policy) closers.push(() => policy.close());
     const ipvs = policy ? await startIpvsWatch(cfg, { devices, metrics, log, closers }) : null;
     const manager = await deps.createManager({
@@ -248,8 +248,8 @@ export async function startParts(
       stickyHoldMs: cfg.sticky.holdSeconds * 1000,
       delWaitMs: cfg.timeouts.delWaitSeconds * 1000,
       describeAs: cfg.cloudDescriptions ? nodeName() : null,
-      // Restores the node's routes to pods when the node's address comes back.
-      watchNodeAddresses: true,
+      watchNodeAddresses: true, // the node's routes to pods, back with the node's address
+      hostLinkTableCheckMs: cfg.hostLink.tableCheckSeconds * 1000,
       nodeMarks: {
         node: cfg.hostLink.nodeMark,
         kubeProxyMasquerade: cfg.hostLink.kubeProxyMasqueradeMark,

@@ -157,6 +157,11 @@ export const AgentConfigSchema = z.strictObject({
     z.strictObject({
       nodeMark: z._default(MarkConfigSchema, 0x1000),
       kubeProxyMasqueradeMark: z._default(MarkConfigSchema, 0x4000),
+      /**
+       * How often the node's host-link table (`inet enim`) is checked (a missing or
+       * changed one is loaded again); 0: only by the GC pass.
+       */
+      tableCheckSeconds: z._default(z.number().check(z.minimum(0), z.maximum(3600)), 2),
     }).check(z.refine((h) => h.nodeMark !== h.kubeProxyMasqueradeMark, {
       message: "hostLink.nodeMark and hostLink.kubeProxyMasqueradeMark need a bit each",
     })),
@@ -285,6 +290,11 @@ export const AgentConfigSchema = z.strictObject({
       runtimeDefaultCapabilities: z._default(z.array(z.string().check(z.regex(/^[A-Za-z_]+$/))), [
         "NET_RAW",
       ]),
+      /**
+       * How often the policy tables are checked against what was loaded (a missing or
+       * changed one is loaded again); 0: never.
+       */
+      tableCheckSeconds: z._default(z.number().check(z.minimum(0), z.maximum(3600)), 2),
     }),
     {},
   ),

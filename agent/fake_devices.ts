@@ -122,6 +122,10 @@ export class AgentFakeDevices implements DeviceLayer {
     this.#ensure(netns);
     return this.fake.listCounters(netns, table);
   }
+  listTable(netns: string | null, table: string): Promise<string | null> {
+    this.#ensure(netns);
+    return this.fake.listTable(netns, table);
+  }
   flushConntrack(
     netns: string | null,
     addresses: string[],

@@ -75,10 +75,27 @@ export interface HandlerOptions {
   health?: () => Health;
 }
 
+/** The most `GET /v1/status` waits for the check of the policy tables. */
+const STATUS_CHECK_MS = 2_000;
+
+/** `p` settled, or `ms` passed (its result and error are dropped). */
+function withTimeout(p: Promise<unknown>, ms: number): Promise<void> {
+  let timer: ReturnType<typeof setTimeout>;
+  return Promise.race([
+    p.then(() => {}, () => {}),
+    new Promise<void>((r) => timer = setTimeout(r, ms)),
+  ]).finally(() => clearTimeout(timer));
+}
+
 /** What the API reads of the NetworkPolicy enforcer (`agent/policy/`). */
 export interface PolicySource {
   /** Added to `GET /v1/status`. */
   status(): PolicyStatus;
+  /**
+   * Checks every table against what was loaded before the status is read (a table found
+   * missing is then `retrying`, never `enforced`); bounded by its caller.
+   */
+  checkTables?(o: { all: boolean }): Promise<number>;
   /** A local pod's effective policy (null: no attachment of it under policy here). */
   view(pod: string): PodPolicyView | null;
   /** Whether the enforcer has synced with the cluster. */
@@ -319,6 +336,10 @@ export function createHandler(opts: HandlerOptions): Handler {
     "/v1/status": {
       GET: async () => {
         const s = await api.status();
+        // A table taken away since the last periodic check is not reported enforced.
+        if (opts.policy?.checkTables) {
+          await withTimeout(opts.policy.checkTables({ all: true }), STATUS_CHECK_MS);
+        }
         return json({
           ...s,
           ...(opts.devicePlugin ? { devicePlugin: opts.devicePlugin() } : {}),

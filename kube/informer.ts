@@ -212,6 +212,13 @@ export class Informer<T extends KubeObject> {
   #rvUnavailable = false;
   /** The server paged a `resourceVersion=0` list: it has no watch cache; lists page. */
   #paginated = false;
+  /** `relistLatest` asked for a list: the watch running ends, the next list is a quorum read. */
+  #relistAsked = false;
+  /** The watch running, to end it for `relistLatest`. */
+  #watchAc: AbortController | null = null;
+  /** Told of every list that completes, with its number (`#listsStarted` when it began). */
+  readonly #listWaiters = new Set<(n: number) => void>();
+  #listsStarted = 0;
   /** Watches in a row that heard nothing for two bookmark periods before any bookmark. */
   #quietBeforeBookmark = 0;
 
@@ -316,6 +323,35 @@ export class Informer<T extends KubeObject> {
     return { ...this.#stats, objects: this.#store.size };
   }
 
+  /**
+   * Lists again now, from the latest state (`resourceVersion=""`, a quorum read), ending
+   * the watch running; resolves once that list is in (or the cache stops). What a
+   * take-over asks when its first list (`resourceVersion=0`, served from a watch cache
+   * that may lag: kubernetes/kubernetes#59848) answered an older state than the one an
+   * earlier agent put in place (`agent/policy/_memory.ts`).
+   */
+  relistLatest(): Promise<void> {
+    if (this.#stop.signal.aborted || this.#stats.stopped) return Promise.resolve();
+    this.#relistAsked = true;
+    this.#rvUnavailable = true;
+    const after = this.#listsStarted;
+    const done = new Promise<void>((resolve) => {
+      const end = () => {
+        this.#listWaiters.delete(w);
+        this.#stop.signal.removeEventListener("abort", end);
+        resolve();
+      };
+      // A list begun before the request (an older state, perhaps) does not count.
+      const w = (n: number) => {
+        if (n > after) end();
+      };
+      this.#listWaiters.add(w);
+      this.#stop.signal.addEventListener("abort", end, { once: true });
+    });
+    this.#watchAc?.abort();
+    return done;
+  }
+
   /** Stops listing and watching, and waits until nothing of it runs. */
   async close(): Promise<void> {
     this.#stop.abort();
@@ -331,7 +367,8 @@ export class Informer<T extends KubeObject> {
     while (!signal.aborted) {
       let listing = false;
       try {
-        if (needList) {
+        if (needList || this.#relistAsked) {
+          this.#relistAsked = false;
           listing = true;
           await this.#list(signal);
           listing = false;
@@ -344,6 +381,8 @@ export class Informer<T extends KubeObject> {
       } catch (err) {
         if (signal.aborted) break;
         afterList = false;
+        // `relistLatest` ended the watch: list at once.
+        if (this.#relistAsked) continue;
         if (err instanceof Deno.errors.NotCapable) {
           this.#stats.stopped = true;
           this.#stats.lastError = err.message;
@@ -392,6 +431,7 @@ export class Informer<T extends KubeObject> {
   /** Lists every page, then makes the store exactly that list and announces the differences. */
   async #list(signal: AbortSignal): Promise<void> {
     const plan = this.#listPlan();
+    const number = ++this.#listsStarted;
     const fresh: T[] = [];
     let cont: string | undefined;
     let rv: string | undefined;
@@ -435,6 +475,7 @@ export class Informer<T extends KubeObject> {
     this.#rvUnavailable = false;
     this.#backoff.reset();
     this.#dispatch(changes);
+    for (const w of [...this.#listWaiters]) w(number);
     if (!this.#stats.synced) {
       this.#stats.synced = true;
       this.#log.info("The Kubernetes cache is synced", { objects: this.#store.size });
@@ -450,6 +491,8 @@ export class Informer<T extends KubeObject> {
   async #watch(signal: AbortSignal, afterList: boolean): Promise<boolean> {
     const timeoutSeconds = Math.floor(this.#watchTimeout * (1 + this.#random()));
     const ac = new AbortController();
+    this.#watchAc = ac;
+    if (this.#relistAsked) ac.abort();
     const onStop = () => ac.abort();
     signal.addEventListener("abort", onStop, { once: true });
     if (signal.aborted) ac.abort();
@@ -536,6 +579,7 @@ export class Informer<T extends KubeObject> {
     } finally {
       clearTimeout(timer);
       signal.removeEventListener("abort", onStop);
+      if (this.#watchAc === ac) this.#watchAc = null;
     }
   }
 

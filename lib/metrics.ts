@@ -49,6 +49,8 @@ export interface PhaseRecorder {
   gcReclaim(result: string): void;
   /** Records a sticky pod's hold that expired (its ENI went back to the pool). */
   holdExpired?(profile: string): void;
+  /** Records a table of enim's found missing or changed and loaded again. */
+  tableRepaired?(table: "policy" | "host_link", place: "pod" | "node"): void;
   /**
    * Records a state write that failed after its DEL had answered the runtime (which,
    * told success, never retries it): the manager tries it again.
@@ -153,6 +155,7 @@ export class Metrics implements PhaseRecorder {
   #ipvs: (() => boolean) | null = null;
   readonly policyEnforcement: Histogram;
   readonly policyLoadFailures: Counter<"place">;
+  readonly tableRepairs: Counter<"table" | "place">;
 
   /** `started`: when the agent started, epoch milliseconds. */
   constructor(started: number = Date.now()) {
@@ -390,6 +393,13 @@ export class Metrics implements PhaseRecorder {
       labelNames: ["place"],
       registers,
     });
+    this.tableRepairs = new Counter({
+      name: "enim_table_repairs_total",
+      help:
+        "nftables tables of enim found missing or not what was loaded, and loaded again, by table (policy: inet enim_policy; host_link: inet enim) and place (pod, node)",
+      labelNames: ["table", "place"],
+      registers,
+    });
     // One read of the enforcer per scrape, shared by its metrics.
     let policyReading: Promise<PolicyCounts> | null = null;
     const policy = () => {
@@ -560,6 +570,11 @@ export class Metrics implements PhaseRecorder {
   /** Records a failed nftables load of NetworkPolicy (`pod` or `node`). */
   policyLoadFailed(place: "pod" | "node"): void {
     this.policyLoadFailures.inc({ place });
+  }
+
+  /** Records a table found missing or changed and loaded again. */
+  tableRepaired(table: "policy" | "host_link", place: "pod" | "node"): void {
+    this.tableRepairs.inc({ table, place });
   }
 
   /** Sets where the pool gauges read their counts from. */

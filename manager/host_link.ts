@@ -22,11 +22,17 @@ import type { Eni, ProfileInfo } from "../providers/contract.ts";
 import { keyOf } from "../providers/schema.ts";
 import { canonicalCidr, contains, normalizeIp, parseCidr, parseIp } from "../lib/ip.ts";
 import type { DeviceLayer, HostLinkSpec, NodeAddresses } from "../netns/types.ts";
-import { DEFAULT_MARKS, type HostLinkMarks, NODE_TABLE_BASE } from "../netns/host_link.ts";
+import {
+  DEFAULT_MARKS,
+  type HostLinkMarks,
+  NFT_TABLE,
+  NODE_TABLE_BASE,
+} from "../netns/host_link.ts";
 import type { Logger } from "../lib/log.ts";
 import { ApiError, type HostLinkRequest } from "../api/schema.ts";
 import { hostLinkOf, type StateStore } from "./state.ts";
 import { userMessage } from "../lib/message.ts";
+import { judgeTable, type TableFinding, type TableMark } from "../netns/table_check.ts";
 
 /** The attachment key the names and MACs derive from. */
 interface Key {
@@ -183,6 +189,10 @@ export class HostLinks {
   readonly #log: Logger;
   #addresses: { at: number; value: Promise<NodeAddresses> } | null = null;
   #table: Promise<void> | null = null;
+  /** Loads of the node's table begun and ended, each counted (odd: one in flight). */
+  #tableLoads = 0;
+  /** What the last check of the node's table saw. */
+  #tableMark: TableMark | null = null;
   readonly #warned = new Set<string>();
 
   readonly #state: StateStore | null;
@@ -270,13 +280,40 @@ export class HostLinks {
   /** Loads the node's table once (again when it failed, or with `again`). */
   ensureTable(again = false): Promise<void> {
     if (!this.#table || again) {
+      this.#tableLoads++;
       const p = this.#devices.ensureHostLinkTable(this.legacyNodeEnds(), this.nodeMarks);
       this.#table = p;
-      p.catch(() => {
+      p.then(() => this.#tableLoads++, () => {
+        this.#tableLoads++;
         if (this.#table === p) this.#table = null;
       });
     }
     return this.#table;
+  }
+
+  /**
+   * Checks the node's table against what was loaded (`agent/policy/_table_check.ts`):
+   * missing, or changed while no load of it ran, it is loaded again. Only once this
+   * agent has loaded it (a node without host links has none). Resolves with the finding.
+   */
+  async checkTable(): Promise<TableFinding> {
+    const table = this.#table;
+    const runs = this.#tableLoads;
+    // Never loaded, or a load in flight (begun, not ended: odd): the next check.
+    if (!table || runs % 2 === 1) return "ok";
+    const listing = await this.#devices.listTable(null, `inet ${NFT_TABLE}`);
+    if (this.#tableLoads !== runs || this.#table !== table) return "ok";
+    const r = judgeTable(listing, this.#tableMark, runs);
+    this.#tableMark = r.mark;
+    if (r.finding === "ok") return "ok";
+    this.#log.warn(
+      r.finding === "missing"
+        ? "The node's host-link table is missing; loading it again"
+        : "The node's host-link table is not what this agent loaded; loading it again",
+      { table: `inet ${NFT_TABLE}`, finding: r.finding },
+    );
+    await this.ensureTable(true);
+    return r.finding;
   }
 
   /** Logs, once per network and agent run, that its pods' Services will not route. */

@@ -105,6 +105,12 @@ export interface ManagerOptions {
    * on). Off, the GC pass still restores them.
    */
   watchNodeAddresses?: boolean;
+  /**
+   * How often the node's host-link table is checked against what was loaded, and loaded
+   * again when missing or changed (`checkHostLinkTable`), from the first reconcile on
+   * (`hostLink.tableCheckSeconds`; default 0: only by the GC pass).
+   */
+  hostLinkTableCheckMs?: number;
   /** The host link's marks on the node (default `DEFAULT_MARKS` of `netns/host_link.ts`). */
   nodeMarks?: { node: number; kubeProxyMasquerade: number };
   /** The node route keeper's timings (tests). */
@@ -146,6 +152,9 @@ class ManagerImpl implements Manager {
   /** Aborted by close(): cuts the waits between retries short. */
   readonly #stopping = new AbortController();
   #closed = false;
+  readonly #tableCheckMs: number;
+  #tableTimer: ReturnType<typeof setTimeout> | undefined;
+  #tableCheck: Promise<void> | null = null;
   #reconciled = false;
 
   constructor(o: ManagerOptions) {
@@ -185,6 +194,7 @@ class ManagerImpl implements Manager {
       hostLinks: ctx.hostLinks,
     }, o.nodeRoutes);
     this.#watchAddresses = o.watchNodeAddresses ?? false;
+    this.#tableCheckMs = o.hostLinkTableCheckMs ?? 0;
   }
 
   /** Tracks an operation so close() can wait for it; its errors reach clients as ApiError. */
@@ -395,6 +405,7 @@ class ManagerImpl implements Manager {
       if (problem) report.errors.push(problem);
       if (complete) this.#reconciled = true;
       if (this.#watchAddresses) this.#routes.start();
+      this.#startTableCheck();
       return report;
     });
   }
@@ -433,6 +444,17 @@ class ManagerImpl implements Manager {
     return this.#ctx.locks.progress();
   }
 
+  /**
+   * Checks the node's host-link table against what was loaded, and loads it again when it
+   * is missing or changed (`HostLinks.checkTable`); counted in the metrics.
+   */
+  async checkHostLinkTable(): Promise<"ok" | "missing" | "changed"> {
+    if (this.#closed) return "ok";
+    const finding = await this.#ctx.hostLinks.checkTable();
+    if (finding !== "ok") this.#ctx.metrics?.tableRepaired?.("host_link", "node");
+    return finding;
+  }
+
   attachments() {
     return this.state.all().map((r) => attachmentView(this.#ctx, r));
   }
@@ -441,8 +463,28 @@ class ManagerImpl implements Manager {
     return this.#ctx.provider.list();
   }
 
+  /** The periodic check of the node's host-link table (once, from the first reconcile). */
+  #startTableCheck(): void {
+    if (this.#tableCheckMs <= 0 || this.#tableCheck || this.#closed) return;
+    const tick = async () => {
+      try {
+        await this.checkHostLinkTable();
+      } catch (err) {
+        this.#ctx.log.warn("Cannot check the node's host-link table", { error: message(err) });
+      }
+      if (!this.#closed) {
+        this.#tableTimer = setTimeout(() => this.#tableCheck = tick(), this.#tableCheckMs);
+      }
+    };
+    this.#tableTimer = setTimeout(() => this.#tableCheck = tick(), this.#tableCheckMs);
+    this.#tableCheck = Promise.resolve();
+  }
+
   async close(): Promise<void> {
     this.#closed = true;
+    clearTimeout(this.#tableTimer);
+    await this.#tableCheck;
+    clearTimeout(this.#tableTimer);
     await this.#routes.close();
     this.#stopping.abort();
     await Promise.allSettled([...this.#inflight]);

@@ -534,9 +534,11 @@ export class FakeDeviceLayer implements DeviceLayer {
     this.calls.push({ op: "ensureHostLinkTable", args: { legacy } });
     await this.#step("hostLink");
     this.tableLoads++;
+    this.#deleted.delete(`${NODE} inet enim`);
   }
 
   #loaded(where: string, text: string): void {
+    this.#deleted.delete(where);
     const list = this.rulesets.get(where) ?? [];
     list.push(text);
     this.rulesets.set(where, list);
@@ -558,6 +560,41 @@ export class FakeDeviceLayer implements DeviceLayer {
       throw new DeviceError("nft", "netns_invalid", `Netns "${netns}" does not exist`);
     }
     return this.counters.get(netns ?? NODE) ?? '{"nftables":[]}';
+  }
+
+  /** Tables deleted by the test (`deleteTables`): namespaces, or `NODE inet enim`, until loaded again. */
+  readonly #deleted = new Set<string>();
+
+  /**
+   * Deletes every table of a namespace (`NODE` or a path), as `nft flush ruleset` would
+   * (on the node, the host-link table too).
+   */
+  deleteTables(where: string): void {
+    this.#deleted.add(where);
+    if (where === NODE) this.#deleted.add(`${NODE} inet enim`);
+  }
+
+  /**
+   * A table as `listTable` answers. The host-link table (`inet enim` on the node): there
+   * once `ensureHostLinkTable` ran (and not deleted since). Any other: there once anything
+   * was loaded in its namespace (and not deleted since), its handle the count of loads
+   * there (a load changes it).
+   */
+  async listTable(netns: string | null, table: string): Promise<string | null> {
+    this.calls.push({ op: "listTable", args: { netns, table } });
+    await this.#step("nft");
+    const where = netns ?? NODE;
+    if (netns !== null && !this.#ns.has(netns)) {
+      throw new DeviceError("nft", "netns_invalid", `Netns "${netns}" does not exist`);
+    }
+    const [family, name] = table.split(" ");
+    if (netns === null && table === "inet enim") {
+      if (this.tableLoads === 0 || this.#deleted.has(`${NODE} inet enim`)) return null;
+      return JSON.stringify({ nftables: [{ table: { family, name, handle: this.tableLoads } }] });
+    }
+    const loads = this.rulesets.get(where)?.length ?? 0;
+    if (loads === 0 || this.#deleted.has(where)) return null;
+    return JSON.stringify({ nftables: [{ table: { family, name, handle: loads } }] });
   }
 
   /** Every `flushConntrack`, in order: the namespace (`NODE` or a path) and addresses. */

@@ -1378,6 +1378,33 @@ export class IpDeviceLayer implements DeviceLayer {
     return stdout;
   }
 
+  /** `table` (`inet enim_policy`) in `netns` (null: the node), terse, as JSON text; null: none. */
+  async listTable(netns: string | null, table: string): Promise<string | null> {
+    if (!/^(inet|ip|ip6|bridge|netdev|arp) [A-Za-z0-9_]{1,64}$/.test(table)) {
+      throw new TypeError(`Invalid nftables table "${table}"`);
+    }
+    const where = netns === null ? "on the node" : `in netns "${netns}"`;
+    if (netns !== null) await this.#requireNetns("nft", netns);
+    const argv = inNetnsArgv(
+      [NFT_BIN, "-t", "-j", "list", "table", ...table.split(" ")],
+      netns ?? this.#node,
+    );
+    let missing = false;
+    const { stdout } = await this.#run("nft", `Cannot list table "${table}" ${where}`, async () => {
+      try {
+        return await spawn(argv);
+      } catch (err) {
+        // nft says ENOENT's words for a table that is not there.
+        if (/No such file or directory/.test(errText(err))) {
+          missing = true;
+          return { stdout: "", stderr: "" };
+        }
+        throw err;
+      }
+    });
+    return missing ? null : stdout;
+  }
+
   /**
    * Deletes the tracked connections of `addresses` in `netns` (null: the node): one
    * shell in the namespace runs `conntrack -D` for each address as the original and the

@@ -359,6 +359,12 @@ export interface DeviceLayer {
    */
   listCounters(netns: string | null, table: string): Promise<string>;
   /**
+   * One nftables table (`family name`) in the namespace at `netns` (null: the node) as
+   * `nft -t -j list table` prints it (JSON text; terse: its sets' elements left out), or
+   * null when the namespace has no such table. Throws {@linkcode DeviceError}.
+   */
+  listTable(netns: string | null, table: string): Promise<string | null>;
+  /**
    * Deletes the connections tracked in the namespace at `netns` (null: the node) to or
    * from any of `addresses`, either direction, NAT'd or not (`conntrack -D`): they were
    * another pod's. With `listedOnly`, `conntrack` runs only for the addresses the

@@ -37,8 +37,22 @@ function subtract(p: Cidr, e: Cidr): Cidr[] {
 }
 
 /**
+ * An except as the API server read it: an IPv4-mapped IPv6 CIDR (`::ffff:10.1.0.0/112`,
+ * prefix 96 or longer) under an IPv4 block is the IPv4 CIDR it maps (`10.1.0.0/16`).
+ * kube-apiserver before 1.33 accepts it (Go's `net.IPNet.Contains` reads the mapped
+ * address as IPv4), and such objects survive upgrades; read as the other family it
+ * would cut nothing, and the whole block would be admitted.
+ */
+function asBlockFamily(e: Cidr, family: 4 | 6): Cidr {
+  if (family !== 4 || e.ip.family !== 6 || e.prefix < 96) return e;
+  if (e.ip.value >> 32n !== 0xffffn) return e;
+  return { ip: { family: 4, value: e.ip.value & 0xffffffffn }, prefix: e.prefix - 96 };
+}
+
+/**
  * The disjoint prefixes of `cidr` minus every `except` (an except outside the block cuts
- * nothing; host bits are cleared, as `ParseCIDRSloppy` does); null when `cidr` is no CIDR.
+ * nothing; host bits are cleared, as `ParseCIDRSloppy` does; an IPv4-mapped except under
+ * an IPv4 block is its IPv4 CIDR); null when `cidr` is no CIDR.
  */
 export function blockPrefixes(cidr: string, except: readonly string[] = []): BlockPrefixes | null {
   const block = parseCidr(cidr.trim());
@@ -46,7 +60,8 @@ export function blockPrefixes(cidr: string, except: readonly string[] = []): Blo
   let parts: Cidr[] = [{ ip: networkOf(block), prefix: block.prefix }];
   const invalid: string[] = [];
   for (const text of except) {
-    const e = parseCidr(text.trim());
+    const parsed = parseCidr(text.trim());
+    const e = parsed && asBlockFamily(parsed, block.ip.family);
     if (!e || e.ip.family !== block.ip.family) {
       invalid.push(text);
       continue;

@@ -22,7 +22,7 @@
  */
 import type { Pod } from "../kube/objects.ts";
 import { type Addr, parseAddr } from "./_addr.ts";
-import { type Labels, matches, type Requirement } from "./_selector.ts";
+import { type Labels, matches, namespaceMatches, type Requirement } from "./_selector.ts";
 import { lendsAddresses, LocalAddresses, sameUid } from "./_local_addrs.ts";
 
 export { lendsAddresses } from "./_local_addrs.ts";
@@ -252,6 +252,11 @@ export class PodIndex {
     return old;
   }
 
+  /** Every pod's record. */
+  *all(): Iterable<PodRec> {
+    for (const pods of this.#byNamespace.values()) yield* pods.values();
+  }
+
   /** The pods of a namespace. */
   podsIn(namespace: string): Iterable<PodRec> {
     return this.#byNamespace.get(namespace)?.values() ?? [];
@@ -260,7 +265,7 @@ export class PodIndex {
   /** The namespaces that hold pods, or the one given, whose labels `nsSelector` matches. */
   namespacesMatching(nsSelector: readonly Requirement[]): string[] {
     return [...this.#byNamespace.keys()].filter((ns) =>
-      matches(nsSelector, this.#nsLabels.get(ns))
+      namespaceMatches(nsSelector, this.#nsLabels.get(ns))
     );
   }
 

@@ -63,6 +63,17 @@ export function matches(reqs: readonly Requirement[], labels: Labels): boolean {
   return true;
 }
 
+/**
+ * Whether a namespace selector selects a namespace whose labels are `labels`; undefined:
+ * the namespace is not (yet) known (the gap between the pods' and the namespaces' first
+ * lists, a lagging namespace watch), whose labels may be any: only a selector that
+ * selects every label set (no requirement) selects it. Read as none, `env notin (prod)`
+ * would admit the pods of a new `env=prod` namespace until its labels came.
+ */
+export function namespaceMatches(reqs: readonly Requirement[], labels: Labels): boolean {
+  return labels === undefined ? reqs.length === 0 : matches(reqs, labels);
+}
+
 /** A selector as `kubectl` prints it (`app=web,tier in (a,b),!legacy`); `<all>` when empty. */
 export function selectorText(reqs: readonly Requirement[]): string {
   if (reqs.length === 0) return "<all>";

@@ -10,7 +10,7 @@
  * @module
  */
 import type { Protocol } from "../kube/objects.ts";
-import { matches } from "./_selector.ts";
+import { matches, namespaceMatches } from "./_selector.ts";
 import type { PodDef } from "./_prepare.ts";
 import type { PodIndex, PodRec } from "./_pod_index.ts";
 import type { SetSpec } from "./_rules.ts";
@@ -172,8 +172,8 @@ export class SetStore {
     log: DeltaLog,
   ): void {
     for (const s of this.#global) {
-      const before = matches(s.def.namespaceSelector!, was);
-      const after = matches(s.def.namespaceSelector!, now);
+      const before = namespaceMatches(s.def.namespaceSelector!, was);
+      const after = namespaceMatches(s.def.namespaceSelector!, now);
       if (before === after) continue;
       for (const rec of this.#index.select(name, s.def.pods)) {
         this.#adjust(s, before ? rec : undefined, after ? rec : undefined, log, true);
@@ -283,7 +283,7 @@ export class SetStore {
     const scoped = inScope ??
       (s.def.namespace !== undefined
         ? rec.namespace === s.def.namespace
-        : matches(s.def.namespaceSelector!, this.#index.namespaceLabels(rec.namespace)));
+        : namespaceMatches(s.def.namespaceSelector!, this.#index.namespaceLabels(rec.namespace)));
     if (!scoped || !matches(s.def.pods, rec.labels)) return NONE;
     if (s.kind === "pods") return [rec.a4, rec.a6];
     const ports = rec.ports

@@ -275,6 +275,20 @@ export class PolicyEngine {
     return this.#sets.peerSet(key);
   }
 
+  /**
+   * Each address a pod contributes to peer sets now, with the pod it is there
+   * (`namespace/name uid`): what a rule that admits the address admits it as. An agent
+   * keeps it across a restart (`agent/policy/_identities.ts`): an address whose pod
+   * changed meanwhile has its tracked connections deleted.
+   */
+  *addressOwners(): Iterable<[string, string]> {
+    for (const rec of this.#index.all()) {
+      const who = `${rec.key} ${rec.pod.metadata.uid ?? ""}`;
+      for (const a of rec.a4) yield [a.text, who];
+      for (const a of rec.a6) yield [a.text, who];
+    }
+  }
+
   /** The keys (`namespace/name`) of the local pods, sorted. */
   locals(): string[] {
     return [...this.#locals.keys()].sort();

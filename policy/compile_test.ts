@@ -1479,3 +1479,78 @@ Deno.test("compile: a pod without labels is updated and deleted after the last l
   engine.addLocal({ namespace: "alpha", name: "web", ips: ["10.0.1.1"] });
   assertEquals(engine.compiled("alpha", "web")?.pod.ipv4, ["10.0.1.1"]);
 });
+
+Deno.test("compile: a pod whose namespace is not in the cache yet matches only namespace selectors that match every label set, never NotIn or DoesNotExist; once its labels come it is judged by them", () => {
+  const pods: RawPod[] = [
+    ...basePods(),
+    { namespace: "delta", name: "job", labels: { app: "job" }, ports: [], ips: ["10.0.4.3"] },
+  ];
+  const from = (namespaceSelector: LabelSelector) => [{ from: [{ namespaceSelector }] }];
+  const ingress = [
+    ...from({ matchExpressions: [{ key: "env", operator: "NotIn", values: ["prod"] }] }),
+    ...from({ matchExpressions: [{ key: "env", operator: "DoesNotExist" }] }),
+    ...from({}),
+  ];
+  // The namespace "delta" (env=prod) has not come yet: the pods' list came first.
+  const engine = new PolicyEngine(
+    viewOf(pods.map(podObject), baseNamespaces(), [
+      policyObject("alpha", "db", { podSelector: DB, ingress }),
+    ]),
+    { nodeAddresses: [NODE.v4] },
+  );
+  engine.addLocal({ namespace: "alpha", name: "db", ips: ["10.0.1.2"] });
+  const members = () => {
+    const c = engine.compiled("alpha", "db")!;
+    return c.ingress.entries.map((e) => {
+      const set = c.sets.find((s) => s.key === e.peer);
+      // The empty selector's peer: every pod of every namespace (no set: any address).
+      return set ? (set.ipv4 as readonly unknown[]).includes("10.0.4.3") : true;
+    });
+  };
+  assertEquals(members(), [false, false, true], "NotIn, DoesNotExist, every namespace");
+  // The namespace comes, env=prod: still only the empty selector.
+  engine.upsertNamespace(namespaceObject("delta", { env: "prod" }));
+  assertEquals(members(), [false, false, true]);
+  // Its labels change to none of those: NotIn and DoesNotExist admit it now.
+  engine.upsertNamespace(namespaceObject("delta", {}));
+  assertEquals(members(), [true, true, true]);
+  assert(
+    admits(engine.compiled("alpha", "db")!, {
+      direction: "ingress",
+      peer: "10.0.4.3",
+      protocol: "TCP",
+      port: 1,
+    }),
+  );
+  // Deleted (not known again): only the empty selector.
+  engine.deleteNamespace("delta");
+  assertEquals(members(), [false, false, true]);
+});
+
+Deno.test("compile: an IPv4-mapped except under an IPv4 block cuts the IPv4 CIDR it maps, as kube-apiserver before 1.33 read it", () => {
+  const b = blockPrefixes("10.0.0.0/8", ["::ffff:10.1.0.0/112", "::ffff:a02:0/120"]);
+  assertEquals(b?.invalid, []);
+  assert(b);
+  const inBlock = (addr: string) => b.prefixes.some((p) => contains(parseCidr(p)!, parseIp(addr)!));
+  assertEquals(
+    ["10.0.0.1", "10.1.0.1", "10.1.255.255", "10.2.0.7", "10.2.1.7", "10.255.0.1"].map(inBlock),
+    [true, false, false, false, true, true],
+  );
+  // Compiled: the peer set holds the block without 10.1.0.0/16.
+  const c = compilePolicy(
+    viewOf(basePods().map(podObject), baseNamespaces(), [
+      policyObject("alpha", "db", {
+        podSelector: DB,
+        ingress: [{ from: [{ ipBlock: { cidr: "10.0.0.0/8", except: ["::ffff:10.1.0.0/112"] } }] }],
+      }),
+    ]),
+    { namespace: "alpha", name: "db", ips: ["10.0.1.2"] },
+    { nodeAddresses: [NODE.v4] },
+  );
+  const probe = (peer: string) =>
+    admits(c, { direction: "ingress", peer, protocol: "TCP", port: 5432 });
+  assertEquals([probe("10.0.1.3"), probe("10.1.2.3")], [true, false]);
+  // Not mapped, or under an IPv6 block, or shorter than /96: as before.
+  assertEquals(blockPrefixes("fd00::/8", ["::ffff:10.1.0.0/112"])?.prefixes, ["fd00::/8"]);
+  assertEquals(blockPrefixes("10.0.0.0/8", ["::ffff:0:0/95"])?.invalid, ["::ffff:0:0/95"]);
+});

@@ -12,17 +12,7 @@
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
 import { clientDeps } from "./support/clients.ts";
 import { TRAFFIC_NEEDS, who } from "./support/traffic.ts";
-import {
-  installKubeProxy,
-  KUBE_PROXY_NEEDS,
-  type ProxyMode,
-  removeKubeProxy,
-  type ServicePort,
-} from "./support/kube_proxy.ts";
-import { RealKubeProxy } from "./support/k8s/kube_proxy.ts";
-import { FIELD_MANAGER } from "./support/k8s/manifests.ts";
-import { StoredSchema } from "./support/k8s/rest.ts";
-import { poll } from "../lib/async.ts";
+import { KUBE_PROXY_NEEDS, type ProxyMode, type ServicePort } from "./support/kube_proxy.ts";
 import {
   type ClusterPod,
   type ContainerPorts,
@@ -34,6 +24,7 @@ import { passed, type Probe, type Prober, type ProbeResult } from "./support/pro
 import type { SimulatedNode } from "./support/node.ts";
 import { PodPolicyViewSchema } from "../api/schema.ts";
 import { RealApi, realApiWanted } from "./support/k8s/policy_api.ts";
+import { kubeProxyOn } from "./support/policy_kube_proxy.ts";
 
 const DEPS = await clientDeps("network_policy_e2e_test", [...TRAFFIC_NEEDS, ...KUBE_PROXY_NEEDS]);
 
@@ -996,95 +987,6 @@ Deno.test({
     }
   },
 });
-
-/**
- * kube-proxy on `nodes` for `services` (each selecting `app: db` in its namespace): on the
- * real API server the real kube-proxy in `mode`, reading the Services and the
- * EndpointSlices the real controller-manager makes (it waits until each Service's endpoint
- * is ready and each node reaches it); on the test API server its rules written by hand.
- */
-async function kubeProxyOn(
-  c: PolicyCluster,
-  nodes: [SimulatedNode, string][],
-  mode: ProxyMode,
-  services: ServicePort[],
-): Promise<{ what: string; stop: () => Promise<void> }> {
-  if (!(c.api instanceof RealApi)) {
-    for (const [n] of nodes) {
-      await installKubeProxy(n.vpc.node.name, mode, services, [{
-        family: 4,
-        serviceCidr: SERVICE_CIDRS.ipv4,
-        nodeIPs: [n.nic!.ipv4!],
-      }]);
-    }
-    return {
-      what: "kube-proxy's rules written by hand",
-      stop: async () => {
-        for (const [n] of nodes) await removeKubeProxy(n.vpc.node.name);
-      },
-    };
-  }
-  const api = c.api;
-  for (const s of services) {
-    await api.cluster.admin.apply(
-      `/api/v1/namespaces/${s.namespace}/services/${s.name}`,
-      {
-        apiVersion: "v1",
-        kind: "Service",
-        metadata: { name: s.name, namespace: s.namespace },
-        spec: {
-          clusterIP: s.clusterIP,
-          selector: { app: "db" },
-          ports: [{ name: s.portName, port: s.port, targetPort: s.endpoints[0].port }],
-        },
-      },
-      StoredSchema,
-      FIELD_MANAGER,
-    );
-  }
-  const proxies: RealKubeProxy[] = [];
-  const stop = async () => {
-    for (const p of proxies.splice(0)) await p.stop().catch(() => {});
-  };
-  try {
-    for (const [n, nodeName] of nodes) {
-      proxies.push(
-        await RealKubeProxy.start(api.cluster, {
-          netns: n.vpc.node.name,
-          nodeName,
-          apiPort: await c.bridge.into(n.vpc.node.name),
-          mode,
-        }),
-      );
-    }
-    // Synced when each node has the Services' rules (no pod probes a ClusterIP before:
-    // see k8s_kube_proxy_test's unprogrammed ClusterIP), then a pod of each node reaches each.
-    for (const [n] of nodes) {
-      const ok = await poll(async () => {
-        const text = await proxies.find((p) => p.netns === n.vpc.node.name)!.rules();
-        return services.every((s) => text.includes(s.clusterIP)) || null;
-      }, { timeoutMs: 60_000, intervalMs: 200 });
-      assert(ok, `kube-proxy (${mode}) on ${n.vpc.node.name} wrote no rules for the Services`);
-    }
-    for (const [n] of nodes) {
-      const from = [...c.pods.values()].find((p) => p.node === n)!;
-      for (const s of services) {
-        const ok = await poll(async () => {
-          const [r] = await from.prober.probe(
-            [{ proto: "tcp", addr: s.clusterIP, port: s.port }],
-            1_000,
-          );
-          return r.startsWith("open ") || null;
-        }, { timeoutMs: 60_000, intervalMs: 200 });
-        assert(ok, `${from.id} never reached ${s.clusterIP}:${s.port} (${mode})`);
-      }
-    }
-  } catch (err) {
-    await stop();
-    throw err;
-  }
-  return { what: `the real kube-proxy v${api.cluster.bins.version}`, stop };
-}
 
 /** A ClusterIP Service of one TCP port 5432 → the backend's 5432. */
 function svc(name: string, namespace: string, clusterIP: string, ip: string): ServicePort {

@@ -5,6 +5,7 @@
  * @module
  */
 import type { CompiledPolicy } from "../../policy/mod.ts";
+import type { TableFinding, TableMark } from "../../netns/table_check.ts";
 
 /** One attachment under policy: a pod's ENI and its host link. */
 export interface Att {
@@ -52,6 +53,12 @@ export interface Att {
    * agent may have left them), or a load of them was made and no later one deleted them.
    */
   nodeChains?: boolean;
+  /** What the last check of its table saw (`_table_check.ts`). */
+  checked?: TableMark | null;
+  /** A check found its table missing or changed: not enforced until a render has loaded. */
+  broken?: boolean;
+  /** The check of its table queued or running. */
+  checking?: Promise<TableFinding>;
 }
 
 /**

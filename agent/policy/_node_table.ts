@@ -30,6 +30,15 @@ import type { TableLoads } from "./_table_loads.ts";
 
 const TABLE = `inet ${POLICY_TABLE}`;
 
+/**
+ * An empty set every whole render declares and every update flushes first: an update of a
+ * table that is gone (`nft flush ruleset`, an operator's `nft delete table`) fails as a
+ * whole (the set is missing) and the table is rendered whole again, instead of the update
+ * making a table of its own few declarations, which a check would take for the loaded one.
+ */
+const GUARD = `table ${TABLE} {\n\tset enim_guard { type inet_service; }\n}\n`;
+const GUARDED = `flush set ${TABLE} enim_guard\n`;
+
 /** What the node's table reads of the enforcer. */
 export interface NodeTableDeps {
   loads: TableLoads;
@@ -43,6 +52,11 @@ export interface NodeTableDeps {
   peerSet(key: string): PeerSet;
   /** The node's addresses as the enforcer knows them. */
   nodeAddresses(): string[];
+  /**
+   * An update failed: whether the table is gone (counted and logged as a repair: the
+   * whole render that follows loads it again). Never rejects.
+   */
+  updateFailed?(): Promise<void>;
 }
 
 /** The node's table (see the module doc). */
@@ -58,6 +72,11 @@ export class NodeTable {
   unclean = true;
   /** A load failed: what the table holds is unknown until a whole render loads. */
   stale = false;
+  /**
+   * A check found the table missing or changed (`netns/table_check.ts`): what it holds
+   * is not enforced until a whole render has loaded.
+   */
+  broken = false;
   /** Whole renders made (each from the compiler's state then, every set's members in). */
   renders = 0;
 
@@ -134,6 +153,7 @@ export class NodeTable {
       nodeUpdate(pods, { previous, changed, log: this.#d.dropLog });
     if (kept.length > 0) text = withoutSetDeletes(text);
     if (text === "") return Promise.resolve(true);
+    text = GUARDED + text;
     const was = this.loaded!;
     this.loaded = pods.map((p) => ({ nodeEnd: p.nodeEnd, policy: light(p.policy) }));
     const ends = new Set(pods.map((p) => p.nodeEnd));
@@ -145,7 +165,7 @@ export class NodeTable {
       }
       this.#d.log.debug("NetworkPolicy: the node's update failed; rendering it whole");
       this.loaded = mayHold(was, this.loaded!);
-      return this.render();
+      return (this.#d.updateFailed?.() ?? Promise.resolve()).then(() => this.render());
     });
   }
 
@@ -177,6 +197,7 @@ export class NodeTable {
     // What an earlier agent left goes, in the same transaction as the new table.
     if (clean) text = `table ${TABLE} {}\ndelete table ${TABLE}\n${text}`;
     if (kept.length > 0) text = withoutSetDeletes(text) + keptChains(kept);
+    text += GUARD;
     this.loaded = pods.map((p) => ({ nodeEnd: p.nodeEnd, policy: light(p.policy) }));
     if (clean) this.unclean = false;
     this.stale = false;
@@ -188,7 +209,10 @@ export class NodeTable {
         this.stale = true;
         this.loaded = mayHold(previous, this.loaded!);
         this.unclean = true;
-      } else this.#chainsGone((a) => a.registered && !ends.has(a.nodeEnd));
+      } else {
+        this.broken = false;
+        this.#chainsGone((a) => a.registered && !ends.has(a.nodeEnd));
+      }
       return ok;
     });
   }

@@ -62,6 +62,7 @@ async function renderPodNow(d: PodTableDeps, att: Att, netns: string): Promise<b
     await d.devices.loadRuleset(netns, text);
     att.loaded = light(c);
     att.noTable = false;
+    att.broken = false;
     await syncGuard(d, att, netns, isolates(c));
     return true;
   } catch (err) {

@@ -41,6 +41,8 @@ export interface StatusInput {
   bypass(pod: string, c: CompiledPolicy | null): string | null;
   /** The node's raw-socket guard. */
   rawSocketGuard: { on: boolean; why: string };
+  /** The node's table is to be rendered again (a failed load), or was found missing or changed. */
+  nodeStale?: boolean;
 }
 
 /** The enforcer's state for `GET /v1/status`. */
@@ -72,8 +74,13 @@ export function policyStatus(s: StatusInput): PolicyStatus {
         policies: c?.policies.length ?? 0,
         ingressIsolated: c?.ingress.isolated ?? false,
         egressIsolated: c?.egress.isolated ?? false,
-        state: !s.synced ? "waiting" : a.unknown ? "unknown" : a.stale ? "retrying" : "enforced",
-        bypass: s.bypass(a.pod, c),
+        state: !s.synced
+          ? "waiting"
+          : a.unknown
+          ? "unknown"
+          : a.stale || a.broken || (s.nodeStale && a.nodeChains)
+          ? "retrying"
+          : "enforced",
       };
     }),
     unreadable: s.unreadable,

@@ -25,6 +25,8 @@ interface TableWork {
   whole: boolean;
   /** Never superseded: runs after the whole render that would have (a conntrack flush). */
   keep?: boolean;
+  /** Not a load (a check of the table): not counted in `runs`. */
+  uncounted?: boolean;
   resolve: (ok: boolean) => void;
 }
 
@@ -44,6 +46,8 @@ export class TableLoads {
   readonly #failed: (place: LoadPlace, netns: string | null, err: unknown) => void;
   /** Each table's chain of loads: a pod's namespace path, or "" for the node. */
   readonly #tables = new Map<string, TableQueue>();
+  /** Per table, how many of its loads have run (a check of the table compares against the last). */
+  readonly #runs = new Map<string, number>();
   /** Whole renders (at most {@linkcode PARALLEL_RENDERS} at once). */
   readonly renders = new Slots(PARALLEL_RENDERS);
   /** The loads in pods' namespaces other than whole renders: set edits, counter reads. */
@@ -71,6 +75,7 @@ export class TableLoads {
     run: () => Promise<boolean>,
     whole = false,
     keep = false,
+    uncounted = false,
   ): Promise<boolean> {
     const key = netns ?? "";
     let q = this.#tables.get(key);
@@ -79,7 +84,10 @@ export class TableLoads {
     return new Promise<boolean>((resolve) => {
       const kept = whole ? queue.items.filter((it) => it.keep) : [];
       if (whole) { for (const it of queue.items.splice(0)) if (!it.keep) it.resolve(true); }
-      queue.items.push({ run, whole, resolve, ...(keep ? { keep } : {}) }, ...kept);
+      queue.items.push(
+        { run, whole, resolve, ...(keep ? { keep } : {}), ...(uncounted ? { uncounted } : {}) },
+        ...kept,
+      );
       queue.running ??= (async () => {
         while (queue.items.length > 0) {
           const it = queue.items.shift()!;
@@ -88,6 +96,7 @@ export class TableLoads {
           try {
             ok = await it.run();
           } catch { /* its caller renders it again (a whole render marks it stale) */ }
+          if (!it.uncounted) this.#runs.set(key, (this.#runs.get(key) ?? 0) + 1);
           it.resolve(ok);
         }
         queue.running = null;
@@ -110,6 +119,15 @@ export class TableLoads {
       });
     // The node's table (an ADD may be waiting for it) never queues behind the pods'.
     return this.enqueue(netns, netns === null ? load : () => this.podLoads.run(load));
+  }
+
+  /**
+   * How many loads of a table (a pod's namespace path, or null: the node) have run, what
+   * a check of the table reads to know whether what it sees is still what was loaded
+   * (`netns/table_check.ts`).
+   */
+  runs(netns: string | null): number {
+    return this.#runs.get(netns ?? "") ?? 0;
   }
 
   /** Resolves once no table has a load queued or running. */

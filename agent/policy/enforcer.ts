@@ -25,6 +25,7 @@ import {
   type DropLog,
   PodNotFoundError,
   podRuleset,
+  POLICY_TABLE,
   PolicyEngine,
 } from "../../policy/mod.ts";
 import { type Logger, nullLogger } from "../../lib/log.ts";
@@ -42,6 +43,8 @@ import { bypassOf, type RawGuardState } from "./_raw.ts";
 import { type PolicyDrops, policyStatus, policyView, readDrops, ruleCounts } from "./_status.ts";
 import { UnreadablePolicies } from "../policy_unreadable.ts";
 import { ReuseWaits } from "../address_reuse.ts";
+import type { PolicyMemory } from "./_memory.ts";
+import { judgeTable, type TableFinding, type TableMark } from "../../netns/table_check.ts";
 
 /** What the enforcer records in the agent's metrics (lib/metrics.ts implements it). */
 export interface PolicyRecorder {
@@ -49,6 +52,8 @@ export interface PolicyRecorder {
   policyEnforced(ms: number): void;
   /** A load in a pod's namespace or on the node failed (it is retried). */
   policyLoadFailed(place: "pod" | "node"): void;
+  /** A policy table was found missing or changed by someone else, and is loaded again. */
+  tableRepaired?(table: "policy" | "host_link", place: "pod" | "node"): void;
 }
 
 /** Options of {@linkcode PolicyEnforcer}. */
@@ -84,6 +89,17 @@ export interface PolicyEnforcerOptions {
   rawCapablePods?: "flag" | "refuse";
   /** The runtime's default capabilities (default containerd's: `NET_RAW` among them). */
   runtimeDefaultCapabilities?: string[];
+  /**
+   * How often the tables are checked against what was loaded (`netns/table_check.ts`;
+   * `networkPolicy.tableCheckSeconds`, default 2 s; 0: never): each pass the node's, and
+   * the next {@linkcode PODS_PER_CHECK} pods'.
+   */
+  tableCheckMs?: number;
+  /**
+   * What is kept across a restart (`_memory.ts`): the pods the loaded rules knew each
+   * address as, and the resourceVersions put in place. None: nothing is kept.
+   */
+  memory?: PolicyMemory;
 }
 
 /** The message of an ADD that cannot know its pod's policy yet (CNI code 11). */
@@ -92,6 +108,8 @@ export const NOT_SYNCED =
 
 /** How long an ADD's edits of other pods' tables and the node's sets wait after its answer. */
 const DEFERRED_EDITS_DELAY_MS = 25;
+/** Pods' tables checked per pass of the table check (a spawn each), in turn. */
+export const PODS_PER_CHECK = 4;
 /** How stale the drop counters may be (they cost a spawn per pod). */
 const DROPS_TTL_MS = 10_000;
 
@@ -142,6 +160,20 @@ export class PolicyEnforcer implements PolicyHook {
   readonly #unsubscribe: (() => void)[] = [];
   /** The cluster's policies it cannot read (each fails closed): logged, and listed. */
   readonly #unreadable: UnreadablePolicies;
+  /** What the last check of the node's table saw (`netns/table_check.ts`). */
+  #nodeMark: TableMark | null = null;
+  /** The check of the node's table queued or running. */
+  #nodeCheck: Promise<TableFinding> | null = null;
+  /** The pods' tables are checked in turn: where the next pass begins. */
+  #checkCursor = 0;
+  /** Tables found missing or changed, and rendered again. */
+  #repairs = 0;
+  readonly #memory: PolicyMemory | null;
+  /** The pods the confirmed rules knew each address as (`_memory.ts`; null: not read yet). */
+  #owners: Map<string, string> | null = null;
+  /** The confirmation of the addresses' pods running, and whether another is asked for. */
+  #confirming: Promise<void> | null = null;
+  #confirmAgain = false;
 
   /**
    * Starts the three caches' wait and the node's addresses' listing; once both are done
@@ -159,6 +191,7 @@ export class PolicyEnforcer implements PolicyHook {
     this.#rawGuard = o.rawGuard ?? { on: false, why: "not probed" };
     this.#rawCapablePods = o.rawCapablePods ?? "flag";
     this.#runtimeCaps = o.runtimeDefaultCapabilities ?? ["NET_RAW"];
+    this.#memory = o.memory ?? null;
     // From the cache's first list on, apart from the queue; unsubscribed by the drain.
     this.#unreadable = new UnreadablePolicies(o.kube.networkPolicies, this.#log);
     this.#unsubscribe.push(() => this.#unreadable.close());
@@ -176,6 +209,14 @@ export class PolicyEnforcer implements PolicyHook {
       compile,
       peerSet: (key) => this.#engine!.peerSet(key),
       nodeAddresses: () => this.#nodeAddrs,
+      // The update of a table that is gone fails (its guard set is missing): a repair.
+      updateFailed: () =>
+        this.#devices.listTable(null, `inet ${POLICY_TABLE}`).then((listing) => {
+          if (listing !== null) return;
+          this.#nodeMark = null;
+          this.#node.unclean = true;
+          this.#repaired("node", null, "missing");
+        }, () => {}),
     });
     this.#podTables = {
       devices: o.devices,
@@ -198,14 +239,21 @@ export class PolicyEnforcer implements PolicyHook {
         }),
     });
     const everyMs = o.nodeAddressesEveryMs ?? 60_000;
+    const checkMs = o.tableCheckMs ?? 2_000;
     this.#life = new PolicyLifecycle({
       nodeAddresses: async (signal) => {
         const addrs = await listNodeAddresses(this.#devices, this.#log, signal);
         if (addrs) this.#nodeAddrs = addrs;
       },
-      sync: (signal) => waitForCaches(this.#kube, this.#log, signal),
+      sync: async (signal) => {
+        await waitForCaches(this.#kube, this.#log, signal);
+        if (!signal.aborted) await this.#notOlderThanBefore(signal);
+      },
       takeOver: () => this.#takeOver(),
-      run: (signal) => this.#watchNodeAddresses(everyMs, signal),
+      run: (signal) => {
+        this.#watchNodeAddresses(everyMs, signal);
+        if (checkMs > 0) this.#watchTables(checkMs, signal);
+      },
       drain: () => this.#drain(),
     }, { log: this.#log });
   }
@@ -235,9 +283,10 @@ export class PolicyEnforcer implements PolicyHook {
       await this.#queue.idle();
       await this.#loads.idle();
       await this.#lastFlush;
+      await this.#confirming;
       if (
         this.#events.length === 0 && !this.#deferred && !this.#scheduled && !this.#recovering &&
-        this.#queue.pending === 0 && !this.#anyStale()
+        this.#queue.pending === 0 && !this.#anyStale() && !this.#confirming
       ) return true;
       await sleep(5);
     }
@@ -285,11 +334,60 @@ export class PolicyEnforcer implements PolicyHook {
     }).then((r) => r.done);
   }
 
+  /** The resourceVersions put in place, kept for the next take-over (`#notOlderThanBefore`). */
+  #keepVersions(): void {
+    if (!this.#memory) return;
+    try {
+      const kept = this.#memory.resourceVersions();
+      for (const [resource, { rv }] of this.#enforcedRv) {
+        const was = kept.get(resource);
+        if (was !== rv && !olderVersion(rv, was ?? null)) {
+          this.#memory.saveResourceVersion(resource, rv);
+        }
+      }
+    } catch (err) {
+      this.#log.warn("NetworkPolicy: cannot keep the resourceVersions put in place", {
+        error: userMessage(err),
+      });
+    }
+  }
+
   /** The caches' resourceVersions count as enforced once flush `flush` has settled. */
   #cachesEnforced(flush: number): void {
     for (const s of this.#kube.stats()) {
       if (s.resourceVersion) this.#enforcedRv.set(s.resource, { rv: s.resourceVersion, flush });
     }
+  }
+
+  /**
+   * A take-over never puts in place an older state than the one it replaces: a cache
+   * whose first list (`resourceVersion=0`, which a lagging watch cache of an HA API
+   * server may answer from the past: kubernetes/kubernetes#59848) is older than the
+   * resourceVersion an earlier agent put in place (`_memory.ts`) lists again from the
+   * latest (a quorum read). Once: a quorum read older still is the cluster's truth (an
+   * etcd restored from a backup), taken with a warning.
+   */
+  async #notOlderThanBefore(signal: AbortSignal): Promise<void> {
+    const floors = this.#memory?.resourceVersions();
+    if (!floors || floors.size === 0) return;
+    const caches = [this.#kube.pods, this.#kube.namespaces, this.#kube.networkPolicies];
+    await Promise.all(caches.map(async (c) => {
+      const floor = floors.get(c.kind.resource);
+      const rv = c.stats().resourceVersion;
+      if (!floor || !olderVersion(rv, floor)) return;
+      this.#log.warn(
+        "NetworkPolicy: the cache's first list is older than what the agent before put in place; listing again from the latest",
+        { resource: c.kind.resource, listed: rv, enforced: floor },
+      );
+      await c.relistLatest();
+      const again = c.stats().resourceVersion;
+      if (!signal.aborted && olderVersion(again, floor)) {
+        this.#log.warn(
+          "NetworkPolicy: the latest state is older than what the agent before put in place (an API server restored from a backup?); enforcing it",
+          { resource: c.kind.resource, listed: again, enforced: floor },
+        );
+      }
+    }));
   }
 
   #watchNodeAddresses(everyMs: number, signal: AbortSignal): void {
@@ -321,6 +419,134 @@ export class PolicyEnforcer implements PolicyHook {
     this.#flush(ch);
   }
 
+  /** Checks the tables every `everyMs` (after each pass ends) until `signal`. */
+  #watchTables(everyMs: number, signal: AbortSignal): void {
+    let timer: ReturnType<typeof setTimeout>;
+    const tick = async () => {
+      if (signal.aborted) return;
+      await this.checkTables().catch((err) =>
+        this.#log.warn("NetworkPolicy: cannot check the policy tables", {
+          error: userMessage(err),
+        })
+      );
+      if (!signal.aborted) timer = setTimeout(tick, everyMs);
+    };
+    timer = setTimeout(tick, everyMs);
+    signal.addEventListener("abort", () => clearTimeout(timer), { once: true });
+  }
+
+  /**
+   * One pass of the table check (`netns/table_check.ts`): the node's table and the next
+   * {@linkcode PODS_PER_CHECK} pods' (every pod's with `all`), each queued after its
+   * table's loads. A table missing, or changed while no load of it ran, is rendered whole
+   * again (queued now), counted and logged. Resolves with how many were found so.
+   */
+  async checkTables(o: { all?: boolean } = {}): Promise<number> {
+    if (!this.#engine || this.#life.stopping) return 0;
+    const pods = [...this.#atts.values()].filter((a) =>
+      a.registered && a.netns !== null && !a.noTable && a.loaded !== null
+    );
+    let turn = pods;
+    if (!o.all && pods.length > PODS_PER_CHECK) {
+      const from = this.#checkCursor % pods.length;
+      turn = [...pods, ...pods].slice(from, from + PODS_PER_CHECK);
+      this.#checkCursor = from + PODS_PER_CHECK;
+    }
+    const found = await Promise.all([
+      this.#checkNode(),
+      ...turn.map((a) => this.#checkPod(a)),
+    ]);
+    const n = found.filter((f) => f !== "ok").length;
+    if (n > 0) this.#schedule();
+    return n;
+  }
+
+  /**
+   * Checks the node's table (see {@linkcode checkTables}); a check queued or running is
+   * joined, never queued twice (`GET /v1/status` may be asked often: checks piled up in a
+   * table's queue would hold its loads back).
+   */
+  #checkNode(): Promise<TableFinding> {
+    this.#nodeCheck ??= this.#checkNodeNow().finally(() => this.#nodeCheck = null);
+    return this.#nodeCheck;
+  }
+
+  #checkNodeNow(): Promise<TableFinding> {
+    let finding: TableFinding = "ok";
+    return this.#loads.enqueue(
+      null,
+      async () => {
+        // Nothing loaded yet, or a whole render due anyway.
+        if (this.#node.loaded === null || this.#node.stale) return true;
+        const listing = await this.#devices.listTable(null, `inet ${POLICY_TABLE}`);
+        const r = judgeTable(listing, this.#nodeMark, this.#loads.runs(null));
+        this.#nodeMark = r.mark;
+        finding = r.finding;
+        if (finding !== "ok") {
+          this.#node.loaded = null;
+          this.#node.unclean = true;
+          this.#node.stale = true;
+          this.#node.broken = true;
+          this.#repaired("node", null, finding);
+        }
+        return true;
+      },
+      false,
+      false,
+      true,
+    ).then(() => finding);
+  }
+
+  /** Checks a pod's table (see {@linkcode checkTables}); one queued or running is joined. */
+  #checkPod(att: Att): Promise<TableFinding> {
+    att.checking ??= this.#checkPodNow(att).finally(() => att.checking = undefined);
+    return att.checking;
+  }
+
+  #checkPodNow(att: Att): Promise<TableFinding> {
+    const netns = att.netns!;
+    let finding: TableFinding = "ok";
+    return this.#loads.enqueue(
+      netns,
+      () =>
+        this.#loads.podLoads.run(async () => {
+          if (!this.#atts.has(att.key) || att.stale || att.loaded === null || att.noTable) {
+            return true;
+          }
+          let listing: string | null;
+          try {
+            listing = await this.#devices.listTable(netns, `inet ${POLICY_TABLE}`);
+          } catch {
+            return true; // a namespace going away
+          }
+          const r = judgeTable(listing, att.checked ?? null, this.#loads.runs(netns));
+          att.checked = r.mark;
+          finding = r.finding;
+          if (finding !== "ok") {
+            att.loaded = null;
+            att.stale = true;
+            att.broken = true;
+            this.#repaired("pod", netns, finding);
+          }
+          return true;
+        }),
+      false,
+      false,
+      true,
+    ).then(() => finding);
+  }
+
+  #repaired(place: "pod" | "node", netns: string | null, finding: TableFinding): void {
+    this.#repairs++;
+    this.#metrics?.tableRepaired?.("policy", place);
+    this.#log.warn(
+      finding === "missing"
+        ? "NetworkPolicy: a policy table is missing; loading it again"
+        : "NetworkPolicy: a policy table is not what this agent loaded; loading it again",
+      { place, table: `inet ${POLICY_TABLE}`, finding, ...(netns ? { netns } : {}) },
+    );
+  }
+
   /** The lifecycle's drain: no more events, the caches closed, the queue and loads done. */
   async #drain(): Promise<void> {
     clearTimeout(this.#retryTimer);
@@ -329,6 +555,9 @@ export class PolicyEnforcer implements PolicyHook {
     // Closing the caches ends the start-up's wait for their sync.
     await this.#kube.close();
     await this.#queue.stop();
+    await this.#loads.idle();
+    // It writes the state database: done before the agent closes it.
+    await this.#confirming;
     await this.#loads.idle();
   }
 
@@ -572,7 +801,9 @@ export class PolicyEnforcer implements PolicyHook {
           this.#enforcedRv.set(resource, { rv, flush });
         }
       }
+      this.#keepVersions();
       this.#afterFlush();
+      if (!this.#anyStale()) this.#confirmOwners();
     });
     this.#lastFlush = all.catch(() => {});
     return { node, all };
@@ -618,6 +849,60 @@ export class PolicyEnforcer implements PolicyHook {
       false,
       true,
     );
+  }
+
+  /**
+   * Once every table holds what the engine says (no table stale), the pods the rules know
+   * each address as are compared with what was last confirmed (kept across a restart:
+   * `_memory.ts`): the tracked connections of every address whose pod changed, or that no
+   * pod has now, are deleted in every local pod's namespace and on the node (queued after
+   * each table's loads), and only then is the new state written. So a take-over, a load
+   * that failed and was made again, or one a SIGKILL interrupted, leaves no connection
+   * tracked as the address's earlier pod's (issue 48, point 3). One at a time; a request
+   * while one runs runs once more after it.
+   */
+  #confirmOwners(): void {
+    if (!this.#memory || !this.#engine || this.#queue.stopped) return;
+    if (this.#confirming) {
+      this.#confirmAgain = true;
+      return;
+    }
+    this.#confirming = this.#confirmOwnersNow().catch((err) =>
+      this.#log.warn("NetworkPolicy: cannot confirm the pods of the addresses the rules know", {
+        error: userMessage(err),
+      })
+    ).finally(() => {
+      this.#confirming = null;
+      if (this.#confirmAgain) {
+        this.#confirmAgain = false;
+        this.#confirmOwners();
+      }
+    });
+  }
+
+  async #confirmOwnersNow(): Promise<void> {
+    const engine = this.#engine!, memory = this.#memory!;
+    const was = this.#owners ??= memory.owners();
+    const now = new Map(engine.addressOwners());
+    const gone: string[] = [];
+    for (const [a, o] of was) if (now.get(a) !== o) gone.push(a);
+    if (gone.length > 0) {
+      const atts = [...this.#atts.values()].filter((a) => a.netns !== null && !a.noTable);
+      const node = this.#forget(null, gone);
+      const pods = atts.map((a) => this.#forget(a.netns, gone, true).then((ok) => ({ a, ok })));
+      const done = await Promise.all(pods);
+      // A pod's attachment gone meanwhile took its connections with it.
+      if (!(await node) || done.some((d) => !d.ok && this.#atts.has(d.a.key))) return;
+      this.#log.info(
+        "NetworkPolicy: deleted the tracked connections of addresses whose pod changed since the rules last loaded",
+        { addresses: gone.length, sample: gone.slice(0, 8) },
+      );
+    }
+    const set: [string, string][] = [];
+    for (const [a, o] of now) if (was.get(a) !== o) set.push([a, o]);
+    const del = [...was.keys()].filter((a) => !now.has(a));
+    memory.saveOwners(set, del);
+    this.#owners = now;
   }
 
   /** The pod's policy compiled now (its sets' current members); kept light as `att.compiled`. */
@@ -959,6 +1244,7 @@ export class PolicyEnforcer implements PolicyHook {
       unreadable: this.#unreadable.list(),
       bypass: (pod, c) => this.bypass(pod, c),
       rawSocketGuard: this.#rawGuard,
+      nodeStale: this.#node.stale || this.#node.broken,
     });
   }
 
@@ -1040,4 +1326,16 @@ export class PolicyEnforcer implements PolicyHook {
   async close(): Promise<void> {
     await this.#life.stop();
   }
+}
+
+/**
+ * Whether resourceVersion `rv` is older than `than`. resourceVersions are opaque to
+ * clients, but kube-apiserver's are etcd's revisions, which only grow: compared as
+ * numbers when both are; anything else is never older (null `than`: nothing to compare).
+ */
+export function olderVersion(rv: string | null, than: string | null): boolean {
+  if (rv === null || than === null || !/^\d{1,30}$/.test(rv) || !/^\d{1,30}$/.test(than)) {
+    return false;
+  }
+  return BigInt(rv) < BigInt(than);
 }

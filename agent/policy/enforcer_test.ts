@@ -18,6 +18,7 @@ import { FakeDeviceLayer, NODE } from "../../netns/fake.ts";
 import { ModelDeviceLayer } from "../../tests/support/nft_model.ts";
 import { ApiError } from "../../api/schema.ts";
 import { NOT_SYNCED, PolicyEnforcer } from "./enforcer.ts";
+import { InMemoryPolicyMemory } from "./_memory.ts";
 import type { PolicyPod, RestoredPolicyPod } from "../../manager/types.ts";
 
 /**
@@ -543,6 +544,229 @@ Deno.test("a DEL's address leaves the other pods' sets and its tracked connectio
       assert(!inWeb(), "e's address is e's");
     } finally {
       await e.close();
+    }
+  });
+});
+
+Deno.test("a policy table taken away is found by the table check and loaded again, counted and logged, and never reported enforced while it is missing", async () => {
+  await withTestApiServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    server.put("pods", pod("a", "web", "10.1.0.1"));
+    server.put("networkpolicies", denyAll("a"));
+    const devices = new FakeDeviceLayer();
+    devices.addNetns("/run/netns/web");
+    devices.nodeAddrs = { addresses: ["10.0.0.254"], primary: {} };
+    const lines: string[] = [];
+    const repairs: string[] = [];
+    const metrics = {
+      policyEnforced() {},
+      policyLoadFailed() {},
+      tableRepaired: (table: string, place: string) => repairs.push(`${table} ${place}`),
+    };
+    // No periodic check at first: the status's own check is what finds the table gone.
+    const still = new PolicyEnforcer({
+      kube: testKube(server),
+      devices,
+      syncWaitMs: 200,
+      tableCheckMs: 0,
+      metrics,
+      log: new Logger((l) => lines.push(l), "debug"),
+    });
+    still.restore([restored("a/web", "10.1.0.1", "enimh1")]);
+    try {
+      assert(await still.waitSynced(10_000));
+      assert(await still.idle(10_000));
+      assertEquals(still.status().pods.map((p) => p.state), ["enforced"]);
+      devices.deleteTables(NODE);
+      // What `GET /v1/status` does before it reads the status (agent/server.ts).
+      assertEquals(await still.checkTables({ all: true }), 1);
+      // Until the render is in, web is not enforced at its node end.
+      const seen = still.status().pods.map((p) => p.state);
+      assert(await still.idle(10_000));
+      assertEquals(seen, ["retrying"]);
+      assertEquals(still.status().pods.map((p) => p.state), ["enforced"]);
+      assertEquals(await still.checkTables({ all: true }), 0, "loaded again: as it was loaded");
+    } finally {
+      await still.close();
+    }
+    const e = new PolicyEnforcer({
+      kube: testKube(server),
+      devices,
+      syncWaitMs: 200,
+      tableCheckMs: 20,
+      metrics,
+      log: new Logger((l) => lines.push(l), "debug"),
+    });
+    e.restore([restored("a/web", "10.1.0.1", "enimh1")]);
+    try {
+      assert(await e.waitSynced(10_000));
+      assert(await e.idle(10_000));
+      const node = () => devices.rulesets.get(NODE)!.length;
+      const web = () => devices.rulesets.get("/run/netns/web")!.length;
+      const [nodeLoads, webLoads] = [node(), web()];
+      // `nft flush ruleset` on the node: the node's table is loaded again, whole.
+      devices.deleteTables(NODE);
+      await until("the node's table loaded again", () => node() > nodeLoads);
+      const text = devices.rulesets.get(NODE)!.at(-1)!;
+      assertStringIncludes(text, "table inet enim_policy {");
+      assertStringIncludes(text, "drop_in_enimh1");
+      assertEquals(web(), webLoads, "web's own table was there all along");
+      // The table in web's namespace deleted: loaded again too.
+      devices.deleteTables("/run/netns/web");
+      await until("web's table loaded again", () => web() > webLoads);
+      assertStringIncludes(devices.rulesets.get("/run/netns/web")!.at(-1)!, "chain ingress");
+      assert(await e.idle(10_000));
+      assertEquals(repairs, ["policy node", "policy node", "policy pod"]);
+      const logged = lines.map((l) => JSON.parse(l)).filter((l) =>
+        l.msg === "NetworkPolicy: a policy table is missing; loading it again"
+      );
+      assertEquals(logged.map((l) => [l.level, l.place]), [
+        ["warn", "node"],
+        ["warn", "node"],
+        ["warn", "pod"],
+      ]);
+      assertEquals(e.status().pods.map((p) => p.state), ["enforced"]);
+    } finally {
+      await e.close();
+    }
+  });
+});
+
+Deno.test("a take-over deletes the tracked connections of an address whose pod changed while the agent was away (its pod deleted, the address another pod's), in every local pod's namespace and on the node, and only then keeps the new owners", async () => {
+  await withTestApiServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    server.put("pods", pod("a", "b", "10.1.0.2"));
+    const remote = (name: string) =>
+      makePod({ namespace: "a", name, labels: { app: name }, nodeName: "n2", ip: "10.1.0.5" });
+    server.put("pods", remote("x"));
+    server.put("networkpolicies", {
+      metadata: { namespace: "a", name: "b" },
+      spec: {
+        podSelector: { matchLabels: { app: "b" } },
+        ingress: [{ from: [{ podSelector: { matchLabels: { app: "x" } } }] }],
+      },
+    });
+    const devices = new FakeDeviceLayer();
+    devices.addNetns("/run/netns/b");
+    devices.nodeAddrs = { addresses: ["10.0.0.254"], primary: {} };
+    const memory = new InMemoryPolicyMemory();
+    const start = () => {
+      const e = new PolicyEnforcer({
+        kube: testKube(server),
+        devices,
+        syncWaitMs: 200,
+        tableCheckMs: 0,
+        memory,
+      });
+      e.restore([restored("a/b", "10.1.0.2", "enimh1")]);
+      return e;
+    };
+    const before = start();
+    try {
+      assert(await before.waitSynced(10_000));
+      assert(await before.idle(10_000));
+      assertEquals(memory.owners().get("10.1.0.5")?.split(" ")[0], "a/x");
+    } finally {
+      await before.close();
+    }
+    // While the agent is away: x is deleted, its address goes to a new pod y, which b's
+    // policy does not admit; b's conntrack may still hold x's connection.
+    server.remove("pods", "a", "x");
+    server.put("pods", remote("y"));
+    const flushes = devices.conntrackFlushes.length;
+    const after = start();
+    try {
+      assert(await after.waitSynced(10_000));
+      assert(await after.idle(10_000));
+      const made = devices.conntrackFlushes.slice(flushes)
+        .filter((f) => f.addresses.includes("10.1.0.5")).map((f) => f.netns).sort();
+      assertEquals(made, ["/run/netns/b", NODE].sort());
+      assertEquals(memory.owners().get("10.1.0.5")?.split(" ")[0], "a/y");
+    } finally {
+      await after.close();
+    }
+    // Nothing changed since: the next take-over deletes nothing.
+    const quiet = devices.conntrackFlushes.length;
+    const again = start();
+    try {
+      assert(await again.waitSynced(10_000));
+      assert(await again.idle(10_000));
+      assertEquals(devices.conntrackFlushes.slice(quiet), []);
+    } finally {
+      await again.close();
+    }
+  });
+});
+
+Deno.test("a take-over never loads an older state than the agent before put in place: a first list a lagging watch cache answers from before a tightened policy is listed again from the latest", async () => {
+  await withTestApiServer(async (server) => {
+    server.put("namespaces", makeNamespace("a"));
+    server.put("pods", pod("a", "web", "10.1.0.1"));
+    server.put(
+      "pods",
+      makePod({ namespace: "a", name: "x", labels: { app: "x" }, nodeName: "n2", ip: "10.1.0.5" }),
+    );
+    const webPolicy = (from: unknown[]) => ({
+      metadata: { namespace: "a", name: "web" },
+      spec: { podSelector: { matchLabels: { app: "web" } }, ingress: from },
+    });
+    server.put(
+      "networkpolicies",
+      webPolicy([{ from: [{ podSelector: { matchLabels: { app: "x" } } }] }]),
+    );
+    const devices = new FakeDeviceLayer();
+    devices.addNetns("/run/netns/web");
+    devices.nodeAddrs = { addresses: ["10.0.0.254"], primary: {} };
+    const memory = new InMemoryPolicyMemory();
+    const lines: string[] = [];
+    const start = () => {
+      const e = new PolicyEnforcer({
+        kube: testKube(server),
+        devices,
+        syncWaitMs: 200,
+        tableCheckMs: 0,
+        memory,
+        log: new Logger((l) => lines.push(l), "debug"),
+      });
+      e.restore([restored("a/web", "10.1.0.1", "enimh1")]);
+      return e;
+    };
+    const before = start();
+    try {
+      assert(await before.waitSynced(10_000));
+      assert(await before.idle(10_000));
+      // The watch cache of one API server stops here; the policy is tightened after.
+      server.lagCache("networkpolicies");
+      server.put("networkpolicies", webPolicy([]));
+      await until("the tightened policy enforced", () => {
+        const c = before.compiled("a/web");
+        return c && c.ingress.entries.length === 0;
+      });
+      assert(await before.idle(10_000));
+    } finally {
+      await before.close();
+    }
+    const loads = (where: string) => devices.rulesets.get(where)?.length ?? 0;
+    const [node0, web0] = [loads(NODE), loads("/run/netns/web")];
+    const after = start();
+    try {
+      assert(await after.waitSynced(10_000));
+      assert(await after.idle(10_000));
+      const loaded = [
+        ...devices.rulesets.get(NODE)!.slice(node0),
+        ...devices.rulesets.get("/run/netns/web")!.slice(web0),
+      ];
+      assert(loaded.length > 0, "the take-over rendered the tables");
+      assertEquals(
+        loaded.filter((t) => t.includes("10.1.0.5")).length,
+        0,
+        "no load admitted x again",
+      );
+      assertEquals(after.compiled("a/web")!.ingress.entries.length, 0);
+      assert(lines.some((l) => l.includes("listing again from the latest")));
+    } finally {
+      await after.close();
+      server.catchUp();
     }
   });
 });

@@ -28,6 +28,8 @@
  *
  * @module
  */
+import type { DatabaseSync } from "node:sqlite";
+import { SqlitePolicyMemory } from "./_memory.ts";
 import { Kube } from "../../kube/mod.ts";
 import { type KubeEnv, kubeEnv } from "../../kube/access.ts";
 import type { DeviceLayer } from "../../netns/types.ts";
@@ -79,7 +81,14 @@ export function policyEnabled(
  */
 export async function startPolicyEnforcer(
   cfg: AgentConfig,
-  o: { devices: DeviceLayer; metrics: Metrics; log: Logger; env?: KubeEnv },
+  o: {
+    devices: DeviceLayer;
+    metrics: Metrics;
+    log: Logger;
+    env?: KubeEnv;
+    /** The agent's state database: what the enforcer keeps across a restart (`_memory.ts`). */
+    db?: DatabaseSync;
+  },
 ): Promise<PolicyEnforcer | null> {
   const env = o.env ?? kubeEnv();
   const { on, why } = policyEnabled(cfg, env);
@@ -109,6 +118,8 @@ export async function startPolicyEnforcer(
     syncWaitMs: cfg.networkPolicy.syncWaitSeconds * 1000,
     logDropsPerSecond: cfg.networkPolicy.logDropsPerSecond,
     reuseWaitMs: cfg.networkPolicy.reuseWaitSeconds * 1000,
+    tableCheckMs: cfg.networkPolicy.tableCheckSeconds * 1000,
+    ...(o.db ? { memory: new SqlitePolicyMemory(o.db) } : {}),
     metrics: o.metrics,
     rawGuard,
     rawCapablePods: np.rawCapablePods,

@@ -214,6 +214,8 @@ export class KubeApiServer implements AsyncDisposable {
   readonly #history: Record<Resource, Change[]> = { pods: [], namespaces: [], networkpolicies: [] };
   readonly #watchers = new Set<Watcher>();
   readonly #snapshots = new Map<string, Snapshot>();
+  /** The lists of a lagging watch cache (`lagCache`), by resource. */
+  readonly #lagging = new Map<Resource, Snapshot>();
   readonly #maxWatchSeconds: number;
   readonly #watchCache: boolean;
   readonly #server: Deno.HttpServer;
@@ -334,6 +336,25 @@ export class KubeApiServer implements AsyncDisposable {
       this.#objects[resource].set(this.#keyOf(route, stored), stored);
     }
     this.compact();
+  }
+
+  /**
+   * A lagging watch cache (kubernetes/kubernetes#59848): from now on, a list of `resource`
+   * asking `resourceVersion=0` is answered from this moment's state, until `catchUp()`;
+   * a quorum read (`resourceVersion=""`) answers the latest.
+   */
+  lagCache(resource: Resource): void {
+    this.#lagging.set(resource, {
+      rv: this.#rv,
+      items: [...this.#objects[resource].entries()]
+        .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+        .map(([, o]) => o),
+    });
+  }
+
+  /** The watch cache caught up: every list answers the latest again. */
+  catchUp(): void {
+    this.#lagging.clear();
   }
 
   /** Forgets every change so far: a watch or a `continue` from before now answers 410. */
@@ -666,11 +687,12 @@ export class KubeApiServer implements AsyncDisposable {
           },
         }, rec);
       }
-      const items = [...this.#objects[route.resource].entries()]
+      const lag = rvText === "0" ? this.#lagging.get(route.resource) : undefined;
+      const items = (lag ? lag.items : [...this.#objects[route.resource].entries()]
         .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
-        .map(([, o]) => o)
+        .map(([, o]) => o))
         .filter(filter);
-      snap = { rv: this.#rv, items };
+      snap = { rv: lag ? lag.rv : this.#rv, items };
       id = crypto.randomUUID();
     }
     rec.source = fromCache ? "watchCache" : "etcd";

@@ -48,9 +48,12 @@ export class UdpSinks implements AsyncDisposable {
   readonly #children: Deno.ChildProcess[] = [];
   readonly #reading: Promise<void>[] = [];
 
-  /** A sink on UDP `port` (both families) in `ns`, living at most `seconds`; resolves once bound. */
-  async start(ns: NetnsHandle, port: number, seconds = 300): Promise<Sink> {
-    const [cmd, args] = argv(ns, ["listen", JSON.stringify({ port, seconds })]);
+  /**
+   * A sink on UDP `port` (both families) in `ns`, living at most `seconds` (with `echo`,
+   * sending each datagram back: the flow is then established); resolves once bound.
+   */
+  async start(ns: NetnsHandle, port: number, seconds = 300, echo = false): Promise<Sink> {
+    const [cmd, args] = argv(ns, ["listen", JSON.stringify({ port, seconds, echo })]);
     const child = new Deno.Command(cmd, {
       args,
       stdin: "null",
@@ -108,6 +111,8 @@ export interface Burst {
   port: number;
   count: number;
   tag: string;
+  /** The source port (default: the kernel's choice). */
+  sport?: number;
 }
 
 /** Sends the bursts from `ns`, in order, in one process; returns how many the kernel took. */
