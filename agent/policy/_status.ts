@@ -81,6 +81,7 @@ export function policyStatus(s: StatusInput): PolicyStatus {
           : a.stale || a.broken || (s.nodeStale && a.nodeChains)
           ? "retrying"
           : "enforced",
+        bypass: s.bypass(a.pod, c),
       };
     }),
     unreadable: s.unreadable,
