@@ -137,6 +137,7 @@ export const APT_PACKAGES = {
   // runc is built with cgo for the real node (tests/support/k8s/build.ts ensureNodeBinaries).
   gcc: { files: ["/usr/bin/gcc"], users: ["test"] },
   "libc6-dev": { files: ["/usr/include/stdio.h"], users: ["test"] },
+  "libseccomp-dev": { files: ["/usr/include/seccomp.h"], users: ["test"] },
   // The plugin processes' peak RSS and CPU (bench/resources.ts).
   time: { files: ["/usr/bin/time"], users: ["bench"] },
 } as const satisfies Record<string, AptPackage>;

@@ -454,8 +454,12 @@ export const NODE_MODULE_DIRS = {
  * btrfs' needs cgo and its headers).
  */
 const CONTAINERD_TAGS = "no_btrfs,no_devmapper,no_zfs";
-/** runc's build tags: its Makefile's defaults without seccomp and libpathrs (C libraries). */
-const RUNC_TAGS = "urfave_cli_no_docs";
+/**
+ * runc's build tags: its Makefile's defaults without libpathrs (a Rust library). seccomp
+ * (libseccomp-dev) is needed: containerd gives every pod sandbox the runtime's default
+ * seccomp profile, and a runc without it refuses to start one.
+ */
+const RUNC_TAGS = "seccomp urfave_cli_no_docs";
 
 /** The built node components of one release. */
 export interface NodeBinaries {
@@ -490,6 +494,9 @@ export function nodeBuildMissing(): string | null {
   }
   if (!existsFile("/usr/include/stdio.h")) {
     return "the C library's headers are not installed (/usr/include/stdio.h: libc6-dev; runc is built with cgo)";
+  }
+  if (!existsFile("/usr/include/seccomp.h")) {
+    return "libseccomp's headers are not installed (/usr/include/seccomp.h: libseccomp-dev; runc is built with seccomp)";
   }
   return null;
 }
