@@ -275,9 +275,16 @@ export class RealNode implements AsyncDisposable {
       ...KUBELET_SYSCTLS.map((k) => `mount --bind '${this.sysctlStandIn(k)}' /proc/sys/${k}`),
       // The namespaces the node's processes name (the device simulator's VPC), then /run/netns
       // as a shared mount (the agent's Bidirectional volume asks for one).
+      // The node's /run/netns a mount of its own (first: a bind of the folder would hide the
+      // namespaces bound into it), then the namespaces it must name.
+      `mount --bind '${b}/run/netns' '${b}/run/netns'`,
       ...shared.map((ns) => `mount --bind /run/netns/${ns} '${b}/run/netns/${ns}'`),
+      // The machine's /run/netns mount (ip netns makes one) would stay in the mount table
+      // under the node's /run, where containerd finds it and refuses it for the agent's
+      // Bidirectional volume ("not a shared mount"): gone, in this namespace only (a slave).
+      "if mountpoint -q /run/netns; then umount -l /run/netns; fi",
       `mount --rbind '${b}/run' /run`,
-      "mount --make-shared /run",
+      "mount --make-rshared /run",
       `mount --bind '${b}/varlib' /var/lib`,
       `mount --bind '${b}/varlog' /var/log`,
       `mount --bind '${b}/opt' /opt`,
@@ -561,9 +568,19 @@ export class RealNode implements AsyncDisposable {
   async logs(chars = 8000): Promise<string> {
     const read = async (n: string) =>
       (await Deno.readTextFile(`${this.base}/logs/${n}.log`).catch(() => "")).slice(-chars);
+    let pods = "";
+    const root = this.host("/var/log/pods");
+    for (const pod of entries(root)) {
+      for (const c of entries(`${root}/${pod}`)) {
+        for (const f of entries(`${root}/${pod}/${c}`)) {
+          const text = await Deno.readTextFile(`${root}/${pod}/${c}/${f}`).catch(() => "");
+          pods += `--- ${pod}/${c}/${f} ---\n${text.slice(-2000)}\n`;
+        }
+      }
+    }
     return `--- kubelet ---\n${await read("kubelet")}\n--- containerd ---\n${await read(
       "containerd",
-    )}`;
+    )}\n${pods}`;
   }
 
   /** kubelet's log so far. */
