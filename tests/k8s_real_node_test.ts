@@ -13,7 +13,7 @@
  * @module
  */
 import { assert, assertEquals } from "../lib/assert.ts";
-import { z } from "zod";
+import type { z } from "zod";
 import { existsSync } from "../lib/fs.ts";
 import { nodeBuildMissing } from "./support/k8s/build.ts";
 import { KubeCluster, NODE_CONTROLLERS } from "./support/k8s/cluster.ts";
