@@ -83,6 +83,8 @@ export const APT_PACKAGES = {
   mount: { files: ["/usr/bin/mount", "/usr/bin/umount"], users: ALL, base: true },
   // An earlier release built from history (scripts/_worktree.ts, tests/support/releases.ts).
   git: { files: ["/usr/bin/git"], users: ["test", "bench"] },
+  // The libraries of the tools copied into the stand-in of enim's image (tests/support/k8s/enim_image.ts).
+  "libc-bin": { files: ["/usr/bin/ldd"], users: ["test"], base: true },
   tar: { files: ["/usr/bin/tar"], users: ["test", "bench-cri"], base: true },
   // Image layers (scripts/_oci.ts, `deno task image`).
   gzip: { files: ["/usr/bin/gzip"], users: ["test"], base: true },
@@ -127,6 +129,9 @@ export const APT_PACKAGES = {
     files: [
       "/usr/lib/cni/host-device",
       "/usr/lib/cni/loopback",
+      // The real node's pod network before enim is installed (tests/k8s_real_node_test.ts).
+      "/usr/lib/cni/bridge",
+      "/usr/lib/cni/host-local",
       "/usr/lib/cni/portmap",
       "/usr/lib/cni/sbr",
       "/usr/lib/cni/static",
@@ -140,6 +145,10 @@ export const APT_PACKAGES = {
     files: ["/usr/share/gocode/src/github.com/containernetworking/cni/libcni/api.go"],
     users: ["test"],
   },
+  // runc is built with cgo for the real node (tests/support/k8s/build.ts ensureNodeBinaries).
+  gcc: { files: ["/usr/bin/gcc"], users: ["test"] },
+  "libc6-dev": { files: ["/usr/include/stdio.h"], users: ["test"] },
+  "libseccomp-dev": { files: ["/usr/include/seccomp.h"], users: ["test"] },
   // The plugin processes' peak RSS and CPU (bench/resources.ts).
   time: { files: ["/usr/bin/time"], users: ["bench"] },
 } as const satisfies Record<string, AptPackage>;

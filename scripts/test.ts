@@ -2,7 +2,7 @@
  * `deno task test`: installs every Debian package a test uses (scripts/_deps.ts, users
  * "test"), builds the artifact (`deno task build`), builds (or finds in the machine's cache)
  * the Kubernetes components the tests run when Go is here (tests/support/k8s/build.ts;
- * `ENIM_K8S_VERSION`'s release), runs every test with `deno test` and ends with the plain
+ * `ENIM_K8S_VERSION`'s release; the real node's kubelet, containerd 2.x and runc), runs every test with `deno test` and ends with the plain
  * line `N passed, M failed` that CI reads.
  *
  * Extra arguments are passed to `deno test` (e.g. a file or `--filter`).
@@ -12,7 +12,12 @@
 import { dirname, fromFileUrl, join } from "./_paths.ts";
 import { aptNeedsOf, ensureApt } from "./_deps.ts";
 import { build } from "./build.ts";
-import { ensureK8sBinaries, goMissing } from "../tests/support/k8s/build.ts";
+import {
+  ensureK8sBinaries,
+  ensureNodeBinaries,
+  goMissing,
+  nodeBuildMissing,
+} from "../tests/support/k8s/build.ts";
 
 const root = dirname(dirname(fromFileUrl(import.meta.url)));
 
@@ -41,6 +46,20 @@ if (goMissing() === null) {
     );
   } catch (err) {
     console.error(`cannot build the Kubernetes components (the tests that run them fail): ${err}`);
+  }
+}
+// The real node's kubelet, containerd 2.x and runc (tests/support/k8s/real_node.ts), after
+// the control plane (whose Go build cache they share), for the same reason.
+if (nodeBuildMissing() === null) {
+  const t0 = performance.now();
+  try {
+    const bins = await ensureNodeBinaries();
+    console.error(
+      `kubelet v${bins.version}, containerd v${bins.containerdVersion} and runc ` +
+        `v${bins.runcVersion} ready in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
+    );
+  } catch (err) {
+    console.error(`cannot build the real node's components (its tests fail): ${err}`);
   }
 }
 

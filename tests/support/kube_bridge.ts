@@ -57,9 +57,12 @@ export class KubeBridge implements AsyncDisposable {
     p.finally(() => this.#pipes.delete(p));
   }
 
-  /** A relay in the node namespace `netns` (a name); returns its port at 127.0.0.1 there. */
-  async into(netns: string): Promise<number> {
-    const relay = await LoopbackRelay.start(netns, this.path);
+  /**
+   * A relay in the node namespace `netns` (a name); returns its port at `hostname` there
+   * (default 127.0.0.1).
+   */
+  async into(netns: string, hostname?: string): Promise<number> {
+    const relay = await LoopbackRelay.start(netns, this.path, hostname);
     this.#relays.push(relay);
     return relay.port;
   }

@@ -18,7 +18,7 @@ import { splice } from "./splice.ts";
 
 async function main(): Promise<void> {
   const path = Deno.args[0];
-  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const listener = Deno.listen({ hostname: Deno.args[1] ?? "127.0.0.1", port: 0 });
   console.log(JSON.stringify({ event: "listening", port: (listener.addr as Deno.NetAddr).port }));
   const conns = new Set<Deno.Conn>();
   const serve = (async () => {
@@ -52,9 +52,16 @@ export class LoopbackRelay implements AsyncDisposable {
     this.#done = done;
   }
 
-  /** Starts a relay in `netns` (a name under /run/netns) to the unix socket `socket`. */
-  static async start(netns: string, socket: string): Promise<LoopbackRelay> {
-    const child = spawnDenoInNetns(netns, import.meta.filename!, [socket]);
+  /**
+   * Starts a relay in `netns` (a name under /run/netns) to the unix socket `socket`,
+   * listening on `hostname` there (default 127.0.0.1).
+   */
+  static async start(netns: string, socket: string, hostname?: string): Promise<LoopbackRelay> {
+    const child = spawnDenoInNetns(
+      netns,
+      import.meta.filename!,
+      hostname ? [socket, hostname] : [socket],
+    );
     const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = "";
     let port: number | null = null;

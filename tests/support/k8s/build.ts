@@ -126,21 +126,21 @@ function ldflags(version: string): string {
 }
 
 /** The environment of every go command: this process's, no toolchain download, static. */
-function goEnv(): Record<string, string> {
+function goEnv(cgo = false): Record<string, string> {
   return {
     ...Deno.env.toObject(),
     GOTOOLCHAIN: "local",
-    CGO_ENABLED: "0",
+    CGO_ENABLED: cgo ? "1" : "0",
     GOFLAGS: "-buildvcs=false",
   };
 }
 
 /** Runs go; throws with the end of its output when it fails. */
-async function go(args: string[], cwd: string, log?: string): Promise<string> {
+async function go(args: string[], cwd: string, log?: string, cgo = false): Promise<string> {
   const out = await new Deno.Command(GO, {
     args,
     cwd,
-    env: goEnv(),
+    env: goEnv(cgo),
     clearEnv: true,
     stdin: "null",
     stdout: "piped",
@@ -183,7 +183,16 @@ const GoModSchema = z.object({ GoMod: z.string() });
  * own go.mod points at `./staging/src/…` with its published `v0.<minor>.<patch>`, and
  * names the commands as tools. Deterministic: the same release gives the same text.
  */
-export async function kubernetesGoMod(version: string, work: string): Promise<string> {
+export async function kubernetesGoMod(
+  version: string,
+  work: string,
+  commands: readonly string[] = K8S_COMMANDS,
+  header = [
+    "// The tests' module for the real Kubernetes components, written by tests/support/k8s/build.ts",
+    "// (`pin`) and pinned by go mod tidy. No Kubernetes source is committed: Go fetches it.",
+    "module enim.test/k8s/kubernetes",
+  ],
+): Promise<string> {
   const json = await go(["mod", "download", "-json", `k8s.io/kubernetes@v${version}`], work);
   const { GoMod } = GoModSchema.parse(JSON.parse(json));
   const upstream = await Deno.readTextFile(GoMod);
@@ -198,9 +207,7 @@ export async function kubernetesGoMod(version: string, work: string): Promise<st
   const goLine = /^go (\S+)$/m.exec(upstream)?.[1] ?? "1.24.0";
   const staged = `0.${version.split(".").slice(1).join(".")}`;
   return [
-    "// The tests' module for the real Kubernetes components, written by tests/support/k8s/build.ts",
-    "// (`pin`) and pinned by go mod tidy. No Kubernetes source is committed: Go fetches it.",
-    "module enim.test/k8s/kubernetes",
+    ...header,
     "",
     `go ${goLine}`,
     "",
@@ -210,7 +217,7 @@ export async function kubernetesGoMod(version: string, work: string): Promise<st
     ...[...new Set(staging)].sort().map((m) => `\t${m} => ${m} v${staged}`),
     ")",
     "",
-    ...K8S_COMMANDS.map((c) => `tool k8s.io/kubernetes/cmd/${c}`),
+    ...commands.map((c) => `tool k8s.io/kubernetes/cmd/${c}`),
     "",
   ].join("\n");
 }
@@ -423,6 +430,299 @@ async function build(
   return { ...stamp, dir, paths: paths(dir), built: true };
 }
 
+// ---------------------------------------------------------------------------------------
+// The real node: kubelet, containerd 2.x (its runc shim, ctr) and runc.
+
+/** The containerd release the real node runs (github.com/containerd/containerd/v2). */
+export const CONTAINERD_VERSION = "2.4.2";
+/** The runc release the real node runs (github.com/opencontainers/runc; built with cgo). */
+export const RUNC_VERSION = "1.5.3";
+/** The commands built from github.com/containerd/containerd/v2 (each `cmd/<name>`). */
+export const CONTAINERD_COMMANDS = ["containerd", "containerd-shim-runc-v2", "ctr"] as const;
+/** One of the real node's executables. */
+export type NodeComponent = "kubelet" | (typeof CONTAINERD_COMMANDS)[number] | "runc";
+
+/** The tests' modules of the real node, in the repository. */
+export const NODE_MODULE_DIRS = {
+  kubelet: `${ROOT}/tests/k8s/kubelet`,
+  containerd: `${ROOT}/tests/k8s/containerd`,
+  runc: `${ROOT}/tests/k8s/runc`,
+};
+
+/**
+ * containerd's build tags: no btrfs, devmapper or zfs snapshotters (the node uses overlayfs;
+ * btrfs' needs cgo and its headers).
+ */
+const CONTAINERD_TAGS = "no_btrfs,no_devmapper,no_zfs";
+/**
+ * runc's build tags: its Makefile's defaults without libpathrs (a Rust library). seccomp
+ * (libseccomp-dev) is needed: containerd gives every pod sandbox the runtime's default
+ * seccomp profile, and a runc without it refuses to start one.
+ */
+const RUNC_TAGS = "seccomp urfave_cli_no_docs";
+
+/** The built node components of one release. */
+export interface NodeBinaries {
+  /** The Kubernetes release of kubelet, `1.37.2`. */
+  version: string;
+  containerdVersion: string;
+  runcVersion: string;
+  goVersion: string;
+  /** The folder holding `bin/`. */
+  dir: string;
+  /** Each executable (containerd finds the shim on its PATH: put `dir/bin` there). */
+  paths: Record<NodeComponent, string>;
+  buildSeconds: number;
+  built: boolean;
+}
+
+const NodeStampSchema = z.object({
+  version: z.string(),
+  containerdVersion: z.string(),
+  runcVersion: z.string(),
+  goVersion: z.string(),
+  buildSeconds: z.number(),
+  builtAt: z.string(),
+});
+
+/** Why the real node cannot be built here (null: Go and a C compiler are there). */
+export function nodeBuildMissing(): string | null {
+  const go = goMissing();
+  if (go) return go;
+  if (!existsFile("/usr/bin/gcc")) {
+    return "gcc is not installed at /usr/bin/gcc (runc is built with cgo)";
+  }
+  if (!existsFile("/usr/include/stdio.h")) {
+    return "the C library's headers are not installed (/usr/include/stdio.h: libc6-dev; runc is built with cgo)";
+  }
+  if (!existsFile("/usr/include/seccomp.h")) {
+    return "libseccomp's headers are not installed (/usr/include/seccomp.h: libseccomp-dev; runc is built with seccomp)";
+  }
+  return null;
+}
+
+function existsFile(p: string): boolean {
+  try {
+    return Deno.statSync(p).isFile;
+  } catch {
+    return false;
+  }
+}
+
+function nodePaths(dir: string): Record<NodeComponent, string> {
+  const bin = `${dir}/bin`;
+  return {
+    kubelet: `${bin}/kubelet`,
+    containerd: `${bin}/containerd`,
+    "containerd-shim-runc-v2": `${bin}/containerd-shim-runc-v2`,
+    ctr: `${bin}/ctr`,
+    runc: `${bin}/runc`,
+  };
+}
+
+function nodeFound(dir: string): NodeBinaries | null {
+  let stamp: z.infer<typeof NodeStampSchema>;
+  try {
+    stamp = NodeStampSchema.parse(JSON.parse(Deno.readTextFileSync(`${dir}/built.json`)));
+  } catch {
+    return null;
+  }
+  const p = nodePaths(dir);
+  if (!Object.values(p).every(existsFile)) return null;
+  return { ...stamp, dir, paths: p, built: false };
+}
+
+interface NodePlan {
+  version: string;
+  key: string;
+  kubelet: { mod: string; sum: string | null };
+  containerd: { mod: string; sum: string };
+  runc: { mod: string; sum: string };
+}
+
+async function nodePlan(version: string, goVer: string): Promise<NodePlan> {
+  const read = (p: string) => Deno.readTextFile(p);
+  const mod = async (dir: string) => ({
+    mod: await read(`${dir}/go.mod`),
+    sum: await read(`${dir}/go.sum`),
+  });
+  const containerd = await mod(NODE_MODULE_DIRS.containerd);
+  const runc = await mod(NODE_MODULE_DIRS.runc);
+  let kubelet: NodePlan["kubelet"];
+  if (version === PINNED_K8S_VERSION) {
+    kubelet = await mod(NODE_MODULE_DIRS.kubelet);
+  } else {
+    const tmp = await Deno.makeTempDir({ prefix: "enim-k8s-gomod-" });
+    try {
+      kubelet = {
+        mod: await kubernetesGoMod(version, tmp, ["kubelet"], ["module enim.test/k8s/kubelet"]),
+        sum: null,
+      };
+    } finally {
+      await Deno.remove(tmp, { recursive: true });
+    }
+  }
+  const hash = await sha256([
+    version,
+    goVer,
+    ldflags(version),
+    CONTAINERD_TAGS,
+    RUNC_TAGS,
+    meaningful(kubelet.mod),
+    kubelet.sum ?? "(tidied)",
+    meaningful(containerd.mod),
+    containerd.sum,
+    meaningful(runc.mod),
+    runc.sum,
+  ]);
+  return {
+    version,
+    key: `node-v${version}-containerd-v${CONTAINERD_VERSION}-runc-v${RUNC_VERSION}-${hash}`,
+    kubelet,
+    containerd,
+    runc,
+  };
+}
+
+/**
+ * kubelet of the release asked for, containerd {@linkcode CONTAINERD_VERSION} (with its
+ * runc shim and ctr) and runc {@linkcode RUNC_VERSION}, from the cache or built now, as
+ * {@linkcode ensureK8sBinaries} does for the control plane: their own key
+ * (`node-v<k8s>-containerd-v<x>-runc-v<y>-<hash>`) and stamp beside the control plane's,
+ * whose key they leave alone; the same lock scheme and progress lines.
+ */
+export async function ensureNodeBinaries(o: EnsureOptions = {}): Promise<NodeBinaries> {
+  const why = nodeBuildMissing();
+  if (why) throw new Error(why);
+  const say = o.progress ?? ((l: string) => console.error(l));
+  const goVer = goVersion();
+  let version = o.version ?? requestedVersion();
+  if (/^1\.\d+$/.test(version)) version = await newestPatch(version, cacheRoot0());
+  const p = await nodePlan(version, goVer);
+  const root = cacheRoot();
+  const dir = `${root}/${p.key}`;
+  const warm = nodeFound(dir);
+  if (warm) return warm;
+  await Deno.mkdir(root, { recursive: true });
+  const lock = await Deno.open(`${root}/${p.key}.lock`, { create: true, write: true });
+  try {
+    await lock.lock(true);
+    const other = nodeFound(dir);
+    if (other) return other;
+    return await buildNode(p, dir, goVer, say);
+  } finally {
+    lock.close();
+  }
+}
+
+async function buildNode(
+  p: NodePlan,
+  dir: string,
+  goVer: string,
+  say: (line: string) => void,
+): Promise<NodeBinaries> {
+  await Deno.remove(dir, { recursive: true }).catch(() => {});
+  const mods = {
+    kubelet: `${dir}/mod-kubelet`,
+    containerd: `${dir}/mod-containerd`,
+    runc: `${dir}/mod-runc`,
+  };
+  await Deno.mkdir(`${dir}/bin`, { recursive: true });
+  for (const m of Object.values(mods)) await Deno.mkdir(m);
+  const log = `${dir}/build.log`;
+  const t0 = performance.now();
+  const secs = () => Math.round((performance.now() - t0) / 1000);
+  say(
+    `k8s: building kubelet v${p.version}, containerd v${CONTAINERD_VERSION} ` +
+      `(${CONTAINERD_COMMANDS.join(", ")}) and runc v${RUNC_VERSION} with ${goVer} into ${dir}` +
+      " — the first build on a machine takes 5 to 15 minutes on two busy cores after the " +
+      "control plane's; later runs find it there",
+  );
+  const beat = setInterval(() => say(`k8s: still building the node (${secs()} s)`), 60_000);
+  const bin = `${dir}/bin`;
+  try {
+    await Deno.writeTextFile(`${mods.kubelet}/go.mod`, p.kubelet.mod);
+    if (p.kubelet.sum !== null) {
+      await Deno.writeTextFile(`${mods.kubelet}/go.sum`, p.kubelet.sum);
+    } else {
+      say(`k8s: resolving kubelet's module of v${p.version} (go mod tidy)`);
+      await go(["mod", "tidy"], mods.kubelet, log);
+    }
+    for (const m of ["containerd", "runc"] as const) {
+      await Deno.writeTextFile(`${mods[m]}/go.mod`, p[m].mod);
+      await Deno.writeTextFile(`${mods[m]}/go.sum`, p[m].sum);
+    }
+    await go(
+      [
+        "build",
+        "-trimpath",
+        "-tags",
+        RUNC_TAGS,
+        `-ldflags=-s -w -X main.version=${RUNC_VERSION}`,
+        "-o",
+        `${bin}/runc`,
+        "github.com/opencontainers/runc",
+      ],
+      mods.runc,
+      log,
+      true,
+    );
+    say(`k8s: runc built (${secs()} s)`);
+    const cdVersion =
+      `-X github.com/containerd/containerd/v2/version.Version=v${CONTAINERD_VERSION}`;
+    await go(
+      [
+        "build",
+        "-trimpath",
+        "-tags",
+        CONTAINERD_TAGS,
+        `-ldflags=-s -w ${cdVersion}`,
+        "-o",
+        `${bin}/`,
+        ...CONTAINERD_COMMANDS.map((c) => `github.com/containerd/containerd/v2/cmd/${c}`),
+      ],
+      mods.containerd,
+      log,
+    );
+    say(`k8s: containerd built (${secs()} s)`);
+    await go(
+      [
+        "build",
+        "-trimpath",
+        `-ldflags=${ldflags(p.version)}`,
+        "-o",
+        `${bin}/kubelet`,
+        "k8s.io/kubernetes/cmd/kubelet",
+      ],
+      mods.kubelet,
+      log,
+    );
+  } catch (err) {
+    throw new Error(`Cannot build the node's components (log: ${log}): ${err}`, { cause: err });
+  } finally {
+    clearInterval(beat);
+  }
+  const buildSeconds = secs();
+  const stamp: z.infer<typeof NodeStampSchema> = {
+    version: p.version,
+    containerdVersion: CONTAINERD_VERSION,
+    runcVersion: RUNC_VERSION,
+    goVersion: goVer,
+    buildSeconds,
+    builtAt: new Date().toISOString(),
+  };
+  await Deno.writeTextFile(`${dir}/built.json`, JSON.stringify(stamp, null, 2) + "\n");
+  say(`k8s: node built in ${buildSeconds} s`);
+  // Older builds of this release's node (another key: the modules changed since).
+  const root = cacheRoot();
+  for await (const e of Deno.readDir(root)) {
+    const key = e.name.replace(/\.lock$/, "");
+    if (key === p.key || !key.startsWith(`node-v${p.version}-`)) continue;
+    await Deno.remove(`${root}/${e.name}`, { recursive: true }).catch(() => {});
+  }
+  return { ...stamp, dir, paths: nodePaths(dir), built: true };
+}
+
 /**
  * `deno run -A tests/support/k8s/build.ts pin <version>`: writes tests/k8s/kubernetes's
  * go.mod for `<version>` and tidies it (go.sum), for moving the pinned release; and
@@ -437,6 +737,8 @@ if (import.meta.main) {
     await Deno.writeTextFile(`${dir}/go.mod`, await kubernetesGoMod(version, cacheRoot0()));
     await go(["mod", "tidy"], dir);
     console.log(`wrote ${dir}/go.mod and go.sum for v${version}`);
+  } else if (Deno.args[0] === "node") {
+    console.log(JSON.stringify(await ensureNodeBinaries(), null, 2));
   } else {
     const b = await ensureK8sBinaries();
     console.log(JSON.stringify(b, null, 2));

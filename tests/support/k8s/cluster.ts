@@ -32,6 +32,10 @@ export interface KubeClusterOptions {
   serviceCidrs?: string[];
   /** More kube-apiserver flags (appended). */
   apiserverFlags?: string[];
+  /**
+   * More controllers for kube-controller-manager (a real node's: {@linkcode NODE_CONTROLLERS}).
+   */
+  controllers?: string[];
   /** Progress lines (default: none). */
   progress?: (line: string) => void;
   /** How long each component may take to be ready (default 120 s: a loaded machine). */
@@ -76,6 +80,18 @@ export const CONTROLLERS = [
   "namespace-controller",
   "garbage-collector-controller",
   "pod-garbage-collector-controller",
+];
+
+/**
+ * The controllers a cluster with a real kubelet needs besides {@linkcode CONTROLLERS}: the
+ * DaemonSet controller (enim's agent), the node lifecycle controller (it removes the
+ * `node.kubernetes.io/not-ready` taint once kubelet reports Ready) and the root CA publisher
+ * (every pod's projected token volume mounts the `kube-root-ca.crt` ConfigMap it writes).
+ */
+export const NODE_CONTROLLERS = [
+  "daemonset-controller",
+  "node-lifecycle-controller",
+  "root-ca-certificate-publisher-controller",
 ];
 
 /** The running control plane (see the module doc). */
@@ -216,7 +232,7 @@ export class KubeCluster implements AsyncDisposable {
       `--tls-cert-file=${p.serving.cert}`,
       `--tls-private-key-file=${p.serving.key}`,
       `--client-ca-file=${p.ca.cert}`,
-      `--controllers=${CONTROLLERS.join(",")}`,
+      `--controllers=${[...CONTROLLERS, ...(o.controllers ?? [])].join(",")}`,
       `--service-account-private-key-file=${p.serviceAccount.key}`,
       `--root-ca-file=${p.ca.cert}`,
       "--use-service-account-credentials=true",
