@@ -83,8 +83,6 @@ export const APT_PACKAGES = {
   mount: { files: ["/usr/bin/mount", "/usr/bin/umount"], users: ALL, base: true },
   // An earlier release built from history (scripts/_worktree.ts, tests/support/releases.ts).
   git: { files: ["/usr/bin/git"], users: ["test", "bench"] },
-  // The libraries of the tools copied into the stand-in of enim's image (tests/support/k8s/enim_image.ts).
-  "libc-bin": { files: ["/usr/bin/ldd"], users: ["test"], base: true },
   tar: { files: ["/usr/bin/tar"], users: ["test", "bench-cri"], base: true },
   // Image layers (scripts/_oci.ts, `deno task image`).
   gzip: { files: ["/usr/bin/gzip"], users: ["test"], base: true },

@@ -1,11 +1,11 @@
 /**
  * enim installed as an operator installs it (issue 50, point 3), on the real node of
  * tests/support/k8s/real_node.ts: deploy/kubernetes/ applied to the real API server, enim's
- * image imported into the node's containerd 2.x (a stand-in of this machine's own files
- * until `deno task image` lands: tests/support/k8s/enim_image.ts), and the real DaemonSet
- * controller, scheduler and kubelet start the init container and the agent. The init
- * container installs the plugin and the conflist; containerd loads it and the Node turns
- * Ready; the agent's device plugin registers (`enim.dev/eni` in the Node's allocatable);
+ * image (`deno task image`, scripts/image.ts: what ships) imported into the node's
+ * containerd 2.x, and the real DaemonSet controller, scheduler and kubelet start the init
+ * container and the agent. The init container installs the plugin (deno and the bundle
+ * under /opt/cni/bin/enim.d, on a node with no Deno); the agent writes the conflist once it
+ * answers; containerd loads it and the Node turns Ready; the agent's device plugin registers (`enim.dev/eni` in the Node's allocatable);
  * workload pods created through the API get ENIs of the simulated VPC from the plugin
  * the init container installed, run real containers and reach each other; a pod asking
  * more ENIs than the node has stays Pending; deleting a pod gives its ENI back.
@@ -26,7 +26,7 @@ import { BUSYBOX_IMAGE, NODE_DNS, RealNode } from "./support/k8s/real_node.ts";
 import { NodeSchema, PodSchema } from "./support/k8s/kubelet.ts";
 import { applyManifests, readManifests } from "./support/k8s/manifests.ts";
 import { StoredListSchema } from "./support/k8s/rest.ts";
-import { buildEnimStandInImage } from "./support/k8s/enim_image.ts";
+import { buildImage } from "../scripts/image.ts";
 import { SimulatedVpc } from "./support/vpc.ts";
 import { ensureBuiltSync } from "../scripts/build.ts";
 
@@ -62,6 +62,10 @@ function agentConfig(vpc: SimulatedVpc): string {
       log: { level: "info", format: "json" },
       devicePlugin: { enabled: true },
       networkPolicy: { enabled: false },
+      // As the shipped ConfigMap: the conflist written once the agent answers, and the
+      // metrics port the DaemonSet's startup and liveness probes ask.
+      cniConfig: { source: "/etc/enim/10-enim.conflist" },
+      metrics: { enabled: true, address: "0.0.0.0", port: 9798 },
     },
     null,
     2,
@@ -129,10 +133,10 @@ Deno.test({
         cniPlugins: ["/usr/lib/cni/loopback", "/usr/lib/cni/host-local"],
         progress: say,
       });
-      await Deno.mkdir(`${node.base}/images/enim`);
-      const image = await buildEnimStandInImage(`${node.base}/images/enim`, SHIPPED_IMAGE);
-      await node.importImage(image.tar, SHIPPED_IMAGE);
-      say(`enim's stand-in image imported (${image.manifestDigest})`);
+      // The image that ships, under the name the manifests give (imported, never pulled).
+      const image = await buildImage({ outDir: `${node.base}/images/enim`, ref: SHIPPED_IMAGE });
+      await node.importImage(image.archive, SHIPPED_IMAGE);
+      say(`enim's image imported (${image.digest}, ${image.size} bytes)`);
 
       const docs = (await readManifests(cluster.bins.version)).map((d) => {
         if (d.kind !== "ConfigMap" || d.name !== "enim-agent-config") return d;
