@@ -37,12 +37,19 @@ export interface ManifestDoc {
 }
 
 /**
- * Every document of the `.yaml` files in `dir` (sorted by file name), parsed; for a
- * cluster of `version` when given ({@linkcode forRelease}).
+ * The files of deploy/kubernetes/ that are not part of an install: the uninstall Job, a
+ * template the operator applies once per node to take enim away (docs/upgrading.md).
+ */
+export const NOT_INSTALLED = ["uninstall-job.yaml"];
+
+/**
+ * Every document of the `.yaml` files in `dir` (sorted by file name) that an install
+ * applies (not {@linkcode NOT_INSTALLED}), parsed; for a cluster of `version` when given
+ * ({@linkcode forRelease}).
  */
 export async function readManifests(version?: string, dir = MANIFEST_DIR): Promise<ManifestDoc[]> {
   const files = [...Deno.readDirSync(dir)]
-    .filter((e) => e.isFile && e.name.endsWith(".yaml"))
+    .filter((e) => e.isFile && e.name.endsWith(".yaml") && !NOT_INSTALLED.includes(e.name))
     .map((e) => e.name)
     .sort();
   const out: ManifestDoc[] = [];
