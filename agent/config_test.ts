@@ -35,7 +35,11 @@ Deno.test("a JSONC file with comments and trailing commas parses, defaults appli
   assertEquals(cfg.log, { level: "info", format: "json" });
   assertEquals(cfg.devices, "ip");
   assertEquals(cfg.deviceSimulator, undefined);
-  assertEquals(cfg.hostLink, { nodeMark: 0x1000, kubeProxyMasqueradeMark: 0x4000 });
+  assertEquals(cfg.hostLink, {
+    nodeMark: 0x1000,
+    kubeProxyMasqueradeMark: 0x4000,
+    tableCheckSeconds: 2,
+  });
 });
 
 Deno.test("a syntax error is reported with line and column", () => {

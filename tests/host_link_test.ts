@@ -59,6 +59,9 @@ async function kubeNode(enis = 4): Promise<SimulatedNode> {
       enis,
       subnets: { ipv4: { cidr: "10.99.0.0/24" }, ipv6: { cidr: "fd00:99::/64" } },
     },
+    // No table check: the negative control deletes enim's node table and must see the pod's
+    // Service traffic dropped before the GC pass it runs loads the table again.
+    extra: { hostLink: { tableCheckSeconds: 0 } },
   });
   try {
     await node.vpc.sysctl(node.vpc.node, STRICT);
