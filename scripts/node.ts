@@ -129,6 +129,7 @@ let cluster: KubeCluster | null = null;
 let vpc: SimulatedVpc | null = null;
 let node: RealNode | null = null;
 let torn: Promise<void> | null = null;
+let interrupted: number | null = null;
 function teardown(): Promise<void> {
   torn ??= (async () => {
     out(`[${since()}] tearing down: the node, the simulated VPC, the control plane`);
@@ -141,6 +142,7 @@ function teardown(): Promise<void> {
 for (const [sig, code] of [["SIGINT", 130], ["SIGTERM", 143]] as const) {
   Deno.addSignalListener(sig, () => {
     console.error(`\n${sig}: stopping`);
+    interrupted ??= code;
     teardown().finally(() => {
       out(`[${since()}] interrupted (${sig}): everything stopped`);
       Deno.exit(code);
@@ -203,7 +205,11 @@ try {
   step(true, `control plane up: etcd, kube-apiserver, kube-controller-manager, kube-scheduler`);
   vpc = await SimulatedVpc.create({ subnets: { ipv4: SUBNET.cidr } });
   const nic = await vpc.nodeNic();
-  step(true, `simulated VPC ${SUBNET.cidr}; the node's NIC ${nic.ipv4}`);
+  step(
+    true,
+    `simulated VPC ${SUBNET.cidr} (namespaces ${vpc.vpc.name}, ${vpc.node.name}); ` +
+      `the node's NIC ${nic.ipv4}`,
+  );
   node = await RealNode.start(cluster, {
     name: NODE,
     netns: vpc.node.name,
@@ -340,7 +346,10 @@ try {
   if (client.status?.phase !== "Succeeded") out(log);
 } catch (err) {
   failures++;
-  out(`[${since()}] FAIL ${err instanceof Error ? err.stack ?? err.message : String(err)}`);
+  // A signal's teardown pulls the cluster from under the step that was running.
+  if (interrupted === null) {
+    out(`[${since()}] FAIL ${err instanceof Error ? err.stack ?? err.message : String(err)}`);
+  }
 } finally {
   await teardown();
 }
@@ -349,4 +358,4 @@ out(
     failures === 0 ? "ok: every step worked" : `${failures} step(s) failed`
   }; everything stopped`,
 );
-Deno.exit(failures === 0 ? 0 : 1);
+Deno.exit(interrupted ?? (failures === 0 ? 0 : 1));
