@@ -9,7 +9,6 @@
  */
 import { ociArch, reproducibleTar, writeOciArchive } from "../../../scripts/_oci.ts";
 
-
 /** The busybox-static binary (Debian package busybox-static). */
 export const BUSYBOX = "/bin/busybox";
 
