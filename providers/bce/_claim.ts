@@ -355,7 +355,7 @@ async function waitInuse(core: BceCore, eniId: string): Promise<BceEni> {
 }
 
 /** An instance's status as BCE reports it, `gone` when BCE has no such instance. */
-async function instanceStatus(core: BceCore, instanceId: string): Promise<string> {
+export async function instanceStatus(core: BceCore, instanceId: string): Promise<string> {
   try {
     return (await core.client.getInstance(instanceId)).status ?? "unknown";
   } catch (e) {
