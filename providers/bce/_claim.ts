@@ -120,6 +120,13 @@ async function fromElsewhere(
     const status = await instanceStatus(core, from);
     if (!DOWN.has(status) && status !== "gone") {
       core.events.sticky("claim_conflict", profile.name);
+      if (d.status === "attaching") {
+        // Another node's attach is on its way (its claim won the race to BCE).
+        throw new ProviderError(
+          "sticky_conflict",
+          `${where} was claimed by instance "${from}" at the same moment (BCE attaches an ENI to one instance only); the pod runs there`,
+        );
+      }
       core.log.warn("A sticky pod's ENI is attached to a running instance; not taken", {
         eniId: d.eniId,
         instanceId: from,
