@@ -120,6 +120,13 @@ async function fromElsewhere(
     const status = await instanceStatus(core, from);
     if (!DOWN.has(status) && status !== "gone") {
       core.events.sticky("claim_conflict", profile.name);
+      if (d.status === "attaching") {
+        // Another node's attach is on its way (its claim won the race to BCE).
+        throw new ProviderError(
+          "sticky_conflict",
+          `${where} was claimed by instance "${from}" at the same moment (BCE attaches an ENI to one instance only); the pod runs there`,
+        );
+      }
       core.log.warn("A sticky pod's ENI is attached to a running instance; not taken", {
         eniId: d.eniId,
         instanceId: from,
@@ -355,7 +362,7 @@ async function waitInuse(core: BceCore, eniId: string): Promise<BceEni> {
 }
 
 /** An instance's status as BCE reports it, `gone` when BCE has no such instance. */
-async function instanceStatus(core: BceCore, instanceId: string): Promise<string> {
+export async function instanceStatus(core: BceCore, instanceId: string): Promise<string> {
   try {
     return (await core.client.getInstance(instanceId)).status ?? "unknown";
   } catch (e) {

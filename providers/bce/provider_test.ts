@@ -1,5 +1,6 @@
 import { assert, assertEquals, assertMatch, assertStringIncludes } from "../../lib/assert.ts";
 import { ProviderError } from "../contract.ts";
+import { encodeRecord } from "./_sticky.ts";
 import { providerContractSuite } from "../../tests/support/provider_contract.ts";
 import {
   AK,
@@ -334,7 +335,10 @@ Deno.test("a restart re-uses a persisted clientToken and adopts the ENI", async 
 });
 
 Deno.test("the pool loop deletes orphaned available ENIs of this node and nothing else", async () => {
-  const fake = startFake();
+  // i-other is a node that exists (its agent down): its ENIs are its own.
+  const fake = startFake({
+    instances: { [INSTANCE]: { eniQuota: 16 }, "i-other": { eniQuota: 8 } },
+  });
   const orphan = fake.seedEni({ name: `enim/${INSTANCE}/dead01` });
   const otherNode = fake.seedEni({ name: "enim/i-other/dead02" });
   const foreign = fake.seedEni({ name: "someone/else" });
@@ -348,6 +352,56 @@ Deno.test("the pool loop deletes orphaned available ENIs of this node and nothin
     assert(!fake.enis.has(orphan.eniId));
     assert(fake.enis.has(otherNode.eniId));
     assert(fake.enis.has(foreign.eniId));
+  } finally {
+    await env.close();
+    await fake.close();
+  }
+});
+
+Deno.test("the pool loop reclaims the ENIs a released instance left, and keeps a stopped one's", async () => {
+  const fake = startFake({
+    instances: {
+      [INSTANCE]: { eniQuota: 16 },
+      "i-gone01": { eniQuota: 8 },
+      "i-stopped1": { eniQuota: 8 },
+    },
+  });
+  const gone = [1, 2].map((i) =>
+    fake.seedEni({ name: `enim/i-gone01/e${i}`, instanceId: "i-gone01", status: "inuse" })
+  );
+  const stopped = fake.seedEni({
+    name: "enim/i-stopped1/e1",
+    instanceId: "i-stopped1",
+    status: "inuse",
+  });
+  // Detached from the stopped node: available, but its instance may boot again.
+  const stoppedFree = fake.seedEni({ name: "enim/i-stopped1/e2" });
+  fake.setInstanceStatus("i-stopped1", "Stopped");
+  // A zone-sticky pod's ENI the gone node parked, its hold not over: kept for the pod.
+  const parked = fake.seedEni({
+    name: "enim/z/c1/0123456789abcdef",
+    description: encodeRecord({
+      state: "parked",
+      cluster: "c1",
+      pod: "payments/db-0",
+      ifName: "eth0",
+      until: Date.now() + 3_600_000,
+      by: "i-gone01",
+    }),
+  });
+  // The node is gone for good: BCE releases its instance and the ENIs are left available.
+  fake.removeInstance("i-gone01");
+  const env = await setup({
+    withFake: fake,
+    maxEnisPerNode: 2,
+    warmPool: { minIdle: 0, maxIdle: 1 },
+  });
+  try {
+    await env.provider.maintainPool();
+    for (const e of gone) assert(!fake.enis.has(e.eniId), `${e.name} reclaimed`);
+    assert(fake.enis.has(stopped.eniId), "a stopped node keeps its ENI");
+    assert(fake.enis.has(stoppedFree.eniId), "a stopped node keeps its detached ENI");
+    assert(fake.enis.has(parked.eniId), "a parked sticky ENI waits for its hold's expiry");
   } finally {
     await env.close();
     await fake.close();

@@ -539,7 +539,11 @@ Deno.test("the node limit comes from the instance's eniQuota (primary NIC exclud
 // ---- 7. orphans without the name filter -------------------------------------------------------
 
 Deno.test("orphans are found without BCE's name filter (which the fake matches exactly)", async () => {
-  const fake = startFake({ nameFilter: "exact" });
+  // i-other is a node that exists (its agent down): its ENIs are its own.
+  const fake = startFake({
+    nameFilter: "exact",
+    instances: { [INSTANCE]: { eniQuota: 16 }, "i-other": { eniQuota: 8 } },
+  });
   const orphan = fake.seedEni({ name: `enim/${INSTANCE}/dead01` });
   const otherNode = fake.seedEni({ name: "enim/i-other/dead02" });
   const foreign = fake.seedEni({ name: "someone/else" });

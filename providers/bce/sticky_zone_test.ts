@@ -369,7 +369,11 @@ Deno.test("two nodes claiming one parked ENI at once: one attach wins, the other
     const enisBefore = a.fake.enis.size;
     const from = a.fake.requests.length;
     // Both lookups are answered together, so both nodes see it parked and attach.
-    a.fake.inject({ kind: "slow", delayMs: 100, match: { method: "GET", path: "/v1/eni" } }, 2);
+    // Only the lookups (a `name` filter): a pool pass's own list must not take a slow answer.
+    a.fake.inject(
+      { kind: "slow", delayMs: 100, match: { method: "GET", path: "/v1/eni", action: "name" } },
+      2,
+    );
     const outcomes = await Promise.allSettled([
       b.provider.allocateNextENI(owner("cb"), { ...ANY_ADDRESS, sticky: true }),
       c.provider.allocateNextENI(owner("cc"), { ...ANY_ADDRESS, sticky: true }),
@@ -397,6 +401,34 @@ Deno.test("two nodes claiming one parked ENI at once: one attach wins, the other
     assertEquals([ls.details.claiming, ls.details.creating, ls.attachable], [0, 0, 8]);
     assertEquals(loser.events, ["claim_conflict:default"]);
     assertEquals(a.fake.enis.size, enisBefore, "no ENI made or lost");
+  } finally {
+    await c.close();
+    await b.close();
+    await a.close();
+  }
+});
+
+Deno.test("an ENI another running node is attaching is refused as claimed at the same moment (fake instanceIdWhileAttaching: set)", async () => {
+  const a = await nodeA({ fake: { instances: instancesABC(), instanceIdWhileAttaching: "set" } });
+  const b = await nodeOn(a, NODE_B, { timeouts: { attachMs: 20_000 } });
+  const c = await nodeOn(a, NODE_C);
+  try {
+    const first = await parkedBy(a, "c1");
+    a.fake.opts.attachDelayMs = 400;
+    const onB = b.provider.allocateNextENI(owner("cb"), { ...ANY_ADDRESS, sticky: true });
+    onB.catch(() => {});
+    await eventually(
+      () => cloud(a.fake, first.id)?.status === "attaching",
+      "B's attach to start",
+    );
+    const err = await rejection(
+      c.provider.allocateNextENI(owner("cc"), { ...ANY_ADDRESS, sticky: true }),
+    );
+    assertEquals(err.reason, "sticky_conflict");
+    assertStringIncludes(err.message, `claimed by instance "${NODE_B}" at the same moment`);
+    assertEquals(c.events, ["claim_conflict:default"]);
+    assertEquals((await onB).id, first.id);
+    assertEquals(a.fake.attachedTo(NODE_C), []);
   } finally {
     await c.close();
     await b.close();
