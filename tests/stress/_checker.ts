@@ -364,6 +364,16 @@ export function checkInvariants(v: CheckViews): Violation[] {
       ? undefined
       : attachments.find((a) => a.hostLink?.nodeIfName === r.iif);
     if (r.detached && owner?.state === "deleting") continue; // its DEL is removing them
+    // A DEL still finishing removes its link's rules with the link (as for the link above).
+    const link = r.iif === null
+      ? undefined
+      : kernel.node.links.find((x) => x.nodeEnd && x.ifname === r.iif);
+    const linkKey = owner
+      ? keyOf(owner)
+      : link?.alias?.startsWith("enim:")
+      ? link.alias.slice(5)
+      : null;
+    if (linkKey !== null && finishing.has(linkKey)) continue;
     if (r.detached || !owner) {
       add(
         "host_link_rule_orphan",
