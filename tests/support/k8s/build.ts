@@ -339,17 +339,30 @@ export async function ensureK8sBinaries(o: EnsureOptions = {}): Promise<K8sBinar
   let version = o.version ?? requestedVersion();
   if (/^1\.\d+$/.test(version)) version = await newestPatch(version, cacheRoot0());
   const p = await plan(version, goVer);
+  return await cachedBuild(p.key, found, (dir) => build(p, dir, goVer, say));
+}
+
+/**
+ * What is cached under `key` in {@linkcode cacheRoot}: `found(dir)` when it is there, else
+ * `make(dir)` under an exclusive lock on `<root>/<key>.lock` (a caller that waited for the
+ * lock finds what the other one built).
+ */
+async function cachedBuild<T>(
+  key: string,
+  found: (dir: string) => T | null,
+  make: (dir: string) => Promise<T>,
+): Promise<T> {
   const root = cacheRoot();
-  const dir = `${root}/${p.key}`;
+  const dir = `${root}/${key}`;
   const warm = found(dir);
   if (warm) return warm;
   await Deno.mkdir(root, { recursive: true });
-  const lock = await Deno.open(`${root}/${p.key}.lock`, { create: true, write: true });
+  const lock = await Deno.open(`${root}/${key}.lock`, { create: true, write: true });
   try {
     await lock.lock(true);
     const other = found(dir);
     if (other) return other;
-    return await build(p, dir, goVer, say);
+    return await make(dir);
   } finally {
     lock.close();
   }
@@ -599,20 +612,7 @@ export async function ensureNodeBinaries(o: EnsureOptions = {}): Promise<NodeBin
   let version = o.version ?? requestedVersion();
   if (/^1\.\d+$/.test(version)) version = await newestPatch(version, cacheRoot0());
   const p = await nodePlan(version, goVer);
-  const root = cacheRoot();
-  const dir = `${root}/${p.key}`;
-  const warm = nodeFound(dir);
-  if (warm) return warm;
-  await Deno.mkdir(root, { recursive: true });
-  const lock = await Deno.open(`${root}/${p.key}.lock`, { create: true, write: true });
-  try {
-    await lock.lock(true);
-    const other = nodeFound(dir);
-    if (other) return other;
-    return await buildNode(p, dir, goVer, say);
-  } finally {
-    lock.close();
-  }
+  return await cachedBuild(p.key, nodeFound, (dir) => buildNode(p, dir, goVer, say));
 }
 
 async function buildNode(
