@@ -17,6 +17,7 @@
  */
 import { DEFAULT_SOCKET } from "../api/wire.ts";
 import { MarkConfigSchema } from "../api/schema.ts";
+import { DEFAULT_JUDGED_MARK } from "../policy/fence.ts";
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
 import { parse as parseJsonc, type ParseError, printParseErrorCode } from "jsonc-parser";
@@ -295,6 +296,12 @@ export const AgentConfigSchema = z.strictObject({
        * changed one is loaded again); 0: never.
        */
       tableCheckSeconds: z._default(z.number().check(z.minimum(0), z.maximum(3600)), 2),
+      /**
+       * The packet mark's bit the node's policy table sets on what it judged, which the
+       * fence (`policy/fence.ts`) lets through node ends while that table is gone; 0: no
+       * fence. A bit neither kube-proxy nor the host link uses.
+       */
+      judgedMark: z._default(z.union([z.literal(0), MarkConfigSchema]), DEFAULT_JUDGED_MARK),
     }),
     {},
   ),
@@ -316,7 +323,16 @@ export const AgentConfigSchema = z.strictObject({
       z.regex(/^[A-Za-z0-9_.-]+$/, "Expected a device name"),
     ),
   })),
-});
+}).check(z.refine(
+  (c) =>
+    c.networkPolicy.judgedMark !== c.hostLink.nodeMark &&
+    c.networkPolicy.judgedMark !== c.hostLink.kubeProxyMasqueradeMark,
+  {
+    message:
+      "networkPolicy.judgedMark needs a bit of its own (not hostLink.nodeMark's or hostLink.kubeProxyMasqueradeMark's)",
+    path: ["networkPolicy", "judgedMark"],
+  },
+));
 /** The validated agent configuration (defaults applied). */
 export type AgentConfig = z.output<typeof AgentConfigSchema>;
 

@@ -19,6 +19,7 @@ import { unixRequest } from "../api/client.ts";
 import { AGENT_RECORD_NAME } from "../api/wire.ts";
 import { kernelLeftovers, removeLeftover } from "../netns/uninstall.ts";
 import { POLICY_TABLE } from "../policy/nft.ts";
+import { FENCE_TABLE } from "../policy/fence.ts";
 
 /** What {@linkcode uninstall} is asked to do. */
 export interface UninstallOptions {
@@ -166,7 +167,7 @@ export async function uninstall(
     }
   }
 
-  for (const l of await kernelLeftovers([POLICY_TABLE])) {
+  for (const l of await kernelLeftovers([POLICY_TABLE, FENCE_TABLE])) {
     await act(`remove ${l.what}`, () => removeLeftover(l));
   }
 

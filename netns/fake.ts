@@ -25,6 +25,7 @@ import { HOST_LINK_GROUP, podRulesOf, resultRoutes } from "./host_link.ts";
 import type { RuleEntry } from "./ip.ts";
 import { type InstalledShaping, installedShaping, isShaped, liveShapingOf } from "./bandwidth.ts";
 import { namesOneNamespace } from "./pin.ts";
+import { FENCE_TABLE } from "../policy/fence.ts";
 import {
   DeviceError,
   type DeviceLayer,
@@ -550,8 +551,16 @@ export class FakeDeviceLayer implements DeviceLayer {
     if (netns !== null && !this.#ns.has(netns)) {
       throw new DeviceError("nft", "netns_invalid", `Netns "${netns}" does not exist`);
     }
+    // The NetworkPolicy fence (`policy/fence.ts`), a table of its own: kept apart.
+    if (text.startsWith(`table inet ${FENCE_TABLE} {`)) {
+      this.fences.set(netns ?? NODE, text);
+      return;
+    }
     this.#loaded(netns ?? NODE, text);
   }
+
+  /** The last text loaded for the NetworkPolicy fence, per namespace (`NODE` or a path). */
+  readonly fences = new Map<string, string>();
 
   async listCounters(netns: string | null, table: string): Promise<string> {
     this.calls.push({ op: "listCounters", args: { netns, table } });

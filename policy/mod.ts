@@ -25,6 +25,14 @@ export {
 } from "./compile.ts";
 export { type UnreadablePolicy, unreadablePolicy, unreadableText } from "./_prepare.ts";
 export { lendsAddresses } from "./_local_addrs.ts";
+export {
+  DEFAULT_JUDGED_MARK,
+  FENCE_COUNTER,
+  FENCE_TABLE,
+  fenceRemoval,
+  fenceRuleset,
+  fenceTimeoutSeconds,
+} from "./fence.ts";
 export { GUARD_COUNTER, GUARD_STAMP, GUARD_TABLE, guardProbe, guardRuleset } from "./raw_guard.ts";
 export { admits, connectionAllowed, type End, type Probe } from "./evaluate.ts";
 export {

@@ -40,6 +40,7 @@
  */
 import * as z from "zod/mini";
 import "../lib/zod_locale.ts";
+import { judgedStamp } from "./fence.ts";
 import type { CompiledPolicy, Direction, Entry, PeerSet, PortMatcher, SetDelta } from "./types.ts";
 
 /** The table, in the pod's namespace and in the node's. */
@@ -251,6 +252,11 @@ export interface NodeRulesetOptions {
   previous?: NodePod[];
   /** Log dropped packets (off by default). */
   log?: DropLog;
+  /**
+   * The judged bit (`policy/fence.ts`): the `forward` chain's first rule sets it on
+   * every packet the chain sees, which the fence lets through. Unset: no stamp.
+   */
+  judgedMark?: number;
 }
 
 /** The names of one pod's chains and counters in the node's table. */
@@ -354,6 +360,9 @@ export function nodeRuleset(pods: NodePod[], opts: NodeRulesetOptions): string {
     ...[...goneSets.keys()].flatMap((k) => FAMS.map((f) => `delete set ${T} ${setName(k, f)}`)),
     ...nodeSetLines(opts.node),
     ...sets.flatMap(fillSet),
+    ...(opts.judgedMark
+      ? judgedStamp(opts.judgedMark).map((r) => `add rule ${T} forward ${r}`)
+      : []),
     `add rule ${T} forward ct state established,related accept`,
     `add rule ${T} forward iifname vmap @egress_links`,
     `add rule ${T} forward oifname vmap @ingress_links`,

@@ -13,7 +13,9 @@
  * Each case measures the window in which job's probes got through (from the deletion to
  * the last probe through; printed), checks that the agent found the table missing and
  * loaded it again (its metric, its log line, its status), and that no probe got through
- * after that: job's for a while longer, while web still reaches db.
+ * after that: job's for a while longer, while web still reaches db. The first case has
+ * no window at all: the fence (`policy/fence.ts`, table `inet enim_fence`) drops what no
+ * policy table judged, and its counter shows it did; the flush takes the fence too.
  *
  * On the real control plane (kube-apiserver, the controller-manager, the real kube-proxy)
  * when Go is here to build it, else the test API server and kube-proxy's rules by hand.
@@ -35,6 +37,7 @@ const DEPS = await clientDeps("policy_table_repair_test", [...TRAFFIC_NEEDS, ...
 
 const API = realApiWanted();
 const NFT = "/usr/sbin/nft";
+const POLICY = "enim_policy";
 const CLUSTER_IP = "172.30.0.10";
 /** How long job keeps probing once the repair is seen (nothing may get through). */
 const AFTER_MS = 4_000;
@@ -172,16 +175,82 @@ Deno.test({
           log.includes("NetworkPolicy: a policy table is missing; loading it again"),
           "the repair is logged",
         );
-        return windowMs;
+        return r;
       };
 
-      await t.step("the node's policy table deleted", async () => {
-        await judge(
+      /** The fence's count of first packets it dropped (null: no fence). */
+      const fenceDrops = async (): Promise<number | null> => {
+        const out = await a.vpc.exec(a.vpc.node, [
+          NFT,
+          "list",
+          "counter",
+          "inet",
+          "enim_fence",
+          "drop_unjudged",
+        ]);
+        if (out.code !== 0) return null;
+        return Number(/packets (\d+)/.exec(out.stdout)?.[1] ?? NaN);
+      };
+
+      await t.step(
+        "the node's policy table deleted while its agent is frozen (no repair can come): the fence alone holds, none through",
+        async () => {
+          const up = await poll(async () => (await fenceDrops()) !== null || null, {
+            timeoutMs: 20_000,
+            intervalMs: 100,
+          });
+          assert(up, "the agent never wrote its fence (inet enim_fence)");
+          const pid = a.agentPid!;
+          const dropsBefore = (await fenceDrops())!;
+          Deno.kill(pid, "SIGSTOP");
+          let r: Awaited<ReturnType<typeof probeLoop>>;
+          try {
+            const out = await a.vpc.exec(a.vpc.node, [NFT, "delete", "table", "inet", POLICY]);
+            assertEquals(out.code, 0, out.stderr);
+            const t0 = performance.now();
+            // Within the fence's timeout (10 s at the defaults) from its last write.
+            r = await probeLoop(job, target, t0, () => performance.now() - t0 > 3_000);
+          } finally {
+            Deno.kill(pid, "SIGCONT");
+          }
+          const dropped = (await fenceDrops())! - dropsBefore;
+          console.error(
+            `policy_table_repair_test: agent frozen, table deleted: ${r.rounds} probes, ${r.through.length} through; the fence dropped ${dropped} first packets`,
+          );
+          assertEquals(r.through, [], "probes through the fence");
+          assert(r.rounds >= 5, `${r.rounds} rounds`);
+          assert(dropped > 0, "the fence dropped nothing");
+          // Thawed, the agent finds its table missing and loads it again.
+          const back = await poll(async () => {
+            const s = await a.client.status();
+            return s.policy?.pods.every((p) => p.state === "enforced") || null;
+          }, { timeoutMs: 30_000, intervalMs: 100 });
+          assert(back, "the status never said enforced again");
+          await reach(web, true);
+          await reach(job, false);
+        },
+      );
+
+      await t.step("the node's policy table deleted: the fence holds, none through", async () => {
+        // The fence is written at the agent's first table check after its take-over.
+        const up = await poll(async () => (await fenceDrops()) !== null || null, {
+          timeoutMs: 20_000,
+          intervalMs: 100,
+        });
+        assert(up, "the agent never wrote its fence (inet enim_fence)");
+        const dropsBefore = (await fenceDrops())!;
+        const r = await judge(
           "table deleted",
           ["delete", "table", "inet", "enim_policy"],
           [["policy", "node"]],
           () => Promise.resolve(),
         );
+        console.error(
+          `policy_table_repair_test: table deleted: the fence dropped ${
+            (await fenceDrops())! - dropsBefore
+          } first packets`,
+        );
+        assertEquals(r.through, [], "probes through while the node's policy table was gone");
       });
 
       await t.step(

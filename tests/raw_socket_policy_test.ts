@@ -19,6 +19,7 @@
  * @module
  */
 import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
+import { poll } from "../lib/async.ts";
 import { clientDeps } from "./support/clients.ts";
 import { TRAFFIC_NEEDS } from "./support/traffic.ts";
 import { type ClusterPod, PolicyCluster } from "./support/policy_cluster.ts";
@@ -147,6 +148,35 @@ Deno.test({
           assert(passed(r), `dst -> src:8080: ${r}`);
           const [u] = await src.prober.probe([{ proto: "tcp", addr: dst.v4, port: 8080 }], 1_000);
           assert(!passed(u), `src -> dst:8080 is denied: ${u}`);
+        },
+      );
+      await t.step(
+        "the guard's two tables deleted in src's namespace are found by the check and loaded again; raw frames still do not arrive",
+        async () => {
+          for (const family of ["netdev", "inet"]) {
+            const r = await a.vpc.exec(src.ns, [NFT, "delete", "table", family, "enim_guard"]);
+            assertEquals(r.code, 0, r.stderr);
+          }
+          const t0 = performance.now();
+          const back = await poll(async () => {
+            for (const family of ["netdev", "inet"]) {
+              const r = await a.vpc.exec(src.ns, [NFT, "list", "table", family, "enim_guard"]);
+              if (r.code !== 0) return null;
+            }
+            return true;
+          }, { timeoutMs: 20_000, intervalMs: 100 });
+          assert(back, "the guard's tables were not loaded again");
+          console.error(
+            `raw-socket guard deleted: both tables back ${
+              Math.round(performance.now() - t0)
+            } ms after`,
+          );
+          const log = await a.agentLog();
+          assert(log.includes("enim_guard"), "the repair is logged, naming the guard's tables");
+          const before = await arrived();
+          await sendRaw(src, dst, true);
+          await new Promise((ok) => setTimeout(ok, 300));
+          assertEquals((await arrived()) - before, 0);
         },
       );
       await t.step("enim policy and enim status show src guarded, not flagged", async () => {

@@ -52,6 +52,8 @@ export interface NodeTableDeps {
   peerSet(key: string): PeerSet;
   /** The node's addresses as the enforcer knows them. */
   nodeAddresses(): string[];
+  /** The judged bit the table stamps (`policy/fence.ts`); unset: none. */
+  judgedMark?: number;
   /**
    * An update failed: whether the table is gone (counted and logged as a repair: the
    * whole render that follows loads it again). Never rejects.
@@ -193,7 +195,12 @@ export class NodeTable {
     const ends = new Set(pods.map((p) => p.nodeEnd));
     this.#chainsMaybe(ends);
     this.renders++;
-    let text = nodeRuleset(pods, { node, previous, log: this.#d.dropLog });
+    let text = nodeRuleset(pods, {
+      node,
+      previous,
+      log: this.#d.dropLog,
+      judgedMark: this.#d.judgedMark,
+    });
     // What an earlier agent left goes, in the same transaction as the new table.
     if (clean) text = `table ${TABLE} {}\ndelete table ${TABLE}\n${text}`;
     if (kept.length > 0) text = withoutSetDeletes(text) + keptChains(kept);

@@ -22,7 +22,13 @@ import type { PolicyHook, PolicyPod, RestoredPolicyPod } from "../../manager/typ
 import type { Kube, Namespace, NetworkPolicy, Pod } from "../../kube/mod.ts";
 import {
   type CompiledPolicy,
+  DEFAULT_JUDGED_MARK,
   type DropLog,
+  FENCE_TABLE,
+  fenceRemoval,
+  fenceRuleset,
+  fenceTimeoutSeconds,
+  GUARD_TABLE,
   PodNotFoundError,
   podRuleset,
   POLICY_TABLE,
@@ -96,6 +102,13 @@ export interface PolicyEnforcerOptions {
    */
   tableCheckMs?: number;
   /**
+   * The judged bit of the packet mark (`policy/fence.ts`; `networkPolicy.judgedMark`,
+   * default 0x20000; 0: no fence): the node's table stamps what it judged, and the fence,
+   * armed at every table check, drops the first packets through node ends no table
+   * judged. No fence without the table check (its writes keep it armed).
+   */
+  judgedMark?: number;
+  /**
    * What is kept across a restart (`_memory.ts`): the pods the loaded rules knew each
    * address as, and the resourceVersions put in place. None: nothing is kept.
    */
@@ -168,6 +181,11 @@ export class PolicyEnforcer implements PolicyHook {
   #checkCursor = 0;
   /** Tables found missing or changed, and rendered again. */
   #repairs = 0;
+  /** The judged bit (0: no fence), and the fence's timeout. */
+  readonly #judgedMark: number;
+  readonly #fenceTimeoutS: number;
+  /** The fence was written (the drain takes it away). */
+  #fenced = false;
   readonly #memory: PolicyMemory | null;
   /** The pods the confirmed rules knew each address as (`_memory.ts`; null: not read yet). */
   #owners: Map<string, string> | null = null;
@@ -192,6 +210,9 @@ export class PolicyEnforcer implements PolicyHook {
     this.#rawCapablePods = o.rawCapablePods ?? "flag";
     this.#runtimeCaps = o.runtimeDefaultCapabilities ?? ["NET_RAW"];
     this.#memory = o.memory ?? null;
+    const checkMs = o.tableCheckMs ?? 2_000;
+    this.#judgedMark = checkMs > 0 ? o.judgedMark ?? DEFAULT_JUDGED_MARK : 0;
+    this.#fenceTimeoutS = fenceTimeoutSeconds(checkMs / 1000);
     // From the cache's first list on, apart from the queue; unsubscribed by the drain.
     this.#unreadable = new UnreadablePolicies(o.kube.networkPolicies, this.#log);
     this.#unsubscribe.push(() => this.#unreadable.close());
@@ -209,6 +230,7 @@ export class PolicyEnforcer implements PolicyHook {
       compile,
       peerSet: (key) => this.#engine!.peerSet(key),
       nodeAddresses: () => this.#nodeAddrs,
+      judgedMark: this.#judgedMark || undefined,
       // The update of a table that is gone fails (its guard set is missing): a repair.
       updateFailed: () =>
         this.#devices.listTable(null, `inet ${POLICY_TABLE}`).then((listing) => {
@@ -239,7 +261,6 @@ export class PolicyEnforcer implements PolicyHook {
         }),
     });
     const everyMs = o.nodeAddressesEveryMs ?? 60_000;
-    const checkMs = o.tableCheckMs ?? 2_000;
     this.#life = new PolicyLifecycle({
       nodeAddresses: async (signal) => {
         const addrs = await listNodeAddresses(this.#devices, this.#log, signal);
@@ -429,6 +450,7 @@ export class PolicyEnforcer implements PolicyHook {
           error: userMessage(err),
         })
       );
+      await this.#armFence();
       if (!signal.aborted) timer = setTimeout(tick, everyMs);
     };
     timer = setTimeout(tick, everyMs);
@@ -527,6 +549,24 @@ export class PolicyEnforcer implements PolicyHook {
             att.stale = true;
             att.broken = true;
             this.#repaired("pod", netns, finding);
+            return true;
+          }
+          // The raw-socket guard's two tables, where it drops: there, or loaded again.
+          if (this.#podTables.guard && att.guard === true) {
+            const gone: string[] = [];
+            for (const family of ["netdev", "inet"]) {
+              const t = `${family} ${GUARD_TABLE}`;
+              if ((await this.#devices.listTable(netns, t).catch(() => "")) === null) {
+                gone.push(t);
+              }
+            }
+            if (gone.length > 0) {
+              att.guard = undefined;
+              att.stale = true;
+              att.broken = true;
+              finding = "missing";
+              this.#repaired("pod", netns, finding, gone.join(", "));
+            }
           }
           return true;
         }),
@@ -536,14 +576,59 @@ export class PolicyEnforcer implements PolicyHook {
     ).then(() => finding);
   }
 
-  #repaired(place: "pod" | "node", netns: string | null, finding: TableFinding): void {
+  /**
+   * Writes the fence again (`policy/fence.ts`), armed for its timeout: once this agent's
+   * node table (which stamps what it judged) has loaded, and at every check after, even
+   * while that table is found missing (the fence is what holds then).
+   */
+  async #armFence(): Promise<void> {
+    if (!this.#judgedMark || !this.#engine || this.#life.stopping) return;
+    if (!this.#fenced && (this.#node.renders === 0 || this.#node.loaded === null)) return;
+    try {
+      await this.#devices.loadRuleset(
+        null,
+        fenceRuleset({ mark: this.#judgedMark, timeoutSeconds: this.#fenceTimeoutS }),
+      );
+      if (!this.#fenced) {
+        this.#log.info("NetworkPolicy: the fence is up", {
+          table: `inet ${FENCE_TABLE}`,
+          judgedMark: `0x${this.#judgedMark.toString(16)}`,
+          timeoutSeconds: this.#fenceTimeoutS,
+        });
+      }
+      this.#fenced = true;
+    } catch (err) {
+      this.#log.warn("NetworkPolicy: cannot write the fence", { error: userMessage(err) });
+    }
+  }
+
+  /** Takes the fence away (a stopping agent: whatever runs next may stamp nothing). */
+  async #takeFenceAway(): Promise<void> {
+    if (!this.#fenced) return;
+    try {
+      await this.#devices.loadRuleset(null, fenceRemoval());
+      this.#fenced = false;
+    } catch (err) {
+      this.#log.warn("NetworkPolicy: cannot take the fence away; it disarms by itself", {
+        error: userMessage(err),
+        afterSeconds: this.#fenceTimeoutS,
+      });
+    }
+  }
+
+  #repaired(
+    place: "pod" | "node",
+    netns: string | null,
+    finding: TableFinding,
+    table = `inet ${POLICY_TABLE}`,
+  ): void {
     this.#repairs++;
     this.#metrics?.tableRepaired?.("policy", place);
     this.#log.warn(
       finding === "missing"
         ? "NetworkPolicy: a policy table is missing; loading it again"
         : "NetworkPolicy: a policy table is not what this agent loaded; loading it again",
-      { place, table: `inet ${POLICY_TABLE}`, finding, ...(netns ? { netns } : {}) },
+      { place, table, finding, ...(netns ? { netns } : {}) },
     );
   }
 
@@ -559,6 +644,7 @@ export class PolicyEnforcer implements PolicyHook {
     // It writes the state database: done before the agent closes it.
     await this.#confirming;
     await this.#loads.idle();
+    await this.#takeFenceAway();
   }
 
   // ---- the queue ----

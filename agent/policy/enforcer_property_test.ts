@@ -32,7 +32,13 @@ import { ModelDeviceLayer, type TableView } from "../../tests/support/nft_model.
 import { NODE } from "../../netns/fake.ts";
 import { NamespaceSchema, NetworkPolicySchema, PodSchema } from "../../kube/objects.ts";
 import { ApiError } from "../../api/schema.ts";
-import { type NodePod, nodeRuleset, podRuleset, PolicyEngine } from "../../policy/mod.ts";
+import {
+  DEFAULT_JUDGED_MARK,
+  type NodePod,
+  nodeRuleset,
+  podRuleset,
+  PolicyEngine,
+} from "../../policy/mod.ts";
 import type { RestoredPolicyPod } from "../../manager/types.ts";
 import { PolicyEnforcer } from "./enforcer.ts";
 
@@ -520,7 +526,10 @@ class World implements AsyncDisposable {
     for (const a of this.devices.nodeAddrs.addresses) {
       (a.includes(":") ? split.ipv6 : split.ipv4).push(a);
     }
-    model.apply(NODE, nodeRuleset(nodePods, { node: split }));
+    model.apply(
+      NODE,
+      nodeRuleset(nodePods, { node: split, judgedMark: DEFAULT_JUDGED_MARK }),
+    );
     return { pods, node: model.view(NODE) };
   }
 

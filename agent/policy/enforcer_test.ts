@@ -604,6 +604,15 @@ Deno.test("a policy table taken away is found by the table check and loaded agai
       const node = () => devices.rulesets.get(NODE)!.length;
       const web = () => devices.rulesets.get("/run/netns/web")!.length;
       const [nodeLoads, webLoads] = [node(), web()];
+      // The fence is up once the node's table (which stamps what it judged) has loaded.
+      await until("the fence written", () => devices.fences.has(NODE));
+      const fence = devices.fences.get(NODE)!;
+      assertStringIncludes(fence, "add element inet enim_fence armed { 1701734765 timeout 10s }");
+      assertStringIncludes(fence, "meta mark & 0x20000 == 0x20000 accept");
+      assertStringIncludes(
+        devices.rulesets.get(NODE)!.at(-1)!,
+        "add rule inet enim_policy forward iifgroup 1701734765 meta mark set meta mark | 0x20000",
+      );
       // `nft flush ruleset` on the node: the node's table is loaded again, whole.
       devices.deleteTables(NODE);
       await until("the node's table loaded again", () => node() > nodeLoads);
@@ -626,6 +635,12 @@ Deno.test("a policy table taken away is found by the table check and loaded agai
         ["warn", "pod"],
       ]);
       assertEquals(e.status().pods.map((p) => p.state), ["enforced"]);
+      // A stopping agent takes its fence away (whatever runs next may stamp nothing).
+      await e.close();
+      assertEquals(
+        devices.fences.get(NODE),
+        "table inet enim_fence {}\ndelete table inet enim_fence\n",
+      );
     } finally {
       await e.close();
     }

@@ -119,6 +119,7 @@ export async function startPolicyEnforcer(
     logDropsPerSecond: cfg.networkPolicy.logDropsPerSecond,
     reuseWaitMs: cfg.networkPolicy.reuseWaitSeconds * 1000,
     tableCheckMs: cfg.networkPolicy.tableCheckSeconds * 1000,
+    judgedMark: np.judgedMark,
     ...(o.db ? { memory: new SqlitePolicyMemory(o.db) } : {}),
     metrics: o.metrics,
     rawGuard,

@@ -17,6 +17,7 @@
  */
 import { DeviceError } from "../../netns/types.ts";
 import { FakeDeviceLayer, NODE } from "../../netns/fake.ts";
+import { FENCE_TABLE } from "../../policy/fence.ts";
 
 interface ModelSet {
   type: string;
@@ -84,8 +85,20 @@ export class NftModel {
   /** By namespace (`NODE` or a path): the table `inet enim_policy`, when there is one. */
   readonly tables = new Map<string, ModelTable>();
 
+  /**
+   * By namespace: the fence's text (`policy/fence.ts`) as last loaded, null once taken
+   * away. Kept as written, not modelled: it judges nothing the policy table decides.
+   */
+  readonly fences = new Map<string, string | null>();
+
   /** Applies `text` in `where` as one transaction; throws {@linkcode NftModelError}. */
   apply(where: string, text: string): void {
+    if (text.startsWith(`table inet ${FENCE_TABLE} {`)) {
+      if (text.startsWith(`table inet ${FENCE_TABLE} {}\ndelete table`)) {
+        this.fences.set(where, null);
+      } else this.fences.set(where, text);
+      return;
+    }
     const had = this.tables.get(where);
     let t: ModelTable | undefined = had ? cloneTable(had) : undefined;
     const table = (line: string): ModelTable => {
