@@ -20,9 +20,10 @@
 import { assert, assertEquals } from "../lib/assert.ts";
 import { clientDeps } from "./support/clients.ts";
 import { TRAFFIC_NEEDS } from "./support/traffic.ts";
-import { installKubeProxy, KUBE_PROXY_NEEDS, type ServicePort } from "./support/kube_proxy.ts";
-import { type ClusterPod, PolicyCluster, SERVICE_CIDRS } from "./support/policy_cluster.ts";
+import { KUBE_PROXY_NEEDS } from "./support/kube_proxy.ts";
+import { PolicyCluster } from "./support/policy_cluster.ts";
 import { passed, type Probe } from "./support/prober.ts";
+import { admitOnlyWeb, kubeProxyByHand, probeUntil, servicePort } from "./support/db_policy.ts";
 
 const DEPS = await clientDeps("network_policy_restart_test", [
   ...TRAFFIC_NEEDS,
@@ -31,41 +32,6 @@ const DEPS = await clientDeps("network_policy_restart_test", [
 
 /** How long the provider's `list()` takes once the agent restarts. */
 const LIST_LATENCY_MS = 3_000;
-
-/** A ClusterIP Service of `protocol` `port` → the backend's same port. */
-function svc(
-  name: string,
-  clusterIP: string,
-  ip: string,
-  protocol: "tcp" | "udp",
-  port: number,
-): ServicePort {
-  return {
-    namespace: "alpha",
-    name,
-    portName: `${protocol}-${port}`,
-    protocol,
-    clusterIP,
-    port,
-    endpoints: [{ ip, port }],
-  };
-}
-
-/** Probes `targets` from `from` over and over until `stop` resolves; what got through. */
-async function probeLoop(from: ClusterPod, targets: Probe[], stop: Promise<unknown>) {
-  let done = false;
-  stop.finally(() => done = true);
-  const through: string[] = [];
-  let rounds = 0;
-  while (!done) {
-    const r = await from.prober.probe(targets, 300);
-    rounds++;
-    r.forEach((x, i) => {
-      if (passed(x)) through.push(`${targets[i].proto} ${targets[i].addr}:${targets[i].port} ${x}`);
-    });
-  }
-  return { through, rounds };
-}
 
 Deno.test({
   name:
@@ -81,27 +47,13 @@ Deno.test({
       const web = await c.pod(a, "node-a", "alpha", "web", { app: "web" }, []);
       const job = await c.pod(a, "node-a", "alpha", "job", { app: "job" }, []);
       const services = [
-        svc("db", "172.30.0.10", db.v4, "tcp", 5432),
-        svc("db", "172.30.0.10", db.v4, "udp", 53),
-        svc("ghost", "172.30.0.11", ghost.v4, "tcp", 5432),
-        svc("ghost", "172.30.0.11", ghost.v4, "udp", 53),
+        servicePort("db", "172.30.0.10", db.v4, "tcp", 5432),
+        servicePort("db", "172.30.0.10", db.v4, "udp", 53),
+        servicePort("ghost", "172.30.0.11", ghost.v4, "tcp", 5432),
+        servicePort("ghost", "172.30.0.11", ghost.v4, "udp", 53),
       ];
-      await installKubeProxy(a.vpc.node.name, "iptables", services, [{
-        family: 4,
-        serviceCidr: SERVICE_CIDRS.ipv4,
-        nodeIPs: [a.nic!.ipv4!],
-      }]);
-      c.put("networkpolicies", {
-        metadata: { namespace: "alpha", name: "db" },
-        spec: {
-          podSelector: { matchLabels: { app: "db" } },
-          ingress: [{
-            from: [{ podSelector: { matchLabels: { app: "web" } } }],
-            ports: [{ port: 5432 }],
-          }],
-        },
-      });
-      await c.settle();
+      await kubeProxyByHand(a, services);
+      await admitOnlyWeb(c);
       const targets: Probe[] = services.map((s) => ({
         proto: s.protocol,
         addr: s.clusterIP,
@@ -124,7 +76,7 @@ Deno.test({
           const until = new Promise<void>((r) => started = r).then(() =>
             new Promise((ok) => setTimeout(ok, 1_500))
           );
-          const loop = probeLoop(job, targets, until);
+          const loop = probeUntil(job, targets, until);
           await a.stopAgent();
           // Force-deleted while the agent is away: its sandbox, and its attachment, stay.
           c.remove("pods", "alpha", "ghost");

@@ -31,6 +31,7 @@ import { type ClusterPod, PolicyCluster, SERVICE_CIDRS } from "./support/policy_
 import { RealApi, realApiWanted } from "./support/k8s/policy_api.ts";
 import { kubeProxyOn } from "./support/policy_kube_proxy.ts";
 import { passed, type Probe } from "./support/prober.ts";
+import { admitOnlyWeb } from "./support/db_policy.ts";
 import type { SimulatedNode } from "./support/node.ts";
 
 const DEPS = await clientDeps("policy_table_repair_test", [...TRAFFIC_NEEDS, ...KUBE_PROXY_NEEDS]);
@@ -96,17 +97,7 @@ Deno.test({
       }];
       proxies = await kubeProxyOn(c, [[a, "node-a"]], "iptables", services);
       console.error(`policy_table_repair_test: ${proxies.what}`);
-      c.put("networkpolicies", {
-        metadata: { namespace: "alpha", name: "db" },
-        spec: {
-          podSelector: { matchLabels: { app: "db" } },
-          ingress: [{
-            from: [{ podSelector: { matchLabels: { app: "web" } } }],
-            ports: [{ port: 5432 }],
-          }],
-        },
-      });
-      await c.settle();
+      await admitOnlyWeb(c);
       const target: Probe = { proto: "tcp", addr: CLUSTER_IP, port: 5432 };
       const reach = async (p: ClusterPod, want: boolean) => {
         const ok = await poll(async () => {

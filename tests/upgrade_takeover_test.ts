@@ -15,9 +15,10 @@
 import { assert, assertEquals } from "../lib/assert.ts";
 import { clientDeps } from "./support/clients.ts";
 import { TRAFFIC_NEEDS } from "./support/traffic.ts";
-import { installKubeProxy, KUBE_PROXY_NEEDS, type ServicePort } from "./support/kube_proxy.ts";
-import { type ClusterPod, PolicyCluster, SERVICE_CIDRS } from "./support/policy_cluster.ts";
+import { KUBE_PROXY_NEEDS } from "./support/kube_proxy.ts";
+import { type ClusterPod, PolicyCluster } from "./support/policy_cluster.ts";
 import { passed, type Probe } from "./support/prober.ts";
+import { admitOnlyWeb, kubeProxyByHand, probeUntil, servicePort } from "./support/db_policy.ts";
 import { currentBuild, type EnimBuild, releaseBuild } from "./support/releases.ts";
 import { previousRelease } from "../scripts/_releases.ts";
 import type { SimulatedNode } from "./support/node.ts";
@@ -25,22 +26,6 @@ import { poll } from "../lib/async.ts";
 
 const DEPS = await clientDeps("upgrade_takeover_test", [...TRAFFIC_NEEDS, ...KUBE_PROXY_NEEDS]);
 const PREVIOUS = previousRelease().version;
-
-/** Probes `targets` from `from` until `stop` resolves; what got through, and the rounds. */
-async function probeLoop(from: ClusterPod, targets: Probe[], stop: Promise<unknown>) {
-  let done = false;
-  stop.finally(() => done = true);
-  const through: string[] = [];
-  let rounds = 0;
-  while (!done) {
-    const r = await from.prober.probe(targets, 300);
-    rounds++;
-    r.forEach((x, i) => {
-      if (passed(x)) through.push(`${targets[i].proto} ${targets[i].addr}:${targets[i].port} ${x}`);
-    });
-  }
-  return { through, rounds };
-}
 
 async function inNode(node: SimulatedNode, args: string[]): Promise<string> {
   const out = await new Deno.Command("/usr/sbin/ip", {
@@ -98,34 +83,12 @@ Deno.test({
       const db = await c.pod(a, "node-a", "alpha", "db", { app: "db" }, []);
       const web = await c.pod(a, "node-a", "alpha", "web", { app: "web" }, []);
       const job = await c.pod(a, "node-a", "alpha", "job", { app: "job" }, []);
-      const services: ServicePort[] = [
-        ["tcp", 5432],
-        ["udp", 53],
-      ].map(([protocol, port]) => ({
-        namespace: "alpha",
-        name: "db",
-        portName: `${protocol}-${port}`,
-        protocol: protocol as "tcp" | "udp",
-        clusterIP: "172.30.0.10",
-        port: port as number,
-        endpoints: [{ ip: db.v4, port: port as number }],
-      }));
-      await installKubeProxy(a.vpc.node.name, "iptables", services, [{
-        family: 4,
-        serviceCidr: SERVICE_CIDRS.ipv4,
-        nodeIPs: [a.nic!.ipv4!],
-      }]);
-      c.put("networkpolicies", {
-        metadata: { namespace: "alpha", name: "db" },
-        spec: {
-          podSelector: { matchLabels: { app: "db" } },
-          ingress: [{
-            from: [{ podSelector: { matchLabels: { app: "web" } } }],
-            ports: [{ port: 5432 }],
-          }],
-        },
-      });
-      await c.settle();
+      const services = [
+        servicePort("db", "172.30.0.10", db.v4, "tcp", 5432),
+        servicePort("db", "172.30.0.10", db.v4, "udp", 53),
+      ];
+      await kubeProxyByHand(a, services);
+      await admitOnlyWeb(c);
       const toDb = (addr: string): Probe[] => [
         { proto: "tcp", addr, port: 5432 },
         { proto: "udp", addr, port: 53 },
@@ -146,7 +109,7 @@ Deno.test({
         const until = new Promise<void>((r) => started = r).then(() =>
           new Promise((ok) => setTimeout(ok, 1_500))
         );
-        const loop = probeLoop(job, targets, until);
+        const loop = probeUntil(job, targets, until);
         await a.stopAgent("SIGTERM");
         a.pluginArgv = to.argv; // the init container installs the new plugin first
         a.agentArgv = to.argv;
