@@ -25,7 +25,6 @@ import { HOST_LINK_GROUP, podRulesOf, resultRoutes } from "./host_link.ts";
 import type { RuleEntry } from "./ip.ts";
 import { type InstalledShaping, installedShaping, isShaped, liveShapingOf } from "./bandwidth.ts";
 import { namesOneNamespace } from "./pin.ts";
-import { FENCE_TABLE } from "../policy/fence.ts";
 import {
   DeviceError,
   type DeviceLayer,
@@ -551,8 +550,9 @@ export class FakeDeviceLayer implements DeviceLayer {
     if (netns !== null && !this.#ns.has(netns)) {
       throw new DeviceError("nft", "netns_invalid", `Netns "${netns}" does not exist`);
     }
-    // The NetworkPolicy fence (`policy/fence.ts`), a table of its own: kept apart.
-    if (text.startsWith(`table inet ${FENCE_TABLE} {`)) {
+    // The NetworkPolicy fence (`policy/fence.ts`'s FENCE_TABLE, named here: netns does not
+    // import policy), a table of its own: kept apart.
+    if (text.startsWith("table inet enim_fence {")) {
       this.fences.set(netns ?? NODE, text);
       return;
     }
