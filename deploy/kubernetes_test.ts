@@ -337,3 +337,24 @@ Deno.test("the BCE overlay (deploy/kubernetes/bce): provider bce, credentials fr
   const creds = JSON.parse(secret.stringData[key]);
   assertEquals(Object.keys(creds).sort(), ["accessKeyId", "secretAccessKey"]);
 });
+
+Deno.test("the BCE overlay's agent config keeps what the DaemonSet needs of the base's: the probes' metrics port and the conflist it writes", async () => {
+  // The patch replaces agent.jsonc whole: without these the startup probe never answers
+  // (the agent is restarted forever) and no conflist is written (the node never Ready).
+  const dir = "deploy/kubernetes/bce";
+  const [cmPatch] = await load(`${dir}/agent-config.yaml`);
+  const text = cmPatch.data["agent.jsonc"];
+  const bce = resolveConfig({ file: { path: `${dir}/agent-config.yaml`, text }, env: {} });
+  const baseText = cm("enim-agent-config").data["agent.jsonc"];
+  const base = resolveConfig({ file: { path: "configmap.yaml", text: baseText }, env: {} });
+  assertEquals(bce.metrics, base.metrics);
+  assertEquals(bce.metrics.enabled, true);
+  assertEquals(bce.cniConfig, base.cniConfig);
+  assert(bce.cniConfig, "the agent writes the conflist");
+  // The rest the base sets, the same.
+  assertEquals([bce.socket, bce.statePath, bce.devicePlugin], [
+    base.socket,
+    base.statePath,
+    base.devicePlugin,
+  ]);
+});
