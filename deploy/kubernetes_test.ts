@@ -337,3 +337,41 @@ Deno.test("the BCE overlay (deploy/kubernetes/bce): provider bce, credentials fr
   const creds = JSON.parse(secret.stringData[key]);
   assertEquals(Object.keys(creds).sort(), ["accessKeyId", "secretAccessKey"]);
 });
+
+Deno.test("the BCE overlay's credentials file is in a folder the agent's permission set reads", async () => {
+  // The agent runs with deno.json's "enim" set: a file outside its read paths is
+  // NotCapable, and the agent exits ("Cannot read the BCE credentials file").
+  const dir = "deploy/kubernetes/bce";
+  const [cmPatch] = await load(`${dir}/agent-config.yaml`);
+  const text = cmPatch.data["agent.jsonc"];
+  const cfg = resolveConfig({ file: { path: `${dir}/agent-config.yaml`, text }, env: {} });
+  const file = validateProviderConfig(cfg, bceModule).credentialsFile;
+  assert(file, "the overlay names a credentials file");
+  const read: string[] = jsonc(await Deno.readTextFile(`${ROOT}/deno.json`), "deno.json")
+    .permissions.enim.read;
+  assert(
+    read.some((p) => file.startsWith(`${p}/`)),
+    `${file} is under one of the permission set's read paths: ${read.join(", ")}`,
+  );
+});
+
+Deno.test("the BCE overlay's agent config keeps what the DaemonSet needs of the base's: the probes' metrics port and the conflist it writes", async () => {
+  // The patch replaces agent.jsonc whole: without these the startup probe never answers
+  // (the agent is restarted forever) and no conflist is written (the node never Ready).
+  const dir = "deploy/kubernetes/bce";
+  const [cmPatch] = await load(`${dir}/agent-config.yaml`);
+  const text = cmPatch.data["agent.jsonc"];
+  const bce = resolveConfig({ file: { path: `${dir}/agent-config.yaml`, text }, env: {} });
+  const baseText = cm("enim-agent-config").data["agent.jsonc"];
+  const base = resolveConfig({ file: { path: "configmap.yaml", text: baseText }, env: {} });
+  assertEquals(bce.metrics, base.metrics);
+  assertEquals(bce.metrics.enabled, true);
+  assertEquals(bce.cniConfig, base.cniConfig);
+  assert(bce.cniConfig, "the agent writes the conflist");
+  // The rest the base sets, the same.
+  assertEquals([bce.socket, bce.statePath, bce.devicePlugin], [
+    base.socket,
+    base.statePath,
+    base.devicePlugin,
+  ]);
+});

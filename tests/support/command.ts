@@ -83,13 +83,15 @@ export async function awaitOrKill(
 /**
  * Spawns the Deno module `module` (with all permissions and the tests' config) inside the
  * network namespace `netns` (a name under /run/netns), its stdio piped, its environment
- * `NO_COLOR=1` and `env` over this process's.
+ * `NO_COLOR=1` and `env` over this process's; `flags` are more of `deno run`'s
+ * (`--unstable-net` for `Deno.listenDatagram`).
  */
 export function spawnDenoInNetns(
   netns: string,
   module: string,
   args: string[],
   env: Record<string, string> = {},
+  flags: string[] = [],
 ): Deno.ChildProcess {
   return new Deno.Command("/usr/sbin/ip", {
     args: [
@@ -101,6 +103,7 @@ export function spawnDenoInNetns(
       "-A",
       "--quiet",
       "--no-prompt",
+      ...flags,
       "--config",
       `${ROOT}/tests/deno.json`,
       module,

@@ -53,24 +53,103 @@ export async function readManifests(version?: string, dir = MANIFEST_DIR): Promi
     .map((e) => e.name)
     .sort();
   const out: ManifestDoc[] = [];
-  for (const file of files) {
-    const text = await Deno.readTextFile(`${dir}/${file}`);
-    for (const doc of parseAllDocuments(text)) {
-      if (doc.errors.length) throw new Error(`${file}: ${doc.errors[0].message}`);
-      const js = doc.toJS();
-      if (js === null || js === undefined) continue;
-      const d = DocSchema.parse(js);
-      out.push({
-        file,
-        apiVersion: d.apiVersion,
-        kind: d.kind,
-        namespace: d.metadata.namespace,
-        name: d.metadata.name,
-        text: JSON.stringify(js),
-      });
+  for (const file of files) out.push(...await readFileDocs(dir, file));
+  return version ? forRelease(out, version) : out;
+}
+
+/** The documents of one YAML file (`file` relative to `dir`), parsed. */
+async function readFileDocs(dir: string, file: string): Promise<ManifestDoc[]> {
+  const out: ManifestDoc[] = [];
+  const text = await Deno.readTextFile(`${dir}/${file}`);
+  for (const doc of parseAllDocuments(text)) {
+    if (doc.errors.length) throw new Error(`${file}: ${doc.errors[0].message}`);
+    const js = doc.toJS();
+    if (js === null || js === undefined) continue;
+    const d = DocSchema.parse(js);
+    out.push({
+      file,
+      apiVersion: d.apiVersion,
+      kind: d.kind,
+      namespace: d.metadata.namespace,
+      name: d.metadata.name,
+      text: JSON.stringify(js),
+    });
+  }
+  return out;
+}
+
+/** The fields of a kustomization.yaml that {@linkcode readKustomization} renders. */
+const KustomizationSchema = z.looseObject({
+  apiVersion: z.literal("kustomize.config.k8s.io/v1beta1"),
+  kind: z.literal("Kustomization"),
+  resources: z.array(z.string()),
+  patches: z.optional(z.array(z.strictObject({ path: z.string() }))),
+});
+
+/**
+ * The list fields whose items a strategic merge patch merges by a key (the Kubernetes
+ * types' `patchMergeKey`) among those the shipped overlays patch; any other list is
+ * replaced.
+ */
+const MERGE_KEYS: Record<string, string> = {
+  containers: "name",
+  initContainers: "name",
+  volumes: "name",
+  env: "name",
+  volumeMounts: "mountPath",
+  ports: "containerPort",
+};
+
+type Json = Record<string, unknown>;
+const isObject = (v: unknown): v is Json =>
+  typeof v === "object" && v !== null && !Array.isArray(v);
+
+/** `patch` merged into `base` as a strategic merge patch does (without directives). */
+export function strategicMerge(base: unknown, patch: unknown, field = ""): unknown {
+  if (isObject(base) && isObject(patch)) {
+    const out: Json = { ...base };
+    for (const [k, v] of Object.entries(patch)) {
+      out[k] = v === null ? undefined : k in base ? strategicMerge(base[k], v, k) : v;
+      if (out[k] === undefined) delete out[k];
+    }
+    return out;
+  }
+  const key = MERGE_KEYS[field];
+  if (Array.isArray(base) && Array.isArray(patch) && key) {
+    const out = [...base];
+    for (const item of patch) {
+      const i = out.findIndex((b) => isObject(b) && isObject(item) && b[key] === item[key]);
+      if (i >= 0) out[i] = strategicMerge(out[i], item);
+      else out.push(item);
+    }
+    return out;
+  }
+  return patch;
+}
+
+/**
+ * The documents `kubectl apply -k <dir>` applies for the kustomization in `dir`: its
+ * `resources` (files, in order), each `patches` file merged into the document of its
+ * kind, namespace and name as a strategic merge patch; for a cluster of `version` when
+ * given. Only what the shipped overlays use (a patch naming no resource throws).
+ */
+export async function readKustomization(dir: string, version?: string): Promise<ManifestDoc[]> {
+  const raw = parseAllDocuments(await Deno.readTextFile(`${dir}/kustomization.yaml`));
+  if (!Array.isArray(raw) || raw.length !== 1) throw new Error(`${dir}: one kustomization`);
+  const k = KustomizationSchema.parse(raw[0].toJS());
+  const docs: ManifestDoc[] = [];
+  for (const r of k.resources) docs.push(...await readFileDocs(dir, r));
+  for (const p of k.patches ?? []) {
+    for (const patch of await readFileDocs(dir, p.path)) {
+      const i = docs.findIndex((d) =>
+        d.kind === patch.kind && d.name === patch.name && d.namespace === patch.namespace
+      );
+      if (i < 0) throw new Error(`${p.path}: no resource ${patch.kind} "${patch.name}" to patch`);
+      const merged = strategicMerge(JSON.parse(docs[i].text), JSON.parse(patch.text));
+      docs[i] = { ...docs[i], text: JSON.stringify(merged) };
     }
   }
-  return version ? forRelease(out, version) : out;
+  return version ? forRelease(docs, version) : docs;
 }
 
 /**
