@@ -106,6 +106,7 @@ Deno.test({
         const p = await getPod(name, ns);
         return p.status?.phase === "Running" && p.status.podIP && isReady(p) ? p : null;
       }, node);
+    /** Deletes pod `name` (if there) and waits until it is gone. */
     const deletePod = async (name: string) => {
       await cluster.admin.delete(`/api/v1/namespaces/default/pods/${name}`, {
         gracePeriodSeconds: 1,
@@ -115,6 +116,21 @@ Deno.test({
         return p === null ? true : null;
       }, node);
     };
+    // The pods a step makes for itself, deleted when it ends, passed or failed (so that a
+    // failed step leaves the next ones the node they expect).
+    const temporary: string[] = [];
+    const createTemporary = (obj: { metadata: { name: string } }) => {
+      temporary.push(obj.metadata.name);
+      return createPod(obj);
+    };
+    const step = (name: string, fn: () => Promise<void>) =>
+      t.step(name, async () => {
+        try {
+          await fn();
+        } finally {
+          for (const p of temporary.splice(0)) await deletePod(p).catch(() => {});
+        }
+      });
     /** The pod's one ready sandbox. */
     const sandboxOf = async (p: RealPod) => {
       const ready = (await node.sandboxesOf(p.metadata.uid)).filter((s) => s.ready);
@@ -130,13 +146,29 @@ Deno.test({
     const attachmentOf = async (id: string) =>
       (await api.attachments()).filter((a) => a.containerId === id);
     /** The pool once every DEL finished: no ENI held by a pod that is gone. */
+    /**
+     * The pool once every DEL finished: one attachment, with an ENI, per ready sandbox of a
+     * pod (the agent's own is hostNetwork), `pods` of them; every other ENI free or not
+     * attached.
+     */
     const assertNoLeak = async (pods: number, when: string) => {
       const s = await waitFor(`the agent's pool settled (${when})`, async () => {
         const s = await api.status();
         return s.pool.recycling === 0 && s.unfinishedDels.length === 0 ? s : null;
       }, node);
+      const agentUid = (await agentPodOf(cluster))?.metadata.uid;
+      const sandboxes = (await node.cri.listPodSandbox())
+        .filter((b) =>
+          b.state === "SANDBOX_READY" && b.labels["io.kubernetes.pod.uid"] !== agentUid
+        )
+        .map((b) => b.id).sort();
       const attachments = await api.attachments();
-      assertEquals(attachments.length, pods, `${when}: ${JSON.stringify(attachments)}`);
+      assertEquals(
+        attachments.map((a) => a.containerId).sort(),
+        sandboxes,
+        `${when}: ${JSON.stringify(attachments)}`,
+      );
+      assertEquals(attachments.length, pods, when);
       assert(attachments.every((a) => a.state === "ready" && a.eniId), when);
       assertEquals(s.pool.held, 0, when);
       assertEquals(
@@ -204,7 +236,7 @@ Deno.test({
     let webSandbox = await sandboxOf(web);
     assert(webIp.startsWith("10.200.0."), `web's IP ${webIp} is an ENI's of the VPC`);
 
-    await t.step(
+    await step(
       "1. a container's restart: same sandbox, same IP, reached, no CNI call",
       async () => {
         const eni = (await attachmentOf(webSandbox))[0]?.eniId;
@@ -231,7 +263,7 @@ Deno.test({
       },
     );
 
-    await t.step(
+    await step(
       "2. a sandbox's re-creation: DEL of the old, ADD of the new, reached, no leak",
       async () => {
         const old = webSandbox;
@@ -245,9 +277,11 @@ Deno.test({
           async () => {
             const p = await getPod("web");
             const ready = (await node.sandboxesOf(p.metadata.uid)).filter((s) => s.ready);
-            return ready.length === 1 && ready[0].id !== old && isReady(p) && p.status?.podIP
-              ? { p, id: ready[0].id }
-              : null;
+            if (ready.length !== 1 || ready[0].id === old) return null;
+            // The API's status is kubelet's last report: wait for the new sandbox's address
+            // in it (it may say Ready at the old one a while).
+            const ip = (await node.cri.podSandboxStatus(ready[0].id, false)).status.network?.ip;
+            return ip && isReady(p) && p.status?.podIP === ip ? { p, id: ready[0].id } : null;
           },
           node,
           120_000,
@@ -275,7 +309,7 @@ Deno.test({
       },
     );
 
-    await t.step(
+    await step(
       "3. kubelet's restart: no CNI call, same sandboxes and IPs, Node Ready, new pod ENI",
       async () => {
         const pods = await Promise.all(["prober", "web"].map((n) => getPod(n)));
@@ -301,7 +335,7 @@ Deno.test({
         );
         // The new kubelet admits a pod asking for enim.dev/eni: the device plugin registered
         // again with it; the pod gets an ENI.
-        await createPod(workloadPod("after-kubelet", serve("after-kubelet")));
+        await createTemporary(workloadPod("after-kubelet", serve("after-kubelet")));
         const fresh = await running("after-kubelet");
         assert(fresh.status!.podIP!.startsWith("10.200.0."), `${fresh.status?.podIP}`);
         await reached("after-kubelet", fresh.status!.podIP!, "after-kubelet");
@@ -336,7 +370,7 @@ Deno.test({
       },
     );
 
-    await t.step("4. a wedged agent: the real kubelet's liveness probe restarts it", async () => {
+    await step("4. a wedged agent: the real kubelet's liveness probe restarts it", async () => {
       const agent = (await agentPodOf(cluster))!;
       const status = agent.status!.containerStatuses!.find((c) => c.name === "agent")!;
       const id = runtimeId(status.containerID);
@@ -384,7 +418,7 @@ Deno.test({
         attachmentsBefore.map((a) => `${a.containerId} ${a.eniId}`).sort(),
       );
       await reached("web (after the agent's restart)", webIp, "web");
-      await createPod(workloadPod("after-agent", serve("after-agent")));
+      await createTemporary(workloadPod("after-agent", serve("after-agent")));
       const fresh = await running("after-agent");
       assert(fresh.status!.podIP!.startsWith("10.200.0."), `${fresh.status?.podIP}`);
       await reached("after-agent", fresh.status!.podIP!, "after-agent");
@@ -393,7 +427,7 @@ Deno.test({
       await assertNoLeak(2, "after the agent's restart and after-agent's deletion");
     });
 
-    await t.step(
+    await step(
       "5. cluster DNS: a pod resolves a Service through kube-dns at clusterDNS and reaches it",
       async () => {
         const dnsd = await Deno.readTextFile(new URL("./support/k8s/dnsd.ts", import.meta.url));
@@ -472,7 +506,7 @@ Deno.test({
           // nslookup tries every search domain and exits 1 when any fails: its output counts).
           `echo "short name web: $(nslookup web 2>&1 | awk '/^Address: /{print $2}' | tail -n 1)"`,
         ].join("\n");
-        await createPod(workloadPod("dns-client", script, { never: true }));
+        await createTemporary(workloadPod("dns-client", script, { never: true }));
         const client = await waitFor("dns-client finished", async () => {
           const p = await getPod("dns-client");
           return p.status?.phase === "Succeeded" || p.status?.phase === "Failed" ? p : null;
