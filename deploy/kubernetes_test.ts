@@ -159,6 +159,11 @@ Deno.test("the agent's metrics port: in its config, declared, annotated, probed 
   for (const probe of [agent.startupProbe, agent.livenessProbe]) {
     assertEquals(probe.httpGet, { path: "/healthz", port: "metrics" });
   }
+  // A wedged agent (the liveness probe failed) is killed sooner than a stopping one.
+  assert(
+    agent.livenessProbe.terminationGracePeriodSeconds < pod.terminationGracePeriodSeconds,
+    "the liveness probe's grace period is shorter than the pod's",
+  );
   // The startup probe allows for the lock wait (lockWaitSeconds, 60) and a slow reconcile.
   const s = agent.startupProbe;
   assert(s.periodSeconds * s.failureThreshold >= 120, "the startup probe waits at least 2 min");

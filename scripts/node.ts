@@ -34,12 +34,11 @@ import {
 import { KubeCluster, NODE_CONTROLLERS } from "../tests/support/k8s/cluster.ts";
 import { BUSYBOX_IMAGE, RealNode } from "../tests/support/k8s/real_node.ts";
 import { NodeSchema, PodSchema } from "../tests/support/k8s/kubelet.ts";
-import { applyManifests, readManifests } from "../tests/support/k8s/manifests.ts";
+import { applyManifests } from "../tests/support/k8s/manifests.ts";
+import { SHIPPED_IMAGE, simulatedManifests, VPC_SUBNET } from "../tests/support/k8s/enim_node.ts";
 import { StoredListSchema, StoredSchema } from "../tests/support/k8s/rest.ts";
 import { SimulatedVpc } from "../tests/support/vpc.ts";
 
-/** The image deploy/kubernetes/daemonset.yaml names (imported, never pulled). */
-const SHIPPED_IMAGE = "ghcr.io/example/enim:0.1.0";
 /** The manifests, in the order docs/install.md applies them. */
 const MANIFESTS = [
   "rbac.yaml",
@@ -50,7 +49,6 @@ const MANIFESTS = [
 ];
 const NODE = `enim-node-${crypto.randomUUID().slice(0, 4)}`;
 const ENIS = 3;
-const SUBNET = { cidr: "10.200.0.0/24", gateway: "10.200.0.1" };
 const SERVICE_IP = "10.96.0.80";
 const WAIT_MS = 180_000;
 
@@ -81,27 +79,6 @@ const missing = nodeBuildMissing();
 if (missing) {
   console.error(`deno task node builds kubelet, containerd and runc: ${missing}.`);
   Deno.exit(2);
-}
-
-/** The agent's configuration for the simulated cloud (the rest as the shipped ConfigMap). */
-function agentConfig(vpc: SimulatedVpc): string {
-  return JSON.stringify(
-    {
-      socket: "/run/enim/enim.sock",
-      statePath: "/var/lib/enim/enim.db",
-      provider: { name: "mock", mock: { enis: ENIS, subnets: { ipv4: SUBNET } } },
-      devices: "ip",
-      deviceSimulator: { vpcNetns: vpc.vpc.name, bridge: vpc.bridge },
-      gc: { intervalSeconds: 30, graceSeconds: 30 },
-      log: { level: "info", format: "json" },
-      devicePlugin: { enabled: true },
-      networkPolicy: { enabled: false },
-      cniConfig: { source: "/etc/enim/10-enim.conflist" },
-      metrics: { enabled: true, address: "0.0.0.0", port: 9798 },
-    },
-    null,
-    2,
-  );
 }
 
 function pod(name: string, labels: Record<string, string>, command: string, never = false) {
@@ -203,11 +180,11 @@ try {
 
   cluster = await KubeCluster.start({ binaries: k8s, controllers: NODE_CONTROLLERS, progress });
   step(true, `control plane up: etcd, kube-apiserver, kube-controller-manager, kube-scheduler`);
-  vpc = await SimulatedVpc.create({ subnets: { ipv4: SUBNET.cidr } });
+  vpc = await SimulatedVpc.create({ subnets: { ipv4: VPC_SUBNET.cidr } });
   const nic = await vpc.nodeNic();
   step(
     true,
-    `simulated VPC ${SUBNET.cidr} (namespaces ${vpc.vpc.name}, ${vpc.node.name}); ` +
+    `simulated VPC ${VPC_SUBNET.cidr} (namespaces ${vpc.vpc.name}, ${vpc.node.name}); ` +
       `the node's NIC ${nic.ipv4}`,
   );
   node = await RealNode.start(cluster, {
@@ -228,15 +205,9 @@ try {
   await node.importImage(image.archive, SHIPPED_IMAGE);
   step(true, `ctr -n k8s.io images import: ${SHIPPED_IMAGE} in the node's containerd`);
 
-  const docs = (await readManifests(cluster.bins.version))
+  const docs = (await simulatedManifests(cluster.bins.version, vpc, { enis: ENIS }))
     .filter((d) => MANIFESTS.includes(d.file))
-    .sort((a, b) => MANIFESTS.indexOf(a.file) - MANIFESTS.indexOf(b.file))
-    .map((d) => {
-      if (d.kind !== "ConfigMap" || d.name !== "enim-agent-config") return d;
-      const obj = JSON.parse(d.text);
-      obj.data["agent.jsonc"] = agentConfig(vpc!);
-      return { ...d, text: JSON.stringify(obj) };
-    });
+    .sort((a, b) => MANIFESTS.indexOf(a.file) - MANIFESTS.indexOf(b.file));
   for (const r of await applyManifests(cluster.admin, docs)) {
     const what = `${r.doc.file}: ${r.doc.kind} ${
       r.doc.namespace ? `${r.doc.namespace}/` : ""

@@ -12,102 +12,30 @@
  *
  * The agent's ConfigMap is the one thing changed from the shipped manifests: the mock
  * provider's subnets are the simulated VPC's and its device simulator plugs the ENIs
- * (the cloud is simulated: docs/testing.md).
+ * (the cloud is simulated: docs/testing.md); the install is tests/support/k8s/enim_node.ts,
+ * shared with tests/k8s_real_node_lifecycle_test.ts and `deno task node`.
  *
  * Skips, saying why, without Go, gcc, or root.
  *
  * @module
  */
 import { assert, assertEquals } from "../lib/assert.ts";
-import { z } from "zod";
 import { nodeBuildMissing } from "./support/k8s/build.ts";
-import { KubeCluster, NODE_CONTROLLERS } from "./support/k8s/cluster.ts";
-import { BUSYBOX_IMAGE, NODE_DNS, RealNode } from "./support/k8s/real_node.ts";
-import { NodeSchema, PodSchema } from "./support/k8s/kubelet.ts";
-import { applyManifests, readManifests } from "./support/k8s/manifests.ts";
-import { StoredListSchema } from "./support/k8s/rest.ts";
-import { buildImage } from "../scripts/image.ts";
-import { SimulatedVpc } from "./support/vpc.ts";
+import { NODE_DNS } from "./support/k8s/real_node.ts";
+import { PodSchema } from "./support/k8s/kubelet.ts";
+import {
+  agentClient,
+  EnimNode,
+  waitFor as until,
+  workloadPod as workload,
+} from "./support/k8s/enim_node.ts";
 import { ensureBuiltSync } from "../scripts/build.ts";
 
 const ROOT = Deno.uid() === 0;
 const MISSING = nodeBuildMissing() ?? (ROOT ? null : "needs root (namespaces, mounts, cgroups)");
 
-/** The image deploy/kubernetes/daemonset.yaml names (imported, never pulled). */
-const SHIPPED_IMAGE = "ghcr.io/example/enim:0.1.0";
 const NODE = "real-node-ds";
 const ENIS = 3;
-
-/** A list's items carry no apiVersion and kind. */
-const PodListSchema = StoredListSchema.extend({
-  items: z.array(
-    PodSchema.extend({ apiVersion: z.optional(z.string()), kind: z.optional(z.string()) }),
-  ),
-});
-type Pod = z.infer<typeof PodSchema>;
-
-/** The agent's configuration for the simulated cloud (the rest as the shipped ConfigMap). */
-function agentConfig(vpc: SimulatedVpc): string {
-  return JSON.stringify(
-    {
-      socket: "/run/enim/enim.sock",
-      statePath: "/var/lib/enim/enim.db",
-      provider: {
-        name: "mock",
-        mock: { enis: ENIS, subnets: { ipv4: { cidr: "10.200.0.0/24", gateway: "10.200.0.1" } } },
-      },
-      devices: "ip",
-      deviceSimulator: { vpcNetns: vpc.vpc.name, bridge: vpc.bridge },
-      gc: { intervalSeconds: 30, graceSeconds: 30 },
-      log: { level: "info", format: "json" },
-      devicePlugin: { enabled: true },
-      networkPolicy: { enabled: false },
-      // As the shipped ConfigMap: the conflist written once the agent answers, and the
-      // metrics port the DaemonSet's startup and liveness probes ask.
-      cniConfig: { source: "/etc/enim/10-enim.conflist" },
-      metrics: { enabled: true, address: "0.0.0.0", port: 9798 },
-    },
-    null,
-    2,
-  );
-}
-
-async function until<T>(
-  what: string,
-  f: () => Promise<T | null>,
-  node: RealNode,
-  timeoutMs = 180_000,
-): Promise<T> {
-  const t0 = performance.now();
-  for (;;) {
-    const v = await f();
-    if (v !== null) return v;
-    if (performance.now() - t0 > timeoutMs) {
-      throw new Error(`${what}: not within ${timeoutMs} ms\n${await node.logs(6000)}`);
-    }
-    await new Promise((r) => setTimeout(r, 500));
-  }
-}
-
-function workload(name: string, command: string, o: { enis?: number; never?: boolean } = {}) {
-  const enis = String(o.enis ?? 1);
-  return {
-    apiVersion: "v1",
-    kind: "Pod",
-    metadata: { name, labels: { app: name } },
-    spec: {
-      terminationGracePeriodSeconds: 1,
-      restartPolicy: o.never ? "Never" : "Always",
-      containers: [{
-        name: "main",
-        image: BUSYBOX_IMAGE,
-        imagePullPolicy: "Never",
-        command: ["/bin/sh", "-c", command],
-        resources: { limits: { "enim.dev/eni": enis }, requests: { "enim.dev/eni": enis } },
-      }],
-    },
-  };
-}
 
 Deno.test({
   name:
@@ -118,131 +46,89 @@ Deno.test({
   async fn() {
     ensureBuiltSync();
     const say = (l: string) => console.error(l);
-    await using cluster = await KubeCluster.start({ controllers: NODE_CONTROLLERS, progress: say });
-    const vpc = await SimulatedVpc.create({ subnets: { ipv4: "10.200.0.0/24" } });
-    let node: RealNode | null = null;
-    try {
-      const nic = await vpc.nodeNic();
-      node = await RealNode.start(cluster, {
-        name: NODE,
-        netns: vpc.node.name,
-        shareNetns: [vpc.vpc.name],
-        nodeIp: nic.ipv4!,
-        // A node as an operator has it: the reference plugins (containerd runs `loopback`
-        // itself for every sandbox, whatever the conflist says).
-        cniPlugins: ["/usr/lib/cni/loopback", "/usr/lib/cni/host-local"],
-        progress: say,
-      });
-      // The image that ships, under the name the manifests give (imported, never pulled).
-      const image = await buildImage({ outDir: `${node.base}/images/enim`, ref: SHIPPED_IMAGE });
-      await node.importImage(image.archive, SHIPPED_IMAGE);
-      say(`enim's image imported (${image.digest}, ${image.size} bytes)`);
+    // The control plane, the simulated VPC, the real node, enim's image imported and the
+    // shipped manifests applied; the DaemonSet's pod and the Node Ready.
+    await using env = await EnimNode.start({ name: NODE, enis: ENIS, progress: say });
+    const { cluster, node, install: { agentPod, allocatableEnis } } = env;
+    assertEquals(agentPod.spec.nodeName, NODE);
+    assert(
+      (await Deno.stat(node.host("/opt/cni/bin/enim"))).isFile,
+      "the init container installed the plugin",
+    );
+    assert((await Deno.stat(node.host("/etc/cni/net.d/10-enim.conflist"))).isFile);
 
-      const docs = (await readManifests(cluster.bins.version)).map((d) => {
-        if (d.kind !== "ConfigMap" || d.name !== "enim-agent-config") return d;
-        const obj = JSON.parse(d.text);
-        obj.data["agent.jsonc"] = agentConfig(vpc);
-        return { ...d, text: JSON.stringify(obj) };
-      });
-      await applyManifests(cluster.admin, docs);
+    // The agent resolves names with the node's resolver, never cluster DNS (whose pods
+    // need ENIs from this very agent): the resolv.conf kubelet had containerd write for
+    // its sandbox, the only one on the node yet.
+    const sandboxes = node.host("/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes");
+    const resolv = [...Deno.readDirSync(sandboxes)].map((e) =>
+      Deno.readTextFileSync(`${sandboxes}/${e.name}/resolv.conf`)
+    );
+    assertEquals(resolv.length, 1, `sandboxes: ${resolv.length}`);
+    assert(resolv[0].includes(`nameserver ${NODE_DNS}`), `the agent's resolv.conf: ${resolv[0]}`);
+    assert(!resolv[0].includes("10.96.0.10"), `the agent's resolv.conf: ${resolv[0]}`);
 
-      // The DaemonSet controller's pod, started by kubelet: init container, then the agent.
-      const agentPod = await until(
-        "the agent's pod Ready",
-        async () => {
-          const list = await cluster.admin.get(
-            "/api/v1/namespaces/kube-system/pods",
-            PodListSchema,
-            { labelSelector: "app.kubernetes.io/name=enim" },
-          );
-          const p = list.items[0];
-          const ready = p?.status?.conditions?.find((c) => c.type === "Ready");
-          return p && ready?.status === "True" ? p : null;
-        },
-        node!,
-        100_000,
-      );
-      assertEquals(agentPod.spec.nodeName, NODE);
-      assert(
-        (await Deno.stat(node.host("/opt/cni/bin/enim"))).isFile,
-        "the init container installed the plugin",
-      );
-      assert((await Deno.stat(node.host("/etc/cni/net.d/10-enim.conflist"))).isFile);
+    // containerd loaded the conflist (CNI STATUS): the Node is Ready; the device plugin
+    // registered with kubelet.
+    assertEquals(allocatableEnis, String(ENIS));
 
-      // The agent resolves names with the node's resolver, never cluster DNS (whose pods
-      // need ENIs from this very agent): the resolv.conf kubelet had containerd write for
-      // its sandbox, the only one on the node yet.
-      const sandboxes = node.host("/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes");
-      const resolv = [...Deno.readDirSync(sandboxes)].map((e) =>
-        Deno.readTextFileSync(`${sandboxes}/${e.name}/resolv.conf`)
-      );
-      assertEquals(resolv.length, 1, `sandboxes: ${resolv.length}`);
-      assert(resolv[0].includes(`nameserver ${NODE_DNS}`), `the agent's resolv.conf: ${resolv[0]}`);
-      assert(!resolv[0].includes("10.96.0.10"), `the agent's resolv.conf: ${resolv[0]}`);
-
-      // containerd loaded the conflist (CNI STATUS): the Node is Ready; the device plugin
-      // registered with kubelet.
-      const ready = await node.waitReady(180_000);
-      const eni = await until("enim.dev/eni in the Node's allocatable", async () => {
-        const n = await cluster.admin.get(`/api/v1/nodes/${NODE}`, NodeSchema);
-        return n.status?.allocatable?.["enim.dev/eni"] ?? null;
-      }, node);
-      assertEquals(eni, String(ENIS), JSON.stringify(ready.status?.allocatable));
-
-      // Workload pods get ENIs from the installed plugin and reach each other.
-      await cluster.admin.create(
-        "/api/v1/namespaces/default/pods",
-        workload("web", "exec httpd -f -p 8080 -h /bin"),
-        PodSchema,
-      );
-      const web = await until("web Running with an IP", async () => {
-        const p = await cluster.admin.get("/api/v1/namespaces/default/pods/web", PodSchema);
-        return p.status?.phase === "Running" && p.status.podIP ? p : null;
-      }, node);
-      const webIp = web.status!.podIP!;
-      assert(webIp.startsWith("10.200.0."), `web's IP ${webIp} is an ENI's of the VPC`);
-      await cluster.admin.create(
-        "/api/v1/namespaces/default/pods",
-        workload(
-          "client",
-          `ping -c 2 -W 5 ${webIp}`,
-          { never: true },
-        ),
-        PodSchema,
-      );
-      const client: Pod = await until("client Succeeded or Failed", async () => {
-        const p = await cluster.admin.get("/api/v1/namespaces/default/pods/client", PodSchema);
-        return p.status?.phase === "Succeeded" || p.status?.phase === "Failed" ? p : null;
-      }, node);
-      if (client.status?.phase !== "Succeeded") {
-        throw new Error(`client ${client.status?.phase}:\n${await node.logs(3000)}`);
-      }
-
-      // More ENIs than the node has left: the real scheduler keeps the pod Pending.
-      await cluster.admin.create(
-        "/api/v1/namespaces/default/pods",
-        workload("greedy", "exec sleep 3600", { enis: ENIS + 1 }),
-        PodSchema,
-      );
-      const greedy = await until("greedy judged by the scheduler", async () => {
-        const p = await cluster.admin.get("/api/v1/namespaces/default/pods/greedy", PodSchema);
-        const c = p.status?.conditions?.find((c) => c.type === "PodScheduled");
-        return c ? p : null;
-      }, node);
-      assertEquals(greedy.status?.phase, "Pending");
-      assertEquals(greedy.spec.nodeName, undefined);
-
-      // Deleting web DELs it: its ENI is free again (the agent's status through the API).
-      await cluster.admin.delete("/api/v1/namespaces/default/pods/web", {
-        gracePeriodSeconds: 1,
-      });
-      await until("web gone", async () => {
-        const p = await cluster.admin.find("/api/v1/namespaces/default/pods/web", PodSchema);
-        return p === null ? true : null;
-      }, node);
-    } finally {
-      await node?.close();
-      await vpc.close();
+    // Workload pods get ENIs from the installed plugin and reach each other.
+    await cluster.admin.create(
+      "/api/v1/namespaces/default/pods",
+      workload("web", "exec httpd -f -p 8080 -h /bin"),
+      PodSchema,
+    );
+    const web = await until("web Running with an IP", async () => {
+      const p = await cluster.admin.get("/api/v1/namespaces/default/pods/web", PodSchema);
+      return p.status?.phase === "Running" && p.status.podIP ? p : null;
+    }, node);
+    const webIp = web.status!.podIP!;
+    assert(webIp.startsWith("10.200.0."), `web's IP ${webIp} is an ENI's of the VPC`);
+    await cluster.admin.create(
+      "/api/v1/namespaces/default/pods",
+      workload("client", `ping -c 2 -W 5 ${webIp}`, { never: true }),
+      PodSchema,
+    );
+    const client = await until("client Succeeded or Failed", async () => {
+      const p = await cluster.admin.get("/api/v1/namespaces/default/pods/client", PodSchema);
+      return p.status?.phase === "Succeeded" || p.status?.phase === "Failed" ? p : null;
+    }, node);
+    if (client.status?.phase !== "Succeeded") {
+      throw new Error(`client ${client.status?.phase}:\n${await node.logs(3000)}`);
     }
+
+    // More ENIs than the node has left: the real scheduler keeps the pod Pending.
+    await cluster.admin.create(
+      "/api/v1/namespaces/default/pods",
+      workload("greedy", "exec sleep 3600", { enis: ENIS + 1 }),
+      PodSchema,
+    );
+    const greedy = await until("greedy judged by the scheduler", async () => {
+      const p = await cluster.admin.get("/api/v1/namespaces/default/pods/greedy", PodSchema);
+      const c = p.status?.conditions?.find((c) => c.type === "PodScheduled");
+      return c ? p : null;
+    }, node);
+    assertEquals(greedy.status?.phase, "Pending");
+    assertEquals(greedy.spec.nodeName, undefined);
+
+    // Deleting web DELs it; client, finished, had its sandbox stopped by kubelet: no
+    // attachment is left and every ENI is free again (the agent's API on its socket).
+    await cluster.admin.delete("/api/v1/namespaces/default/pods/web", { gracePeriodSeconds: 1 });
+    await until("web gone", async () => {
+      const p = await cluster.admin.find("/api/v1/namespaces/default/pods/web", PodSchema);
+      return p === null ? true : null;
+    }, node);
+    const api = agentClient(node);
+    const pool = await until(
+      "every ENI free again",
+      async () => {
+        const s = await api.status();
+        const a = await api.attachments();
+        return a.length === 0 && s.pool.recycling === 0 ? s.pool : null;
+      },
+      node,
+      60_000,
+    );
+    assertEquals(pool.free + pool.attachable, ENIS, JSON.stringify(pool));
   },
 });

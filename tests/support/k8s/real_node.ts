@@ -35,7 +35,7 @@ import type { KubeCluster } from "./cluster.ts";
 import { ComponentProcess } from "./process.ts";
 import { KubeBridge } from "../kube_bridge.ts";
 import { buildBusyboxImage, buildPauseImage } from "../cri/image.ts";
-import { CriClient } from "../cri/client.ts";
+import { containerdSandboxInfo, CriClient } from "../cri/client.ts";
 import { NodeSchema } from "./kubelet.ts";
 import { RealKubeProxy } from "./kube_proxy.ts";
 import { StoredSchema } from "./rest.ts";
@@ -524,6 +524,52 @@ export class RealNode implements AsyncDisposable {
   async restartKubelet(): Promise<void> {
     await this.#kubelet?.stop();
     await this.#startKubelet();
+  }
+
+  /** kubelet's PID (null before it started). */
+  get kubeletPid(): number | null {
+    return this.#kubelet?.pid ?? null;
+  }
+
+  /** The sandboxes containerd has for the pod of UID `podUid` (kubelet's label), any state. */
+  async sandboxesOf(podUid: string): Promise<{ id: string; ready: boolean }[]> {
+    return (await this.cri.listPodSandbox())
+      .filter((s) => s.labels["io.kubernetes.pod.uid"] === podUid)
+      .map((s) => ({ id: s.id, ready: s.state === "SANDBOX_READY" }));
+  }
+
+  /** The PID (the machine's) of sandbox `id`'s pause process, from containerd's verbose status. */
+  async sandboxPid(id: string): Promise<number> {
+    const pid = containerdSandboxInfo(await this.cri.podSandboxStatus(id)).pid;
+    if (pid <= 0) throw new Error(`Sandbox ${id} has no process`);
+    return pid;
+  }
+
+  /**
+   * The PIDs (the machine's) of the processes of container `containerId` (a CRI ID): those
+   * in its cgroup under the node's cgroup root, where kubelet's cgroupfs driver puts it
+   * (`<root>/kubepods/<qos>/pod<uid>/<id>`), and which of them is its init (PID 1 of its
+   * PID namespace).
+   */
+  containerProcesses(containerId: string): { pids: number[]; init: number | null } {
+    // cgroup v1: the memory hierarchy (every container has a cgroup there); v2: the root.
+    const roots = cgroupRoots();
+    const root = [roots.find((r) => r.endsWith("/memory")) ?? roots[0]]
+      .map((r) => `${r}${this.cgroupRoot}`).find(exists);
+    if (!root) throw new Error(`No cgroup ${this.cgroupRoot}`);
+    const dir = dirsDeepestFirst(root).find((d) => d.endsWith(`/${containerId}`));
+    if (!dir) throw new Error(`No cgroup of container ${containerId} under ${root}`);
+    const pids = Deno.readTextFileSync(`${dir}/cgroup.procs`).split("\n").filter(Boolean)
+      .map(Number);
+    const init = pids.find((p) => {
+      try {
+        const ns = /^NSpid:\s+(.*)$/m.exec(Deno.readTextFileSync(`/proc/${p}/status`));
+        return ns?.[1].trim().split(/\s+/).pop() === "1";
+      } catch {
+        return false;
+      }
+    }) ?? null;
+    return { pids, init };
   }
 
   /** Waits until the Node object exists (kubelet registered it). */
