@@ -29,7 +29,7 @@ import { z } from "zod";
 import { parse as parseJsonc, type ParseError } from "jsonc-parser";
 import { nodeBuildMissing } from "./support/k8s/build.ts";
 import { KubeCluster, NODE_CONTROLLERS } from "./support/k8s/cluster.ts";
-import { BUSYBOX_IMAGE, NODE_DNS, RealNode } from "./support/k8s/real_node.ts";
+import { NODE_DNS, RealNode } from "./support/k8s/real_node.ts";
 import { NodeSchema, PodSchema } from "./support/k8s/kubelet.ts";
 import {
   applyManifests,
@@ -37,19 +37,18 @@ import {
   type ManifestDoc,
   readKustomization,
 } from "./support/k8s/manifests.ts";
-import { StoredListSchema, StoredSchema } from "./support/k8s/rest.ts";
+import { StoredSchema } from "./support/k8s/rest.ts";
 import { buildImage } from "../scripts/image.ts";
 import { SimulatedVpc } from "./support/vpc.ts";
 import { ensureBuiltSync } from "../scripts/build.ts";
 import { FakeBceProcess } from "./support/bce_fake_main.ts";
+import { PodListSchema, SHIPPED_IMAGE, waitFor, workloadPod } from "./support/k8s/enim_node.ts";
 import { DnsResponder } from "./support/dns_responder_main.ts";
 import { runFromRoot } from "./support/command.ts";
 
 const ROOT = Deno.uid() === 0;
 const MISSING = nodeBuildMissing() ?? (ROOT ? null : "needs root (namespaces, mounts, cgroups)");
 
-/** The image deploy/kubernetes/daemonset.yaml names (imported, never pulled). */
-const SHIPPED_IMAGE = "ghcr.io/example/enim:0.1.0";
 const NODE = "real-node-bce";
 /** The cloud's API by name, as BCE users have it (resolved by the test's resolver only). */
 const CLOUD_HOST = "bcc.bj.baidubce.com";
@@ -69,13 +68,6 @@ const SIGNATURE_CODES = [
   "SignatureDoesNotMatch",
   "RequestExpired",
 ];
-
-/** A list's items carry no apiVersion and kind. */
-const PodListSchema = StoredListSchema.extend({
-  items: z.array(
-    PodSchema.extend({ apiVersion: z.optional(z.string()), kind: z.optional(z.string()) }),
-  ),
-});
 
 const ConfigMapSchema = z.looseObject({ data: z.record(z.string(), z.string()) });
 const BceSettingsSchema = z.looseObject({
@@ -113,23 +105,6 @@ function forTestCloud(docs: ManifestDoc[], endpoint: string, metadataUrl: string
     } else return d;
     return { ...d, text: JSON.stringify(obj) };
   });
-}
-
-async function until<T>(
-  what: string,
-  f: () => Promise<T | null>,
-  diag: () => Promise<string>,
-  timeoutMs = 180_000,
-): Promise<T> {
-  const t0 = performance.now();
-  for (;;) {
-    const v = await f();
-    if (v !== null) return v;
-    if (performance.now() - t0 > timeoutMs) {
-      throw new Error(`${what}: not within ${timeoutMs} ms\n${await diag()}`);
-    }
-    await new Promise((r) => setTimeout(r, 500));
-  }
 }
 
 Deno.test({
@@ -232,7 +207,7 @@ Deno.test({
       await applyManifests(cluster.admin, docs);
       const tApplied = performance.now();
 
-      const agentPod = await until("the agent's pod Ready", async () => {
+      const agentPod = await waitFor("the agent's pod Ready", async () => {
         const list = await cluster.admin.get(
           "/api/v1/namespaces/kube-system/pods",
           PodListSchema,
@@ -252,7 +227,7 @@ Deno.test({
       }
 
       await node.waitReady(180_000);
-      await until("enim.dev/eni in the Node's allocatable", async () => {
+      await waitFor("enim.dev/eni in the Node's allocatable", async () => {
         const n = await cluster.admin.get(`/api/v1/nodes/${NODE}`, NodeSchema);
         const eni = Number(n.status?.allocatable?.["enim.dev/eni"] ?? "0");
         return eni > 0 ? eni : null;
@@ -263,23 +238,13 @@ Deno.test({
       assertEquals(before.enis, [], "no ENI before the first pod");
       const nBefore = before.requests.length;
 
-      await cluster.admin.create("/api/v1/namespaces/default/pods", {
-        apiVersion: "v1",
-        kind: "Pod",
-        metadata: { name: "first" },
-        spec: {
-          terminationGracePeriodSeconds: 1,
-          containers: [{
-            name: "main",
-            image: BUSYBOX_IMAGE,
-            imagePullPolicy: "Never",
-            command: ["/bin/sh", "-c", "exec sleep 3600"],
-            resources: { limits: { "enim.dev/eni": "1" }, requests: { "enim.dev/eni": "1" } },
-          }],
-        },
-      }, PodSchema);
+      await cluster.admin.create(
+        "/api/v1/namespaces/default/pods",
+        workloadPod("first", "exec sleep 3600"),
+        PodSchema,
+      );
       const tCreated = performance.now();
-      const first = await until("the first pod Running with an IP", async () => {
+      const first = await waitFor("the first pod Running with an IP", async () => {
         const p = await cluster.admin.get("/api/v1/namespaces/default/pods/first", PodSchema);
         return p.status?.phase === "Running" && p.status.podIP ? p : null;
       }, diag);

@@ -114,11 +114,14 @@ export async function simulatedManifests(
   });
 }
 
-/** Polls `f` every 500 ms until it gives a value; fails after `timeoutMs` with the node's logs. */
+/**
+ * Polls `f` every 500 ms until it gives a value; fails after `timeoutMs` with the node's
+ * logs (or what `diag` gives).
+ */
 export async function waitFor<T>(
   what: string,
   f: () => Promise<T | null>,
-  node: RealNode | null,
+  node: RealNode | null | (() => Promise<string>),
   timeoutMs = 180_000,
 ): Promise<T> {
   const t0 = performance.now();
@@ -126,9 +129,8 @@ export async function waitFor<T>(
     const v = await f();
     if (v !== null) return v;
     if (performance.now() - t0 > timeoutMs) {
-      throw new Error(
-        `${what}: not within ${timeoutMs / 1000} s\n${(await node?.logs(6000)) ?? ""}`,
-      );
+      const diag = typeof node === "function" ? await node() : (await node?.logs(6000)) ?? "";
+      throw new Error(`${what}: not within ${timeoutMs / 1000} s\n${diag}`);
     }
     await new Promise((r) => setTimeout(r, 500));
   }
