@@ -62,8 +62,11 @@ const SHIPPED_IMAGE = "ghcr.io/example/enim:0.1.0";
 const NODE = "real-node-policy";
 /** Nine pods, one ENI each, and one spare. */
 const ENIS = 10;
-/** The VPC's subnet: the one the cases' ipBlock names (10.99.0.0/24). */
-const SUBNET = { cidr: "10.99.0.0/24", gateway: "10.99.0.1" };
+/**
+ * The VPC's subnet: outside the shipped conflist's `serviceCidrs` (10.96.0.0/12), which the
+ * agent refuses to overlap.
+ */
+const SUBNET = { cidr: "10.200.0.0/24", gateway: "10.200.0.1" };
 const NSENTER = "/usr/bin/nsenter";
 
 const TCP_PORTS = POD_PORTS.filter((p) => p.proto === "tcp").map((p) => p.port);
@@ -411,7 +414,7 @@ Deno.test({
           }, node);
           harness.seen("pods", pod.metadata.resourceVersion);
           const v4 = pod.status!.podIP!;
-          assert(v4.startsWith("10.99.0."), `${id}'s IP ${v4} is an ENI's of the VPC`);
+          assert(v4.startsWith("10.200.0."), `${id}'s IP ${v4} is an ENI's of the VPC`);
           const pid = await sandboxPid(node, ns, app);
           const enter = [NSENTER, `--net=/proc/${pid}/ns/net`, "--"];
           await harness.servers.start(

@@ -85,6 +85,9 @@ export const TEAM = (t: string) => ({ namespaceSelector: { matchLabels: { team: 
 export const httpPort = (d: End) =>
   d.app === "web" ? (d.ns === "gamma" ? 8081 : 8080) : d.app === "db" ? 9050 : undefined;
 
+/** The /24 holding IPv4 address `v4` (every pod's: one subnet of the VPC). */
+const subnet24 = (v4: string) => `${v4.split(".").slice(0, 3).join(".")}.0/24`;
+
 /** Each point of issue 35's Build 2, as a case. */
 export const CASES: Case[] = [
   {
@@ -279,7 +282,7 @@ export const CASES: Case[] = [
       ingress: [{
         from: [{
           ipBlock: {
-            cidr: "10.99.0.0/24",
+            cidr: subnet24(p["beta/web"].v4),
             except: [`${p["beta/web"].v4}/32`, `${p["beta/db"].v4}/32`],
           },
         }],
