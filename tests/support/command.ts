@@ -81,6 +81,37 @@ export async function awaitOrKill(
 }
 
 /**
+ * Spawns `deno run -A <module> <args>` under `enter` (an argv that runs its rest in a
+ * namespace, e.g. `nsenter --net=/proc/<pid>/ns/net --`), as {@linkcode spawnDenoInNetns}.
+ */
+export function spawnDenoWith(
+  enter: string[],
+  module: string,
+  args: string[],
+  env: Record<string, string> = {},
+): Deno.ChildProcess {
+  const [cmd, ...pre] = enter;
+  return new Deno.Command(cmd, {
+    args: [
+      ...pre,
+      Deno.execPath(),
+      "run",
+      "-A",
+      "--quiet",
+      "--no-prompt",
+      "--config",
+      `${ROOT}/tests/deno.json`,
+      module,
+      ...args,
+    ],
+    env: { NO_COLOR: "1", ...env },
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+}
+
+/**
  * Spawns the Deno module `module` (with all permissions and the tests' config) inside the
  * network namespace `netns` (a name under /run/netns), its stdio piped, its environment
  * `NO_COLOR=1` and `env` over this process's; `flags` are more of `deno run`'s

@@ -15,7 +15,7 @@
  * @module
  */
 import dgram from "node:dgram";
-import { awaitOrKill, spawnDenoInNetns } from "./command.ts";
+import { awaitOrKill, spawnDenoInNetns, spawnDenoWith } from "./command.ts";
 
 /** One probe: a TCP connection or a UDP datagram to `addr:port`. */
 export interface Probe {
@@ -135,9 +135,11 @@ export class Prober implements AsyncDisposable {
   #id = 0;
   #busy: Promise<unknown> = Promise.resolve();
 
-  private constructor(netns: string) {
+  private constructor(netns: string, enter?: string[]) {
     this.netns = netns;
-    this.#child = spawnDenoInNetns(netns, import.meta.filename!, []);
+    this.#child = enter
+      ? spawnDenoWith(enter, import.meta.filename!, [])
+      : spawnDenoInNetns(netns, import.meta.filename!, []);
     this.#writer = this.#child.stdin.getWriter();
     this.#reader = this.#child.stdout.pipeThrough(new TextDecoderStream()).getReader();
     this.#stderr = new Response(this.#child.stderr).text();
@@ -146,6 +148,16 @@ export class Prober implements AsyncDisposable {
   /** Starts a prober in `netns` and waits until it answers. */
   static async start(netns: string): Promise<Prober> {
     const p = new Prober(netns);
+    await p.probe([], 10);
+    return p;
+  }
+
+  /**
+   * Starts a prober under `enter` (an argv that runs its rest in the namespace, e.g.
+   * `nsenter --net=/proc/<pid>/ns/net --`), named `label`; waits until it answers.
+   */
+  static async startWith(label: string, enter: string[]): Promise<Prober> {
+    const p = new Prober(label, enter);
     await p.probe([], 10);
     return p;
   }
