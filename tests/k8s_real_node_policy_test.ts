@@ -34,9 +34,9 @@ import { nodeBuildMissing } from "./support/k8s/build.ts";
 import { KubeCluster, NODE_CONTROLLERS } from "./support/k8s/cluster.ts";
 import { BUSYBOX_IMAGE, RealNode } from "./support/k8s/real_node.ts";
 import { PodSchema } from "./support/k8s/kubelet.ts";
-import { applyManifests, FIELD_MANAGER, readManifests } from "./support/k8s/manifests.ts";
-import { StoredListSchema, StoredSchema } from "./support/k8s/rest.ts";
-import { buildImage } from "../scripts/image.ts";
+import { FIELD_MANAGER } from "./support/k8s/manifests.ts";
+import { StoredSchema } from "./support/k8s/rest.ts";
+import { installEnim, VPC_SUBNET, waitFor } from "./support/k8s/enim_node.ts";
 import { SimulatedVpc } from "./support/vpc.ts";
 import { ensureBuiltSync } from "../scripts/build.ts";
 import { SocketAgentClient } from "../api/client.ts";
@@ -58,68 +58,16 @@ import {
 const ROOT = Deno.uid() === 0;
 const MISSING = nodeBuildMissing() ?? (ROOT ? null : "needs root (namespaces, mounts, cgroups)");
 
-/** The image deploy/kubernetes/daemonset.yaml names (imported, never pulled). */
-const SHIPPED_IMAGE = "ghcr.io/example/enim:0.1.0";
 const NODE = "real-node-policy";
 /** Nine pods, one ENI each, and one spare. */
 const ENIS = 10;
-/**
- * The VPC's subnet: outside the shipped conflist's `serviceCidrs` (10.96.0.0/12), which the
- * agent refuses to overlap.
- */
-const SUBNET = { cidr: "10.200.0.0/24", gateway: "10.200.0.1" };
 const NSENTER = "/usr/bin/nsenter";
 
 const TCP_PORTS = POD_PORTS.filter((p) => p.proto === "tcp").map((p) => p.port);
 const UDP_PORTS = POD_PORTS.filter((p) => p.proto === "udp").map((p) => p.port);
 
-/** The agent's configuration for the simulated cloud (the rest as the shipped ConfigMap). */
-function agentConfig(vpc: SimulatedVpc): string {
-  return JSON.stringify(
-    {
-      socket: "/run/enim/enim.sock",
-      statePath: "/var/lib/enim/enim.db",
-      provider: { name: "mock", mock: { enis: ENIS, subnets: { ipv4: SUBNET } } },
-      devices: "ip",
-      deviceSimulator: { vpcNetns: vpc.vpc.name, bridge: vpc.bridge },
-      gc: { intervalSeconds: 30, graceSeconds: 30 },
-      log: { level: "info", format: "json" },
-      devicePlugin: { enabled: true },
-      // networkPolicy as shipped: not set (`auto`, on in a pod).
-      cniConfig: { source: "/etc/enim/10-enim.conflist" },
-      metrics: { enabled: true, address: "0.0.0.0", port: 9798 },
-    },
-    null,
-    2,
-  );
-}
-
-/** A list's items carry no apiVersion and kind. */
-const PodListSchema = StoredListSchema.extend({
-  items: z.array(
-    PodSchema.extend({ apiVersion: z.optional(z.string()), kind: z.optional(z.string()) }),
-  ),
-});
-
 /** What containerd's verbose PodSandboxStatus says of a sandbox (the part read here). */
 const SandboxInfoSchema = z.looseObject({ pid: z.number().int().positive() });
-
-async function until<T>(
-  what: string,
-  f: () => Promise<T | null>,
-  node: RealNode,
-  timeoutMs = 180_000,
-): Promise<T> {
-  const t0 = performance.now();
-  for (;;) {
-    const v = await f();
-    if (v !== null) return v;
-    if (performance.now() - t0 > timeoutMs) {
-      throw new Error(`${what}: not within ${timeoutMs} ms\n${await node.logs(6000)}`);
-    }
-    await new Promise((r) => setTimeout(r, 300));
-  }
-}
 
 /** A pod of the test, as the cases see it, with its prober. */
 interface RealPod extends End {
@@ -350,7 +298,7 @@ Deno.test({
     const t0 = performance.now();
     const say = (l: string) => console.error(l);
     await using cluster = await KubeCluster.start({ controllers: NODE_CONTROLLERS, progress: say });
-    const vpc = await SimulatedVpc.create({ subnets: { ipv4: SUBNET.cidr } });
+    const vpc = await SimulatedVpc.create({ subnets: { ipv4: VPC_SUBNET.cidr } });
     let node: RealNode | null = null;
     let h: Harness | null = null;
     try {
@@ -365,34 +313,11 @@ Deno.test({
       });
       // The agent reaches the API as a pod does: the `kubernetes` Service's ClusterIP.
       await node.serveKubernetesService();
-      const image = await buildImage({ outDir: `${node.base}/images/enim`, ref: SHIPPED_IMAGE });
-      await node.importImage(image.archive, SHIPPED_IMAGE);
-      say(`enim's image imported (${image.digest}, ${image.size} bytes)`);
-      const docs = (await readManifests(cluster.bins.version)).map((d) => {
-        if (d.kind !== "ConfigMap" || d.name !== "enim-agent-config") return d;
-        const obj = JSON.parse(d.text);
-        obj.data["agent.jsonc"] = agentConfig(vpc);
-        return { ...d, text: JSON.stringify(obj) };
+      await installEnim(cluster, node, vpc, {
+        enis: ENIS,
+        networkPolicy: "shipped",
+        progress: say,
       });
-      await applyManifests(cluster.admin, docs);
-      await until(
-        "the agent's pod Ready",
-        async () => {
-          const list = await cluster.admin.get(
-            "/api/v1/namespaces/kube-system/pods",
-            PodListSchema,
-            {
-              labelSelector: "app.kubernetes.io/name=enim",
-            },
-          );
-          const p = list.items[0];
-          const ready = p?.status?.conditions?.find((c) => c.type === "Ready");
-          return p && ready?.status === "True" ? p : null;
-        },
-        node,
-        150_000,
-      );
-      await node.waitReady(180_000);
       const agent = new SocketAgentClient(node.host("/run/enim/enim.sock"), 30_000);
       const harness = new Harness(cluster, node, agent);
       h = harness;
@@ -427,7 +352,7 @@ Deno.test({
       for (const ns of Object.keys(NAMESPACES)) {
         for (const app of Object.keys(APPS)) {
           const id = `${ns}/${app}`;
-          const pod = await until(`${id} Running with an IP`, async () => {
+          const pod = await waitFor(`${id} Running with an IP`, async () => {
             const p = await cluster.admin.get(`/api/v1/namespaces/${ns}/pods/${app}`, PodSchema);
             return p.status?.phase === "Running" && p.status.podIP ? p : null;
           }, node);

@@ -66,6 +66,11 @@ export const PodListSchema = StoredListSchema.extend({
 export interface SimulatedInstallOptions {
   /** The ENIs the mock provider gives the node (the Node's allocatable `enim.dev/eni`). */
   enis: number;
+  /**
+   * NetworkPolicy: `off` (default) or as shipped (the key left out: `auto`, on in a pod,
+   * with the shipped RBAC; the node must serve the `kubernetes` Service first).
+   */
+  networkPolicy?: "off" | "shipped";
 }
 
 /** The agent's configuration for the simulated cloud (the rest as the shipped ConfigMap). */
@@ -86,7 +91,7 @@ export function simulatedAgentConfig(vpc: SimulatedVpc, o: SimulatedInstallOptio
       gc: { intervalSeconds: 30, graceSeconds: 30 },
       log: { level: "info", format: "json" },
       devicePlugin: { enabled: true },
-      networkPolicy: { enabled: false },
+      ...(o.networkPolicy === "shipped" ? {} : { networkPolicy: { enabled: false } }),
       // As the shipped ConfigMap: the conflist written once the agent answers, and the
       // metrics port the DaemonSet's startup and liveness probes ask.
       cniConfig: { source: "/etc/enim/10-enim.conflist" },
