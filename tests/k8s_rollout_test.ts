@@ -1,0 +1,762 @@
+/**
+ * Issue 51, item 2: enim rolled out from the previous release (N−1, 0.1.0, built from
+ * history) to this one (N) and back, with pods running, on the real node of
+ * tests/support/k8s/real_node.ts (real kubelet, containerd 2.x, runc; the real control
+ * plane and kube-proxy).
+ *
+ * - The images: N's is `deno task image` (scripts/image.ts) of this tree. N−1's is the same
+ *   packaging (scripts/image.ts, `release` option) around 0.1.0's own bundle and its own
+ *   deno.json permission set (tests/support/releases.ts builds the bundle at 0.1.0's commit).
+ *   0.1.0 shipped a `deno compile` binary (its deploy/Containerfile), which needs denort,
+ *   downloaded from dl.deno.land: not reachable here. So 0.1.0's own manifests (read from
+ *   git at its commit) are applied with one change to its init container: its three lines
+ *   copying the binary become the image's installer (`withImageInstaller`); it still writes
+ *   the conflist from its ConfigMap, as 0.1.0 did.
+ * - Both agents' ConfigMaps are for the simulated VPC (`simulatedAgentConfig`): 0.1.0's
+ *   strict schema refuses N's `metrics` and `cniConfig`, so a rollback is applying N−1's
+ *   manifests, ConfigMap included, as an operator does (docs/upgrading.md).
+ * - PODS workload pods (busybox httpd on 8080 and an echo server on 9000, each with an ENI)
+ *   behind a NodePort Service; a client outside the node (tests/support/rollout_client.ts
+ *   in the simulated VPC's namespace) sends requests to every pod by its ENI's address and
+ *   to the NodePort through the real kube-proxy, and holds a TCP connection to each pod's
+ *   echo server and one through the NodePort, through three rollouts: N−1 → N, N → N−1
+ *   (the rollback), N−1 → N.
+ * - While an agent is being replaced, pods are created and deleted (their ADD and DEL go
+ *   to the plugin while no agent serves).
+ * - Measured and asserted 0: failed requests, broken connections, Node Ready samples not
+ *   True, moments a workload pod is missing or not ready in the Service's EndpointSlice,
+ *   ENIs lost or owned twice (the agent's ENIs and attachments before and after each
+ *   rollout), failed ADDs and DELs in the plugin's log, pods that did not start.
+ * - Then the DaemonSet is deleted (no uninstall): how soon the Node goes NotReady is
+ *   measured (it must go).
+ *
+ * Figures are printed at the end (`rollout:` lines) and recorded in docs/upgrading.md.
+ * Skips, saying why, without Go, gcc, or root.
+ *
+ * @module
+ */
+import { assert, assertEquals } from "../lib/assert.ts";
+import { z } from "zod";
+import { nodeBuildMissing } from "./support/k8s/build.ts";
+import { KubeCluster, NODE_CONTROLLERS } from "./support/k8s/cluster.ts";
+import { BUSYBOX_IMAGE, RealNode } from "./support/k8s/real_node.ts";
+import { NodeSchema, PodSchema } from "./support/k8s/kubelet.ts";
+import { applyManifests, type ManifestDoc, readManifests } from "./support/k8s/manifests.ts";
+import { StoredListSchema, StoredSchema } from "./support/k8s/rest.ts";
+import {
+  agentPods,
+  type ListedPod,
+  PodListSchema,
+  releaseManifests,
+  simulatedAgentConfig,
+  until,
+  withAgentConfig,
+  withImage,
+  withImageInstaller,
+} from "./support/k8s/enim_install.ts";
+import { releaseBuild } from "./support/releases.ts";
+import { type ClientArgs, type ClientLine, ClientLineSchema } from "./support/rollout_client.ts";
+import { buildImage } from "../scripts/image.ts";
+import { SimulatedVpc } from "./support/vpc.ts";
+import { ensureBuiltSync } from "../scripts/build.ts";
+import { unixRequest } from "../api/client.ts";
+import { VERSION } from "../lib/version.ts";
+import { ROOT } from "../scripts/_paths.ts";
+
+const ROOT_USER = Deno.uid() === 0;
+const MISSING = nodeBuildMissing() ??
+  (ROOT_USER ? null : "needs root (namespaces, mounts, cgroups)");
+
+const OLD = "0.1.0";
+const OLD_IMAGE = `ghcr.io/example/enim:${OLD}`;
+const NEW_IMAGE = `ghcr.io/example/enim:${VERSION}`;
+const NODE = "real-node-rollout";
+/** Workload pods behind the Service, each with an ENI. */
+const PODS = 20;
+/** Pods created while each agent is replaced (and deleted during the next replacement). */
+const CHURN = 2;
+const ENIS = PODS + 2 * CHURN + 1;
+const SUBNET = { cidr: "10.200.0.0/24", gateway: "10.200.0.1" };
+const HTTP_NODEPORT = 30080;
+const ECHO_NODEPORT = 30900;
+const NSENTER = "/usr/bin/nsenter";
+
+const say = (l: string) => console.error(l);
+const t0 = performance.now();
+const now = () => Math.round(performance.now() - t0);
+const secs = (ms: number) => `${(ms / 1000).toFixed(1)} s`;
+
+function webPod(name: string) {
+  return {
+    apiVersion: "v1",
+    kind: "Pod",
+    metadata: { name, labels: { app: "web" } },
+    spec: {
+      terminationGracePeriodSeconds: 1,
+      containers: [{
+        name: "main",
+        image: BUSYBOX_IMAGE,
+        imagePullPolicy: "Never",
+        command: [
+          "/bin/sh",
+          "-c",
+          `mkdir -p /www && echo ${name} > /www/index.html && httpd -p 8080 -h /www && ` +
+          "exec nc -ll -p 9000 -e /bin/cat",
+        ],
+        ports: [{ name: "http", containerPort: 8080 }, { name: "echo", containerPort: 9000 }],
+        readinessProbe: { httpGet: { path: "/", port: 8080 }, periodSeconds: 5 },
+        resources: { limits: { "enim.dev/eni": "1" }, requests: { "enim.dev/eni": "1" } },
+      }],
+    },
+  };
+}
+
+/**
+ * A pod created while the agent is replaced: no `enim.dev/eni` request, so the scheduler
+ * places it while the agent's device plugin is away too, and its ADD reaches the plugin
+ * during the replacement (the plugin gives any pod of the node an ENI).
+ */
+function churnPod(name: string) {
+  return {
+    apiVersion: "v1",
+    kind: "Pod",
+    metadata: { name, labels: { app: "churn" } },
+    spec: {
+      terminationGracePeriodSeconds: 1,
+      containers: [{
+        name: "main",
+        image: BUSYBOX_IMAGE,
+        imagePullPolicy: "Never",
+        command: ["/bin/sh", "-c", "exec sleep 3600"],
+      }],
+    },
+  };
+}
+
+const EniListSchema = z.object({
+  enis: z.array(z.looseObject({
+    id: z.string(),
+    state: z.string(),
+    owner: z.nullable(z.looseObject({ containerId: z.optional(z.string()) })),
+  })),
+});
+const AttachmentListSchema = z.object({
+  attachments: z.array(z.looseObject({
+    containerId: z.string(),
+    pod: z.string(),
+    eniId: z.nullable(z.string()),
+    state: z.string(),
+  })),
+});
+
+/** The agent's ENIs and attachments, as it answers on its socket. */
+interface Snapshot {
+  enis: z.infer<typeof EniListSchema>["enis"];
+  attachments: z.infer<typeof AttachmentListSchema>["attachments"];
+}
+
+async function snapshot(node: RealNode): Promise<Snapshot> {
+  const socket = node.host("/run/enim/enim.sock");
+  return await until(
+    "the agent's ENIs and attachments",
+    async () => {
+      try {
+        const e = await unixRequest(socket, "GET", "/v1/enis", undefined, 10_000);
+        const a = await unixRequest(socket, "GET", "/v1/attachments", undefined, 10_000);
+        if (e.status !== 200 || a.status !== 200) return null;
+        return {
+          enis: EniListSchema.parse(JSON.parse(e.body)).enis,
+          attachments: AttachmentListSchema.parse(JSON.parse(a.body)).attachments,
+        };
+      } catch {
+        return null;
+      }
+    },
+    node,
+    60_000,
+  );
+}
+
+/** What is wrong with a snapshot: ENIs missing, owned twice, owners without attachments. */
+function eniProblems(s: Snapshot): string[] {
+  const out: string[] = [];
+  if (s.enis.length !== ENIS) out.push(`${s.enis.length} ENIs, not ${ENIS}`);
+  const ids = new Set(s.enis.map((e) => e.id));
+  if (ids.size !== s.enis.length) out.push("an ENI listed twice");
+  const byEni = new Map<string, string[]>();
+  for (const a of s.attachments) {
+    if (!a.eniId) continue;
+    byEni.set(a.eniId, [...(byEni.get(a.eniId) ?? []), a.pod]);
+    if (!ids.has(a.eniId)) out.push(`${a.pod}'s ENI ${a.eniId} is not the node's`);
+  }
+  for (const [eni, pods] of byEni) {
+    if (pods.length > 1) out.push(`ENI ${eni} owned twice: ${pods.join(", ")}`);
+  }
+  for (const e of s.enis) {
+    if (e.state === "lost") out.push(`ENI ${e.id} lost`);
+    if (e.state === "owned" && !byEni.has(e.id)) out.push(`ENI ${e.id} owned by no attachment`);
+  }
+  return out;
+}
+
+/** Each workload pod's ENI (`default/web-00` → `eni-…`). */
+function webEnis(s: Snapshot): Record<string, string | null> {
+  return Object.fromEntries(
+    s.attachments.filter((a) => a.pod.startsWith("default/web-"))
+      .map((a): [string, string | null] => [a.pod, a.eniId])
+      .sort((a, b) => a[0] < b[0] ? -1 : 1),
+  );
+}
+
+const SliceListSchema = StoredListSchema.extend({
+  items: z.array(z.looseObject({
+    endpoints: z.nullable(z.optional(z.array(z.looseObject({
+      addresses: z.array(z.string()),
+      conditions: z.optional(z.looseObject({ ready: z.optional(z.boolean()) })),
+    })))),
+  })),
+});
+const DaemonSetSchema = StoredSchema.extend({
+  status: z.optional(z.looseObject({
+    observedGeneration: z.optional(z.number()),
+    desiredNumberScheduled: z.number(),
+    updatedNumberScheduled: z.optional(z.number()),
+    numberAvailable: z.optional(z.number()),
+  })),
+});
+const EventListSchema = StoredListSchema.extend({
+  items: z.array(z.looseObject({
+    reason: z.optional(z.string()),
+    message: z.optional(z.string()),
+    involvedObject: z.looseObject({ name: z.optional(z.string()) }),
+  })),
+});
+/** A plugin call's record in the plugin's log (0.1.0's and N's carry these fields). */
+const CallRecordSchema = z.looseObject({
+  verb: z.nullable(z.optional(z.string())),
+  pod: z.optional(z.string()),
+  code: z.number(),
+  durationMs: z.number(),
+});
+
+/** The Node's Ready condition and the Service's EndpointSlice, sampled every 500 ms. */
+class Watcher {
+  readySamples = 0;
+  notReady: { at: number; status: string }[] = [];
+  /** Transitions of the Node's Ready condition: [ms since start, status]. */
+  readyTimeline: [number, string][] = [];
+  sliceSamples = 0;
+  /** Moments a workload pod's address was missing or not ready in the EndpointSlice. */
+  sliceGaps: { at: number; ip: string; why: string }[] = [];
+  #stop = false;
+  #done: Promise<void> | null = null;
+
+  constructor(
+    private cluster: KubeCluster,
+    private ips: () => string[],
+    private checkSlice: () => boolean,
+  ) {}
+
+  start(): void {
+    this.#done = (async () => {
+      let last = "";
+      while (!this.#stop) {
+        try {
+          const n = await this.cluster.admin.get(`/api/v1/nodes/${NODE}`, NodeSchema);
+          const s = n.status?.conditions?.find((c) => c.type === "Ready")?.status ?? "absent";
+          this.readySamples++;
+          if (s !== last) this.readyTimeline.push([now(), s]);
+          last = s;
+          if (s !== "True") this.notReady.push({ at: now(), status: s });
+          if (this.checkSlice()) {
+            const slices = await this.cluster.admin.get(
+              "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+              SliceListSchema,
+              { labelSelector: "kubernetes.io/service-name=web" },
+            );
+            this.sliceSamples++;
+            const ready = new Map<string, boolean>();
+            for (const sl of slices.items) {
+              for (const e of sl.endpoints ?? []) {
+                for (const a of e.addresses) ready.set(a, e.conditions?.ready !== false);
+              }
+            }
+            for (const ip of this.ips()) {
+              if (!ready.has(ip)) this.sliceGaps.push({ at: now(), ip, why: "missing" });
+              else if (!ready.get(ip)) this.sliceGaps.push({ at: now(), ip, why: "not ready" });
+            }
+          }
+        } catch (err) {
+          say(`watcher: ${err instanceof Error ? err.message : String(err)}`);
+        }
+        await new Promise((r) => setTimeout(r, 500));
+      }
+    })();
+  }
+
+  async stop(): Promise<void> {
+    this.#stop = true;
+    await this.#done;
+  }
+}
+
+/** The client in the simulated VPC's namespace (tests/support/rollout_client.ts). */
+class OutsideClient {
+  lines: ClientLine[] = [];
+  #proc: Deno.ChildProcess;
+  #reading: Promise<void>;
+  #ready: Promise<void>;
+
+  constructor(netns: string, args: ClientArgs) {
+    const proc = new Deno.Command(NSENTER, {
+      args: [
+        `--net=/run/netns/${netns}`,
+        "--",
+        Deno.execPath(),
+        "run",
+        "--quiet",
+        "--config",
+        `${ROOT}/tests/deno.json`,
+        "--allow-net",
+        `${ROOT}/tests/support/rollout_client.ts`,
+        JSON.stringify(args),
+      ],
+      stdin: "piped",
+      stdout: "piped",
+      stderr: "inherit",
+    }).spawn();
+    this.#proc = proc;
+    let ready: () => void = () => {};
+    let failed: (e: Error) => void = () => {};
+    this.#ready = new Promise((res, rej) => {
+      ready = res;
+      failed = rej;
+    });
+    this.#reading = (async () => {
+      let rest = "";
+      const lines = async function* (stream: ReadableStream<string>) {
+        for await (const chunk of stream) {
+          const parts = (rest + chunk).split("\n");
+          rest = parts.pop() ?? "";
+          yield* parts;
+        }
+      };
+      for await (const l of lines(proc.stdout.pipeThrough(new TextDecoderStream()))) {
+        if (!l.trim()) continue;
+        const line = ClientLineSchema.parse(JSON.parse(l));
+        this.lines.push(line);
+        if (line.kind === "ready") ready();
+        if (line.kind !== "ready" && line.kind !== "summary") say(`client: ${l}`);
+      }
+      failed(new Error("the client ended before it was ready"));
+    })();
+  }
+
+  ready(): Promise<void> {
+    return this.#ready;
+  }
+
+  failures(): number {
+    return this.lines.filter((l) => l.kind === "fail" || l.kind === "broken").length;
+  }
+
+  /** Closes its stdin; returns its totals. */
+  async stop(): Promise<Extract<ClientLine, { kind: "summary" }>> {
+    await this.#proc.stdin.close().catch(() => {});
+    await this.#reading;
+    const status = await this.#proc.status;
+    const summary = this.lines.find((l) => l.kind === "summary");
+    if (!summary || summary.kind !== "summary") {
+      throw new Error(`the client exited with ${status.code} without its totals`);
+    }
+    return summary;
+  }
+
+  kill(): void {
+    try {
+      this.#proc.kill("SIGKILL");
+    } catch { /* gone */ }
+  }
+}
+
+Deno.test({
+  name: `enim rolls out from ${OLD} (built from history) to ${VERSION} and back on a real ` +
+    "node with pods serving: no request failed, no connection broken, the Node always Ready",
+  ignore: MISSING !== null,
+  sanitizeResources: false,
+  sanitizeOps: false,
+  async fn() {
+    ensureBuiltSync();
+    await using cluster = await KubeCluster.start({ controllers: NODE_CONTROLLERS, progress: say });
+    const k8s = cluster.bins.version;
+    const vpc = await SimulatedVpc.create({ subnets: { ipv4: SUBNET.cidr } });
+    let node: RealNode | null = null;
+    let client: OutsideClient | null = null;
+    let watcher: Watcher | null = null;
+    try {
+      const nic = await vpc.nodeNic();
+      const nodeIp = nic.ipv4!;
+      node = await RealNode.start(cluster, {
+        name: NODE,
+        netns: vpc.node.name,
+        shareNetns: [vpc.vpc.name],
+        nodeIp,
+        cniPlugins: ["/usr/lib/cni/loopback", "/usr/lib/cni/host-local"],
+        progress: say,
+      });
+      const n = node;
+      await n.serveKubernetesService();
+
+      // The two images, imported under the tags the manifests name.
+      const old = await releaseBuild(OLD);
+      const oldImage = await buildImage({
+        outDir: `${n.base}/images/enim-old`,
+        ref: OLD_IMAGE,
+        bundleDir: `${old.dir}/bundle`,
+        release: { version: OLD, root: old.dir! },
+      });
+      const newImage = await buildImage({ outDir: `${n.base}/images/enim-new`, ref: NEW_IMAGE });
+      await n.importImage(oldImage.archive, OLD_IMAGE);
+      await n.importImage(newImage.archive, NEW_IMAGE);
+      say(`rollout: images ${OLD_IMAGE} (${oldImage.id}) and ${NEW_IMAGE} (${newImage.id})`);
+
+      const oldDocs = withImage(
+        withImageInstaller(
+          withAgentConfig(
+            await releaseManifests(OLD, k8s),
+            simulatedAgentConfig(vpc, { enis: ENIS, subnet: SUBNET, release: OLD }),
+          ),
+        ),
+        OLD_IMAGE,
+      );
+      const newDocs = withImage(
+        withAgentConfig(
+          await readManifests(k8s),
+          simulatedAgentConfig(vpc, { enis: ENIS, subnet: SUBNET }),
+        ),
+        NEW_IMAGE,
+      );
+
+      // N−1 installed as it shipped.
+      await applyManifests(cluster.admin, oldDocs);
+      await until(
+        "0.1.0's agent Ready",
+        async () => {
+          const p = (await agentPods(cluster.admin))[0];
+          return p?.status?.conditions?.find((c) => c.type === "Ready")?.status === "True"
+            ? p
+            : null;
+        },
+        n,
+        180_000,
+      );
+      await n.waitReady(180_000);
+      await until(`enim.dev/eni ${ENIS} in the Node's allocatable`, async () => {
+        const nd = await cluster.admin.get(`/api/v1/nodes/${NODE}`, NodeSchema);
+        return nd.status?.allocatable?.["enim.dev/eni"] === String(ENIS) ? true : null;
+      }, n);
+      say(`rollout: [${secs(now())}] ${OLD} installed, the Node Ready`);
+
+      // The Service and its pods.
+      await cluster.admin.create("/api/v1/namespaces/default/services", {
+        apiVersion: "v1",
+        kind: "Service",
+        metadata: { name: "web" },
+        spec: {
+          type: "NodePort",
+          selector: { app: "web" },
+          ports: [
+            { name: "http", port: 80, targetPort: 8080, nodePort: HTTP_NODEPORT },
+            { name: "echo", port: 9000, targetPort: 9000, nodePort: ECHO_NODEPORT },
+          ],
+        },
+      }, StoredSchema);
+      const names = Array.from({ length: PODS }, (_, i) => `web-${String(i).padStart(2, "0")}`);
+      const tPods = now();
+      await Promise.all(
+        names.map((name) =>
+          cluster.admin.create("/api/v1/namespaces/default/pods", webPod(name), PodSchema)
+        ),
+      );
+      const listWeb = async () =>
+        (await cluster.admin.get("/api/v1/namespaces/default/pods", PodListSchema, {
+          labelSelector: "app=web",
+        })).items;
+      const web = await until(
+        `${PODS} web pods Ready`,
+        async () => {
+          const ps = await listWeb();
+          const ready = ps.filter((p) =>
+            p.status?.podIP &&
+            p.status.conditions?.find((c) => c.type === "Ready")?.status === "True"
+          );
+          return ready.length === PODS ? ready : null;
+        },
+        n,
+        600_000,
+      );
+      const ips = web.map((p) => p.status!.podIP!);
+      for (const ip of ips) assert(ip.startsWith("10.200.0."), `${ip} is an ENI's address`);
+      say(`rollout: [${secs(now())}] ${PODS} web pods Ready in ${secs(now() - tPods)}`);
+      await until("every web pod ready in the EndpointSlice", async () => {
+        const slices = await cluster.admin.get(
+          "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+          SliceListSchema,
+          { labelSelector: "kubernetes.io/service-name=web" },
+        );
+        const ready = slices.items.flatMap((s) =>
+          (s.endpoints ?? []).filter((e) => e.conditions?.ready !== false).flatMap((e) =>
+            e.addresses
+          )
+        );
+        return ips.every((ip) => ready.includes(ip)) ? true : null;
+      }, n);
+
+      // The client outside the node; the NodePort answers before it starts.
+      const args: ClientArgs = {
+        http: [...ips.map((ip) => `${ip}:8080`), `${nodeIp}:${HTTP_NODEPORT}`],
+        hold: [...ips.map((ip) => `${ip}:9000`), `${nodeIp}:${ECHO_NODEPORT}`],
+        concurrency: 2,
+        pauseMs: 50,
+        timeoutMs: 5000,
+      };
+      client = new OutsideClient(vpc.vpc.name, args);
+      await client.ready();
+      watcher = new Watcher(cluster, () => ips, () => true);
+      watcher.start();
+      await new Promise((r) => setTimeout(r, 5000));
+      assertEquals(client.failures(), 0, "the client fails before any rollout: the setup");
+
+      // The pods whose ADD and DEL land while an agent is replaced.
+      let churn: string[] = [];
+      const churnCreated = new Map<string, number>();
+      const churnRunning = new Map<string, number>();
+      const createChurn = async (prefix: string) => {
+        const made: string[] = [];
+        for (let i = 0; i < CHURN; i++) {
+          const name = `churn-${prefix}-${i}`;
+          churnCreated.set(name, now());
+          await cluster.admin.create("/api/v1/namespaces/default/pods", churnPod(name), PodSchema);
+          made.push(name);
+        }
+        return made;
+      };
+      churn = await createChurn("base");
+
+      const before = await snapshot(n);
+      assertEquals(eniProblems(before), [], "ENIs before the first rollout");
+      const webEni0 = webEnis(before);
+      assertEquals(Object.keys(webEni0).length, PODS);
+
+      /** Applies `docs` and waits until the DaemonSet's one pod runs `image`, Ready. */
+      const rollout = async (label: string, docs: ManifestDoc[], image: string) => {
+        const tStart = now();
+        const oldPod = (await agentPods(cluster.admin))[0];
+        await applyManifests(cluster.admin, docs);
+        // As soon as the old agent is being stopped: pods created and deleted.
+        await until(
+          `${label}: the old agent stopping`,
+          async () => {
+            const ps = await agentPods(cluster.admin);
+            const p = ps.find((x) => x.metadata.uid === oldPod.metadata.uid);
+            return !p || p.metadata.deletionTimestamp ? true : null;
+          },
+          n,
+          120_000,
+        );
+        const tStop = now();
+        const gone = churn;
+        const made = await createChurn(label);
+        await Promise.all(
+          gone.map((name) =>
+            cluster.admin.delete(`/api/v1/namespaces/default/pods/${name}`, {
+              gracePeriodSeconds: 1,
+            })
+          ),
+        );
+        churn = made;
+        const agent: ListedPod = await until(
+          `${label}: the new agent Ready`,
+          async () => {
+            const ps = await agentPods(cluster.admin);
+            const p = ps.length === 1 ? ps[0] : null;
+            const ok = p && !p.metadata.deletionTimestamp &&
+              p.spec.containers.every((c) => c.image === image) &&
+              p.status?.conditions?.find((c) => c.type === "Ready")?.status === "True";
+            return ok ? p : null;
+          },
+          n,
+          240_000,
+        );
+        const tReady = now();
+        await until(
+          `${label}: the DaemonSet's rollout done`,
+          async () => {
+            const ds = await cluster.admin.get(
+              "/apis/apps/v1/namespaces/kube-system/daemonsets/enim-agent",
+              DaemonSetSchema,
+            );
+            const s = ds.status;
+            return s && (s.observedGeneration ?? 0) >= (ds.metadata.generation ?? 0) &&
+                s.updatedNumberScheduled === s.desiredNumberScheduled &&
+                s.numberAvailable === s.desiredNumberScheduled
+              ? true
+              : null;
+          },
+          n,
+          120_000,
+        );
+        // The pods created meanwhile run with an ENI; those deleted are gone.
+        await until(
+          `${label}: the new pods Running`,
+          async () => {
+            const ps = await Promise.all(
+              made.map((m) => cluster.admin.get(`/api/v1/namespaces/default/pods/${m}`, PodSchema)),
+            );
+            for (const p of ps) {
+              if (
+                p.status?.phase === "Running" && p.status.podIP &&
+                !churnRunning.has(p.metadata.name)
+              ) {
+                churnRunning.set(p.metadata.name, now());
+              }
+            }
+            return ps.every((p) => p.status?.phase === "Running" && p.status.podIP) ? true : null;
+          },
+          n,
+          240_000,
+        );
+        await until(
+          `${label}: the deleted pods gone`,
+          async () => {
+            for (const g of gone) {
+              if (await cluster.admin.find(`/api/v1/namespaces/default/pods/${g}`, PodSchema)) {
+                return null;
+              }
+            }
+            return true;
+          },
+          n,
+          120_000,
+        );
+        const s = await snapshot(n);
+        say(
+          `rollout: [${secs(now())}] ${label}: applied at ${secs(tStart)}, old agent stopping ` +
+            `at ${secs(tStop)}, ${agent.metadata.name} (${image}) Ready at ${secs(tReady)} ` +
+            `(${secs(tReady - tStop)} without a serving agent at most)`,
+        );
+        return s;
+      };
+
+      const s1 = await rollout(`${OLD}->${VERSION}`, newDocs, NEW_IMAGE);
+      assertEquals(eniProblems(s1), [], `ENIs after ${OLD} -> ${VERSION}`);
+      assertEquals(webEnis(s1), webEni0, "each web pod keeps its ENI");
+      const s2 = await rollout(`${VERSION}->${OLD}`, oldDocs, OLD_IMAGE);
+      assertEquals(eniProblems(s2), [], `ENIs after ${VERSION} -> ${OLD}`);
+      assertEquals(webEnis(s2), webEni0, "each web pod keeps its ENI");
+      const s3 = await rollout(`${OLD}->${VERSION}#2`, newDocs, NEW_IMAGE);
+      assertEquals(eniProblems(s3), [], `ENIs after ${OLD} -> ${VERSION} again`);
+      assertEquals(webEnis(s3), webEni0, "each web pod keeps its ENI");
+      await new Promise((r) => setTimeout(r, 5000));
+
+      const totals = await client.stop();
+      client = null;
+      await watcher.stop();
+      const w = watcher;
+      watcher = null;
+
+      // The web pods are the same pods, never restarted.
+      const webAfter = await listWeb();
+      assertEquals(
+        webAfter.map((p) => p.metadata.uid).sort(),
+        web.map((p) => p.metadata.uid).sort(),
+      );
+      assertEquals(webAfter.map((p) => p.status?.podIP).sort(), [...ips].sort());
+
+      // The plugin's own record of every call (both versions write it).
+      const calls = (await Deno.readTextFile(n.host("/var/log/enim/cni.log")).catch(() => ""))
+        .split("\n").filter((l) => l.trim().startsWith("{")).map((l) => JSON.parse(l))
+        .map((j) => CallRecordSchema.safeParse(j)).filter((r) => r.success).map((r) => r.data);
+      const churnCalls = calls.filter((c) => c.pod?.startsWith("default/churn-"));
+      const adds = churnCalls.filter((c) => c.verb === "ADD");
+      const dels = churnCalls.filter((c) => c.verb === "DEL");
+      const failedCalls = calls.filter((c) =>
+        c.code !== 0 && (c.verb === "ADD" || c.verb === "DEL" || c.verb === "CHECK")
+      );
+      const statusNot0 = calls.filter((c) => c.verb === "STATUS" && c.code !== 0);
+      const longestAdd = Math.max(0, ...adds.map((c) => c.durationMs));
+      const events = await cluster.admin.get("/api/v1/namespaces/default/events", EventListSchema);
+      const sandboxFailures = events.items.filter((e) => e.reason === "FailedCreatePodSandBox");
+      const startTimes = [...churnRunning].map(([name, t]) => t - churnCreated.get(name)!);
+
+      say(
+        `rollout: client: ${totals.sent} requests (${totals.ok} ok, ${totals.failed} failed) ` +
+          `to ${Object.keys(totals.perTarget).length} targets; ${totals.held} connections held ` +
+          `(${totals.echoes} echoes, ${totals.broken} broken)`,
+      );
+      say(
+        `rollout: Node Ready: ${w.readySamples} samples, ${w.notReady.length} not True; ` +
+          `timeline ${JSON.stringify(w.readyTimeline.map(([t, s]) => [secs(t), s]))}`,
+      );
+      say(
+        `rollout: EndpointSlice: ${w.sliceSamples} samples of ${PODS} pods, ` +
+          `${w.sliceGaps.length} gaps ${JSON.stringify(w.sliceGaps.slice(0, 10))}`,
+      );
+      say(
+        `rollout: pods during replacements: ${adds.length} ADDs (longest ${longestAdd} ms), ` +
+          `${dels.length} DELs; creation to Running ${JSON.stringify(startTimes)} ms; ` +
+          `STATUS answers not 0 (whole run, install included) ${statusNot0.length}; ` +
+          `failed plugin calls ${failedCalls.length} ${JSON.stringify(failedCalls.slice(0, 5))}; ` +
+          `FailedCreatePodSandBox events ${sandboxFailures.length} ${
+            JSON.stringify(sandboxFailures.slice(0, 3).map((e) => e.message))
+          }`,
+      );
+
+      assertEquals(totals.failed, 0, "requests that failed");
+      assertEquals(totals.broken, 0, "long-lived connections broken");
+      assertEquals(totals.held, PODS + 1);
+      assert(totals.sent > 0 && totals.ok === totals.sent);
+      assertEquals(w.notReady.length, 0, "Node Ready samples not True");
+      assertEquals(w.sliceGaps.length, 0, "moments a pod left the EndpointSlice");
+      assertEquals(failedCalls, [], "plugin calls that failed");
+      assertEquals(sandboxFailures.length, 0, "FailedCreatePodSandBox events");
+      assert(adds.length >= 3 * CHURN, `ADDs of pods made during replacements: ${adds.length}`);
+
+      // The agent truly gone (the DaemonSet deleted, no uninstall): the Node goes NotReady.
+      const tDelete = performance.now();
+      await cluster.admin.delete("/apis/apps/v1/namespaces/kube-system/daemonsets/enim-agent", {
+        propagationPolicy: "Background",
+      });
+      await until(
+        "the agent's pod gone",
+        async () => (await agentPods(cluster.admin)).length === 0 ? true : null,
+        n,
+        120_000,
+      );
+      const tGone = performance.now();
+      await until(
+        "the Node NotReady without its agent",
+        async () => {
+          const nd = await cluster.admin.get(`/api/v1/nodes/${NODE}`, NodeSchema);
+          return nd.status?.conditions?.find((c) => c.type === "Ready")?.status !== "True"
+            ? true
+            : null;
+        },
+        n,
+        300_000,
+      );
+      const tNotReady = performance.now();
+      say(
+        `rollout: agent gone: its pod gone ${secs(tGone - tDelete)} after the DaemonSet's ` +
+          `deletion; the Node NotReady ${secs(tNotReady - tGone)} after that ` +
+          `(${secs(tNotReady - tDelete)} after the deletion)`,
+      );
+      say(`rollout: wall time ${secs(now())}`);
+    } finally {
+      client?.kill();
+      await watcher?.stop();
+      await node?.close();
+      await vpc.close();
+    }
+  },
+});
