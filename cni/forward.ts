@@ -170,6 +170,7 @@ export async function forward(io: ForwardIo): Promise<number> {
   const record: InvocationRecord = {
     verb: verb ?? null,
     cniVersion: route.cniVersion,
+    pluginVersion: VERSION,
     code: 0,
     durationMs: 0,
   };
