@@ -234,11 +234,41 @@ const EventListSchema = StoredListSchema.extend({
 });
 /** A plugin call's record in the plugin's log (0.1.0's and N's carry these fields). */
 const CallRecordSchema = z.looseObject({
+  ts: z.optional(z.string()),
   verb: z.nullable(z.optional(z.string())),
   pod: z.optional(z.string()),
   code: z.number(),
+  msg: z.optional(z.string()),
   durationMs: z.number(),
+  /** Set by N's plugin process when it answered alone (0.1.0's sets none). */
+  pluginVersion: z.optional(z.string()),
 });
+type CallRecord = z.infer<typeof CallRecordSchema>;
+
+/**
+ * Whether a failed call is 0.1.0's plugin finding no agent (its STATUS 50, its ADD 11):
+ * 0.1.0's plugin answers alone without a version and says the agent is not reachable.
+ * Anything else that failed is N's (its plugin, or an agent's answer).
+ */
+function oldPluginAlone(c: CallRecord): boolean {
+  return c.pluginVersion === undefined && /not reachable/.test(c.msg ?? "");
+}
+
+/**
+ * `docs` with the DaemonSet's pod template annotated as `kubectl rollout restart` does: a
+ * rollout of the same release (N to N), the case every later upgrade is.
+ */
+function withRestart(docs: ManifestDoc[]): ManifestDoc[] {
+  return docs.map((d) => {
+    if (d.kind !== "DaemonSet") return d;
+    const obj = JSON.parse(d.text);
+    obj.spec.template.metadata.annotations = {
+      ...obj.spec.template.metadata.annotations,
+      "kubectl.kubernetes.io/restartedAt": new Date().toISOString(),
+    };
+    return { ...d, text: JSON.stringify(obj) };
+  });
+}
 
 /** The Node's Ready condition and the Service's EndpointSlice, sampled every 500 ms. */
 class Watcher {
@@ -653,6 +683,11 @@ Deno.test({
       const phases = [
         { ...(await rollout("up1", newDocs, NEW_IMAGE)), what: `${OLD} -> ${VERSION}`, into: "N" },
         {
+          ...(await rollout("restart", withRestart(newDocs), NEW_IMAGE)),
+          what: `${VERSION} -> ${VERSION} (rollout restart)`,
+          into: "N",
+        },
+        {
           ...(await rollout("down", oldDocs, OLD_IMAGE)),
           what: `${VERSION} -> ${OLD}`,
           into: "N-1",
@@ -698,6 +733,13 @@ Deno.test({
         const mine = calls.filter((c) => c.pod?.startsWith(`default/churn-${p.label}-`));
         const adds = mine.filter((c) => c.verb === "ADD");
         const failed = mine.filter((c) => c.code !== 0);
+        // Every failed call of the phase (STATUS included, whichever pod), and those that are
+        // not 0.1.0's plugin finding no agent: N's, which must be none.
+        const phaseFailed = calls.filter((c) =>
+          c.code !== 0 && c.ts !== undefined && inPhase(Date.parse(c.ts) - T0, p) &&
+          ["STATUS", "ADD", "DEL", "CHECK"].includes(c.verb ?? "")
+        );
+        const nFailed = phaseFailed.filter((c) => !oldPluginAlone(c));
         const longest = Math.max(0, ...adds.filter((c) => c.code === 0).map((c) => c.durationMs));
         longestAdd = Math.max(longestAdd, longest);
         const sandbox = sandboxFailures.filter((e) =>
@@ -716,7 +758,9 @@ Deno.test({
             `${notReady.length} samples; EndpointSlice gaps ${gaps.length}; client failures ` +
             `${fails.length}; ${adds.length} ADDs of pods made meanwhile (longest successful ` +
             `${longest} ms), ${failed.length} of their calls failed ` +
-            `${JSON.stringify(failed.map((c) => [c.verb, c.code]))}; creation to Running ` +
+            `${JSON.stringify(failed.map((c) => [c.verb, c.code]))}; failed plugin calls ` +
+            `${JSON.stringify(phaseFailed.map((c) => [c.verb, c.code, c.pluginVersion ?? OLD]))}` +
+            ` (${nFailed.length} of them N's); creation to Running ` +
             `${JSON.stringify(starts)} ms; FailedCreatePodSandBox ${sandbox.length} ` +
             `${JSON.stringify(sandbox.slice(0, 2).map((e) => e.message))}`,
         );
@@ -725,11 +769,27 @@ Deno.test({
           JSON.stringify(webEnis(p.snap)) === JSON.stringify(webEni0),
           `${p.what}: a web pod's ENI changed`,
         );
-        expect(notReady.length === 0, `${p.what}: the Node not Ready ${notReady.length} samples`);
+        // With 0.1.0 on either side, 0.1.0's plugin answers part of the time the node has no
+        // serving agent (before N's init container replaces it; after 0.1.0's installed it),
+        // STATUS 50 and ADD 11, which N cannot change (docs/upgrading.md): the Node's Ready
+        // and the sandbox failures are measured and reported for those rollouts, and
+        // asserted for N to N, where N's plugin answers throughout. N's own failures: none.
+        const ours = p.label === "restart";
+        expect(nFailed.length === 0, `${p.what}: ${nFailed.length} of N's calls failed`);
+        expect(
+          !ours || notReady.length === 0,
+          `${p.what}: the Node not Ready ${notReady.length} samples`,
+        );
         expect(gaps.length === 0, `${p.what}: ${gaps.length} EndpointSlice gaps`);
         expect(fails.length === 0, `${p.what}: ${fails.length} client failures`);
-        expect(failed.length === 0, `${p.what}: ${failed.length} failed ADD/DEL calls`);
-        expect(sandbox.length === 0, `${p.what}: ${sandbox.length} FailedCreatePodSandBox`);
+        expect(
+          !ours || failed.length === 0,
+          `${p.what}: ${failed.length} failed ADD/DEL calls`,
+        );
+        expect(
+          !ours || sandbox.length === 0,
+          `${p.what}: ${sandbox.length} FailedCreatePodSandBox`,
+        );
         expect(adds.length >= CHURN, `${p.what}: ${adds.length} ADDs, not ${CHURN}`);
       }
       const statusNot0 = calls.filter((c) => c.verb === "STATUS" && c.code !== 0);
