@@ -19,14 +19,20 @@
  *   behind a NodePort Service; a client outside the node (tests/support/rollout_client.ts
  *   in the simulated VPC's namespace) sends requests to every pod by its ENI's address and
  *   to the NodePort through the real kube-proxy, and holds a TCP connection to each pod's
- *   echo server and one through the NodePort, through three rollouts: N−1 → N, N → N−1
- *   (the rollback), N−1 → N.
+ *   echo server and one through the NodePort, through four rollouts: N−1 → N, N → N
+ *   (`kubectl rollout restart`), N → N−1 (the rollback), N−1 → N.
  * - While an agent is being replaced, pods are created and deleted (their ADD and DEL go
  *   to the plugin while no agent serves).
- * - Measured and asserted 0: failed requests, broken connections, Node Ready samples not
- *   True, moments a workload pod is missing or not ready in the Service's EndpointSlice,
- *   ENIs lost or owned twice (the agent's ENIs and attachments before and after each
- *   rollout), failed ADDs and DELs in the plugin's log, pods that did not start.
+ * - Asserted 0 in every rollout: failed requests, broken connections, moments a workload
+ *   pod is missing or not ready in the Service's EndpointSlice (sampled every 500 ms), ENIs
+ *   lost or owned twice and web pods whose ENI changed (the agent's ENIs and attachments
+ *   after each rollout), plugin calls that failed other than 0.1.0's plugin finding no agent
+ *   (the plugin's log; N's own records carry `pluginVersion`), pods that did not start.
+ * - The Node's Ready condition (sampled every 500 ms) and kubelet's FailedCreatePodSandBox
+ *   events: asserted 0 in N → N, where N's plugin answers throughout; measured and reported
+ *   in the rollouts with 0.1.0 on a side, where 0.1.0's plugin answers STATUS 50 and ADD 11
+ *   for part of the agent's absence (docs/upgrading.md, "Rollouts with 0.1.0 on either
+ *   side").
  * - Then the DaemonSet is deleted (no uninstall): how soon the Node goes NotReady is
  *   measured (it must go).
  *
@@ -411,8 +417,9 @@ class OutsideClient {
 }
 
 Deno.test({
-  name: `enim rolls out from ${OLD} (built from history) to ${VERSION} and back on a real ` +
-    "node with pods serving: no request failed, no connection broken, the Node always Ready",
+  name: `enim rolls out from ${OLD} (built from history) to ${VERSION}, restarts, rolls back ` +
+    "and out again on a real node with pods serving: no request failed, no connection broken, " +
+    "no pod out of its Service, no ENI lost; the Node Ready through the rollout of 0.2.0 itself",
   ignore: MISSING !== null,
   sanitizeResources: false,
   sanitizeOps: false,
