@@ -19,75 +19,30 @@
  * @module
  */
 import { assert, assertEquals } from "../lib/assert.ts";
-import { z } from "zod";
+import type { z } from "zod";
 import { nodeBuildMissing } from "./support/k8s/build.ts";
 import { KubeCluster, NODE_CONTROLLERS } from "./support/k8s/cluster.ts";
 import { BUSYBOX_IMAGE, NODE_DNS, RealNode } from "./support/k8s/real_node.ts";
 import { NodeSchema, PodSchema } from "./support/k8s/kubelet.ts";
 import { applyManifests, readManifests } from "./support/k8s/manifests.ts";
-import { StoredListSchema } from "./support/k8s/rest.ts";
 import { buildImage } from "../scripts/image.ts";
+import {
+  PodListSchema,
+  SHIPPED_IMAGE,
+  simulatedAgentConfig,
+  until,
+  withAgentConfig,
+} from "./support/k8s/enim_install.ts";
 import { SimulatedVpc } from "./support/vpc.ts";
 import { ensureBuiltSync } from "../scripts/build.ts";
 
 const ROOT = Deno.uid() === 0;
 const MISSING = nodeBuildMissing() ?? (ROOT ? null : "needs root (namespaces, mounts, cgroups)");
 
-/** The image deploy/kubernetes/daemonset.yaml names (imported, never pulled). */
-const SHIPPED_IMAGE = "ghcr.io/example/enim:0.1.0";
 const NODE = "real-node-ds";
 const ENIS = 3;
 
-/** A list's items carry no apiVersion and kind. */
-const PodListSchema = StoredListSchema.extend({
-  items: z.array(
-    PodSchema.extend({ apiVersion: z.optional(z.string()), kind: z.optional(z.string()) }),
-  ),
-});
 type Pod = z.infer<typeof PodSchema>;
-
-/** The agent's configuration for the simulated cloud (the rest as the shipped ConfigMap). */
-function agentConfig(vpc: SimulatedVpc): string {
-  return JSON.stringify(
-    {
-      socket: "/run/enim/enim.sock",
-      statePath: "/var/lib/enim/enim.db",
-      provider: {
-        name: "mock",
-        mock: { enis: ENIS, subnets: { ipv4: { cidr: "10.200.0.0/24", gateway: "10.200.0.1" } } },
-      },
-      devices: "ip",
-      deviceSimulator: { vpcNetns: vpc.vpc.name, bridge: vpc.bridge },
-      gc: { intervalSeconds: 30, graceSeconds: 30 },
-      log: { level: "info", format: "json" },
-      devicePlugin: { enabled: true },
-      networkPolicy: { enabled: false },
-      // As the shipped ConfigMap: the conflist written once the agent answers, and the
-      // metrics port the DaemonSet's startup and liveness probes ask.
-      cniConfig: { source: "/etc/enim/10-enim.conflist" },
-      metrics: { enabled: true, address: "0.0.0.0", port: 9798 },
-    },
-    null,
-    2,
-  );
-}
-
-async function until<T>(
-  what: string,
-  f: () => Promise<T | null>,
-  node: RealNode,
-  timeoutMs = 180_000,
-): Promise<T> {
-  const t0 = performance.now();
-  for (;;) {
-    const v = await f();
-    if (v !== null) return v;
-    if (performance.now() - t0 > timeoutMs) {
-      throw new Error(`${what}: not within ${timeoutMs} ms\n${await node.logs(6000)}`);
-    }
-    await new Promise((r) => setTimeout(r, 500));
-  }
-}
 
 function workload(name: string, command: string, o: { enis?: number; never?: boolean } = {}) {
   const enis = String(o.enis ?? 1);
@@ -138,12 +93,10 @@ Deno.test({
       await node.importImage(image.archive, SHIPPED_IMAGE);
       say(`enim's image imported (${image.digest}, ${image.size} bytes)`);
 
-      const docs = (await readManifests(cluster.bins.version)).map((d) => {
-        if (d.kind !== "ConfigMap" || d.name !== "enim-agent-config") return d;
-        const obj = JSON.parse(d.text);
-        obj.data["agent.jsonc"] = agentConfig(vpc);
-        return { ...d, text: JSON.stringify(obj) };
-      });
+      const docs = withAgentConfig(
+        await readManifests(cluster.bins.version),
+        simulatedAgentConfig(vpc, { enis: ENIS }),
+      );
       await applyManifests(cluster.admin, docs);
 
       // The DaemonSet controller's pod, started by kubelet: init container, then the agent.
