@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { type AgentRecord, agentRecordPath } from "../api/wire.ts";
+import { type AgentRecord, agentRecordPath, replacingPath } from "../api/wire.ts";
 import { VERSION } from "../lib/version.ts";
 
 /**
@@ -46,4 +46,6 @@ export async function recordAgent(
     ...(stoppedAt === undefined ? {} : { stoppedAt }),
   });
   if (err) log.warn("cannot write the agent's record", { error: err });
+  // Serving: the init container's replacement marker has done its work.
+  if (stoppedAt === undefined) await Deno.remove(replacingPath(socket)).catch(() => {});
 }

@@ -16,7 +16,7 @@ import type { AgentConfig } from "./config.ts";
 import { type AgentDeps, startParts } from "./agent.ts";
 import type { Logger } from "../lib/log.ts";
 import { unixRequest } from "../api/client.ts";
-import { AGENT_RECORD_NAME } from "../api/wire.ts";
+import { AGENT_RECORD_NAME, REPLACING_NAME } from "../api/wire.ts";
 import { kernelLeftovers, removeLeftover } from "../netns/uninstall.ts";
 import { POLICY_TABLE } from "../policy/nft.ts";
 import { FENCE_TABLE } from "../policy/fence.ts";
@@ -177,6 +177,7 @@ export async function uninstall(
       ? [cfg.statePath, `${cfg.statePath}-wal`, `${cfg.statePath}-shm`, join(dir, "enim.lock")]
       : []),
     join(dirname(cfg.socket), AGENT_RECORD_NAME),
+    join(dirname(cfg.socket), REPLACING_NAME),
     cfg.socket,
     join(o.cniBinDir, "enim"),
   ];

@@ -207,6 +207,46 @@ export function parseAgentRecord(text: string): AgentRecord | undefined {
  */
 export function restarting(record: AgentRecord | undefined, now: number): boolean {
   if (record?.stoppedAt === undefined) return false;
-  const age = now - record.stoppedAt, grace = RESTART_GRACE_SECONDS * 1000;
+  return withinGrace(record.stoppedAt, now);
+}
+
+/** Whether `since` (epoch ms) is less than {@linkcode RESTART_GRACE_SECONDS} from `now`. */
+function withinGrace(since: number, now: number): boolean {
+  const age = now - since, grace = RESTART_GRACE_SECONDS * 1000;
   return age > -grace && age < grace;
+}
+
+/**
+ * The replacement marker's name, in the directory of the agent's socket: the DaemonSet's
+ * init container writes `{"since": <epoch ms>}` there once it has installed the plugin,
+ * right before its pod's agent starts (deploy/kubernetes/daemonset.yaml). An agent is on
+ * its way then, whatever the agent before it left: 0.1.0 writes no {@linkcode AgentRecord},
+ * so without the marker a rollout from 0.1.0 had the new plugin answer STATUS 50 until the
+ * new agent served (tests/k8s_rollout_test.ts). The agent removes it when it serves.
+ */
+export const REPLACING_NAME = "replacing.json";
+
+/** The path of the replacement marker beside the socket `socket`. */
+export function replacingPath(socket: string): string {
+  const slash = socket.lastIndexOf("/");
+  return `${slash <= 0 ? "" : socket.slice(0, slash)}/${REPLACING_NAME}`;
+}
+
+/**
+ * Whether the replacement marker's text (undefined: no marker) says a new agent is on its
+ * way at `now`: written less than {@linkcode RESTART_GRACE_SECONDS} ago. No zod: the plugin
+ * process reads it.
+ */
+export function replacing(text: string | undefined, now: number): boolean {
+  if (text === undefined) return false;
+  let v: unknown;
+  try {
+    v = JSON.parse(text);
+  } catch {
+    return false;
+  }
+  if (typeof v !== "object" || v === null || Array.isArray(v)) return false;
+  const since = (v as Record<string, unknown>).since;
+  if (typeof since !== "number" || !Number.isFinite(since) || since < 0) return false;
+  return withinGrace(since, now);
 }

@@ -26,7 +26,9 @@
  * - when the agent cannot be reached (no socket, nobody listening, the
  *   connection broke) and its record beside the socket (`agent.json`, `api/wire.ts`
  *   `AgentRecord`) says it began a graceful stop less than `RESTART_GRACE_SECONDS` (30 s)
- *   ago, the agent is being replaced (a rollout, a restart):
+ *   ago, or the replacement marker beside it (`replacing.json`, `api/wire.ts`
+ *   `REPLACING_NAME`: written by the DaemonSet's init container right before its agent
+ *   starts) is that recent, the agent is being replaced (a rollout, a restart):
  *   - STATUS → success (the node stays Ready through a rollout);
  *   - every other verb waits for the new agent (tried again every 100 ms) within the
  *     grace and the config's `timeoutSeconds`, then is sent to it as usual;
@@ -65,6 +67,8 @@ import {
   LOG_FILE_ENV,
   parseAgentRecord,
   PLUGIN_VERSION_HEADER,
+  replacing,
+  replacingPath,
   RESTART_GRACE_SECONDS,
   restarting,
   TIMEOUT_HEADER,
@@ -166,6 +170,7 @@ export async function forward(io: ForwardIo): Promise<number> {
   const record: InvocationRecord = {
     verb: verb ?? null,
     cniVersion: route.cniVersion,
+    pluginVersion: VERSION,
     code: 0,
     durationMs: 0,
   };
@@ -229,7 +234,7 @@ export async function forward(io: ForwardIo): Promise<number> {
       const away = err instanceof UnixHttpError && err.phase !== "timeout" && beingReplaced();
       if (away && verb === "STATUS") {
         record.warnings = [
-          `The enim agent at "${route.socket}" is being replaced (a graceful stop less than ${RESTART_GRACE_SECONDS} s ago): the network stays ready meanwhile`,
+          `The enim agent at "${route.socket}" is being replaced (a graceful stop, or a new agent's install, less than ${RESTART_GRACE_SECONDS} s ago): the network stays ready meanwhile`,
         ];
         return finish(0, undefined);
       }
@@ -281,10 +286,15 @@ export async function forward(io: ForwardIo): Promise<number> {
     return (io.netnsExists ?? statNetns)(netns) === false;
   }
 
-  /** Whether the agent's record says it began a graceful stop within the grace. */
+  /**
+   * Whether the agent's record says it began a graceful stop within the grace, or the
+   * replacement marker says a new agent's init container installed the plugin within it.
+   */
   function beingReplaced(): boolean {
-    const text = (io.readFile ?? readFileSync)(agentRecordPath(route.socket));
-    return text !== undefined && restarting(parseAgentRecord(text), now());
+    const read = io.readFile ?? readFileSync;
+    const text = read(agentRecordPath(route.socket));
+    if (text !== undefined && restarting(parseAgentRecord(text), now())) return true;
+    return replacing(read(replacingPath(route.socket)), now());
   }
 
   /** The agent did not answer: the rules of the module doc. */

@@ -339,3 +339,37 @@ Deno.test("while the agent is being replaced forward() answers STATUS success an
     assertEquals([r.code, r.sent.length], [0, 1]);
   });
 });
+
+Deno.test("a new agent's install (the init container's replacement marker) counts as a replacement: STATUS success, an ADD waits", async () => {
+  let clock = 1_000_000;
+  const io = (since?: number, text?: string): Partial<ForwardIo> => ({
+    // No agent record at all: the agent before was 0.1.0, which writes none.
+    readFile: (path) =>
+      path === "/run/enim/replacing.json"
+        ? text ?? (since === undefined ? undefined : JSON.stringify({ since }))
+        : undefined,
+    now: () => clock,
+    sleep: (ms) => {
+      clock += ms;
+      return Promise.resolve();
+    },
+  });
+  const status = { CNI_COMMAND: "STATUS" };
+  const code = (r: Run) => (r.stdout ? JSON.parse(r.stdout).code : 0);
+  const ok = await run(status, CONFIG_11, unreachable(), io(clock - 1000));
+  assertEquals([ok.code, ok.stdout], [0, ""]);
+  assertStringIncludes(String(ok.logs[0].line.warnings), "being replaced");
+  const late = io(clock - RESTART_GRACE_SECONDS * 1000);
+  assertEquals(code(await run(status, CONFIG_11, unreachable(), late)), 50);
+  assertEquals(code(await run(status, CONFIG_11, unreachable(), io(undefined, "{"))), 50);
+  assertEquals(
+    code(await run(status, CONFIG_11, unreachable(), io(undefined, '{"since":"x"}'))),
+    50,
+  );
+  let tries = 0;
+  const r = await run(ADD_ENV, CONFIG, () => {
+    if (++tries < 3) unreachable()();
+    return response(200, '{"cniVersion":"1.0.0"}', { [EXIT_HEADER]: "0" });
+  }, io(clock - 1000));
+  assertEquals([r.code, r.sent.length], [0, 3]);
+});

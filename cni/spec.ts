@@ -575,6 +575,11 @@ export interface InvocationRecord {
   msg?: string;
   warnings?: string[];
   durationMs: number;
+  /**
+   * The enim version of the plugin process that answered alone (the agent unreachable):
+   * which plugin answered during a rollout, when two are installed one after the other.
+   */
+  pluginVersion?: string;
 }
 
 /**

@@ -246,9 +246,15 @@ export function permissionSetOf(entry: string): PermissionSetName {
 /**
  * The argv that runs the bundle as the compiled binary would run: `deno run`
  * with no config and no lockfile (the bundle needs neither) and exactly the
- * permission set of deno.json for that entry ({@linkcode permissionSetOf}), as flags.
+ * permission set of deno.json for that entry ({@linkcode permissionSetOf}), as flags: the
+ * deno.json under `root` (a release built from history has its own; one without the
+ * `enim-plugin` set runs every entry with `enim`, as its compiled binary did).
  */
-export function bundleArgv(entry: string, deno: string = Deno.execPath()): string[] {
+export function bundleArgv(
+  entry: string,
+  deno: string = Deno.execPath(),
+  root: string = ROOT,
+): string[] {
   return [
     deno,
     "run",
@@ -257,7 +263,7 @@ export function bundleArgv(entry: string, deno: string = Deno.execPath()): strin
     "--quiet",
     "--no-prompt",
     ...runtimeFlags(),
-    ...permissionFlags(readPermissionSet(ROOT, permissionSetOf(entry))),
+    ...permissionFlags(readPermissionSet(root, permissionSetOf(entry))),
     entry,
   ];
 }

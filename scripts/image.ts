@@ -381,9 +381,9 @@ export async function fetchDeno(
  * unless the caller sets DENO_DIR (runtimes start plugins without HOME), no update check,
  * and the plugin's own entry for a CNI call.
  */
-export function payloadLauncher(dir: string): string {
+export function payloadLauncher(dir: string, root?: string): string {
   const argv = (entry: string) =>
-    bundleArgv(`${dir}/bundle/${entry}`, `${dir}/deno`).map(shQuote).join(" ");
+    bundleArgv(`${dir}/bundle/${entry}`, `${dir}/deno`, root).map(shQuote).join(" ");
   return [
     "#!/bin/sh",
     "# enim: runs the bundle in the folder below with deno beside it, with the `enim`",
@@ -501,6 +501,13 @@ export interface BuildImageOptions {
    * SOURCE_DATE_EPOCH variable, else the commit time of the repository's HEAD).
    */
   sourceDateEpoch?: number;
+  /**
+   * The bundle is an earlier release's, built from history (tests/support/releases.ts):
+   * `version` names the payload (its ID, the image's labels) and `root` is the folder of
+   * that release's deno.json, whose permission sets the launchers take. The bundle is used
+   * as it is (never rebuilt from this tree's sources).
+   */
+  release?: { version: string; root: string };
 }
 
 /** What {@linkcode buildImage} built. */
@@ -526,7 +533,8 @@ async function headCommitTime(): Promise<number> {
 
 /** Builds the image (see the module's documentation) and returns where it is and its digest. */
 export async function buildImage(opts: BuildImageOptions = {}): Promise<BuiltImage> {
-  const { VERSION } = await import("../lib/version.ts");
+  const VERSION = opts.release?.version ?? (await import("../lib/version.ts")).VERSION;
+  const permissionRoot = opts.release?.root;
   const cacheDir = opts.cacheDir ?? defaultCacheDir();
   const outDir = resolve(opts.outDir ?? join(ROOT, "dist", "image"));
   const bundleDir = opts.bundleDir ?? BUNDLE_DIR;
@@ -535,7 +543,7 @@ export async function buildImage(opts: BuildImageOptions = {}): Promise<BuiltIma
   const epoch = opts.sourceDateEpoch ??
     (envEpoch && /^\d+$/.test(envEpoch) ? Number(envEpoch) : await headCommitTime());
 
-  ensureBuiltSync(bundleDir);
+  if (!opts.release) ensureBuiltSync(bundleDir);
   const rootfs = await buildRootfs({ cacheDir, refresh: opts.refresh });
   const deno = await fetchDeno({ cacheDir });
 
@@ -569,9 +577,13 @@ export async function buildImage(opts: BuildImageOptions = {}): Promise<BuiltIma
       await Deno.chmod(path, mode);
     };
     await write(join(lib, "ID"), `${id}\n`, 0o644);
-    await write(join(lib, "launcher.in"), payloadLauncher(DIR_PLACEHOLDER), 0o644);
+    await write(join(lib, "launcher.in"), payloadLauncher(DIR_PLACEHOLDER, permissionRoot), 0o644);
     await write(join(lib, "install-cni"), installScript(), 0o755);
-    await write(join(enimRoot, IMAGE_ENTRYPOINT.slice(1)), payloadLauncher(IMAGE_DIR), 0o755);
+    await write(
+      join(enimRoot, IMAGE_ENTRYPOINT.slice(1)),
+      payloadLauncher(IMAGE_DIR, permissionRoot),
+      0o755,
+    );
     await reproducibleTar(enimRoot, ["usr"], join(work, "enim.tar"), epoch);
 
     const layerCache = join(cacheDir, "layers");

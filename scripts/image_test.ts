@@ -10,6 +10,7 @@
  * the packages.
  */
 import { parseAllDocuments } from "yaml";
+import { z } from "zod";
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
 import { aptNeeds, ensureApt, isRoot } from "./_deps.ts";
 import { join, ROOT } from "./_paths.ts";
@@ -265,6 +266,7 @@ Deno.test({
     const bin = join(nodeDir, "opt/cni/bin");
     await Deno.mkdir(bin, { recursive: true });
     await Deno.mkdir(join(nodeDir, "etc/cni/net.d"), { recursive: true });
+    await Deno.mkdir(join(nodeDir, "run/enim"), { recursive: true });
     const reference = [...Deno.readDirSync(REFERENCE_PLUGINS)].map((e) => e.name).sort();
     for (const name of reference) {
       await Deno.copyFile(join(REFERENCE_PLUGINS, name), join(bin, name));
@@ -285,6 +287,7 @@ Deno.test({
         ["/host/opt/cni/bin", bin],
         ["/host/etc/cni/net.d", join(nodeDir, "etc/cni/net.d")],
         ["/config/cni", config],
+        ["/host/run/enim", join(nodeDir, "run/enim")],
       ];
       const script = [
         "set -e",
@@ -312,8 +315,17 @@ Deno.test({
         ...init.command,
       ], { PATH: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" });
     };
+    const before = Date.now();
     const first = await installOnce();
     console.error(`image_test: the init container said: ${first.trim()}`);
+    // The replacement marker beside the agent's socket: a new agent is on its way.
+    const marker = z.object({ since: z.number() }).parse(
+      JSON.parse(await Deno.readTextFile(join(nodeDir, "run/enim/replacing.json"))),
+    );
+    assert(
+      marker.since >= before - 1000 && marker.since <= Date.now(),
+      `the marker's since ${marker.since}, the install began at ${before}`,
+    );
     const id = (await Deno.readTextFile(join(root, IMAGE_DIR, "ID"))).trim();
     const listing = () => [...Deno.readDirSync(join(bin, "enim.d"))].map((e) => e.name).sort();
     assertEquals(listing(), [id]);

@@ -22,6 +22,8 @@ export interface EnimBuild {
   version: string;
   /** The argv prefix that runs it (the CLI, or the plugin with CNI_COMMAND set). */
   argv: string[];
+  /** A release's folder in the cache: its `bundle/` and its deno.json (none for this tree's). */
+  dir?: string;
 }
 
 function cacheRoot(): string {
@@ -87,6 +89,7 @@ async function buildRelease(version: string): Promise<EnimBuild> {
   }
   return {
     version: r.version,
+    dir,
     argv: [
       Deno.execPath(),
       "run",

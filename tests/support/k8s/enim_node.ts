@@ -9,6 +9,9 @@
  * - {@linkcode installEnim}: enim's image (`deno task image`) imported into the node's
  *   containerd under the name the manifests give, the manifests applied, and the waits an
  *   operator does: the DaemonSet's pod Ready, the Node Ready, `enim.dev/eni` allocatable.
+ * - {@linkcode releaseManifests}, {@linkcode withImage}, {@linkcode withImageInstaller}: an
+ *   earlier release's manifests from history and the image tags a rollout changes
+ *   (tests/k8s_rollout_test.ts).
  * - {@linkcode EnimNode.start}: a control plane, a simulated VPC, one real node and that
  *   install, torn down together.
  * - What the tests read of the node: the agent's API on its socket ({@linkcode agentClient}),
@@ -18,12 +21,13 @@
  * @module
  */
 import { z } from "zod";
-import type { ManifestDoc } from "./manifests.ts";
-import { applyManifests, readManifests } from "./manifests.ts";
+import { join } from "node:path";
+import { applyManifests, forRelease, type ManifestDoc, readManifests } from "./manifests.ts";
 import { KubeCluster, NODE_CONTROLLERS } from "./cluster.ts";
 import { BUSYBOX_IMAGE, RealNode } from "./real_node.ts";
 import { NodeSchema, PodSchema } from "./kubelet.ts";
-import { StoredListSchema } from "./rest.ts";
+import { type KubeRest, StoredListSchema } from "./rest.ts";
+import { releaseSource } from "../releases.ts";
 import { SimulatedVpc } from "../vpc.ts";
 import { SocketAgentClient } from "../../../api/client.ts";
 import { buildImage, type BuiltImage } from "../../../scripts/image.ts";
@@ -71,6 +75,12 @@ export interface SimulatedInstallOptions {
    * with the shipped RBAC; the node must serve the `kubernetes` Service first).
    */
   networkPolicy?: "off" | "shipped";
+  /**
+   * The release the configuration is for (default: this tree's). 0.1.0's schema is strict
+   * and has no `metrics` or `cniConfig` (its init container installs the conflist), so its
+   * configuration leaves them out.
+   */
+  release?: string;
 }
 
 /** The agent's configuration for the simulated cloud (the rest as the shipped ConfigMap). */
@@ -94,8 +104,10 @@ export function simulatedAgentConfig(vpc: SimulatedVpc, o: SimulatedInstallOptio
       ...(o.networkPolicy === "shipped" ? {} : { networkPolicy: { enabled: false } }),
       // As the shipped ConfigMap: the conflist written once the agent answers, and the
       // metrics port the DaemonSet's startup and liveness probes ask.
-      cniConfig: { source: "/etc/enim/10-enim.conflist" },
-      metrics: { enabled: true, address: "0.0.0.0", port: 9798 },
+      ...(o.release === "0.1.0" ? {} : {
+        cniConfig: { source: "/etc/enim/10-enim.conflist" },
+        metrics: { enabled: true, address: "0.0.0.0", port: 9798 },
+      }),
     },
     null,
     2,
@@ -111,10 +123,87 @@ export async function simulatedManifests(
   vpc: SimulatedVpc,
   o: SimulatedInstallOptions,
 ): Promise<ManifestDoc[]> {
-  return (await readManifests(version)).map((d) => {
+  return withAgentConfig(await readManifests(version), simulatedAgentConfig(vpc, o));
+}
+
+const ContainerSchema = z.looseObject({ name: z.string(), image: z.string() });
+const DaemonSetDocSchema = z.looseObject({
+  spec: z.looseObject({
+    template: z.looseObject({
+      spec: z.looseObject({
+        initContainers: z.optional(z.array(ContainerSchema)),
+        containers: z.array(ContainerSchema),
+      }),
+    }),
+  }),
+});
+const ConfigMapDocSchema = z.looseObject({ data: z.record(z.string(), z.string()) });
+
+/** `docs` with the agent's ConfigMap holding `config` (agent.jsonc). */
+export function withAgentConfig(docs: ManifestDoc[], config: string): ManifestDoc[] {
+  return docs.map((d) => {
     if (d.kind !== "ConfigMap" || d.name !== "enim-agent-config") return d;
-    const obj = z.looseObject({ data: z.record(z.string(), z.string()) }).parse(JSON.parse(d.text));
-    obj.data["agent.jsonc"] = simulatedAgentConfig(vpc, o);
+    const obj = ConfigMapDocSchema.parse(JSON.parse(d.text));
+    obj.data["agent.jsonc"] = config;
+    return { ...d, text: JSON.stringify(obj) };
+  });
+}
+
+/**
+ * `docs` with the DaemonSet's containers (the init container and the agent) running `ref`,
+ * as an operator changes the tag to roll a release out (docs/upgrading.md).
+ */
+export function withImage(docs: ManifestDoc[], ref: string): ManifestDoc[] {
+  return docs.map((d) => {
+    if (d.kind !== "DaemonSet" || d.name !== "enim-agent") return d;
+    const obj = DaemonSetDocSchema.parse(JSON.parse(d.text));
+    const spec = obj.spec.template.spec;
+    for (const c of [...(spec.initContainers ?? []), ...spec.containers]) c.image = ref;
+    return { ...d, text: JSON.stringify(obj) };
+  });
+}
+
+/**
+ * The manifests of the released `version` (e.g. "0.1.0"), read from its commit
+ * ({@linkcode releaseSource}), as a cluster of `k8sVersion` takes them.
+ */
+export async function releaseManifests(
+  version: string,
+  k8sVersion: string,
+): Promise<ManifestDoc[]> {
+  const src = await releaseSource(version);
+  return forRelease(await readManifests(undefined, join(src, "deploy", "kubernetes")), k8sVersion);
+}
+
+/**
+ * 0.1.0's init container copies `/usr/local/bin/enim` onto the node: in 0.1.0 that was the
+ * `deno compile` binary (deploy/Containerfile), which cannot be built here (`deno compile`
+ * downloads denort; tests/k8s_rollout_test.ts). Its image is built with this tree's
+ * scripts/image.ts around 0.1.0's bundle instead, where `/usr/local/bin/enim` is a launcher
+ * of the image's own deno: the three lines that copied the binary become the image's
+ * installer (`install-cni`, which puts deno, 0.1.0's bundle and a launcher on the node).
+ * Everything else of 0.1.0's init container (it still writes the conflist from the
+ * ConfigMap) stays as shipped.
+ */
+export function withImageInstaller(docs: ManifestDoc[]): ManifestDoc[] {
+  const copy = [
+    "cp /usr/local/bin/enim /host/opt/cni/bin/.enim.tmp\n",
+    "chmod 0755 /host/opt/cni/bin/.enim.tmp\n",
+    "mv -f /host/opt/cni/bin/.enim.tmp /host/opt/cni/bin/enim\n",
+  ].join("");
+  return docs.map((d) => {
+    if (d.kind !== "DaemonSet" || d.name !== "enim-agent") return d;
+    const obj = DaemonSetDocSchema.parse(JSON.parse(d.text));
+    const init = obj.spec.template.spec.initContainers?.find((c) => c.name === "install-cni");
+    const cmd = z.array(z.string()).parse(init?.command);
+    const script = cmd[cmd.length - 1];
+    if (!init || !script.includes(copy)) {
+      throw new Error(`the init container's script does not copy the binary as 0.1.0's did`);
+    }
+    init.command = [
+      ...cmd.slice(0, -1),
+      script.replace(copy, "/usr/local/lib/enim/install-cni /host/opt/cni/bin /opt/cni/bin\n"),
+    ];
     return { ...d, text: JSON.stringify(obj) };
   });
 }
@@ -189,12 +278,17 @@ export interface EnimInstall {
 /** A pod of a list (no apiVersion and kind). */
 export type ListedPod = z.infer<typeof PodListSchema>["items"][number];
 
-/** The DaemonSet's pod (null before the controller made it). */
-export async function agentPodOf(cluster: KubeCluster): Promise<ListedPod | null> {
-  const list = await cluster.admin.get("/api/v1/namespaces/kube-system/pods", PodListSchema, {
+/** The DaemonSet's agent pods (during a rollout, the old one's and the new one's). */
+export async function agentPods(rest: KubeRest): Promise<ListedPod[]> {
+  const list = await rest.get("/api/v1/namespaces/kube-system/pods", PodListSchema, {
     labelSelector: AGENT_SELECTOR,
   });
-  return list.items[0] ?? null;
+  return list.items;
+}
+
+/** The DaemonSet's pod (null before the controller made it). */
+export async function agentPodOf(cluster: KubeCluster): Promise<ListedPod | null> {
+  return (await agentPods(cluster.admin))[0] ?? null;
 }
 
 /** Whether `p`'s Ready condition is True. */
