@@ -21,13 +21,25 @@
  *   to the NodePort through the real kube-proxy, and holds a TCP connection to each pod's
  *   echo server and one through the NodePort, through four rollouts: N−1 → N, N → N
  *   (`kubectl rollout restart`), N → N−1 (the rollback), N−1 → N.
+ * - NetworkPolicy on in both releases, as they ship (`auto`: on in a pod, the agent reading
+ *   the API through the `kubernetes` Service as the release's own RBAC allows). A
+ *   NetworkPolicy selects the web pods and admits the client's address in the VPC only (the
+ *   node's own addresses, kubelet's probes and the NodePort's masqueraded flows, enim admits
+ *   always). Two "stranger" pods with an ENI on the node probe the web pods from their own
+ *   network namespaces (tests/support/deny_loop.ts, a prober entered through each one's
+ *   sandbox pid), TCP, to web pods' ENI addresses (a port answering the pod's name, a port
+ *   nothing listens on) and to the Service's ClusterIP: before the policy they get through
+ *   (the path works), once 0.1.0's agent enforces it they are dropped, and the loop runs
+ *   through all four rollouts.
  * - While an agent is being replaced, pods are created and deleted (their ADD and DEL go
  *   to the plugin while no agent serves).
  * - Asserted 0 in every rollout: failed requests, broken connections, moments a workload
  *   pod is missing or not ready in the Service's EndpointSlice (sampled every 500 ms), ENIs
  *   lost or owned twice and web pods whose ENI changed (the agent's ENIs and attachments
  *   after each rollout), plugin calls that failed other than 0.1.0's plugin finding no agent
- *   (the plugin's log; N's own records carry `pluginVersion`), pods that did not start.
+ *   (the plugin's log; N's own records carry `pluginVersion`), pods that did not start,
+ *   deny probes that got through (an answer or a reset); and the deny loop alive (each
+ *   stranger sent at least MIN_BATCHES batches in each rollout's window).
  * - The Node's Ready condition (sampled every 500 ms) and kubelet's FailedCreatePodSandBox
  *   events: asserted 0 in N → N, where N's plugin answers throughout; measured and reported
  *   in the rollouts with 0.1.0 on a side, where 0.1.0's plugin answers STATUS 50 and ADD 11
@@ -472,7 +484,8 @@ class OutsideClient {
 Deno.test({
   name: `enim rolls out from ${OLD} (built from history) to ${VERSION}, restarts, rolls back ` +
     "and out again on a real node with pods serving: no request failed, no connection broken, " +
-    "no pod out of its Service, no ENI lost; the Node Ready through the rollout of 0.2.0 itself",
+    "no pod out of its Service, no ENI lost, no packet through that NetworkPolicy denies; " +
+    "the Node Ready through the rollout of 0.2.0 itself",
   ignore: MISSING !== null,
   sanitizeResources: false,
   sanitizeOps: false,
