@@ -110,6 +110,10 @@ const CLOSED_PORT = 8081;
 /** The Service's ports to those two (ClusterIP probes). */
 const SVC_HELLO = 7070;
 const SVC_CLOSED = 81;
+/** The web pods each stranger probes by their ENI's address (the strangers: distinct ones). */
+const TARGETS_PER_STRANGER = 5;
+/** The probes of each port of the ClusterIP in a stranger's batch. */
+const CLUSTERIP_PROBES = 3;
 /** How long each deny batch waits for what gets through. */
 const DENY_TIMEOUT_MS = 1000;
 /** Each stranger's deny batches in a rollout's window, at least (the loop alive). */
@@ -388,17 +392,23 @@ function webPolicy() {
 }
 
 /**
- * A stranger's deny batch: to `target`'s ENI address (its name answered on HELLO_PORT, a
- * reset from CLOSED_PORT) and to the Service's ClusterIP (kube-proxy's DNAT to any web pod,
- * the same two), TCP. Every one is a packet the web policy denies.
+ * A stranger's deny batch, TCP: to each of `targets`' ENI address (its name answered on
+ * HELLO_PORT, a reset from CLOSED_PORT) and, CLUSTERIP_PROBES times each, to those two
+ * ports of the Service's ClusterIP (kube-proxy's DNAT to any web pod, a new source port
+ * each). Every one is a packet the web policy denies.
  */
-function strangerProbes(target: string, targetIp: string, clusterIp: string): DenyProbe[] {
+function strangerProbes(targets: [string, string][], clusterIp: string): DenyProbe[] {
   const base = { proto: "tcp" as const, where: "same" as const, family: 4 as const };
+  const svc = { ...base, target: "default/web", path: "clusterip" as const, addr: clusterIp };
   return [
-    { ...base, target, path: "pod", addr: targetIp, port: HELLO_PORT },
-    { ...base, target, path: "pod", addr: targetIp, port: CLOSED_PORT },
-    { ...base, target: "default/web", path: "clusterip", addr: clusterIp, port: SVC_HELLO },
-    { ...base, target: "default/web", path: "clusterip", addr: clusterIp, port: SVC_CLOSED },
+    ...targets.flatMap(([target, addr]) => [
+      { ...base, target, path: "pod" as const, addr, port: HELLO_PORT },
+      { ...base, target, path: "pod" as const, addr, port: CLOSED_PORT },
+    ]),
+    ...Array.from({ length: CLUSTERIP_PROBES }, () => [
+      { ...svc, port: SVC_HELLO },
+      { ...svc, port: SVC_CLOSED },
+    ]).flat(),
   ];
 }
 
@@ -643,15 +653,12 @@ Deno.test({
         const pid = await n.sandboxPid(sb.id);
         const prober = await Prober.startWith(name, [NSENTER, `--net=/proc/${pid}/ns/net`, "--"]);
         const i = strangerNames.indexOf(name);
-        const target = web[(i * Math.floor(PODS / STRANGERS)) % PODS];
+        const targets = web.filter((_, k) => k % STRANGERS === i).slice(0, TARGETS_PER_STRANGER)
+          .map((p): [string, string] => [`default/${p.metadata.name}`, p.status!.podIP!]);
         strangers.push({
           id: `default/${name}`,
           prober,
-          probes: strangerProbes(
-            `default/${target.metadata.name}`,
-            target.status!.podIP!,
-            clusterIp,
-          ),
+          probes: strangerProbes(targets, clusterIp),
         });
       }
       const tryAll = async (want: boolean) => {
