@@ -993,7 +993,7 @@ Deno.test({
           `STATUS answers not 0 over the whole run (the install included) ${statusNot0.length}`,
       );
       say(
-        `rollout: deny loop: ${loop.total} probes (${loop.batches} batches of ${STRANGERS} ` +
+        `rollout: deny loop: ${loop.total} probes (${loop.batches} batches from ${STRANGERS} ` +
           `strangers) ${JSON.stringify(Object.fromEntries(loop.counts))}, ` +
           `${loop.breaches.length} through ${JSON.stringify(breachSummary(loop.breaches))}` +
           `${loop.errors.length ? `; prober errors ${JSON.stringify(loop.errors)}` : ""}`,
