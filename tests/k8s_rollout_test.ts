@@ -21,13 +21,25 @@
  *   to the NodePort through the real kube-proxy, and holds a TCP connection to each pod's
  *   echo server and one through the NodePort, through four rollouts: N−1 → N, N → N
  *   (`kubectl rollout restart`), N → N−1 (the rollback), N−1 → N.
+ * - NetworkPolicy on in both releases, as they ship (`auto`: on in a pod, the agent reading
+ *   the API through the `kubernetes` Service as the release's own RBAC allows). A
+ *   NetworkPolicy selects the web pods and admits the client's address in the VPC only (the
+ *   node's own addresses, kubelet's probes and the NodePort's masqueraded flows, enim admits
+ *   always). Two "stranger" pods with an ENI on the node probe the web pods from their own
+ *   network namespaces (tests/support/deny_loop.ts, a prober entered through each one's
+ *   sandbox pid), TCP, to web pods' ENI addresses (a port answering the pod's name, a port
+ *   nothing listens on) and to the Service's ClusterIP: before the policy they get through
+ *   (the path works), once 0.1.0's agent enforces it they are dropped, and the loop runs
+ *   through all four rollouts.
  * - While an agent is being replaced, pods are created and deleted (their ADD and DEL go
  *   to the plugin while no agent serves).
  * - Asserted 0 in every rollout: failed requests, broken connections, moments a workload
  *   pod is missing or not ready in the Service's EndpointSlice (sampled every 500 ms), ENIs
  *   lost or owned twice and web pods whose ENI changed (the agent's ENIs and attachments
  *   after each rollout), plugin calls that failed other than 0.1.0's plugin finding no agent
- *   (the plugin's log; N's own records carry `pluginVersion`), pods that did not start.
+ *   (the plugin's log; N's own records carry `pluginVersion`), pods that did not start,
+ *   deny probes that got through (an answer or a reset); and the deny loop alive (each
+ *   stranger sent at least MIN_BATCHES batches in each rollout's window).
  * - The Node's Ready condition (sampled every 500 ms) and kubelet's FailedCreatePodSandBox
  *   events: asserted 0 in N → N, where N's plugin answers throughout; measured and reported
  *   in the rollouts with 0.1.0 on a side, where 0.1.0's plugin answers STATUS 50 and ADD 11
@@ -60,8 +72,11 @@ import {
   withAgentConfig,
   withImage,
   withImageInstaller,
+  workloadPod,
 } from "./support/k8s/enim_node.ts";
 import { releaseBuild } from "./support/releases.ts";
+import { breachSummary, DenyLoop, type DenyProbe, Timeline } from "./support/deny_loop.ts";
+import { passed, Prober } from "./support/prober.ts";
 import { type ClientArgs, type ClientLine, ClientLineSchema } from "./support/rollout_client.ts";
 import { buildImage } from "../scripts/image.ts";
 import { SimulatedVpc } from "./support/vpc.ts";
@@ -82,10 +97,27 @@ const NODE = "real-node-rollout";
 const PODS = 20;
 /** Pods created while each agent is replaced (and deleted during the next replacement). */
 const CHURN = 2;
-const ENIS = PODS + 2 * CHURN + 1;
+/** Pods with an ENI that NetworkPolicy keeps out of the web pods: the deny loop's sources. */
+const STRANGERS = 2;
+const ENIS = PODS + 2 * CHURN + STRANGERS + 1;
 const HTTP_NODEPORT = 30080;
 const ECHO_NODEPORT = 30900;
 const NSENTER = "/usr/bin/nsenter";
+/** A web pod's port answering its name at once (a deny probe that got through says so). */
+const HELLO_PORT = 7070;
+/** A port nothing listens on in a web pod (a deny probe that got through meets a reset). */
+const CLOSED_PORT = 8081;
+/** The Service's ports to those two (ClusterIP probes). */
+const SVC_HELLO = 7070;
+const SVC_CLOSED = 81;
+/** The web pods each stranger probes by their ENI's address (the strangers: distinct ones). */
+const TARGETS_PER_STRANGER = 5;
+/** The probes of each port of the ClusterIP in a stranger's batch. */
+const CLUSTERIP_PROBES = 3;
+/** How long each deny batch waits for what gets through. */
+const DENY_TIMEOUT_MS = 1000;
+/** Each stranger's deny batches in a rollout's window, at least (the loop alive). */
+const MIN_BATCHES = 5;
 
 const say = (l: string) => console.error(l);
 /** The test's clock: ms since it started (the client's `at` is wall-clock ms: minus T0). */
@@ -108,7 +140,7 @@ function webPod(name: string) {
           "/bin/sh",
           "-c",
           `mkdir -p /www && echo ${name} > /www/index.html && httpd -p 8080 -h /www && ` +
-          "exec nc -ll -p 9000 -e /bin/cat",
+          `{ nc -ll -p ${HELLO_PORT} -e echo ${name} & } && exec nc -ll -p 9000 -e /bin/cat`,
         ],
         ports: [{ name: "http", containerPort: 8080 }, { name: "echo", containerPort: 9000 }],
         readinessProbe: { httpGet: { path: "/", port: 8080 }, periodSeconds: 5 },
@@ -337,6 +369,49 @@ class Watcher {
   }
 }
 
+const ServiceSchema = StoredSchema.extend({ spec: z.looseObject({ clusterIP: z.string() }) });
+
+/**
+ * The NetworkPolicy of the web pods: ingress from the client's address in the VPC (the
+ * simulated VPC's gateway on its bridge, the source of what the client sends to a pod's
+ * ENI) and nothing else. What reaches them from the node itself (kubelet's readiness
+ * probes, the NodePort's flows, which kube-proxy masquerades to the node's address) enim
+ * admits always (docs/network_policy.md).
+ */
+function webPolicy() {
+  return {
+    apiVersion: "networking.k8s.io/v1",
+    kind: "NetworkPolicy",
+    metadata: { name: "web" },
+    spec: {
+      podSelector: { matchLabels: { app: "web" } },
+      policyTypes: ["Ingress"],
+      ingress: [{ from: [{ ipBlock: { cidr: `${VPC_SUBNET.gateway}/32` } }] }],
+    },
+  };
+}
+
+/**
+ * A stranger's deny batch, TCP: to each of `targets`' ENI address (its name answered on
+ * HELLO_PORT, a reset from CLOSED_PORT) and, CLUSTERIP_PROBES times each, to those two
+ * ports of the Service's ClusterIP (kube-proxy's DNAT to any web pod, a new source port
+ * each). Every one is a packet the web policy denies.
+ */
+function strangerProbes(targets: [string, string][], clusterIp: string): DenyProbe[] {
+  const base = { proto: "tcp" as const, where: "same" as const, family: 4 as const };
+  const svc = { ...base, target: "default/web", path: "clusterip" as const, addr: clusterIp };
+  return [
+    ...targets.flatMap(([target, addr]) => [
+      { ...base, target, path: "pod" as const, addr, port: HELLO_PORT },
+      { ...base, target, path: "pod" as const, addr, port: CLOSED_PORT },
+    ]),
+    ...Array.from({ length: CLUSTERIP_PROBES }, () => [
+      { ...svc, port: SVC_HELLO },
+      { ...svc, port: SVC_CLOSED },
+    ]).flat(),
+  ];
+}
+
 /** The client in the simulated VPC's namespace (tests/support/rollout_client.ts). */
 class OutsideClient {
   lines: ClientLine[] = [];
@@ -419,7 +494,8 @@ class OutsideClient {
 Deno.test({
   name: `enim rolls out from ${OLD} (built from history) to ${VERSION}, restarts, rolls back ` +
     "and out again on a real node with pods serving: no request failed, no connection broken, " +
-    "no pod out of its Service, no ENI lost; the Node Ready through the rollout of 0.2.0 itself",
+    "no pod out of its Service, no ENI lost, no packet through that NetworkPolicy denies; " +
+    "the Node Ready through the rollout of 0.2.0 itself",
   ignore: MISSING !== null,
   sanitizeResources: false,
   sanitizeOps: false,
@@ -431,6 +507,9 @@ Deno.test({
     let node: RealNode | null = null;
     let client: OutsideClient | null = null;
     let watcher: Watcher | null = null;
+    const strangers: { id: string; prober: Prober; probes: DenyProbe[] }[] = [];
+    const timeline = new Timeline();
+    let denyLoop: DenyLoop | null = null;
     try {
       const nic = await vpc.nodeNic();
       const nodeIp = nic.ipv4!;
@@ -462,7 +541,7 @@ Deno.test({
         withImageInstaller(
           withAgentConfig(
             await releaseManifests(OLD, k8s),
-            simulatedAgentConfig(vpc, { enis: ENIS, release: OLD }),
+            simulatedAgentConfig(vpc, { enis: ENIS, release: OLD, networkPolicy: "shipped" }),
           ),
         ),
         OLD_IMAGE,
@@ -470,7 +549,7 @@ Deno.test({
       const newDocs = withImage(
         withAgentConfig(
           await readManifests(k8s),
-          simulatedAgentConfig(vpc, { enis: ENIS }),
+          simulatedAgentConfig(vpc, { enis: ENIS, networkPolicy: "shipped" }),
         ),
         NEW_IMAGE,
       );
@@ -496,7 +575,7 @@ Deno.test({
       say(`rollout: [${secs(now())}] ${OLD} installed, the Node Ready`);
 
       // The Service and its pods.
-      await cluster.admin.create("/api/v1/namespaces/default/services", {
+      const svc = await cluster.admin.create("/api/v1/namespaces/default/services", {
         apiVersion: "v1",
         kind: "Service",
         metadata: { name: "web" },
@@ -506,16 +585,27 @@ Deno.test({
           ports: [
             { name: "http", port: 80, targetPort: 8080, nodePort: HTTP_NODEPORT },
             { name: "echo", port: 9000, targetPort: 9000, nodePort: ECHO_NODEPORT },
+            { name: "hello", port: SVC_HELLO, targetPort: HELLO_PORT },
+            { name: "closed", port: SVC_CLOSED, targetPort: CLOSED_PORT },
           ],
         },
-      }, StoredSchema);
+      }, ServiceSchema);
+      const clusterIp = svc.spec.clusterIP;
       const names = Array.from({ length: PODS }, (_, i) => `web-${String(i).padStart(2, "0")}`);
       const tPods = now();
-      await Promise.all(
-        names.map((name) =>
+      const strangerNames = Array.from({ length: STRANGERS }, (_, i) => `stranger-${i}`);
+      await Promise.all([
+        ...names.map((name) =>
           cluster.admin.create("/api/v1/namespaces/default/pods", webPod(name), PodSchema)
         ),
-      );
+        ...strangerNames.map((name) =>
+          cluster.admin.create(
+            "/api/v1/namespaces/default/pods",
+            workloadPod(name, "exec sleep 3600", { labels: { role: "stranger" } }),
+            PodSchema,
+          )
+        ),
+      ]);
       const listWeb = async () =>
         (await cluster.admin.get("/api/v1/namespaces/default/pods", PodListSchema, {
           labelSelector: "app=web",
@@ -549,6 +639,64 @@ Deno.test({
         );
         return ips.every((ip) => ready.includes(ip)) ? true : null;
       }, n);
+
+      // The strangers: ENI pods of the node that the web policy keeps out. Their probes
+      // pass before the policy (the path works), are all dropped once it is enforced (by
+      // 0.1.0's agent), and the loop runs through every rollout.
+      for (const name of strangerNames) {
+        const pod = await waitFor(`${name} Running`, async () => {
+          const p = await cluster.admin.get(`/api/v1/namespaces/default/pods/${name}`, PodSchema);
+          return p.status?.phase === "Running" && p.status.podIP ? p : null;
+        }, n);
+        const sb = (await n.sandboxesOf(pod.metadata.uid)).find((x) => x.ready);
+        if (!sb) throw new Error(`No ready sandbox of ${name}`);
+        const pid = await n.sandboxPid(sb.id);
+        const prober = await Prober.startWith(name, [NSENTER, `--net=/proc/${pid}/ns/net`, "--"]);
+        const i = strangerNames.indexOf(name);
+        const targets = web.filter((_, k) => k % STRANGERS === i).slice(0, TARGETS_PER_STRANGER)
+          .map((p): [string, string] => [`default/${p.metadata.name}`, p.status!.podIP!]);
+        strangers.push({
+          id: `default/${name}`,
+          prober,
+          probes: strangerProbes(targets, clusterIp),
+        });
+      }
+      const tryAll = async (want: boolean) => {
+        const all = await Promise.all(
+          strangers.map((st) => st.prober.probe(st.probes, want ? 3000 : DENY_TIMEOUT_MS)),
+        );
+        return all.flat().every((r) => passed(r) === want) ? all.flat() : null;
+      };
+      const open = await waitFor(
+        "the strangers' probes through before the policy",
+        async () => await tryAll(true),
+        n,
+        60_000,
+      );
+      say(
+        `rollout: [${secs(now())}] before the policy the strangers' probes got ${
+          JSON.stringify(open)
+        }`,
+      );
+      await cluster.admin.create(
+        "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies",
+        webPolicy(),
+        StoredSchema,
+      );
+      const tPolicy = now();
+      await waitFor(
+        "the web policy enforced (the strangers' probes dropped)",
+        async () => await tryAll(false),
+        n,
+        60_000,
+      );
+      say(
+        `rollout: [${secs(now())}] the web policy enforced by ${OLD}'s agent ${
+          secs(now() - tPolicy)
+        } after its creation`,
+      );
+      denyLoop = new DenyLoop(timeline, DENY_TIMEOUT_MS);
+      for (const st of strangers) denyLoop.add(st.id, st.prober, st.probes);
 
       // The client outside the node; the NodePort answers before it starts.
       const args: ClientArgs = {
@@ -589,6 +737,11 @@ Deno.test({
       /** Applies `docs` and waits until the DaemonSet's one pod runs `image`, Ready. */
       const rollout = async (label: string, docs: ManifestDoc[], image: string) => {
         const tStart = now();
+        const loop = denyLoop!;
+        const endSpan = timeline.begin(label);
+        const probes0 = loop.total;
+        const bySource0 = new Map(loop.bySource);
+        const breaches0 = loop.breaches.length;
         const oldPod = (await agentPods(cluster.admin))[0];
         await applyManifests(cluster.admin, docs);
         // As soon as the old agent is being stopped: pods created and deleted.
@@ -679,12 +832,20 @@ Deno.test({
         // A moment for what the replacement may still cause (a late NotReady, a slice change).
         await new Promise((r) => setTimeout(r, 10_000));
         const end = now();
+        endSpan();
+        const deny = {
+          probes: loop.total - probes0,
+          through: loop.breaches.length - breaches0,
+          bySource: Object.fromEntries(
+            [...loop.bySource].map(([id, c]) => [id, c - (bySource0.get(id) ?? 0)]),
+          ),
+        };
         say(
           `rollout: [${secs(now())}] ${label}: applied at ${secs(tStart)}, old agent stopping ` +
             `at ${secs(tStop)}, ${agent.metadata.name} (${image}) Ready at ${secs(tReady)} ` +
             `(${secs(tReady - tStop)} from the old agent's stop to the new one Ready)`,
         );
-        return { label, start: tStart, end, snap, agentAway: tReady - tStop };
+        return { label, start: tStart, end, snap, agentAway: tReady - tStop, deny };
       };
 
       const phases = [
@@ -703,6 +864,9 @@ Deno.test({
       ];
       await new Promise((r) => setTimeout(r, 5000));
 
+      const loop = denyLoop!;
+      await loop.stop();
+      denyLoop = null;
       const totals = await client.stop();
       const clientLines = client.lines;
       client = null;
@@ -769,8 +933,18 @@ Deno.test({
             `${JSON.stringify(phaseFailed.map((c) => [c.verb, c.code, c.pluginVersion ?? OLD]))}` +
             ` (${nFailed.length} of them N's); creation to Running ` +
             `${JSON.stringify(starts)} ms; FailedCreatePodSandBox ${sandbox.length} ` +
-            `${JSON.stringify(sandbox.slice(0, 2).map((e) => e.message))}`,
+            `${JSON.stringify(sandbox.slice(0, 2).map((e) => e.message))}; deny loop ` +
+            `${p.deny.probes} probes, ${p.deny.through} through ${JSON.stringify(p.deny.bySource)}`,
         );
+        // The deny loop alive through the window: every stranger sent its batches.
+        for (const st of strangers) {
+          const made = p.deny.bySource[st.id] ?? 0;
+          expect(
+            made >= MIN_BATCHES * st.probes.length,
+            `${p.what}: ${st.id} made ${made} deny probes, not ${MIN_BATCHES} batches`,
+          );
+        }
+        expect(p.deny.through === 0, `${p.what}: ${p.deny.through} deny probes through`);
         expect(eniProblems(p.snap).length === 0, `${p.what}: ENIs ${eniProblems(p.snap)}`);
         expect(
           JSON.stringify(webEnis(p.snap)) === JSON.stringify(webEni0),
@@ -818,6 +992,14 @@ Deno.test({
         `rollout: longest successful ADD of a pod made during a replacement ${longestAdd} ms; ` +
           `STATUS answers not 0 over the whole run (the install included) ${statusNot0.length}`,
       );
+      say(
+        `rollout: deny loop: ${loop.total} probes (${loop.batches} batches from ${STRANGERS} ` +
+          `strangers) ${JSON.stringify(Object.fromEntries(loop.counts))}, ` +
+          `${loop.breaches.length} through ${JSON.stringify(breachSummary(loop.breaches))}` +
+          `${loop.errors.length ? `; prober errors ${JSON.stringify(loop.errors)}` : ""}`,
+      );
+      expect(loop.breaches.length === 0, `${loop.breaches.length} deny probes through`);
+      expect(loop.errors.length === 0, `deny probers failed: ${loop.errors}`);
       expect(totals.failed === 0, `${totals.failed} requests failed`);
       expect(totals.broken === 0, `${totals.broken} connections broken`);
       expect(totals.held === PODS + 1, `${totals.held} connections held`);
@@ -856,6 +1038,8 @@ Deno.test({
       say(`rollout: wall time ${secs(now())}`);
     } finally {
       client?.kill();
+      await denyLoop?.stop();
+      for (const st of strangers) await st.prober.close().catch(() => {});
       await watcher?.stop();
       await node?.close();
       await vpc.close();
