@@ -23,12 +23,10 @@
  *   `name`, a config whose `type` and `ipam.type` are not enim, a GC without
  *   `cni.dev/valid-attachments` → 7; an `ipam` of another type under enim as the
  *   interface plugin → 2;
- * - when the agent cannot be reached (no socket, nobody listening, the
- *   connection broke) and its record beside the socket (`agent.json`, `api/wire.ts`
- *   `AgentRecord`) says it began a graceful stop less than `RESTART_GRACE_SECONDS` (30 s)
- *   ago, or the replacement marker beside it (`replacing.json`, `api/wire.ts`
- *   `REPLACING_NAME`: written by the DaemonSet's init container right before its agent
- *   starts) is that recent, the agent is being replaced (a rollout, a restart):
+ * - when the agent cannot be reached (no socket, nobody listening, the connection broke)
+ *   and its record beside the socket (`agent.json`, `AgentRecord`) says it began a graceful
+ *   stop less than `RESTART_GRACE_SECONDS` (30 s) ago, or the init container's replacement
+ *   marker (`replacing.json`, `REPLACING_NAME`) is that recent, it is being replaced:
  *   - STATUS → success (the node stays Ready through a rollout);
  *   - every other verb waits for the new agent (tried again every 100 ms) within the
  *     grace and the config's `timeoutSeconds`, then is sent to it as usual;
@@ -39,8 +37,7 @@
  *     path no longer exists: nothing is left in the pod to undo, and the
  *     agent's GC reclaims the ENI), otherwise 11 so the runtime retries;
  *   - anything else → 11, naming the socket.
- *   The rest of the config is not validated then (that needs the agent's
- *   schemas); the runtime's retry gets the agent's full answer.
+ *   The rest of the config is not validated then (that needs the agent's schemas).
  *
  * The socket, the time limit and the log file come from enim's section of the
  * config as it is (`agentSocket`, `timeoutSeconds`, `logFile`), or their
