@@ -57,7 +57,7 @@ import { assert, assertEquals } from "../lib/assert.ts";
 import { z } from "zod";
 import { nodeBuildMissing } from "./support/k8s/build.ts";
 import { KubeCluster, NODE_CONTROLLERS } from "./support/k8s/cluster.ts";
-import { BUSYBOX_IMAGE, RealNode } from "./support/k8s/real_node.ts";
+import { RealNode } from "./support/k8s/real_node.ts";
 import { NodeSchema, PodSchema } from "./support/k8s/kubelet.ts";
 import { applyManifests, type ManifestDoc, readManifests } from "./support/k8s/manifests.ts";
 import { StoredListSchema, StoredSchema } from "./support/k8s/rest.ts";
@@ -126,28 +126,18 @@ const now = () => Date.now() - T0;
 const secs = (ms: number) => `${(ms / 1000).toFixed(1)} s`;
 
 function webPod(name: string) {
-  return {
-    apiVersion: "v1",
-    kind: "Pod",
-    metadata: { name, labels: { app: "web" } },
-    spec: {
-      terminationGracePeriodSeconds: 1,
-      containers: [{
-        name: "main",
-        image: BUSYBOX_IMAGE,
-        imagePullPolicy: "Never",
-        command: [
-          "/bin/sh",
-          "-c",
-          `mkdir -p /www && echo ${name} > /www/index.html && httpd -p 8080 -h /www && ` +
-          `{ nc -ll -p ${HELLO_PORT} -e echo ${name} & } && exec nc -ll -p 9000 -e /bin/cat`,
-        ],
+  return workloadPod(
+    name,
+    `mkdir -p /www && echo ${name} > /www/index.html && httpd -p 8080 -h /www && ` +
+      `{ nc -ll -p ${HELLO_PORT} -e echo ${name} & } && exec nc -ll -p 9000 -e /bin/cat`,
+    {
+      labels: { app: "web" },
+      container: {
         ports: [{ name: "http", containerPort: 8080 }, { name: "echo", containerPort: 9000 }],
         readinessProbe: { httpGet: { path: "/", port: 8080 }, periodSeconds: 5 },
-        resources: { limits: { "enim.dev/eni": "1" }, requests: { "enim.dev/eni": "1" } },
-      }],
+      },
     },
-  };
+  );
 }
 
 /**
@@ -156,20 +146,7 @@ function webPod(name: string) {
  * during the replacement (the plugin gives any pod of the node an ENI).
  */
 function churnPod(name: string) {
-  return {
-    apiVersion: "v1",
-    kind: "Pod",
-    metadata: { name, labels: { app: "churn" } },
-    spec: {
-      terminationGracePeriodSeconds: 1,
-      containers: [{
-        name: "main",
-        image: BUSYBOX_IMAGE,
-        imagePullPolicy: "Never",
-        command: ["/bin/sh", "-c", "exec sleep 3600"],
-      }],
-    },
-  };
+  return workloadPod(name, "exec sleep 3600", { enis: 0, labels: { app: "churn" } });
 }
 
 const EniListSchema = z.object({

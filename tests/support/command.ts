@@ -82,13 +82,15 @@ export async function awaitOrKill(
 
 /**
  * Spawns `deno run -A <module> <args>` under `enter` (an argv that runs its rest in a
- * namespace, e.g. `nsenter --net=/proc/<pid>/ns/net --`), as {@linkcode spawnDenoInNetns}.
+ * namespace, e.g. `nsenter --net=/proc/<pid>/ns/net --`), as {@linkcode spawnDenoInNetns};
+ * `flags` are more of `deno run`'s.
  */
 export function spawnDenoWith(
   enter: string[],
   module: string,
   args: string[],
   env: Record<string, string> = {},
+  flags: string[] = [],
 ): Deno.ChildProcess {
   const [cmd, ...pre] = enter;
   return new Deno.Command(cmd, {
@@ -99,6 +101,7 @@ export function spawnDenoWith(
       "-A",
       "--quiet",
       "--no-prompt",
+      ...flags,
       "--config",
       `${ROOT}/tests/deno.json`,
       module,
@@ -124,25 +127,5 @@ export function spawnDenoInNetns(
   env: Record<string, string> = {},
   flags: string[] = [],
 ): Deno.ChildProcess {
-  return new Deno.Command("/usr/sbin/ip", {
-    args: [
-      "netns",
-      "exec",
-      netns,
-      Deno.execPath(),
-      "run",
-      "-A",
-      "--quiet",
-      "--no-prompt",
-      ...flags,
-      "--config",
-      `${ROOT}/tests/deno.json`,
-      module,
-      ...args,
-    ],
-    env: { NO_COLOR: "1", ...env },
-    stdin: "piped",
-    stdout: "piped",
-    stderr: "piped",
-  }).spawn();
+  return spawnDenoWith(["/usr/sbin/ip", "netns", "exec", netns], module, args, env, flags);
 }

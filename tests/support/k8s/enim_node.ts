@@ -232,7 +232,7 @@ export async function waitFor<T>(
 
 /** Options of {@linkcode workloadPod}. */
 export interface WorkloadOptions {
-  /** `enim.dev/eni` asked (default 1). */
+  /** `enim.dev/eni` asked (default 1; 0: no request, the pod placed whatever the device plugin says). */
   enis?: number;
   /** `restartPolicy: Never` (default Always). */
   never?: boolean;
@@ -258,7 +258,9 @@ export function workloadPod(name: string, command: string, o: WorkloadOptions = 
         image: BUSYBOX_IMAGE,
         imagePullPolicy: "Never",
         command: ["/bin/sh", "-c", command],
-        resources: { limits: { "enim.dev/eni": enis }, requests: { "enim.dev/eni": enis } },
+        ...(enis === "0" ? {} : {
+          resources: { limits: { "enim.dev/eni": enis }, requests: { "enim.dev/eni": enis } },
+        }),
         ...o.container,
       }],
       ...o.spec,
