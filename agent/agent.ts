@@ -12,13 +12,14 @@
  */
 import { dirname, join } from "node:path";
 import { acquireAgentLock } from "./lock.ts";
+import { type ProbePhase, type ProbeSources, serveProbe } from "./probe.ts";
 import { privateDir, privateFile, tightenExisting } from "../lib/private_fs.ts";
 import { storageFailure, storageFailureMessage } from "../lib/sqlite.ts";
 import type { DatabaseSync } from "node:sqlite";
 import { type AgentConfig, checkProviderConfig, validateProviderConfig } from "./config.ts";
 import { launchDevicePlugin, type LaunchedPlugin, pluginOff } from "./deviceplugin/launch.ts";
 import { createHandler, serveUnix, type UnixServer } from "./server.ts";
-import { recordAgent } from "./agent_record.ts";
+import { MARK_EVERY_MS, markReplacing, recordAgent } from "./agent_record.ts";
 import { poolCounts } from "../manager/status.ts";
 import { defaultLivenessSources, type LivenessSource } from "../manager/liveness/mod.ts";
 import type { EniManager } from "../manager/types.ts";
@@ -330,29 +331,59 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     devices: cfg.devices,
     pid: Deno.pid,
   });
+  // This process's own probes answer from the start, also while it waits as a standby for
+  // the lock (a DaemonSet's surge: agent/probe.ts).
+  let phase: ProbePhase = "starting";
+  let probeOf: Omit<ProbeSources, "phase"> = {};
+  const probe = cfg.health.probeSocket === undefined ? undefined : await serveProbe(
+    cfg.health.probeSocket,
+    {
+      phase: () => phase,
+      health: () => probeOf.health?.() ?? { ok: true },
+      ready: () => probeOf.ready?.() ?? false,
+    },
+    log,
+  );
   // The very first thing: one agent per node. Nothing is touched before the lock is held
-  // (but the state's directory, made root-only: the lock lives in it).
-  const lock = await storageErrorsNamed(cfg.statePath, async () => {
-    if (cfg.statePath === ":memory:") return null;
-    await privateDir(dirname(cfg.statePath));
-    return await acquireAgentLock(
-      join(dirname(cfg.statePath), "enim.lock"),
-      {
-        waitMs: cfg.lockWaitSeconds * 1000,
-        signal: opts.signal,
-        onWait: () =>
-          log.warn("another enim agent holds the lock; waiting for it to stop", {
-            lock: join(dirname(cfg.statePath), "enim.lock"),
-            waitSeconds: cfg.lockWaitSeconds,
-          }),
-      },
-    );
-  });
+  // (but the state's directory, made root-only: the lock lives in it, and the replacement
+  // marker beside the socket while it waits: the node's plugin holds calls for this agent).
+  let standby: ReturnType<typeof setInterval> | undefined;
+  let lock: Awaited<ReturnType<typeof acquireAgentLock>> | null;
+  try {
+    lock = await storageErrorsNamed(cfg.statePath, async () => {
+      if (cfg.statePath === ":memory:") return null;
+      await privateDir(dirname(cfg.statePath));
+      return await acquireAgentLock(
+        join(dirname(cfg.statePath), "enim.lock"),
+        {
+          waitMs: cfg.lockWaitSeconds * 1000,
+          signal: opts.signal,
+          onWait: () => {
+            phase = "standby";
+            log.warn("another enim agent holds the lock; waiting for it to stop", {
+              lock: join(dirname(cfg.statePath), "enim.lock"),
+              waitSeconds: cfg.lockWaitSeconds,
+            });
+            const mark = () => markReplacing(cfg.socket, log);
+            void mark();
+            standby = setInterval(mark, MARK_EVERY_MS);
+          },
+        },
+      );
+    });
+  } catch (err) {
+    clearInterval(standby);
+    await probe?.shutdown();
+    throw err;
+  }
+  clearInterval(standby);
+  phase = "starting";
   let parts: AgentParts;
   try {
     parts = await storageErrorsNamed(cfg.statePath, () => startParts(cfg, opts.deps, log));
   } catch (err) {
     lock?.release();
+    await probe?.shutdown();
     throw err;
   }
   let server: UnixServer | undefined;
@@ -404,6 +435,8 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     // Serving: the record beside the socket says who (a rollout's previous agent's is replaced).
     const servingSince = Date.now();
     await recordAgent(cfg.socket, log, servingSince);
+    probeOf = { health, ready: () => (manager.ready ?? true) && !stopping };
+    phase = "serving";
     opts.onReady?.(server);
     // Only now may the runtime send pods: the plugin's socket answers (cni_conflist.ts).
     if (cfg.cniConfig) {
@@ -436,6 +469,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
       });
     }
     log.info("shutting down");
+    phase = "stopping";
     // A graceful stop: the plugin answers STATUS success and holds calls for the next agent,
     // for RESTART_GRACE_SECONDS from now (docs/runtimes.md, STATUS).
     if (opts.signal.aborted) await recordAgent(cfg.socket, log, servingSince, Date.now());
@@ -448,6 +482,7 @@ export async function runAgent(cfg: AgentConfig, opts: RunAgentOptions): Promise
     await gc?.stop();
     await parts.close();
     lock?.release();
+    await probe?.shutdown();
     log.info("stopped");
   }
 }

@@ -49,3 +49,31 @@ export async function recordAgent(
   // Serving: the init container's replacement marker has done its work.
   if (stoppedAt === undefined) await Deno.remove(replacingPath(socket)).catch(() => {});
 }
+
+/**
+ * How often a standby agent (waiting for another one's lock) writes the replacement marker
+ * again: well within `RESTART_GRACE_SECONDS`, so the plugin holds calls for it until it
+ * serves, however long the agent before it takes to stop.
+ */
+export const MARK_EVERY_MS = 5_000;
+
+/**
+ * Writes the replacement marker beside `socket` (`api/wire.ts` `REPLACING_NAME`), whole:
+ * an agent is on its way. A failure is logged, not thrown (the marker only refines what
+ * the plugin answers while no agent serves).
+ */
+export async function markReplacing(
+  socket: string,
+  log: { warn(msg: string, fields?: Record<string, unknown>): void },
+): Promise<void> {
+  const path = replacingPath(socket);
+  // Random: every container's agent may be pid 1.
+  const tmp = `${path}.tmp-${crypto.randomUUID()}`;
+  try {
+    await Deno.writeTextFile(tmp, JSON.stringify({ since: Date.now() }) + "\n", { mode: 0o644 });
+    await Deno.rename(tmp, path);
+  } catch (err) {
+    await Deno.remove(tmp).catch(() => {});
+    log.warn("cannot write the replacement marker", { error: err });
+  }
+}

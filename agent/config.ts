@@ -137,6 +137,11 @@ export const AgentConfigSchema = z.strictObject({
     z.strictObject({
       /** How long the manager's held locks may go without one taken or released. */
       stallSeconds: z._default(z.number().check(z.minimum(1), z.maximum(86_400)), 300),
+      /**
+       * The agent's own probe socket (`agent/probe.ts`, `enim probe`): answered from start-up,
+       * also while the agent waits as a standby for another one's lock (absent: none).
+       */
+      probeSocket: z.optional(AbsolutePath),
     }),
     {},
   ),
@@ -346,6 +351,7 @@ export interface ConfigFlags {
   gcInterval?: string | number;
   gcGrace?: string | number;
   lockWait?: string | number;
+  probeSocket?: string;
 }
 
 /** One override: the flag or variable, the field it sets, and whether it is a number. */
@@ -376,6 +382,12 @@ export const OVERRIDES: readonly Override[] = [
     env: "ENIM_LOCK_WAIT",
     path: ["lockWaitSeconds"],
     numeric: true,
+  },
+  {
+    flag: "probeSocket",
+    flagName: "--probe-socket",
+    env: "ENIM_PROBE_SOCKET",
+    path: ["health", "probeSocket"],
   },
   {
     flag: "gcGrace",

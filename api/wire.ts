@@ -9,6 +9,12 @@
 /** The default agent socket. */
 export const DEFAULT_SOCKET = "/run/enim/enim.sock";
 
+/**
+ * Where `enim probe` asks by default: the DaemonSet's agent serves its own probes there
+ * (`--probe-socket`, `health.probeSocket`, agent/probe.ts), in the pod's own folder.
+ */
+export const DEFAULT_PROBE_SOCKET = "/run/enim-agent/probe.sock";
+
 /** The API path the plugin process posts a raw call to (`cni/forward.ts`). */
 export const CNI_CALL_PATH = "/v1/cni";
 /** The header of the agent's answer to a raw call that carries the plugin's exit code. */

@@ -106,6 +106,11 @@ export function agentCommand(io: CliIo, exit: { code: number }) {
       "seconds to wait for another agent on the node to stop (env ENIM_LOCK_WAIT; default 60)",
     )
     .option(
+      "--probe-socket <path>",
+      "serve this agent's own startup, liveness and readiness probes (enim probe) on this " +
+        "socket from start-up, also while it waits for another agent (env ENIM_PROBE_SOCKET)",
+    )
+    .option(
       "--check-config",
       "validate the configuration (the provider's own section too) and exit 0 or 1",
     )

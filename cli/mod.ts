@@ -1,5 +1,6 @@
 /**
- * The operator program: `enim agent`, `enim gc`, `enim status`, `enim policy`, `enim version`.
+ * The operator program: `enim agent`, `enim gc`, `enim status`, `enim policy`, `enim probe`,
+ * `enim uninstall`, `enim version`.
  *
  * Each subcommand lives in its own file and registers itself on the program.
  * Parsing never exits the process: `runCli` returns the exit code.
@@ -11,6 +12,7 @@ import { VERSION } from "../lib/version.ts";
 import { agentCommand } from "./agent.ts";
 import { gcCommand } from "./gc.ts";
 import { policyCommand } from "./policy.ts";
+import { probeCommand } from "./probe.ts";
 import { statusCommand } from "./status.ts";
 import { versionCommand } from "./version.ts";
 import { uninstallCommand } from "./uninstall.ts";
@@ -35,6 +37,7 @@ export function buildProgram(io: CliIo, exit: { code: number }) {
   program.addCommand(gcCommand(io, exit));
   program.addCommand(statusCommand(io, exit));
   program.addCommand(policyCommand(io, exit));
+  program.addCommand(probeCommand(io, exit));
   program.addCommand(uninstallCommand(io, exit));
   program.addCommand(versionCommand(io, exit));
   return program;

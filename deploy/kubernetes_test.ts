@@ -4,6 +4,7 @@ import { assert, assertEquals } from "../lib/assert.ts";
 import { ROOT } from "../scripts/_paths.ts";
 import { resolveConfig, validateProviderConfig } from "../agent/config.ts";
 import { bceModule } from "../providers/bce/mod.ts";
+import { DEFAULT_PROBE_SOCKET } from "../api/wire.ts";
 
 // deno-lint-ignore no-explicit-any
 type Obj = any;
@@ -47,7 +48,7 @@ Deno.test("the DaemonSet runs the agent in the node's network namespace on every
   assertEquals(pod.hostNetwork, true);
   assertEquals(pod.priorityClassName, "system-node-critical");
   assert(pod.tolerations.some((t: Obj) => t.operator === "Exists" && t.key === undefined));
-  assertEquals(agent.command.slice(1), ["agent", "--config", "/etc/enim/agent.jsonc"]);
+  assertEquals(agent.command.slice(1, 4), ["agent", "--config", "/etc/enim/agent.jsonc"]);
   // The environment the tests and the bench run the agent with (tests/support/agent_proc.ts),
   // and the node's name for the Kubernetes client (kubernetes.nodeName's default).
   assertEquals(agent.env, [
@@ -148,38 +149,72 @@ Deno.test("the agent writes the ConfigMap's conflist onto the host's /etc/cni/ne
   assert(!netd.mount.readOnly);
 });
 
-Deno.test("the agent's metrics port: in its config, declared, annotated, probed and scraped by the PodMonitor", async () => {
+Deno.test("the agent's metrics port: in its config, annotated and scraped by the PodMonitor, not declared (no hostPort)", async () => {
   const inCm = jsonc(cm("enim-agent-config").data["agent.jsonc"], "the agent ConfigMap");
   assertEquals(inCm.metrics, { enabled: true, address: "0.0.0.0", port: 9798 });
-  assertEquals(agent.ports, [{ name: "metrics", containerPort: 9798, protocol: "TCP" }]);
+  // A declared port of a hostNetwork pod is a hostPort: the surge pod would not fit the node.
+  for (const c of [...pod.initContainers, ...pod.containers]) {
+    assertEquals(c.ports, undefined, `${c.name} declares no port`);
+  }
   const annotations = ds.spec.template.metadata.annotations;
   assertEquals(annotations["prometheus.io/scrape"], "true");
   assertEquals(annotations["prometheus.io/port"], String(inCm.metrics.port));
   assertEquals(annotations["prometheus.io/path"], "/metrics");
+  const [monitor] = await load("deploy/kubernetes/podmonitor.yaml");
+  assertEquals(`${monitor.apiVersion} ${monitor.kind}`, "monitoring.coreos.com/v1 PodMonitor");
+  assertEquals(monitor.spec.selector.matchLabels, ds.spec.template.metadata.labels);
+  assertEquals(monitor.spec.namespaceSelector.matchNames, [ds.metadata.namespace]);
+  const [endpoint] = monitor.spec.podMetricsEndpoints;
+  assertEquals(monitor.spec.podMetricsEndpoints.length, 1);
+  assertEquals([endpoint.port, endpoint.path], [undefined, "/metrics"]);
+  // The target: the agent container only, at the pod's (the node's) address and the port.
+  const relabel = (target: string) =>
+    endpoint.relabelings.find((r: Obj) => r.targetLabel === target);
+  assert(
+    endpoint.relabelings.some((r: Obj) =>
+      r.action === "keep" && r.regex === agent.name &&
+      r.sourceLabels.join() === "__meta_kubernetes_pod_container_name"
+    ),
+    "keeps the agent container's target only",
+  );
+  assertEquals(relabel("__address__").sourceLabels, ["__meta_kubernetes_pod_ip"]);
+  assertEquals(relabel("__address__").replacement, `\${1}:${inCm.metrics.port}`);
+});
+
+Deno.test("the probes ask this pod's agent on its own socket, in the pod's own folder", () => {
+  const flag = agent.command.indexOf("--probe-socket");
+  assert(flag > 0, "the agent serves its probe socket");
+  const socket = agent.command[flag + 1];
+  assertEquals(socket, DEFAULT_PROBE_SOCKET);
+  const mount = agent.volumeMounts.find((m: Obj) => socket.startsWith(`${m.mountPath}/`));
+  assert(mount, `a mount holds ${socket}`);
+  // Not the node's: another pod's agent (a rollout's old one) must not answer there.
+  assert(volume(mount.name).emptyDir, "the probe socket's folder is an emptyDir");
+  // The permission set lets the agent and enim probe use it.
+  const perms = jsonc(Deno.readTextFileSync(`${ROOT}/deno.json`), "deno.json").permissions.enim;
+  for (const list of [perms.read, perms.write]) assert(list.includes(mount.mountPath));
   for (const probe of [agent.startupProbe, agent.livenessProbe]) {
-    assertEquals(probe.httpGet, { path: "/healthz", port: "metrics" });
+    assertEquals(probe.exec.command, [agent.command[0], "probe"]);
   }
+  assertEquals(agent.readinessProbe.exec.command, [agent.command[0], "probe", "--ready"]);
   // A wedged agent (the liveness probe failed) is killed sooner than a stopping one.
   assert(
     agent.livenessProbe.terminationGracePeriodSeconds < pod.terminationGracePeriodSeconds,
     "the liveness probe's grace period is shorter than the pod's",
   );
-  // The startup probe allows for the lock wait (lockWaitSeconds, 60) and a slow reconcile.
-  const s = agent.startupProbe;
-  assert(s.periodSeconds * s.failureThreshold >= 120, "the startup probe waits at least 2 min");
-  const [monitor] = await load("deploy/kubernetes/podmonitor.yaml");
-  assertEquals(`${monitor.apiVersion} ${monitor.kind}`, "monitoring.coreos.com/v1 PodMonitor");
-  assertEquals(monitor.spec.selector.matchLabels, ds.spec.template.metadata.labels);
-  assertEquals(monitor.spec.namespaceSelector.matchNames, [ds.metadata.namespace]);
-  assertEquals(
-    monitor.spec.podMetricsEndpoints.map((e: Obj) => [e.port, e.path]),
-    [["metrics", "/metrics"]],
-  );
 });
 
-Deno.test("readiness is the agent's status", () => {
-  assertEquals(agent.readinessProbe.exec.command.slice(1), ["status", "--json"]);
-  assertEquals(agent.readinessProbe.exec.command[0], agent.command[0]);
+Deno.test("a rollout surges: the new pod starts beside the old one, which goes once it is Ready", () => {
+  assertEquals(ds.spec.updateStrategy, {
+    type: "RollingUpdate",
+    rollingUpdate: { maxSurge: 1, maxUnavailable: 0 },
+  });
+  // The standby waits for the old agent's lock longer than the old pod may take to stop.
+  const cfg = resolveConfig({
+    file: { path: "configmap.yaml", text: cm("enim-agent-config").data["agent.jsonc"] },
+    env: {},
+  });
+  assert(cfg.lockWaitSeconds > pod.terminationGracePeriodSeconds);
 });
 
 Deno.test("the images are the documented placeholder", () => {
@@ -360,9 +395,10 @@ Deno.test("the BCE overlay's credentials file is in a folder the agent's permiss
   );
 });
 
-Deno.test("the BCE overlay's agent config keeps what the DaemonSet needs of the base's: the probes' metrics port and the conflist it writes", async () => {
-  // The patch replaces agent.jsonc whole: without these the startup probe never answers
-  // (the agent is restarted forever) and no conflist is written (the node never Ready).
+Deno.test("the BCE overlay's agent config keeps what the DaemonSet needs of the base's: the metrics port and the conflist it writes", async () => {
+  // The patch replaces agent.jsonc whole: without these nothing serves the port the
+  // DaemonSet's annotations and the PodMonitor scrape, and no conflist is written (the node
+  // never Ready).
   const dir = "deploy/kubernetes/bce";
   const [cmPatch] = await load(`${dir}/agent-config.yaml`);
   const text = cmPatch.data["agent.jsonc"];

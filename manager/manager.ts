@@ -437,7 +437,12 @@ class ManagerImpl implements Manager {
   }
 
   status(): Promise<Status> {
-    return status(this.#ctx, this.#reconciled && !this.#closed);
+    return status(this.#ctx, this.ready);
+  }
+
+  /** What `status().ready` says, without reading the state: reconciled and not closed. */
+  get ready(): boolean {
+    return this.#reconciled && !this.#closed;
   }
 
   progress(): LockProgress {

@@ -70,6 +70,8 @@ export interface EniManager {
    * liveness. Absent: not told (fakes).
    */
   progress?(): LockProgress;
+  /** What `status().ready` says, read without the state (absent: ask `status()`). */
+  readonly ready?: boolean;
   attachments(): Attachment[];
   enis(): Promise<Eni[]>;
   close(): Promise<void>;

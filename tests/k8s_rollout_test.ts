@@ -40,11 +40,13 @@
  *   (the plugin's log; N's own records carry `pluginVersion`), pods that did not start,
  *   deny probes that got through (an answer or a reset); and the deny loop alive (each
  *   stranger sent at least MIN_BATCHES batches in each rollout's window).
- * - The Node's Ready condition (sampled every 500 ms) and kubelet's FailedCreatePodSandBox
- *   events: asserted 0 in N → N, where N's plugin answers throughout; measured and reported
- *   in the rollouts with 0.1.0 on a side, where 0.1.0's plugin answers STATUS 50 and ADD 11
- *   for part of the agent's absence (docs/upgrading.md, "Rollouts with 0.1.0 on either
- *   side").
+ * - The Node's Ready condition (sampled every 500 ms), kubelet's FailedCreatePodSandBox
+ *   events and every failed plugin call: asserted 0 in each rollout into N (N−1 → N twice,
+ *   N → N). N's DaemonSet surges (maxSurge 1): its pod installs N's plugin while the old
+ *   agent still serves and waits as a standby for its lock, so 0.1.0's plugin never answers
+ *   without its agent. Measured and reported in the rollback to 0.1.0, whose own manifests
+ *   replace the old pod first and whose plugin answers STATUS 50 and ADD 11 until its agent
+ *   serves (docs/upgrading.md, "Rolling back to 0.1.0").
  * - Then the DaemonSet is deleted (no uninstall): how soon the Node goes NotReady is
  *   measured (it must go).
  *
@@ -472,7 +474,7 @@ Deno.test({
   name: `enim rolls out from ${OLD} (built from history) to ${VERSION}, restarts, rolls back ` +
     "and out again on a real node with pods serving: no request failed, no connection broken, " +
     "no pod out of its Service, no ENI lost, no packet through that NetworkPolicy denies; " +
-    "the Node Ready through the rollout of 0.2.0 itself",
+    "the Node Ready and no plugin call failed through every rollout into 0.2.0",
   ignore: MISSING !== null,
   sanitizeResources: false,
   sanitizeOps: false,
@@ -927,13 +929,16 @@ Deno.test({
           JSON.stringify(webEnis(p.snap)) === JSON.stringify(webEni0),
           `${p.what}: a web pod's ENI changed`,
         );
-        // With 0.1.0 on either side, 0.1.0's plugin answers part of the time the node has no
-        // serving agent (before N's init container replaces it; after 0.1.0's installed it),
-        // STATUS 50 and ADD 11, which N cannot change (docs/upgrading.md): the Node's Ready
-        // and the sandbox failures are measured and reported for those rollouts, and
-        // asserted for N to N, where N's plugin answers throughout. N's own failures: none.
-        const ours = p.label === "restart";
+        // Into N, N's surge hands the node over with N's plugin installed before the old
+        // agent stops: nothing fails, the Node stays Ready. Into 0.1.0 (its own manifests, no
+        // surge), 0.1.0's plugin answers STATUS 50 and ADD 11 until its agent serves, which N
+        // cannot change (docs/upgrading.md): measured and reported. N's own failures: none.
+        const ours = p.into === "N";
         expect(nFailed.length === 0, `${p.what}: ${nFailed.length} of N's calls failed`);
+        expect(
+          !ours || phaseFailed.length === 0,
+          `${p.what}: ${phaseFailed.length} plugin calls failed`,
+        );
         expect(
           !ours || notReady.length === 0,
           `${p.what}: the Node not Ready ${notReady.length} samples`,
