@@ -55,7 +55,9 @@
  *
  * @module
  */
-import { assert, assertEquals } from "../lib/assert.ts";
+import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
+import { existsSync } from "node:fs";
+import { netSnapshot } from "./support/net_snapshot.ts";
 import { z } from "zod";
 import { nodeBuildMissing } from "./support/k8s/build.ts";
 import { KubeCluster, NODE_CONTROLLERS } from "./support/k8s/cluster.ts";
@@ -69,6 +71,7 @@ import {
   PodListSchema,
   releaseManifests,
   simulatedAgentConfig,
+  uninstallJob,
   VPC_SUBNET,
   waitFor,
   withAgentConfig,
@@ -349,6 +352,29 @@ class Watcher {
 }
 
 const ServiceSchema = StoredSchema.extend({ spec: z.looseObject({ clusterIP: z.string() }) });
+const JobSchema = StoredSchema.extend({
+  status: z.optional(z.looseObject({
+    succeeded: z.optional(z.number()),
+    failed: z.optional(z.number()),
+  })),
+});
+
+/**
+ * What a container of a pod printed: its log file on the node (kubelet's
+ * `/var/log/pods/<namespace>_<pod>_<uid>/<container>/0.log`, CRI lines), for a Job's pod
+ * found by the Job's name.
+ */
+async function podLog(node: RealNode, ns: string, job: string, container: string) {
+  const root = node.host("/var/log/pods");
+  for await (const e of Deno.readDir(root)) {
+    if (!e.name.startsWith(`${ns}_${job}-`)) continue;
+    const text = await Deno.readTextFile(`${root}/${e.name}/${container}/0.log`);
+    // `<time> stdout F <text>`: the text.
+    return text.split("\n").filter((l) => l).map((l) => l.split(" ").slice(3).join(" "))
+      .join("\n");
+  }
+  throw new Error(`No log of ${ns}/${job}'s ${container} on the node`);
+}
 
 /**
  * The NetworkPolicy of the web pods: ingress from the client's address in the VPC (the
@@ -480,7 +506,11 @@ Deno.test({
   sanitizeOps: false,
   async fn() {
     ensureBuiltSync();
-    await using cluster = await KubeCluster.start({ controllers: NODE_CONTROLLERS, progress: say });
+    // The Job controller too: the uninstall Job at the end.
+    await using cluster = await KubeCluster.start({
+      controllers: [...NODE_CONTROLLERS, "job-controller"],
+      progress: say,
+    });
     const k8s = cluster.bins.version;
     const vpc = await SimulatedVpc.create({ subnets: { ipv4: VPC_SUBNET.cidr } });
     let node: RealNode | null = null;
@@ -533,6 +563,8 @@ Deno.test({
         NEW_IMAGE,
       );
 
+      // The node's network before enim (kube-proxy's tables in it, as after the uninstall).
+      const bare = await netSnapshot(vpc.node.name, { nft: "tables" });
       // N−1 installed as it shipped.
       await applyManifests(cluster.admin, oldDocs);
       await waitFor(
@@ -1017,6 +1049,52 @@ Deno.test({
           `(${secs(tNotReady - tDelete)} after the deletion)`,
       );
       assertEquals(problems, [], "what the rollouts broke");
+
+      // Uninstall (issue 51 item 5) as docs/upgrading.md says, the DaemonSet deleted: the
+      // shipped Job on this node, releasing its ENIs. Its pods are still there (not drained):
+      // uninstall undoes their attachments as their DELs would.
+      const job = await uninstallJob(NODE, NEW_IMAGE, "--release-enis");
+      const tJob = performance.now();
+      await applyManifests(cluster.admin, [job]);
+      const finished = await waitFor(
+        "the uninstall Job finished",
+        async () => {
+          const j = await cluster.admin.get(
+            `/apis/batch/v1/namespaces/kube-system/jobs/${job.name}`,
+            JobSchema,
+          );
+          return (j.status?.succeeded ?? 0) + (j.status?.failed ?? 0) > 0 ? j : null;
+        },
+        n,
+        180_000,
+      );
+      const printed = await podLog(n, "kube-system", job.name, "uninstall");
+      say(`rollout: uninstall Job done in ${secs(performance.now() - tJob)}:\n${printed}`);
+      assertEquals(finished.status?.succeeded, 1, printed);
+      for (const w of web) {
+        assertStringIncludes(printed, `done      undo default/${w.metadata.name}'s attachment`);
+      }
+      assert(!/^failed/m.test(printed), printed);
+      const gave = printed.split("\n").filter((l) => /^done\s+give eni-/.test(l)).length;
+      assertEquals(gave, ENIS, `every ENI given back:\n${printed}`);
+      const left = [
+        "/opt/cni/bin/enim",
+        "/opt/cni/bin/enim.d",
+        "/etc/cni/net.d/10-enim.conflist",
+        "/var/lib/enim/enim.db",
+        "/run/enim/agent.json",
+        "/run/enim/enim.sock",
+      ].filter((f) => existsSync(n.host(f)));
+      assertEquals(left, [], "what uninstall leaves on the node");
+      assertEquals(
+        await netSnapshot(vpc.node.name, { nft: "tables" }),
+        bare,
+        "the node's network after uninstall is what it was before enim",
+      );
+      say(
+        `rollout: uninstall: ${web.length} web pods' attachments undone, ${gave} ENIs given ` +
+          `back; the node's links, addresses, routes, rules and nftables tables as before enim`,
+      );
       say(`rollout: wall time ${secs(now())}`);
     } finally {
       client?.kill();

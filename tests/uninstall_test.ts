@@ -8,55 +8,18 @@
  */
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
 import { SimulatedNode } from "./support/node.ts";
+import { inNetns, netSnapshot } from "./support/net_snapshot.ts";
 
 const AS_ROOT = Deno.uid() === 0;
 const SERVICE_CIDRS = ["172.30.0.0/16", "fd00:30::/108"];
 
 async function inNode(node: SimulatedNode, argv: string[]): Promise<string> {
-  const out = await new Deno.Command("/usr/sbin/ip", {
-    args: ["netns", "exec", node.vpc.node.name, ...argv],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  if (!out.success) throw new Error(`${argv.join(" ")}: ${new TextDecoder().decode(out.stderr)}`);
-  return new TextDecoder().decode(out.stdout);
+  return await inNetns(node.vpc.node.name, argv);
 }
 
-/** The node's network, without what changes by itself (counters, ages, indexes). */
-async function snapshot(node: SimulatedNode, skipMacs: Set<string> = new Set()) {
-  const ip = async (...a: string[]) =>
-    JSON.parse(await inNode(node, ["/usr/sbin/ip", "-j", ...a]) || "[]");
-  const links = (await ip("link", "show")) as Record<string, unknown>[];
-  const kept = links.filter((l) => !skipMacs.has(String(l.address)));
-  const names = new Set(kept.map((l) => String(l.ifname)));
-  const addrs = ((await ip("addr", "show")) as Record<string, unknown>[])
-    .filter((l) => names.has(String(l.ifname)))
-    .map((l) => ({
-      ifname: l.ifname,
-      addrs: (l.addr_info as Record<string, unknown>[]).map((a) => `${a.local}/${a.prefixlen}`),
-    }));
-  const routes = [];
-  for (const f of ["-4", "-6"]) {
-    for (const r of (await ip(f, "route", "show", "table", "all")) as Record<string, unknown>[]) {
-      if (r.dev && !names.has(String(r.dev))) continue;
-      routes.push(
-        `${f} ${r.table ?? "main"} ${r.type ?? ""} ${r.dst} ${r.gateway ?? ""} ${r.dev ?? ""}`,
-      );
-    }
-  }
-  const rules = [...(await ip("-4", "rule")), ...(await ip("-6", "rule"))].map((r) =>
-    JSON.stringify(r)
-  );
-  // Counters left out: packets pods send meanwhile (router solicitations) move them.
-  const nft = (await inNode(node, ["/usr/sbin/nft", "list", "ruleset"]))
-    .replace(/counter packets \d+ bytes \d+/g, "counter");
-  return {
-    links: kept.map((l) => `${l.ifname} ${l.address} ${l.flags}`).sort(),
-    addrs,
-    routes: routes.sort(),
-    rules,
-    nft,
-  };
+/** The node's network (tests/support/net_snapshot.ts). */
+function snapshot(node: SimulatedNode, skipMacs: Set<string> = new Set()) {
+  return netSnapshot(node.vpc.node.name, { skipMacs });
 }
 
 async function exists(path: string) {

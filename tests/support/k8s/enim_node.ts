@@ -22,7 +22,14 @@
  */
 import { z } from "zod";
 import { join } from "node:path";
-import { applyManifests, forRelease, type ManifestDoc, readManifests } from "./manifests.ts";
+import {
+  applyManifests,
+  forRelease,
+  MANIFEST_DIR,
+  type ManifestDoc,
+  readFileDocs,
+  readManifests,
+} from "./manifests.ts";
 import { KubeCluster, NODE_CONTROLLERS } from "./cluster.ts";
 import { BUSYBOX_IMAGE, RealNode } from "./real_node.ts";
 import { NodeSchema, PodSchema } from "./kubelet.ts";
@@ -161,6 +168,38 @@ export function withImage(docs: ManifestDoc[], ref: string): ManifestDoc[] {
     for (const c of [...(spec.initContainers ?? []), ...spec.containers]) c.image = ref;
     return { ...d, text: JSON.stringify(obj) };
   });
+}
+
+const JobDocSchema = z.looseObject({
+  metadata: z.looseObject({ name: z.string() }),
+  spec: z.looseObject({
+    template: z.looseObject({
+      spec: z.looseObject({
+        nodeName: z.string(),
+        containers: z.array(z.looseObject({ image: z.string(), command: z.array(z.string()) })),
+      }),
+    }),
+  }),
+});
+
+/**
+ * deploy/kubernetes/uninstall-job.yaml filled in as its comments tell an operator: the
+ * node's name (the Job's and `spec.nodeName`), the image, and the choice of ENIs.
+ */
+export async function uninstallJob(
+  node: string,
+  image: string,
+  enis: "--release-enis" | "--keep-enis",
+): Promise<ManifestDoc> {
+  const [doc] = await readFileDocs(MANIFEST_DIR, "uninstall-job.yaml");
+  const obj = JobDocSchema.parse(JSON.parse(doc.text));
+  obj.metadata.name = obj.metadata.name.replace("NODE_NAME", node);
+  const spec = obj.spec.template.spec;
+  spec.nodeName = node;
+  const [c] = spec.containers;
+  c.image = image;
+  c.command = c.command.map((a) => a === "--keep-enis" || a === "--release-enis" ? enis : a);
+  return { ...doc, name: obj.metadata.name, text: JSON.stringify(obj) };
 }
 
 /**

@@ -58,7 +58,7 @@ export async function readManifests(version?: string, dir = MANIFEST_DIR): Promi
 }
 
 /** The documents of one YAML file (`file` relative to `dir`), parsed. */
-async function readFileDocs(dir: string, file: string): Promise<ManifestDoc[]> {
+export async function readFileDocs(dir: string, file: string): Promise<ManifestDoc[]> {
   const out: ManifestDoc[] = [];
   const text = await Deno.readTextFile(`${dir}/${file}`);
   for (const doc of parseAllDocuments(text)) {
