@@ -6,7 +6,7 @@
  * @module
  */
 import { Command } from "@commander-js/extra-typings";
-import { z } from "zod";
+import * as z from "zod/mini";
 import { DEFAULT_PROBE_SOCKET } from "../api/wire.ts";
 import { unixRequest } from "../api/client.ts";
 import type { CliIo } from "./io.ts";

@@ -123,6 +123,9 @@ async function measure(
       });
     }
   }
+  // Descriptions queued per ENI (below): all settled before the provider closes, also when
+  // the scenario fails (its error is the test's, not a description cut off by the close).
+  const tails = new Map<string, Promise<void>>();
   const env = await setup({
     withFake: fake,
     maxEnisPerNode: ENIS_PER_NODE,
@@ -131,14 +134,21 @@ async function measure(
   });
   try {
     await env.provider.start();
-    // Warm-up: the pool fills, the first orphan scan runs, the period backs off.
+    // Warm-up: the pool fills, the first orphan scan runs, the period backs off. Then on
+    // until the pool has settled (no call but a list for 5 simulated minutes), however slow
+    // the machine is: at 1 ms a simulated second a loaded one stretches the refills.
     await sleep(S(900));
+    const settling = () => fake.requests.filter((r) => !opOf(r).startsWith("ListEni")).length;
+    for (let i = 0, n = settling(); i < 20; i++) {
+      await sleep(S(300));
+      if (settling() === n) break;
+      n = settling();
+    }
     const from = fake.requests.length;
     const passes0 = env.provider.passes;
     // Descriptions are queued per ENI, after the ADD or DEL has answered, as the
     // manager's Describer does: never on the pod's path.
     const held = new Map<string, string>();
-    const tails = new Map<string, Promise<void>>();
     const describe = (id: string, text: string | null) =>
       tails.set(
         id,
@@ -159,7 +169,11 @@ async function measure(
         if (id) describe(id, null);
       },
     );
-    await Promise.all(tails.values());
+    // Every description settled before the provider closes (a failed one is the figure's
+    // failure, not an uncaught rejection of the others cut off by the close).
+    const settled = await Promise.allSettled(tails.values());
+    const failed = settled.filter((r) => r.status === "rejected").map((r) => String(r.reason));
+    if (failed.length) throw new Error(`${failed.length} descriptions failed: ${failed[0]}`);
     const window = fake.requests.slice(from);
     const byOp: Record<string, number> = {};
     for (const r of window) byOp[opOf(r)] = (byOp[opOf(r)] ?? 0) + 1;
@@ -175,6 +189,7 @@ async function measure(
       adds,
     };
   } finally {
+    await Promise.allSettled(tails.values());
     await env.close();
     await fake.close();
   }
