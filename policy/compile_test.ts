@@ -24,6 +24,7 @@ import { type CompiledPolicy, CompiledPolicySchema, type PeerSet } from "./types
 import type { LabelSelector, NetworkPolicy } from "../kube/objects.ts";
 import { contains, parseCidr, parseIp } from "../lib/ip.ts";
 import { blockPrefixes } from "./_blocks.ts";
+import { applyUpdate, tableOf, type Tables } from "../tests/support/policy_tables.ts";
 
 /** One end of a connection in the matrix. */
 interface E {
@@ -1035,37 +1036,6 @@ Deno.test("compile: an egress named-port set follows its pods' addresses", () =>
 
 // ---------------------------------------------------------------------------------------
 // Properties.
-
-/** What a test table would hold: per local pod, each set's elements as text. */
-type Tables = Map<string, Map<string, Set<string>>>;
-
-const elText = (e: string | { addr: string; port: number }) =>
-  typeof e === "string" ? e : `${e.addr} . ${e.port}`;
-
-function tableOf(p: CompiledPolicy): Map<string, Set<string>> {
-  return new Map(p.sets.map((s) => [s.key, new Set([...s.ipv4, ...s.ipv6].map(elText))]));
-}
-
-function applyUpdate(engine: PolicyEngine, tables: Tables, u: PolicyUpdate): void {
-  for (const d of u.deltas) {
-    for (const user of d.users) {
-      const set = tables.get(user)?.get(d.key);
-      assert(set, `${user} has no set ${d.key}`);
-      for (const e of [...d.ipv4.delete, ...d.ipv6.delete].map(elText)) {
-        assert(set.delete(e), `delete of absent ${e} from ${d.key} in ${user}`);
-      }
-      for (const e of [...d.ipv4.add, ...d.ipv6.add].map(elText)) {
-        assert(!set.has(e), `add of present ${e} to ${d.key} in ${user}`);
-        set.add(e);
-      }
-    }
-  }
-  for (const key of u.changed) {
-    const [ns, name] = key.split("/");
-    const c = engine.compiled(ns, name);
-    if (c) tables.set(key, tableOf(c));
-  }
-}
 
 const PROPERTY_POLICIES = () => [
   policyObject("alpha", "web", {
