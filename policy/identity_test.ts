@@ -13,6 +13,7 @@ import { PodNotFoundError, PolicyEngine, type PolicyUpdate } from "./compile.ts"
 import { admits } from "./evaluate.ts";
 import type { CompiledPolicy } from "./types.ts";
 import { namespaceObject, policyObject, viewOf } from "../tests/support/policy_world.ts";
+import { applyUpdate, tableOf, type Tables } from "../tests/support/policy_tables.ts";
 
 /** A pod as a test writes it. */
 interface P {
@@ -227,32 +228,6 @@ Deno.test("identity: in the API's view an address two pods claim is neither's; a
 
 // ---------------------------------------------------------------------------------------
 // The property: random lives of pods against a reference reading.
-
-type Tables = Map<string, Map<string, Set<string>>>;
-
-const tableOf = (c: CompiledPolicy) =>
-  new Map(c.sets.map((s) => [s.key, new Set([...s.ipv4, ...s.ipv6].map((e) => String(e)))]));
-
-function applyUpdate(engine: PolicyEngine, tables: Tables, u: PolicyUpdate): void {
-  for (const d of u.deltas) {
-    for (const user of d.users) {
-      const set = tables.get(user)?.get(d.key);
-      assert(set, `${user} has no set ${d.key}`);
-      for (const e of [...d.ipv4.delete, ...d.ipv6.delete].map(String)) {
-        assert(set.delete(e), `delete of absent ${e} from ${d.key} in ${user}`);
-      }
-      for (const e of [...d.ipv4.add, ...d.ipv6.add].map(String)) {
-        assert(!set.has(e), `add of present ${e} to ${d.key} in ${user}`);
-        set.add(e);
-      }
-    }
-  }
-  for (const key of u.changed) {
-    const [ns, name] = key.split("/");
-    const c = engine.compiled(ns, name);
-    if (c) tables.set(key, tableOf(c));
-  }
-}
 
 /** What each policy of the property admits, for the reference: by namespace and app. */
 interface RefRule {

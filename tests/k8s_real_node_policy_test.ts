@@ -41,7 +41,15 @@ import { SimulatedVpc } from "./support/vpc.ts";
 import { ensureBuiltSync } from "../scripts/build.ts";
 import { SocketAgentClient } from "../api/client.ts";
 import { POD_PORTS } from "./support/policy_cluster.ts";
-import { passed, type Probe, Prober, type ProbeResult } from "./support/prober.ts";
+import { passed, Prober } from "./support/prober.ts";
+import {
+  assertMatrix,
+  type Cell,
+  cellText,
+  matrixCells,
+  probeBySource,
+  type Probed,
+} from "./support/policy_matrix.ts";
 import { Servers, who } from "./support/traffic.ts";
 import {
   APPS,
@@ -205,15 +213,6 @@ async function sandboxPid(node: RealNode, ns: string, name: string): Promise<num
   return SandboxInfoSchema.parse(JSON.parse(st.info.info ?? "{}")).pid;
 }
 
-/** One cell of the matrix. */
-interface Cell {
-  s: RealPod;
-  d: RealPod;
-  proto: "tcp" | "udp";
-  port: number;
-}
-const cellText = (x: Cell) => `${x.s.id} -> ${x.d.id} ${x.proto}/${x.port}`;
-
 /**
  * Probes `cells` in rounds, each round every source probing one destination (the Latin
  * square of {@linkcode roundOf}): a port gets one connection at a time. busybox's
@@ -221,51 +220,30 @@ const cellText = (x: Cell) => `${x.s.id} -> ${x.d.id} ${x.proto}/${x.port}`;
  * connections at once to one port lose a third of their SYNs for a second (measured in a
  * namespace of this machine), more than a probe's time.
  */
-async function probeCells(h: Harness, cells: Cell[], timeoutMs: number) {
+async function probeCells(h: Harness, cells: Cell<RealPod>[], timeoutMs: number) {
   const ids = [...h.pods.keys()];
-  const roundOf = (x: Cell) =>
+  const roundOf = (x: Cell<RealPod>) =>
     (ids.indexOf(x.d.id) - ids.indexOf(x.s.id) + ids.length) % ids.length;
-  const out: { cell: Cell; result: ProbeResult }[] = [];
+  const out: Probed<RealPod>[] = [];
   for (let round = 0; round < ids.length; round++) {
-    const bySource = new Map<string, Cell[]>();
-    for (const cell of cells.filter((x) => roundOf(x) === round)) {
-      bySource.set(cell.s.id, [...(bySource.get(cell.s.id) ?? []), cell]);
-    }
-    await Promise.all([...bySource].map(async ([, list]) => {
-      const probes: Probe[] = list.map((x) => ({ proto: x.proto, addr: x.d.v4, port: x.port }));
-      const results = await list[0].s.prober.probe(probes, timeoutMs);
-      list.forEach((cell, i) => out.push({ cell, result: results[i] }));
-    }));
+    const these = cells.filter((x) => roundOf(x) === round);
+    out.push(...await probeBySource(these, timeoutMs, (s) => s.prober));
   }
   return out;
 }
 
 /**
  * The whole IPv4 matrix (every pod to every pod, itself included, on every port) against
- * `expect`; a cell that differs is probed again with a longer time (a loaded machine may
- * lose a first packet) before it counts. An answer came from the right pod (and, over
- * UDP, saw the client's own address). Returns how many cells were probed.
+ * `expect` (tests/support/policy_matrix.ts), probed in rounds. An answer came from the
+ * right pod (and, over UDP, saw the client's own address). Returns how many cells were
+ * probed.
  */
 async function checkMatrix(h: Harness, expect: Expect): Promise<number> {
-  const all = [...h.pods.values()];
-  const cells: Cell[] = [];
-  for (const s of all) for (const d of all) for (const p of POD_PORTS) cells.push({ s, d, ...p });
-  const want = (x: Cell) => x.s.id === x.d.id || expect(x.s, x.d, x.proto, x.port, 4);
-  const first = await probeCells(h, cells, 1_000);
-  const wrong = first.filter((r) => passed(r.result) !== want(r.cell));
-  if (wrong.length) {
-    console.error(
-      `${wrong.length} of ${cells.length} cells differed at first (probed again): ${
-        wrong.slice(0, 5).map((r) => `${cellText(r.cell)}: ${r.result}`).join("; ")
-      }`,
-    );
-  }
-  const again = wrong.length ? await probeCells(h, wrong.map((r) => r.cell), 3_000) : [];
-  const still = again.filter((r) => passed(r.result) !== want(r.cell));
-  assertEquals(
-    still.map((r) => `${cellText(r.cell)}: ${r.result}, want ${want(r.cell) ? "pass" : "drop"}`),
-    [],
-    `${still.length} of ${cells.length} cells differ from the expected matrix`,
+  const cells = matrixCells([...h.pods.values()], [4]);
+  const { first, again } = await assertMatrix(
+    cells,
+    expect,
+    (cells, timeoutMs) => probeCells(h, cells, timeoutMs),
   );
   for (const { cell, result } of [...first, ...again]) {
     if (!result.startsWith("open ")) continue;

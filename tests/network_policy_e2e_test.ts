@@ -13,13 +13,9 @@ import { assert, assertEquals, assertMatch } from "../lib/assert.ts";
 import { clientDeps } from "./support/clients.ts";
 import { TRAFFIC_NEEDS, who } from "./support/traffic.ts";
 import { KUBE_PROXY_NEEDS, type ProxyMode, type ServicePort } from "./support/kube_proxy.ts";
-import {
-  type ClusterPod,
-  POD_PORTS,
-  PolicyCluster,
-  SERVICE_CIDRS,
-} from "./support/policy_cluster.ts";
-import { passed, type Probe, type Prober, type ProbeResult } from "./support/prober.ts";
+import { type ClusterPod, PolicyCluster, SERVICE_CIDRS } from "./support/policy_cluster.ts";
+import { passed, type Probe, type Prober } from "./support/prober.ts";
+import { assertMatrix, cellText, matrixCells, probeBySource } from "./support/policy_matrix.ts";
 import type { SimulatedNode } from "./support/node.ts";
 import { PodPolicyViewSchema } from "../api/schema.ts";
 import { RealApi, realApiWanted } from "./support/k8s/policy_api.ts";
@@ -71,75 +67,19 @@ const ends = (c: PolicyCluster): End[] =>
     v6: p.v6,
   }));
 
-/** One cell of the matrix: source, destination, protocol, port and family. */
-interface Cell {
-  s: End;
-  d: End;
-  proto: "tcp" | "udp";
-  port: number;
-  fam: 4 | 6;
-}
-
-/** Probes `cells` (each from its source's prober), all at once; whether each got through. */
-async function probeCells(
-  c: PolicyCluster,
-  cells: Cell[],
-  timeoutMs: number,
-): Promise<{ cell: Cell; result: ProbeResult }[]> {
-  const bySource = new Map<string, Cell[]>();
-  for (const cell of cells) {
-    const list = bySource.get(cell.s.id) ?? [];
-    list.push(cell);
-    bySource.set(cell.s.id, list);
-  }
-  const out: { cell: Cell; result: ProbeResult }[] = [];
-  await Promise.all([...bySource].map(async ([id, list]) => {
-    const prober: Prober = c.pods.get(id)!.prober;
-    const probes: Probe[] = list.map((x) => ({
-      proto: x.proto,
-      addr: x.fam === 4 ? x.d.v4 : x.d.v6,
-      port: x.port,
-    }));
-    const results = await prober.probe(probes, timeoutMs);
-    list.forEach((cell, i) => out.push({ cell, result: results[i] }));
-  }));
-  return out;
-}
-
-const cellText = (x: Cell) => `${x.s.id} -> ${x.d.id} ${x.proto}/${x.port} IPv${x.fam}`;
-
 /**
- * The whole matrix (every pod to every pod, itself included, on every port of
- * {@linkcode POD_PORTS}, IPv4 and with `ipv6` IPv6) against `expect`: a cell that differs
- * is probed again with a longer time (a loaded machine may lose a first packet) before it
- * counts. Returns how many cells were probed.
+ * The whole matrix (every pod to every pod, itself included, on every port of the pods,
+ * IPv4 and with `ipv6` IPv6) against `expect` (tests/support/policy_matrix.ts), each
+ * source's probes all at once; an answer that got through came from the right pod, which
+ * saw the client's own address. Returns how many cells were probed.
  */
 async function checkMatrix(c: PolicyCluster, expect: Expect, ipv6 = false): Promise<number> {
-  const all = ends(c);
-  const cells: Cell[] = [];
-  for (const fam of ipv6 ? [4, 6] as const : [4] as const) {
-    for (const s of all) {
-      for (const d of all) for (const p of POD_PORTS) cells.push({ s, d, ...p, fam });
-    }
-  }
-  const want = (x: Cell) => x.s.id === x.d.id || expect(x.s, x.d, x.proto, x.port, x.fam);
-  const first = await probeCells(c, cells, 1_000);
-  const wrong = first.filter((r) => passed(r.result) !== want(r.cell));
-  if (wrong.length) {
-    console.error(
-      `${wrong.length} of ${cells.length} cells differed at first (probed again): ${
-        wrong.slice(0, 5).map((r) => `${cellText(r.cell)}: ${r.result}`).join("; ")
-      }`,
-    );
-  }
-  const again = wrong.length ? await probeCells(c, wrong.map((r) => r.cell), 3_000) : [];
-  const still = again.filter((r) => passed(r.result) !== want(r.cell));
-  assertEquals(
-    still.map((r) => `${cellText(r.cell)}: ${r.result}, want ${want(r.cell) ? "pass" : "drop"}`),
-    [],
-    `${still.length} of ${cells.length} cells differ from the expected matrix`,
+  const cells = matrixCells(ends(c), ipv6 ? [4, 6] : [4]);
+  const { first } = await assertMatrix(
+    cells,
+    expect,
+    (cells, timeoutMs) => probeBySource(cells, timeoutMs, (s) => c.pods.get(s.id)!.prober),
   );
-  // An answer that got through came from the right pod, which saw the client's own address.
   for (const { cell, result } of first) {
     if (!result.startsWith("open ")) continue;
     const own = cell.fam === 4 ? cell.s.v4 : cell.s.v6;
