@@ -24,7 +24,7 @@ async function moduleGraph(entry: string): Promise<string[]> {
   return info.modules.map((m) => m.specifier.replace(`file://${ROOT}/`, ""));
 }
 
-Deno.test("the plugin process's sources load only the wire, the spec, the log file and the version", async () => {
+Deno.test("the plugin process's sources load only the wire, the spec, the log file, the version and lib's text helpers", async () => {
   const graph = (await moduleGraph(`${ROOT}/cni/forward.ts`)).sort();
   assertEquals(graph, [
     "api/wire.ts",
@@ -34,6 +34,8 @@ Deno.test("the plugin process's sources load only the wire, the spec, the log fi
     "lib/clip.ts",
     "lib/http1.ts",
     "lib/log.ts",
+    "lib/timestamp.ts",
+    "lib/utf8.ts",
     "lib/version.ts",
   ]);
 });
