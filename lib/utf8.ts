@@ -25,7 +25,7 @@ export const ASCII_SCAN_BYTES = 64 * 1024;
 /** Bytes per `String.fromCharCode` call (each byte is one argument). */
 const CHUNK = 8192;
 
-const NON_ASCII = /[^\x00-\x7f]/;
+const NON_ASCII = /[\u0080-\uffff]/;
 
 let decoder: TextDecoder | undefined;
 
