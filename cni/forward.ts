@@ -1,13 +1,12 @@
 /**
  * The CNI plugin process: what a container runtime execs for every CNI call.
  *
- * It forwards the raw call (the CNI_* environment and stdin) to the agent,
- * which runs the whole CNI protocol (`cni/dispatch.ts`: env, config, CNI_ARGS,
- * versions, results, error codes) with its schemas already compiled, and
- * prints what the agent answers. So the process loads nothing but
- * `api/wire.ts`, `cni/spec.ts`, `lib/clip.ts`, `lib/http1.ts`, `cni/log_file.ts`, `lib/version.ts`
- * and this file: no zod, no agent, CLI or provider code, and every call costs
- * about Deno's own start-up.
+ * It forwards the raw call (the CNI_* environment and stdin) to the agent, which runs
+ * the whole CNI protocol (`cni/dispatch.ts`: env, config, CNI_ARGS, versions, results,
+ * error codes) with its schemas already compiled, and prints what the agent answers.
+ * So the process loads nothing but `api/wire.ts`, `cni/spec.ts`, `cni/log_file.ts`,
+ * `lib/`'s `clip.ts`, `http1.ts`, `utf8.ts`, `timestamp.ts`, `version.ts` and this
+ * file: no zod, no agent, CLI or provider code; a call costs about Deno's start-up.
  *
  * What it answers itself:
  * - VERSION, without the agent;
@@ -39,11 +38,10 @@
  *   - anything else → 11, naming the socket.
  *   The rest of the config is not validated then (that needs the agent's schemas).
  *
- * The socket, the time limit and the log file come from enim's section of the
- * config as it is (`agentSocket`, `timeoutSeconds`, `logFile`), or their
- * defaults when absent or not of the right type; the agent validates them.
- * The agent writes the call's log line; the process writes one itself only
- * for what it answered alone.
+ * The socket, the time limit and the log file come from enim's section of the config as
+ * it is (`agentSocket`, `timeoutSeconds`, `logFile`), or their defaults when absent or
+ * not of the right type; the agent validates them. The agent writes the call's log
+ * line; the process writes one itself only for what it answered alone.
  *
  * Wire format: `POST /v1/cni` with `{"env": {...}, "stdin": "..."}`, the plugin's enim
  * version in the `enim-plugin-version` header (the agent refuses a plugin outside the
@@ -95,6 +93,8 @@ import {
   unixRoundTrip,
 } from "../lib/http1.ts";
 import { appendLine } from "./log_file.ts";
+import { decodeUtf8 } from "../lib/utf8.ts";
+import { isoTimestamp } from "../lib/timestamp.ts";
 
 /** What {@linkcode forward} needs from its caller (main: the real process). */
 export interface ForwardIo {
@@ -181,7 +181,7 @@ export async function forward(io: ForwardIo): Promise<number> {
     io.log(
       route.logFile,
       JSON.stringify({
-        ts: new Date().toISOString(),
+        ts: isoTimestamp(Date.now()),
         level: exit !== 0 ? "error" : record.warnings ? "warn" : "info",
         msg: "cni invocation",
         ...record,
@@ -363,7 +363,7 @@ export function readStdinSync(): string {
     all.set(p, at);
     at += p.length;
   }
-  return new TextDecoder().decode(all);
+  return decodeUtf8(all);
 }
 
 /** Reads only the named variables (the permission set allows CNI_* and ENIM_*). */

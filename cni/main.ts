@@ -5,8 +5,9 @@
  * a literal dynamic import can reach before it starts, and `main.js` reaches the whole
  * CLI (the agent, the providers, gRPC), about 0.8 MB, which cost each plugin call
  * about 2.5 ms of start-up and its peak RSS about 1 MB (measured against `main.js`).
- * The compiled binary keeps `main.ts` as its one entry: it loads modules as they are
- * imported and parses nothing ahead.
+ * The build bundles this entry alone (scripts/build.ts): one minified file that imports
+ * nothing. The compiled binary keeps `main.ts` as its one entry: it loads modules as they
+ * are imported and parses nothing ahead.
  *
  * @module
  */

@@ -1,7 +1,9 @@
 /**
  * The plugin as a real subprocess, without an agent: the shipped bundle under
- * the `enim` permission set, environment and stdin as a runtime passes them.
- * What the process answers alone (cni/forward.ts); with an agent, the e2e tests.
+ * the `enim` permission set, environment and stdin as a runtime passes them, and
+ * the plugin entry the launcher runs (`dist/bundle/cni/main.js`, the `enim-plugin`
+ * set), which must answer and log as `main.js` does. What the process answers alone
+ * (cni/forward.ts); with an agent, the e2e tests.
  */
 import { assert, assertEquals, assertStringIncludes } from "../lib/assert.ts";
 import {
@@ -10,6 +12,7 @@ import {
   type RunEnimResult,
 } from "../tests/support/enim.ts";
 import { CniErrorObjectSchema } from "./errors.ts";
+import { bundleArgv, ensureBuiltSync, pluginEntry } from "../scripts/build.ts";
 
 /** A path the permission set cannot write: logging fails, silently, and the host log stays clean. */
 const NO_LOG = "/nonexistent/enim/cni.log";
@@ -135,6 +138,67 @@ Deno.test("the plugin process logs one JSON line per invocation to ENIM_LOG_FILE
     assert(typeof lines[0].durationMs === "number");
   } finally {
     await Deno.remove(logFile).catch(() => {});
+    if (created) await Deno.remove(dir).catch(() => {});
+  }
+});
+
+Deno.test("the plugin entry the launcher runs answers and logs each call it answers alone as main.js does", async (t) => {
+  const dir = "/var/log/enim";
+  let created = false;
+  try {
+    await Deno.stat(dir);
+  } catch {
+    await Deno.mkdir(dir, { recursive: true });
+    created = true;
+  }
+  // What the launcher execs for a CNI call: the one-file entry, the plugin's set, no code cache.
+  const plugin = bundleArgv(pluginEntry(ensureBuiltSync()));
+  const cases: [string, Record<string, string>, string][] = [
+    ["VERSION", { CNI_COMMAND: "VERSION" }, '{"cniVersion":"1.1.0"}'],
+    ["VERSION, stdin empty", { CNI_COMMAND: "VERSION" }, ""],
+    ["VERSION, stdin not JSON", { CNI_COMMAND: "VERSION" }, "{"],
+    ["VERSION, non-ASCII stdin", { CNI_COMMAND: "VERSION" }, '{"cniVersion":"0.4.0","x":"é😀"}'],
+    ["no CNI_COMMAND", { CNI_COMMAND: "" }, SEED_CONFIG],
+    ["an unknown verb", { ...ADD_ENV, CNI_COMMAND: "FOO" }, SEED_CONFIG],
+    ["ADD without CNI_NETNS", { ...ADD_ENV, CNI_NETNS: "" }, SEED_CONFIG],
+    ["ADD, malformed JSON", ADD_ENV, '{"cniVersion":"1.1.0"'],
+    ["ADD, a cniVersion enim does not speak", ADD_ENV, SEED_CONFIG.replace("1.0.10", "9.9.9")],
+    ["ADD, a malformed name", ADD_ENV, SEED_CONFIG.replace("examplenet", "bad name é")],
+    ["ADD without an agent", ADD_ENV, SEED_CONFIG],
+    ["STATUS without an agent", { ...ADD_ENV, CNI_COMMAND: "STATUS" }, '{"cniVersion":"1.1.0"}'],
+    [
+      "DEL without an agent or a netns",
+      { ...ADD_ENV, CNI_COMMAND: "DEL", CNI_NETNS: "" },
+      SEED_CONFIG,
+    ],
+  ];
+  try {
+    for (const [name, env, stdin] of cases) {
+      await t.step(name, async () => {
+        const logs = [0, 1].map(() => `${dir}/cni-test-${crypto.randomUUID()}.log`);
+        try {
+          const [viaMain, viaPlugin] = await Promise.all([
+            runEnimRaw([], { env: { ...env, ENIM_LOG_FILE: logs[0] }, stdin }),
+            runEnimRaw([], { env: { ...env, ENIM_LOG_FILE: logs[1] }, stdin, argv: plugin }),
+          ]);
+          assertEquals([viaPlugin.code, viaPlugin.stdout], [viaMain.code, viaMain.stdout]);
+          assertEquals(viaPlugin.stderr, "");
+          // The same log line but for its time and duration; its time as Date writes one.
+          const [a, b] = await Promise.all(logs.map(async (f) => {
+            const lines = (await Deno.readTextFile(f)).trim().split("\n");
+            assertEquals(lines.length, 1, f);
+            const { ts, durationMs, ...rest } = JSON.parse(lines[0]);
+            assertEquals(new Date(ts).toISOString(), ts);
+            assert(typeof durationMs === "number");
+            return rest;
+          }));
+          assertEquals(b, a);
+        } finally {
+          for (const f of logs) await Deno.remove(f).catch(() => {});
+        }
+      });
+    }
+  } finally {
     if (created) await Deno.remove(dir).catch(() => {});
   }
 });

@@ -4,13 +4,15 @@
  *
  * The one place enim frames HTTP by hand, in two files: this one, the client
  * (the agent's API client and the plugin process use it), and `http1_server.ts`,
- * the agent's server. This one imports nothing, so the plugin process stays
- * at Deno's start-up floor (`fetch` with a unix-socket client costs several
- * milliseconds to set up). Bodies are bytes: a chunked or length-delimited body
- * is cut by byte counts, never by string length, so a multi-byte body survives.
+ * the agent's server. This one imports only `utf8.ts`, which imports nothing, so
+ * the plugin process stays at Deno's start-up floor (`fetch` with a unix-socket
+ * client costs several milliseconds to set up). Bodies are bytes: a chunked or
+ * length-delimited body is cut by byte counts, never by string length, so a
+ * multi-byte body survives.
  *
  * @module
  */
+import { decodeUtf8 } from "./utf8.ts";
 
 /** A parsed response: status, lower-cased headers and the raw body. */
 export interface HttpResponse {
@@ -40,7 +42,6 @@ export class UnixHttpError extends Error {
 }
 
 const encoder = new TextEncoder();
-const decoder = new TextDecoder();
 
 /**
  * Encodes one request (`Host: enim`, `Connection: close`, a JSON or empty body, and
@@ -90,7 +91,7 @@ function lineEnd(bytes: Uint8Array, from: number): number {
 export function parseResponse(bytes: Uint8Array): HttpResponse {
   const end = headerEnd(bytes);
   if (end < 0) throw new Error("Malformed HTTP response: no end of headers");
-  const lines = decoder.decode(bytes.subarray(0, end)).split("\r\n");
+  const lines = decodeUtf8(bytes.subarray(0, end)).split("\r\n");
   const m = /^HTTP\/1\.[01] (\d{3})/.exec(lines[0]);
   if (!m) throw new Error(`Malformed HTTP status line: ${JSON.stringify(lines[0].slice(0, 100))}`);
   const headers = new Map<string, string>();
@@ -123,7 +124,7 @@ function dechunk(bytes: Uint8Array): Uint8Array {
   for (;;) {
     const nl = lineEnd(bytes, at);
     if (nl < 0) throw new Error("HTTP chunked body cut short: no chunk size line");
-    const sizeText = decoder.decode(bytes.subarray(at, nl)).split(";")[0].trim();
+    const sizeText = decodeUtf8(bytes.subarray(at, nl)).split(";")[0].trim();
     if (!/^[0-9a-fA-F]+$/.test(sizeText)) {
       throw new Error(`Malformed HTTP chunk size ${JSON.stringify(sizeText.slice(0, 20))}`);
     }
@@ -146,7 +147,7 @@ function dechunk(bytes: Uint8Array): Uint8Array {
 
 /** Decodes a body as UTF-8. */
 export function bodyText(res: HttpResponse): string {
-  return decoder.decode(res.body);
+  return decodeUtf8(res.body);
 }
 
 /**

@@ -5,9 +5,10 @@
  * permission set as flags), so it runs the same artifact with the same permissions as the
  * compiled binary. `exec` keeps the process, stdin, stdout and the environment (CNI_*
  * included) untouched. A CNI call (`CNI_COMMAND` set) runs the bundle's plugin entry
- * (`dist/bundle/cni/main.js`) instead of `main.js`, with the narrow `enim-plugin` set
- * (its agent's socket, its log; `bundleArgv` picks it for that entry): `deno run` parses
- * every module its entry can reach before it starts, and `main.js` reaches the CLI.
+ * (`dist/bundle/cni/main.js`, one self-contained file) instead of `main.js`, with the
+ * narrow `enim-plugin` set (its agent's socket, its log) and no V8 code cache
+ * (`bundleArgv` picks both for that entry): `deno run` parses every module its entry can
+ * reach before it starts, and `main.js` reaches the CLI.
  *
  * The deno and repository paths are absolute and fixed when the script is generated; it also
  * pins deno's cache (DENO_DIR) unless the caller sets one, because container runtimes start
