@@ -379,7 +379,14 @@ Deno.test("where kubelet's folder does not exist the device plugin stays off and
   await withSandbox(async (dir, sb) => {
     const agent = await startAgent(sb, agentConfig(dir));
     try {
-      const status = await new SocketAgentClient(agent.socket).status();
+      // The API answers a moment before the device plugin is launched ("The agent is
+      // starting" until then): its own answer is awaited.
+      const client = new SocketAgentClient(agent.socket);
+      const status = await poll(async () => {
+        const s = await client.status();
+        return s.devicePlugin?.reason === "The agent is starting" ? null : s;
+      }, { timeoutMs: 10_000, intervalMs: 20 });
+      assert(status, "the device plugin was never launched");
       assertEquals(status.devicePlugin?.state, "off");
       assertEquals(
         status.devicePlugin?.reason,
