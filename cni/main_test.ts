@@ -114,15 +114,20 @@ Deno.test("the plugin process: DEL without an agent and without a netns succeeds
   assertEquals(res.stdout, "");
 });
 
-Deno.test("the plugin process logs one JSON line per invocation to ENIM_LOG_FILE", async () => {
+/** The plugin's log folder, made if missing (`created`: the test removes it again). */
+async function ensureLogDir(): Promise<{ dir: string; created: boolean }> {
   const dir = "/var/log/enim";
-  let created = false;
   try {
     await Deno.stat(dir);
+    return { dir, created: false };
   } catch {
     await Deno.mkdir(dir, { recursive: true });
-    created = true;
+    return { dir, created: true };
   }
+}
+
+Deno.test("the plugin process logs one JSON line per invocation to ENIM_LOG_FILE", async () => {
+  const { dir, created } = await ensureLogDir();
   const logFile = `${dir}/cni-test-${crypto.randomUUID()}.log`;
   try {
     const env = { ...ADD_ENV, CNI_ARGS: "K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=web-0" };
@@ -143,14 +148,7 @@ Deno.test("the plugin process logs one JSON line per invocation to ENIM_LOG_FILE
 });
 
 Deno.test("the plugin entry the launcher runs answers and logs each call it answers alone as main.js does", async (t) => {
-  const dir = "/var/log/enim";
-  let created = false;
-  try {
-    await Deno.stat(dir);
-  } catch {
-    await Deno.mkdir(dir, { recursive: true });
-    created = true;
-  }
+  const { dir, created } = await ensureLogDir();
   // What the launcher execs for a CNI call: the one-file entry, the plugin's set, no code cache.
   const plugin = bundleArgv(pluginEntry(ensureBuiltSync()));
   const cases: [string, Record<string, string>, string][] = [
