@@ -17,10 +17,17 @@ export async function writeAgentRecord(
   socket: string,
   record: AgentRecord,
 ): Promise<Error | undefined> {
-  const path = agentRecordPath(socket);
-  const tmp = `${path}.tmp-${Deno.pid}`;
+  return await writeWhole(agentRecordPath(socket), JSON.stringify(record) + "\n");
+}
+
+/**
+ * Writes `text` at `path` whole (mode 0644): a temporary file beside it, renamed over it.
+ * Random: every container's agent may be pid 1. A failure is returned, not thrown.
+ */
+async function writeWhole(path: string, text: string): Promise<Error | undefined> {
+  const tmp = `${path}.tmp-${crypto.randomUUID()}`;
   try {
-    await Deno.writeTextFile(tmp, JSON.stringify(record) + "\n", { mode: 0o644 });
+    await Deno.writeTextFile(tmp, text, { mode: 0o644 });
     await Deno.rename(tmp, path);
     return undefined;
   } catch (err) {
@@ -66,14 +73,6 @@ export async function markReplacing(
   socket: string,
   log: { warn(msg: string, fields?: Record<string, unknown>): void },
 ): Promise<void> {
-  const path = replacingPath(socket);
-  // Random: every container's agent may be pid 1.
-  const tmp = `${path}.tmp-${crypto.randomUUID()}`;
-  try {
-    await Deno.writeTextFile(tmp, JSON.stringify({ since: Date.now() }) + "\n", { mode: 0o644 });
-    await Deno.rename(tmp, path);
-  } catch (err) {
-    await Deno.remove(tmp).catch(() => {});
-    log.warn("cannot write the replacement marker", { error: err });
-  }
+  const err = await writeWhole(replacingPath(socket), JSON.stringify({ since: Date.now() }) + "\n");
+  if (err) log.warn("cannot write the replacement marker", { error: err });
 }
